@@ -1,0 +1,137 @@
+"""The `moco` command line: one small parser function per subcommand, handlers are plain functions.
+
+Exit codes: 0 success, 2 bad input (message on stderr naming the file/value and the fix), 1 other errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from moco.errors import UserError
+
+__all__ = ["main", "build_parser"]
+
+logger = logging.getLogger("moco")
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from moco.config import PRESETS, add_config_arguments
+
+    p = sub.add_parser(
+        "train",
+        help="train MoCo on a folder of photos",
+        description="Train MoCo v1/v2/v3 on a folder of unlabeled photos (recursive). Writes RUN_DIR/checkpoint.pt, "
+        "metrics.jsonl, skipped.txt and curves.png. Flags override the preset's values.",
+    )
+    p.add_argument("data_dir", metavar="DATA_DIR", nargs="?", help="folder of photos (optional with --resume)")
+    p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory")
+    p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="paper recipe to start from (default: v2)")
+    p.add_argument("--resume", action="store_true", help="continue RUN_DIR/checkpoint.pt exactly where it stopped")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_config_arguments(p)
+    p.set_defaults(handler=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    """`moco train`: resolve the config (preset <- flags, or the checkpoint's on --resume) and train."""
+    from moco.config import config_overrides, resolve_config
+    from moco.train import resume_config, train
+
+    overrides = config_overrides(args)
+    run_dir = Path(args.out)
+    if args.resume:
+        if not (run_dir / "checkpoint.pt").exists():
+            raise UserError(f"--resume: no checkpoint at {run_dir / 'checkpoint.pt'}; drop --resume to start a new run")
+        if args.preset:
+            overrides["preset"] = args.preset
+        cfg = resume_config(run_dir, {**overrides, "data_dir": args.data_dir or ""})
+    else:
+        if not args.data_dir:
+            raise UserError("moco train needs DATA_DIR, the folder of photos to train on (or --resume with --out)")
+        if (run_dir / "checkpoint.pt").exists():
+            raise UserError(
+                f"{run_dir} already holds a training run: add --resume to continue it, or choose another --out"
+            )
+        cfg = resolve_config(args.preset or "v2", data_dir=args.data_dir, out=args.out, **overrides)
+    summary = train(cfg, resume=args.resume, progress=not args.quiet)
+    if int(os.environ.get("RANK", "0")) == 0:
+        how = f" (stopped by {summary['stopped_by']}; continue with --resume)" if summary["stopped_by"] else ""
+        loss = summary["final_loss"]
+        print(
+            f"trained {summary['steps']}/{summary['total_steps']} steps on {summary['images']} images "
+            f"({summary['skipped']} skipped) on {summary['device']} {summary['precision']}{how}; "
+            f"final loss {loss if loss is None else round(loss, 4)}; checkpoint {run_dir / 'checkpoint.pt'}"
+        )
+    return 128 + summary["signal"] if summary["signal"] else 0
+
+
+def _add_sample(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("sample", help="write a small generated sample photo collection",
+                       description="Write varied synthetic scenes in a few families (JPEG/PNG), for trying things out.")
+    p.add_argument("out_dir", metavar="OUT_DIR")
+    p.add_argument("--per-family", type=int, default=40, help="images per family (default: 40)")
+    p.add_argument("--size", type=int, default=96, help="image side in pixels (default: 96)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(handler=cmd_sample)
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    """`moco sample`: generate the sample collection."""
+    from moco.sample import make_sample_collection
+
+    if args.per_family < 1 or args.size < 16:
+        raise UserError("--per-family must be >= 1 and --size >= 16")
+    paths = make_sample_collection(args.out_dir, per_family=args.per_family, size=args.size, seed=args.seed)
+    print(json.dumps({"out_dir": str(args.out_dir), "images": len(paths)}))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `moco` argument parser with all subcommands."""
+    parser = argparse.ArgumentParser(prog="moco", description="MoCo on your own photos: train, export, index, search.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_train(sub)
+    _add_sample(sub)
+    return parser
+
+
+def _setup_logging(verbose: bool) -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    level = logging.DEBUG if verbose else (logging.INFO if rank == 0 else logging.WARNING)
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s" if verbose else "%(levelname)s: %(message)s"
+    if rank:
+        fmt = f"[rank {rank}] {fmt}"
+    logging.basicConfig(level=level, format=fmt, stream=sys.stderr, force=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (0 ok, 2 bad input, 1 other error)."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _setup_logging(args.verbose)
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    try:
+        with logging_redirect_tqdm():
+            return args.handler(args)
+    except UserError as e:
+        print(f"moco {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"moco {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - the CLI reports, the traceback goes to --verbose
+        if args.verbose:
+            raise
+        print(f"moco {args.command}: error: {type(e).__name__}: {e} (run with -v for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,31 @@
+"""moco: train MoCo (v1, v2, v3) on your own photos, export the backbone, embed images.
+
+Names are imported lazily, so ``import moco.data`` (e.g. in decoding worker processes) stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["MoCo", "TrainConfig", "PRESETS", "resolve_config", "train", "resume_config", "UserError"]
+
+_WHERE = {
+    "MoCo": "moco.model",
+    "TrainConfig": "moco.config",
+    "PRESETS": "moco.config",
+    "resolve_config": "moco.config",
+    "train": "moco.train",
+    "resume_config": "moco.train",
+    "UserError": "moco.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(_WHERE[name]), name)
+    raise AttributeError(f"module 'moco' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

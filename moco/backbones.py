@@ -1,0 +1,134 @@
+"""Build a backbone by name: any torchvision ResNet or any timm model, never downloading weights.
+
+A backbone maps images ``N x 3 x H x W`` to features ``N x D`` (no classifier). The heads live in
+``moco.model``; keeping them apart makes export a prefix filter (STYLE.md 5).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+
+from moco.errors import UserError
+
+__all__ = ["build_backbone", "SplitBatchNorm", "convert_split_bn", "is_vit"]
+
+logger = logging.getLogger(__name__)
+
+
+def is_vit(arch: str) -> bool:
+    """True for the Vision Transformer family (timm ``vit_*`` / ``deit*``), which v3 trains with AdamW."""
+    name = arch.removeprefix("timm/").lower()
+    return name.startswith(("vit_", "deit"))
+
+
+def build_backbone(arch: str, small_stem: bool = False, image_size: int = 224) -> tuple[nn.Module, int]:
+    """Return ``(backbone, num_features)`` for ``arch``, randomly initialized.
+
+    ``arch`` is a torchvision ResNet name (``resnet18``, ``resnet50``, ``wide_resnet50_2``,
+    ``resnext50_32x4d``...) or any timm model name (``timm/`` prefix forces timm). ``small_stem``
+    replaces the 7x7/2 conv and max-pool by a 3x3/1 conv, for 32-96 px images.
+    """
+    name = arch.removeprefix("timm/")
+    if not arch.startswith("timm/") and _is_torchvision_resnet(name):
+        return _torchvision_resnet(name, small_stem)
+    return _timm_model(name, small_stem, image_size)
+
+
+def _is_torchvision_resnet(name: str) -> bool:
+    import torchvision.models.resnet as tvr
+
+    return name in tvr.__all__ and name[0].islower() and name not in ("resnet",)
+
+
+def _torchvision_resnet(name: str, small_stem: bool) -> tuple[nn.Module, int]:
+    import torchvision.models.resnet as tvr
+
+    model = getattr(tvr, name)(weights=None)
+    width = model.fc.in_features
+    model.fc = nn.Identity()
+    if small_stem:
+        model.conv1 = nn.Conv2d(3, model.conv1.out_channels, 3, 1, 1, bias=False)
+        model.maxpool = nn.Identity()
+    return model, width
+
+
+def _timm_model(name: str, small_stem: bool, image_size: int) -> tuple[nn.Module, int]:
+    import timm
+
+    if not timm.is_model(name):
+        close = timm.list_models(f"*{name.split('_')[0]}*")[:8]
+        raise UserError(
+            f"unknown backbone --arch {name!r}: not a torchvision ResNet nor a timm model"
+            + (f"; similar timm names: {', '.join(close)}" if close else "")
+            + "; e.g. resnet18, resnet50, vit_small_patch16_224, convnext_tiny"
+        )
+    kwargs: dict = {"pretrained": False, "num_classes": 0}
+    if is_vit(name):
+        kwargs["img_size"] = image_size
+    model = timm.create_model(name, **kwargs)
+    if small_stem:
+        conv = getattr(model, "conv1", None)
+        if not isinstance(conv, nn.Conv2d) or not hasattr(model, "maxpool"):
+            raise UserError(
+                f"--small-stem works for ResNet-style models (conv1 + maxpool); {name!r} has no such stem: "
+                "drop --small-stem, or use a torchvision ResNet such as resnet18"
+            )
+        model.conv1 = nn.Conv2d(3, conv.out_channels, 3, 1, 1, bias=False)
+        model.maxpool = nn.Identity()
+    return model, int(model.num_features)
+
+
+class SplitBatchNorm(nn.BatchNorm2d):
+    """Batch norm over ``num_splits`` virtual devices (the MoCo CIFAR demo's Shuffle BN on one device).
+
+    In training the samples ``i, i + s, i + 2s, ...`` (``s = num_splits``) form split ``i`` and are
+    normalized with their own statistics, as if they ran on their own GPU; the running statistics
+    are the average over splits.
+    In eval mode it is a plain ``BatchNorm2d``, with the same state-dict keys.
+    """
+
+    def __init__(self, num_features: int, num_splits: int, **kw) -> None:
+        super().__init__(num_features, **kw)
+        self.num_splits = num_splits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.num_splits == 1:
+            return super().forward(x)
+        n, c, h, w = x.shape
+        s = self.num_splits
+        if n % s:
+            raise ValueError(f"SplitBatchNorm: batch {n} is not divisible by bn_splits {s}")
+        running_mean = self.running_mean.repeat(s)  # sC
+        running_var = self.running_var.repeat(s)  # sC
+        y = nn.functional.batch_norm(
+            x.reshape(n // s, c * s, h, w),  # N/s x sC x H x W: one "device" per channel group
+            running_mean,
+            running_var,
+            self.weight.repeat(s),
+            self.bias.repeat(s),
+            True,
+            self.momentum,
+            self.eps,
+        ).view(n, c, h, w)
+        self.running_mean.copy_(running_mean.view(s, c).mean(dim=0))
+        self.running_var.copy_(running_var.view(s, c).mean(dim=0))
+        self.num_batches_tracked.add_(1)
+        return y
+
+
+def convert_split_bn(module: nn.Module, num_splits: int) -> nn.Module:
+    """Replace every plain ``nn.BatchNorm2d`` in ``module`` by a ``SplitBatchNorm`` (weights kept)."""
+    if num_splits <= 1:
+        return module
+    if type(module) is nn.BatchNorm2d:
+        new = SplitBatchNorm(
+            module.num_features, num_splits, eps=module.eps, momentum=module.momentum, affine=module.affine
+        )
+        new.load_state_dict(module.state_dict())
+        return new
+    for name, child in module.named_children():
+        setattr(module, name, convert_split_bn(child, num_splits))
+    return module

@@ -1,0 +1,86 @@
+"""Optimizers (SGD, LARS, AdamW) and the learning-rate schedule as a pure function of the step."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from moco.config import TrainConfig
+
+__all__ = ["LARS", "build_optimizer", "lr_at", "warmup_steps"]
+
+
+class LARS(torch.optim.Optimizer):
+    """LARS (You et al., 2017) as used by MoCo v3 for ResNets.
+
+    Parameters with ``ndim > 1`` get weight decay and the layer-wise trust ratio
+    ``eta * ||w|| / ||g + wd * w||``; 1-D parameters (norms, biases) get plain momentum SGD.
+    """
+
+    def __init__(self, params, lr: float = 0.0, weight_decay: float = 0.0, momentum: float = 0.9,
+                 trust_coefficient: float = 0.001) -> None:
+        defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, trust_coefficient=trust_coefficient)
+        super().__init__(params, defaults)
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: D102 - torch.optim.Optimizer API
+        loss = closure() if closure is not None else None
+        for g in self.param_groups:
+            for p in g["params"]:
+                if p.grad is None:
+                    continue
+                d_p = p.grad
+                if p.ndim > 1:
+                    d_p = d_p.add(p, alpha=g["weight_decay"])
+                    w_norm, u_norm = torch.linalg.vector_norm(p), torch.linalg.vector_norm(d_p)
+                    one = torch.ones_like(w_norm)
+                    trust = torch.where(
+                        w_norm > 0, torch.where(u_norm > 0, g["trust_coefficient"] * w_norm / u_norm, one), one
+                    )
+                    d_p = d_p.mul(trust)
+                state = self.state[p]
+                if "mu" not in state:
+                    state["mu"] = torch.zeros_like(p)
+                mu = state["mu"]
+                mu.mul_(g["momentum"]).add_(d_p)
+                p.add_(mu, alpha=-g["lr"])
+        return loss
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The preset's optimizer over the trainable parameters (the key encoder has none).
+
+    v3 (head "v3"): no weight decay on norms and biases (1-D parameters).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if cfg.head == "v3":
+        decay = [p for p in params if p.ndim > 1]
+        no_decay = [p for p in params if p.ndim <= 1]
+        groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]
+    else:
+        groups = [{"params": params}]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.sgd_momentum, weight_decay=cfg.weight_decay)
+    if cfg.optimizer == "lars":
+        return LARS(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.sgd_momentum)
+    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(cfg.sgd_momentum, 0.999))
+
+
+def warmup_steps(cfg: TrainConfig, steps_per_epoch: int, total_steps: int) -> int:
+    """Warm-up length in steps: ``warmup_epochs`` epochs, at most a quarter of training."""
+    return min(round(cfg.warmup_epochs * steps_per_epoch), total_steps // 4)
+
+
+def lr_at(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch: int, world_size: int = 1) -> float:
+    """Learning rate at ``step``: base lr x global batch / 256, linear warm-up, then cosine or step decay."""
+    base = cfg.lr * cfg.batch_size * world_size / 256
+    warm = warmup_steps(cfg, steps_per_epoch, total_steps)
+    if step < warm:
+        return base * (step + 1) / warm
+    if cfg.lr_schedule == "step":
+        progress = step / max(total_steps, 1)
+        return base * (0.1 ** sum(progress >= milestone for milestone in (0.6, 0.8)))
+    progress = (step - warm) / max(total_steps - warm, 1)
+    return base * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))

@@ -1,0 +1,436 @@
+"""The MoCo training loop: one flat loop, exact resume, CPU / one GPU / torchrun.
+
+    python -m moco.train DATA_DIR --out RUN_DIR [flags]      (same flags as `moco train`)
+
+Each step: schedule (lr, m) -> batch + two views -> forward (momentum update, keys, loss,
+enqueue) -> backward -> optimizer step -> log -> checkpoint when due. Every random draw that shapes
+a step comes from (seed, step) or from RNG states saved in the checkpoint, so N steps + resume + N
+steps equal 2N steps.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from moco.augment import two_views
+from moco.backbones import build_backbone, is_vit
+from moco.checkpoint import load_checkpoint, save_checkpoint
+from moco.config import TrainConfig, default_workers, from_plain, to_plain, validate
+from moco.data import ImageCache, build_cache
+from moco.errors import UserError
+from moco.model import MoCo, momentum_schedule
+from moco.optim import build_optimizer, lr_at
+
+__all__ = ["train", "resume_config", "build_model", "cache_size_for", "resolve_device", "resolve_precision"]
+
+logger = logging.getLogger(__name__)
+
+# Fields that may change when resuming a run; everything else must match the checkpoint.
+RESUMABLE_OVERRIDES = ("epochs", "max_steps", "time_budget", "workers", "save_every_minutes",
+                       "keep_checkpoints", "device", "compile", "val_dir", "knn_train_dir")
+
+
+def build_model(cfg: TrainConfig) -> MoCo:
+    """The MoCo module described by ``cfg`` (random init)."""
+    backbone, width = build_backbone(cfg.arch, cfg.small_stem, cfg.image_size)
+    return MoCo(
+        backbone, width, head=cfg.head, dim=cfg.dim, hidden=cfg.mlp_hidden, projector_layers=cfg.projector_layers,
+        predictor_layers=cfg.predictor_layers, K=cfg.queue_size, T=cfg.temperature, symmetric=cfg.symmetric,
+        bn_splits=cfg.bn_splits, mask_own_keys=cfg.mask_own_keys,
+    )
+
+
+def cache_size_for(image_size: int, cache_size: int = 0) -> int:
+    """Side of the decoded cache: the crop size for small images, else the usual resize (256 for 224)."""
+    if cache_size:
+        return cache_size
+    return image_size if image_size < 96 else round(image_size * 8 / 7)
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto -> cuda (this rank's GPU under torchrun) when available, else cpu."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but no CUDA GPU is visible: use --device cpu or auto")
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """auto -> bf16 where it runs fast (CPUs with AMX/avx512_bf16, GPUs with bf16), fp16 on older GPUs, else fp32."""
+    if device.type == "cpu":
+        if name == "fp16":
+            raise UserError("--precision fp16 needs a CUDA GPU: use bf16 or fp32 on the CPU")
+        if name == "auto":
+            return "bf16" if _cpu_has_fast_bf16() else "fp32"
+        return name
+    if name == "auto":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return name
+
+
+def _cpu_has_fast_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(f in flags for f in ("amx_bf16", "avx512_bf16"))
+
+
+@dataclass
+class _Dist:
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+
+def _init_distributed(device_name: str) -> _Dist:
+    """Join the torchrun process group when launched by torchrun (WORLD_SIZE > 1)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return _Dist()
+    if not dist.is_initialized():
+        use_cuda = device_name != "cpu" and torch.cuda.is_available()
+        if use_cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return _Dist(dist.get_rank(), dist.get_world_size())
+
+
+def _batch_ids(epoch: int, index: int, n: int, batch: int, seed: int, d: _Dist) -> np.ndarray:
+    """This rank's dataset ids for step ``index`` of ``epoch``: a seeded permutation per epoch,
+    global batches of ``batch x world`` drawn in order, rank r taking its slice (drop last)."""
+    perm = np.random.default_rng([seed, epoch]).permutation(n)
+    start = index * batch * d.world + d.rank * batch
+    return perm[start : start + batch]
+
+
+def _step_generator(seed: int, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+class _StopFlag:
+    """Turns SIGINT/SIGTERM into a request to checkpoint and stop after the current step."""
+
+    def __init__(self) -> None:
+        self.signal: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopFlag:
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signal is not None:  # a second Ctrl-C stops at once
+            raise KeyboardInterrupt
+        self.signal = signum
+        logger.warning("received %s: saving a checkpoint after this step", signal.Signals(signum).name)
+
+    def __exit__(self, *exc: Any) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, stop_after: int | None = None) -> dict[str, Any]:
+    """Train MoCo on ``cfg.data_dir`` into ``cfg.out``; returns a summary dict.
+
+    With ``resume=True`` the run continues from ``cfg.out/checkpoint.pt`` exactly where it stopped
+    (model, key encoder, queue, optimizer, scaler, RNG states, position in the epoch).
+    ``stop_after``: checkpoint and return once the run reaches this step, as if interrupted there
+    (the schedule still spans the whole run), e.g. to split training into sessions.
+    """
+    d = _init_distributed(cfg.device)
+    run_dir = Path(cfg.out)
+    ckpt = None
+    if resume:
+        ckpt = load_checkpoint(run_dir / "checkpoint.pt")
+        _check_resumable(from_plain(ckpt["config"]), cfg)
+    validate(cfg, d.world)
+    device = resolve_device(cfg.device)
+    precision = resolve_precision(cfg.precision, device)
+    if d.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+
+    # ---- data: decoded once into a uint8 cache (rank 0 builds it, the others reuse it)
+    cache = _load_data(cfg, run_dir, ckpt, d, progress)
+    n = len(cache)
+    global_batch = cfg.batch_size * d.world
+    if global_batch > n:
+        raise UserError(
+            f"the batch of {global_batch} images is larger than the {n} readable images in {cfg.data_dir}: "
+            f"use --batch-size {max(2, n // d.world // cfg.bn_splits * cfg.bn_splits)} or smaller"
+            + (f" (a multiple of --bn-splits {cfg.bn_splits})" if cfg.bn_splits > 1 else "")
+        )
+    if cfg.queue_size > n:
+        logger.warning(
+            "queue of K=%d keys is larger than the collection (%d images): each image sits in the queue "
+            "about %.0f times; its own stale keys are %s. A --queue-size of at most %d wastes less compute.",
+            cfg.queue_size, n, cfg.queue_size / n, "masked out" if cfg.mask_own_keys else "NOT masked", n,
+        )
+    steps_per_epoch = n // global_batch
+
+    # ---- model, optimizer, scaler
+    model = build_model(cfg).to(device)
+    cnn = cfg.channels_last and not is_vit(cfg.arch)
+    if cnn:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = build_optimizer(model, cfg)
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    step, elapsed, total_steps = 0, 0.0, cfg.max_steps or cfg.epochs * steps_per_epoch
+    if ckpt is not None:
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        if ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
+        step, elapsed = int(ckpt["step"]), float(ckpt.get("elapsed", 0.0))
+        total_steps = cfg.max_steps or int(ckpt.get("total_steps") or total_steps)
+        _set_rng_state(ckpt["rng"])
+        logger.info("resumed %s at step %d of %d", run_dir / "checkpoint.pt", step, total_steps)
+    elif cfg.init:
+        from moco.pretrained import load_init  # official / peer checkpoint formats
+
+        load_init(model, cfg.init)
+    net: nn.Module = model
+    if d.world > 1:
+        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    if cfg.compile:
+        net = torch.compile(net)
+    autocast = (
+        torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+        if precision in ("bf16", "fp16") else nullcontext()
+    )
+    if d.main:
+        logger.info(
+            "training %s %s on %d images (%d skipped), %d steps/epoch, %d steps, batch %dx%d, %s %s",
+            cfg.preset, cfg.arch, n, len(cache.skipped), steps_per_epoch, total_steps, cfg.batch_size, d.world,
+            device, precision,
+        )
+
+    # ---- the loop
+    metrics = _MetricsLog(run_dir / "metrics.jsonl", step) if d.main else None
+    bar = _progress_bar(total_steps, step, progress and d.main)
+    budget_s = cfg.time_budget * 60
+    fitted = ckpt is not None and bool(ckpt.get("total_steps")) and cfg.time_budget > 0
+    last_save, session_start = time.monotonic(), time.monotonic() - elapsed
+    stopped_by, saved_step = None, step
+    model.train()
+    with _StopFlag() as stop:
+        while step < total_steps:
+            t0 = time.perf_counter()
+            epoch, index = divmod(step, steps_per_epoch)
+            lr = lr_at(step, cfg, total_steps, steps_per_epoch, d.world)
+            m = momentum_schedule(step, total_steps, cfg.momentum, cfg.momentum_cosine)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+
+            ids = _batch_ids(epoch, index, n, cfg.batch_size, cfg.seed, d)  # B
+            images = torch.from_numpy(np.ascontiguousarray(cache.array[ids]))  # B x S x S x 3 uint8
+            x1, x2 = two_views(images, cfg.augment, cfg.image_size, cfg.mean, cfg.std, _step_generator(cfg.seed, step))
+            x1, x2 = (_to_device(x, device, cnn) for x in (x1, x2))  # B x 3 x s x s each
+            ids_t = torch.from_numpy(ids).to(device)
+
+            with autocast:
+                loss, stats = net(x1, x2, m, ids_t)
+            if not torch.isfinite(loss):
+                raise RuntimeError(
+                    f"loss became {loss.item()} at step {step} (lr {lr:.4g}); the last checkpoint in {run_dir} is "
+                    "kept: lower --lr, or use --precision fp32, then --resume"
+                )
+            optimizer.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
+            step += 1
+
+            dt = time.perf_counter() - t0
+            record = {"step": step, "epoch": step / steps_per_epoch, "loss": loss.item(), "lr": lr, "m": m,
+                      "img_s": global_batch / dt, "pos_sim": float(stats["pos_sim"])}
+            if metrics is not None:
+                metrics.write(record)
+            bar.update(1)
+            bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.3g}", m=f"{m:.4f}", img_s=f"{record['img_s']:.0f}")
+
+            now = time.monotonic()
+            if budget_s and not fitted and step >= 10 and not cfg.max_steps:
+                total_steps = _fit_to_budget(step, total_steps, now - session_start, budget_s, steps_per_epoch)
+                bar.total, fitted = total_steps, True
+            if budget_s and now - session_start >= budget_s:
+                stopped_by = "time budget"
+            if stop.signal is not None:
+                stopped_by = signal.Signals(stop.signal).name
+            elif stop_after is not None and step >= stop_after and step < total_steps:
+                stopped_by = f"stop_after={stop_after}"
+            stop_now = _agree(stopped_by is not None, d)
+            if stop_now or step == total_steps or now - last_save >= cfg.save_every_minutes * 60:
+                _save(run_dir, cfg, model, optimizer, scaler, step, total_steps, now - session_start, cache, d)
+                last_save, saved_step = now, step
+            if stop_now:
+                break
+    bar.close()
+    if saved_step != step or not (run_dir / "checkpoint.pt").exists():
+        _save(run_dir, cfg, model, optimizer, scaler, step, total_steps, time.monotonic() - session_start, cache, d)
+    if d.main:
+        from moco.curves import plot_curves
+
+        plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
+    summary = {
+        "run_dir": str(run_dir), "steps": step, "total_steps": total_steps, "images": n,
+        "skipped": len(cache.skipped), "stopped_by": stopped_by, "signal": stop.signal, "precision": precision, "device": str(device),
+        "final_loss": metrics.last.get("loss") if metrics else None,
+    }
+    if metrics is not None:
+        metrics.close()
+    return summary
+
+
+# ------------------------------------------------------------------------------------ helpers
+def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """The config saved in ``run_dir/checkpoint.pt`` with ``overrides`` of the fields that may change."""
+    saved = from_plain(load_checkpoint(Path(run_dir) / "checkpoint.pt")["config"])
+    saved.out = str(run_dir)
+    for name, value in (overrides or {}).items():
+        if name == "data_dir" and value and Path(value).resolve() != Path(saved.data_dir).resolve():
+            raise UserError(
+                f"--resume continues the run on {saved.data_dir}, not {value}: drop the folder argument, "
+                "or start a new run (with --init RUN/checkpoint.pt to start from this run's weights)"
+            )
+        if name != "data_dir":
+            setattr(saved, name, value)
+    return saved
+
+
+def _check_resumable(saved: TrainConfig, cfg: TrainConfig) -> None:
+    """Resuming must keep everything that shapes the result, except ``RESUMABLE_OVERRIDES``."""
+    differ = [
+        f"{name}={getattr(saved, name)!r} (now {getattr(cfg, name)!r})"
+        for name in to_plain(saved)
+        if name not in (*RESUMABLE_OVERRIDES, "out", "data_dir") and getattr(saved, name) != getattr(cfg, name)
+    ]
+    if differ:
+        raise UserError(
+            f"cannot resume {cfg.out}: the run was trained with {', '.join(differ)}; only "
+            f"{', '.join(RESUMABLE_OVERRIDES)} may change on --resume (or start a new run with --init)"
+        )
+
+
+def _load_data(cfg: TrainConfig, run_dir: Path, ckpt: dict | None, d: _Dist, progress: bool) -> ImageCache:
+    size = cache_size_for(cfg.image_size, cfg.cache_size)
+    files = list(ckpt["files"]) if ckpt is not None else None
+    kwargs = dict(files=files, workers=default_workers(cfg.workers), strict=ckpt is not None)
+    if d.main:
+        cache = build_cache(cfg.data_dir, size, run_dir / "cache", progress=progress, **kwargs)
+        (run_dir / "skipped.txt").write_text("".join(f"{p}\t{r}\n" for p, r in cache.skipped))
+    if d.world > 1:
+        dist.barrier()
+        if not d.main:
+            cache = build_cache(cfg.data_dir, size, run_dir / "cache", progress=False, **kwargs)
+    return cache
+
+
+def _to_device(x: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
+    x = x.to(device, non_blocking=True)
+    return x.contiguous(memory_format=torch.channels_last) if channels_last else x
+
+
+def _fit_to_budget(step: int, total: int, spent: float, budget: float, steps_per_epoch: int) -> int:
+    """Shrink the schedule so that it ends when the time budget runs out (measured speed so far)."""
+    fitted = step + int((budget - spent) / (spent / step))
+    fitted = max(step + 1, min(total, fitted))
+    logger.info("time budget %.1f min: schedule fitted to %d steps (%.1f epochs)", budget / 60, fitted,
+                fitted / steps_per_epoch)
+    return fitted
+
+
+def _agree(flag: bool, d: _Dist) -> bool:
+    """True on every rank when any rank wants to stop (so all ranks checkpoint and leave together)."""
+    if d.world == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _save(run_dir: Path, cfg: TrainConfig, model: MoCo, optimizer: torch.optim.Optimizer,
+          scaler: torch.amp.GradScaler, step: int, total_steps: int, elapsed: float, cache: ImageCache,
+          d: _Dist) -> None:
+    if not d.main:
+        return
+    state = {
+        "config": to_plain(cfg), "step": step, "total_steps": total_steps, "elapsed": elapsed,
+        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict() if scaler.is_enabled() else {}, "rng": _rng_state(),
+        "data_root": str(Path(cfg.data_dir).resolve()), "files": list(cache.files),
+    }
+    save_checkpoint(state, run_dir, keep=cfg.keep_checkpoints)
+
+
+class _MetricsLog:
+    """``metrics.jsonl``: one JSON line per step; on resume, lines past the checkpoint are dropped."""
+
+    def __init__(self, path: Path, from_step: int) -> None:
+        lines = path.read_text().splitlines() if path.exists() and from_step > 0 else []
+        kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= from_step]
+        path.write_text("".join(line + "\n" for line in kept))
+        self._f = path.open("a")
+        self.last: dict[str, Any] = json.loads(kept[-1]) if kept else {}
+
+    def write(self, record: dict[str, Any]) -> None:
+        record = {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in record.items()}
+        self._f.write(json.dumps(record) + "\n")
+        self._f.flush()
+        self.last = record
+
+    def close(self) -> None:
+        self._f.close()
+
+
+def _progress_bar(total: int, initial: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not enabled, unit="step", dynamic_ncols=True, leave=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m moco.train`` (the entry point for torchrun): same flags as ``moco train``."""
+    from app.cli import main as cli_main
+
+    return cli_main(["train", *(argv if argv is not None else __import__("sys").argv[1:])])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

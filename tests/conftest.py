@@ -1,0 +1,22 @@
+"""Shared fixtures: small generated photo collections (never downloaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from moco.sample import make_sample_collection
+
+
+@pytest.fixture(scope="session")
+def sample_photos(tmp_path_factory) -> Path:
+    """A generated collection: 6 families x 8 images of 48 px, JPEG and PNG, in family sub-folders."""
+    root = tmp_path_factory.mktemp("photos")
+    make_sample_collection(root, per_family=8, size=48, seed=0)
+    return root
+
+
+# Tiny but real settings: ResNet-18 with the small stem on 16 px crops, a few steps.
+TINY = dict(arch="resnet18", small_stem=True, image_size=16, batch_size=8, bn_splits=2, queue_size=32,
+            workers=0, save_every_minutes=1000.0)

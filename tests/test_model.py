@@ -1,0 +1,207 @@
+"""MoCo module: queue FIFO with ids, momentum update, no gradient to the key side, split BN, heads."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from moco.backbones import SplitBatchNorm, build_backbone, convert_split_bn
+from moco.model import MoCo, momentum_schedule
+
+
+def tiny_backbone(width=8):
+    return nn.Sequential(
+        nn.Conv2d(3, width, 3, padding=1, bias=False), nn.BatchNorm2d(width), nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+    )
+
+
+def tiny_moco(**kw):
+    kw.setdefault("head", "mlp")
+    kw.setdefault("dim", 4)
+    kw.setdefault("K", 10)
+    return MoCo(tiny_backbone(), 8, **kw)
+
+
+def batch(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 8, 8, generator=g), torch.randn(n, 3, 8, 8, generator=g)
+
+
+def test_queue_fifo_and_ids_wrap_around():
+    model = tiny_moco(K=10)
+    assert model.queue.shape == (1, 4, 10) and (model.queue_ids == -1).all()
+    torch.testing.assert_close(model.queue.norm(dim=1), torch.ones(1, 10))
+    written = []
+    for step in range(5):  # 5 batches of 4 into K=10: wraps twice, nothing dropped
+        keys = F.normalize(torch.randn(4, 4), dim=1)
+        ids = torch.arange(step * 4, step * 4 + 4)
+        model.enqueue([keys], ids)
+        written += list(zip(ids.tolist(), keys))
+    assert int(model.queue_ptr) == 20 % 10
+    # the queue holds exactly the last 10 keys written, each next to its id
+    for key_id, key in written[-10:]:
+        slot = (model.queue_ids[0] == key_id).nonzero().flatten()
+        assert slot.numel() == 1
+        torch.testing.assert_close(model.queue[0][:, slot[0]], key)
+    assert sorted(model.queue_ids[0].tolist()) == list(range(10, 20))
+
+
+def test_enqueue_rejects_batches_larger_than_queue():
+    model = tiny_moco(K=4)
+    with pytest.raises(ValueError, match="queue-size"):
+        model.enqueue([torch.randn(5, 4)], torch.arange(5))
+
+
+def test_momentum_update_formula():
+    model = tiny_moco()
+    with torch.no_grad():
+        for p in model.backbone_momentum.parameters():
+            p.normal_()
+    q_before = [p.detach().clone() for p in model.backbone.parameters()]
+    k_before = [p.detach().clone() for p in model.backbone_momentum.parameters()]
+    m = 0.9
+    model.momentum_update(m)
+    for q, k0, k1 in zip(q_before, k_before, model.backbone_momentum.parameters()):
+        torch.testing.assert_close(k1, m * k0 + (1 - m) * q, rtol=0, atol=1e-6)
+    for q, q1 in zip(q_before, model.backbone.parameters()):
+        assert torch.equal(q, q1)  # the query encoder is untouched
+
+
+def test_momentum_schedule():
+    assert momentum_schedule(5, 100, 0.999, cosine=False) == 0.999
+    assert momentum_schedule(0, 100, 0.99, cosine=True) == pytest.approx(0.99)
+    assert momentum_schedule(50, 100, 0.99, cosine=True) == pytest.approx(0.995)
+    assert momentum_schedule(100, 100, 0.99, cosine=True) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("head,symmetric", [("linear", False), ("mlp", False), ("mlp", True), ("v3", True)])
+def test_no_gradient_reaches_key_encoder_or_queue(head, symmetric):
+    K = 0 if head == "v3" else 16
+    model = tiny_moco(head=head, K=K, symmetric=symmetric, hidden=16, bn_splits=2 if head != "v3" else 1)
+    x1, x2 = batch(4)
+    loss, _ = model(x1, x2, 0.99, torch.arange(4))
+    loss.backward()
+    assert all(p.grad is None for p in model.backbone_momentum.parameters())
+    assert all(p.grad is None for p in model.projector_momentum.parameters())
+    assert all(not p.requires_grad for p in model.backbone_momentum.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.backbone.parameters())
+    for name, buf in model.named_buffers():
+        assert not buf.requires_grad, name
+
+
+def test_forward_updates_key_encoder_before_keys_and_enqueues():
+    model = tiny_moco(K=8)
+    with torch.no_grad():
+        for p in model.backbone.parameters():
+            p.add_(0.5)  # make the query encoder differ from the key encoder
+    expected = copy.deepcopy(model)
+    expected.momentum_update(0.5)
+    x1, x2 = batch(4)
+    model(x1, x2, 0.5, torch.arange(100, 104))
+    for a, b in zip(expected.backbone_momentum.parameters(), model.backbone_momentum.parameters()):
+        torch.testing.assert_close(a, b)
+    assert sorted(model.queue_ids[0, :4].tolist()) == [100, 101, 102, 103]
+    assert int(model.queue_ptr) == 4
+
+
+def test_symmetric_uses_one_queue_per_view():
+    model = tiny_moco(K=8, symmetric=True)
+    assert model.queue.shape == (2, 4, 8)
+    x1, x2 = batch(4)
+    model.eval()  # deterministic BN so keys can be recomputed
+    model(x1, x2, 1.0, torch.arange(4))
+    k2 = F.normalize(model.projector_momentum(model.backbone_momentum(x2)), dim=1)
+    k1 = F.normalize(model.projector_momentum(model.backbone_momentum(x1)), dim=1)
+    torch.testing.assert_close(model.queue[0][:, :4].t(), k2, atol=1e-5, rtol=0)  # view-2 keys for q1
+    torch.testing.assert_close(model.queue[1][:, :4].t(), k1, atol=1e-5, rtol=0)  # view-1 keys for q2
+
+
+def test_own_stale_keys_are_masked():
+    model = tiny_moco(K=8)
+    model.queue_ids[0, :3] = torch.tensor([7, 7, 1])
+    mask = model._negatives_mask(torch.tensor([7, 2]), 0)
+    assert mask[0].tolist() == [True, True] + [False] * 6
+    assert not mask[1].any()
+    assert tiny_moco(K=8, mask_own_keys=False)._negatives_mask(torch.tensor([7]), 0) is None
+
+
+def test_split_batch_norm_matches_per_split_batch_norm():
+    torch.manual_seed(0)
+    s, c = 4, 3
+    x = torch.randn(16, c, 5, 5)
+    split = SplitBatchNorm(c, s)
+    with torch.no_grad():
+        split.weight.uniform_(0.5, 1.5)
+        split.bias.uniform_(-0.5, 0.5)
+    y = split(x)
+    means, vars_ = [], []
+    for i in range(s):
+        ref = nn.BatchNorm2d(c)
+        ref.load_state_dict({k: v for k, v in split.state_dict().items()}, strict=False)
+        with torch.no_grad():
+            ref.weight.copy_(split.weight)
+            ref.bias.copy_(split.bias)
+            ref.running_mean.zero_()
+            ref.running_var.fill_(1)
+        torch.testing.assert_close(y[i::s], ref(x[i::s]), atol=1e-5, rtol=1e-5)
+        means.append(ref.running_mean)
+        vars_.append(ref.running_var)
+    torch.testing.assert_close(split.running_mean, torch.stack(means).mean(0))
+    torch.testing.assert_close(split.running_var, torch.stack(vars_).mean(0))
+    split.eval()
+    plain = nn.BatchNorm2d(c)
+    plain.load_state_dict(split.state_dict())
+    plain.eval()
+    torch.testing.assert_close(split(x), plain(x))
+
+
+def test_convert_split_bn_keeps_state_dict_keys():
+    net = tiny_backbone()
+    keys = set(net.state_dict())
+    converted = convert_split_bn(copy.deepcopy(net), 4)
+    assert isinstance(converted[1], SplitBatchNorm) and set(converted.state_dict()) == keys
+
+
+def test_v3_heads_shapes():
+    model = tiny_moco(head="v3", K=0, hidden=16, dim=6)
+    assert not hasattr(model, "queue")
+    last = model.projector[-1]
+    assert isinstance(last, nn.BatchNorm1d) and not last.affine
+    assert isinstance(model.predictor[-1], nn.Linear)
+    x1, x2 = batch(4)
+    loss, stats = model(x1, x2, 0.99)
+    assert loss.ndim == 0 and torch.isfinite(loss) and -1 <= stats["pos_sim"] <= 1
+
+
+@pytest.mark.parametrize("arch,small_stem,width", [("resnet18", True, 512), ("resnet50", False, 2048)])
+def test_torchvision_backbones(arch, small_stem, width):
+    net, d = build_backbone(arch, small_stem=small_stem)
+    assert d == width
+    assert isinstance(net.fc, nn.Identity)
+    if small_stem:
+        assert net.conv1.kernel_size == (3, 3) and net.conv1.stride == (1, 1) and isinstance(net.maxpool, nn.Identity)
+    net.eval()
+    with torch.no_grad():
+        assert net(torch.randn(2, 3, 32, 32)).shape == (2, width)
+
+
+def test_timm_backbone_and_unknown_name():
+    from moco.errors import UserError
+
+    net, d = build_backbone("timm/resnet18", small_stem=True)
+    assert type(net).__module__.startswith("timm") and d == 512
+    net.eval()
+    with torch.no_grad():
+        assert net(torch.randn(2, 3, 32, 32)).shape == (2, d)
+    with pytest.raises(UserError, match="unknown backbone"):
+        build_backbone("resnet_does_not_exist")
+
+
+def test_small_stem_refused_for_models_without_one():
+    from moco.errors import UserError
+
+    with pytest.raises(UserError, match="small-stem"):
+        build_backbone("resnet10t", small_stem=True)  # timm deep stem: conv1 is a Sequential

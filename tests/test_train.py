@@ -1,0 +1,164 @@
+"""The training loop end to end: presets, artifacts, exact resume, interruption, bad inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.cli import main
+from moco.config import resolve_config
+from moco.train import train
+from tests.conftest import TINY
+
+V3_TINY = dict(TINY, queue_size=0, bn_splits=1, mlp_hidden=32, dim=16, warmup_epochs=1)
+
+
+def _cfg(data, out, preset="v2", **kw):
+    base = V3_TINY if preset == "v3" else TINY
+    return resolve_config(preset, data_dir=str(data), out=str(out), **{**base, **kw})
+
+
+@pytest.mark.parametrize("preset", ["v1", "v2", "v3"])
+def test_presets_train_and_write_artifacts(sample_photos, tmp_path, preset):
+    summary = train(_cfg(sample_photos, tmp_path / "run", preset, max_steps=3), progress=False)
+    assert summary["steps"] == 3 and summary["images"] == 48
+    run = tmp_path / "run"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert set(r) >= {"step", "epoch", "loss", "lr", "m", "img_s"}
+        assert all(isinstance(v, (int, float)) and v == v and abs(v) != float("inf") for v in r.values())
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    assert ckpt["step"] == 3 and ckpt["config"]["preset"] == preset and len(ckpt["files"]) == 48
+    assert (run / "curves.png").stat().st_size > 1000
+    assert (run / "skipped.txt").read_text() == ""
+    if preset == "v3":
+        assert records[0]["m"] < records[-1]["m"] < 1.0  # cosine momentum schedule rises
+    else:
+        assert ckpt["model"]["queue_ptr"].item() == 3 * 8 % 32
+
+
+def _state(run: Path) -> dict:
+    return torch.load(run / "checkpoint.pt", weights_only=True)
+
+
+def _assert_same_state(a: dict, b: dict) -> None:
+    assert a["model"].keys() == b["model"].keys()
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    sa, sb = a["optimizer"]["state"], b["optimizer"]["state"]
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        for name in sa[k]:
+            assert torch.equal(torch.as_tensor(sa[k][name]), torch.as_tensor(sb[k][name])), (k, name)
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])
+
+
+@pytest.mark.parametrize("preset,precision", [("v2", "fp32"), ("v2", "bf16"), ("v3", "fp32")])
+def test_resume_is_bit_exact(sample_photos, tmp_path, preset, precision):
+    # 6 steps with 48 images and batch 8: the split at step 4 falls inside the first epoch's second pass
+    kw = dict(max_steps=10, precision=precision, symmetric=preset == "v2")
+    straight = _cfg(sample_photos, tmp_path / "a", preset, **kw)
+    train(straight, progress=False)
+    split = _cfg(sample_photos, tmp_path / "b", preset, **kw)
+    first = train(split, progress=False, stop_after=4)
+    assert first["steps"] == 4 and first["stopped_by"] == "stop_after=4"
+    second = train(split, resume=True, progress=False)
+    assert second["steps"] == 10
+    _assert_same_state(_state(tmp_path / "a"), _state(tmp_path / "b"))
+    lines_a = (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()
+    lines_b = (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["loss"] for x in lines_a] == [json.loads(x)["loss"] for x in lines_b]
+
+
+def test_cli_end_to_end_with_bad_files(sample_photos, tmp_path, capsys):
+    data = tmp_path / "photos"
+    data.mkdir()
+    for p in sorted(sample_photos.rglob("*"))[:30]:
+        if p.is_file():
+            (data / p.name).write_bytes(p.read_bytes())
+    (data / "empty.jpg").write_bytes(b"")
+    (data / "notes.png").write_text("not an image")
+    (data / "ignored.txt").write_text("not a photo")
+    run = tmp_path / "run"
+    args = ["train", str(data), "--out", str(run), "--arch", "resnet18", "--small-stem", "--image-size", "16",
+            "--batch-size", "8", "--bn-splits", "2", "--queue-size", "16", "--max-steps", "2", "--workers", "0",
+            "--quiet"]
+    assert main(args) == 0
+    out = capsys.readouterr()
+    assert "trained 2/2 steps" in out.out and "2 skipped" in out.out
+    skipped = dict(line.split("\t") for line in (run / "skipped.txt").read_text().splitlines())
+    assert set(skipped) == {"empty.jpg", "notes.png"}
+    # a second `train` into the same run is refused; --resume continues (nothing left: 2/2)
+    assert main(args) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert main(["train", "--out", str(run), "--resume", "--max-steps", "3", "--quiet"]) == 0
+    assert _state(run)["step"] == 3
+    # resuming with a setting that changes the result is refused, naming it
+    assert main(["train", "--out", str(run), "--resume", "--lr", "0.5", "--quiet"]) == 2
+    assert "lr=" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--batch-size", "64", "--queue-size", "64"], "48 readable images"),  # more than the 48 images
+        (["--batch-size", "9"], "--bn-splits"),
+        (["--queue-size", "4"], "--queue-size"),
+        (["--temperature", "0"], "--temperature"),
+        (["--arch", "no_such_net"], "unknown backbone"),
+        (["--precision", "fp16", "--device", "cpu"], "fp16"),
+    ],
+)
+def test_cli_bad_values_exit_2(sample_photos, tmp_path, capsys, extra, needle):
+    args = ["train", str(sample_photos), "--out", str(tmp_path / "r"), "--image-size", "16", "--small-stem",
+            "--arch", "resnet18", "--batch-size", "8", "--bn-splits", "2", "--queue-size", "16", "--max-steps", "1",
+            "--workers", "0", "--quiet", *extra]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+
+
+def test_cli_empty_and_unreadable_folders_exit_2(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["train", str(empty), "--out", str(tmp_path / "r1"), "--quiet"]) == 2
+    assert "no images" in capsys.readouterr().err
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "a.jpg").write_bytes(b"")
+    (bad / "b.png").write_text("hello")
+    assert main(["train", str(bad), "--out", str(tmp_path / "r2"), "--quiet"]) == 2
+    assert str(bad) in capsys.readouterr().err
+    assert main(["train", str(tmp_path / "missing"), "--out", str(tmp_path / "r3"), "--quiet"]) == 2
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_resume_continues(sample_photos, tmp_path):
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "app.cli", "train", str(sample_photos), "--out", str(run), "--arch", "resnet18",
+           "--small-stem", "--image-size", "16", "--batch-size", "8", "--bn-splits", "2", "--queue-size", "16",
+           "--max-steps", "100000", "--workers", "0", "--quiet"]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "stopped by SIGTERM" in out
+    step = _state(run)["step"]
+    assert step >= 3
+    assert len(metrics.read_text().splitlines()) == step
+    assert main(["train", "--out", str(run), "--resume", "--max-steps", str(step + 2), "--quiet"]) == 0
+    assert _state(run)["step"] == step + 2
