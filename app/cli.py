@@ -33,6 +33,14 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="paper recipe to start from (default: v2)")
     p.add_argument("--resume", action="store_true", help="continue RUN_DIR/checkpoint.pt exactly where it stopped")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="checkpoint and exit at this step, as if interrupted (the schedule still spans the whole "
+        "run): to split training over job slots; continue with --resume",
+    )
     add_config_arguments(p)
     p.set_defaults(handler=cmd_train)
 
@@ -58,7 +66,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 f"{run_dir} already holds a training run: add --resume to continue it, or choose another --out"
             )
         cfg = resolve_config(args.preset or "v2", data_dir=args.data_dir, out=args.out, **overrides)
-    summary = train(cfg, resume=args.resume, progress=not args.quiet)
+    summary = train(cfg, resume=args.resume, progress=not args.quiet, stop_after=args.stop_after)
     if int(os.environ.get("RANK", "0")) == 0:
         how = f" (stopped by {summary['stopped_by']}; continue with --resume)" if summary["stopped_by"] else ""
         loss = summary["final_loss"]
@@ -71,8 +79,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _add_sample(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("sample", help="write a small generated sample photo collection",
-                       description="Write varied synthetic scenes in a few families (JPEG/PNG), for trying things out.")
+    p = sub.add_parser(
+        "sample",
+        help="write a small generated sample photo collection",
+        description="Write varied synthetic scenes in a few families (JPEG/PNG), for trying things out.",
+    )
     p.add_argument("out_dir", metavar="OUT_DIR")
     p.add_argument("--per-family", type=int, default=40, help="images per family (default: 40)")
     p.add_argument("--size", type=int, default=96, help="image side in pixels (default: 96)")

@@ -13,7 +13,7 @@ from torch import nn
 
 from moco.errors import UserError
 
-__all__ = ["build_backbone", "SplitBatchNorm", "convert_split_bn", "is_vit"]
+__all__ = ["build_backbone", "SplitBatchNorm", "convert_split_bn", "is_vit", "sincos_2d"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ def _timm_model(name: str, small_stem: bool, image_size: int) -> tuple[nn.Module
     if is_vit(name):
         kwargs["img_size"] = image_size
     model = timm.create_model(name, **kwargs)
+    if is_vit(name):
+        _moco_v3_vit(model)
     if small_stem:
         conv = getattr(model, "conv1", None)
         if not isinstance(conv, nn.Conv2d) or not hasattr(model, "maxpool"):
@@ -79,6 +81,30 @@ def _timm_model(name: str, small_stem: bool, image_size: int) -> tuple[nn.Module
         model.conv1 = nn.Conv2d(3, conv.out_channels, 3, 1, 1, bias=False)
         model.maxpool = nn.Identity()
     return model, int(model.num_features)
+
+
+def sincos_2d(grid_h: int, grid_w: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
+    """Fixed 2-D sine-cosine position embedding (MoCo v3): (grid_h * grid_w) x dim, row-major patches."""
+    if dim % 4:
+        raise UserError(f"the ViT width {dim} must be a multiple of 4 for the 2-D sin-cos position embedding")
+    y, x = torch.meshgrid(
+        torch.arange(grid_h, dtype=torch.float32), torch.arange(grid_w, dtype=torch.float32), indexing="ij"
+    )  # H x W each
+    omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))  # dim/4
+    ox = x.flatten()[:, None] * omega[None]  # HW x dim/4
+    oy = y.flatten()[:, None] * omega[None]  # HW x dim/4
+    return torch.cat([ox.sin(), ox.cos(), oy.sin(), oy.cos()], dim=1)  # HW x dim
+
+
+def _moco_v3_vit(model: nn.Module) -> None:
+    """MoCo v3's ViT stabilizers: fixed sin-cos position embedding, frozen random patch projection."""
+    grid_h, grid_w = model.patch_embed.grid_size
+    pos = sincos_2d(grid_h, grid_w, model.embed_dim)  # HW x D
+    prefix = model.pos_embed.shape[1] - grid_h * grid_w  # class/register tokens that carry a position
+    with torch.no_grad():
+        model.pos_embed.copy_(torch.cat([torch.zeros(prefix, pos.shape[1]), pos])[None])  # 1 x (prefix+HW) x D
+    model.pos_embed.requires_grad_(False)
+    model.patch_embed.proj.requires_grad_(False)  # stop-gradient on the first layer
 
 
 class SplitBatchNorm(nn.BatchNorm2d):

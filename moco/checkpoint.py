@@ -76,4 +76,6 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
                 f"refusing to load {path}: it needs arbitrary pickled code to load ({msg[:200]}); "
                 "only plain tensor checkpoints are accepted (re-save it with torch.save(state_dict))"
             ) from None
-        raise UserError(f"cannot read checkpoint {path}: {msg[:300]}; the file may be truncated or not a PyTorch file") from None
+        raise UserError(
+            f"cannot read checkpoint {path}: {msg[:300]}; the file may be truncated or not a PyTorch file"
+        ) from None

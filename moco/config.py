@@ -61,6 +61,7 @@ class TrainConfig:
     knn_train_dir: str = ""  # labeled bank for the kNN monitor (empty: leave-one-out on val_dir)
     knn_k: int = 200  # neighbours of the kNN monitor
     knn_t: float = 0.1  # temperature of the kNN monitor's weights
+    knn_every: int = 0  # steps between kNN evaluations (0: at the end of every epoch)
     # ---- start
     init: str = ""  # start from these weights (our checkpoint, official MoCo .pth.tar, torchvision/timm)
     # ---- runtime
@@ -76,13 +77,52 @@ class TrainConfig:
 
 # Each preset overrides the defaults above; the user's flags override the preset.
 PRESETS: dict[str, dict[str, Any]] = {
-    "v1": dict(preset="v1", head="linear", dim=128, queue_size=65536, temperature=0.07, momentum=0.999,
-               augment="v1", optimizer="sgd", lr=0.03, lr_schedule="step", weight_decay=1e-4, bn_splits=8),
-    "v2": dict(preset="v2", head="mlp", dim=128, queue_size=65536, temperature=0.2, momentum=0.999,
-               augment="v2", optimizer="sgd", lr=0.03, lr_schedule="cosine", weight_decay=1e-4, bn_splits=8),
-    "v3": dict(preset="v3", head="v3", dim=256, mlp_hidden=4096, queue_size=0, temperature=1.0, momentum=0.99,
-               momentum_cosine=True, augment="v3", optimizer="lars", lr=0.6, weight_decay=1e-6,
-               warmup_epochs=10, epochs=100, bn_splits=1, symmetric=True),
+    "v1": dict(
+        preset="v1",
+        head="linear",
+        dim=128,
+        queue_size=65536,
+        temperature=0.07,
+        momentum=0.999,
+        augment="v1",
+        optimizer="sgd",
+        lr=0.03,
+        lr_schedule="step",
+        weight_decay=1e-4,
+        bn_splits=8,
+    ),
+    "v2": dict(
+        preset="v2",
+        head="mlp",
+        dim=128,
+        queue_size=65536,
+        temperature=0.2,
+        momentum=0.999,
+        augment="v2",
+        optimizer="sgd",
+        lr=0.03,
+        lr_schedule="cosine",
+        weight_decay=1e-4,
+        bn_splits=8,
+    ),
+    "v3": dict(
+        preset="v3",
+        head="v3",
+        dim=256,
+        mlp_hidden=4096,
+        queue_size=0,
+        temperature=1.0,
+        momentum=0.99,
+        momentum_cosine=True,
+        augment="v3",
+        optimizer="lars",
+        lr=0.6,
+        weight_decay=1e-6,
+        warmup_epochs=10,
+        epochs=100,
+        bn_splits=1,
+        symmetric=True,
+    ),
 }
 # v3 with a ViT backbone (the paper's ViT recipe), applied unless the user set these fields.
 VIT_V3 = dict(optimizer="adamw", lr=1.5e-4, weight_decay=0.1, temperature=0.2, warmup_epochs=40, epochs=300)
@@ -165,7 +205,9 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def add_config_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("data_dir", "out", "preset", "mean", "std")) -> None:
+def add_config_arguments(
+    parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("data_dir", "out", "preset", "mean", "std")
+) -> None:
     """Add one ``--flag`` per TrainConfig field, help text from the field's comment, default None."""
     helps = _field_comments()
     for f in fields(TrainConfig):
@@ -177,8 +219,14 @@ def add_config_arguments(parser: argparse.ArgumentParser, skip: tuple[str, ...] 
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
             kind = {"int": int, "float": float, "str": str}[str(f.type)]
-            parser.add_argument(flag, type=kind, default=None, choices=CHOICES.get(f.name), help=help_text,
-                                metavar=None if f.name in CHOICES else f.name.upper())
+            parser.add_argument(
+                flag,
+                type=kind,
+                default=None,
+                choices=CHOICES.get(f.name),
+                help=help_text,
+                metavar=None if f.name in CHOICES else f.name.upper(),
+            )
 
 
 def default_workers(workers: int) -> int:

@@ -94,7 +94,9 @@ class MoCo(nn.Module):
         if head == "linear":
             self.projector = nn.Sequential(nn.Linear(num_features, dim))
         elif head == "mlp":
-            self.projector = nn.Sequential(nn.Linear(num_features, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, dim))
+            self.projector = nn.Sequential(
+                nn.Linear(num_features, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, dim)
+            )
         else:
             self.projector = build_mlp(projector_layers, num_features, hidden, dim, last_bn=True)
             self.predictor = build_mlp(predictor_layers, dim, hidden, dim, last_bn=False)

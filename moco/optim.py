@@ -19,8 +19,14 @@ class LARS(torch.optim.Optimizer):
     ``eta * ||w|| / ||g + wd * w||``; 1-D parameters (norms, biases) get plain momentum SGD.
     """
 
-    def __init__(self, params, lr: float = 0.0, weight_decay: float = 0.0, momentum: float = 0.9,
-                 trust_coefficient: float = 0.001) -> None:
+    def __init__(
+        self,
+        params,
+        lr: float = 0.0,
+        weight_decay: float = 0.0,
+        momentum: float = 0.9,
+        trust_coefficient: float = 0.001,
+    ) -> None:
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, trust_coefficient=trust_coefficient)
         super().__init__(params, defaults)
 

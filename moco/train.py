@@ -40,17 +40,39 @@ __all__ = ["train", "resume_config", "build_model", "cache_size_for", "resolve_d
 logger = logging.getLogger(__name__)
 
 # Fields that may change when resuming a run; everything else must match the checkpoint.
-RESUMABLE_OVERRIDES = ("epochs", "max_steps", "time_budget", "workers", "save_every_minutes",
-                       "keep_checkpoints", "device", "compile", "val_dir", "knn_train_dir")
+RESUMABLE_OVERRIDES = (
+    "epochs",
+    "max_steps",
+    "time_budget",
+    "workers",
+    "save_every_minutes",
+    "keep_checkpoints",
+    "device",
+    "compile",
+    "val_dir",
+    "knn_train_dir",
+    "knn_every",
+    "knn_k",
+    "knn_t",
+)
 
 
 def build_model(cfg: TrainConfig) -> MoCo:
     """The MoCo module described by ``cfg`` (random init)."""
     backbone, width = build_backbone(cfg.arch, cfg.small_stem, cfg.image_size)
     return MoCo(
-        backbone, width, head=cfg.head, dim=cfg.dim, hidden=cfg.mlp_hidden, projector_layers=cfg.projector_layers,
-        predictor_layers=cfg.predictor_layers, K=cfg.queue_size, T=cfg.temperature, symmetric=cfg.symmetric,
-        bn_splits=cfg.bn_splits, mask_own_keys=cfg.mask_own_keys,
+        backbone,
+        width,
+        head=cfg.head,
+        dim=cfg.dim,
+        hidden=cfg.mlp_hidden,
+        projector_layers=cfg.projector_layers,
+        predictor_layers=cfg.predictor_layers,
+        K=cfg.queue_size,
+        T=cfg.temperature,
+        symmetric=cfg.symmetric,
+        bn_splits=cfg.bn_splits,
+        mask_own_keys=cfg.mask_own_keys,
     )
 
 
@@ -152,7 +174,9 @@ class _StopFlag:
             signal.signal(s, h)
 
 
-def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, stop_after: int | None = None) -> dict[str, Any]:
+def train(
+    cfg: TrainConfig, resume: bool = False, progress: bool = True, stop_after: int | None = None
+) -> dict[str, Any]:
     """Train MoCo on ``cfg.data_dir`` into ``cfg.out``; returns a summary dict.
 
     With ``resume=True`` the run continues from ``cfg.out/checkpoint.pt`` exactly where it stopped
@@ -187,7 +211,11 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, stop_af
         logger.warning(
             "queue of K=%d keys is larger than the collection (%d images): each image sits in the queue "
             "about %.0f times; its own stale keys are %s. A --queue-size of at most %d wastes less compute.",
-            cfg.queue_size, n, cfg.queue_size / n, "masked out" if cfg.mask_own_keys else "NOT masked", n,
+            cfg.queue_size,
+            n,
+            cfg.queue_size / n,
+            "masked out" if cfg.mask_own_keys else "NOT masked",
+            n,
         )
     steps_per_epoch = n // global_batch
 
@@ -209,27 +237,53 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, stop_af
         _set_rng_state(ckpt["rng"])
         logger.info("resumed %s at step %d of %d", run_dir / "checkpoint.pt", step, total_steps)
     elif cfg.init:
-        from moco.pretrained import load_init  # official / peer checkpoint formats
+        from moco.formats import load_init  # ours, official MoCo, lightly, solo-learn, torchvision/timm
 
         load_init(model, cfg.init)
     net: nn.Module = model
     if d.world > 1:
-        net = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        # every rank enqueues the same all-gathered keys, so buffers need no broadcast (checked at each save)
+        net = nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
+        )
     if cfg.compile:
         net = torch.compile(net)
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-        if precision in ("bf16", "fp16") else nullcontext()
+        if precision in ("bf16", "fp16")
+        else nullcontext()
     )
     if d.main:
         logger.info(
             "training %s %s on %d images (%d skipped), %d steps/epoch, %d steps, batch %dx%d, %s %s",
-            cfg.preset, cfg.arch, n, len(cache.skipped), steps_per_epoch, total_steps, cfg.batch_size, d.world,
-            device, precision,
+            cfg.preset,
+            cfg.arch,
+            n,
+            len(cache.skipped),
+            steps_per_epoch,
+            total_steps,
+            cfg.batch_size,
+            d.world,
+            device,
+            precision,
         )
 
     # ---- the loop
     metrics = _MetricsLog(run_dir / "metrics.jsonl", step) if d.main else None
+    monitor = _knn_monitor(cfg, run_dir) if d.main and cfg.val_dir else None
+    knn_every = cfg.knn_every or steps_per_epoch
+
+    last_eval = -1
+
+    def evaluate() -> None:
+        nonlocal last_eval
+        last_eval = step
+        top1 = monitor.evaluate(model.backbone, device, precision, cnn)
+        metrics.write({"step": step, "epoch": step / steps_per_epoch, "knn_top1": top1})
+        logger.info("step %d: kNN top-1 %.2f%%", step, 100 * top1)
+
+    if monitor is not None and step == 0:
+        evaluate()
     bar = _progress_bar(total_steps, step, progress and d.main)
     budget_s = cfg.time_budget * 60
     fitted = ckpt is not None and bool(ckpt.get("total_steps")) and cfg.time_budget > 0
@@ -250,6 +304,7 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, stop_af
             x1, x2 = two_views(images, cfg.augment, cfg.image_size, cfg.mean, cfg.std, _step_generator(cfg.seed, step))
             x1, x2 = (_to_device(x, device, cnn) for x in (x1, x2))  # B x 3 x s x s each
             ids_t = torch.from_numpy(ids).to(device)
+            t_data = time.perf_counter() - t0
 
             with autocast:
                 loss, stats = net(x1, x2, m, ids_t)
@@ -265,13 +320,24 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, stop_af
             step += 1
 
             dt = time.perf_counter() - t0
-            record = {"step": step, "epoch": step / steps_per_epoch, "loss": loss.item(), "lr": lr, "m": m,
-                      "img_s": global_batch / dt, "pos_sim": float(stats["pos_sim"])}
+            record = {
+                "step": step,
+                "epoch": step / steps_per_epoch,
+                "loss": loss.item(),
+                "lr": lr,
+                "m": m,
+                "img_s": global_batch / dt,
+                "data_ms": 1000 * t_data,
+                "step_ms": 1000 * dt,
+                "pos_sim": float(stats["pos_sim"]),
+            }
             if metrics is not None:
                 metrics.write(record)
             bar.update(1)
             bar.set_postfix(loss=f"{record['loss']:.4f}", lr=f"{lr:.3g}", m=f"{m:.4f}", img_s=f"{record['img_s']:.0f}")
 
+            if monitor is not None and (step % knn_every == 0 or step == total_steps):
+                evaluate()
             now = time.monotonic()
             if budget_s and not fitted and step >= 10 and not cfg.max_steps:
                 total_steps = _fit_to_budget(step, total_steps, now - session_start, budget_s, steps_per_epoch)
@@ -289,19 +355,31 @@ def train(cfg: TrainConfig, resume: bool = False, progress: bool = True, stop_af
             if stop_now:
                 break
     bar.close()
-    if saved_step != step or not (run_dir / "checkpoint.pt").exists():
+    if monitor is not None and last_eval != step:
+        evaluate()
+    if saved_step != step:
         _save(run_dir, cfg, model, optimizer, scaler, step, total_steps, time.monotonic() - session_start, cache, d)
     if d.main:
         from moco.curves import plot_curves
 
         plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
     summary = {
-        "run_dir": str(run_dir), "steps": step, "total_steps": total_steps, "images": n,
-        "skipped": len(cache.skipped), "stopped_by": stopped_by, "signal": stop.signal, "precision": precision, "device": str(device),
-        "final_loss": metrics.last.get("loss") if metrics else None,
+        "run_dir": str(run_dir),
+        "steps": step,
+        "total_steps": total_steps,
+        "images": n,
+        "skipped": len(cache.skipped),
+        "stopped_by": stopped_by,
+        "signal": stop.signal,
+        "precision": precision,
+        "device": str(device),
+        "final_loss": metrics.last_loss if metrics else None,
     }
     if metrics is not None:
         metrics.close()
+    if d.world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
     return summary
 
 
@@ -349,6 +427,24 @@ def _load_data(cfg: TrainConfig, run_dir: Path, ckpt: dict | None, d: _Dist, pro
     return cache
 
 
+def _knn_monitor(cfg: TrainConfig, run_dir: Path):
+    from moco.knn import KnnMonitor
+
+    size = cache_size_for(cfg.image_size, cfg.cache_size)
+    return KnnMonitor(
+        cfg.val_dir,
+        cfg.knn_train_dir,
+        size,
+        run_dir / "cache",
+        cfg.image_size,
+        cfg.mean,
+        cfg.std,
+        cfg.knn_k,
+        cfg.knn_t,
+        default_workers(cfg.workers),
+    )
+
+
 def _to_device(x: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
     x = x.to(device, non_blocking=True)
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
@@ -358,8 +454,9 @@ def _fit_to_budget(step: int, total: int, spent: float, budget: float, steps_per
     """Shrink the schedule so that it ends when the time budget runs out (measured speed so far)."""
     fitted = step + int((budget - spent) / (spent / step))
     fitted = max(step + 1, min(total, fitted))
-    logger.info("time budget %.1f min: schedule fitted to %d steps (%.1f epochs)", budget / 60, fitted,
-                fitted / steps_per_epoch)
+    logger.info(
+        "time budget %.1f min: schedule fitted to %d steps (%.1f epochs)", budget / 60, fitted, fitted / steps_per_epoch
+    )
     return fitted
 
 
@@ -385,16 +482,51 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _save(run_dir: Path, cfg: TrainConfig, model: MoCo, optimizer: torch.optim.Optimizer,
-          scaler: torch.amp.GradScaler, step: int, total_steps: int, elapsed: float, cache: ImageCache,
-          d: _Dist) -> None:
+def _replica_check(model: MoCo, d: _Dist) -> list[list[float]]:
+    """Checksums of the queue on every rank; they must agree (all ranks enqueue the same gathered keys)."""
+    if getattr(model, "queue", None) is None:
+        return []
+    sums = torch.tensor(
+        [model.queue.double().sum().item(), float(model.queue_ids.sum()), float(model.queue_ptr)],
+        dtype=torch.float64,
+        device=model.queue.device,
+    )  # 3
+    if d.world == 1:
+        return [sums.tolist()]
+    parts = [torch.empty_like(sums) for _ in range(d.world)]
+    dist.all_gather(parts, sums)
+    if any(not torch.equal(p, parts[0]) for p in parts):
+        raise RuntimeError(f"the MoCo queues differ across ranks: {[p.tolist() for p in parts]}")
+    return [p.tolist() for p in parts]
+
+
+def _save(
+    run_dir: Path,
+    cfg: TrainConfig,
+    model: MoCo,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    step: int,
+    total_steps: int,
+    elapsed: float,
+    cache: ImageCache,
+    d: _Dist,
+) -> None:
+    replicas = _replica_check(model, d)
     if not d.main:
         return
     state = {
-        "config": to_plain(cfg), "step": step, "total_steps": total_steps, "elapsed": elapsed,
-        "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-        "scaler": scaler.state_dict() if scaler.is_enabled() else {}, "rng": _rng_state(),
-        "data_root": str(Path(cfg.data_dir).resolve()), "files": list(cache.files),
+        "replica_queue_checksums": replicas,
+        "config": to_plain(cfg),
+        "step": step,
+        "total_steps": total_steps,
+        "elapsed": elapsed,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict() if scaler.is_enabled() else {},
+        "rng": _rng_state(),
+        "data_root": str(Path(cfg.data_dir).resolve()),
+        "files": list(cache.files),
     }
     save_checkpoint(state, run_dir, keep=cfg.keep_checkpoints)
 
@@ -407,13 +539,14 @@ class _MetricsLog:
         kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= from_step]
         path.write_text("".join(line + "\n" for line in kept))
         self._f = path.open("a")
-        self.last: dict[str, Any] = json.loads(kept[-1]) if kept else {}
+        losses = [json.loads(line)["loss"] for line in kept if '"loss"' in line]
+        self.last_loss: float | None = losses[-1] if losses else None
 
     def write(self, record: dict[str, Any]) -> None:
         record = {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in record.items()}
         self._f.write(json.dumps(record) + "\n")
         self._f.flush()
-        self.last = record
+        self.last_loss = record.get("loss", self.last_loss)
 
     def close(self) -> None:
         self._f.close()

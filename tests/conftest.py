@@ -18,5 +18,13 @@ def sample_photos(tmp_path_factory) -> Path:
 
 
 # Tiny but real settings: ResNet-18 with the small stem on 16 px crops, a few steps.
-TINY = dict(arch="resnet18", small_stem=True, image_size=16, batch_size=8, bn_splits=2, queue_size=32,
-            workers=0, save_every_minutes=1000.0)
+TINY = dict(
+    arch="resnet18",
+    small_stem=True,
+    image_size=16,
+    batch_size=8,
+    bn_splits=2,
+    queue_size=32,
+    workers=0,
+    save_every_minutes=1000.0,
+)

@@ -21,9 +21,7 @@ def _reference_info_nce(q, k, queue, T, mask=None):
     total = 0.0
     for i in range(q.shape[0]):
         pos = math.exp(q[i] @ k[i] / T)
-        neg = sum(
-            math.exp(q[i] @ queue[:, j] / T) for j in range(queue.shape[1]) if mask is None or not mask[i, j]
-        )
+        neg = sum(math.exp(q[i] @ queue[:, j] / T) for j in range(queue.shape[1]) if mask is None or not mask[i, j])
         total += -math.log(pos / (pos + neg))
     return total / q.shape[0]
 

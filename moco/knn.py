@@ -1,0 +1,160 @@
+"""kNN monitor: weighted k-nearest-neighbour top-1 on backbone features (k=200, T=0.1, cosine).
+
+As in the MoCo papers' monitors (Wu et al. 2018): each of the k most similar bank images votes for
+its class with weight ``exp(sim / T)``; the class with the largest vote wins.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from moco.augment import center_view
+from moco.data import ImageCache, build_cache
+from moco.errors import UserError
+
+__all__ = ["knn_predict", "knn_top1", "extract_features", "LabeledImages", "KnnMonitor"]
+
+logger = logging.getLogger(__name__)
+
+
+def knn_predict(
+    feats: torch.Tensor,
+    bank: torch.Tensor,
+    bank_labels: torch.Tensor,
+    num_classes: int,
+    k: int = 200,
+    t: float = 0.1,
+    leave_one_out: bool = False,
+    chunk: int = 1024,
+) -> torch.Tensor:
+    """Predicted class per query. feats: N x D and bank: M x D, L2-normalized; bank_labels: M.
+
+    ``leave_one_out``: the bank is the query set itself and each query ignores its own entry.
+    """
+    k = min(k, bank.shape[0] - int(leave_one_out))
+    preds = []
+    for start in range(0, feats.shape[0], chunk):
+        sim = feats[start : start + chunk] @ bank.t()  # n x M
+        if leave_one_out:
+            rows = torch.arange(sim.shape[0], device=sim.device)
+            sim[rows, rows + start] = float("-inf")
+        weight, idx = sim.topk(k, dim=1)  # n x k
+        labels = bank_labels[idx]  # n x k
+        votes = torch.zeros(sim.shape[0], num_classes, device=sim.device, dtype=weight.dtype)  # n x classes
+        votes.scatter_add_(1, labels, (weight / t).exp())
+        preds.append(votes.argmax(dim=1))
+    return torch.cat(preds)
+
+
+def knn_top1(feats, labels, bank=None, bank_labels=None, num_classes=None, k=200, t=0.1) -> float:
+    """Top-1 accuracy of ``knn_predict``; without a bank, leave-one-out on ``feats`` itself."""
+    loo = bank is None
+    bank, bank_labels = (feats, labels) if loo else (bank, bank_labels)
+    num_classes = num_classes or int(max(labels.max(), bank_labels.max())) + 1
+    pred = knn_predict(feats, bank, bank_labels, num_classes, k, t, leave_one_out=loo)
+    return (pred == labels).float().mean().item()
+
+
+@torch.no_grad()
+def extract_features(
+    backbone: nn.Module,
+    images: np.ndarray,
+    size: int,
+    mean,
+    std,
+    device: torch.device,
+    batch_size: int = 256,
+    precision: str = "fp32",
+    channels_last: bool = False,
+) -> torch.Tensor:
+    """L2-normalized backbone features (N x D, float32) of uint8 images (N x S x S x 3), eval view."""
+    was_training = backbone.training
+    backbone.eval()
+    autocast = (
+        torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+        if precision in ("bf16", "fp16")
+        else nullcontext()
+    )
+    out = []
+    for start in range(0, len(images), batch_size):
+        x = center_view(torch.from_numpy(np.ascontiguousarray(images[start : start + batch_size])), size, mean, std)
+        x = x.to(device)  # b x 3 x s x s
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with autocast:
+            f = backbone(x)  # b x D
+        out.append(F.normalize(f.float(), dim=1).cpu())
+    backbone.train(was_training)
+    return torch.cat(out)
+
+
+class LabeledImages:
+    """A folder with one sub-folder per class, decoded into a uint8 cache; labels from the sub-folder."""
+
+    def __init__(
+        self, root: str | Path, size: int, cache_dir: Path, workers: int = 0, classes: list[str] | None = None
+    ) -> None:
+        self.cache: ImageCache = build_cache(root, size, cache_dir, workers=workers)
+        names = [f.split("/")[0] for f in self.cache.files]
+        if any("/" not in f for f in self.cache.files):
+            loose = next(f for f in self.cache.files if "/" not in f)
+            raise UserError(
+                f"{root} must hold one sub-folder per class (found the loose file {loose}); "
+                "move images into class folders, e.g. cat/1.jpg, dog/2.jpg"
+            )
+        self.classes = classes or sorted(set(names))
+        index = {c: i for i, c in enumerate(self.classes)}
+        unknown = sorted(set(names) - set(index))
+        if unknown:
+            raise UserError(
+                f"{root} has classes {unknown} that the kNN bank does not have: use the same class "
+                "folders in --val-dir and --knn-train-dir"
+            )
+        self.labels = torch.tensor([index[n] for n in names])  # N
+
+
+class KnnMonitor:
+    """Evaluates the query backbone by kNN top-1 on ``val_dir`` against ``train_dir`` (or leave-one-out)."""
+
+    def __init__(
+        self,
+        val_dir: str,
+        train_dir: str,
+        size: int,
+        cache_root: Path,
+        image_size: int,
+        mean,
+        std,
+        k: int = 200,
+        t: float = 0.1,
+        workers: int = 0,
+    ) -> None:
+        self.bank = LabeledImages(train_dir, size, cache_root / "knn_bank", workers) if train_dir else None
+        classes = self.bank.classes if self.bank else None
+        self.val = LabeledImages(val_dir, size, cache_root / "knn_val", workers, classes)
+        self.image_size, self.mean, self.std, self.k, self.t = image_size, mean, std, k, t
+        logger.info(
+            "kNN monitor: %d val images, %s, %d classes",
+            len(self.val.cache),
+            f"bank of {len(self.bank.cache)}" if self.bank else "leave-one-out",
+            len(self.val.classes),
+        )
+
+    def evaluate(
+        self, backbone: nn.Module, device: torch.device, precision: str = "fp32", channels_last: bool = False
+    ) -> float:
+        """kNN top-1 accuracy (0..1) of ``backbone``'s features."""
+        args = (self.image_size, self.mean, self.std, device)
+        kw = dict(precision=precision, channels_last=channels_last)
+        feats = extract_features(backbone, self.val.cache.array, *args, **kw)
+        if self.bank is None:
+            return knn_top1(feats, self.val.labels, k=self.k, t=self.t, num_classes=len(self.val.classes))
+        bank = extract_features(backbone, self.bank.cache.array, *args, **kw)
+        return knn_top1(feats, self.val.labels, bank, self.bank.labels, len(self.bank.classes), self.k, self.t)
