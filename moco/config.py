@@ -49,7 +49,9 @@ class TrainConfig:
     batch_size: int = 256  # images per step on each device
     epochs: int = 200  # passes over the photos
     max_steps: int = 0  # stop after this many steps (0: epochs x steps per epoch)
-    time_budget: float = 0.0  # minutes of training in all; the schedule is fitted to it (0: none)
+    time_budget: float = (
+        0.0  # minutes of training (kNN evaluations not counted); the schedule is fitted to it (0: none)
+    )
     optimizer: str = "sgd"  # sgd (v1/v2) | lars (v3 ResNet) | adamw (ViT)
     lr: float = 0.03  # learning rate for a batch of 256, scaled linearly with the global batch
     lr_schedule: str = "cosine"  # cosine | step (x0.1 at 60% and 80% of training)
@@ -69,7 +71,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     workers: int = -1  # processes decoding photos (-1: one per CPU core)
     seed: int = 0  # seed of initialization, sampling and augmentation
-    channels_last: bool = True  # channels_last memory format for CNNs
+    memory_format: str = (
+        "auto"  # CNN layout: auto (channels_last on GPU, contiguous on CPU) | channels_last | contiguous
+    )
     compile: bool = False  # torch.compile the model
     save_every_minutes: float = 10.0  # checkpoint period in minutes (always also at the end and on SIGINT/SIGTERM)
     keep_checkpoints: int = 2  # step-numbered checkpoint copies kept besides checkpoint.pt
@@ -135,6 +139,7 @@ CHOICES = {
     "lr_schedule": ("cosine", "step"),
     "precision": ("auto", "bf16", "fp16", "fp32"),
     "device": ("auto", "cpu", "cuda"),
+    "memory_format": ("auto", "channels_last", "contiguous"),
 }
 
 

@@ -84,7 +84,7 @@ def extract_features(
     )
     out = []
     for start in range(0, len(images), batch_size):
-        x = center_view(torch.from_numpy(np.ascontiguousarray(images[start : start + batch_size])), size, mean, std)
+        x = center_view(torch.from_numpy(np.array(images[start : start + batch_size])), size, mean, std)
         x = x.to(device)  # b x 3 x s x s
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)

@@ -221,7 +221,7 @@ def train(
 
     # ---- model, optimizer, scaler
     model = build_model(cfg).to(device)
-    cnn = cfg.channels_last and not is_vit(cfg.arch)
+    cnn = _channels_last(cfg, device)
     if cnn:
         model = model.to(memory_format=torch.channels_last)
     optimizer = build_optimizer(model, cfg)
@@ -274,20 +274,23 @@ def train(
     knn_every = cfg.knn_every or steps_per_epoch
 
     last_eval = -1
+    train_start = time.monotonic() - elapsed  # training seconds so far = now - train_start (evaluations excluded)
 
     def evaluate() -> None:
-        nonlocal last_eval
+        nonlocal last_eval, train_start
+        t = time.monotonic()
         last_eval = step
         top1 = monitor.evaluate(model.backbone, device, precision, cnn)
         metrics.write({"step": step, "epoch": step / steps_per_epoch, "knn_top1": top1})
         logger.info("step %d: kNN top-1 %.2f%%", step, 100 * top1)
+        train_start += time.monotonic() - t
 
     if monitor is not None and step == 0:
         evaluate()
     bar = _progress_bar(total_steps, step, progress and d.main)
     budget_s = cfg.time_budget * 60
     fitted = ckpt is not None and bool(ckpt.get("total_steps")) and cfg.time_budget > 0
-    last_save, session_start = time.monotonic(), time.monotonic() - elapsed
+    last_save = time.monotonic()
     stopped_by, saved_step = None, step
     model.train()
     with _StopFlag() as stop:
@@ -340,9 +343,9 @@ def train(
                 evaluate()
             now = time.monotonic()
             if budget_s and not fitted and step >= 10 and not cfg.max_steps:
-                total_steps = _fit_to_budget(step, total_steps, now - session_start, budget_s, steps_per_epoch)
+                total_steps = _fit_to_budget(step, total_steps, now - train_start, budget_s, steps_per_epoch)
                 bar.total, fitted = total_steps, True
-            if budget_s and now - session_start >= budget_s:
+            if budget_s and now - train_start >= budget_s:
                 stopped_by = "time budget"
             if stop.signal is not None:
                 stopped_by = signal.Signals(stop.signal).name
@@ -350,7 +353,7 @@ def train(
                 stopped_by = f"stop_after={stop_after}"
             stop_now = _agree(stopped_by is not None, d)
             if stop_now or step == total_steps or now - last_save >= cfg.save_every_minutes * 60:
-                _save(run_dir, cfg, model, optimizer, scaler, step, total_steps, now - session_start, cache, d)
+                _save(run_dir, cfg, model, optimizer, scaler, step, total_steps, now - train_start, cache, d)
                 last_save, saved_step = now, step
             if stop_now:
                 break
@@ -358,7 +361,7 @@ def train(
     if monitor is not None and last_eval != step:
         evaluate()
     if saved_step != step:
-        _save(run_dir, cfg, model, optimizer, scaler, step, total_steps, time.monotonic() - session_start, cache, d)
+        _save(run_dir, cfg, model, optimizer, scaler, step, total_steps, time.monotonic() - train_start, cache, d)
     if d.main:
         from moco.curves import plot_curves
 
@@ -425,6 +428,13 @@ def _load_data(cfg: TrainConfig, run_dir: Path, ckpt: dict | None, d: _Dist, pro
         if not d.main:
             cache = build_cache(cfg.data_dir, size, run_dir / "cache", progress=False, **kwargs)
     return cache
+
+
+def _channels_last(cfg: TrainConfig, device: torch.device) -> bool:
+    """channels_last for CNNs: on GPUs by default; on CPUs it measured 10-20% slower here (bf16, oneDNN)."""
+    if is_vit(cfg.arch) or cfg.memory_format == "contiguous":
+        return False
+    return cfg.memory_format == "channels_last" or device.type == "cuda"
 
 
 def _knn_monitor(cfg: TrainConfig, run_dir: Path):

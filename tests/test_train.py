@@ -223,3 +223,33 @@ def test_sigterm_checkpoints_and_resume_continues(sample_photos, tmp_path):
     assert len(metrics.read_text().splitlines()) == step
     assert main(["train", "--out", str(run), "--resume", "--max-steps", str(step + 2), "--quiet"]) == 0
     assert _state(run)["step"] == step + 2
+
+
+def test_vit_v3_keeps_patch_projection_and_position_embedding_fixed(sample_photos, tmp_path):
+    from moco.model import MoCo
+    from moco.train import build_model
+
+    cfg = _cfg(
+        sample_photos, tmp_path / "vit", "v3", arch="vit_tiny_patch16_224", small_stem=False, image_size=32, max_steps=3
+    )
+    assert cfg.optimizer == "adamw" and cfg.temperature == 0.2  # the paper's ViT recipe
+    torch.manual_seed(cfg.seed)
+    before: MoCo = build_model(cfg)  # the same initialization train() makes
+    train(cfg, progress=False)
+    after = torch.load(tmp_path / "vit" / "checkpoint.pt", weights_only=True)["model"]
+    for name in ("backbone.patch_embed.proj.weight", "backbone.patch_embed.proj.bias", "backbone.pos_embed"):
+        assert torch.equal(after[name], before.state_dict()[name]), name
+    assert not torch.equal(
+        after["backbone.blocks.0.attn.qkv.weight"], before.state_dict()["backbone.blocks.0.attn.qkv.weight"]
+    )
+
+
+def test_knn_monitor_logged_and_plotted(sample_photos, tmp_path):
+    from moco.curves import read_metrics
+
+    cfg = _cfg(sample_photos, tmp_path / "knn", max_steps=6, val_dir=str(sample_photos), knn_k=5)
+    train(cfg, progress=False)
+    knn = [r for r in read_metrics(tmp_path / "knn" / "metrics.jsonl") if "knn_top1" in r]
+    assert [r["step"] for r in knn] == [0, 6]  # before training and at the end of the (6-step) epoch
+    assert all(0.0 <= r["knn_top1"] <= 1.0 for r in knn)
+    assert knn[0]["knn_top1"] > 1 / 6  # even random features beat chance on these families
