@@ -84,8 +84,8 @@ def extract_features(
     )
     out = []
     for start in range(0, len(images), batch_size):
-        x = center_view(torch.from_numpy(np.array(images[start : start + batch_size])), size, mean, std)
-        x = x.to(device)  # b x 3 x s x s
+        batch = torch.from_numpy(np.array(images[start : start + batch_size])).to(device)  # b x S x S x 3 uint8
+        x = center_view(batch, size, mean, std)  # b x 3 x s x s
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         with autocast:

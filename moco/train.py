@@ -246,8 +246,9 @@ def train(
         net = nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None, broadcast_buffers=False
         )
-    if cfg.compile:
-        net = torch.compile(net)
+    if cfg.compile:  # the encoders only: the MoCo step around them updates buffers in place
+        for encoder in (model.backbone, model.backbone_momentum):
+            encoder.compile()
     autocast = (
         torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
         if precision in ("bf16", "fp16")
@@ -303,9 +304,9 @@ def train(
                 group["lr"] = lr
 
             ids = _batch_ids(epoch, index, n, cfg.batch_size, cfg.seed, d)  # B
-            images = torch.from_numpy(np.ascontiguousarray(cache.array[ids]))  # B x S x S x 3 uint8
+            images = torch.from_numpy(cache.array[ids]).to(device)  # B x S x S x 3 uint8, augmented where it trains
             x1, x2 = two_views(images, cfg.augment, cfg.image_size, cfg.mean, cfg.std, _step_generator(cfg.seed, step))
-            x1, x2 = (_to_device(x, device, cnn) for x in (x1, x2))  # B x 3 x s x s each
+            x1, x2 = (_memory_format(x, cnn) for x in (x1, x2))  # B x 3 x s x s each
             ids_t = torch.from_numpy(ids).to(device)
             t_data = time.perf_counter() - t0
 
@@ -455,8 +456,7 @@ def _knn_monitor(cfg: TrainConfig, run_dir: Path):
     )
 
 
-def _to_device(x: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
-    x = x.to(device, non_blocking=True)
+def _memory_format(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 

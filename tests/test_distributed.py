@@ -14,10 +14,37 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _torchrun(data: Path, run: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "moco.train",
-           str(data), "--out", str(run), "--arch", "resnet18", "--small-stem", "--image-size", "16",
-           "--batch-size", "4", "--bn-splits", "1", "--queue-size", "40", "--max-steps", "8", "--workers", "0",
-           "--precision", "fp32", "--quiet", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "moco.train",
+        str(data),
+        "--out",
+        str(run),
+        "--arch",
+        "resnet18",
+        "--small-stem",
+        "--image-size",
+        "16",
+        "--batch-size",
+        "4",
+        "--bn-splits",
+        "1",
+        "--queue-size",
+        "40",
+        "--max-steps",
+        "8",
+        "--workers",
+        "0",
+        "--precision",
+        "fp32",
+        "--quiet",
+        *extra,
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
