@@ -78,6 +78,33 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 128 + summary["signal"] if summary["signal"] else 0
 
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "export",
+        help="export a clean backbone (heads, key encoder, queue stripped)",
+        description="Export the query backbone of a MoCo checkpoint (ours, official v1/v2/v3, lightly, solo-learn, "
+        "torchvision/timm) with its preprocessing metadata.",
+    )
+    p.add_argument("checkpoint", metavar="CHECKPOINT")
+    p.add_argument("-o", "--out", required=True, metavar="OUT", help="output file, e.g. backbone.safetensors")
+    p.add_argument("--arch", default=None, help="backbone architecture (default: detected from the checkpoint)")
+    p.add_argument("--format", default="safetensors", choices=("safetensors", "onnx", "torchscript"))
+    p.add_argument("--image-size", type=int, default=None, help="input size (default: the run's, or 224)")
+    p.set_defaults(handler=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """`moco export`: strip a checkpoint down to its backbone."""
+    from moco.export import export_backbone
+
+    meta = export_backbone(args.checkpoint, args.out, arch=args.arch, fmt=args.format, image_size=args.image_size)
+    print(
+        f"exported {meta['arch']} ({meta['embed_dim']}-d, {meta['image_size']} px, MoCo {meta['moco_version']}, "
+        f"from {meta['source_format']}) to {args.out}; stripped {meta['dropped']}"
+    )
+    return 0
+
+
 def _add_sample(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sample",
@@ -108,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_train(sub)
+    _add_export(sub)
     _add_sample(sub)
     return parser
 

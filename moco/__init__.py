@@ -8,7 +8,17 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["MoCo", "TrainConfig", "PRESETS", "resolve_config", "train", "resume_config", "UserError"]
+__all__ = [
+    "MoCo",
+    "TrainConfig",
+    "PRESETS",
+    "resolve_config",
+    "train",
+    "resume_config",
+    "export_backbone",
+    "Embedder",
+    "UserError",
+]
 
 _WHERE = {
     "MoCo": "moco.model",
@@ -18,6 +28,8 @@ _WHERE = {
     "train": "moco.train",
     "resume_config": "moco.train",
     "UserError": "moco.errors",
+    "export_backbone": "moco.export",
+    "Embedder": "moco.embed",
 }
 
 

@@ -7,6 +7,7 @@ A backbone maps images ``N x 3 x H x W`` to features ``N x D`` (no classifier). 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,17 +25,20 @@ def is_vit(arch: str) -> bool:
     return name.startswith(("vit_", "deit"))
 
 
-def build_backbone(arch: str, small_stem: bool = False, image_size: int = 224) -> tuple[nn.Module, int]:
+def build_backbone(
+    arch: str, small_stem: bool = False, image_size: int = 224, **timm_kwargs: Any
+) -> tuple[nn.Module, int]:
     """Return ``(backbone, num_features)`` for ``arch``, randomly initialized.
 
     ``arch`` is a torchvision ResNet name (``resnet18``, ``resnet50``, ``wide_resnet50_2``,
     ``resnext50_32x4d``...) or any timm model name (``timm/`` prefix forces timm). ``small_stem``
-    replaces the 7x7/2 conv and max-pool by a 3x3/1 conv, for 32-96 px images.
+    replaces the 7x7/2 conv and max-pool by a 3x3/1 conv, for 32-96 px images. ``timm_kwargs``
+    go to ``timm.create_model`` (e.g. ``num_heads=12`` for MoCo v3's ViT-S).
     """
     name = arch.removeprefix("timm/")
-    if not arch.startswith("timm/") and _is_torchvision_resnet(name):
+    if not arch.startswith("timm/") and _is_torchvision_resnet(name) and not timm_kwargs:
         return _torchvision_resnet(name, small_stem)
-    return _timm_model(name, small_stem, image_size)
+    return _timm_model(name, small_stem, image_size, timm_kwargs)
 
 
 def _is_torchvision_resnet(name: str) -> bool:
@@ -55,7 +59,7 @@ def _torchvision_resnet(name: str, small_stem: bool) -> tuple[nn.Module, int]:
     return model, width
 
 
-def _timm_model(name: str, small_stem: bool, image_size: int) -> tuple[nn.Module, int]:
+def _timm_model(name: str, small_stem: bool, image_size: int, extra: dict[str, Any]) -> tuple[nn.Module, int]:
     import timm
 
     if not timm.is_model(name):
@@ -65,7 +69,7 @@ def _timm_model(name: str, small_stem: bool, image_size: int) -> tuple[nn.Module
             + (f"; similar timm names: {', '.join(close)}" if close else "")
             + "; e.g. resnet18, resnet50, vit_small_patch16_224, convnext_tiny"
         )
-    kwargs: dict = {"pretrained": False, "num_classes": 0}
+    kwargs: dict = {"pretrained": False, "num_classes": 0, **extra}
     if is_vit(name):
         kwargs["img_size"] = image_size
     model = timm.create_model(name, **kwargs)

@@ -38,6 +38,7 @@ __all__ = [
     "load_rgb",
     "load_square_u8",
     "scan_images",
+    "square_u8",
 ]
 
 logger = logging.getLogger(__name__)
@@ -251,7 +252,11 @@ def load_square_u8(path: str | Path, size: int, max_pixels: int | None = DEFAULT
     """Decode ``path`` as a ``size x size x 3`` uint8 array: short side resized to ``size``, center crop."""
     if size < 1:
         raise ValueError(f"size must be positive, got {size}")
-    img = _decode(path, max_pixels, target_short=size)
+    return square_u8(_decode(path, max_pixels, target_short=size), size)
+
+
+def square_u8(img: Image.Image, size: int) -> np.ndarray:
+    """An RGB image as ``size x size x 3`` uint8: short side resized to ``size``, center crop."""
     w, h = img.size
     if w <= h:
         new = (size, max(size, round(h * size / w)))

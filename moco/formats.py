@@ -20,7 +20,14 @@ from torch import nn
 from moco.checkpoint import FORMAT, load_checkpoint
 from moco.errors import UserError
 
-__all__ = ["SplitCheckpoint", "split_checkpoint", "read_checkpoint", "load_init", "load_backbone_state"]
+__all__ = [
+    "SplitCheckpoint",
+    "split_checkpoint",
+    "read_checkpoint",
+    "load_init",
+    "load_backbone_state",
+    "sequential_names",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +70,7 @@ def split_checkpoint(obj: dict) -> SplitCheckpoint:
             _take(sd, "backbone."),
             _take(sd, "projector."),
             _take(sd, "predictor."),
-            meta={"config": obj.get("config", {}), "step": obj.get("step")},
+            meta={"config": obj.get("config", {}), "step": obj.get("step"), "images": len(obj.get("files", []))},
         )
         for k in sd:
             if k.startswith(("backbone_momentum.", "projector_momentum.")):
@@ -162,7 +169,6 @@ def load_backbone_state(backbone: nn.Module, state: dict[str, torch.Tensor], sou
     anything else missing, unexpected or of another shape is a UserError naming the keys.
     """
     target = backbone.state_dict()
-    state = _sequential_names(backbone, state)
     missing = sorted(set(target) - set(state))
     unexpected = sorted(k for k in set(state) - set(target) if not k.startswith(CLASSIFIER_PREFIXES))
     mismatched = sorted(k for k in set(state) & set(target) if state[k].shape != target[k].shape)
@@ -183,7 +189,7 @@ def load_backbone_state(backbone: nn.Module, state: dict[str, torch.Tensor], sou
     backbone.load_state_dict({k: state[k] for k in target})
 
 
-def _sequential_names(backbone: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def sequential_names(backbone: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Map ``nn.Sequential(*list(resnet.children())[:-1])`` keys (``0.weight``, ``4.1.conv1.weight``: the
     lightly way to cut a classifier off) back to the model's child names (``conv1.weight``, ``layer1.1...``)."""
     if not state or not all(k.split(".")[0].isdigit() for k in state):
@@ -214,6 +220,7 @@ def load_init(model: nn.Module, path: str | Path) -> dict[str, list[str]]:
     Returns and logs exactly what was loaded, re-initialized and ignored.
     """
     split = read_checkpoint(path)
+    split.backbone = sequential_names(model.backbone, split.backbone)
     load_backbone_state(model.backbone, split.backbone, str(path))
     report = {
         "loaded": [f"backbone: loaded ({len(model.backbone.state_dict())} tensors)"],

@@ -1,0 +1,244 @@
+"""Embedder: images -> L2-normalized float32 vectors with an exported MoCo backbone.
+
+    >>> import numpy as np
+    >>> from moco import Embedder
+    >>> emb = Embedder.load(backbone_path, device="cpu")   # a file made by `moco export`
+    >>> vectors = emb.embed([np.zeros((40, 60, 3), np.uint8), np.full((64, 64, 3), 200, np.uint8)])
+    >>> vectors.shape == (2, emb.dim), vectors.dtype
+    (True, dtype('float32'))
+    >>> bool(np.allclose(np.linalg.norm(vectors, axis=1), 1.0, atol=1e-3))
+    True
+
+Preprocessing comes from the backbone's metadata (short side resized to ``resize``, center crop of
+``image_size``, mean/std): the same eval view the kNN monitor uses during training.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import torchvision
+from PIL import Image
+from torch import nn
+
+from moco.augment import center_view
+from moco.data import ImageDecodeError, load_square_u8, scan_images, square_u8
+from moco.errors import UserError
+
+__all__ = ["Embedder"]
+
+logger = logging.getLogger(__name__)
+
+ImageLike = Any  # PIL.Image.Image | str | Path | np.ndarray | torch.Tensor
+
+
+def _stack(squares: list[np.ndarray | torch.Tensor]) -> np.ndarray | torch.Tensor:
+    if any(isinstance(a, torch.Tensor) for a in squares):
+        device = next(a.device for a in squares if isinstance(a, torch.Tensor))
+        return torch.stack([torch.as_tensor(a).to(device) for a in squares])
+    return np.stack(squares)
+
+
+def _square_on_device(img: torch.Tensor, size: int) -> torch.Tensor:
+    """3 x H x W uint8 -> size x size x 3 uint8: short side resized (antialiased bicubic), center crop."""
+    _, h, w = img.shape
+    scale = size / min(h, w)
+    nh, nw = max(size, round(h * scale)), max(size, round(w * scale))
+    x = F.interpolate(img[None].float(), size=(nh, nw), mode="bicubic", antialias=True, align_corners=False)
+    top, left = (nh - size) // 2, (nw - size) // 2
+    x = x[0, :, top : top + size, left : left + size].round_().clamp_(0, 255).to(torch.uint8)  # 3 x s x s
+    return x.permute(1, 2, 0).contiguous()  # s x s x 3
+
+
+class Embedder:
+    """Feature extractor around an exported backbone.
+
+    Attributes:
+        dim: feature dimension D.
+        config: the backbone's metadata (arch, image_size, resize, mean, std, source sha256, ...).
+        sha256: sha256 of the backbone file (what an index records to refuse a different backbone).
+    """
+
+    def __init__(self, backbone: nn.Module, config: dict[str, str], device: str | torch.device = "auto",
+                 precision: str = "auto", sha256: str = "") -> None:  # fmt: skip
+        from moco.train import resolve_device, resolve_precision
+
+        self.device = resolve_device(str(device))
+        self.precision = resolve_precision(precision, self.device)
+        self.config = dict(config)
+        self.sha256 = sha256
+        self.dim = int(config["embed_dim"])
+        self.image_size = int(config["image_size"])
+        self.resize = int(config["resize"])
+        self.mean, self.std = tuple(json.loads(config["mean"])), tuple(json.loads(config["std"]))
+        self.channels_last = self.device.type == "cuda" and not config["arch"].startswith(("vit", "deit"))
+        self.backbone = backbone.to(self.device).eval()
+        if self.channels_last:
+            self.backbone = self.backbone.to(memory_format=torch.channels_last)
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "auto", precision: str = "auto") -> Embedder:
+        """From a ``.safetensors`` backbone made by ``moco export``, or directly from any checkpoint."""
+        from moco.export import build_exported, export_backbone, load_exported
+
+        path = Path(path)
+        if path.suffix != ".safetensors":
+            import tempfile
+
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "backbone.safetensors"
+                export_backbone(path, out)
+                state, meta = load_exported(out)
+        else:
+            state, meta = load_exported(path)
+        from moco.export import _sha256
+
+        return cls(build_exported(state, meta), meta, device, precision, _sha256(path))
+
+    # --------------------------------------------------------------------------------- inputs
+    def _to_square(self, item: ImageLike) -> np.ndarray:
+        """One input as a ``resize x resize x 3`` uint8 array (short side resized, center crop)."""
+        if isinstance(item, (str, Path)):
+            return load_square_u8(item, self.resize)
+        if isinstance(item, Image.Image):
+            return square_u8(item.convert("RGB"), self.resize)
+        if isinstance(item, torch.Tensor):
+            item = item.detach().cpu().numpy()
+        if isinstance(item, np.ndarray):
+            if item.dtype != np.uint8:
+                raise UserError(f"image arrays must be uint8 (0-255), got {item.dtype}: convert with "
+                                "(x * 255).clip(0, 255).astype(np.uint8) for floats in [0, 1]")  # fmt: skip
+            if item.ndim == 2:
+                item = np.repeat(item[:, :, None], 3, axis=2)
+            elif item.ndim == 3 and item.shape[0] in (1, 3) and item.shape[2] not in (1, 3):
+                item = item.transpose(1, 2, 0)  # CHW -> HWC
+            if item.ndim != 3 or item.shape[2] not in (1, 3):
+                raise UserError(f"image arrays must be HxWx3, 3xHxW or HxW, got shape {item.shape}")
+            if item.shape[2] == 1:
+                item = np.repeat(item, 3, axis=2)
+            return square_u8(Image.fromarray(np.ascontiguousarray(item)), self.resize)
+        raise UserError(
+            f"cannot embed a {type(item).__name__}: pass PIL images, file paths, or uint8 numpy arrays / tensors"
+        )
+
+    # ------------------------------------------------------------------------------- embedding
+    @torch.inference_mode()
+    def embed_squares(self, squares: np.ndarray | torch.Tensor) -> np.ndarray:
+        """Embed preprocessed uint8 squares (N x resize x resize x 3): N x D float32, L2-normalized."""
+        x = torch.as_tensor(squares).to(self.device, non_blocking=True)  # N x R x R x 3 uint8
+        x = center_view(x, self.image_size, self.mean, self.std)  # N x 3 x s x s
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16 if self.precision == "bf16" else torch.float16)
+            if self.precision in ("bf16", "fp16")
+            else nullcontext()
+        )
+        with autocast:
+            f = self.backbone(x)  # N x D
+        return F.normalize(f.float(), dim=1).cpu().numpy()
+
+    def embed(self, images: Sequence[ImageLike] | ImageLike, batch_size: int = 64) -> np.ndarray:
+        """Embed images (PIL images, paths, uint8 HWC/CHW arrays or tensors): N x D float32, L2-normalized."""
+        if isinstance(images, (str, Path, Image.Image)) or (
+            isinstance(images, (np.ndarray, torch.Tensor)) and images.ndim in (2, 3)
+        ):
+            images = [images]
+        if isinstance(images, (np.ndarray, torch.Tensor)) and images.ndim == 4:
+            images = list(images)
+        images = list(images)
+        if not images:
+            raise UserError("embed() got no images: pass a non-empty list")
+        out = []
+        for start in range(0, len(images), batch_size):
+            squares = np.stack([self._to_square(im) for im in images[start : start + batch_size]])
+            out.append(self.embed_squares(squares))
+        return np.concatenate(out)
+
+    def embed_folder(
+        self, root: str | Path, batch_size: int = 64, workers: int | None = None, progress: bool = True,
+        files: Sequence[str] | None = None, decoder: str = "auto",
+    ) -> Iterator[tuple[list[str], np.ndarray, list[tuple[str, str]]]]:  # fmt: skip
+        """Stream ``(paths, vectors, failures)`` batches over a folder (recursive), for any size of collection.
+
+        ``paths`` are relative to ``root``; ``vectors`` is len(paths) x D; ``failures`` lists
+        ``(path, reason)`` of the files in this batch that could not be read (they never stop the batch).
+        Decoding and resizing run in ``workers`` threads ahead of the model (PIL releases the GIL).
+        ``decoder``: "pil", "torchvision" (JPEGs decoded in batches by ``torchvision.io.decode_jpeg`` on
+        the embedder's device, resized there) or "auto" (torchvision on a GPU, PIL on a CPU).
+        """
+        if decoder not in ("auto", "pil", "torchvision"):
+            raise UserError(f"decoder {decoder!r} is not one of auto, pil, torchvision")
+        on_device = decoder == "torchvision" or (decoder == "auto" and self.device.type == "cuda")
+        root = Path(root)
+        names = list(files) if files is not None else scan_images(root)
+        workers = workers or min(8, os.cpu_count() or 1)
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(names), disable=not progress, unit="img", desc="embedding")
+
+        def decode(name: str) -> tuple[str, np.ndarray | torch.Tensor | None, str]:
+            try:
+                if on_device and name.lower().endswith((".jpg", ".jpeg")):
+                    return name, torchvision.io.read_file(str(root / name)), ""  # bytes, decoded in batches
+                return name, load_square_u8(root / name, self.resize), ""
+            except ImageDecodeError as e:
+                return name, None, e.reason
+            except Exception as e:  # noqa: BLE001 - one bad file never stops the batch
+                return name, None, f"{type(e).__name__}: {e}"
+
+        with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            pending = [pool.submit(decode, n) for n in names[: 2 * batch_size]]
+            queued = len(pending)
+            while pending:
+                batch, pending = pending[:batch_size], pending[batch_size:]
+                more = names[queued : queued + batch_size]  # keep two batches decoding ahead
+                pending += [pool.submit(decode, n) for n in more]
+                queued += len(more)
+                results = [f.result() for f in batch]
+                if on_device:
+                    results = self._decode_jpegs_on_device(root, results)
+                ok = [(n, a) for n, a, _ in results if a is not None]
+                failures = [(n, why) for n, a, why in results if a is None]
+                for n, why in failures:
+                    logger.warning("skipping %s: %s", n, why)
+                vectors = (
+                    self.embed_squares(np.stack([a for _, a in ok])) if ok else np.zeros((0, self.dim), np.float32)
+                )
+                bar.update(len(results))
+                yield [n for n, _ in ok], vectors, failures
+        bar.close()
+
+    def _decode_jpegs_on_device(self, root: Path, results: list[tuple[str, Any, str]]) -> list[tuple[str, Any, str]]:
+        """Replace raw JPEG bytes by decoded ``resize`` squares: one batched decode on the device."""
+        raw = [i for i, (_, a, _) in enumerate(results) if isinstance(a, torch.Tensor) and a.dtype == torch.uint8
+               and a.ndim == 1]  # fmt: skip
+        if not raw:
+            return results
+        try:
+            images = torchvision.io.decode_jpeg([results[i][1] for i in raw], mode=torchvision.io.ImageReadMode.RGB,
+                                                device=self.device, apply_exif_orientation=True)  # fmt: skip
+        except RuntimeError as e:  # a corrupt JPEG fails the whole batch: fall back to PIL per file
+            logger.debug("batched JPEG decode failed (%s); decoding this batch with PIL", e)
+            images = [None] * len(raw)
+        out = list(results)
+        for i, img in zip(raw, images):
+            name = results[i][0]
+            if img is None:
+                try:
+                    out[i] = (name, load_square_u8(root / name, self.resize), "")
+                except ImageDecodeError as e:
+                    out[i] = (name, None, e.reason)
+                continue
+            out[i] = (name, _square_on_device(img, self.resize), "")
+        return out

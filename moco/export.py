@@ -1,0 +1,295 @@
+"""Export a clean backbone from any supported MoCo checkpoint: safetensors + preprocessing metadata.
+
+Everything that is not the query backbone is stripped (projection head, predictor, momentum
+encoder, queue, classifier); every source key is accounted for, and a key the layout does not explain
+is an error. Optional ONNX (checked against PyTorch with onnxruntime) and TorchScript outputs.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from moco.backbones import build_backbone
+from moco.config import IMAGENET_MEAN, IMAGENET_STD
+from moco.errors import UserError
+from moco.formats import (
+    CLASSIFIER_PREFIXES,
+    SplitCheckpoint,
+    load_backbone_state,
+    read_checkpoint,
+    sequential_names,
+)
+
+__all__ = ["BACKBONE_FORMAT", "ArchGuess", "detect_arch", "export_backbone", "load_exported", "build_exported"]
+
+logger = logging.getLogger(__name__)
+
+BACKBONE_FORMAT = "moco-retrieval/backbone"
+FORMATS = ("safetensors", "onnx", "torchscript")
+
+
+@dataclass
+class ArchGuess:
+    arch: str
+    small_stem: bool = False
+    image_size: int = 224
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    how: str = ""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _resnet_candidates() -> list[str]:
+    return ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "wide_resnet50_2", "wide_resnet101_2",
+            "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d"]  # fmt: skip
+
+
+def detect_arch(split: SplitCheckpoint, image_size: int | None = None) -> ArchGuess:
+    """The architecture of a checkpoint's backbone, from our config, the file's ``arch`` or the keys."""
+    if split.format == "moco-retrieval" and split.meta.get("config"):
+        cfg = split.meta["config"]
+        return ArchGuess(cfg["arch"], bool(cfg.get("small_stem")), int(cfg.get("image_size", 224)), how="run config")
+    sd = split.backbone
+    if "pos_embed" in sd and "patch_embed.proj.weight" in sd:
+        return _detect_vit(split, image_size)
+    small = "conv1.weight" in sd and sd["conv1.weight"].shape[-1] == 3
+    hinted = split.meta.get("arch")
+    names = ([hinted] if isinstance(hinted, str) and hinted in _resnet_candidates() else []) + _resnet_candidates()
+    for name in names:
+        import torchvision.models.resnet as tvr
+
+        with torch.device("meta"):
+            net = getattr(tvr, name)(weights=None)
+        if small:
+            net.conv1 = nn.Conv2d(3, net.conv1.out_channels, 3, 1, 1, bias=False, device="meta")
+        net.fc = nn.Identity()
+        named = sequential_names(net, sd)
+        target = {k: v.shape for k, v in net.state_dict().items()}
+        if set(target) == set(named) and all(named[k].shape == target[k] for k in target):
+            how = "the file's 'arch' field" if name == hinted else "the shapes of its keys"
+            return ArchGuess(name, small, image_size or (32 if small else 224), how=how)
+    raise UserError(
+        "cannot tell the backbone architecture from the checkpoint's keys: pass --arch NAME "
+        "(a torchvision ResNet or timm model name)"
+    )
+
+
+def _detect_vit(split: SplitCheckpoint, image_size: int | None) -> ArchGuess:
+    import timm
+
+    sd = split.backbone
+    dim = sd["pos_embed"].shape[-1]
+    patch = sd["patch_embed.proj.weight"].shape[-1]
+    depth = len({k.split(".")[1] for k in sd if k.startswith("blocks.")})
+    tokens = sd["pos_embed"].shape[1]
+    grid = math.isqrt(tokens - 1)
+    size = image_size or grid * patch
+    width = {192: "tiny", 384: "small", 768: "base", 1024: "large", 1280: "huge"}.get(dim)
+    name = f"vit_{width}_patch{patch}_224"
+    if width is None or not timm.is_model(name):
+        raise UserError(f"a ViT of width {dim}, patch {patch}, depth {depth}: pass --arch with its timm name")
+    kwargs: dict[str, Any] = {}
+    if split.format.startswith("moco-v3") and dim == 384:
+        kwargs["num_heads"] = 12  # MoCo v3's ViT-Small has 12 heads (timm's vit_small has 6)
+    with torch.device("meta"):
+        probe = timm.create_model(name, pretrained=False, num_classes=0, img_size=size, **kwargs)
+    if len(probe.blocks) != depth:
+        kwargs["depth"] = depth
+    return ArchGuess(name, False, size, kwargs, how=f"ViT shapes (width {dim}, depth {depth}, patch {patch})")
+
+
+def _moco_version(split: SplitCheckpoint) -> str:
+    if split.format == "moco-retrieval":
+        return str(split.meta.get("config", {}).get("preset", "unknown"))
+    if split.format.startswith("moco-v3"):
+        return "v3"
+    if split.format.startswith("moco-v1/v2"):
+        return "v1" if set(split.projector) == {"0.weight", "0.bias"} else "v2"
+    return "unknown"
+
+
+def _account(split: SplitCheckpoint, backbone: nn.Module) -> dict[str, int]:
+    """Count every source key that is not in the exported backbone, by reason; unknown keys are errors."""
+    unknown = sorted(k for k, why in split.dropped.items() if why == "unknown entry")
+    if unknown:
+        raise UserError(
+            f"the checkpoint has entries this {split.format} layout does not explain: {', '.join(unknown[:8])}"
+            + (" ..." if len(unknown) > 8 else "")
+            + "; refusing to guess: check the file, or convert it to a plain backbone state_dict"
+        )
+    counts: collections.Counter[str] = collections.Counter(split.dropped.values())
+    counts["projection head"] += len(split.projector)
+    counts["predictor"] += len(split.predictor)
+    target = backbone.state_dict()
+    extra = [k for k in split.backbone if k not in target]
+    assert all(k.startswith(CLASSIFIER_PREFIXES) for k in extra), extra  # load_backbone_state checked this
+    counts["classifier"] += len(extra)
+    return {k: v for k, v in counts.items() if v}
+
+
+def export_backbone(
+    checkpoint: str | Path,
+    out: str | Path,
+    arch: str | None = None,
+    fmt: str = "safetensors",
+    image_size: int | None = None,
+) -> dict[str, str]:
+    """Write the query backbone of ``checkpoint`` to ``out``; returns the metadata written."""
+    checkpoint, out = Path(checkpoint), Path(out)
+    if fmt not in FORMATS:
+        raise UserError(f"--format {fmt!r} is not supported: use one of {', '.join(FORMATS)}")
+    split = read_checkpoint(checkpoint)
+    if arch:
+        guess = detect_arch(split, image_size) if split.format == "moco-retrieval" else None
+        small = "conv1.weight" in split.backbone and split.backbone["conv1.weight"].shape[-1] == 3
+        guess = ArchGuess(arch, guess.small_stem if guess else small, image_size or (guess.image_size if guess else
+                          (32 if small else 224)), how="--arch")  # fmt: skip
+    else:
+        guess = detect_arch(split, image_size)
+    logger.info("%s: %s checkpoint, backbone %s%s (from %s)", checkpoint.name, split.format, guess.arch,
+                " with the small stem" if guess.small_stem else "", guess.how)  # fmt: skip
+    backbone, dim = build_backbone(guess.arch, guess.small_stem, guess.image_size, **guess.kwargs)
+    split.backbone = sequential_names(backbone, split.backbone)
+    load_backbone_state(backbone, split.backbone, str(checkpoint))
+    dropped = _account(split, backbone)
+    logger.info("stripped: %s", ", ".join(f"{n} {why}" for why, n in sorted(dropped.items())) or "nothing")
+    cfg = split.meta.get("config") or {}
+    meta = {
+        "format": BACKBONE_FORMAT,
+        "format_version": "1",
+        "arch": guess.arch,
+        "arch_kwargs": json.dumps(guess.kwargs),
+        "small_stem": json.dumps(guess.small_stem),
+        "embed_dim": str(dim),
+        "image_size": str(guess.image_size),
+        "resize": str(_resize_for(guess.image_size)),
+        "crop": "center",
+        "interpolation": "bicubic",
+        "mean": json.dumps(list(cfg.get("mean", IMAGENET_MEAN))),
+        "std": json.dumps(list(cfg.get("std", IMAGENET_STD))),
+        "source_file": checkpoint.name,
+        "source_sha256": _sha256(checkpoint),
+        "source_format": split.format,
+        "moco_version": _moco_version(split),
+        "dropped": json.dumps(dropped, sort_keys=True),
+        "training": json.dumps(_training_summary(split)),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    backbone.eval()
+    if fmt == "safetensors":
+        _write_safetensors(backbone, meta, out)
+    elif fmt == "torchscript":
+        _write_torchscript(backbone, meta, out)
+    else:
+        _write_onnx(backbone, meta, out)
+    logger.info("wrote %s (%s, %s, %d-d features)", out, fmt, guess.arch, dim)
+    return meta
+
+
+def _resize_for(image_size: int) -> int:
+    from moco.train import cache_size_for
+
+    return cache_size_for(image_size)
+
+
+def _training_summary(split: SplitCheckpoint) -> dict[str, Any]:
+    cfg = split.meta.get("config") or {}
+    summary = {k: split.meta[k] for k in ("epoch", "arch") if k in split.meta}
+    if cfg:
+        summary.update({k: cfg.get(k) for k in ("preset", "arch", "image_size", "batch_size", "queue_size",
+                                                "temperature", "epochs")})  # fmt: skip
+        summary["step"] = split.meta.get("step")
+        summary["images"] = split.meta.get("images")
+    return summary
+
+
+def _write_safetensors(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
+    from safetensors.torch import save_file
+
+    from moco.checkpoint import atomic_write
+
+    state = {k: v.detach().contiguous().cpu() for k, v in backbone.state_dict().items()}
+    tmp = out.with_name(f".{out.name}.part")
+    save_file(state, str(tmp), metadata=meta)
+    atomic_write(out, lambda f: f.write(tmp.read_bytes()))
+    tmp.unlink()
+
+
+def _example(meta: dict[str, str]) -> torch.Tensor:
+    size = int(meta["image_size"])
+    return torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+
+
+def _write_torchscript(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
+    x = _example(meta)
+    with torch.no_grad():
+        scripted = torch.jit.trace(backbone, x)
+        torch.testing.assert_close(scripted(x), backbone(x), rtol=1e-4, atol=1e-4)
+    torch.jit.save(scripted, str(out), _extra_files={"moco_meta.json": json.dumps(meta)})
+
+
+def _write_onnx(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
+    try:
+        import onnx
+        import onnxruntime as ort
+    except ImportError as e:
+        raise UserError(f"--format onnx needs the onnx extra: pip install 'moco-retrieval[onnx]' ({e})") from None
+    x = _example(meta)
+    torch.onnx.export(backbone, (x,), str(out), input_names=["images"], output_names=["features"],
+                      dynamic_axes={"images": {0: "batch"}, "features": {0: "batch"}}, dynamo=False)  # fmt: skip
+    model = onnx.load(str(out))
+    for k, v in meta.items():
+        model.metadata_props.add(key=k, value=v)
+    onnx.save(model, str(out))
+    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"images": x.numpy()})[0]
+    with torch.no_grad():
+        want = backbone(x).numpy()
+    err = float(abs(got - want).max())
+    if err > 1e-3 * max(1.0, float(abs(want).max())):
+        raise RuntimeError(f"ONNX output differs from PyTorch by {err:.3g}: the export is not faithful")
+    logger.info("ONNX output matches PyTorch (max abs diff %.2g)", err)
+
+
+def load_exported(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """Tensors and metadata of an exported ``.safetensors`` backbone (checked to be ours)."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"backbone file {path} does not exist: create it with `moco export CHECKPOINT -o {path}`")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            state = {k: f.get_tensor(k) for k in f.keys()}
+    except Exception as e:  # noqa: BLE001 - any parse failure means an unusable file
+        raise UserError(f"cannot read {path} as safetensors ({e}); export it again with `moco export`") from None
+    if meta.get("format") != BACKBONE_FORMAT:
+        raise UserError(f"{path} is a safetensors file but not a moco-retrieval backbone (no metadata): "
+                        "export it with `moco export`")  # fmt: skip
+    return state, meta
+
+
+def build_exported(state: dict[str, torch.Tensor], meta: dict[str, str]) -> nn.Module:
+    """The backbone module described by exported ``meta``, with ``state`` loaded exactly."""
+    backbone, dim = build_backbone(meta["arch"], json.loads(meta["small_stem"]), int(meta["image_size"]),
+                                   **json.loads(meta.get("arch_kwargs", "{}")))  # fmt: skip
+    backbone.load_state_dict(state, strict=True)
+    if dim != int(meta["embed_dim"]):
+        raise UserError(f"backbone metadata says {meta['embed_dim']}-d features but {meta['arch']} gives {dim}")
+    return backbone.eval()

@@ -1,0 +1,202 @@
+"""Export: every key layout strips to the exact backbone, features equal the training model's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torchvision
+from torch import nn
+
+from app.cli import main
+from moco.augment import center_view
+from moco.checkpoint import save_checkpoint
+from moco.config import resolve_config, to_plain
+from moco.embed import Embedder
+from moco.errors import UserError
+from moco.export import detect_arch, export_backbone, load_exported
+from moco.formats import read_checkpoint
+from moco.model import build_mlp
+from moco.train import build_model
+
+
+def _resnet18(head: nn.Module | None = None) -> nn.Module:
+    net = torchvision.models.resnet18(weights=None)
+    if head is not None:
+        net.fc = head
+    return net
+
+
+def _backbone_of(net: nn.Module, head: str = "fc.") -> dict[str, torch.Tensor]:
+    return {k: v for k, v in net.state_dict().items() if not k.startswith(head)}
+
+
+def _check(path, out, expected: dict[str, torch.Tensor], dropped: dict[str, int], arch: str, **kw):
+    meta = export_backbone(path, out, **kw)
+    state, meta2 = load_exported(out)
+    assert meta2 == meta and meta["arch"] == arch
+    assert set(state) == set(expected) and all(torch.equal(state[k], expected[k]) for k in state)
+    assert json.loads(meta["dropped"]) == dropped
+    return meta
+
+
+@pytest.mark.parametrize("prefix", ["module.", ""])
+def test_official_v1_v2(tmp_path, prefix):
+    for version, head in (
+        ("v1", nn.Linear(512, 128)),
+        ("v2", nn.Sequential(nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 128))),
+    ):
+        q = _resnet18(head)
+        sd = {f"{prefix}encoder_q.{k}": v for k, v in q.state_dict().items()}
+        sd |= {f"{prefix}encoder_k.{k}": v.clone() for k, v in q.state_dict().items()}
+        sd |= {f"{prefix}queue": torch.randn(128, 1024), f"{prefix}queue_ptr": torch.zeros(1, dtype=torch.long)}
+        torch.save({"arch": "resnet18", "epoch": 200, "state_dict": sd}, tmp_path / f"{version}.pth.tar")
+        n_head = len(head.state_dict())
+        meta = _check(tmp_path / f"{version}.pth.tar", tmp_path / f"{version}.safetensors", _backbone_of(q),
+                      {"momentum (key) encoder": len(q.state_dict()), "projection head": n_head,
+                       "queue (keys of the original training images)": 2}, "resnet18")  # fmt: skip
+        assert meta["moco_version"] == version and meta["source_format"] == "moco-v1/v2 (official)"
+        assert meta["image_size"] == "224" and meta["resize"] == "256"
+        assert json.loads(meta["training"]) == {"epoch": 200, "arch": "resnet18"}
+
+
+def test_official_v3_resnet_and_vit(tmp_path):
+    import timm
+
+    base = _resnet18(build_mlp(2, 512, 64, 32, last_bn=True))
+    pred = build_mlp(2, 32, 64, 32, last_bn=False)
+    sd = {f"module.base_encoder.{k}": v for k, v in base.state_dict().items()}
+    sd |= {f"module.momentum_encoder.{k}": v for k, v in base.state_dict().items()}
+    sd |= {f"module.predictor.{k}": v for k, v in pred.state_dict().items()}
+    torch.save({"state_dict": sd}, tmp_path / "r.pth.tar")
+    n_head = len(base.fc.state_dict())
+    meta = _check(tmp_path / "r.pth.tar", tmp_path / "r.safetensors", _backbone_of(base),
+                  {"momentum (key) encoder": len(base.state_dict()), "projection head": n_head,
+                   "predictor": len(pred.state_dict())}, "resnet18")  # fmt: skip
+    assert meta["moco_version"] == "v3"
+
+    vit = timm.create_model("vit_small_patch16_224", pretrained=False, img_size=64, num_heads=12)
+    vit.head = build_mlp(3, 384, 64, 32, last_bn=True)
+    sd = {f"module.base_encoder.{k}": v for k, v in vit.state_dict().items()}
+    sd |= {f"module.predictor.{k}": v for k, v in pred.state_dict().items()}
+    torch.save({"state_dict": sd}, tmp_path / "v.pth.tar")
+    meta = _check(tmp_path / "v.pth.tar", tmp_path / "v.safetensors", _backbone_of(vit, "head."),
+                  {"projection head": len(vit.head.state_dict()), "predictor": len(pred.state_dict())},
+                  "vit_small_patch16_224")  # fmt: skip
+    assert json.loads(meta["arch_kwargs"]) == {"num_heads": 12} and meta["image_size"] == "64"
+    # the 12-head ViT-S of MoCo v3 computes the same features after the round trip
+    emb = Embedder.load(tmp_path / "v.safetensors", device="cpu", precision="fp32")
+    x = torch.randint(0, 256, (2, 73, 73, 3), dtype=torch.uint8)
+    vit.head = nn.Identity()
+    with torch.no_grad():
+        want = nn.functional.normalize(vit.eval()(center_view(x, 64, emb.mean, emb.std)), dim=1).numpy()
+    assert abs(emb.embed_squares(x) - want).max() < 1e-5
+
+
+def test_plain_lightly_solo(tmp_path):
+    net = _resnet18()
+    torch.save(net.state_dict(), tmp_path / "tv.pth")
+    _check(tmp_path / "tv.pth", tmp_path / "tv.safetensors", _backbone_of(net), {"classifier": 2}, "resnet18")
+    seq = nn.Sequential(*list(net.children())[:-1])
+    sd = {f"backbone.{k}": v for k, v in seq.state_dict().items()}
+    sd |= {f"backbone_momentum.{k}": v for k, v in seq.state_dict().items()}
+    sd |= {"projection_head.layers.0.weight": torch.zeros(4, 512)}
+    torch.save(sd, tmp_path / "lightly.ckpt")
+    _check(tmp_path / "lightly.ckpt", tmp_path / "l.safetensors", _backbone_of(net),
+           {"momentum (key) encoder": len(seq.state_dict()), "projection head": 1}, "resnet18")  # fmt: skip
+    solo = {f"backbone.{k}": v for k, v in _backbone_of(net).items()}
+    solo |= {"projector.0.weight": torch.zeros(4, 512), "classifier.weight": torch.zeros(10, 512)}
+    solo |= {f"momentum_backbone.{k}": v for k, v in _backbone_of(net).items()}
+    torch.save({"state_dict": solo, "epoch": 9}, tmp_path / "solo.ckpt")
+    meta = _check(tmp_path / "solo.ckpt", tmp_path / "s.safetensors", _backbone_of(net),
+                  {"momentum (key) encoder": len(_backbone_of(net)), "projection head": 1, "classifier": 1},
+                  "resnet18")  # fmt: skip
+    assert meta["source_format"] == "solo-learn"
+
+
+def test_unknown_keys_and_undetectable_arch_are_errors(tmp_path):
+    q = _resnet18(nn.Linear(512, 128))
+    sd = {f"module.encoder_q.{k}": v for k, v in q.state_dict().items()} | {"module.mystery": torch.zeros(3)}
+    torch.save({"state_dict": sd}, tmp_path / "odd.pth.tar")
+    with pytest.raises(UserError, match="module.mystery"):
+        export_backbone(tmp_path / "odd.pth.tar", tmp_path / "o.safetensors")
+    torch.save({"conv_a.weight": torch.zeros(3, 3)}, tmp_path / "weird.pth")
+    with pytest.raises(UserError, match="--arch"):
+        detect_arch(read_checkpoint(tmp_path / "weird.pth"))
+
+
+@pytest.mark.parametrize("preset,arch,size", [("v2", "resnet18", 32), ("v3", "vit_tiny_patch16_224", 32)])
+def test_exported_features_equal_training_model(tmp_path, preset, arch, size):
+    kw = dict(arch=arch, image_size=size, batch_size=8, queue_size=64 if preset == "v2" else 0)
+    if preset == "v2":
+        kw.update(small_stem=True, bn_splits=2)
+    else:
+        kw.update(mlp_hidden=32, dim=16)
+    cfg = resolve_config(preset, **kw)
+    model = build_model(cfg)
+    with torch.no_grad():  # move BN statistics away from their init so eval mode matters
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    save_checkpoint({"model": model.state_dict(), "step": 7, "config": to_plain(cfg), "files": ["a"] * 5},
+                    tmp_path, keep=0)  # fmt: skip
+    meta = export_backbone(tmp_path / "checkpoint.pt", tmp_path / "b.safetensors")
+    assert meta["moco_version"] == preset and meta["arch"] == arch and meta["small_stem"] == json.dumps(preset == "v2")
+    assert json.loads(meta["training"])["step"] == 7 and json.loads(meta["training"])["images"] == 5
+    emb = Embedder.load(tmp_path / "b.safetensors", device="cpu", precision="fp32")
+    x = torch.randint(0, 256, (4, size, size, 3), dtype=torch.uint8)
+    model.eval()
+    with torch.no_grad():
+        want = nn.functional.normalize(model.backbone(center_view(x, size, cfg.mean, cfg.std)), dim=1).numpy()
+    got = emb.embed_squares(x)
+    assert got.dtype == "float32" and got.shape == (4, emb.dim)
+    assert abs(got - want).max() < 1e-5
+    # loading the checkpoint directly gives the same embedder
+    assert (
+        abs(Embedder.load(tmp_path / "checkpoint.pt", device="cpu", precision="fp32").embed_squares(x) - got).max() == 0
+    )
+
+
+def test_torchscript_and_cli(tmp_path, capsys):
+    net = _resnet18()
+    torch.save(net.state_dict(), tmp_path / "tv.pth")
+    assert main(["export", str(tmp_path / "tv.pth"), "-o", str(tmp_path / "b.pt"), "--format", "torchscript"]) == 0
+    scripted = torch.jit.load(str(tmp_path / "b.pt"))
+    x = torch.randn(2, 3, 64, 64)
+    net.fc = nn.Identity()
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(x), net.eval()(x), rtol=1e-4, atol=1e-4)
+    assert "exported resnet18 (512-d" in capsys.readouterr().out
+    assert main(["export", str(tmp_path / "missing.pth"), "-o", str(tmp_path / "x.safetensors")]) == 2
+
+
+class _Evil:
+    def __reduce__(self):
+        return (print, ("pwned",))
+
+
+def test_pickle_payload_refused_by_export(tmp_path, capsys):
+    torch.save({"state_dict": {"x": torch.zeros(1)}, "extra": _Evil()}, tmp_path / "evil.pth")
+    assert main(["export", str(tmp_path / "evil.pth"), "-o", str(tmp_path / "e.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "refusing" in err and "pickled code" in err
+    assert not (tmp_path / "e.safetensors").exists()
+
+
+def test_onnx_export_matches_pytorch(tmp_path):
+    import onnx
+    import onnxruntime as ort
+
+    net = _resnet18()
+    torch.save(net.state_dict(), tmp_path / "tv.pth")
+    meta = export_backbone(tmp_path / "tv.pth", tmp_path / "b.onnx", fmt="onnx", image_size=64)
+    props = {p.key: p.value for p in onnx.load(str(tmp_path / "b.onnx")).metadata_props}
+    assert props == meta
+    x = torch.randn(3, 3, 64, 64)  # another batch size than the export example
+    got = ort.InferenceSession(str(tmp_path / "b.onnx")).run(None, {"images": x.numpy()})[0]
+    net.fc = nn.Identity()
+    with torch.no_grad():
+        want = net.eval()(x).numpy()
+    assert abs(got - want).max() < 1e-4
