@@ -42,7 +42,8 @@ def make_photos(root: Path, n: int, seed: int = 0) -> Path:
         if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".webp"):
             img = Image.open(p).convert("RGB")
             img.thumbnail((2400, 2400))
-            sources.append(img)
+            if min(img.size) >= 720:  # big enough for 480-1600 px crops
+                sources.append(img)
     if not sources:
         raise SystemExit(f"no raster images under {BACKGROUNDS}: apt-get install gnome-backgrounds")
     rng = np.random.default_rng(seed)
@@ -51,7 +52,7 @@ def make_photos(root: Path, n: int, seed: int = 0) -> Path:
     for i in range(n):
         src = sources[i % len(sources)]
         w = int(rng.integers(480, min(1600, src.width) + 1))
-        h = int(min(src.height, max(360, w * rng.uniform(0.56, 1.34))))
+        h = int(min(src.height, max(360, w * rng.uniform(0.56, 1.34))))  # landscape and portrait shapes
         x, y = int(rng.integers(0, src.width - w + 1)), int(rng.integers(0, src.height - h + 1))
         src.crop((x, y, x + w, y + h)).save(sub / f"IMG_{i:05d}.jpg", quality=90)
     done.write_text(str(n))

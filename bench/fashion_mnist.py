@@ -115,6 +115,12 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=0.06)
     p.add_argument("--evals", type=int, default=5, help="kNN evaluations during each run")
     p.add_argument("--skip-peer", action="store_true")
+    p.add_argument(
+        "--peer-from",
+        type=Path,
+        default=None,
+        help="take the lightly row from this earlier result JSON (same setup) instead of running it",
+    )
     p.add_argument("--data", type=Path, default=Path(".bench_data"))
     p.add_argument("--json", type=Path, default=Path("bench/results/fashion_mnist.json"))
     args = p.parse_args()
@@ -148,7 +154,13 @@ def main() -> None:
         f"{rows[-1]['train_minutes']:.1f} min training, {time.perf_counter() - t0:.0f} s wall)",
         flush=True,
     )
-    if not args.skip_peer:
+    if args.peer_from:
+        earlier = json.loads(args.peer_from.read_text())
+        if earlier["setup"] != setup or earlier["minutes"] != args.minutes:
+            raise SystemExit(f"{args.peer_from} was run with {earlier['setup']}, {earlier['minutes']} min")
+        rows.append(next(r for r in earlier["rows"] if r["name"].startswith("lightly")))
+        print(f"{rows[-1]['name']:<34} kNN top-1 {100 * rows[-1]['knn_top1']:.2f}%  (from {args.peer_from})")
+    elif not args.skip_peer:
         with tempfile.TemporaryDirectory() as tmp:
             test = LabeledImages(test_dir, cache_size_for(args.image_size), Path(tmp), workers=2)
             rows.append(peer(train_dir, test, setup, args.minutes, args.minutes / args.evals))

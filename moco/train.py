@@ -233,7 +233,8 @@ def train(
         if ckpt.get("scaler"):
             scaler.load_state_dict(ckpt["scaler"])
         step, elapsed = int(ckpt["step"]), float(ckpt.get("elapsed", 0.0))
-        total_steps = cfg.max_steps or int(ckpt.get("total_steps") or total_steps)
+        if not cfg.max_steps and cfg.epochs == from_plain(ckpt["config"]).epochs:
+            total_steps = int(ckpt.get("total_steps") or total_steps)  # the schedule the run was fitted to
         _set_rng_state(ckpt["rng"])
         logger.info("resumed %s at step %d of %d", run_dir / "checkpoint.pt", step, total_steps)
     elif cfg.init:

@@ -28,3 +28,7 @@ TINY = dict(
     workers=0,
     save_every_minutes=1000.0,
 )
+
+# The same settings as command-line flags.
+TINY_CLI = "--arch resnet18 --small-stem --image-size 16 --batch-size 8 --bn-splits 2 --queue-size 16 --workers 0"
+TINY_CLI = [*TINY_CLI.split(), "--quiet"]

@@ -44,13 +44,13 @@ def test_info_nce_mask_removes_negatives():
     assert got != pytest.approx(info_nce(q, k, queue, T).item(), rel=1e-5)
 
 
-def test_info_nce_perfect_positive_is_small_and_gradient_only_to_q():
-    q = _unit(4, 8, seed=7).requires_grad_(True)
-    queue = -q.detach().t().clone().requires_grad_(True)  # negatives point away
-    loss = info_nce(q, q.detach(), queue.detach(), 0.07)
+def test_info_nce_perfect_positive_is_small_and_reaches_q():
+    q = _unit(4, 8, seed=7).detach().requires_grad_(True)
+    queue = -q.detach().t().clone()  # negatives point away
+    loss = info_nce(q, q.detach(), queue, 0.07)
     assert loss.item() < 1e-3
     loss.backward()
-    assert q.grad is not None and queue.grad is None
+    assert q.grad is not None and q.grad.abs().sum() > 0
 
 
 def _reference_in_batch(q, k, T):

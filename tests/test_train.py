@@ -16,7 +16,7 @@ import torch
 from app.cli import main
 from moco.config import resolve_config
 from moco.train import train
-from tests.conftest import TINY
+from tests.conftest import TINY, TINY_CLI
 
 V3_TINY = dict(TINY, queue_size=0, bn_splits=1, mlp_hidden=32, dim=16, warmup_epochs=1)
 
@@ -89,28 +89,7 @@ def test_cli_end_to_end_with_bad_files(sample_photos, tmp_path, capsys):
     (data / "notes.png").write_text("not an image")
     (data / "ignored.txt").write_text("not a photo")
     run = tmp_path / "run"
-    args = [
-        "train",
-        str(data),
-        "--out",
-        str(run),
-        "--arch",
-        "resnet18",
-        "--small-stem",
-        "--image-size",
-        "16",
-        "--batch-size",
-        "8",
-        "--bn-splits",
-        "2",
-        "--queue-size",
-        "16",
-        "--max-steps",
-        "2",
-        "--workers",
-        "0",
-        "--quiet",
-    ]
+    args = ["train", str(data), "--out", str(run), *TINY_CLI, "--max-steps", "2"]
     assert main(args) == 0
     out = capsys.readouterr()
     assert "trained 2/2 steps" in out.out and "2 skipped" in out.out
@@ -138,29 +117,7 @@ def test_cli_end_to_end_with_bad_files(sample_photos, tmp_path, capsys):
     ],
 )
 def test_cli_bad_values_exit_2(sample_photos, tmp_path, capsys, extra, needle):
-    args = [
-        "train",
-        str(sample_photos),
-        "--out",
-        str(tmp_path / "r"),
-        "--image-size",
-        "16",
-        "--small-stem",
-        "--arch",
-        "resnet18",
-        "--batch-size",
-        "8",
-        "--bn-splits",
-        "2",
-        "--queue-size",
-        "16",
-        "--max-steps",
-        "1",
-        "--workers",
-        "0",
-        "--quiet",
-        *extra,
-    ]
+    args = ["train", str(sample_photos), "--out", str(tmp_path / "r"), *TINY_CLI, "--max-steps", "1", *extra]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err
@@ -183,31 +140,8 @@ def test_cli_empty_and_unreadable_folders_exit_2(tmp_path, capsys):
 @pytest.mark.slow
 def test_sigterm_checkpoints_and_resume_continues(sample_photos, tmp_path):
     run = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "app.cli",
-        "train",
-        str(sample_photos),
-        "--out",
-        str(run),
-        "--arch",
-        "resnet18",
-        "--small-stem",
-        "--image-size",
-        "16",
-        "--batch-size",
-        "8",
-        "--bn-splits",
-        "2",
-        "--queue-size",
-        "16",
-        "--max-steps",
-        "100000",
-        "--workers",
-        "0",
-        "--quiet",
-    ]
+    cmd = [sys.executable, "-m", "app.cli", "train", str(sample_photos), "--out", str(run), *TINY_CLI]
+    cmd += ["--max-steps", "100000"]
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = run / "metrics.jsonl"
