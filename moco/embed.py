@@ -20,7 +20,6 @@ import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from torch import nn
 
 from moco.augment import center_view
 from moco.data import ImageDecodeError, load_square_u8, scan_images, square_u8
+from moco.device import autocast_for, resolve_device, resolve_precision
 from moco.errors import UserError
 
 __all__ = ["Embedder"]
@@ -71,8 +71,6 @@ class Embedder:
 
     def __init__(self, backbone: nn.Module, config: dict[str, str], device: str | torch.device = "auto",
                  precision: str = "auto", sha256: str = "") -> None:  # fmt: skip
-        from moco.train import resolve_device, resolve_precision
-
         self.device = resolve_device(str(device))
         self.precision = resolve_precision(precision, self.device)
         self.config = dict(config)
@@ -139,12 +137,7 @@ class Embedder:
         x = center_view(x, self.image_size, self.mean, self.std)  # N x 3 x s x s
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        autocast = (
-            torch.autocast(self.device.type, dtype=torch.bfloat16 if self.precision == "bf16" else torch.float16)
-            if self.precision in ("bf16", "fp16")
-            else nullcontext()
-        )
-        with autocast:
+        with autocast_for(self.device, self.precision):
             f = self.backbone(x)  # N x D
         return F.normalize(f.float(), dim=1).cpu().numpy()
 

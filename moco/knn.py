@@ -7,7 +7,6 @@ its class with weight ``exp(sim / T)``; the class with the largest vote wins.
 from __future__ import annotations
 
 import logging
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from torch import nn
 
 from moco.augment import center_view
 from moco.data import ImageCache, build_cache
+from moco.device import autocast_for
 from moco.errors import UserError
 
 __all__ = ["knn_predict", "knn_top1", "extract_features", "LabeledImages", "KnnMonitor"]
@@ -77,11 +77,7 @@ def extract_features(
     """L2-normalized backbone features (N x D, float32) of uint8 images (N x S x S x 3), eval view."""
     was_training = backbone.training
     backbone.eval()
-    autocast = (
-        torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-        if precision in ("bf16", "fp16")
-        else nullcontext()
-    )
+    autocast = autocast_for(device, precision)
     out = []
     for start in range(0, len(images), batch_size):
         batch = torch.from_numpy(np.array(images[start : start + batch_size])).to(device)  # b x S x S x 3 uint8

@@ -16,7 +16,6 @@ import math
 import os
 import signal
 import time
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,11 +30,12 @@ from moco.backbones import build_backbone, is_vit
 from moco.checkpoint import load_checkpoint, save_checkpoint
 from moco.config import TrainConfig, default_workers, from_plain, to_plain, validate
 from moco.data import ImageCache, build_cache
+from moco.device import autocast_for, resolve_device, resolve_precision
 from moco.errors import UserError
 from moco.model import MoCo, momentum_schedule
 from moco.optim import build_optimizer, lr_at
 
-__all__ = ["train", "resume_config", "build_model", "cache_size_for", "resolve_device", "resolve_precision"]
+__all__ = ["train", "resume_config", "build_model", "cache_size_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,36 +81,6 @@ def cache_size_for(image_size: int, cache_size: int = 0) -> int:
     if cache_size:
         return cache_size
     return image_size if image_size < 96 else round(image_size * 8 / 7)
-
-
-def resolve_device(name: str) -> torch.device:
-    """auto -> cuda (this rank's GPU under torchrun) when available, else cpu."""
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for but no CUDA GPU is visible: use --device cpu or auto")
-    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
-
-
-def resolve_precision(name: str, device: torch.device) -> str:
-    """auto -> bf16 where it runs fast (CPUs with AMX/avx512_bf16, GPUs with bf16), fp16 on older GPUs, else fp32."""
-    if device.type == "cpu":
-        if name == "fp16":
-            raise UserError("--precision fp16 needs a CUDA GPU: use bf16 or fp32 on the CPU")
-        if name == "auto":
-            return "bf16" if _cpu_has_fast_bf16() else "fp32"
-        return name
-    if name == "auto":
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return name
-
-
-def _cpu_has_fast_bf16() -> bool:
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    return any(f in flags for f in ("amx_bf16", "avx512_bf16"))
 
 
 @dataclass
@@ -250,11 +220,7 @@ def train(
     if cfg.compile:  # the encoders only: the MoCo step around them updates buffers in place
         for encoder in (model.backbone, model.backbone_momentum):
             encoder.compile()
-    autocast = (
-        torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
-        if precision in ("bf16", "fp16")
-        else nullcontext()
-    )
+    autocast = autocast_for(device, precision)
     if d.main:
         logger.info(
             "training %s %s on %d images (%d skipped), %d steps/epoch, %d steps, batch %dx%d, %s %s",

@@ -1,0 +1,50 @@
+"""Where and in what precision to run: device choice, precision choice, the autocast context."""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+
+import torch
+
+from moco.errors import UserError
+
+__all__ = ["resolve_device", "resolve_precision", "autocast_for"]
+
+
+def resolve_device(name: str) -> torch.device:
+    """auto -> cuda (this rank's GPU under torchrun) when available, else cpu."""
+    if name == "cuda" and not torch.cuda.is_available():
+        raise UserError("--device cuda was asked for but no CUDA GPU is visible: use --device cpu or auto")
+    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """auto -> bf16 where it runs fast (CPUs with AMX/avx512_bf16, GPUs with bf16), fp16 on older GPUs, else fp32."""
+    if device.type == "cpu":
+        if name == "fp16":
+            raise UserError("--precision fp16 needs a CUDA GPU: use bf16 or fp32 on the CPU")
+        if name == "auto":
+            return "bf16" if _cpu_has_fast_bf16() else "fp32"
+        return name
+    if name == "auto":
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return name
+
+
+def _cpu_has_fast_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return any(f in flags for f in ("amx_bf16", "avx512_bf16"))
+
+
+def autocast_for(device: torch.device, precision: str) -> AbstractContextManager:
+    """``torch.autocast`` for bf16/fp16 on ``device``; a no-op context for fp32."""
+    if precision not in ("bf16", "fp16"):
+        return nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
