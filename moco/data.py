@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import contextlib
 import json
 import logging
 import math
@@ -155,12 +156,10 @@ def _wide_to_u8(values: np.ndarray) -> np.ndarray:
     lo, hi = float(v.min()), float(v.max())
     if values.dtype.kind == "f" and lo >= 0.0 and hi <= 1.0:
         v = v * 255.0
-    elif lo >= 0.0 and hi <= 255.0:
-        pass
-    elif lo >= 0.0 and hi <= 65535.0:
-        v = v / 257.0
-    else:
+    elif lo < 0.0 or hi > 65535.0:
         v = (v - lo) * (255.0 / (hi - lo))
+    elif hi > 255.0:  # 16-bit range; values already in 0..255 are kept as they are
+        v = v / 257.0
     return np.rint(v).clip(0, 255).astype(np.uint8)
 
 
@@ -361,9 +360,8 @@ def _fsync_dir(path: Path) -> None:
     except OSError:
         return
     try:
-        os.fsync(fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):  # some filesystems refuse fsync on directories
+            os.fsync(fd)
     finally:
         os.close(fd)
 
