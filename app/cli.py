@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     _add_export(sub)
     _add_sample(sub)
+    from app.cli_index import add_index
+
+    add_index(sub)
     return parser
 
 
@@ -147,6 +150,11 @@ def _setup_logging(verbose: bool) -> None:
     if rank:
         fmt = f"[rank {rank}] {fmt}"
     logging.basicConfig(level=level, format=fmt, stream=sys.stderr, force=True)
+
+
+def _name(args: argparse.Namespace) -> str:
+    sub = getattr(args, "index_command", None)
+    return f"{args.command} {sub}" if sub else args.command
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -160,15 +168,15 @@ def main(argv: list[str] | None = None) -> int:
         with logging_redirect_tqdm():
             return args.handler(args)
     except UserError as e:
-        print(f"moco {args.command}: error: {e}", file=sys.stderr)
+        print(f"moco {_name(args)}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print(f"moco {args.command}: interrupted", file=sys.stderr)
+        print(f"moco {_name(args)}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - the CLI reports, the traceback goes to --verbose
         if args.verbose:
             raise
-        print(f"moco {args.command}: error: {type(e).__name__}: {e} (run with -v for the traceback)", file=sys.stderr)
+        print(f"moco {_name(args)}: error: {type(e).__name__}: {e} (run with -v for the traceback)", file=sys.stderr)
         return 1
 
 

@@ -236,15 +236,18 @@ def _decode(path: str | Path, max_pixels: int | None, target_short: int | None =
             raise ImageDecodeError(p, f"truncated or corrupt: {err or type(err).__name__}") from err
 
 
-def load_rgb(path: str | Path, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> Image.Image:
+def load_rgb(path: str | Path, max_pixels: int | None = DEFAULT_MAX_PIXELS, min_short: int | None = None) -> Image.Image:
     """Decode one image file fully into an RGB PIL image.
+
+    ``min_short``: JPEGs may be decoded at a reduced scale (DCT draft) that keeps the short side at
+    least twice this size, which is much faster for thumbnails and small model inputs.
 
     Takes the first frame of animations, applies the EXIF orientation, composites alpha onto
     white, and scales 16-bit grayscale to 8 bits (``value / 257``). Images larger than
     ``max_pixels`` (``None``: no limit) are rejected from their header, before decoding.
     Raises :class:`ImageDecodeError` with a short reason on any failure.
     """
-    return _decode(path, max_pixels)
+    return _decode(path, max_pixels, target_short=min_short)
 
 
 def load_square_u8(path: str | Path, size: int, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:

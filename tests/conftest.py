@@ -32,3 +32,32 @@ TINY = dict(
 # The same settings as command-line flags.
 TINY_CLI = "--arch resnet18 --small-stem --image-size 16 --batch-size 8 --bn-splits 2 --queue-size 16 --workers 0"
 TINY_CLI = [*TINY_CLI.split(), "--quiet"]
+
+
+@pytest.fixture(scope="session")
+def backbone(tmp_path_factory) -> Path:
+    """An exported ResNet-18 backbone (random weights, 32 px input): real model, fast enough for tests."""
+    import torch
+    import torchvision
+
+    from moco.export import export_backbone
+
+    tmp = tmp_path_factory.mktemp("backbone")
+    torch.manual_seed(0)
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), tmp / "tv.pth")
+    export_backbone(tmp / "tv.pth", tmp / "backbone.safetensors", image_size=32)
+    return tmp / "backbone.safetensors"
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging():
+    """`app.cli.main` points logging at the (captured) stderr of its test; undo that after each test."""
+    import logging
+
+    root = logging.getLogger()
+    before = list(root.handlers), root.level
+    yield
+    for h in list(root.handlers):
+        if h not in before[0]:
+            root.removeHandler(h)
+    root.setLevel(before[1])

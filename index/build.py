@@ -1,0 +1,478 @@
+"""Build and update an index directory: scan -> plan -> embed -> catalog -> FAISS index, crash-safe.
+
+Every step commits before the next starts: embedded batches go into the catalog (SQLite
+transactions), then the FAISS index is written to a temporary file and renamed over ``index.faiss``,
+then ``index.json``, then the catalog records which rows the new file holds. Killing the process at
+any moment leaves the previous index searchable; running the same command again finishes the work
+(re-adding a row is remove-then-add, so nothing is ever in the index twice).
+
+Under ``torchrun`` (``python -m index.build ...``) rank 0 plans, every rank decodes and embeds its
+share of each round of files (``files[rank::world]``), and rank 0 gathers the results, commits them
+and writes the index: the same catalog and index as one process, in a fraction of the time.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import datetime
+import logging
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index.catalog import Catalog, Row
+from index.image_index import (CATALOG_FILE, FORMAT, INDEX_FILE, META_FILE, THUMBS_DIR, load_store, read_meta,
+                               write_meta)  # fmt: skip
+from index.plan import Plan, Stat, file_hash, make_plan
+from index.store import KINDS, VectorStore, choose_kind
+from moco.data import ImageDecodeError, load_rgb, square_u8
+from moco.errors import UserError
+
+__all__ = ["build_index", "update_index", "Summary", "default_memory_budget", "THUMB_SIZE"]
+
+logger = logging.getLogger(__name__)
+
+THUMB_SIZE = 256
+TUNE_QUERIES = 500
+TARGET_RECALL = 0.95
+
+
+def default_memory_budget() -> int:
+    """Bytes an index may take in RAM by default: half the machine's memory, at most 8 GiB."""
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        total = 8 << 30
+    return int(min(8 << 30, total // 2))
+
+
+@dataclass
+class Summary:
+    """What a build/update did."""
+
+    embedded: int = 0
+    reembedded: int = 0
+    moved: int = 0
+    copied: int = 0
+    touched: int = 0
+    unchanged: int = 0
+    removed: int = 0
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+    vectors: int = 0
+    kind: str = ""
+    recall_at_10: float | None = None
+    params: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def images_per_s(self) -> float:
+        return (self.embedded + self.reembedded) / self.seconds if self.seconds else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**{k: v for k, v in self.__dict__.items() if k != "errors"}, "images_per_s": self.images_per_s,
+                "errors": [{"path": p, "reason": r} for p, r in self.errors]}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------- distribution
+class _Dist:
+    """torch.distributed when launched by torchrun (WORLD_SIZE > 1), else a single process."""
+
+    def __init__(self) -> None:
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.group = None
+        if self.world > 1:
+            import torch
+            import torch.distributed as dist
+
+            if not dist.is_initialized():
+                backend = "nccl" if torch.cuda.is_available() else "gloo"
+                if backend == "nccl":
+                    torch.cuda.set_device(self.local_rank)
+                dist.init_process_group(backend)
+            self.group = dist.new_group(backend="gloo")  # objects travel over gloo on any backend
+
+    def device(self, device: str) -> str:
+        import torch
+
+        if device == "auto" and self.world > 1 and torch.cuda.is_available():
+            return f"cuda:{self.local_rank}"
+        return device
+
+    def broadcast(self, obj: Any) -> Any:
+        if self.world == 1:
+            return obj
+        import torch.distributed as dist
+
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def gather(self, obj: Any) -> list[Any]:
+        if self.world == 1:
+            return [obj]
+        import torch.distributed as dist
+
+        out: list[Any] = [None] * self.world if self.rank == 0 else None  # type: ignore[assignment]
+        dist.gather_object(obj, out, dst=0, group=self.group)
+        return out if self.rank == 0 else []
+
+    def close(self) -> None:
+        if self.world > 1:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.group)
+            dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------ prepare
+@dataclass
+class _Record:
+    """One decoded (or failed) file, ready for the catalog."""
+
+    id: int
+    path: str
+    stat: Stat
+    hash: str | None
+    square: np.ndarray | None = None  # resize x resize x 3 uint8, dropped after embedding
+    vector: np.ndarray | None = None
+    error: str | None = None
+    thumb: str | None = None
+
+
+def _write_jpeg(img: Any, dest: Path) -> None:
+    tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
+    img.save(tmp, "JPEG", quality=85, optimize=True)
+    os.replace(tmp, dest)
+
+
+def _prepare(root: Path, index_dir: Path, item: tuple[int, str], resize: int) -> _Record:
+    """Hash, decode once, make the model square and the thumbnail of one file; errors become a reason."""
+    id_, name = item
+    path = root / name
+    try:
+        st = os.stat(path)
+        stat = Stat(st.st_size, st.st_mtime_ns)
+        content = file_hash(path)
+    except OSError as e:
+        return _Record(id_, name, Stat(0, 0), None, error=f"unreadable: {e.strerror or e}")
+    try:
+        img = load_rgb(path, min_short=resize)  # the same decode as Embedder.embed(path)
+        square = square_u8(img, resize)
+        thumb = img.copy()
+        thumb.thumbnail((THUMB_SIZE, THUMB_SIZE))
+        rel = f"{THUMBS_DIR}/{id_}.jpg"
+        _write_jpeg(thumb, index_dir / rel)
+    except ImageDecodeError as e:
+        return _Record(id_, name, stat, content, error=e.reason)
+    except Exception as e:  # noqa: BLE001 - one bad file never stops a build
+        return _Record(id_, name, stat, content, error=f"{type(e).__name__}: {e}")
+    return _Record(id_, name, stat, content, square=square, thumb=rel)
+
+
+def _embed_round(items: list[tuple[int, str]], root: Path, index_dir: Path, embedder: Any,
+                 pool: concurrent.futures.Executor, batch_size: int) -> list[_Record]:  # fmt: skip
+    """Decode ``items`` in the pool and embed them in batches; vectors land on the records."""
+    records = list(pool.map(lambda it: _prepare(root, index_dir, it, embedder.resize), items))
+    ok = [r for r in records if r.square is not None]
+    for start in range(0, len(ok), batch_size):
+        batch = ok[start : start + batch_size]
+        vectors = embedder.embed_squares(np.stack([r.square for r in batch]))  # B x D
+        for r, v in zip(batch, vectors):
+            r.vector, r.square = v, None
+    return records
+
+
+def _commit(catalog: Catalog, records: list[_Record], summary: Summary, reembed_ids: set[int]) -> None:
+    with catalog.transaction() as db:
+        for r in sorted(records, key=lambda r: r.id):
+            status = "ok" if r.vector is not None else "error"
+            catalog.put(db, Row(r.id, r.path, r.stat.size, r.stat.mtime_ns, r.hash, status, r.error, r.thumb,
+                                0.0, indexed=0, deleted=0), r.vector)  # fmt: skip
+            if r.error:
+                summary.errors.append((r.path, r.error))
+                logger.warning("skipping %s: %s", r.path, r.error)
+            elif r.id in reembed_ids:
+                summary.reembedded += 1
+            else:
+                summary.embedded += 1
+
+
+def _quick_ops(catalog: Catalog, plan: Plan, index_dir: Path, summary: Summary) -> None:
+    """Touches, moves, copies and deletions: no decoding, one transaction."""
+    with catalog.transaction() as db:
+        for id_, st in plan.touch:
+            db.execute("UPDATE images SET size=?, mtime_ns=?, indexed=CASE WHEN deleted=1 THEN 0 ELSE indexed END, "
+                       "deleted=0 WHERE id=?", (st.size, st.mtime_ns, id_))  # fmt: skip
+        for id_, path, st in plan.moves:
+            db.execute("UPDATE images SET path=?, size=?, mtime_ns=? WHERE id=?", (path, st.size, st.mtime_ns, id_))
+        for id_, path, st, content, src in plan.copies:
+            _, vec = catalog.vectors([src])  # 1 x D
+            src_row = catalog.rows_by_id([src]).get(src)
+            thumb = None
+            if src_row is not None and src_row.thumb and (index_dir / src_row.thumb).is_file():
+                thumb = f"{THUMBS_DIR}/{id_}.jpg"
+                shutil.copyfile(index_dir / src_row.thumb, index_dir / thumb)
+            catalog.put(db, Row(id_, path, st.size, st.mtime_ns, content, "ok", None, thumb), vec[0])
+        db.executemany("UPDATE images SET deleted=1 WHERE id=?", [(i,) for i in plan.gone])
+    summary.touched, summary.moved, summary.copied = len(plan.touch), len(plan.moves), len(plan.copies)
+    summary.removed = len(plan.gone)
+
+
+# ------------------------------------------------------------------------------------------- store
+def _sample(ids: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    return ids if len(ids) <= n else np.sort(rng.choice(ids, n, replace=False))
+
+
+def _fresh_store(kind: str, ids: np.ndarray, vecs: np.ndarray, dim: int, use_gpu: str,
+                 held_out: np.ndarray) -> VectorStore:  # fmt: skip
+    store = VectorStore.create(kind, dim, max(1, len(ids)), use_gpu)
+    if not store.is_trained and len(ids):
+        import faiss
+
+        nlist = faiss.extract_index_ivf(store._cpu).nlist
+        pool = np.flatnonzero(~np.isin(ids, held_out))  # tuning queries stay out of training
+        rows = _sample(pool, max(nlist * 64, 10_000), np.random.default_rng(0))
+        store.train(vecs[rows])
+    return store
+
+
+def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gpu: str) -> VectorStore:
+    """Bring ``index.faiss`` in line with the catalog, tune it, write it and ``index.json``."""
+    dim = int(cmeta["dim"])
+    ids, vecs = catalog.vectors(dim=dim)  # N, N x D
+    kind = cmeta["kind"] if cmeta["kind"] != "auto" else choose_kind(len(ids), dim, int(cmeta["memory_budget"]))
+    rng = np.random.default_rng(len(ids))
+    queries = _sample(ids, min(TUNE_QUERIES, len(ids) // 10), rng)  # held out of training and, while tuning, the index
+    store = load_store(index_dir, use_gpu) if (index_dir / INDEX_FILE).is_file() else None
+    pending, stale = catalog.pending(), catalog.stale()
+    qv = vecs[np.searchsorted(ids, queries)]  # tuning queries, Q x D
+    if store is None or store.kind != kind or not store.is_trained:
+        logger.info("writing a new %s index of %d vectors", kind, len(ids))
+        catalog.reset_indexed()
+        store = _fresh_store(kind, ids, vecs, dim, use_gpu, queries)
+        rest = ~np.isin(ids, queries)
+        store.add(ids[rest], vecs[rest])
+        pending = ids
+    else:
+        touched = np.concatenate([pending, stale])
+        if store.can_remove():
+            store.remove(np.concatenate([touched, queries]))  # remove-then-add: idempotent after a crash
+            rest = pending[~np.isin(pending, queries)]
+            store.add(rest, vecs[np.searchsorted(ids, rest)])
+        elif store.contains_any(touched):
+            logger.info("%s cannot remove in place: re-adding all %d vectors", kind, len(ids))
+            store = store.emptied()
+            rest = ~np.isin(ids, queries)
+            store.add(ids[rest], vecs[rest])
+            pending = ids
+        else:
+            store.add(pending, vecs[np.searchsorted(ids, pending)])
+    held_out = store.ntotal < len(ids) or len(ids) == 0  # the queries are not in the index yet
+    tuning = store.tune(vecs, ids, qv, queries, k=10, target=TARGET_RECALL, held_out=held_out)
+    if held_out:
+        store.add(queries, qv)
+    store.save(index_dir / INDEX_FILE)
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    old = read_meta(index_dir) if (index_dir / META_FILE).is_file() else {}
+    import faiss
+
+    write_meta(index_dir, {
+        "format": FORMAT, "root": cmeta["root"], "backbone_path": cmeta["backbone_path"],
+        "backbone_sha256": cmeta["backbone_sha256"], "backbone": cmeta["backbone"], "dim": dim,
+        "metric": "cosine (inner product of L2-normalized vectors)", "kind": kind, "kind_requested": cmeta["kind"],
+        "factory": store.factory_string or old.get("factory", ""), "faiss_class": store.factory(), "ntotal": store.ntotal,
+        "params": {tuning.param: tuning.value} if tuning.param else {}, "recall_at_10": round(tuning.recall, 4),
+        "recall_queries": tuning.queries, "memory_budget": int(cmeta["memory_budget"]),
+        "thumb_size": THUMB_SIZE, "faiss_version": faiss.__version__, "created": old.get("created", now),
+        "updated": now,
+    })  # fmt: skip
+    catalog.mark_indexed(pending, stale)
+    return store
+
+
+def _clean_thumbs(index_dir: Path, catalog: Catalog) -> None:
+    keep = {r.thumb for r in catalog.rows(include_deleted=True).values() if r.thumb}
+    for f in (index_dir / THUMBS_DIR).iterdir():
+        rel = f"{THUMBS_DIR}/{f.name}"
+        if rel not in keep:
+            f.unlink(missing_ok=True)
+
+
+# -------------------------------------------------------------------------------------------- sync
+def _catalog_meta(catalog: Catalog) -> dict[str, Any]:
+    import json
+
+    return {k: json.loads(catalog.get_meta(k) or "null") for k in
+            ("root", "backbone_path", "backbone_sha256", "backbone", "dim", "kind", "memory_budget")}  # fmt: skip
+
+
+def _set_catalog_meta(catalog: Catalog, **values: Any) -> None:
+    import json
+
+    with catalog.transaction():
+        for k, v in values.items():
+            catalog.set_meta(k, json.dumps(v))
+
+
+def _sync(index_dir: Path, embedder: Any, dist: _Dist, batch_size: int, workers: int, progress: bool,
+          use_gpu: str) -> Summary:  # fmt: skip
+    t0 = time.perf_counter()
+    summary = Summary()
+    catalog = Catalog(index_dir / CATALOG_FILE) if dist.rank == 0 else None
+    plan = None
+    if dist.rank == 0:
+        cmeta = _catalog_meta(catalog)
+        root = Path(cmeta["root"])
+        plan = make_plan(root, catalog, workers)
+        _quick_ops(catalog, plan, index_dir, summary)
+        summary.unchanged = plan.unchanged
+    todo, root_s = dist.broadcast((plan.embed, cmeta["root"]) if plan else None)
+    root = Path(root_s)
+    reembed_ids = {i for i, _ in todo} & (set(catalog.rows_by_id([i for i, _ in todo])) if catalog else set())
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(todo), disable=not progress or dist.rank != 0, unit="img", desc="indexing")
+    round_size = dist.world * batch_size * 4
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for start in range(0, len(todo), round_size):
+            mine = todo[start : start + round_size][dist.rank :: dist.world]
+            records = _embed_round(mine, root, index_dir, embedder, pool, batch_size)
+            gathered = dist.gather(records)
+            if dist.rank == 0:
+                _commit(catalog, [r for part in gathered for r in part], summary, reembed_ids)
+                bar.update(min(round_size, len(todo) - start))
+    bar.close()
+    if dist.rank == 0:
+        store = _sync_store(index_dir, catalog, cmeta, use_gpu)
+        _clean_thumbs(index_dir, catalog)
+        meta = read_meta(index_dir)
+        summary.errors = catalog.errors()
+        summary.vectors, summary.kind = store.ntotal, store.kind
+        summary.recall_at_10, summary.params = meta["recall_at_10"], meta["params"]
+        catalog.close()
+    summary.seconds = time.perf_counter() - t0
+    return summary
+
+
+def _load_embedder(backbone: Path, device: str) -> Any:
+    from moco.embed import Embedder
+
+    if not backbone.is_file():
+        raise UserError(f"backbone {backbone} not found: make one with `moco export RUN/checkpoint.pt -o B.safetensors`")
+    return Embedder.load(backbone, device=device)
+
+
+def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind: str = "auto",
+                memory_budget: int | None = None, batch_size: int = 64, workers: int | None = None,
+                progress: bool = True, device: str = "auto", use_gpu: str = "auto") -> Summary:  # fmt: skip
+    """Index every image under ``photos`` into the directory ``out`` (re-running resumes it).
+
+    Args:
+        photos: the collection root (searched recursively).
+        backbone: a ``.safetensors`` backbone from ``moco export`` (or any supported checkpoint).
+        out: the index directory (created; an interrupted build in it is completed).
+        kind: auto, flat, ivf, ivfpq or hnsw (see :mod:`index.store`).
+        memory_budget: bytes the index may use (``auto`` picks a compressed kind above it).
+    """
+    if kind not in KINDS:
+        raise UserError(f"--kind {kind!r} is not one of {', '.join(KINDS)}")
+    dist = _Dist()
+    workers = workers or min(8, os.cpu_count() or 1)
+    photos, out, backbone = Path(photos).expanduser().resolve(), Path(out), Path(backbone).expanduser().resolve()
+    embedder = _load_embedder(backbone, dist.device(device))
+    if dist.rank == 0:
+        if not photos.is_dir():
+            raise UserError(f"photo folder not found: {photos}")
+        inside = out.resolve() == photos or photos in out.resolve().parents
+        if inside and not any(part.startswith(".") for part in out.resolve().relative_to(photos).parts):
+            raise UserError(f"the index directory {out} is inside the photo folder {photos}: its thumbnails would be "
+                            "indexed as photos; use -o outside it, or a hidden folder such as PHOTOS/.index")  # fmt: skip
+        out.mkdir(parents=True, exist_ok=True)
+        (out / THUMBS_DIR).mkdir(exist_ok=True)
+        fresh = not (out / CATALOG_FILE).exists()
+        catalog = Catalog(out / CATALOG_FILE, create=True)
+        if not fresh:
+            cmeta = _catalog_meta(catalog)
+            if cmeta["root"] and cmeta["root"] != str(photos):
+                raise UserError(f"{out} already indexes {cmeta['root']}, not {photos}: pick another -o, or run "
+                                f"`moco index update {out} --root {photos}` if the collection moved")  # fmt: skip
+            if cmeta["backbone_sha256"] and cmeta["backbone_sha256"] != embedder.sha256:
+                raise UserError(f"{out} was built with backbone {cmeta['backbone_path']} (sha256 "
+                                f"{cmeta['backbone_sha256'][:12]}...), not {backbone}: use a new -o directory "
+                                "or delete it to rebuild with this backbone")  # fmt: skip
+            logger.info("%s holds an earlier build: continuing it", out)
+        _set_catalog_meta(catalog, root=str(photos), backbone_path=str(backbone), backbone_sha256=embedder.sha256,
+                          backbone={k: embedder.config.get(k) for k in ("arch", "image_size", "resize", "embed_dim",
+                                                                         "moco_version")},
+                          dim=embedder.dim, kind=kind, memory_budget=memory_budget or default_memory_budget())  # fmt: skip
+        catalog.close()
+    try:
+        return _sync(out, embedder, dist, batch_size, workers, progress, use_gpu)
+    finally:
+        dist.close()
+
+
+def update_index(index_dir: str | Path, backbone: str | Path | None = None, root: str | Path | None = None,
+                 kind: str | None = None, batch_size: int = 64, workers: int | None = None, progress: bool = True,
+                 device: str = "auto", use_gpu: str = "auto") -> Summary:  # fmt: skip
+    """Re-scan the collection of ``index_dir``: embed new and changed files, drop deleted ones, keep moved ones.
+
+    ``backbone`` defaults to the file recorded at build time and must be the same model (sha256);
+    ``root`` re-points the index at a collection that moved; ``kind`` changes the index kind.
+    """
+    index_dir = Path(index_dir)
+    if not (index_dir / CATALOG_FILE).is_file():
+        raise UserError(f"{index_dir} is not an index directory (no {CATALOG_FILE}): build one with "
+                        f"`moco index build PHOTOS --backbone B -o {index_dir}`")  # fmt: skip
+    dist = _Dist()
+    workers = workers or min(8, os.cpu_count() or 1)
+    catalog = Catalog(index_dir / CATALOG_FILE)
+    cmeta = _catalog_meta(catalog)
+    path = Path(backbone).expanduser().resolve() if backbone else Path(cmeta["backbone_path"])
+    embedder = _load_embedder(path, dist.device(device))
+    if embedder.sha256 != cmeta["backbone_sha256"]:
+        raise UserError(f"{index_dir} was built with backbone sha256 {cmeta['backbone_sha256'][:12]}... but "
+                        f"{path} is {embedder.sha256[:12]}...: vectors of different backbones do not mix; rebuild "
+                        f"with `moco index build {cmeta['root']} --backbone {path} -o NEW_DIR`")  # fmt: skip
+    if dist.rank == 0:
+        changes: dict[str, Any] = {"backbone_path": str(path)}
+        if root is not None:
+            new_root = Path(root).expanduser().resolve()
+            if not new_root.is_dir():
+                raise UserError(f"--root {root}: folder not found")
+            changes["root"] = str(new_root)
+        elif not Path(cmeta["root"]).is_dir():
+            raise UserError(f"the collection root {cmeta['root']} is gone: if it moved, pass --root NEW_PLACE "
+                            "(files are matched by content, nothing is re-embedded)")  # fmt: skip
+        if kind is not None:
+            if kind not in KINDS:
+                raise UserError(f"--kind {kind!r} is not one of {', '.join(KINDS)}")
+            changes["kind"] = kind
+        _set_catalog_meta(catalog, **changes)
+    catalog.close()
+    try:
+        return _sync(index_dir, embedder, dist, batch_size, workers, progress, use_gpu)
+    finally:
+        dist.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``torchrun ... -m index.build PHOTOS --backbone B -o IDX`` or ``-m index.build update IDX``."""
+    from app.cli import main as cli_main
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "update":
+        return cli_main(["index", *argv])
+    return cli_main(["index", "build", *argv])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,217 @@
+"""Catalog: the SQLite file (WAL) that is the index's source of truth.
+
+One row per file under the collection root: its id (the FAISS id, never reused or renumbered),
+path relative to the root, size, mtime, content hash, status (``ok`` or ``error`` with the reason),
+thumbnail and time added; ``vectors`` holds each ok row's float32 embedding, so the FAISS index can
+always be rebuilt, re-tuned or checked without decoding a photo again.
+
+Two flags make updates crash-safe. ``indexed`` is 1 once the committed ``index.faiss`` holds the
+row's current vector; ``deleted`` marks a file that is gone but may still be in ``index.faiss``.
+An update writes the new index file first, then in one transaction sets ``indexed`` and drops
+deleted rows, so a kill at any point leaves a readable index and a re-run that finishes the job.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moco.errors import UserError
+
+__all__ = ["Catalog", "Row"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS images (
+    id       INTEGER PRIMARY KEY,           -- the FAISS id
+    path     TEXT NOT NULL UNIQUE,          -- relative to the collection root, '/' separated
+    size     INTEGER NOT NULL,
+    mtime_ns INTEGER NOT NULL,
+    hash     TEXT,                          -- blake2b-128 of the bytes; NULL when unreadable
+    status   TEXT NOT NULL CHECK (status IN ('ok', 'error')),
+    error    TEXT,                          -- why the file could not be indexed
+    thumb    TEXT,                          -- relative to the index directory
+    added    REAL NOT NULL,                 -- unix time the row was first written
+    indexed  INTEGER NOT NULL DEFAULT 0,    -- 1: index.faiss holds this row's current vector
+    deleted  INTEGER NOT NULL DEFAULT 0     -- 1: file gone, row leaves once index.faiss no longer has it
+);
+CREATE INDEX IF NOT EXISTS images_hash ON images(hash);
+CREATE TABLE IF NOT EXISTS vectors (
+    id     INTEGER PRIMARY KEY REFERENCES images(id) ON DELETE CASCADE,
+    vector BLOB NOT NULL                    -- float32 x dim, L2-normalized
+);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+@dataclass
+class Row:
+    """One catalog row (without its vector)."""
+
+    id: int
+    path: str
+    size: int
+    mtime_ns: int
+    hash: str | None
+    status: str
+    error: str | None = None
+    thumb: str | None = None
+    added: float = 0.0
+    indexed: int = 0
+    deleted: int = 0
+
+
+_COLUMNS = "id, path, size, mtime_ns, hash, status, error, thumb, added, indexed, deleted"
+
+
+class Catalog:
+    """The catalog of one index directory.
+
+    Args:
+        path: the ``catalog.sqlite`` file.
+        create: make it when missing (``build``); otherwise a missing file is an error.
+    """
+
+    def __init__(self, path: str | Path, create: bool = False) -> None:
+        self.path = Path(path)
+        if not create and not self.path.is_file():
+            raise UserError(f"{self.path} does not exist: is {self.path.parent} an index made by `moco index build`?")
+        self.db = sqlite3.connect(str(self.path), timeout=60, isolation_level=None, check_same_thread=False)
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            if create:
+                self.db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as e:
+            raise UserError(f"{self.path} is not a readable SQLite catalog ({e}): rebuild with `moco index build`") from e
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """All statements inside commit together or not at all."""
+        self.db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self.db
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
+    # ------------------------------------------------------------------------------------ meta
+    def get_meta(self, key: str, default: str | None = None) -> str | None:
+        row = self.db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else default
+
+    def set_meta(self, key: str, value: str) -> None:
+        self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
+    # ------------------------------------------------------------------------------------ rows
+    def rows(self, include_deleted: bool = False) -> dict[str, Row]:
+        """Every row by path."""
+        sql = f"SELECT {_COLUMNS} FROM images" + ("" if include_deleted else " WHERE deleted = 0")
+        return {r[1]: Row(*r) for r in self.db.execute(sql)}
+
+    def rows_by_id(self, ids: Iterable[int]) -> dict[int, Row]:
+        """Live (not deleted) rows for ``ids``; unknown ids are left out."""
+        ids = [int(i) for i in ids]
+        out: dict[int, Row] = {}
+        for start in range(0, len(ids), 900):  # SQLite's bound-parameter limit
+            chunk = ids[start : start + 900]
+            marks = ",".join("?" * len(chunk))
+            sql = f"SELECT {_COLUMNS} FROM images WHERE deleted = 0 AND id IN ({marks})"
+            out.update({r[0]: Row(*r) for r in self.db.execute(sql, chunk)})
+        return out
+
+    def next_id(self) -> int:
+        """The id after every id ever used (ids are never reused, even after a delete)."""
+        used = self.db.execute("SELECT MAX(id) FROM images").fetchone()[0]
+        floor = int(self.get_meta("next_id", "0") or 0)
+        return max(floor, (used + 1) if used is not None else 0)
+
+    def put(self, db: sqlite3.Connection, row: Row, vector: np.ndarray | None) -> None:
+        """Insert or replace ``row`` (by id) and its vector, inside a transaction."""
+        db.execute(f"INSERT OR REPLACE INTO images({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                   (row.id, row.path, row.size, row.mtime_ns, row.hash, row.status, row.error, row.thumb,
+                    row.added or time.time(), row.indexed, row.deleted))  # fmt: skip
+        if vector is None:
+            db.execute("DELETE FROM vectors WHERE id = ?", (row.id,))
+        else:
+            db.execute("INSERT OR REPLACE INTO vectors(id, vector) VALUES (?, ?)",
+                       (row.id, np.ascontiguousarray(vector, np.float32).tobytes()))  # fmt: skip
+        db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('next_id', ?)", (str(self._after(db, row.id)),))
+
+    def _after(self, db: sqlite3.Connection, id_: int) -> int:
+        floor = db.execute("SELECT value FROM meta WHERE key = 'next_id'").fetchone()
+        return max(int(floor[0]) if floor else 0, id_ + 1)
+
+    # --------------------------------------------------------------------------------- vectors
+    def vectors(self, ids: Iterable[int] | None = None, dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(ids N int64, vectors N x D float32) of ok rows (all live ones, or just ``ids``), by id."""
+        if ids is None:
+            cur = self.db.execute("SELECT v.id, v.vector FROM vectors v JOIN images i ON i.id = v.id "
+                                  "WHERE i.deleted = 0 AND i.status = 'ok' ORDER BY v.id")  # fmt: skip
+            pairs = cur.fetchall()
+        else:
+            ids = sorted(int(i) for i in ids)
+            pairs = []
+            for start in range(0, len(ids), 900):
+                chunk = ids[start : start + 900]
+                marks = ",".join("?" * len(chunk))
+                pairs += self.db.execute(f"SELECT id, vector FROM vectors WHERE id IN ({marks}) ORDER BY id",
+                                         chunk).fetchall()  # fmt: skip
+        dim = dim or int(self.get_meta("dim", "0") or 0)
+        if not pairs:
+            return np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
+        out_ids = np.fromiter((p[0] for p in pairs), np.int64, len(pairs))
+        vecs = np.frombuffer(b"".join(p[1] for p in pairs), np.float32).reshape(len(pairs), -1)  # N x D
+        return out_ids, vecs
+
+    def vector_by_hash(self, content_hash: str) -> tuple[int, np.ndarray] | None:
+        """An ok row's id and vector with this content hash (a copy or a move of an embedded file)."""
+        row = self.db.execute("SELECT v.id, v.vector FROM images i JOIN vectors v ON v.id = i.id "
+                              "WHERE i.hash = ? AND i.status = 'ok' LIMIT 1", (content_hash,)).fetchone()  # fmt: skip
+        return (row[0], np.frombuffer(row[1], np.float32)) if row else None
+
+    # ----------------------------------------------------------------------------- index sync
+    def pending(self) -> np.ndarray:
+        """Ids of ok rows whose current vector is not yet in ``index.faiss``."""
+        cur = self.db.execute("SELECT id FROM images WHERE indexed = 0 AND deleted = 0 AND status = 'ok'")
+        return np.array([r[0] for r in cur], np.int64)
+
+    def stale(self) -> np.ndarray:
+        """Ids that ``index.faiss`` may still hold but must not: deleted rows and rows now in error."""
+        cur = self.db.execute("SELECT id FROM images WHERE deleted = 1 OR (status = 'error' AND indexed = 1)")
+        return np.array([r[0] for r in cur], np.int64)
+
+    def mark_indexed(self, added: np.ndarray, removed: np.ndarray) -> None:
+        """After ``index.faiss`` was replaced: ``added`` are in it, ``removed`` are gone from it."""
+        with self.transaction() as db:
+            db.executemany("UPDATE images SET indexed = 1 WHERE id = ?", [(int(i),) for i in added])
+            db.executemany("UPDATE images SET indexed = 0 WHERE id = ? AND deleted = 0", [(int(i),) for i in removed])
+            db.executemany("DELETE FROM images WHERE id = ? AND deleted = 1", [(int(i),) for i in removed])
+
+    def reset_indexed(self) -> None:
+        """Forget which rows ``index.faiss`` holds (before a rebuild from scratch)."""
+        with self.transaction() as db:
+            db.execute("UPDATE images SET indexed = 0")
+
+    # ---------------------------------------------------------------------------------- counts
+    def counts(self) -> dict[str, int]:
+        """Rows by state: ok, error, pending (embedded, not yet searchable), deleted."""
+        q = "SELECT SUM(status='ok' AND deleted=0), SUM(status='error' AND deleted=0), " \
+            "SUM(status='ok' AND deleted=0 AND indexed=0), SUM(deleted=1) FROM images"  # fmt: skip
+        ok, err, pend, dele = (int(v or 0) for v in self.db.execute(q).fetchone())
+        return {"ok": ok, "error": err, "pending": pend, "deleted": dele}
+
+    def errors(self) -> list[tuple[str, str]]:
+        """(path, reason) of every file that could not be indexed."""
+        return [(p, e or "") for p, e in self.db.execute(
+            "SELECT path, error FROM images WHERE status = 'error' AND deleted = 0 ORDER BY path")]  # fmt: skip

@@ -1,0 +1,80 @@
+"""Near-duplicate groups: range search of every stored vector, then connected components.
+
+Two images are linked when their cosine similarity is at least ``threshold``; a group is a
+connected component of that graph (so a chain a~b~c is one group even if a and c differ more).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+from index.image_index import DEDUP_FILE, ImageIndex
+from moco.checkpoint import atomic_write
+from moco.errors import UserError
+
+__all__ = ["find_duplicates", "load_duplicates"]
+
+
+def _find(parent: dict[int, int], x: int) -> int:
+    while parent.setdefault(x, x) != x:
+        parent[x] = parent[parent[x]]
+        x = parent[x]
+    return x
+
+
+def find_duplicates(index: ImageIndex, threshold: float = 0.95, save: bool = True,
+                    chunk: int = 1024) -> list[dict[str, Any]]:  # fmt: skip
+    """Groups of near-duplicates, largest first; each member has id, path, thumb and its best similarity.
+
+    Written to ``dedup.json`` in the index directory when ``save``.
+    """
+    if not -1.0 <= threshold <= 1.0:
+        raise UserError(f"--threshold {threshold} must be a cosine similarity in [-1, 1] (e.g. 0.95)")
+    ids, vecs = index.catalog.vectors(dim=index.dim)  # N, N x D
+    parent: dict[int, int] = {}
+    best: dict[int, float] = {}
+    for start in range(0, len(ids), chunk):
+        lims, scores, found = index.store.range_search(vecs[start : start + chunk], threshold)
+        for q in range(len(lims) - 1):
+            own = int(ids[start + q])
+            for j, s in zip(found[lims[q] : lims[q + 1]], scores[lims[q] : lims[q + 1]]):
+                j = int(j)
+                if j == own or j < 0:
+                    continue
+                parent[_find(parent, own)] = _find(parent, j)
+                best[own] = max(best.get(own, -1.0), float(s))
+                best[j] = max(best.get(j, -1.0), float(s))
+    members: dict[int, list[int]] = {}
+    for x in list(parent):
+        members.setdefault(_find(parent, x), []).append(x)
+    rows = index.catalog.rows_by_id(parent)
+    groups = []
+    for group in members.values():
+        live = sorted(i for i in group if i in rows)
+        if len(live) < 2:
+            continue
+        groups.append({"size": len(live), "members": [
+            {"id": i, "path": rows[i].path, "thumb": rows[i].thumb, "best_similarity": round(best[i], 5)}
+            for i in sorted(live, key=lambda i: rows[i].path)]})  # fmt: skip
+    groups.sort(key=lambda g: (-g["size"], g["members"][0]["path"]))
+    if save:
+        doc = {"threshold": threshold, "groups": groups, "images": int(len(ids)),
+               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}  # fmt: skip
+        data = (json.dumps(doc, indent=1) + "\n").encode()
+        atomic_write(index.dir / DEDUP_FILE, lambda f: f.write(data))
+    return groups
+
+
+def load_duplicates(index_dir: str | Path) -> dict[str, Any] | None:
+    """The last saved ``dedup.json``, or None."""
+    path = Path(index_dir) / DEDUP_FILE
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+

@@ -1,0 +1,254 @@
+"""ImageIndex: open an index directory and search it by vector or by image.
+
+An index directory holds::
+
+    index.faiss      the FAISS index (CPU form), replaced atomically
+    index.json       backbone sha256 and path, dim, metric, kind, factory, tuned parameter, recall
+    catalog.sqlite   the source of truth: files, their state and their vectors (see catalog.py)
+    thumbs/          <id>.jpg, about 256 px, the only images the UI serves
+    dedup.json       near-duplicate groups, written by `moco index dedup`
+
+    >>> from index import ImageIndex                                     # doctest: +SKIP
+    >>> idx = ImageIndex.open("my_index")                                # doctest: +SKIP
+    >>> hits = idx.search(vectors, k=10)   # vectors: Q x D, L2-normalized   # doctest: +SKIP
+    >>> hits.ids[0], hits.scores[0], hits.paths[0]                       # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from index.catalog import Catalog, Row
+from index.store import VectorStore
+from moco.checkpoint import atomic_write
+from moco.errors import UserError
+
+__all__ = ["ImageIndex", "SearchResult", "read_meta", "write_meta", "kind_of", "INDEX_FILE", "META_FILE",
+           "CATALOG_FILE", "THUMBS_DIR", "DEDUP_FILE", "FORMAT"]  # fmt: skip
+
+logger = logging.getLogger(__name__)
+
+INDEX_FILE, META_FILE, CATALOG_FILE, THUMBS_DIR, DEDUP_FILE = (
+    "index.faiss", "index.json", "catalog.sqlite", "thumbs", "dedup.json")  # fmt: skip
+FORMAT = 1
+
+
+def read_meta(index_dir: Path) -> dict[str, Any]:
+    """``index.json`` of an index directory, with a clear error when it is missing or damaged."""
+    path = Path(index_dir) / META_FILE
+    if not path.is_file():
+        raise UserError(f"{index_dir} is not an index directory (no {META_FILE}): "
+                        f"create one with `moco index build PHOTOS --backbone B -o {index_dir}`")  # fmt: skip
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise UserError(f"{path} is unreadable ({e}): rebuild with `moco index build`") from e
+    if meta.get("format") != FORMAT:
+        raise UserError(f"{path} has format {meta.get('format')!r}, this version reads {FORMAT}: rebuild the index")
+    return meta
+
+
+def write_meta(index_dir: Path, meta: dict[str, Any]) -> None:
+    """Replace ``index.json`` atomically."""
+    data = (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode()
+    atomic_write(Path(index_dir) / META_FILE, lambda f: f.write(data))
+
+
+def kind_of(index: Any) -> str:
+    """The kind of a FAISS index, from its structure (index.json may lag behind a crash)."""
+    import faiss
+
+    outer = faiss.downcast_index(index)
+    if isinstance(outer, faiss.IndexIVFFlat):
+        return "ivf"
+    inner = faiss.downcast_index(outer.index) if isinstance(outer, faiss.IndexIDMap2) else outer
+    if isinstance(inner, faiss.IndexFlat):
+        return "flat"
+    if isinstance(inner, faiss.IndexHNSW):
+        return "hnsw"
+    if isinstance(inner, faiss.IndexRefine):
+        return "ivfpq"
+    raise UserError(f"unsupported FAISS index structure {type(inner).__name__}: rebuild with `moco index build`")
+
+
+def load_store(index_dir: Path, use_gpu: str = "auto") -> VectorStore:
+    """``index.faiss`` with its kind detected and the tuned search parameter of ``index.json`` applied."""
+    import faiss
+
+    path = Path(index_dir) / INDEX_FILE
+    if not path.is_file():
+        raise UserError(f"{path} is missing: finish the index with `moco index update {index_dir}`")
+    try:
+        cpu = faiss.read_index(str(path))
+    except RuntimeError as e:
+        raise UserError(f"{path} is not a readable FAISS index: rebuild with `moco index build`") from e
+    store = VectorStore(cpu, kind_of(cpu), use_gpu)
+    params = read_meta(index_dir).get("params") or {}
+    for name, value in params.items():
+        try:
+            store.set_param(name, int(value))
+        except RuntimeError:
+            logger.debug("parameter %s does not apply to this %s index", name, store.kind)
+    return store
+
+
+@dataclass
+class SearchResult:
+    """Ranked hits for Q queries: ``ids`` and ``scores`` are Q x k (-1 / nan where fewer matched)."""
+
+    ids: np.ndarray
+    scores: np.ndarray
+    paths: list[list[str]]
+    rows: list[list[Row]]
+
+
+class ImageIndex:
+    """A searchable index directory. Reloads itself when ``moco index update`` replaces the files."""
+
+    def __init__(self, index_dir: str | Path, use_gpu: str = "auto") -> None:
+        self.dir = Path(index_dir)
+        self.use_gpu = use_gpu
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int] | None = None
+        self.meta: dict[str, Any] = {}
+        self.catalog = Catalog(self.dir / CATALOG_FILE)
+        self._load()
+
+    @classmethod
+    def open(cls, index_dir: str | Path, use_gpu: str = "auto") -> ImageIndex:
+        """Open an index made by ``moco index build``."""
+        read_meta(Path(index_dir))
+        return cls(index_dir, use_gpu)
+
+    def _files_stamp(self) -> tuple[int, int]:
+        st = [os.stat(self.dir / n) for n in (INDEX_FILE, META_FILE)]
+        return (st[0].st_mtime_ns ^ st[0].st_ino, st[1].st_mtime_ns ^ st[1].st_ino)
+
+    def _load(self) -> None:
+        self.meta = read_meta(self.dir)
+        self.store = load_store(self.dir, self.use_gpu)
+        self._stamp = self._files_stamp()
+
+    def refresh(self) -> bool:
+        """Reload when the index files changed on disk; whether it did."""
+        with self._lock:
+            try:
+                stamp = self._files_stamp()
+            except FileNotFoundError:
+                return False
+            if stamp == self._stamp:
+                return False
+            logger.info("index files changed on disk: reloading %s", self.dir)
+            self._load()
+            return True
+
+    # ------------------------------------------------------------------------------ properties
+    @property
+    def root(self) -> Path:
+        """The collection root the catalog's paths are relative to."""
+        return Path(self.meta["root"])
+
+    @property
+    def dim(self) -> int:
+        return int(self.meta["dim"])
+
+    def __len__(self) -> int:
+        return self.store.ntotal
+
+    def thumb_path(self, row: Row) -> Path | None:
+        """Absolute path of a row's thumbnail (inside ``thumbs/``), when it has one."""
+        return (self.dir / row.thumb) if row.thumb else None
+
+    def check_backbone(self, sha256: str) -> None:
+        """Refuse vectors from another backbone than the one the index was built with."""
+        if sha256 and sha256 != self.meta["backbone_sha256"]:
+            raise UserError(
+                f"this index was built with backbone sha256 {self.meta['backbone_sha256'][:12]}... "
+                f"({self.meta.get('backbone_path')}), the given backbone is {sha256[:12]}...: vectors from "
+                f"different backbones are not comparable; rebuild with `moco index build {self.root} "
+                f"--backbone NEW.safetensors -o {self.dir}`"
+            )
+
+    def load_embedder(self, backbone: str | Path | None = None, device: str = "auto") -> Any:
+        """The Embedder of this index: ``backbone`` or the file recorded at build time, sha-checked."""
+        from moco.embed import Embedder
+
+        path = Path(backbone or self.meta["backbone_path"])
+        if not path.is_file():
+            raise UserError(f"backbone {path} not found: pass --backbone with the file this index was built with")
+        emb = Embedder.load(path, device=device)
+        self.check_backbone(emb.sha256)
+        return emb
+
+    # ---------------------------------------------------------------------------------- search
+    def search(self, vectors: np.ndarray, k: int = 10, folder: str | None = None,
+               offset: int = 0) -> SearchResult:  # fmt: skip
+        """Top-``k`` (after skipping ``offset``) by cosine for each row of ``vectors`` (Q x D).
+
+        ``folder``: only files under this sub-folder of the collection root. Ids the catalog no
+        longer lists (deleted since the index file was written) are skipped.
+        """
+        self.refresh()
+        q = np.ascontiguousarray(np.atleast_2d(vectors), np.float32)  # Q x D
+        if q.shape[1] != self.dim:
+            raise UserError(f"vectors have dimension {q.shape[1]}, this index holds {self.dim}: embed with "
+                            f"the index's backbone ({self.meta.get('backbone_path')})")  # fmt: skip
+        want = offset + k
+        prefix = folder.strip("/") + "/" if folder and folder.strip("/") else None
+        out_ids = np.full((len(q), k), -1, np.int64)
+        out_scores = np.full((len(q), k), np.nan, np.float32)
+        out_paths: list[list[str]] = []
+        out_rows: list[list[Row]] = []
+        ntotal = self.store.ntotal
+        fetch = min(ntotal, want + 16)
+        todo = list(range(len(q)))
+        found: dict[int, list[tuple[int, float, Row]]] = {}
+        while todo and fetch > 0:
+            scores, ids = self.store.search(q[todo], fetch)  # T x fetch
+            rows = self.catalog.rows_by_id(np.unique(ids[ids >= 0]))
+            again = []
+            for t, i in enumerate(todo):
+                keep = [(int(j), float(s), rows[int(j)]) for j, s in zip(ids[t], scores[t])
+                        if j >= 0 and int(j) in rows and (prefix is None or rows[int(j)].path.startswith(prefix))]
+                found[i] = keep
+                if len(keep) < want and fetch < ntotal:
+                    again.append(i)
+            todo = again
+            fetch = min(ntotal, fetch * 4)
+        for i in range(len(q)):
+            hits = found.get(i, [])[offset:want]
+            for r, (j, s, _) in enumerate(hits):
+                out_ids[i, r], out_scores[i, r] = j, s
+            out_paths.append([row.path for _, _, row in hits])
+            out_rows.append([row for _, _, row in hits])
+        return SearchResult(out_ids, out_scores, out_paths, out_rows)
+
+    def vectors(self, ids: np.ndarray) -> np.ndarray:
+        """Stored vectors (len(ids) x D) in the order of ``ids``."""
+        got_ids, vecs = self.catalog.vectors(ids, self.dim)
+        pos = {int(i): n for n, i in enumerate(got_ids)}
+        missing = [int(i) for i in ids if int(i) not in pos]
+        if missing:
+            raise KeyError(f"ids not in the catalog: {missing[:5]}")
+        return vecs[[pos[int(i)] for i in ids]]
+
+    def stats(self) -> dict[str, Any]:
+        """Counts, kind, recall, backbone and size on disk."""
+        counts = self.catalog.counts()
+        size = sum(f.stat().st_size for f in self.dir.rglob("*") if f.is_file())
+        return {
+            "index": str(self.dir), "root": str(self.root), "vectors": self.store.ntotal, **counts,
+            "kind": self.store.kind, "factory": self.meta.get("factory"), "params": self.meta.get("params"),
+            "recall_at_10": self.meta.get("recall_at_10"), "dim": self.dim, "on_gpu": self.store.on_gpu,
+            "backbone_path": self.meta.get("backbone_path"), "backbone_sha256": self.meta.get("backbone_sha256"),
+            "backbone_arch": self.meta.get("backbone", {}).get("arch"), "size_on_disk_bytes": size,
+            "updated": self.meta.get("updated"),
+        }  # fmt: skip
