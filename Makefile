@@ -21,6 +21,11 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
 	$(BIN)/python -m pip install -q -e ".[dev]"
+ifeq ($(GPU),1)
+	# faiss-cpu and faiss-gpu ship the same `faiss` module: never both installed
+	$(BIN)/python -m pip uninstall -q -y faiss-cpu
+	$(BIN)/python -m pip install -q --force-reinstall --no-deps "faiss-gpu-cu12>=1.13,<1.16"
+endif
 	touch $(STAMP)
 
 install: $(STAMP)

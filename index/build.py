@@ -27,8 +27,16 @@ from typing import Any
 import numpy as np
 
 from index.catalog import Catalog, Row
-from index.image_index import (CATALOG_FILE, FORMAT, INDEX_FILE, META_FILE, THUMBS_DIR, load_store, read_meta,
-                               write_meta)  # fmt: skip
+from index.image_index import (
+    CATALOG_FILE,
+    FORMAT,
+    INDEX_FILE,
+    META_FILE,
+    THUMBS_DIR,
+    load_store,
+    read_meta,
+    write_meta,  # fmt: skip
+)
 from index.plan import Plan, Stat, file_hash, make_plan
 from index.store import KINDS, VectorStore, choose_kind
 from moco.data import ImageDecodeError, load_rgb, square_u8
@@ -288,7 +296,8 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
         "format": FORMAT, "root": cmeta["root"], "backbone_path": cmeta["backbone_path"],
         "backbone_sha256": cmeta["backbone_sha256"], "backbone": cmeta["backbone"], "dim": dim,
         "metric": "cosine (inner product of L2-normalized vectors)", "kind": kind, "kind_requested": cmeta["kind"],
-        "factory": store.factory_string or old.get("factory", ""), "faiss_class": store.factory(), "ntotal": store.ntotal,
+        "factory": store.factory_string or old.get("factory", ""), "faiss_class": store.factory(),
+        "ntotal": store.ntotal,
         "params": {tuning.param: tuning.value} if tuning.param else {}, "recall_at_10": round(tuning.recall, 4),
         "recall_queries": tuning.queries, "memory_budget": int(cmeta["memory_budget"]),
         "thumb_size": THUMB_SIZE, "faiss_version": faiss.__version__, "created": old.get("created", now),
@@ -366,7 +375,8 @@ def _load_embedder(backbone: Path, device: str) -> Any:
     from moco.embed import Embedder
 
     if not backbone.is_file():
-        raise UserError(f"backbone {backbone} not found: make one with `moco export RUN/checkpoint.pt -o B.safetensors`")
+        raise UserError(f"backbone {backbone} not found: make one with "
+                        "`moco export RUN/checkpoint.pt -o B.safetensors`")  # fmt: skip
     return Embedder.load(backbone, device=device)
 
 
@@ -393,8 +403,8 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
             raise UserError(f"photo folder not found: {photos}")
         inside = out.resolve() == photos or photos in out.resolve().parents
         if inside and not any(part.startswith(".") for part in out.resolve().relative_to(photos).parts):
-            raise UserError(f"the index directory {out} is inside the photo folder {photos}: its thumbnails would be "
-                            "indexed as photos; use -o outside it, or a hidden folder such as PHOTOS/.index")  # fmt: skip
+            raise UserError(f"the index directory {out} is inside the photo folder {photos}: its thumbnails "
+                            "would be indexed as photos; use -o outside it, or a hidden folder like PHOTOS/.index")
         out.mkdir(parents=True, exist_ok=True)
         (out / THUMBS_DIR).mkdir(exist_ok=True)
         fresh = not (out / CATALOG_FILE).exists()
@@ -412,7 +422,8 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
         _set_catalog_meta(catalog, root=str(photos), backbone_path=str(backbone), backbone_sha256=embedder.sha256,
                           backbone={k: embedder.config.get(k) for k in ("arch", "image_size", "resize", "embed_dim",
                                                                          "moco_version")},
-                          dim=embedder.dim, kind=kind, memory_budget=memory_budget or default_memory_budget())  # fmt: skip
+                          dim=embedder.dim, kind=kind,
+                          memory_budget=memory_budget or default_memory_budget())  # fmt: skip
         catalog.close()
     try:
         return _sync(out, embedder, dist, batch_size, workers, progress, use_gpu)

@@ -89,7 +89,8 @@ class Catalog:
             if create:
                 self.db.executescript(_SCHEMA)
         except sqlite3.DatabaseError as e:
-            raise UserError(f"{self.path} is not a readable SQLite catalog ({e}): rebuild with `moco index build`") from e
+            raise UserError(f"{self.path} is not a readable SQLite catalog ({e}): "
+                            "rebuild with `moco index build`") from e
 
     def close(self) -> None:
         self.db.close()

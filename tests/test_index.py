@@ -180,7 +180,8 @@ def test_backbone_mismatch_and_bad_input_are_refused(photos, backbone, tmp_path,
     assert _build(photos, backbone, photos / "idx") == 2  # inside the photos: would index its own thumbnails
     assert main(["index", "search", str(tmp_path / "nothing"), img]) == 2
     assert "not an index directory" in capsys.readouterr().err
-    assert main(["index", "build", str(tmp_path / "missing"), "--backbone", str(backbone), "-o", str(tmp_path / "x")]) == 2
+    missing = tmp_path / "missing"
+    assert main(["index", "build", str(missing), "--backbone", str(backbone), "-o", str(tmp_path / "x")]) == 2
     assert main(["index", "build", str(photos), "--backbone", str(tmp_path / "nope.safetensors"), "-o",
                  str(tmp_path / "y")]) == 2  # fmt: skip
     assert "not found" in capsys.readouterr().err

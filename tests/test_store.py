@@ -94,9 +94,9 @@ def test_remove_and_readd_are_idempotent(tmp_path):
         store.remove(np.array([ids[3], 99999]))  # unknown ids are ignored
         assert store.ntotal == 499
         store.save(tmp_path / f"{kind}.faiss")
-        from index.image_index import kind_of
-
         import faiss
+
+        from index.image_index import kind_of
 
         again = faiss.read_index(str(tmp_path / f"{kind}.faiss"))
         assert kind_of(again) == kind and again.ntotal == 499
