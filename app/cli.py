@@ -129,6 +129,44 @@ def cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="the search web UI (Gradio) over an index",
+        description="Search, Negatives (InfoNCE view) and Collection tabs over IDX. Binds 127.0.0.1 by default.",
+    )
+    p.add_argument("index_dir", metavar="IDX")
+    p.add_argument("--checkpoint", default=None, metavar="CKPT",
+                   help="a `moco train` checkpoint: the Negatives tab then uses its saved queue and key encoder")
+    p.add_argument("--backbone", default=None, metavar="B", help="the index's backbone, if it moved")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--auth", default=None, metavar="USER:PASS", help="require this login")
+    p.add_argument("--device", default="auto", help="embedding device (default: auto)")
+    p.set_defaults(handler=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    """`moco serve`: launch the UI and block until interrupted."""
+    from app.ui import serve
+
+    auth = None
+    if args.auth is not None:
+        user, sep, password = args.auth.partition(":")
+        if not sep or not user or not password:
+            raise UserError(f"--auth {args.auth!r}: expected USER:PASS, e.g. --auth alice:long-secret")
+        auth = (user, password)
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port {args.port}: pick a port between 1 and 65535")
+    if args.host not in ("127.0.0.1", "localhost", "::1") and auth is None:
+        print(f"WARNING: serving on {args.host} without --auth: anyone who can reach this machine can search your "
+              "photos; add --auth USER:PASS", file=sys.stderr)  # fmt: skip
+    shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    print(f"serving {args.index_dir} on http://{shown}:{args.port} (Ctrl+C to stop)", flush=True)
+    serve(args.index_dir, args.checkpoint, args.host, args.port, auth, args.backbone, args.device)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `moco` argument parser with all subcommands."""
     parser = argparse.ArgumentParser(prog="moco", description="MoCo on your own photos: train, export, index, search.")
@@ -140,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     from app.cli_index import add_index
 
     add_index(sub)
+    _add_serve(sub)
     return parser
 
 

@@ -134,7 +134,12 @@ class Embedder:
     def embed_squares(self, squares: np.ndarray | torch.Tensor) -> np.ndarray:
         """Embed preprocessed uint8 squares (N x resize x resize x 3): N x D float32, L2-normalized."""
         x = torch.as_tensor(squares).to(self.device, non_blocking=True)  # N x R x R x 3 uint8
-        x = center_view(x, self.image_size, self.mean, self.std)  # N x 3 x s x s
+        return self.embed_views(center_view(x, self.image_size, self.mean, self.std))
+
+    @torch.inference_mode()
+    def embed_views(self, x: torch.Tensor) -> np.ndarray:
+        """Embed already normalized views (N x 3 x s x s float, e.g. augmented): N x D float32, L2-normalized."""
+        x = x.to(self.device, non_blocking=True)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         with autocast_for(self.device, self.precision):

@@ -1,0 +1,251 @@
+"""The search UI: handlers against ImageIndex and a hand-made InfoNCE, gradio_client, the file route, a browser."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import urllib.parse
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from app.ui import SearchApp, launch_kwargs, make_demo
+from index.build import build_index
+from index.image_index import ImageIndex
+from moco.augment import two_views
+from moco.checkpoint import load_checkpoint
+from moco.config import from_plain, resolve_config
+from moco.data import square_u8
+from moco.export import export_backbone
+from moco.sample import make_sample_collection
+from moco.train import build_model, cache_size_for, train
+
+from .conftest import TINY
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory) -> dict[str, Path]:
+    """A tiny trained run (real queue with image ids), its exported backbone and an index of its photos."""
+    tmp = tmp_path_factory.mktemp("ui")
+    photos = tmp / "photos"
+    make_sample_collection(photos, per_family=6, size=48, seed=2)
+    cfg = resolve_config("v2", data_dir=str(photos), out=str(tmp / "run"), **{**TINY, "image_size": 32},
+                         max_steps=6, precision="fp32")  # fmt: skip
+    train(cfg, progress=False)
+    export_backbone(tmp / "run" / "checkpoint.pt", tmp / "backbone.safetensors")
+    build_index(photos, tmp / "backbone.safetensors", tmp / "idx", progress=False)
+    return {"photos": photos, "ckpt": tmp / "run" / "checkpoint.pt", "idx": tmp / "idx", "tmp": tmp}
+
+
+@pytest.fixture(scope="module")
+def app(setup) -> SearchApp:
+    index = ImageIndex.open(setup["idx"])
+    return SearchApp(index, index.load_embedder(device="cpu"), setup["ckpt"])
+
+
+def _query(setup) -> Path:
+    return sorted(setup["photos"].rglob("*.jpg"))[3]
+
+
+def test_search_handlers_equal_image_index(app, setup):
+    q = _query(setup)
+    gallery, info, state = app.search(str(q), k=5, folder="")
+    ref = app.index.search(app.embedder.embed(q), k=10)
+    assert state["ids"] == list(ref.ids[0, :5]) and len(gallery) == 5
+    np.testing.assert_allclose(state["scores"], ref.scores[0, :5], atol=1e-6)
+    assert gallery[0][1].startswith("#1 · 1.000 · ") and "embed" in info and "search" in info
+    assert all(Path(t).parent == setup["idx"] / "thumbs" for t, _ in gallery)
+    gallery2, _, state2 = app.more(state)  # "more" continues the ranking
+    assert state2["ids"] == list(ref.ids[0, :10]) and len(gallery2) == 10
+    _, _, state3 = app.select(state2, 7)  # clicking a result searches with it
+    assert state3["ids"][0] == ref.ids[0, 7] and state3["scores"][0] == pytest.approx(1.0, abs=1e-5)
+    family = state["paths"][0].split("/")[0]
+    _, _, only = app.search(str(q), k=50, folder=family)
+    assert only["paths"] and all(p.startswith(family + "/") for p in only["paths"])
+
+
+def test_errors_are_messages_not_tracebacks(app, setup, tmp_path):
+    from app.ui import _safe
+
+    search = _safe(3, 1)(app.search)
+    bad = tmp_path / "upload.jpg"
+    bad.write_bytes(b"\xff\xd8\xff not an image")
+    for args, words in [((None, 5, ""), "no image"), ((str(bad), 5, ""), "upload.jpg"),
+                        ((str(_query(setup)), 5, "../etc"), "no sub-folder")]:  # fmt: skip
+        gallery, info, state = search(*args)
+        assert gallery is None and info.startswith("**Error:**") and words in info and "Traceback" not in info
+    assert _safe(4, 1)(app.negatives)(None, 5, 0)[1].startswith("**Error:**")
+    assert _safe(3, 1)(app.more)(None)[1].startswith("**Error:**")
+
+
+def _hand_info_nce(pos: float, negs: np.ndarray, t: float) -> tuple[np.ndarray, float, int]:
+    logits = np.concatenate([[pos], negs]).astype(np.float64) / t
+    z = np.exp(logits - logits.max())
+    shares = z / z.sum()
+    return shares, float(-np.log(shares[0])), int(1 + (negs >= pos).sum())
+
+
+def test_negatives_from_the_saved_queue_match_a_hand_computation(app, setup):
+    img = Image.open(_query(setup)).convert("RGB")
+    view = app.negatives_source.compute(img, n=8, seed=3)
+    assert view.source == "queue" and "queue" in view.space
+    # independently: the checkpoint's model, the same seeded views, q . queue by hand
+    ckpt = load_checkpoint(setup["ckpt"])
+    cfg = from_plain(ckpt["config"])
+    model = build_model(cfg)
+    model.load_state_dict(ckpt["model"])
+    model.eval()
+    square = square_u8(img, cache_size_for(cfg.image_size, cfg.cache_size))
+    xq, xk = two_views(torch.tensor(square)[None], cfg.augment, cfg.image_size, cfg.mean, cfg.std,
+                       torch.Generator().manual_seed(3))  # fmt: skip
+    with torch.no_grad():
+        q = F.normalize(model.projector(model.backbone(xq)), dim=1)[0]
+        k = F.normalize(model.projector_momentum(model.backbone_momentum(xk)), dim=1)[0]
+    filled = ckpt["model"]["queue_ids"][0] >= 0
+    negs = (q @ ckpt["model"]["queue"][0][:, filled]).numpy()
+    shares, loss, rank = _hand_info_nce(float(q @ k), negs, cfg.temperature)
+    assert view.positive == pytest.approx(float(q @ k), abs=1e-5)
+    assert view.count == int(filled.sum()) and view.loss == pytest.approx(loss, rel=1e-4)
+    assert view.positive_rank == rank and view.positive_share == pytest.approx(shares[0], rel=1e-4)
+    top = np.argsort(-negs)[:8]
+    assert [n.similarity for n in view.negatives] == pytest.approx(list(negs[top]), abs=1e-5)
+    assert [n.share for n in view.negatives] == pytest.approx(list(shares[1 + top]), rel=1e-4)
+    assert [n.logit for n in view.negatives] == pytest.approx(list(negs[top] / cfg.temperature), abs=1e-4)
+    assert [n.suspicious for n in view.negatives] == list(negs[top] >= float(q @ k))
+    ids = ckpt["model"]["queue_ids"][0][filled].numpy()[top]
+    assert [n.path for n in view.negatives] == [ckpt["files"][i] for i in ids]
+    views, text, gallery, table = app._negatives_outputs(view)
+    assert len(views) == 2 and f"{loss:.4f}" in text and len(table) == 8
+
+
+def test_negatives_from_the_index_match_a_hand_computation(setup):
+    index = ImageIndex.open(setup["idx"])
+    emb = index.load_embedder(device="cpu")
+    app = SearchApp(index, emb, None)
+    img = Image.open(_query(setup)).convert("RGB")
+    view = app.negatives_source.compute(img, n=5, seed=1)
+    assert view.source == "index" and "backbone space" in view.space
+    assert any("query image itself" in n for n in view.notes)  # the query is in the index: left out
+    ids, vecs = index.catalog.vectors()
+    clean = emb.embed(img)[0]
+    keep = vecs @ clean < 0.9999
+    square = square_u8(img, emb.resize)
+    xq, xk = two_views(torch.tensor(square)[None], "v2", emb.image_size, emb.mean, emb.std,
+                       torch.Generator().manual_seed(1))  # fmt: skip
+    q, k = emb.embed_views(torch.cat([xq, xk]))
+    negs = vecs[keep] @ q
+    shares, loss, rank = _hand_info_nce(float(q @ k), negs, view.temperature)
+    assert view.count == int(keep.sum()) == len(ids) - 1
+    assert view.loss == pytest.approx(loss, rel=1e-4) and view.positive_rank == rank
+    top = np.argsort(-negs)[:5]
+    assert [n.share for n in view.negatives] == pytest.approx(list(shares[1 + top]), rel=1e-4)
+    assert all(n.thumb is not None and Path(n.thumb).parent.name == "thumbs" for n in view.negatives)
+
+
+def test_collection_tab_and_dedup(app, setup):
+    text, gallery = app.collection()
+    assert "36 images" in text and "recall@10" in text and "resnet18" in text
+    shutil.copyfile(_query(setup), setup["photos"] / "copy.jpg")
+    try:
+        from index.build import update_index
+
+        update_index(setup["idx"], progress=False)
+        text, gallery = app.collection(threshold=0.999)
+        assert "near-duplicate groups" in text
+        assert any("copy.jpg" in caption for _, caption in gallery)
+    finally:
+        (setup["photos"] / "copy.jpg").unlink()
+        update_index(setup["idx"], progress=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(setup):
+    demo, app = make_demo(setup["idx"], setup["ckpt"], device="cpu")
+    port = _free_port()
+    demo.launch(prevent_thread_lock=True, **launch_kwargs(app.index, "127.0.0.1", port, None))
+    yield f"http://127.0.0.1:{port}", app
+    demo.close()
+
+
+@pytest.mark.slow
+def test_gradio_client_search_and_negatives(server, setup):
+    from gradio_client import Client, handle_file
+
+    url, app = server
+    client = Client(url, verbose=False)
+    gallery, info, = client.predict(handle_file(str(_query(setup))), 6, "", api_name="/search")[:2]
+    ref = app.index.search(app.embedder.embed(_query(setup)), k=6)
+    assert [item["caption"].split(" · ")[-1] for item in gallery] == ref.paths[0]
+    assert "6 results" in info
+    views, summary, negs, table = client.predict(handle_file(str(_query(setup))), 4, 0, api_name="/negatives")
+    assert "InfoNCE loss" in summary and "saved MoCo queue" in summary and len(table["data"]) == 4
+
+
+@pytest.mark.slow
+def test_file_route_refuses_everything_but_thumbs(server, setup):
+    import httpx
+
+    url, app = server
+    thumb = next((setup["idx"] / "thumbs").iterdir())
+    secret_files = [setup["idx"] / "catalog.sqlite", setup["idx"] / "index.json", _query(setup), Path("/etc/passwd"),
+                    ROOT / "pyproject.toml"]  # fmt: skip
+    attempts = []
+    for f in secret_files:
+        attempts += [str(f), urllib.parse.quote(str(f)), urllib.parse.quote(str(f), safe="")]
+    rel = "../" * 12 + "etc/passwd"
+    thumbs = setup["idx"] / "thumbs"
+    attempts += [f"{thumbs}/../catalog.sqlite", f"{thumbs}/..%2fcatalog.sqlite", f"{thumbs}/%2e%2e/index.json",
+                 rel, urllib.parse.quote(rel, safe=""), "..%2f..%2f..%2fetc%2fpasswd", f"{thumbs}/../../photos"]
+    with httpx.Client(timeout=10) as http:
+        for a in attempts:
+            for route in ("/gradio_api/file=", "/file="):
+                r = http.get(url + route + a)
+                assert r.status_code in (400, 403, 404, 405), (a, r.status_code)
+                assert b"root:" not in r.content and b"SQLite format" not in r.content
+        ok = http.get(url + "/gradio_api/file=" + str(thumb))
+        assert ok.status_code == 200 and ok.content[:2] == b"\xff\xd8"  # the thumbnails are served
+
+
+@pytest.mark.slow
+def test_browser_upload_search_click(server, setup):
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), "install Debian's chromium (`make test` does: apt-get install chromium)"
+    url, _ = server
+    shot = ROOT / "docs" / "screenshot.png"
+    shot.parent.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--disable-sync", "--no-first-run"])  # fmt: skip
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(url)
+        page.locator("#query input[type=file]").set_input_files(str(_query(setup)))
+        page.locator("#k input[type=number]").fill("8")
+        page.locator("#k input[type=number]").press("Enter")
+        page.wait_for_timeout(500)
+        page.locator("#search-btn").click()
+        page.wait_for_function("document.querySelectorAll('#results button.thumbnail-item').length == 8",
+                               timeout=60_000)  # fmt: skip
+        assert "8 results" in page.locator("#search-info").inner_text()
+        page.screenshot(path=str(shot), full_page=True)
+        page.locator("#results button.thumbnail-item").nth(2).click()  # search again with the third result
+        page.wait_for_function("!document.querySelector('#search-info').innerText.includes('uploaded image')",
+                               timeout=60_000)  # fmt: skip
+        assert "8 results" in page.locator("#search-info").inner_text()
+        browser.close()
+    with Image.open(shot) as im:
+        assert im.size[0] >= 1000
