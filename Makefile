@@ -41,7 +41,14 @@ run: install
 		$(BIN)/moco train "$(if $(PHOTOS),$(PHOTOS),$(SAMPLE))" --out $(RUN) $(TRAIN_FLAGS); \
 	fi
 
-test: install
+# The browser test drives Debian's chromium through Playwright (never `playwright install`).
+CHROMIUM ?= /usr/bin/chromium
+$(CHROMIUM):
+	@echo "installing chromium for the browser test (apt-get)"
+	@if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
+	else sudo apt-get update -qq && sudo apt-get install -y -qq chromium; fi
+
+test: install $(CHROMIUM)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 lint: install

@@ -17,9 +17,10 @@ Measured, top-10 by cosine, all on the CPU:
   load from elsewhere on the machine hits all alike; Flat's top-10 checked against numpy's (ties
   allowed: scores within 1e-5);
 - approximate: the kind ``choose_kind(N, D, budget)`` picks (ivf when ``auto`` would say flat), built
-  as the product builds it: train on a sample of min(N, max(64 nlist, 10,000)) vectors that excludes
-  500 held-out database vectors, add all, ``tune`` nprobe to recall@10 >= 0.95 on the held-out ones;
-  then recall@10 on the fresh queries against exact, latency, QPS and speedup vs Flat;
+  as index/build.py builds a new index: 500 database vectors held out, train on a sample of
+  max(64 nlist, 10,000) of the others, add the others, ``tune`` nprobe to recall@10 >= 0.95 on the
+  held-out ones, add them; then recall@10 on the fresh queries against exact, latency, QPS and
+  speedup vs Flat;
 - memory: serialized index bytes / N; build (train, add, tune) times.
 Targets: Flat >= numpy (single and batched); approximate >= 20x Flat at recall@10 >= 0.95.
 Results: bench/results/search_<dist>_<dim>.json (``--quick``: N=100,000, search_<dist>_<dim>_quick.json).
@@ -55,7 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from index.store import VectorStore, choose_kind, recall_at  # noqa: E402
 
 K = 10
-HELD_OUT = 500  # database vectors held out of training to tune on, as the product does
+TUNE_QUERIES, TARGET = 500, 0.95  # as index/build.py: database vectors held out of training and tuning
 CHUNK = 1 << 16  # rows generated and added at a time
 
 
@@ -79,6 +80,11 @@ def stored_vectors(flat: VectorStore) -> np.ndarray:
     """The N x D float32 array inside a flat store, without a copy (valid while ``flat`` lives)."""
     inner = faiss.downcast_index(faiss.downcast_index(flat.index).index)  # IDMap2 -> IndexFlat
     return faiss.rev_swig_ptr(inner.get_xb(), inner.ntotal * inner.d).reshape(inner.ntotal, inner.d)
+
+
+def _sample(ids: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
+    """``m`` of ``ids`` at random, sorted (all of them when there are no more), as index/build.py samples."""
+    return ids if len(ids) <= m else np.sort(rng.choice(ids, m, replace=False))
 
 
 # ---------------------------------------------------------------------------------------- search
@@ -188,25 +194,27 @@ def bench(dist: str, dim: int, n: int, args: argparse.Namespace) -> dict:
     x = stored_vectors(flat)  # N x D view
     log("data")
 
-    # approximate: built and tuned as the product does it
+    # approximate: built and tuned as index/build.py builds a new index (_sync_store, _fresh_store)
     kind = choose_kind(n, dim, int(args.memory_budget_gb * 2**30))
     forced = kind == "flat"
     kind = "ivf" if forced else kind
     store = VectorStore.create(kind, dim, n, use_gpu="no")
     nlist = int(faiss.extract_index_ivf(store.index).nlist)
-    held = np.sort(rng.choice(n, HELD_OUT, replace=False))  # 500
-    rest = np.setdiff1d(ids, held)  # N - 500
-    sample = np.sort(rng.choice(rest, min(len(rest), max(nlist * 64, 10_000)), replace=False))  # S
+    held = _sample(ids, min(TUNE_QUERIES, n // 10), np.random.default_rng(n))  # H tuning queries
+    sample = _sample(np.setdiff1d(ids, held), max(nlist * 64, 10_000), np.random.default_rng(0))  # S, not held
     t = time.perf_counter()
     store.train(x[sample])  # S x D copy, freed after training
     train_s = time.perf_counter() - t
     t = time.perf_counter()
-    store.add(ids, x)
+    for s in range(0, n, CHUNK):  # everything but the tuning queries, in chunks (no N x D copy)
+        keep = ~np.isin(ids[s : s + CHUNK], held)  # c
+        store.add(ids[s : s + CHUNK][keep], x[s : s + CHUNK][keep])
     ivf_add_s = time.perf_counter() - t
     log("approx trained and added")
     t = time.perf_counter()
-    tuning = store.tune(x, ids, x[held], held, k=K, target=0.95)
+    tuning = store.tune(x, ids, x[held], held, k=K, target=TARGET, held_out=True)
     tune_s = time.perf_counter() - t
+    store.add(held, x[held])  # then the tuning queries join the index, as in the product
     store.set_param(tuning.param, tuning.value)
     log("approx tuned")
 
@@ -222,8 +230,8 @@ def bench(dist: str, dim: int, n: int, args: argparse.Namespace) -> dict:
                  "bytes_per_vector": index_bytes(flat.index) / n},
         "check": check_exact(x, q, f_scores, f_ids, n_scores, n_ids),
         "approx": {
-            "kind": kind, "forced_ivf": forced, "factory": store.factory(), "nlist": nlist,
-            "param": tuning.param, "value": tuning.value, "tune_recall_heldout": tuning.recall,
+            "kind": kind, "forced_ivf": forced, "factory": store.factory_string or store.factory(), "nlist": nlist,
+            "param": tuning.param, "value": tuning.value, "tune_recall": tuning.recall, "tune_queries": len(held),
             "train_vectors": len(sample), "train_s": train_s, "add_s": ivf_add_s, "tune_s": tune_s,
             **fig["approx"], "recall": recall_at(a_ids, n_ids), "bytes_per_vector": index_bytes(store.index) / n,
         },
@@ -261,7 +269,7 @@ def report(r: dict) -> list[str]:
     lines.append(
         f"  {ap['kind']}{' (forced: auto says flat at this N)' if ap['forced_ivf'] else ''}: trained on "
         f"{ap['train_vectors']:,} vectors in {ap['train_s']:.1f} s, add {ap['add_s']:.1f} s, tune {ap['tune_s']:.1f} s "
-        f"-> {ap['param']}={ap['value']} (recall@{K} {ap['tune_recall_heldout']:.3f} on {HELD_OUT} held-out vectors)"
+        f"-> {ap['param']}={ap['value']} (recall@{K} {ap['tune_recall']:.3f} on {ap['tune_queries']} held-out vectors)"
     )
     ok = lambda c: "PASS" if c else "FAIL"
     fs, fb = nm["single_ms_median"] / fl["single_ms_median"], fl["qps"] / nm["qps"]

@@ -236,7 +236,9 @@ def _decode(path: str | Path, max_pixels: int | None, target_short: int | None =
             raise ImageDecodeError(p, f"truncated or corrupt: {err or type(err).__name__}") from err
 
 
-def load_rgb(path: str | Path, max_pixels: int | None = DEFAULT_MAX_PIXELS, min_short: int | None = None) -> Image.Image:
+def load_rgb(
+    path: str | Path, max_pixels: int | None = DEFAULT_MAX_PIXELS, min_short: int | None = None
+) -> Image.Image:
     """Decode one image file fully into an RGB PIL image.
 
     ``min_short``: JPEGs may be decoded at a reduced scale (DCT draft) that keeps the short side at
