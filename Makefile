@@ -6,13 +6,21 @@ BIN    := $(VENV)/bin
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 STAMP  := $(VENV)/.installed
 
-# make run: train on PHOTOS (default: a generated sample collection).
+# make run: photos -> train -> export -> index -> serve (see README). Re-running reuses what exists.
+#   PHOTOS=~/Pictures      your photos (default: a generated sample collection)
+#   CHECKPOINT=file        use this pretrained MoCo model as is (no training)
+#   INIT=file              continue MoCo training from it on your photos
+#   MINUTES=10             training time budget (default: 10 on a CPU, the full v2 recipe on a GPU)
 PHOTOS ?=
-RUN    ?= runs/default
-SAMPLE := sample_photos
-TRAIN_FLAGS ?= --preset v2 --arch resnet18 --small-stem --image-size 64 --batch-size 64 --queue-size 4096 --time-budget 3
+CHECKPOINT ?=
+INIT ?=
+MINUTES ?=
+WORK ?= runs/default
+HOST ?= 127.0.0.1
+PORT ?= 7860
+RUN_FLAGS ?=
 
-.PHONY: install run test lint clean sample
+.PHONY: install run test lint clean bench
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,16 +38,9 @@ endif
 
 install: $(STAMP)
 
-sample: install
-	@test -d $(SAMPLE) || $(BIN)/moco sample $(SAMPLE)
-
 run: install
-	@if [ -z "$(PHOTOS)" ]; then $(MAKE) --no-print-directory sample; fi
-	@if [ -f "$(RUN)/checkpoint.pt" ]; then \
-		$(BIN)/moco train --out $(RUN) --resume; \
-	else \
-		$(BIN)/moco train "$(if $(PHOTOS),$(PHOTOS),$(SAMPLE))" --out $(RUN) $(TRAIN_FLAGS); \
-	fi
+	$(BIN)/moco run $(PHOTOS) --work $(WORK) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) \
+		$(if $(INIT),--init $(INIT)) $(if $(MINUTES),--minutes $(MINUTES)) --host $(HOST) --port $(PORT) $(RUN_FLAGS)
 
 # The browser test drives Debian's chromium through Playwright (never `playwright install`).
 CHROMIUM ?= /usr/bin/chromium
@@ -55,4 +56,4 @@ lint: install
 	$(BIN)/ruff check .
 
 clean:
-	rm -rf $(VENV) $(SAMPLE) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache

@@ -139,31 +139,86 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", default=None, metavar="CKPT",
                    help="a `moco train` checkpoint: the Negatives tab then uses its saved queue and key encoder")
     p.add_argument("--backbone", default=None, metavar="B", help="the index's backbone, if it moved")
+    _serve_arguments(p)
+    p.set_defaults(handler=cmd_serve)
+
+
+def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--auth", default=None, metavar="USER:PASS", help="require this login")
+    p.add_argument("--auth", default=os.environ.get("MOCO_AUTH"), metavar="USER:PASS",
+                   help="require this login (default: $MOCO_AUTH)")
     p.add_argument("--device", default="auto", help="embedding device (default: auto)")
-    p.set_defaults(handler=cmd_serve)
+
+
+def _check_serve_arguments(args: argparse.Namespace) -> tuple[str, str] | None:
+    auth = None
+    if args.auth:
+        user, sep, password = args.auth.partition(":")
+        if not sep or not user or not password:
+            raise UserError("--auth: expected USER:PASS, e.g. --auth alice:long-secret")
+        auth = (user, password)
+    if not 0 < args.port < 65536:
+        raise UserError(f"--port {args.port}: pick a port between 1 and 65535")
+    return auth
+
+
+def _announce(args: argparse.Namespace) -> None:
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.auth:
+        print(f"WARNING: serving on {args.host} without --auth: anyone who can reach this machine can search your "
+              "photos; add --auth USER:PASS", file=sys.stderr)  # fmt: skip
+    shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
+    print(f"serving on http://{shown}:{args.port} (Ctrl+C to stop)", flush=True)
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     """`moco serve`: launch the UI and block until interrupted."""
     from app.ui import serve
 
-    auth = None
-    if args.auth is not None:
-        user, sep, password = args.auth.partition(":")
-        if not sep or not user or not password:
-            raise UserError(f"--auth {args.auth!r}: expected USER:PASS, e.g. --auth alice:long-secret")
-        auth = (user, password)
-    if not 0 < args.port < 65536:
-        raise UserError(f"--port {args.port}: pick a port between 1 and 65535")
-    if args.host not in ("127.0.0.1", "localhost", "::1") and auth is None:
-        print(f"WARNING: serving on {args.host} without --auth: anyone who can reach this machine can search your "
-              "photos; add --auth USER:PASS", file=sys.stderr)  # fmt: skip
-    shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    print(f"serving {args.index_dir} on http://{shown}:{args.port} (Ctrl+C to stop)", flush=True)
+    auth = _check_serve_arguments(args)
+    _announce(args)
     serve(args.index_dir, args.checkpoint, args.host, args.port, auth, args.backbone, args.device)
+    return 0
+
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="the whole job: train (or take a checkpoint), export, index, serve",
+        description="Photos to a served search engine in one command; re-running reuses what exists (resumes "
+        "training, skips an up-to-date export, updates the index).",
+    )
+    p.add_argument("photos", metavar="PHOTOS", nargs="?", help="folder of photos (default: a generated sample)")
+    p.add_argument("--work", default="runs/default", help="work directory (default: runs/default)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--checkpoint", default=None, metavar="CKPT",
+                       help="use this model as is (official MoCo .pth.tar or any supported checkpoint): no training")
+    group.add_argument("--init", default=None, metavar="CKPT", help="continue MoCo training from these weights")
+    p.add_argument("--minutes", type=float, default=None, help="training time budget (default: 10 on a CPU, "
+                   "the full recipe on a GPU)")
+    p.add_argument("--max-steps", type=int, default=None, help="cap the training steps (for quick tries)")
+    p.add_argument("--no-serve", action="store_true", help="stop after indexing")
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    _serve_arguments(p)
+    p.set_defaults(handler=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`moco run`: train/export/index, then serve."""
+    from app.pipeline import run_pipeline
+
+    auth = _check_serve_arguments(args)
+    extra = {"max_steps": args.max_steps} if args.max_steps else {}
+    out = run_pipeline(args.photos, args.work, args.checkpoint, args.init, args.minutes, extra,
+                       say=lambda m: print(m, flush=True), progress=not args.quiet)  # fmt: skip
+    print(f"search it: moco index search {out['index']} PHOTO.jpg, or the UI below", flush=True)
+    if args.no_serve:
+        return 0
+    from app.ui import serve
+
+    ckpt = out["checkpoint"] if not args.checkpoint else None  # a training checkpoint: the Negatives tab's queue
+    _announce(args)
+    serve(out["index"], ckpt, args.host, args.port, auth, out["backbone"], args.device)
     return 0
 
 
@@ -179,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_index(sub)
     _add_serve(sub)
+    _add_run(sub)
     return parser
 
 

@@ -283,10 +283,21 @@ def report(r: dict) -> list[str]:
     return lines
 
 
+def _ram() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def fit_n(n: int, dim: int) -> int:
+    """``n`` halved until the 3 full copies of the vectors alive while tuning take at most 60% of RAM."""
+    while n > 10_000 and 3 * n * dim * 4 > 0.6 * _ram():
+        n //= 2
+    return n
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=1_000_000)
-    p.add_argument("--n-2048", type=int, default=None, help="N for dim >= 2048 (default: --n); 8 GB per 1M at 2048")
+    p.add_argument("--n-2048", type=int, default=None, help="N for dim >= 2048 (default: --n, halved to fit RAM)")
     p.add_argument("--dims", type=int, nargs="+", default=[128, 2048])
     p.add_argument("--dists", nargs="+", choices=["uniform", "clustered"], default=["uniform", "clustered"])
     p.add_argument("--queries", type=int, default=1000)
@@ -308,11 +319,13 @@ def main() -> None:
     meta = {"command": command, "faiss": faiss.__version__, "numpy": np.__version__, "cpus": os.cpu_count(),
             "threads": faiss.omp_get_max_threads()}  # fmt: skip
     print(f"{command}\nfaiss {meta['faiss']}, numpy {meta['numpy']}, {meta['cpus']} CPUs, {meta['threads']} threads")
-    if args.n_2048 is not None and args.n_2048 != args.n and any(d >= 2048 for d in args.dims):
-        print(f"note: N={args.n_2048:,} for dim >= 2048 (N={args.n:,} would not fit memory/time on this machine)")
     args.out.mkdir(parents=True, exist_ok=True)
     for dim in args.dims:
-        n = args.n_2048 if dim >= 2048 and args.n_2048 is not None else args.n
+        n = args.n_2048 if dim >= 2048 and args.n_2048 is not None else fit_n(args.n, dim)
+        if n != args.n:
+            print(f"note: N={n:,} at {dim}-d, not {args.n:,}: Flat + IVF + the copy of all vectors that "
+                  f"VectorStore.tune makes hold 3 x N x {4 * dim:,} B ({3 * args.n * dim * 4 / 2**30:.1f} GiB "
+                  f"at N={args.n:,}; this machine has {_ram() / 2**30:.1f} GiB)")  # fmt: skip
         for dist in args.dists:
             print(f"[{dist} {dim}-d N={n:,}]", file=sys.stderr, flush=True)
             r = {**meta, **bench(dist, dim, n, args)}

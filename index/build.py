@@ -316,14 +316,15 @@ def _clean_thumbs(index_dir: Path, catalog: Catalog) -> None:
 
 
 # -------------------------------------------------------------------------------------------- sync
-def _catalog_meta(catalog: Catalog) -> dict[str, Any]:
+def catalog_meta(catalog: Catalog) -> dict[str, Any]:
+    """The build settings the catalog records: root, backbone path/sha256/metadata, dim, kind, memory budget."""
     import json
 
     return {k: json.loads(catalog.get_meta(k) or "null") for k in
             ("root", "backbone_path", "backbone_sha256", "backbone", "dim", "kind", "memory_budget")}  # fmt: skip
 
 
-def _set_catalog_meta(catalog: Catalog, **values: Any) -> None:
+def _setcatalog_meta(catalog: Catalog, **values: Any) -> None:
     import json
 
     with catalog.transaction():
@@ -338,7 +339,7 @@ def _sync(index_dir: Path, embedder: Any, dist: _Dist, batch_size: int, workers:
     catalog = Catalog(index_dir / CATALOG_FILE) if dist.rank == 0 else None
     plan = None
     if dist.rank == 0:
-        cmeta = _catalog_meta(catalog)
+        cmeta = catalog_meta(catalog)
         root = Path(cmeta["root"])
         plan = make_plan(root, catalog, workers)
         _quick_ops(catalog, plan, index_dir, summary)
@@ -410,7 +411,7 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
         fresh = not (out / CATALOG_FILE).exists()
         catalog = Catalog(out / CATALOG_FILE, create=True)
         if not fresh:
-            cmeta = _catalog_meta(catalog)
+            cmeta = catalog_meta(catalog)
             if cmeta["root"] and cmeta["root"] != str(photos):
                 raise UserError(f"{out} already indexes {cmeta['root']}, not {photos}: pick another -o, or run "
                                 f"`moco index update {out} --root {photos}` if the collection moved")  # fmt: skip
@@ -419,7 +420,7 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
                                 f"{cmeta['backbone_sha256'][:12]}...), not {backbone}: use a new -o directory "
                                 "or delete it to rebuild with this backbone")  # fmt: skip
             logger.info("%s holds an earlier build: continuing it", out)
-        _set_catalog_meta(catalog, root=str(photos), backbone_path=str(backbone), backbone_sha256=embedder.sha256,
+        _setcatalog_meta(catalog, root=str(photos), backbone_path=str(backbone), backbone_sha256=embedder.sha256,
                           backbone={k: embedder.config.get(k) for k in ("arch", "image_size", "resize", "embed_dim",
                                                                          "moco_version")},
                           dim=embedder.dim, kind=kind,
@@ -446,7 +447,7 @@ def update_index(index_dir: str | Path, backbone: str | Path | None = None, root
     dist = _Dist()
     workers = workers or min(8, os.cpu_count() or 1)
     catalog = Catalog(index_dir / CATALOG_FILE)
-    cmeta = _catalog_meta(catalog)
+    cmeta = catalog_meta(catalog)
     path = Path(backbone).expanduser().resolve() if backbone else Path(cmeta["backbone_path"])
     embedder = _load_embedder(path, dist.device(device))
     if embedder.sha256 != cmeta["backbone_sha256"]:
@@ -467,7 +468,7 @@ def update_index(index_dir: str | Path, backbone: str | Path | None = None, root
             if kind not in KINDS:
                 raise UserError(f"--kind {kind!r} is not one of {', '.join(KINDS)}")
             changes["kind"] = kind
-        _set_catalog_meta(catalog, **changes)
+        _setcatalog_meta(catalog, **changes)
     catalog.close()
     try:
         return _sync(index_dir, embedder, dist, batch_size, workers, progress, use_gpu)

@@ -24,10 +24,10 @@ from moco.export import export_backbone
 from moco.sample import make_sample_collection
 from moco.train import build_model, cache_size_for, train
 
+from .browser import chromium_page, search_in_page
 from .conftest import TINY
 
 ROOT = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
 
 
 @pytest.fixture(scope="module")
@@ -221,31 +221,16 @@ def test_file_route_refuses_everything_but_thumbs(server, setup):
 
 @pytest.mark.slow
 def test_browser_upload_search_click(server, setup):
-    from playwright.sync_api import sync_playwright
-
-    assert Path(CHROMIUM).exists(), "install Debian's chromium (`make test` does: apt-get install chromium)"
     url, _ = server
     shot = ROOT / "docs" / "screenshot.png"
     shot.parent.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--disable-sync", "--no-first-run"])  # fmt: skip
-        page = browser.new_page(viewport={"width": 1400, "height": 900})
-        page.goto(url)
-        page.locator("#query input[type=file]").set_input_files(str(_query(setup)))
-        page.locator("#k input[type=number]").fill("8")
-        page.locator("#k input[type=number]").press("Enter")
-        page.wait_for_timeout(500)
-        page.locator("#search-btn").click()
-        page.wait_for_function("document.querySelectorAll('#results button.thumbnail-item').length == 8",
-                               timeout=60_000)  # fmt: skip
+    with chromium_page(url) as page:
+        search_in_page(page, _query(setup), 8)
         assert "8 results" in page.locator("#search-info").inner_text()
         page.screenshot(path=str(shot), full_page=True)
         page.locator("#results button.thumbnail-item").nth(2).click()  # search again with the third result
         page.wait_for_function("!document.querySelector('#search-info').innerText.includes('uploaded image')",
                                timeout=60_000)  # fmt: skip
         assert "8 results" in page.locator("#search-info").inner_text()
-        browser.close()
     with Image.open(shot) as im:
         assert im.size[0] >= 1000

@@ -1,0 +1,191 @@
+"""`moco run`: photos -> trained (or given) model -> exported backbone -> index -> served UI, in one command.
+
+Every step reuses what an earlier run left in the work directory:
+
+    WORK/run/checkpoint.pt         training (resumed while its schedule is unfinished; skipped when done)
+    WORK/backbone.safetensors      re-exported only when the checkpoint's bytes changed
+    WORK/index/                    updated (only new or changed photos embedded); rebuilt only when the
+                                   backbone changed, into index.new/ first, so the old one keeps serving
+    WORK/sample_photos/            the generated collection, when no PHOTOS are given
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import shutil
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from moco.errors import UserError
+
+__all__ = ["run_pipeline", "training_overrides"]
+
+logger = logging.getLogger(__name__)
+
+CPU_MINUTES = 10.0  # default CPU training budget: a useful model, quickly
+
+
+def _short_sides(photos: Path, limit: int = 200) -> list[int]:
+    from PIL import Image
+
+    from moco.data import scan_images
+
+    names = scan_images(photos)
+    sides = []
+    for name in names[:: max(1, len(names) // limit)][:limit]:
+        try:
+            with Image.open(photos / name) as im:  # the header only
+                sides.append(min(im.size))
+        except Exception:  # noqa: BLE001,S112 - unreadable files are reported by training itself
+            continue
+    return sides
+
+
+def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float | None,
+                       init: str | None) -> dict[str, Any]:  # fmt: skip
+    """Training settings suited to the machine and the photos.
+
+    GPU: the full MoCo v2 recipe (ResNet-50, 224 px, batch 256, 200 epochs) unless ``minutes`` caps it.
+    CPU: ResNet-18 under a time budget; the small-image preset (64 px, CIFAR stem) when the photos are
+    small, 112 px otherwise. With ``init`` the architecture comes from that checkpoint.
+    """
+    out: dict[str, Any] = {"preset": "v2"}
+    if init:
+        from moco.export import detect_arch
+        from moco.formats import read_checkpoint
+
+        guess = detect_arch(read_checkpoint(Path(init)))  # the model must match the weights it starts from
+        out.update(init=str(init), arch=guess.arch, small_stem=guess.small_stem)
+    if cuda:
+        if minutes:
+            out["time_budget"] = float(minutes)
+        return out
+    sides = _short_sides(photos)
+    small = bool(sides) and statistics.median(sides) < 160
+    if not init:
+        out.update(arch="resnet18", small_stem=small)
+    out["image_size"] = 64 if small else 112
+    if init and out["small_stem"]:
+        out["image_size"] = min(out["image_size"], guess.image_size)
+    batch = min(64, max(8, 2 ** int(math.log2(max(2, n_images // 2)))))
+    out.update(batch_size=batch, queue_size=min(4096, max(batch, 2 ** int(math.log2(max(2, n_images))))),
+               time_budget=float(minutes or CPU_MINUTES))  # fmt: skip
+    return out
+
+
+def _train(photos: Path, run_dir: Path, init: str | None, minutes: float | None, extra: dict[str, Any],
+           say: Callable[[str], None], progress: bool) -> Path:  # fmt: skip
+    import torch
+
+    from moco.checkpoint import load_checkpoint
+    from moco.config import resolve_config
+    from moco.data import scan_images
+    from moco.train import resume_config, train
+
+    ckpt_path = run_dir / "checkpoint.pt"
+    if ckpt_path.is_file():
+        ckpt = load_checkpoint(ckpt_path)
+        step, total = int(ckpt.get("step", 0)), int(ckpt.get("total_steps") or 0)
+        del ckpt
+        if total and step >= total:
+            say(f"training: done earlier ({step}/{total} steps), reusing {ckpt_path}")
+            return ckpt_path
+        say(f"training: resuming {ckpt_path} at step {step}/{total}")
+        cfg = resume_config(run_dir, {"data_dir": str(photos)})
+        train(cfg, resume=True, progress=progress)
+        return ckpt_path
+    n = len(scan_images(photos))
+    if n < 16:
+        raise UserError(f"{photos} has {n} photos: MoCo needs at least 16 to train; give more photos, or "
+                        "CHECKPOINT=... (a pretrained model: no training)")  # fmt: skip
+    overrides = {**training_overrides(photos, n, torch.cuda.is_available(), minutes, init), **extra}
+    preset = overrides.pop("preset")
+    say(f"training: MoCo {preset} on {n} photos ({', '.join(f'{k}={v}' for k, v in overrides.items())})")
+    cfg = resolve_config(preset, data_dir=str(photos), out=str(run_dir), **overrides)
+    train(cfg, progress=progress)
+    return ckpt_path
+
+
+def _export(source: Path, out: Path, say: Callable[[str], None]) -> Path:
+    from moco.export import _sha256, export_backbone, load_exported
+
+    digest = _sha256(source)
+    if out.is_file():
+        _, meta = load_exported(out)
+        if meta.get("source_sha256") == digest:
+            say(f"export: {out} is up to date with {source.name}")
+            return out
+    tmp = out.with_name(".backbone.new.safetensors")
+    meta = export_backbone(source, tmp)
+    tmp.replace(out)
+    say(f"export: {meta['arch']} ({meta['embed_dim']}-d, {meta['image_size']} px) -> {out}")
+    return out
+
+
+def _index(photos: Path, backbone: Path, index_dir: Path, say: Callable[[str], None], progress: bool) -> Any:
+    from index.build import build_index, catalog_meta, update_index
+    from index.catalog import Catalog
+    from moco.export import _sha256
+
+    if (index_dir / "catalog.sqlite").is_file():
+        cat = Catalog(index_dir / "catalog.sqlite")
+        meta = catalog_meta(cat)
+        cat.close()
+        if meta["backbone_sha256"] == _sha256(backbone) and Path(meta["root"] or "") == photos.resolve():
+            s = update_index(index_dir, backbone=backbone, progress=progress)
+            say(f"index: updated {index_dir} ({s.embedded} new, {s.reembedded} changed, {s.removed} removed, "
+                f"{s.unchanged} unchanged; {s.vectors} searchable)")  # fmt: skip
+            return s
+        fresh = index_dir.with_name(index_dir.name + ".new")
+        shutil.rmtree(fresh, ignore_errors=True)
+        say(f"index: the backbone or the photos changed: building a new index in {fresh}")
+        s = build_index(photos, backbone, fresh, progress=progress)
+        old = index_dir.with_name(index_dir.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        index_dir.rename(old)
+        fresh.rename(index_dir)
+        shutil.rmtree(old, ignore_errors=True)  # nothing inside an index refers to its directory's name
+    else:
+        s = build_index(photos, backbone, index_dir, progress=progress)
+    say(f"index: {s.vectors} photos searchable in {index_dir} ({s.kind}, {s.images_per_s:.0f} images/s, "
+        f"{len(s.errors)} skipped)")  # fmt: skip
+    return s
+
+
+def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | Path | None = None,
+                 init: str | Path | None = None, minutes: float | None = None, train_overrides: dict | None = None,
+                 say: Callable[[str], None] = print, progress: bool = True) -> dict[str, Any]:  # fmt: skip
+    """Train (or take ``checkpoint``), export, index; returns the paths and the index summary.
+
+    ``photos`` None: a generated sample collection in ``work/sample_photos``.
+    """
+    if checkpoint and init:
+        raise UserError("give CHECKPOINT (use it as is) or INIT (continue training from it), not both")
+    work = Path(work)
+    work.mkdir(parents=True, exist_ok=True)
+    if photos is None:
+        from moco.sample import make_sample_collection
+
+        photos = work / "sample_photos"
+        if not photos.is_dir():
+            say(f"photos: none given, generating a sample collection in {photos}")
+            make_sample_collection(photos, per_family=40, size=96, seed=0)
+    photos = Path(photos).expanduser().resolve()
+    if not photos.is_dir():
+        raise UserError(f"photo folder not found: {photos} (PHOTOS=... must be a folder)")
+    for given, what in ((checkpoint, "CHECKPOINT"), (init, "INIT")):
+        if given and not Path(given).is_file():
+            raise UserError(f"{what}={given}: file not found")
+    if checkpoint:
+        source = Path(checkpoint)
+        say(f"training: skipped, using {source}")
+    else:
+        source = _train(photos, work / "run", str(init) if init else None, minutes, train_overrides or {}, say,
+                        progress)  # fmt: skip
+    backbone = _export(source, work / "backbone.safetensors", say)
+    summary = _index(photos, backbone, work / "index", say, progress)
+    return {"photos": photos, "checkpoint": source, "backbone": backbone, "index": work / "index",
+            "summary": summary}  # fmt: skip
