@@ -52,8 +52,21 @@ $(CHROMIUM):
 test: install $(CHROMIUM)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+# make bench: every benchmark under bench/ (about 1.5 hours on 2 cores), then BENCHMARKS.md from the results.
+# gpu_check.py needs a CUDA device and is skipped (with a message) without one.
+BENCH_SCRIPTS ?= train_throughput fashion_mnist embed_throughput search ui_load gpu_check
+bench: install
+	$(BIN)/python -m pip install -q -e ".[dev,bench]"
+	@for s in $(BENCH_SCRIPTS); do \
+		if [ $$s = gpu_check ] && ! $(BIN)/python -c "import torch, sys; sys.exit(not torch.cuda.is_available())"; then \
+			echo "bench: skipping gpu_check (no CUDA device)"; continue; fi; \
+		echo "bench: $$s"; $(BIN)/python bench/$$s.py || exit 1; \
+	done
+	$(BIN)/python bench/report.py
+
 lint: install
 	$(BIN)/ruff check .
+	$(BIN)/hadolint Dockerfile
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

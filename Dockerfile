@@ -1,0 +1,47 @@
+# moco-retrieval: photos -> MoCo -> FAISS index -> search UI, in a container.
+#
+#   GPU (default):  docker build -t moco-retrieval .
+#                   docker run --gpus all -v ~/Pictures:/photos:ro -v moco-work:/work -p 7860:7860 \
+#                       -e MOCO_AUTH=alice:long-secret moco-retrieval
+#   CPU:            docker build --build-arg VARIANT=cpu -t moco-retrieval:cpu .
+#                   docker run -v ~/Pictures:/photos:ro -v moco-work:/work -p 7860:7860 moco-retrieval:cpu
+#
+# The container runs `moco run /photos --work /work` (train, export, index, serve on 0.0.0.0:7860);
+# re-running it with the same /work volume resumes and updates instead of starting over. Pass
+# a pretrained model with `-v ./ckpt:/ckpt:ro` and `moco run /photos --work /work --checkpoint /ckpt/FILE`.
+ARG VARIANT=gpu
+ARG CUDA_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04
+ARG CPU_IMAGE=python:3.11-slim-bookworm
+
+FROM ${CUDA_IMAGE} AS base-gpu
+# the distribution's python3 of the pinned base image (apt pins would break on every point release)
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv \
+    && rm -rf /var/lib/apt/lists/*
+
+FROM ${CPU_IMAGE} AS base-cpu
+
+# hadolint ignore=DL3006
+FROM base-${VARIANT}
+ARG VARIANT
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
+RUN python3 -m venv /opt/venv \
+    && pip install torch==2.14.1 torchvision==0.29.1
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY moco ./moco
+COPY index ./index
+COPY app ./app
+# faiss-cpu comes with the package; the GPU image swaps it for faiss-gpu (same module: never both)
+RUN pip install . \
+    && if [ "$VARIANT" = gpu ]; then \
+         pip uninstall -y faiss-cpu && pip install --force-reinstall --no-deps "faiss-gpu-cu12==1.14.1.post1"; \
+       fi \
+    && useradd --create-home --uid 1000 moco \
+    && mkdir -p /work /photos && chown moco /work
+USER 1000
+VOLUME ["/work"]
+EXPOSE 7860
+ENTRYPOINT ["moco"]
+CMD ["run", "/photos", "--work", "/work", "--host", "0.0.0.0", "--port", "7860"]
