@@ -74,7 +74,8 @@ def _embed() -> list[str]:
     r = d["img_s"]
     out += [f"{d['images']} JPEG photos, {d['arch']}, batch {d['batch']}, {d['precision']}.", "",
             "| pipeline | images/s |", "|---|---|", f"| model-only ceiling | {r['ceiling']:.1f} |",
-            f"| **ours** (`Embedder.embed_folder`) | **{r['ours']:.1f}** ({r['ours'] / r['ceiling']:.0%} of the ceiling) |",
+            f"| **ours** (`Embedder.embed_folder`) | **{r['ours']:.1f}** "
+            f"({r['ours'] / r['ceiling']:.0%} of the ceiling) |",
             f"| plain ImageFolder + fp32 loop | {r['plain']:.1f} (ours is {r['ours'] / r['plain']:.2f}x) |", "",
             f"Targets (2x the plain loop, 80% of the ceiling): "
             f"{_verdict(r['ours'] >= 2 * r['plain'] and r['ours'] >= 0.8 * r['ceiling'])}.", ""]  # fmt: skip
@@ -97,9 +98,11 @@ def _search() -> list[str]:
         npy, flat, ap = d["numpy"], d["flat"], d.get("approx") or {}
         speed = ap.get("qps", 0) / flat["qps"] if ap else 0.0
         out.append(
-            f"| {d['dist']} | {d['n']:,} x {d['dim']} | {npy['single_ms_median']:.1f} / {flat['single_ms_median']:.1f} "
+            f"| {d['dist']} | {d['n']:,} x {d['dim']} | "
+            f"{npy['single_ms_median']:.1f} / {flat['single_ms_median']:.1f} "
             f"| {npy['qps']:.0f} / {flat['qps']:.0f} | {ap.get('factory', '-')} {ap.get('param', '')}="
-            f"{ap.get('value', '')} | {ap.get('recall', float('nan')):.3f} | {ap.get('single_ms_median', float('nan')):.2f} "
+            f"{ap.get('value', '')} | {ap.get('recall', float('nan')):.3f} | "
+            f"{ap.get('single_ms_median', float('nan')):.2f} "
             f"| {ap.get('qps', 0):.0f} | {speed:.1f}x | {flat['bytes_per_vector']:.0f} / "
             f"{ap.get('bytes_per_vector', float('nan')):.0f} |"
         )  # fmt: skip
