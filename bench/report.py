@@ -119,7 +119,8 @@ def _ui() -> list[str]:
     if d is None:
         return [*out, "_not run_", ""]
     out += [f"`moco serve` on a {d['images']:,}-image index, {d['clients']} concurrent `gradio_client` clients x "
-            f"{d['searches'] // d['clients']} searches (each uploads a photo; the server embeds and searches it).", "",
+            f"{d['searches'] // d['clients']} searches (each uploads a photo; the server embeds and searches it).",
+            "",
             "| | p50 ms | p99 ms | searches/s | errors |", "|---|---|---|---|---|",
             f"| served (HTTP, queue, upload) | {d['p50_ms']:.0f} | {d['p99_ms']:.0f} | {d['searches_per_s']:.1f} | "
             f"{d['errors']} |",
