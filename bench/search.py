@@ -13,9 +13,9 @@ it from there (one copy of N x D for the data, one more for the approximate inde
 Measured, top-10 by cosine, all on the CPU:
 - exact: ``VectorStore`` kind flat (``IDMap2,Flat``) vs numpy ``q @ x.T`` + argpartition (chunks of
   queries); single-query latency (median / p99, one query at a time) and batched QPS (all queries in
-  one call, best of up to 3 rounds), the methods interleaved query by query and round by round so that
-  load from elsewhere on the machine hits all alike; Flat's top-10 checked against numpy's (ties
-  allowed: scores within 1e-5);
+  one call, best of up to 3 rounds), the methods taking turns (5 single queries or one batch each) so
+  that load from elsewhere on the machine hits all alike, each turn after 0.2 s of quiet and one
+  untimed query (see ``measure``); Flat's top-10 checked against numpy's (ties: scores within 1e-5);
 - approximate: the kind ``choose_kind(N, D, budget)`` picks (ivf when ``auto`` would say flat), built
   as index/build.py builds a new index: 500 database vectors held out, train on a sample of
   max(64 nlist, 10,000) of the others, add the others, ``tune`` nprobe to recall@10 >= 0.95 on the
@@ -58,6 +58,7 @@ from index.store import VectorStore, choose_kind, recall_at  # noqa: E402
 K = 10
 TUNE_QUERIES, TARGET = 500, 0.95  # as index/build.py: database vectors held out of training and tuning
 CHUNK = 1 << 16  # rows generated and added at a time
+PAUSE, BLOCK = 0.2, 5  # timing: seconds of quiet before each method's turn, single queries per turn
 
 
 # ------------------------------------------------------------------------------------------ data
@@ -114,32 +115,43 @@ Search = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 def measure(methods: dict[str, Search], q: np.ndarray, single: int, budget_s: float) -> tuple[dict, dict]:
     """Interleaved timings, so that load from elsewhere on the machine hits every method alike.
 
-    Single: query i on each method in turn (order rotating), ``single`` queries or fewer (at least 5) past
-    ``budget_s``. Batched: all of ``q`` in one call per method, in rounds (3, or fewer past ``budget_s``),
-    best round kept. Returns (figures per method, first batched result per method).
+    Before each method's turn: ``PAUSE`` s of quiet (numpy's OpenBLAS threads spin ~0.1 s after a call
+    and slow a FAISS call that follows on 2 cores), then one untimed query (FAISS's OpenMP threads take
+    ~10 ms to wake after an idle pause on this VM). Single: blocks of ``BLOCK`` queries one at a time,
+    methods taking turns (order rotating), ``single`` queries or fewer (at least one block) once
+    ``budget_s`` of timed calls are spent. Batched: all of ``q`` in one call per method, in rounds (3, or
+    fewer past ``budget_s``), best round kept. Returns (figures per method, first batched result per method).
     """
     names = list(methods)
-    for fn in methods.values():
-        fn(q[-1:])  # warm-up
+
+    def settle(m: str) -> None:
+        time.sleep(PAUSE)
+        methods[m](q[-1:])
+
     ms: dict[str, list[float]] = {m: [] for m in names}
-    start = time.perf_counter()
-    for i in range(min(single, len(q))):
-        for m in names[i % len(names) :] + names[: i % len(names)]:
-            t = time.perf_counter()
-            methods[m](q[i : i + 1])
-            ms[m].append(1000 * (time.perf_counter() - t))
-        if i >= 4 and time.perf_counter() - start > budget_s:
+    spent = 0.0
+    for b, i in enumerate(range(0, min(single, len(q)), BLOCK)):
+        for m in names[b % len(names) :] + names[: b % len(names)]:
+            settle(m)
+            for j in range(i, min(i + BLOCK, single, len(q))):
+                t = time.perf_counter()
+                methods[m](q[j : j + 1])
+                ms[m].append(1000 * (time.perf_counter() - t))
+                spent += ms[m][-1] / 1000
+        if spent > budget_s:
             break
     best = {m: np.inf for m in names}
     first: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    start = time.perf_counter()
+    spent = 0.0
     for _ in range(3):
         for m in names:
+            settle(m)
             t = time.perf_counter()
             out = methods[m](q)
-            best[m] = min(best[m], time.perf_counter() - t)
+            dt = time.perf_counter() - t
+            best[m], spent = min(best[m], dt), spent + dt
             first.setdefault(m, out)
-        if time.perf_counter() - start > budget_s:
+        if spent > budget_s:
             break
     figures = {
         m: {"single_ms_median": float(np.median(ms[m])), "single_ms_p99": float(np.percentile(ms[m], 99)),
