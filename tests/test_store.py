@@ -122,3 +122,23 @@ def test_query_dimension_mismatch_is_a_clear_error():
     store.add(np.arange(3), _unit(np.ones((3, 8))))
     with pytest.raises(UserError, match="dimension 4"):
         store.search(np.ones((1, 4), np.float32), 2)
+
+
+def test_few_query_sharded_flat_search_equals_numpy():
+    """Single queries on a large flat index take the sharded path; it must equal numpy exactly."""
+    from index import store as store_mod
+
+    rng = np.random.default_rng(7)
+    n = store_mod._SHARD_FROM + 1234
+    x = _unit(rng.standard_normal((n, 24)))
+    ids = rng.permutation(n).astype(np.int64) + 10  # ids unrelated to positions
+    s = VectorStore.create("flat", 24, n, use_gpu="no")
+    s.add(ids, x)
+    s.remove(ids[:5])  # positions shift after a removal: labels must follow
+    q = _unit(rng.standard_normal((3, 24)))
+    scores, found = s.search(q, 15)  # 3 < _FEW_QUERIES: sharded
+    ref_s, ref_i = _numpy_topk(x[5:], q, 15)
+    np.testing.assert_allclose(scores, ref_s, atol=1e-5)
+    np.testing.assert_array_equal(found, ids[5:][ref_i])
+    batched_s, batched_i = s.search(np.repeat(q, 10, axis=0), 15)  # 30 queries: FAISS's own path
+    np.testing.assert_array_equal(batched_i[::10], found)
