@@ -96,6 +96,8 @@ class SearchApp:
 
     def _run(self, vector: np.ndarray, k: int, folder: str | None, label: str, embed_ms: float) -> tuple:
         k = int(max(1, min(int(k), MAX_RESULTS)))
+        self.index.refresh()  # `moco index update` may have replaced the files meanwhile
+        self.index.check_backbone(self.embedder.sha256)  # ... or rebuilt them with another model
         folder = (folder or "").strip().strip("/") or None
         if folder and folder not in self.folders():
             raise UserError(f"no sub-folder {folder!r} in the collection: pick one from the list or leave it empty")

@@ -234,3 +234,85 @@ def test_browser_upload_search_click(server, setup):
         assert "8 results" in page.locator("#search-info").inner_text()
     with Image.open(shot) as im:
         assert im.size[0] >= 1000
+
+
+def test_empty_index_and_rebuilt_with_another_backbone_are_messages(setup, tmp_path):
+    import torchvision
+
+    from app.ui import _safe
+
+    empty_photos = tmp_path / "empty"
+    empty_photos.mkdir()
+    (empty_photos / "broken.jpg").write_bytes(b"not a photo")
+    build_index(empty_photos, setup["tmp"] / "backbone.safetensors", tmp_path / "empty_idx", progress=False)
+    index = ImageIndex.open(tmp_path / "empty_idx")
+    app = SearchApp(index, index.load_embedder(device="cpu"))
+    _, info, _ = _safe(3, 1)(app.search)(str(_query(setup)), 5, "")
+    assert "the index is empty" in info
+    # the index directory is rebuilt with another model while the server runs
+    shutil.copytree(setup["idx"], tmp_path / "live_idx")
+    live = ImageIndex.open(tmp_path / "live_idx")
+    app = SearchApp(live, live.load_embedder(device="cpu"))
+    assert app.search(str(_query(setup)), 3, "")[2]["ids"]
+    torch.manual_seed(5)
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), tmp_path / "other.pth")
+    export_backbone(tmp_path / "other.pth", tmp_path / "other.safetensors", image_size=32)
+    shutil.rmtree(tmp_path / "live_idx")
+    build_index(setup["photos"], tmp_path / "other.safetensors", tmp_path / "live_idx", progress=False)
+    gallery, info, _ = _safe(3, 1)(app.search)(str(_query(setup)), 3, "")
+    assert gallery is None and "rebuild" in info and "Traceback" not in info
+
+
+@pytest.mark.slow
+def test_serve_cli_warns_on_open_host_and_enforces_auth(setup):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(setup["idx"]), "--host", "0.0.0.0",
+                             "--port", str(port), "--device", "cpu"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert "without --auth" in proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(setup["idx"]), "--port", str(port),
+                             "--auth", "alice:s3cret-pass", "--device", "cpu"], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        url = f"http://127.0.0.1:{port}"
+        t0 = time.time()
+        while True:
+            try:
+                r = httpx.get(url + "/config", timeout=2)
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None and time.time() - t0 < 120
+                time.sleep(0.3)
+        assert r.status_code in (401, 403)  # nothing without the login
+        with httpx.Client() as http:
+            ok = http.post(url + "/login", data={"username": "alice", "password": "s3cret-pass"})
+            assert ok.status_code == 200 and http.get(url + "/config").status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    from app.cli import main
+
+    assert main(["serve", str(setup["idx"]), "--auth", "no-colon"]) == 2
+
+
+@pytest.mark.slow
+def test_upload_size_is_capped(server):
+    import httpx
+
+    url, _ = server
+    big = b"\xff\xd8" + b"\0" * (26 * 1024 * 1024)
+    r = httpx.post(url + "/gradio_api/upload", files={"files": ("big.jpg", big, "image/jpeg")}, timeout=60)
+    assert r.status_code == 413, r.status_code
