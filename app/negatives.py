@@ -140,7 +140,7 @@ class IndexNegatives:
         g = torch.Generator().manual_seed(int(seed))
         xq, xk = two_views(torch.tensor(square)[None], self.recipe, emb.image_size, emb.mean, emb.std, g)
         q, k = emb.embed_views(torch.cat([xq, xk]))  # D, D
-        clean = emb.embed_squares(square[None])[0]  # D
+        clean = emb.embed_squares(np.array(square)[None])[0]  # D
         notes = []
         same = (vecs @ clean) >= SAME_IMAGE
         if same.any():

@@ -87,8 +87,8 @@ def _search() -> list[str]:
     out = ["## Vector search", ""]
     if not files:
         return [*out, "_not run_", ""]
-    cmd = json.loads(files[0].read_text()).get("command", "python bench/search.py")
-    out += ["```", cmd, "```", "",
+    cmds = sorted({json.loads(f.read_text()).get("command", "python bench/search.py") for f in files})
+    out += ["```", *cmds, "```", "",
             "| data | N x D | exact: numpy / FAISS Flat, 1 query (ms) | batched 1,000 (QPS) | approximate index "
             "(tuned) | its recall@10 | 1 query (ms) | QPS | vs Flat | bytes/vector (flat / approx) |",
             "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
@@ -97,8 +97,9 @@ def _search() -> list[str]:
         d = json.loads(f.read_text())
         npy, flat, ap = d["numpy"], d["flat"], d.get("approx") or {}
         speed = ap.get("qps", 0) / flat["qps"] if ap else 0.0
+        data = d["dist"] + (f" (spread {d['spread']:g})" if d["dist"] == "clustered" else "")
         out.append(
-            f"| {d['dist']} | {d['n']:,} x {d['dim']} | "
+            f"| {data} | {d['n']:,} x {d['dim']} | "
             f"{npy['single_ms_median']:.1f} / {flat['single_ms_median']:.1f} "
             f"| {npy['qps']:.0f} / {flat['qps']:.0f} | {ap.get('factory', '-')} {ap.get('param', '')}="
             f"{ap.get('value', '')} | {ap.get('recall', float('nan')):.3f} | "
@@ -108,7 +109,7 @@ def _search() -> list[str]:
         )  # fmt: skip
         flat_ok = flat["qps"] >= npy["qps"] and flat["single_ms_median"] <= npy["single_ms_median"] * 1.05
         approx_ok = bool(ap) and speed >= 20 and ap["recall"] >= 0.95
-        verdicts.append(f"- {d['dist']} {d['n']:,} x {d['dim']}: Flat at least as fast as numpy "
+        verdicts.append(f"- {data} {d['n']:,} x {d['dim']}: Flat at least as fast as numpy "
                         f"{_verdict(flat_ok)}; approximate index 20x Flat at recall@10 >= 0.95 {_verdict(approx_ok)}")
     return [*out, "", *verdicts, ""]
 

@@ -198,11 +198,11 @@ def bench(dist: str, dim: int, n: int, args: argparse.Namespace) -> dict:
     flat = VectorStore.create("flat", dim, n, use_gpu="no")
     add_s = 0.0
     for s in range(0, n, CHUNK):
-        chunk = draw(dist, rng, centers, min(CHUNK, n - s))  # c x D
+        chunk = draw(dist, rng, centers, min(CHUNK, n - s), args.spread)  # c x D
         t = time.perf_counter()
         flat.add(ids[s : s + CHUNK], chunk)
         add_s += time.perf_counter() - t
-    q = draw(dist, rng, centers, args.queries)  # Q x D, fresh
+    q = draw(dist, rng, centers, args.queries, args.spread)  # Q x D, fresh
     x = stored_vectors(flat)  # N x D view
     log("data")
 
@@ -236,7 +236,7 @@ def bench(dist: str, dim: int, n: int, args: argparse.Namespace) -> dict:
     log("measured")
     (n_scores, n_ids), (f_scores, f_ids), (_, a_ids) = out["numpy"], out["flat"], out["approx"]
     return {
-        "dist": dist, "dim": dim, "n": n, "queries": args.queries, "clusters": args.clusters,
+        "dist": dist, "dim": dim, "n": n, "queries": args.queries, "clusters": args.clusters, "spread": args.spread,
         "numpy": fig["numpy"],
         "flat": {"factory": "IDMap2,Flat", **fig["flat"], "add_s": add_s, "recall": recall_at(f_ids, n_ids),
                  "bytes_per_vector": index_bytes(flat.index) / n},
@@ -315,7 +315,8 @@ def main() -> None:
     p.add_argument("--queries", type=int, default=1000)
     p.add_argument("--single", type=int, default=50, help="single queries timed one at a time per method")
     p.add_argument("--budget-s", type=float, default=90.0, help="fewer single queries / batched rounds past this")
-    p.add_argument("--clusters", type=int, default=5000)
+    p.add_argument("--clusters", type=int, default=5000, help="clustered: number of centers")
+    p.add_argument("--spread", type=float, default=0.75, help="clustered: noise norm / center norm (higher: harder)")
     p.add_argument("--memory-budget-gb", type=float, default=8.0)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=None, help="faiss and BLAS threads (default: all cores)")
@@ -328,9 +329,10 @@ def main() -> None:
     if args.quick:
         args.n, args.n_2048 = 100_000, min(args.n_2048 or 100_000, 100_000)
     command = shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv])
-    meta = {"command": command, "faiss": faiss.__version__, "numpy": np.__version__, "cpus": os.cpu_count(),
-            "threads": faiss.omp_get_max_threads()}  # fmt: skip
-    print(f"{command}\nfaiss {meta['faiss']}, numpy {meta['numpy']}, {meta['cpus']} CPUs, {meta['threads']} threads")
+    meta = {"command": command, "faiss_version": faiss.__version__, "numpy_version": np.__version__,
+            "cpus": os.cpu_count(), "threads": faiss.omp_get_max_threads(), "n_requested": args.n}  # fmt: skip
+    versions = f"faiss {faiss.__version__}, numpy {np.__version__}"
+    print(f"{command}\n{versions}, {meta['cpus']} CPUs, {meta['threads']} threads", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     for dim in args.dims:
         n = args.n_2048 if dim >= 2048 and args.n_2048 is not None else fit_n(args.n, dim)
@@ -342,7 +344,8 @@ def main() -> None:
             print(f"[{dist} {dim}-d N={n:,}]", file=sys.stderr, flush=True)
             r = {**meta, **bench(dist, dim, n, args)}
             print("\n" + "\n".join(report(r)), flush=True)
-            name = f"search_{dist}_{dim}{'_quick' if args.quick else ''}.json"
+            spread = f"_spread{args.spread:g}" if dist == "clustered" and args.spread != 0.75 else ""
+            name = f"search_{dist}_{dim}{spread}{'_quick' if args.quick else ''}.json"
             (args.out / name).write_text(json.dumps(r, indent=2) + "\n")
 
 

@@ -257,6 +257,8 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
     dim = int(cmeta["dim"])
     ids, vecs = catalog.vectors(dim=dim)  # N, N x D
     kind = cmeta["kind"] if cmeta["kind"] != "auto" else choose_kind(len(ids), dim, int(cmeta["memory_budget"]))
+    if cmeta["kind"] == "auto" and kind == "ivf" and len(ids) <= int(cmeta.get("flat_until") or 0):
+        kind = "flat"  # an earlier tuning found that these vectors do not cluster (see below)
     rng = np.random.default_rng(len(ids))
     queries = _sample(ids, min(TUNE_QUERIES, len(ids) // 10), rng)  # held out of training and, while tuning, the index
     store = load_store(index_dir, use_gpu) if (index_dir / INDEX_FILE).is_file() else None
@@ -287,6 +289,16 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
     tuning = store.tune(vecs, ids, qv, queries, k=10, target=TARGET_RECALL, held_out=held_out)
     if held_out:
         store.add(queries, qv)
+    if cmeta["kind"] == "auto" and store.kind == "ivf" and tuning.value and tuning.value * 4 > store._param_limit():
+        # IVF must scan over a quarter of its lists to reach the target: no faster than exact search
+        logger.warning("these vectors barely cluster: IVF needs nprobe=%d of %d lists for recall@10 %.3f; using "
+                       "exact (flat) search instead", tuning.value, store._param_limit(), tuning.recall)  # fmt: skip
+        set_catalog_meta(catalog, flat_until=2 * len(ids))  # ask again when the collection has doubled
+        catalog.reset_indexed()
+        store = _fresh_store("flat", ids, vecs, dim, use_gpu, queries)
+        store.add(ids, vecs)
+        tuning = store.tune(vecs, ids, qv, queries, k=10, target=TARGET_RECALL, held_out=False)
+        kind, pending = "flat", ids
     store.save(index_dir / INDEX_FILE)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     old = read_meta(index_dir) if (index_dir / META_FILE).is_file() else {}
@@ -321,10 +333,11 @@ def catalog_meta(catalog: Catalog) -> dict[str, Any]:
     import json
 
     return {k: json.loads(catalog.get_meta(k) or "null") for k in
-            ("root", "backbone_path", "backbone_sha256", "backbone", "dim", "kind", "memory_budget")}  # fmt: skip
+            ("root", "backbone_path", "backbone_sha256", "backbone", "dim", "kind", "memory_budget",
+             "flat_until")}  # fmt: skip
 
 
-def _setcatalog_meta(catalog: Catalog, **values: Any) -> None:
+def set_catalog_meta(catalog: Catalog, **values: Any) -> None:
     import json
 
     with catalog.transaction():
@@ -420,7 +433,7 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
                                 f"{cmeta['backbone_sha256'][:12]}...), not {backbone}: use a new -o directory "
                                 "or delete it to rebuild with this backbone")  # fmt: skip
             logger.info("%s holds an earlier build: continuing it", out)
-        _setcatalog_meta(catalog, root=str(photos), backbone_path=str(backbone), backbone_sha256=embedder.sha256,
+        set_catalog_meta(catalog, root=str(photos), backbone_path=str(backbone), backbone_sha256=embedder.sha256,
                           backbone={k: embedder.config.get(k) for k in ("arch", "image_size", "resize", "embed_dim",
                                                                          "moco_version")},
                           dim=embedder.dim, kind=kind,
@@ -468,7 +481,7 @@ def update_index(index_dir: str | Path, backbone: str | Path | None = None, root
             if kind not in KINDS:
                 raise UserError(f"--kind {kind!r} is not one of {', '.join(KINDS)}")
             changes["kind"] = kind
-        _setcatalog_meta(catalog, **changes)
+        set_catalog_meta(catalog, **changes)
     catalog.close()
     try:
         return _sync(index_dir, embedder, dist, batch_size, workers, progress, use_gpu)

@@ -20,7 +20,6 @@ reaches the target recall@10 against exact search.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import math
 import os
@@ -44,19 +43,7 @@ _PARAM = {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "efSearch"}
 
 
 _FEW_QUERIES = 20  # below this many queries FAISS scans on one thread (distance_compute_blas_threshold)
-_SHARD_FROM = 20_000  # small databases: one thread is faster than the hand-off
-_POOL: concurrent.futures.ThreadPoolExecutor | None = None
-
-
-def _threads() -> int:
-    return max(1, faiss.omp_get_max_threads())
-
-
-def _pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _POOL
-    if _POOL is None:
-        _POOL = concurrent.futures.ThreadPoolExecutor(_threads(), thread_name_prefix="flat-shard")
-    return _POOL
+_SHARD_FROM = 20_000  # below this, FAISS's own scan is as fast
 
 
 def gpu_count() -> int:
@@ -244,34 +231,34 @@ class VectorStore:
         k = max(1, min(int(k), 2048 if self._gpu is not None else self.ntotal or 1))
         with self._lock:
             if self.kind == "flat" and self._gpu is None and len(q) < _FEW_QUERIES and self.ntotal >= _SHARD_FROM:
-                return self._flat_sharded(q, k)
+                return self._flat_few(q, k)
             scores, ids = self.index.search(q, k)  # Q x k, Q x k
         return scores, ids
 
-    def _flat_sharded(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Exact search of a few queries split over the database, one thread per shard.
+    def _flat_few(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact search of a few queries: one BLAS product over the stored vectors, then an exact top-k.
 
-        FAISS scans the whole database on one thread when there are fewer queries than threads; the
-        shards give every core its part of the (memory-bound) scan, then the per-shard top-k merge.
+        FAISS scans on one thread below 20 queries; BLAS reads the vectors with every core. The top-k
+        avoids a full partition of N scores: the k-th best score of a strided sample is a lower bound
+        of the true k-th best (a subset's k-th largest never exceeds the whole set's), so every true
+        top-k score is at or above it, and only those few candidates are sorted.
         """
         idmap = faiss.downcast_index(self._cpu)
         flat = faiss.downcast_index(idmap.index)
         n = flat.ntotal
         xb = faiss.rev_swig_ptr(flat.get_xb(), n * self.dim).reshape(n, self.dim)  # N x D, no copy
         labels = faiss.rev_swig_ptr(idmap.id_map.data(), n)  # N, no copy
-        bounds = np.linspace(0, n, _threads() + 1).astype(np.int64)
-
-        def shard(i: int) -> tuple[np.ndarray, np.ndarray]:
-            lo, hi = bounds[i], bounds[i + 1]
-            scores, pos = faiss.knn(q, xb[lo:hi], min(k, hi - lo), metric=faiss.METRIC_INNER_PRODUCT)
-            return scores, pos + lo  # Q x k each
-
-        parts = list(_pool().map(shard, range(len(bounds) - 1)))
-        scores = np.concatenate([p[0] for p in parts], axis=1)  # Q x (shards*k)
-        pos = np.concatenate([p[1] for p in parts], axis=1)
-        order = np.argsort(-scores, axis=1, kind="stable")[:, :k]
-        pos = np.take_along_axis(pos, order, axis=1)
-        return np.take_along_axis(scores, order, axis=1), np.where(pos >= 0, labels[np.maximum(pos, 0)], -1)
+        scores = q @ xb.T  # Q x N
+        out_s = np.empty((len(q), k), np.float32)
+        out_i = np.empty((len(q), k), np.int64)
+        step = 16 if n >= 16 * 64 * k else 1  # a 1/16 sample: its k-th best bounds the top ~16k
+        for r, row in enumerate(scores):
+            sample = row[::step]
+            bound = np.partition(sample, len(sample) - k)[len(sample) - k] if len(sample) >= k else -np.inf
+            cand = np.flatnonzero(row >= bound)  # includes the true top-k
+            best = cand[np.lexsort((cand, -row[cand]))[:k]]  # by score, ties by position
+            out_s[r], out_i[r] = row[best], labels[best]
+        return out_s, out_i
 
     def range_search(self, queries: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All stored vectors with cosine >= ``threshold``: (lims Q+1, scores, ids) as in FAISS."""
@@ -291,19 +278,18 @@ class VectorStore:
         param = _PARAM.get(self.kind)
         if len(queries) == 0 or self.ntotal < 2:
             return Tuning(None, None, 1.0, 0)
-        order = np.argsort(ids)
-        if held_out:  # the other held-out queries are not in the index either: not in the truth
-            order = order[~np.isin(ids[order], query_ids)]
-        sorted_ids, sorted_vecs = ids[order], vectors[order]
-        truth = exact_topk(sorted_vecs, sorted_ids, queries, query_ids, k)  # Q x k ids
-        kth = np.einsum("qd,qkd->qk", queries, sorted_vecs[np.searchsorted(sorted_ids, truth)]).min(1)  # Q
+        order = np.argsort(ids)  # positions by id (no copy of the vectors: they may be most of the RAM)
+        sorted_ids = ids[order]
+        exclude = query_ids if held_out else None  # held-out queries are not in the index: not in the truth
+        truth = exact_topk(vectors, ids, queries, query_ids, k, exclude)  # Q x k ids
+        kth = np.einsum("qd,qkd->qk", queries, vectors[order[np.searchsorted(sorted_ids, truth)]]).min(1)  # Q
 
         def measure() -> float:
             found = self.search(queries, k if held_out else k + 1)[1]
             found = found if held_out else _drop_self(found, query_ids, k)
             # tie-aware: a result scoring at least the true k-th score counts, whichever tied id it is
             pos = np.clip(np.searchsorted(sorted_ids, found), 0, len(sorted_ids) - 1)  # Q x k
-            score = np.einsum("qd,qkd->qk", queries, sorted_vecs[pos])
+            score = np.einsum("qd,qkd->qk", queries, vectors[order[pos]])
             good = (found >= 0) & (sorted_ids[pos] == found) & (score >= kth[:, None] - 1e-5)
             return float(good.sum(1).clip(max=k).mean() / k)
 
@@ -339,14 +325,20 @@ def _drop_self(found: np.ndarray, self_ids: np.ndarray, k: int) -> np.ndarray:
 
 
 def exact_topk(vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, query_ids: np.ndarray,
-               k: int) -> np.ndarray:  # fmt: skip
-    """Ground truth: each query's top-``k`` ids by inner product (numpy, chunked), own id excluded."""
+               k: int, exclude: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
+    """Ground truth: each query's top-``k`` ids by inner product (numpy, chunked), own id excluded.
+
+    ``exclude``: ids left out for every query (e.g. all the held-out queries).
+    """
+    gone = np.isin(ids, exclude) if exclude is not None and len(exclude) else None  # N
     out = []
     for start in range(0, len(queries), 64):
         q = queries[start : start + 64]
         scores = q @ vectors.T  # q x N
         own = query_ids[start : start + 64]
         scores[ids[None, :] == own[:, None]] = -np.inf
+        if gone is not None:
+            scores[:, gone] = -np.inf
         kk = min(k, scores.shape[1])
         top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]  # q x k, unordered
         out.append(ids[top])

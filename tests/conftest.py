@@ -34,19 +34,24 @@ TINY_CLI = "--arch resnet18 --small-stem --image-size 16 --batch-size 8 --bn-spl
 TINY_CLI = [*TINY_CLI.split(), "--quiet"]
 
 
-@pytest.fixture(scope="session")
-def backbone(tmp_path_factory) -> Path:
-    """An exported ResNet-18 backbone (random weights, 32 px input): real model, fast enough for tests."""
+def random_backbone(folder: Path, image_size: int = 32, seed: int = 0) -> Path:
+    """Export a randomly initialized torchvision ResNet-18 (a real model, fast enough for tests)."""
     import torch
     import torchvision
 
     from moco.export import export_backbone
 
-    tmp = tmp_path_factory.mktemp("backbone")
-    torch.manual_seed(0)
-    torch.save(torchvision.models.resnet18(weights=None).state_dict(), tmp / "tv.pth")
-    export_backbone(tmp / "tv.pth", tmp / "backbone.safetensors", image_size=32)
-    return tmp / "backbone.safetensors"
+    torch.manual_seed(seed)
+    torch.save(torchvision.models.resnet18(weights=None).state_dict(), folder / f"tv{seed}.pth")
+    out = folder / f"backbone{seed}_{image_size}.safetensors"
+    export_backbone(folder / f"tv{seed}.pth", out, image_size=image_size)
+    return out
+
+
+@pytest.fixture(scope="session")
+def backbone(tmp_path_factory) -> Path:
+    """An exported ResNet-18 backbone (random weights, 32 px input)."""
+    return random_backbone(tmp_path_factory.mktemp("backbone"))
 
 
 @pytest.fixture(autouse=True)

@@ -5,21 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import torchvision
 from PIL import Image
 
 from moco.embed import Embedder
 from moco.errors import UserError
-from moco.export import export_backbone
+
+from .conftest import random_backbone
 
 
 @pytest.fixture(scope="module")
 def embedder(tmp_path_factory) -> Embedder:
-    tmp = tmp_path_factory.mktemp("emb")
-    torch.manual_seed(0)
-    torch.save(torchvision.models.resnet18(weights=None).state_dict(), tmp / "tv.pth")
-    export_backbone(tmp / "tv.pth", tmp / "b.safetensors", image_size=64)
-    return Embedder.load(tmp / "b.safetensors", device="cpu", precision="fp32")
+    return Embedder.load(random_backbone(tmp_path_factory.mktemp("emb"), image_size=64), device="cpu",
+                         precision="fp32")  # fmt: skip
 
 
 def _image(seed=0, h=50, w=70) -> np.ndarray:

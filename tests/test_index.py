@@ -16,6 +16,8 @@ from index.image_index import ImageIndex
 from moco.embed import Embedder
 from moco.sample import make_sample_collection
 
+from .conftest import random_backbone
+
 
 @pytest.fixture()
 def photos(tmp_path) -> Path:
@@ -157,25 +159,18 @@ def test_approximate_kinds_build_and_update(photos, backbone, tmp_path, capsys, 
 
 
 def test_backbone_mismatch_and_bad_input_are_refused(photos, backbone, tmp_path, capsys):
-    import torch
-    import torchvision
-
-    from moco.export import export_backbone
-
     out = tmp_path / "idx"
     assert _build(photos, backbone, out) == 0
-    torch.manual_seed(1)
-    torch.save(torchvision.models.resnet18(weights=None).state_dict(), tmp_path / "other.pth")
-    export_backbone(tmp_path / "other.pth", tmp_path / "other.safetensors", image_size=32)
+    other = random_backbone(tmp_path, seed=1)
     capsys.readouterr()
-    assert main(["index", "update", str(out), "--backbone", str(tmp_path / "other.safetensors")]) == 2
+    assert main(["index", "update", str(out), "--backbone", str(other)]) == 2
     assert "rebuild" in capsys.readouterr().err
     img = str(photos / sorted(_state(out))[0])
-    assert main(["index", "search", str(out), img, "--backbone", str(tmp_path / "other.safetensors")]) == 2
+    assert main(["index", "search", str(out), img, "--backbone", str(other)]) == 2
     assert "rebuild" in capsys.readouterr().err
-    other = tmp_path / "other_photos"
-    make_sample_collection(other, per_family=1, size=32)
-    assert _build(other, backbone, out) == 2  # another collection into the same directory
+    other_photos = tmp_path / "other_photos"
+    make_sample_collection(other_photos, per_family=1, size=32)
+    assert _build(other_photos, backbone, out) == 2  # another collection into the same directory
     assert "already indexes" in capsys.readouterr().err
     assert _build(photos, backbone, photos / "idx") == 2  # inside the photos: would index its own thumbnails
     assert main(["index", "search", str(tmp_path / "nothing"), img]) == 2
@@ -212,3 +207,29 @@ def test_dedup_finds_planted_duplicates(photos, backbone, tmp_path, capsys):
     group_of = {p: n for n, s in enumerate(sets) for p in s}
     for i, j in zip(*np.nonzero(np.triu(sim, 1) >= 0.995)):
         assert group_of.get(paths[i]) is not None and group_of.get(paths[i]) == group_of.get(paths[j])
+
+
+def test_auto_falls_back_to_flat_when_vectors_do_not_cluster(tmp_path, monkeypatch):
+    """auto picks IVF above EXACT_UP_TO; on uniform noise IVF must scan most lists, so flat is kept instead."""
+    from index import store as store_mod
+    from index.build import _sync_store, catalog_meta
+    from index.catalog import Catalog, Row
+
+    monkeypatch.setattr(store_mod, "EXACT_UP_TO", 1000)
+    out = tmp_path / "idx"
+    out.mkdir()
+    cat = Catalog(out / "catalog.sqlite", create=True)
+    rng = np.random.default_rng(0)
+    vecs = rng.standard_normal((4000, 64)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    with cat.transaction() as db:
+        for i, v in enumerate(vecs):
+            cat.put(db, Row(i, f"{i}.jpg", 1, 1, str(i), "ok"), v)
+    for key, value in dict(root=str(tmp_path), backbone_path="b", backbone_sha256="s", backbone={}, dim=64,
+                           kind="auto", memory_budget=1 << 30).items():  # fmt: skip
+        cat.set_meta(key, json.dumps(value))
+    store = _sync_store(out, cat, catalog_meta(cat), "no")
+    assert store.kind == "flat" and store.ntotal == 4000
+    assert catalog_meta(cat)["flat_until"] == 8000
+    assert json.loads((out / "index.json").read_text())["kind"] == "flat"
+    assert _sync_store(out, cat, catalog_meta(cat), "no").kind == "flat"  # remembered: no IVF attempt again

@@ -25,7 +25,7 @@ from moco.sample import make_sample_collection
 from moco.train import build_model, cache_size_for, train
 
 from .browser import chromium_page, search_in_page
-from .conftest import TINY
+from .conftest import TINY, random_backbone
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -237,8 +237,6 @@ def test_browser_upload_search_click(server, setup):
 
 
 def test_empty_index_and_rebuilt_with_another_backbone_are_messages(setup, tmp_path):
-    import torchvision
-
     from app.ui import _safe
 
     empty_photos = tmp_path / "empty"
@@ -254,11 +252,9 @@ def test_empty_index_and_rebuilt_with_another_backbone_are_messages(setup, tmp_p
     live = ImageIndex.open(tmp_path / "live_idx")
     app = SearchApp(live, live.load_embedder(device="cpu"))
     assert app.search(str(_query(setup)), 3, "")[2]["ids"]
-    torch.manual_seed(5)
-    torch.save(torchvision.models.resnet18(weights=None).state_dict(), tmp_path / "other.pth")
-    export_backbone(tmp_path / "other.pth", tmp_path / "other.safetensors", image_size=32)
+    other = random_backbone(tmp_path, seed=5)
     shutil.rmtree(tmp_path / "live_idx")
-    build_index(setup["photos"], tmp_path / "other.safetensors", tmp_path / "live_idx", progress=False)
+    build_index(setup["photos"], other, tmp_path / "live_idx", progress=False)
     gallery, info, _ = _safe(3, 1)(app.search)(str(_query(setup)), 3, "")
     assert gallery is None and "rebuild" in info and "Traceback" not in info
 
