@@ -300,8 +300,8 @@ def _ram() -> int:
 
 
 def fit_n(n: int, dim: int) -> int:
-    """``n`` halved until the 3 full copies of the vectors alive while tuning take at most 60% of RAM."""
-    while n > 10_000 and 3 * n * dim * 4 > 0.6 * _ram():
+    """``n`` halved until the 2 full copies of the vectors (Flat, IVF-Flat) take at most 60% of RAM."""
+    while n > 10_000 and 2 * n * dim * 4 > 0.6 * _ram():
         n //= 2
     return n
 
@@ -337,9 +337,9 @@ def main() -> None:
     for dim in args.dims:
         n = args.n_2048 if dim >= 2048 and args.n_2048 is not None else fit_n(args.n, dim)
         if n != args.n:
-            print(f"note: N={n:,} at {dim}-d, not {args.n:,}: Flat + IVF + the copy of all vectors that "
-                  f"VectorStore.tune makes hold 3 x N x {4 * dim:,} B ({3 * args.n * dim * 4 / 2**30:.1f} GiB "
-                  f"at N={args.n:,}; this machine has {_ram() / 2**30:.1f} GiB)")  # fmt: skip
+            print(f"note: N={n:,} at {dim}-d, not {args.n:,}: the Flat and IVF-Flat indexes hold 2 x N x "
+                  f"{4 * dim:,} B ({2 * args.n * dim * 4 / 2**30:.1f} GiB at N={args.n:,}), more than 60% of "
+                  f"this machine's {_ram() / 2**30:.1f} GiB with the benchmark's temporaries")  # fmt: skip
         for dist in args.dists:
             print(f"[{dist} {dim}-d N={n:,}]", file=sys.stderr, flush=True)
             r = {**meta, **bench(dist, dim, n, args)}
