@@ -204,7 +204,7 @@ class QueueNegatives:
             except ValueError:
                 rel_to_index = None
             if rel_to_index is not None:
-                row = self.index.catalog.rows().get(rel_to_index)
+                row = self.index.catalog.row_by_path(rel_to_index)
                 if row is not None and row.thumb:
                     return rel, self.index.thumb_path(row)
         try:  # a training image the index does not hold: a small in-memory thumbnail

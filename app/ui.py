@@ -68,6 +68,7 @@ class SearchApp:
         index.check_backbone(embedder.sha256)
         self.negatives_source: QueueNegatives | IndexNegatives
         self.negatives_note = ""
+        self._folders: tuple[Any, list[str]] | None = None
         if checkpoint is not None:
             try:
                 self.negatives_source = QueueNegatives(checkpoint, index)
@@ -79,14 +80,18 @@ class SearchApp:
 
     # ---------------------------------------------------------------------------------- search
     def folders(self) -> list[str]:
-        """Sub-folders of the collection (two levels), for the filter."""
+        """Sub-folders of the collection (two levels), for the filter; recomputed when the index changes."""
+        stamp = self.index._stamp
+        if self._folders is not None and self._folders[0] == stamp:
+            return self._folders[1]
         out = set()
         for path in self.index.catalog.rows():
             parts = path.split("/")[:-1]
             for depth in (1, 2):
                 if len(parts) >= depth:
                     out.add("/".join(parts[:depth]))
-        return sorted(out)
+        self._folders = (stamp, sorted(out))
+        return self._folders[1]
 
     def _gallery(self, state: dict[str, Any]) -> list[tuple[str, str]]:
         items = []
@@ -200,10 +205,9 @@ class SearchApp:
         else:
             groups = dup["groups"]
             text.append(f"**{len(groups)} near-duplicate groups** at cosine ≥ {dup['threshold']} ({dup['created']})")
-            rows = self.index.catalog.rows()
             for g, group in enumerate(groups[:50], 1):
                 for m in group["members"]:
-                    row = rows.get(m["path"])
+                    row = self.index.catalog.row_by_path(m["path"])
                     if row is not None and row.thumb:
                         gallery.append((str(self.index.thumb_path(row)), f"group {g} · {m['path']}"))
         return "\n\n".join(text), gallery

@@ -131,6 +131,11 @@ class Catalog:
             out.update({r[0]: Row(*r) for r in self.db.execute(sql, chunk)})
         return out
 
+    def row_by_path(self, path: str) -> Row | None:
+        """The live row of ``path`` (relative to the collection root), or None."""
+        r = self.db.execute(f"SELECT {_COLUMNS} FROM images WHERE path = ? AND deleted = 0", (path,)).fetchone()
+        return Row(*r) if r else None
+
     def next_id(self) -> int:
         """The id after every id ever used (ids are never reused, even after a delete)."""
         used = self.db.execute("SELECT MAX(id) FROM images").fetchone()[0]
