@@ -53,6 +53,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from index.build import sample_ids  # noqa: E402
 from index.store import VectorStore, choose_kind, recall_at  # noqa: E402
 
 K = 10
@@ -81,11 +82,6 @@ def stored_vectors(flat: VectorStore) -> np.ndarray:
     """The N x D float32 array inside a flat store, without a copy (valid while ``flat`` lives)."""
     inner = faiss.downcast_index(faiss.downcast_index(flat.index).index)  # IDMap2 -> IndexFlat
     return faiss.rev_swig_ptr(inner.get_xb(), inner.ntotal * inner.d).reshape(inner.ntotal, inner.d)
-
-
-def _sample(ids: np.ndarray, m: int, rng: np.random.Generator) -> np.ndarray:
-    """``m`` of ``ids`` at random, sorted (all of them when there are no more), as index/build.py samples."""
-    return ids if len(ids) <= m else np.sort(rng.choice(ids, m, replace=False))
 
 
 # ---------------------------------------------------------------------------------------- search
@@ -212,8 +208,8 @@ def bench(dist: str, dim: int, n: int, args: argparse.Namespace) -> dict:
     kind = "ivf" if forced else kind
     store = VectorStore.create(kind, dim, n, use_gpu="no")
     nlist = int(faiss.extract_index_ivf(store.index).nlist)
-    held = _sample(ids, min(TUNE_QUERIES, n // 10), np.random.default_rng(n))  # H tuning queries
-    sample = _sample(np.setdiff1d(ids, held), max(nlist * 64, 10_000), np.random.default_rng(0))  # S, not held
+    held = sample_ids(ids, min(TUNE_QUERIES, n // 10), np.random.default_rng(n))  # H tuning queries
+    sample = sample_ids(np.setdiff1d(ids, held), max(nlist * 64, 10_000), np.random.default_rng(0))  # S, not held
     t = time.perf_counter()
     store.train(x[sample])  # S x D copy, freed after training
     train_s = time.perf_counter() - t

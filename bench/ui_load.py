@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import platform
@@ -65,11 +66,9 @@ def _wait(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
             raise RuntimeError(f"moco serve exited: {proc.stderr.read()[-2000:]}")
-        try:
+        with contextlib.suppress(httpx.HTTPError):  # not listening yet
             if httpx.get(url, timeout=2).status_code == 200:
                 return
-        except httpx.HTTPError:
-            pass
         time.sleep(0.5)
     raise TimeoutError(url)
 

@@ -42,7 +42,7 @@ from index.store import KINDS, VectorStore, choose_kind
 from moco.data import ImageDecodeError, load_rgb, square_u8
 from moco.errors import UserError
 
-__all__ = ["build_index", "update_index", "Summary", "default_memory_budget", "THUMB_SIZE"]
+__all__ = ["build_index", "update_index", "Summary", "default_memory_budget", "sample_ids", "THUMB_SIZE"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,20 +91,15 @@ class Summary:
 class _Dist:
     """torch.distributed when launched by torchrun (WORLD_SIZE > 1), else a single process."""
 
-    def __init__(self) -> None:
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
+    def __init__(self, device: str = "auto") -> None:
+        from moco.device import init_distributed
+
+        self.rank, self.world = init_distributed(device)
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         self.group = None
         if self.world > 1:
-            import torch
             import torch.distributed as dist
 
-            if not dist.is_initialized():
-                backend = "nccl" if torch.cuda.is_available() else "gloo"
-                if backend == "nccl":
-                    torch.cuda.set_device(self.local_rank)
-                dist.init_process_group(backend)
             self.group = dist.new_group(backend="gloo")  # objects travel over gloo on any backend
 
     def device(self, device: str) -> str:
@@ -235,7 +230,8 @@ def _quick_ops(catalog: Catalog, plan: Plan, index_dir: Path, summary: Summary) 
 
 
 # ------------------------------------------------------------------------------------------- store
-def _sample(ids: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+def sample_ids(ids: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` of ``ids`` at random, sorted (all of them when there are no more)."""
     return ids if len(ids) <= n else np.sort(rng.choice(ids, n, replace=False))
 
 
@@ -247,7 +243,7 @@ def _fresh_store(kind: str, ids: np.ndarray, vecs: np.ndarray, dim: int, use_gpu
 
         nlist = faiss.extract_index_ivf(store._cpu).nlist
         pool = np.flatnonzero(~np.isin(ids, held_out))  # tuning queries stay out of training
-        rows = _sample(pool, max(nlist * 64, 10_000), np.random.default_rng(0))
+        rows = sample_ids(pool, max(nlist * 64, 10_000), np.random.default_rng(0))
         store.train(vecs[rows])
     return store
 
@@ -260,7 +256,7 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
     if cmeta["kind"] == "auto" and kind == "ivf" and len(ids) <= int(cmeta.get("flat_until") or 0):
         kind = "flat"  # an earlier tuning found that these vectors do not cluster (see below)
     rng = np.random.default_rng(len(ids))
-    queries = _sample(ids, min(TUNE_QUERIES, len(ids) // 10), rng)  # held out of training and, while tuning, the index
+    queries = sample_ids(ids, min(TUNE_QUERIES, len(ids) // 10), rng)  # held out of training (and of tuning)
     store = load_store(index_dir, use_gpu) if (index_dir / INDEX_FILE).is_file() else None
     pending, stale = catalog.pending(), catalog.stale()
     qv = vecs[np.searchsorted(ids, queries)]  # tuning queries, Q x D
@@ -408,7 +404,7 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
     """
     if kind not in KINDS:
         raise UserError(f"--kind {kind!r} is not one of {', '.join(KINDS)}")
-    dist = _Dist()
+    dist = _Dist(device)
     workers = workers or min(8, os.cpu_count() or 1)
     photos, out, backbone = Path(photos).expanduser().resolve(), Path(out), Path(backbone).expanduser().resolve()
     embedder = _load_embedder(backbone, dist.device(device))
@@ -457,7 +453,7 @@ def update_index(index_dir: str | Path, backbone: str | Path | None = None, root
     if not (index_dir / CATALOG_FILE).is_file():
         raise UserError(f"{index_dir} is not an index directory (no {CATALOG_FILE}): build one with "
                         f"`moco index build PHOTOS --backbone B -o {index_dir}`")  # fmt: skip
-    dist = _Dist()
+    dist = _Dist(device)
     workers = workers or min(8, os.cpu_count() or 1)
     catalog = Catalog(index_dir / CATALOG_FILE)
     cmeta = catalog_meta(catalog)

@@ -152,11 +152,6 @@ class Catalog:
         else:
             db.execute("INSERT OR REPLACE INTO vectors(id, vector) VALUES (?, ?)",
                        (row.id, np.ascontiguousarray(vector, np.float32).tobytes()))  # fmt: skip
-        db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('next_id', ?)", (str(self._after(db, row.id)),))
-
-    def _after(self, db: sqlite3.Connection, id_: int) -> int:
-        floor = db.execute("SELECT value FROM meta WHERE key = 'next_id'").fetchone()
-        return max(int(floor[0]) if floor else 0, id_ + 1)
 
     # --------------------------------------------------------------------------------- vectors
     def vectors(self, ids: Iterable[int] | None = None, dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -202,6 +197,11 @@ class Catalog:
         with self.transaction() as db:
             db.executemany("UPDATE images SET indexed = 1 WHERE id = ?", [(int(i),) for i in added])
             db.executemany("UPDATE images SET indexed = 0 WHERE id = ? AND deleted = 0", [(int(i),) for i in removed])
+            # ids are never reused: remember the next one before rows (perhaps the highest) leave
+            used = db.execute("SELECT MAX(id) FROM images").fetchone()[0]
+            if used is not None:
+                db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('next_id', ?)",
+                           (str(max(self.next_id(), used + 1)),))  # fmt: skip
             db.executemany("DELETE FROM images WHERE id = ? AND deleted = 1", [(int(i),) for i in removed])
 
     def reset_indexed(self) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -143,14 +142,11 @@ class VectorStore:
 
     def save(self, path: str | Path) -> None:
         """Write the CPU form atomically (temporary file, fsync, rename)."""
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        from moco.checkpoint import atomic_write
+
         with self._lock:
             cpu = faiss.index_gpu_to_cpu(self._gpu) if self._gpu is not None else self._cpu
-            faiss.write_index(cpu, str(tmp))
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+            atomic_write(path, lambda f: faiss.write_index(cpu, faiss.PyCallbackIOWriter(f.write)))
 
     def factory(self) -> str:
         """A readable description of the index structure."""

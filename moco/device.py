@@ -48,3 +48,21 @@ def autocast_for(device: torch.device, precision: str) -> AbstractContextManager
     if precision not in ("bf16", "fp16"):
         return nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
+
+
+def init_distributed(device_name: str = "auto") -> tuple[int, int]:
+    """Join the torchrun process group when launched by torchrun (WORLD_SIZE > 1): (rank, world).
+
+    NCCL when this process uses a GPU (set to its LOCAL_RANK), gloo otherwise.
+    """
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1
+    if not dist.is_initialized():
+        use_cuda = device_name != "cpu" and torch.cuda.is_available()
+        if use_cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return dist.get_rank(), dist.get_world_size()

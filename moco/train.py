@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import signal
 import time
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from moco.backbones import build_backbone, is_vit
 from moco.checkpoint import load_checkpoint, save_checkpoint
 from moco.config import TrainConfig, default_workers, from_plain, to_plain, validate
 from moco.data import ImageCache, build_cache
-from moco.device import autocast_for, resolve_device, resolve_precision
+from moco.device import autocast_for, init_distributed, resolve_device, resolve_precision
 from moco.errors import UserError
 from moco.model import MoCo, momentum_schedule
 from moco.optim import build_optimizer, lr_at
@@ -95,15 +94,7 @@ class _Dist:
 
 def _init_distributed(device_name: str) -> _Dist:
     """Join the torchrun process group when launched by torchrun (WORLD_SIZE > 1)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return _Dist()
-    if not dist.is_initialized():
-        use_cuda = device_name != "cpu" and torch.cuda.is_available()
-        if use_cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group("nccl" if use_cuda else "gloo")
-    return _Dist(dist.get_rank(), dist.get_world_size())
+    return _Dist(*init_distributed(device_name))
 
 
 def _batch_ids(epoch: int, index: int, n: int, batch: int, seed: int, d: _Dist) -> np.ndarray:

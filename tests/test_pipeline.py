@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from app.cli import main
 from index.image_index import ImageIndex
 from moco.sample import make_sample_collection
 
-from .browser import chromium_page, search_in_page
+from .live import chromium_page, free_port, search_in_page, wait_served
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,9 +71,7 @@ def test_checkpoint_and_init_paths(work, capsys):
 def test_run_reaches_a_served_page(work, capsys):
     if not (work["work"] / "index" / "index.json").is_file():
         _run(work, capsys, "--max-steps", "2")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "run", str(work["photos"]), "--work", str(work["work"]),
                              "--port", str(port), "--quiet", "--max-steps", "2"], env=env, stdout=subprocess.PIPE,
@@ -88,15 +85,7 @@ def test_run_reaches_a_served_page(work, capsys):
             if "serving on http://" in line:
                 url = line.split("serving on ")[1].split()[0]
         assert url == f"http://127.0.0.1:{port}"
-        import httpx
-
-        while True:  # the URL is printed just before the server starts listening
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                assert time.time() - t0 < 300
-                time.sleep(0.3)
+        assert wait_served(url, proc).status_code == 200  # the URL is printed just before it listens
         with chromium_page(url) as page:
             search_in_page(page, sorted(work["photos"].rglob("*.png"))[0], 5)
             assert "5 results" in page.locator("#search-info").inner_text()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import urllib.parse
 from pathlib import Path
 
@@ -24,8 +23,8 @@ from moco.export import export_backbone
 from moco.sample import make_sample_collection
 from moco.train import build_model, cache_size_for, train
 
-from .browser import chromium_page, search_in_page
 from .conftest import TINY, random_backbone
+from .live import chromium_page, free_port, search_in_page, wait_served
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,16 +164,10 @@ def test_collection_tab_and_dedup(app, setup):
         update_index(setup["idx"], progress=False)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server(setup):
     demo, app = make_demo(setup["idx"], setup["ckpt"], device="cpu")
-    port = _free_port()
+    port = free_port()
     demo.launch(prevent_thread_lock=True, **launch_kwargs(app.index, "127.0.0.1", port, None))
     yield f"http://127.0.0.1:{port}", app
     demo.close()
@@ -264,12 +257,11 @@ def test_serve_cli_warns_on_open_host_and_enforces_auth(setup):
     import os
     import subprocess
     import sys
-    import time
 
     import httpx
 
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(setup["idx"]), "--host", "0.0.0.0",
                              "--port", str(port), "--device", "cpu"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
@@ -278,20 +270,13 @@ def test_serve_cli_warns_on_open_host_and_enforces_auth(setup):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(setup["idx"]), "--port", str(port),
                              "--auth", "alice:s3cret-pass", "--device", "cpu"], env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     try:
         url = f"http://127.0.0.1:{port}"
-        t0 = time.time()
-        while True:
-            try:
-                r = httpx.get(url + "/config", timeout=2)
-                break
-            except httpx.HTTPError:
-                assert proc.poll() is None and time.time() - t0 < 120
-                time.sleep(0.3)
+        r = wait_served(url + "/config", proc, timeout=120)
         assert r.status_code in (401, 403)  # nothing without the login
         with httpx.Client() as http:
             ok = http.post(url + "/login", data={"username": "alice", "password": "s3cret-pass"})

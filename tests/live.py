@@ -1,7 +1,11 @@
-"""Headless Debian chromium through Playwright (never `playwright install`), and the UI's search gesture."""
+"""Live-server helpers: a free port, waiting for a server to answer, headless Debian chromium through
+Playwright (never `playwright install`) and the UI's search gesture."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -10,6 +14,27 @@ from typing import Any
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]  # fmt: skip
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_served(url: str, proc: subprocess.Popen, timeout: float = 300) -> Any:
+    """The first HTTP response from ``url`` (any status) once ``proc``'s server listens."""
+    import httpx
+
+    t0 = time.time()
+    while True:
+        try:
+            return httpx.get(url, timeout=2)
+        except httpx.HTTPError:
+            assert proc.poll() is None, "the server exited before answering"
+            assert time.time() - t0 < timeout, f"{url} did not answer in {timeout} s"
+            time.sleep(0.3)
 
 
 @contextmanager
