@@ -22,13 +22,18 @@ def _load(name: str) -> Any:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def _head(title: str, command: str) -> list[str]:
+    """A section's title and the command that produced its figures."""
+    return [f"## {title}", "", "```", command, "```", ""]
+
+
 def _verdict(ok: bool) -> str:
     return "**met**" if ok else "**not met**"
 
 
 def _train() -> list[str]:
     d = _load("train_throughput.json")
-    out = ["## Training throughput", "", "```", "python bench/train_throughput.py --steps 15", "```", ""]
+    out = _head("Training throughput", "python bench/train_throughput.py --steps 15")
     if d is None:
         return [*out, "_not run_", ""]
     s = d["setup"]
@@ -48,8 +53,7 @@ def _train() -> list[str]:
 
 def _fashion() -> list[str]:
     d = _load("fashion_mnist.json")
-    out = ["## Quality in fixed time: Fashion-MNIST", "", "```", "python bench/fashion_mnist.py --minutes 20", "```",
-           ""]  # fmt: skip
+    out = _head("Quality in fixed time: Fashion-MNIST", "python bench/fashion_mnist.py --minutes 20")
     if d is None:
         return [*out, "_not run_", ""]
     s = d["setup"]
@@ -68,7 +72,7 @@ def _fashion() -> list[str]:
 
 def _embed() -> list[str]:
     d = _load("embed_throughput.json")
-    out = ["## Embedding throughput", "", "```", "python bench/embed_throughput.py", "```", ""]
+    out = _head("Embedding throughput", "python bench/embed_throughput.py")
     if d is None:
         return [*out, "_not run_", ""]
     r = d["img_s"]
@@ -123,7 +127,7 @@ def _search() -> list[str]:
 
 def _ui() -> list[str]:
     d = _load("ui_load.json")
-    out = ["## Search UI under load", "", "```", d["command"] if d else "python bench/ui_load.py", "```", ""]
+    out = _head("Search UI under load", d["command"] if d else "python bench/ui_load.py")
     if d is None:
         return [*out, "_not run_", ""]
     out += [f"`moco serve` on a {d['images']:,}-image index, {d['clients']} concurrent `gradio_client` clients x "
