@@ -180,10 +180,15 @@ def _prepare(root: Path, index_dir: Path, item: tuple[int, str], resize: int) ->
     return _Record(id_, name, stat, content, square=square, thumb=rel)
 
 
-def _embed_round(items: list[tuple[int, str]], root: Path, index_dir: Path, embedder: Any,
-                 pool: concurrent.futures.Executor, batch_size: int) -> list[_Record]:  # fmt: skip
-    """Decode ``items`` in the pool and embed them in batches; vectors land on the records."""
-    records = list(pool.map(lambda it: _prepare(root, index_dir, it, embedder.resize), items))
+def _decode_round(items: list[tuple[int, str]], root: Path, index_dir: Path, resize: int,
+                  pool: concurrent.futures.Executor) -> list[concurrent.futures.Future]:  # fmt: skip
+    """Start decoding ``items`` in the pool (hash, model square, thumbnail): one future per file."""
+    return [pool.submit(_prepare, root, index_dir, it, resize) for it in items]
+
+
+def _embed_round(decoding: list[concurrent.futures.Future], embedder: Any, batch_size: int) -> list[_Record]:
+    """Wait for a round's decodes and embed them in batches; vectors land on the records."""
+    records = [f.result() for f in decoding]
     ok = [r for r in records if r.square is not None]
     for start in range(0, len(ok), batch_size):
         batch = ok[start : start + batch_size]
@@ -361,9 +366,16 @@ def _sync(index_dir: Path, embedder: Any, dist: _Dist, batch_size: int, workers:
     bar = tqdm(total=len(todo), disable=not progress or dist.rank != 0, unit="img", desc="indexing")
     round_size = dist.world * batch_size * 4
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        for start in range(0, len(todo), round_size):
+        starts = list(range(0, len(todo), round_size))
+
+        def decode(start: int) -> list[concurrent.futures.Future]:
             mine = todo[start : start + round_size][dist.rank :: dist.world]
-            records = _embed_round(mine, root, index_dir, embedder, pool, batch_size)
+            return _decode_round(mine, root, index_dir, embedder.resize, pool)
+
+        ahead = decode(starts[0]) if starts else []
+        for n, start in enumerate(starts):
+            current, ahead = ahead, (decode(starts[n + 1]) if n + 1 < len(starts) else [])  # next round decodes
+            records = _embed_round(current, embedder, batch_size)  # while this one is embedded
             gathered = dist.gather(records)
             if dist.rank == 0:
                 _commit(catalog, [r for part in gathered for r in part], summary, reembed_ids)
