@@ -72,11 +72,14 @@ def lightly_train(
     lr: float = 0.03,
     workers: int = 2,
     bf16: bool = False,
+    channels_last: bool = False,
     seed: int = 0,
 ) -> Iterator[tuple[int, float, LightlyMoCo]]:
     """Train forever; yields ``(step, seconds of this step incl. waiting for data, model)`` after each step."""
     torch.manual_seed(seed)
     model = LightlyMoCo(arch, small_stem)
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    model = model.to(memory_format=layout)
     criterion = NTXentLoss(temperature=temperature, memory_bank_size=(queue_size, 128))
     optimizer = torch.optim.SGD(model.parameters(), lr=lr * batch_size / 256, momentum=0.9, weight_decay=1e-4)
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
@@ -87,6 +90,7 @@ def lightly_train(
         for (x_query, x_key), _ in loader:
             update_momentum(model.backbone, model.backbone_momentum, m=momentum)
             update_momentum(model.projection_head, model.projection_head_momentum, m=momentum)
+            x_query, x_key = (x.contiguous(memory_format=layout) for x in (x_query, x_key))
             with autocast:
                 query = model(x_query)
                 key = model.forward_momentum(x_key)

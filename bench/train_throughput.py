@@ -57,16 +57,17 @@ def ours(data: Path, steps: int, warmup: int, workers: int) -> dict:
 
 
 def peer(data: Path, steps: int, warmup: int, workers: int, bf16: bool) -> dict:
+    """lightly as its example has it (fp32), or with our two speed settings (bf16, channels_last) added."""
     from bench._lightly_moco import lightly_train
 
     times = []
-    for step, dt, _ in lightly_train(data, workers=workers, bf16=bf16, **SETUP):
+    for step, dt, _ in lightly_train(data, workers=workers, bf16=bf16, channels_last=bf16, **SETUP):
         if step > warmup:
             times.append(dt)
         if step == warmup + steps:
             break
     step_s = statistics.mean(times)
-    name = f"lightly ({'bf16 autocast, as ours' if bf16 else 'fp32, as its example'}, {workers} workers)"
+    name = f"lightly ({'bf16 + channels_last, as ours' if bf16 else 'fp32, as its example'}, {workers} workers)"
     return {"name": name, "img_s": SETUP["batch_size"] / step_s, "step_s": step_s}
 
 

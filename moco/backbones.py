@@ -114,10 +114,13 @@ def _moco_v3_vit(model: nn.Module) -> None:
 class SplitBatchNorm(nn.BatchNorm2d):
     """Batch norm over ``num_splits`` virtual devices (the MoCo CIFAR demo's Shuffle BN on one device).
 
-    In training the samples ``i, i + s, i + 2s, ...`` (``s = num_splits``) form split ``i`` and are
-    normalized with their own statistics, as if they ran on their own GPU; the running statistics
-    are the average over splits.
-    In eval mode it is a plain ``BatchNorm2d``, with the same state-dict keys.
+    In training the batch is cut into ``num_splits`` consecutive chunks, as if each ran on its own
+    GPU, and each chunk is normalized with its own statistics; the running statistics are the
+    average over chunks. In eval mode it is a plain ``BatchNorm2d``, with the same state-dict keys.
+
+    Consecutive chunks (not the demo's interleaved ``i, i + s, ...`` channel-group reshape) keep
+    the input's memory layout: a ``channels_last`` batch stays ``channels_last`` end to end, which
+    is what makes that layout the fast one on CPUs too (the reshape forced a layout copy per layer).
     """
 
     def __init__(self, num_features: int, num_splits: int, **kw) -> None:
@@ -127,27 +130,28 @@ class SplitBatchNorm(nn.BatchNorm2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.training or self.num_splits == 1:
             return super().forward(x)
-        n, c, h, w = x.shape
         s = self.num_splits
-        if n % s:
-            raise ValueError(f"SplitBatchNorm: batch {n} is not divisible by bn_splits {s}")
-        running_mean = self.running_mean.repeat(s)  # sC
-        running_var = self.running_var.repeat(s)  # sC
-        y = nn.functional.batch_norm(
-            x.reshape(n // s, c * s, h, w),  # N/s x sC x H x W: one "device" per channel group
-            running_mean,
-            running_var,
-            self.weight.repeat(s),
-            self.bias.repeat(s),
-            True,
-            self.momentum,
-            self.eps,
-        )
-        # not a view: torchvision follows with an in-place ReLU, which on a view costs autograd a
-        # CopySlices + as_strided pair per layer (6% of a CPU step); the values are the same
-        y = torch.ops.aten._unsafe_view(y, (n, c, h, w))
-        self.running_mean.copy_(running_mean.view(s, c).mean(dim=0))
-        self.running_var.copy_(running_var.view(s, c).mean(dim=0))
+        if x.shape[0] % s:
+            raise ValueError(f"SplitBatchNorm: batch {x.shape[0]} is not divisible by bn_splits {s}")
+        running_mean = self.running_mean.repeat(s).view(s, -1)  # s x C, one row per split
+        running_var = self.running_var.repeat(s).view(s, -1)  # s x C
+        y = torch.cat(
+            [
+                nn.functional.batch_norm(
+                    chunk,  # N/s x C x H x W, a view in any memory format
+                    running_mean[i],
+                    running_var[i],
+                    self.weight,
+                    self.bias,
+                    True,
+                    self.momentum,
+                    self.eps,
+                )
+                for i, chunk in enumerate(x.chunk(s))
+            ]
+        )  # N x C x H x W, the input's memory format
+        self.running_mean.copy_(running_mean.mean(dim=0))
+        self.running_var.copy_(running_var.mean(dim=0))
         self.num_batches_tracked.add_(1)
         return y
 

@@ -72,7 +72,7 @@ class TrainConfig:
     workers: int = -1  # processes decoding photos (-1: one per CPU core)
     seed: int = 0  # seed of initialization, sampling and augmentation
     memory_format: str = (
-        "auto"  # CNN layout: auto (channels_last on GPU, contiguous on CPU) | channels_last | contiguous
+        "auto"  # CNN layout: auto (channels_last for CNNs, contiguous for ViTs) | channels_last | contiguous
     )
     compile: bool = False  # torch.compile the model
     save_every_minutes: float = 10.0  # checkpoint period in minutes (always also at the end and on SIGINT/SIGTERM)

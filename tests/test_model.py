@@ -149,7 +149,8 @@ def test_split_batch_norm_matches_per_split_batch_norm():
             ref.bias.copy_(split.bias)
             ref.running_mean.zero_()
             ref.running_var.fill_(1)
-        torch.testing.assert_close(y[i::s], ref(x[i::s]), atol=1e-5, rtol=1e-5)
+        part = slice(i * 16 // s, (i + 1) * 16 // s)  # consecutive chunks
+        torch.testing.assert_close(y[part], ref(x[part]), atol=1e-5, rtol=1e-5)
         means.append(ref.running_mean)
         vars_.append(ref.running_var)
     torch.testing.assert_close(split.running_mean, torch.stack(means).mean(0))
@@ -159,6 +160,22 @@ def test_split_batch_norm_matches_per_split_batch_norm():
     plain.load_state_dict(split.state_dict())
     plain.eval()
     torch.testing.assert_close(split(x), plain(x))
+
+
+def test_split_batch_norm_keeps_channels_last():
+    """Same values and gradients in both layouts, and a channels_last input stays channels_last."""
+    torch.manual_seed(0)
+    x, g = torch.randn(8, 6, 4, 4), torch.randn(8, 6, 4, 4)
+    outs = []
+    for fmt in (torch.contiguous_format, torch.channels_last):
+        split = SplitBatchNorm(6, 4)
+        xi = x.clone().contiguous(memory_format=fmt).requires_grad_(True)
+        y = split(xi)
+        assert y.is_contiguous(memory_format=fmt)
+        (y * g).sum().backward()
+        outs.append((y.detach(), xi.grad, split.weight.grad, split.running_mean.clone()))
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_convert_split_bn_keeps_state_dict_keys():

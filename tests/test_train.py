@@ -46,6 +46,21 @@ def test_presets_train_and_write_artifacts(sample_photos, tmp_path, preset):
         assert ckpt["model"]["queue_ptr"].item() == 3 * 8 % 32
 
 
+def test_channels_last_trains_like_contiguous(sample_photos, tmp_path):
+    """The default CNN layout (channels_last, split BN included) follows the contiguous run in fp32."""
+    losses = {}
+    for fmt in ("channels_last", "contiguous"):
+        run = tmp_path / fmt
+        train(_cfg(sample_photos, run, max_steps=3, precision="fp32", memory_format=fmt), progress=False)
+        losses[fmt] = [json.loads(line)["loss"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+        losses[fmt + " model"] = _state(run)["model"]
+    assert losses["channels_last"] == pytest.approx(losses["contiguous"], rel=1e-4)
+    a, b = losses["channels_last model"], losses["contiguous model"]
+    for k in a:
+        if a[k].is_floating_point():
+            torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=1e-3, msg=k)
+
+
 def _state(run: Path) -> dict:
     return torch.load(run / "checkpoint.pt", weights_only=True)
 
