@@ -48,6 +48,28 @@ def _train() -> list[str]:
     fp32 = next(r for n, r in rows.items() if "fp32" in n)
     out += ["", f"Target (at least 2.5x lightly fp32): {_verdict(ours['img_s'] / fp32['img_s'] >= 2.5)} "
             f"({ours['img_s'] / fp32['img_s']:.2f}x).", ""]  # fmt: skip
+    return out + _train_repeats(d)
+
+
+def _train_repeats(last: dict) -> list[str]:
+    """Every recorded run of the same command (``train_throughput_run*.json`` and the last one)."""
+    runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("train_throughput_run*.json"))]
+    runs = [r for r in runs if r["setup"] == last["setup"]] + [last]
+    if len(runs) < 2:
+        return []
+    names = [r["name"] for r in last["rows"]]
+    out = [f"The same command, {len(runs)} runs (the last is the table above):", "",
+           "| run | " + " | ".join(names) + " | ours / lightly fp32 |", "|---" * (len(names) + 2) + "|"]  # fmt: skip
+    ratios = []
+    for i, run in enumerate(runs, 1):
+        rows = {r["name"]: r["img_s"] for r in run["rows"]}
+        ours = next(v for n, v in rows.items() if n.startswith("ours"))
+        ratios.append(ours / next(v for n, v in rows.items() if "fp32" in n))
+        cells = " | ".join(f"{rows[n]:.1f}" if n in rows else "-" for n in names)
+        out.append(f"| {i} | {cells} | {ratios[-1]:.2f}x |")
+    mean = sum(ratios) / len(ratios)
+    out += ["", f"Over all {len(runs)} runs: {min(ratios):.2f}x to {max(ratios):.2f}x, mean {mean:.2f}x "
+            f"({_verdict(min(ratios) >= 2.5)} in every run).", ""]  # fmt: skip
     return out
 
 

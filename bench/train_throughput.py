@@ -97,11 +97,11 @@ def main() -> None:
         rows.append(run())
         r = rows[-1]
         extra = f"  (data+aug {100 * r['data_share']:.1f}% of a step)" if "data_share" in r else ""
-        print(f"{r['name']:<50} {r['img_s']:8.1f} img/s  {r['step_s']:6.2f} s/step{extra}", flush=True)
+        print(f"{r['name']:<55} {r['img_s']:8.1f} img/s  {r['step_s']:6.2f} s/step{extra}", flush=True)
     base = rows[0]["img_s"]
     print("\nratio ours / peer:")
     for r in rows[1:]:
-        print(f"  vs {r['name']:<47} {base / r['img_s']:5.2f}x")
+        print(f"  vs {r['name']:<52} {base / r['img_s']:5.2f}x")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
         json.dumps(
