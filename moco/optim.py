@@ -9,7 +9,7 @@ from torch import nn
 
 from moco.config import TrainConfig
 
-__all__ = ["LARS", "build_optimizer", "lr_at", "warmup_steps"]
+__all__ = ["LARS", "BudgetFit", "build_optimizer", "lr_at", "warmup_steps"]
 
 
 class LARS(torch.optim.Optimizer):
@@ -90,3 +90,34 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch: int, w
         return base * (0.1 ** sum(progress >= milestone for milestone in (0.6, 0.8)))
     progress = (step - warm) / max(total_steps - warm, 1)
     return base * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+class BudgetFit:
+    """Fits the schedule's length to a time budget from the measured speed, a few times per run.
+
+    First at step ``first`` (speed so far), then at 10%, 25% and 50% of that first fit with the speed
+    since step ``first``: the first steps carry one-off costs (kernel selection, caches warming up),
+    which alone made a 20-minute run end after 16. When fits happen depends on steps only, so every
+    rank of a distributed run fits at the same steps (``agree`` then makes them take the same length).
+    """
+
+    def __init__(self, budget_s: float, planned: int, first: int = 10) -> None:
+        self.budget_s, self.planned = budget_s, planned
+        self.due: list[int] = [first]  # steps at which the next fits happen
+        self.mark: tuple[int, float] | None = None  # (step, training seconds) at the first fit
+
+    def update(self, step: int, spent: float, agree=lambda total: total) -> int | None:
+        """The new schedule length if a fit is due at ``step`` (``spent`` training seconds so far), else None."""
+        if not self.due or step < self.due[0]:
+            return None
+        if self.mark is None:
+            rate = spent / step  # s/step
+        else:
+            rate = (spent - self.mark[1]) / (step - self.mark[0])  # s/step since the first fit
+        total = agree(max(step + 1, min(self.planned, step + int((self.budget_s - spent) / rate))))
+        if self.mark is None:
+            self.mark = (step, spent)
+            self.due = sorted({s for f in (0.1, 0.25, 0.5) if (s := int(f * total)) > step})
+        else:
+            self.due.pop(0)
+        return total

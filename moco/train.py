@@ -32,7 +32,7 @@ from moco.data import ImageCache, build_cache
 from moco.device import autocast_for, init_distributed, resolve_device, resolve_precision
 from moco.errors import UserError
 from moco.model import MoCo, momentum_schedule
-from moco.optim import build_optimizer, lr_at
+from moco.optim import BudgetFit, build_optimizer, lr_at
 
 __all__ = ["train", "resume_config", "build_model", "cache_size_for"]
 
@@ -249,6 +249,11 @@ def train(
     bar = _progress_bar(total_steps, step, progress and d.main)
     budget_s = cfg.time_budget * 60
     fitted = ckpt is not None and bool(ckpt.get("total_steps")) and cfg.time_budget > 0
+    budget_fit = BudgetFit(budget_s, total_steps) if budget_s and not fitted and not cfg.max_steps else None
+
+    def shortest(total: int) -> int:  # all ranks take the shortest schedule any of them fitted
+        return int(_all_reduce(total, "min", d, device))
+
     last_save = time.monotonic()
     stopped_by, saved_step = None, step
     model.train()
@@ -301,16 +306,18 @@ def train(
             if monitor is not None and (step % knn_every == 0 or step == total_steps):
                 evaluate()
             now = time.monotonic()
-            if budget_s and not fitted and step >= 10 and not cfg.max_steps:
-                total_steps = _fit_to_budget(step, total_steps, now - train_start, budget_s, steps_per_epoch)
-                bar.total, fitted = total_steps, True
+            fit = budget_fit and budget_fit.update(step, now - train_start, agree=shortest)
+            if fit:
+                total_steps = bar.total = fit
+                logger.info("time budget %.1f min: schedule fitted to %d steps (%.1f epochs)",
+                            cfg.time_budget, total_steps, total_steps / steps_per_epoch)  # fmt: skip
             if budget_s and now - train_start >= budget_s:
                 stopped_by = "time budget"
             if stop.signal is not None:
                 stopped_by = signal.Signals(stop.signal).name
             elif stop_after is not None and step >= stop_after and step < total_steps:
                 stopped_by = f"stop_after={stop_after}"
-            stop_now = _agree(stopped_by is not None, d)
+            stop_now = _all_reduce(float(stopped_by is not None), "max", d, device) > 0  # any rank stops: all do
             if stop_now or step == total_steps or now - last_save >= cfg.save_every_minutes * 60:
                 _save(run_dir, cfg, model, optimizer, scaler, step, total_steps, now - train_start, cache, d)
                 last_save, saved_step = now, step
@@ -416,23 +423,13 @@ def _memory_format(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
     return x.contiguous(memory_format=torch.channels_last) if channels_last else x
 
 
-def _fit_to_budget(step: int, total: int, spent: float, budget: float, steps_per_epoch: int) -> int:
-    """Shrink the schedule so that it ends when the time budget runs out (measured speed so far)."""
-    fitted = step + int((budget - spent) / (spent / step))
-    fitted = max(step + 1, min(total, fitted))
-    logger.info(
-        "time budget %.1f min: schedule fitted to %d steps (%.1f epochs)", budget / 60, fitted, fitted / steps_per_epoch
-    )
-    return fitted
-
-
-def _agree(flag: bool, d: _Dist) -> bool:
-    """True on every rank when any rank wants to stop (so all ranks checkpoint and leave together)."""
+def _all_reduce(value: float, op: str, d: _Dist, device: torch.device) -> float:
+    """``value`` reduced over all ranks (``op``: "min" | "max"), on ``device`` (NCCL needs a GPU tensor)."""
     if d.world == 1:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN if op == "min" else dist.ReduceOp.MAX)
+    return float(t.item())
 
 
 def _rng_state() -> dict[str, Any]:

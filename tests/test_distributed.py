@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _torchrun(data: Path, run: Path, *extra: str) -> subprocess.CompletedProcess:
+def _torchrun(data: Path, run: Path, *extra: str, max_steps: int = 8) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
         "-m",
@@ -37,7 +38,7 @@ def _torchrun(data: Path, run: Path, *extra: str) -> subprocess.CompletedProcess
         "--queue-size",
         "40",
         "--max-steps",
-        "8",
+        str(max_steps),
         "--workers",
         "0",
         "--precision",
@@ -83,3 +84,16 @@ def test_two_process_training_queues_agree_and_resume_is_exact(sample_photos, tm
     assert b["step"] == 8
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
+
+
+@pytest.mark.slow
+def test_two_process_time_budget_ends_together(sample_photos, tmp_path):
+    """Each rank times its own steps; the fitted schedules must agree, or one rank would wait forever."""
+    run = tmp_path / "budget"
+    _torchrun(sample_photos, run, "--time-budget", "0.15", "--epochs", "10000", max_steps=0)
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, ckpt["step"] + 1))
+    assert ckpt["step"] > 10 and ckpt["step"] <= ckpt["total_steps"] < 10000 * 6  # fitted to the budget
+    sums = ckpt["replica_queue_checksums"]
+    assert len(sums) == 2 and sums[0] == sums[1]

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from moco.config import resolve_config
-from moco.optim import LARS, build_optimizer, lr_at
+from moco.optim import LARS, BudgetFit, build_optimizer, lr_at
 
 
 def test_lars_step_matches_formula():
@@ -55,3 +55,37 @@ def test_lr_schedule_warmup_cosine_and_step():
     v1 = resolve_config("v1", batch_size=256)
     assert [lr_at(s, v1, 100, 10) for s in (0, 59, 60, 80)] == pytest.approx([0.03, 0.03, 0.003, 0.0003])
     assert lr_at(10, v1, 100, 10, world_size=4) == pytest.approx(0.12)  # scaled by the global batch
+
+
+def _simulate(fit: BudgetFit, seconds_per_step, agree=lambda total: total) -> tuple[int, float]:
+    """Run a schedule against a synthetic clock: (steps done, training seconds used)."""
+    total, step, spent = fit.planned, 0, 0.0
+    while step < total and spent < fit.budget_s:
+        spent += seconds_per_step(step)
+        step += 1
+        total = fit.update(step, spent, agree) or total
+    return step, spent
+
+
+def test_budget_fit_recovers_from_slow_first_steps():
+    """Slow first steps (one-off warm-up) must not make the run end long before its budget."""
+    warm = lambda step: 1.0 if step < 10 else 0.1  # noqa: E731
+    fit = BudgetFit(100.0, planned=100_000)
+    steps, spent = _simulate(fit, warm)
+    assert 97 <= spent <= 100.1 and 900 <= steps <= 911  # a fit from the first 10 steps alone: 100 steps
+    assert fit.due == []  # fits at 10, then 10%, 25%, 50% of the first fit's length
+
+
+def test_budget_fit_never_exceeds_the_planned_schedule_and_follows_a_slowdown():
+    fit = BudgetFit(100.0, planned=50)
+    assert _simulate(fit, lambda step: 0.1) == (50, pytest.approx(5.0))  # finishes early: the plan is shorter
+    slow = lambda step: 0.1 if step < 300 else 0.4  # noqa: E731 - the machine gets busy mid-run
+    steps, spent = _simulate(BudgetFit(100.0, planned=100_000), slow)
+    assert 99.9 <= spent <= 100.4 and steps < 1000  # the budget stops it, not a schedule fitted to the old speed
+
+
+def test_budget_fit_takes_the_agreed_length():
+    fit = BudgetFit(1000.0, planned=100_000)
+    assert fit.update(9, 9.0) is None  # not due before step 10
+    assert fit.update(10, 10.0, agree=lambda total: total - 7) == 10 + 990 - 7
+    assert fit.due == [99, 248, 496]  # from the agreed length, the same on every rank

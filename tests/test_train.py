@@ -202,3 +202,16 @@ def test_knn_monitor_logged_and_plotted(sample_photos, tmp_path):
     assert [r["step"] for r in knn] == [0, 6]  # before training and at the end of the (6-step) epoch
     assert all(0.0 <= r["knn_top1"] <= 1.0 for r in knn)
     assert knn[0]["knn_top1"] > 1 / 6  # even random features beat chance on these families
+
+
+def test_time_budget_fits_the_schedule_to_the_budget(sample_photos, tmp_path):
+    run = tmp_path / "run"
+    summary = train(_cfg(sample_photos, run, epochs=100_000, time_budget=0.1), progress=False)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    trained = sum(r["step_ms"] for r in records) / 1000
+    assert 0.6 * 6 <= trained <= 6 * 1.3, trained  # about the 6 s asked for, on a loaded machine too
+    assert summary["total_steps"] < 100_000 * 6  # the schedule was fitted, not the whole 100,000 epochs
+    if summary["stopped_by"] is None:  # ended with its schedule: the lr was annealed to its end
+        assert summary["steps"] == summary["total_steps"] and records[-1]["lr"] < 0.05 * records[10]["lr"]
+    else:
+        assert summary["stopped_by"] == "time budget"
