@@ -54,7 +54,7 @@ test: install $(CHROMIUM)
 
 # make bench: every benchmark under bench/ (about 1.5 hours on 2 cores), then BENCHMARKS.md from the results.
 # gpu_check.py needs a CUDA device and is skipped (with a message) without one.
-BENCH_SCRIPTS ?= train_throughput fashion_mnist embed_throughput search ui_load gpu_check
+BENCH_SCRIPTS ?= train_throughput layout fashion_mnist embed_throughput search ui_load gpu_check
 bench: install
 	$(BIN)/python -m pip install -q -e ".[dev,bench]"
 	@for s in $(BENCH_SCRIPTS); do \

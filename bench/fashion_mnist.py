@@ -34,7 +34,7 @@ K, T = 200, 0.1
 
 
 def raw_pixels(test_images: np.ndarray, test_labels: np.ndarray) -> float:
-    feats = F.normalize(torch.from_numpy(test_images.reshape(len(test_images), -1)).float(), dim=1)  # N x 784
+    feats = F.normalize(torch.from_numpy(test_images.reshape(len(test_images), -1).copy()).float(), dim=1)  # N x 784
     return knn_top1(feats, torch.from_numpy(test_labels.astype(np.int64)), k=K, t=T)
 
 

@@ -73,6 +73,23 @@ def _train_repeats(last: dict) -> list[str]:
     return out
 
 
+def _layout() -> list[str]:
+    d = _load("layout.json")
+    out = _head("Memory layout: contiguous vs channels_last", "python bench/layout.py")
+    if d is None:
+        return [*out, "_not run_", ""]
+    out += [f"Median seconds per step ({d['steps']} timed steps per layout, each layout built twice, interleaved). "
+            "train: a full MoCo v2 step with split BN over 8 chunks; embed: the backbone in eval mode.", "",
+            "| what | model | contiguous | channels_last | speed-up |", "|---|---|---|---|---|"]  # fmt: skip
+    for r in d["rows"]:
+        out.append(f"| {r['what']} | {r['model']} | {r['contiguous_s']:.3f} s | {r['channels_last_s']:.3f} s "
+                   f"| {r['speedup']:.2f}x |")  # fmt: skip
+    faster = all(r["speedup"] > 1 for r in d["rows"])
+    out += ["", f"channels_last faster in every case (why `--memory-format auto` uses it for CNNs): "
+            f"{'yes' if faster else '**no**'}.", ""]  # fmt: skip
+    return out
+
+
 def _fashion() -> list[str]:
     d = _load("fashion_mnist.json")
     out = _head("Quality in fixed time: Fashion-MNIST", "python bench/fashion_mnist.py --minutes 20")
@@ -170,7 +187,7 @@ def main() -> None:
             "`bench/results/*.json`. Every figure comes from a script that runs ours and the peer side by side in "
             "the same run on the same machine. Machine: 2 CPU cores (avx512_bf16), 24 GiB RAM, no GPU.",
             ""]  # fmt: skip
-    body = head + _train() + _fashion() + _embed() + _search() + _ui()
+    body = head + _train() + _layout() + _fashion() + _embed() + _search() + _ui()
     notes = ROOT / "bench" / "NOTES.md"
     if notes.is_file():
         body += ["## Notes", "", notes.read_text().strip(), ""]
