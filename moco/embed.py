@@ -80,7 +80,7 @@ class Embedder:
         self.image_size = int(config["image_size"])
         self.resize = int(config["resize"])
         self.mean, self.std = tuple(json.loads(config["mean"])), tuple(json.loads(config["std"]))
-        # CNNs run channels_last on every device: 1.4-1.7x faster on this CPU (oneDNN) as on GPUs
+        # CNNs run channels_last on every device: 1.5-1.6x faster on this CPU (oneDNN; bench/layout.py), as on GPUs
         self.channels_last = not is_vit(config["arch"])
         self.backbone = backbone.to(self.device).eval()
         if self.channels_last:
