@@ -27,15 +27,21 @@ def _head(title: str, command: str) -> list[str]:
     return [f"## {title}", "", "```", command, "```", ""]
 
 
+def _section(result: str, title: str, command: str) -> tuple[Any, list[str]]:
+    """A section's result (None when its script has not run) and its first lines ("_not run_" then)."""
+    d = _load(result)
+    out = _head(title, d.get("command", command) if isinstance(d, dict) else command)
+    return d, out if d is not None else [*out, "_not run_", ""]
+
+
 def _verdict(ok: bool) -> str:
     return "**met**" if ok else "**not met**"
 
 
 def _train() -> list[str]:
-    d = _load("train_throughput.json")
-    out = _head("Training throughput", "python bench/train_throughput.py --steps 15")
+    d, out = _section("train_throughput.json", "Training throughput", "python bench/train_throughput.py --steps 15")
     if d is None:
-        return [*out, "_not run_", ""]
+        return out
     s = d["setup"]
     rows = {r["name"]: r for r in d["rows"]}
     ours = next(r for n, r in rows.items() if n.startswith("ours"))
@@ -74,10 +80,9 @@ def _train_repeats(last: dict) -> list[str]:
 
 
 def _layout() -> list[str]:
-    d = _load("layout.json")
-    out = _head("Memory layout: contiguous vs channels_last", "python bench/layout.py")
+    d, out = _section("layout.json", "Memory layout: contiguous vs channels_last", "python bench/layout.py")
     if d is None:
-        return [*out, "_not run_", ""]
+        return out
     out += [f"Median seconds per step ({d['steps']} timed steps per layout, each layout built twice, interleaved). "
             "train: a full MoCo v2 step with split BN over 8 chunks; embed: the backbone in eval mode.", "",
             "| what | model | contiguous | channels_last | speed-up |", "|---|---|---|---|---|"]  # fmt: skip
@@ -91,10 +96,10 @@ def _layout() -> list[str]:
 
 
 def _fashion() -> list[str]:
-    d = _load("fashion_mnist.json")
-    out = _head("Quality in fixed time: Fashion-MNIST", "python bench/fashion_mnist.py --minutes 20")
+    title, command = "Quality in fixed time: Fashion-MNIST", "python bench/fashion_mnist.py --minutes 20"
+    d, out = _section("fashion_mnist.json", title, command)
     if d is None:
-        return [*out, "_not run_", ""]
+        return out
     s = d["setup"]
     out += [f"MoCo v2, {d['minutes']:.0f} minutes of training each, {s['arch']}, {s['image_size']} px, batch "
             f"{s['batch_size']}, queue {s['queue_size']}; kNN top-1 (k=200, T=0.1) on the 10,000 test images.", "",
@@ -110,10 +115,9 @@ def _fashion() -> list[str]:
 
 
 def _embed() -> list[str]:
-    d = _load("embed_throughput.json")
-    out = _head("Embedding throughput", "python bench/embed_throughput.py")
+    d, out = _section("embed_throughput.json", "Embedding throughput", "python bench/embed_throughput.py")
     if d is None:
-        return [*out, "_not run_", ""]
+        return out
     r = d["img_s"]
     out += [f"{d['images']} JPEG photos, {d['arch']}, batch {d['batch']}, {d['precision']}.", "",
             "| pipeline | images/s |", "|---|---|", f"| model-only ceiling | {r['ceiling']:.1f} |",
@@ -165,10 +169,9 @@ def _search() -> list[str]:
 
 
 def _ui() -> list[str]:
-    d = _load("ui_load.json")
-    out = _head("Search UI under load", d["command"] if d else "python bench/ui_load.py")
+    d, out = _section("ui_load.json", "Search UI under load", "python bench/ui_load.py")
     if d is None:
-        return [*out, "_not run_", ""]
+        return out
     out += [f"`moco serve` on a {d['images']:,}-image index, {d['clients']} concurrent `gradio_client` clients x "
             f"{d['searches'] // d['clients']} searches (each uploads a photo; the server embeds and searches it).",
             "",
