@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
@@ -11,6 +12,8 @@ import torch
 from moco.errors import UserError
 
 __all__ = ["resolve_device", "resolve_precision", "autocast_for"]
+
+logger = logging.getLogger(__name__)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -25,8 +28,9 @@ def resolve_device(name: str) -> torch.device:
 def resolve_precision(name: str, device: torch.device) -> str:
     """auto -> bf16 where it runs fast (CPUs with AMX/avx512_bf16, GPUs with bf16), fp16 on older GPUs, else fp32."""
     if device.type == "cpu":
-        if name == "fp16":
-            raise UserError("--precision fp16 needs a CUDA GPU: use bf16 or fp32 on the CPU")
+        if name == "fp16":  # runs (autocast + GradScaler on the CPU), e.g. to check the older-GPU path
+            logger.warning("--precision fp16 on the CPU is slow (most CPUs have no fp16 arithmetic); it is the "
+                           "path for GPUs without bf16: use bf16 or fp32 here unless you are checking it")  # fmt: skip
         if name == "auto":
             return "bf16" if _cpu_has_fast_bf16() else "fp32"
         return name
