@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -106,7 +107,7 @@ class BudgetFit:
         self.due: list[int] = [first]  # steps at which the next fits happen
         self.mark: tuple[int, float] | None = None  # (step, training seconds) at the first fit
 
-    def update(self, step: int, spent: float, agree=lambda total: total) -> int | None:
+    def update(self, step: int, spent: float, agree: Callable[[int], int] = lambda total: total) -> int | None:
         """The new schedule length if a fit is due at ``step`` (``spent`` training seconds so far), else None."""
         if not self.due or step < self.due[0]:
             return None
