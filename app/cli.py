@@ -6,13 +6,14 @@ Exit codes: 0 success, 2 bad input (message on stderr naming the file/value and 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
 import sys
 from pathlib import Path
 
-from moco.errors import UserError
+from moco.errors import StorageError, UserError, storage_error
 
 __all__ = ["main", "build_parser"]
 
@@ -238,6 +239,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)
+
+
 def _setup_logging(verbose: bool) -> None:
     rank = int(os.environ.get("RANK", "0"))
     level = logging.DEBUG if verbose else (logging.INFO if rank == 0 else logging.WARNING)
@@ -262,18 +266,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with logging_redirect_tqdm():
             return args.handler(args)
-    except UserError as e:
-        print(f"moco {_name(args)}: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print(f"moco {_name(args)}: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - the CLI reports, the traceback goes to --verbose
+        if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:  # a write of ours failed under us
+            e = storage_error(e, e.filename or "?", "using")
+        if isinstance(e, UserError):  # StorageError (disk full, read-only) exits 1: not bad input
+            print(f"moco {_name(args)}: error: {e}", file=sys.stderr)
+            return 1 if isinstance(e, StorageError) else 2
         if args.verbose:
             raise
         print(f"moco {_name(args)}: error: {type(e).__name__}: {e} (run with -v for the traceback)", file=sys.stderr)
         return 1
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -277,13 +277,37 @@ def build_ui(app: SearchApp) -> Any:
     return demo
 
 
-def launch_kwargs(index: ImageIndex, host: str, port: int, auth: tuple[str, str] | None) -> dict[str, Any]:
-    """``demo.launch`` settings: only thumbs/ is served; the catalog, index files and originals never are."""
+def _blocked_paths(index: ImageIndex) -> list[str]:
+    """What the file route must refuse: the index's own files and the collection's originals.
+
+    Blocked paths win over allowed ones in Gradio, so when the index lives inside the photo folder
+    (``PHOTOS/.index``) the root itself cannot be blocked: every entry beside the path from the root
+    down to ``thumbs/`` is blocked instead (files added later are not allowed either: only ``thumbs/`` is).
+    """
     blocked = [str(index.dir / name) for name in (CATALOG_FILE, INDEX_FILE, META_FILE, DEDUP_FILE)]
-    blocked += [str(index.dir / f"{CATALOG_FILE}-wal"), str(index.dir / f"{CATALOG_FILE}-shm"), str(index.root)]
+    blocked += [str(index.dir / f"{CATALOG_FILE}-wal"), str(index.dir / f"{CATALOG_FILE}-shm")]
+    root, thumbs = index.root.resolve(), (index.dir / THUMBS_DIR).resolve()
+    if root not in thumbs.parents:
+        return [*blocked, str(root)]
+    here = root
+    for part in thumbs.relative_to(root).parts:
+        blocked += [str(entry) for entry in here.iterdir() if entry.name != part]
+        here = here / part
+    return blocked
+
+
+def launch_kwargs(index: ImageIndex, host: str, port: int, auth: tuple[str, str] | None) -> dict[str, Any]:
+    """``demo.launch`` settings: only thumbs/ is served; the catalog, index files and originals never are.
+
+    With ``auth``, failed logins are throttled per client address (:mod:`app.throttle`).
+    """
+    from starlette.middleware import Middleware
+
+    from app.throttle import LoginThrottleMiddleware
+
     return {"server_name": host, "server_port": port, "auth": auth, "allowed_paths": [str(index.dir / THUMBS_DIR)],
-            "blocked_paths": blocked, "max_file_size": MAX_UPLOAD, "show_error": False, "quiet": True,
-            "footer_links": ["api"]}  # fmt: skip
+            "blocked_paths": _blocked_paths(index), "max_file_size": MAX_UPLOAD, "show_error": False, "quiet": True,
+            "footer_links": ["api"], "app_kwargs": {"middleware": [Middleware(LoginThrottleMiddleware)]}}  # fmt: skip
 
 
 def make_demo(index_dir: str | Path, checkpoint: str | Path | None = None, backbone: str | Path | None = None,

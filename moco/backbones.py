@@ -69,7 +69,7 @@ def _timm_model(name: str, small_stem: bool, image_size: int, extra: dict[str, A
             + (f"; similar timm names: {', '.join(close)}" if close else "")
             + "; e.g. resnet18, resnet50, vit_small_patch16_224, convnext_tiny"
         )
-    kwargs: dict = {"pretrained": False, "num_classes": 0, **extra}
+    kwargs: dict = {**_checked_kwargs(name, extra), "pretrained": False, "num_classes": 0}  # never downloads
     if is_vit(name):
         kwargs["img_size"] = image_size
     model = timm.create_model(name, **kwargs)
@@ -85,6 +85,27 @@ def _timm_model(name: str, small_stem: bool, image_size: int, extra: dict[str, A
         model.conv1 = nn.Conv2d(3, conv.out_channels, 3, 1, 1, bias=False)
         model.maxpool = nn.Identity()
     return model, int(model.num_features)
+
+
+# Architecture settings a backbone may carry (export metadata, --init guesses) and their types. Nothing
+# else reaches timm.create_model: a file's metadata must not be able to ask for weights or a download URL.
+ARCH_KWARGS: dict[str, tuple[type, ...]] = {
+    "num_heads": (int,), "depth": (int,), "embed_dim": (int,), "patch_size": (int,), "mlp_ratio": (int, float),
+    "qkv_bias": (bool,), "class_token": (bool,), "global_pool": (str,),
+}  # fmt: skip
+
+
+def _checked_kwargs(name: str, extra: dict[str, Any]) -> dict[str, Any]:
+    """``extra`` if every key is an allowed architecture setting of the right type, else a UserError."""
+    for key, value in extra.items():
+        types = ARCH_KWARGS.get(key)
+        if types is None:
+            raise UserError(f"backbone setting {key!r} for {name} is not accepted (allowed: "
+                            f"{', '.join(sorted(ARCH_KWARGS))}); re-export the backbone with `moco export`")
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            raise UserError(f"backbone setting {key}={value!r} for {name} must be "
+                            f"{' or '.join(t.__name__ for t in types)}; re-export the backbone with `moco export`")
+    return dict(extra)
 
 
 def sincos_2d(grid_h: int, grid_w: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from moco.errors import UserError
+from moco.errors import UserError, storage_error
 
 __all__ = ["FORMAT", "VERSION", "save_checkpoint", "load_checkpoint", "atomic_write"]
 
@@ -18,23 +20,66 @@ logger = logging.getLogger(__name__)
 
 FORMAT = "moco-retrieval/checkpoint"
 VERSION = 1
+_UMASK_LOCK = threading.Lock()
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux tells it (``/proc/self/status``)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    with _UMASK_LOCK:  # elsewhere: set and restore it (not thread-safe, hence the lock)
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+class _Recording:
+    """A file object that remembers the first ``OSError`` of a write, whoever swallows it (torch.save does)."""
+
+    def __init__(self, f: Any) -> None:
+        self._f, self.error = f, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
 
 
 def atomic_write(path: str | Path, write: Any) -> None:
     """Call ``write(file_object)`` on a temp file beside ``path``, fsync it, then rename it over ``path``.
 
-    A crash at any moment leaves either the old file or the new one, never a partial file.
+    A crash at any moment leaves either the old file or the new one, never a partial file. The file gets
+    the mode a plain ``open`` would give it (0666 less the umask). A failed write (disk full, read-only,
+    I/O error) raises :class:`~moco.errors.StorageError` naming ``path``, the cause and the fix.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise storage_error(e, path) from e
+    rec = None
+    try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
-            write(f)
+            rec = _Recording(f)
+            write(rec)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        cause = rec.error if rec is not None and rec.error is not None else e
+        if isinstance(cause, OSError):
+            raise storage_error(cause, path) from e
         raise
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
@@ -44,7 +89,10 @@ def atomic_write(path: str | Path, write: Any) -> None:
 
 
 def save_checkpoint(state: dict[str, Any], run_dir: str | Path, keep: int = 2) -> Path:
-    """Write ``state`` to ``run_dir/checkpoint.pt`` atomically; keep ``keep`` step-numbered copies."""
+    """Write ``state`` to ``run_dir/checkpoint.pt`` atomically; keep ``keep`` step-numbered copies.
+
+    The numbered copy is a second file (not a hard link), so damage to one never damages the other.
+    """
     run_dir = Path(run_dir)
     state = {"format": FORMAT, "version": VERSION, **state}
     path = run_dir / "checkpoint.pt"
@@ -52,14 +100,16 @@ def save_checkpoint(state: dict[str, Any], run_dir: str | Path, keep: int = 2) -
     if keep > 0:
         numbered = run_dir / f"checkpoint-{int(state['step']):08d}.pt"
         if not numbered.exists():
-            try:
-                os.link(path, numbered)  # same bytes, no second write
-            except OSError:
-                atomic_write(numbered, lambda f: torch.save(state, f))
+            atomic_write(numbered, lambda f: _copy_into(path, f))
         for old in sorted(run_dir.glob("checkpoint-*.pt"))[:-keep]:
             old.unlink(missing_ok=True)
     logger.info("saved %s (step %d)", path, state["step"])
     return path
+
+
+def _copy_into(src: Path, f: Any) -> None:
+    with open(src, "rb") as s:
+        shutil.copyfileobj(s, f, 1 << 20)
 
 
 def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:

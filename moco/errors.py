@@ -1,8 +1,11 @@
-"""The one exception type that means "the user gave us something we cannot use"."""
+"""The exception types that carry a message for the user: bad input, and storage that failed under us."""
 
 from __future__ import annotations
 
-__all__ = ["UserError"]
+import errno
+import os
+
+__all__ = ["UserError", "StorageError", "storage_error"]
 
 
 class UserError(ValueError):
@@ -11,3 +14,23 @@ class UserError(ValueError):
     The CLI turns it into a message on stderr and exit code 2; libraries raise it for anything the
     caller can fix (a path, a flag, a file), never for internal invariants.
     """
+
+
+class StorageError(UserError):
+    """Our own write failed (disk full, read-only, I/O error): the message names the path, the cause and the fix.
+
+    The CLI prints it and exits 1 (not bad input); what was committed before the failure is kept.
+    """
+
+
+def storage_error(err: OSError, path: str | os.PathLike[str], doing: str = "writing") -> StorageError:
+    """A :class:`StorageError` for ``err`` raised while ``doing`` ``path``, phrased by its cause."""
+    code = err.errno
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return StorageError(f"no space left on device while {doing} {path}: free space and run the same "
+                            "command (nothing saved before this point is lost)")  # fmt: skip
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return StorageError(f"cannot write {path} ({err.strerror or err}): the location is read-only; make it "
+                            "writable or choose another location, then run the same command")  # fmt: skip
+    return StorageError(f"I/O error while {doing} {path} ({err.strerror or err}): check the disk, then run the "
+                        "same command (nothing saved before this point is lost)")  # fmt: skip

@@ -1,0 +1,227 @@
+"""What a user's disk or a crafted file can do to us: no downloads, right file modes, full disks, login floods,
+an index inside the photo folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import urllib.parse
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+
+from app.cli import main
+from app.throttle import LoginThrottle
+from moco.checkpoint import atomic_write, load_checkpoint, save_checkpoint
+from moco.errors import StorageError, UserError
+
+from .conftest import TINY_CLI
+from .live import free_port
+from .mounts import tmpfs
+
+
+# ------------------------------------------------------------------------------------ no downloads
+@pytest.fixture
+def http_log():
+    """A real HTTP server on 127.0.0.1 that logs every request (and serves nothing)."""
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            seen.append(self.path)
+            self.send_response(404)
+            self.end_headers()
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    server.shutdown()
+
+
+def _crafted(backbone: Path, out: Path, **meta_changes: str) -> Path:
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(backbone), framework="pt") as f:
+        meta, state = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    save_file(state, str(out), metadata={**meta, **meta_changes})
+    return out
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"pretrained": True, "pretrained_cfg_overlay": {"url": "URL"}},
+    {"pretrained_cfg_overlay": {"url": "URL"}, "depth": 18},
+    {"num_heads": "12; pretrained"},
+])  # fmt: skip
+def test_crafted_backbone_metadata_never_reaches_the_network(backbone, sample_photos, tmp_path, http_log,
+                                                              monkeypatch, kwargs):  # fmt: skip
+    from moco.embed import Embedder
+
+    url, seen = http_log
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch_home"))  # nothing cached from an earlier run
+    text = json.dumps(kwargs).replace("URL", f"{url}/{uuid.uuid4().hex}.pth")
+    crafted = _crafted(backbone, tmp_path / "crafted.safetensors", arch_kwargs=text)
+    with pytest.raises(UserError, match="re-export"):
+        Embedder.load(crafted, device="cpu")
+    assert main(["index", "build", str(sample_photos), "--backbone", str(crafted), "-o", str(tmp_path / "idx"),
+                 "--quiet"]) == 2  # fmt: skip
+    assert seen == []
+
+
+def test_allowed_architecture_settings_still_load(backbone, tmp_path):
+    from moco.backbones import build_backbone
+
+    model, dim = build_backbone("vit_tiny_patch16_224", image_size=32, num_heads=6, depth=2)
+    assert len(model.blocks) == 2 and model.blocks[0].attn.num_heads == 6 and dim == 192
+
+
+# ----------------------------------------------------------------------------------- file modes
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_atomic_write_gives_the_mode_of_a_plain_open(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        atomic_write(tmp_path / "ours.json", lambda f: f.write(b"{}"))
+        (tmp_path / "plain.json").write_bytes(b"{}")
+    finally:
+        os.umask(old)
+    ours, plain = (os.stat(tmp_path / n).st_mode & 0o777 for n in ("ours.json", "plain.json"))
+    assert ours == plain == 0o666 & ~umask
+
+
+def test_numbered_checkpoint_is_a_separate_copy(tmp_path):
+    state = {"step": 7, "weights": torch.arange(1000.0)}
+    save_checkpoint(state, tmp_path, keep=2)
+    latest, numbered = tmp_path / "checkpoint.pt", tmp_path / "checkpoint-00000007.pt"
+    assert not os.path.samefile(latest, numbered) and os.stat(latest).st_nlink == 1
+    with open(latest, "r+b") as f:  # damage one of the two
+        f.seek(100)
+        f.write(b"\0" * 400)
+    assert torch.equal(load_checkpoint(numbered)["weights"], state["weights"])
+
+
+# ----------------------------------------------------------------------------------- full disks
+def test_checkpoint_on_a_full_disk_names_the_cause_and_keeps_the_old_one(tmp_path):
+    with tmpfs(tmp_path / "disk", "4m") as disk:
+        save_checkpoint({"step": 1, "w": torch.zeros(100)}, disk, keep=0)
+        with pytest.raises(StorageError, match="no space left on device .*checkpoint.pt: free space and run the "
+                                               "same command"):  # fmt: skip
+            save_checkpoint({"step": 2, "w": torch.zeros(2_000_000)}, disk, keep=0)  # 8 MB
+        assert load_checkpoint(disk / "checkpoint.pt")["step"] == 1  # the previous one is intact
+        assert sorted(p.name for p in disk.iterdir()) == ["checkpoint.pt"]  # no temporary file left
+
+
+@pytest.mark.slow
+def test_train_cli_on_a_full_disk_exits_1_with_the_cause(sample_photos, tmp_path, capsys):
+    with tmpfs(tmp_path / "disk", "24m") as disk:  # room for the image cache, not for a ResNet-18 checkpoint
+        code = main(["train", str(sample_photos), "--out", str(disk / "run"), *TINY_CLI, "--max-steps", "2",
+                     "--precision", "fp32"])  # fmt: skip
+        err = capsys.readouterr().err
+    assert code == 1, err
+    assert "no space left on device" in err and "free space and run the same command" in err
+    assert "enforce fail" not in err and "Traceback" not in err
+
+
+# --------------------------------------------------------------------------------- login throttle
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_login_throttle_locks_out_after_failures_and_doubles():
+    clock = _Clock()
+    th = LoginThrottle(free=3, base_s=2.0, max_s=16.0, forget_s=100.0, clock=clock)
+    for _ in range(2):
+        assert th.wait("a") == 0
+        th.record("a", ok=False)
+    assert th.wait("a") == 0
+    th.record("a", ok=False)  # third failure: locked for 2 s
+    assert th.wait("a") == 2.0 and th.wait("b") == 0  # per client
+    clock.t += 2.0
+    th.record("a", ok=False)
+    assert th.wait("a") == 4.0
+    for expected in (8.0, 16.0, 16.0):  # doubles, up to the cap
+        clock.t += 100.0 - 1  # within forget_s of the last failure
+        th.record("a", ok=False)
+        assert th.wait("a") == expected
+    clock.t += 16.0
+    th.record("a", ok=True)  # a success clears the record
+    th.record("a", ok=False)
+    assert th.wait("a") == 0
+    clock.t += 101.0  # quiet longer than forget_s: starts from zero
+    th.record("a", ok=False)
+    th.record("a", ok=False)
+    assert th.wait("a") == 0
+
+
+@pytest.mark.slow
+def test_live_server_refuses_a_login_flood(tmp_path, backbone, sample_photos):
+    import httpx
+
+    from app.ui import launch_kwargs, make_demo
+    from index.build import build_index
+
+    build_index(sample_photos, backbone, tmp_path / "idx", progress=False)
+    demo, app = make_demo(tmp_path / "idx", device="cpu")
+    port = free_port()
+    demo.launch(prevent_thread_lock=True, **launch_kwargs(app.index, "127.0.0.1", port, ("alice", "right-pass")))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        with httpx.Client(timeout=30) as http:
+            codes = [http.post(url + "/login", data={"username": "alice", "password": f"wrong{i}"}).status_code
+                     for i in range(50)]  # fmt: skip
+            assert set(codes[:5]) == {400} and set(codes[5:]) == {429}, codes
+            locked = http.post(url + "/login", data={"username": "alice", "password": "right-pass"})
+            assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
+            assert "try again" in locked.json()["detail"]
+            assert http.get(url + "/config").status_code in (401, 403)  # still not logged in
+    finally:
+        demo.close()
+
+
+# ------------------------------------------------------------------------ index inside the photos
+@pytest.mark.slow
+def test_index_inside_the_photo_folder_serves_thumbs_not_originals(tmp_path, backbone):
+    import shutil
+
+    import httpx
+    from gradio_client import Client, handle_file
+
+    from app.ui import launch_kwargs, make_demo
+    from moco.sample import make_sample_collection
+
+    photos = tmp_path / "photos"
+    make_sample_collection(photos, per_family=3, size=48, seed=4)
+    shutil.copy(next(photos.rglob("*.jpg")), photos / "top.jpg")  # an original beside the index folder
+    assert main(["index", "build", str(photos), "--backbone", str(backbone), "-o", str(photos / ".index"),
+                 "--quiet"]) == 0  # fmt: skip
+    demo, app = make_demo(photos / ".index", device="cpu")
+    port = free_port()
+    demo.launch(prevent_thread_lock=True, **launch_kwargs(app.index, "127.0.0.1", port, None))
+    try:
+        url = f"http://127.0.0.1:{port}"
+        query = photos / "top.jpg"
+        gallery, info = Client(url, verbose=False).predict(handle_file(str(query)), 4, "", api_name="/search")[:2]
+        assert "4 results" in info and len(gallery) == 4
+        with httpx.Client(timeout=10) as http:
+            thumb = next((photos / ".index" / "thumbs").iterdir())
+            assert http.get(url + "/gradio_api/file=" + str(thumb)).status_code == 200
+            originals = [query, sorted(photos.glob("*/*.jpg"))[0], photos / ".index" / "catalog.sqlite",
+                         photos / ".index" / "index.json"]  # fmt: skip
+            for f in originals:
+                for route in ("/gradio_api/file=", "/file="):
+                    r = http.get(url + route + urllib.parse.quote(str(f)))
+                    assert r.status_code in (400, 403, 404, 405), (f, r.status_code)
+    finally:
+        demo.close()
