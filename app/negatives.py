@@ -87,7 +87,8 @@ def _to_u8(view: torch.Tensor, mean: Any, std: Any) -> np.ndarray:
     return (x.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
 
 
-def _as_rgb(image: Any) -> Image.Image:
+def _as_rgb(image: Any, min_short: int | None = None) -> Image.Image:
+    """An upload as RGB; a file is decoded reduced (never below twice ``min_short`` on its short side)."""
     if isinstance(image, Image.Image):
         return image.convert("RGB")
     if isinstance(image, np.ndarray):
@@ -95,7 +96,7 @@ def _as_rgb(image: Any) -> Image.Image:
             raise UserError(f"expected an RGB image, got an array of {image.dtype} {image.shape}")
         return Image.fromarray(image).convert("RGB")
     if isinstance(image, (str, Path)):
-        return load_rgb(image)
+        return load_rgb(image, min_short=min_short)
     raise UserError("no image: upload a photo first")
 
 

@@ -31,13 +31,13 @@ CPU_MINUTES = 10.0  # default CPU training budget: a useful model, quickly
 def _short_sides(photos: Path, limit: int = 200) -> list[int]:
     from PIL import Image
 
-    from moco.data import scan_images
+    from moco.data import open_regular, scan_images
 
     names = scan_images(photos)
     sides = []
     for name in names[:: max(1, len(names) // limit)][:limit]:
         try:
-            with Image.open(photos / name) as im:  # the header only
+            with open_regular(photos / name) as f, Image.open(f) as im:  # the header only
                 sides.append(min(im.size))
         except Exception:  # noqa: BLE001,S112 - unreadable files are reported by training itself
             continue

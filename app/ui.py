@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from app.negatives import IndexNegatives, NegativesView, QueueNegatives, _as_rgb
+from index.catalog import display_path
 from index.dedup import find_duplicates, load_duplicates
 from index.image_index import CATALOG_FILE, DEDUP_FILE, INDEX_FILE, META_FILE, THUMBS_DIR, ImageIndex
 from moco.errors import UserError
@@ -69,6 +70,7 @@ class SearchApp:
         self.negatives_source: QueueNegatives | IndexNegatives
         self.negatives_note = ""
         self._folders: tuple[Any, list[str]] | None = None
+        self._folder_names: dict[str, str] = {}
         if checkpoint is not None:
             try:
                 self.negatives_source = QueueNegatives(checkpoint, index)
@@ -90,13 +92,14 @@ class SearchApp:
             for depth in (1, 2):
                 if len(parts) >= depth:
                     out.add("/".join(parts[:depth]))
-        self._folders = (stamp, sorted(out))
+        self._folders = (stamp, sorted(display_path(f) for f in out))
+        self._folder_names = {display_path(f): f for f in out}  # shown (escaped) -> on disk
         return self._folders[1]
 
     def _gallery(self, state: dict[str, Any]) -> list[tuple[str, str]]:
         items = []
         for r, (path, score, thumb) in enumerate(zip(state["paths"], state["scores"], state["thumbs"]), 1):
-            items.append((thumb, f"#{r} · {score:.3f} · {path}"))
+            items.append((thumb, f"#{r} · {score:.3f} · {display_path(path)}"))
         return items
 
     def _run(self, vector: np.ndarray, k: int, folder: str | None, label: str, embed_ms: float) -> tuple:
@@ -106,6 +109,7 @@ class SearchApp:
         folder = (folder or "").strip().strip("/") or None
         if folder and folder not in self.folders():
             raise UserError(f"no sub-folder {folder!r} in the collection: pick one from the list or leave it empty")
+        folder = self._folder_names.get(folder, folder) if folder else None
         if len(self.index) == 0:
             raise UserError("the index is empty: add photos and run `moco index update`")
         t0 = time.perf_counter()
@@ -115,7 +119,7 @@ class SearchApp:
         state = {"vector": vector, "k": k, "folder": folder, "label": label, "ids": [r.id for r in rows],
                  "paths": hits.paths[0], "scores": [float(s) for s in hits.scores[0][: len(rows)]],
                  "thumbs": [str(self.index.thumb_path(r)) if r.thumb else None for r in rows]}  # fmt: skip
-        info = (f"**{len(rows)} results** for {label}{f' in `{folder}/`' if folder else ''} · "
+        info = (f"**{len(rows)} results** for {label}{f' in `{display_path(folder)}/`' if folder else ''} · "
                 f"embed {embed_ms:.0f} ms · search {search_ms:.1f} ms · {len(self.index)} images")  # fmt: skip
         return self._gallery(state), info, state
 
@@ -124,7 +128,7 @@ class SearchApp:
         if image is None:
             raise UserError("no image: upload, paste or take a photo first")
         t0 = time.perf_counter()
-        vector = self.embedder.embed(_as_rgb(image))[0]  # D
+        vector = self.embedder.embed(_as_rgb(image, self.embedder.resize))[0]  # D
         return self._run(vector, k, folder, "the uploaded image", (time.perf_counter() - t0) * 1000)
 
     def more(self, state: dict[str, Any] | None) -> tuple:
@@ -150,14 +154,14 @@ class SearchApp:
             raise UserError("that result is no longer on the page: search again")
         image_id, path = state["ids"][int(position)], state["paths"][int(position)]
         vector = self.index.vectors(np.array([image_id]))[0]
-        return self._run(vector, state["k"], state["folder"], f"`{path}`", 0.0)
+        return self._run(vector, state["k"], state["folder"], f"`{display_path(path)}`", 0.0)
 
     # ------------------------------------------------------------------------------- negatives
     def negatives(self, image: Any, n: int = 12, seed: int = 0) -> tuple:
         """Upload -> (views gallery, summary markdown, negatives gallery, table rows)."""
         if image is None:
             raise UserError("no image: upload, paste or take a photo first")
-        view = self.negatives_source.compute(_as_rgb(image), n=int(n), seed=int(seed))
+        view = self.negatives_source.compute(_as_rgb(image, max(256, self.embedder.resize)), n=int(n), seed=int(seed))
         return self._negatives_outputs(view)
 
     def _negatives_outputs(self, v: NegativesView) -> tuple:
@@ -176,10 +180,11 @@ class SearchApp:
         gallery, table = [], []
         for r, neg in enumerate(v.negatives, 1):
             flag = "⚠ " if neg.suspicious else ""
+            shown = display_path(neg.path) if neg.path else f"id {neg.id}"
             if neg.thumb is not None:
                 thumb = str(neg.thumb) if isinstance(neg.thumb, Path) else neg.thumb
-                gallery.append((thumb, f"{flag}#{r} · cos {neg.similarity:.3f} · {neg.share:.2%} · {neg.path}"))
-            table.append([r, neg.path or f"id {neg.id}", round(neg.similarity, 4), round(neg.logit, 3),
+                gallery.append((thumb, f"{flag}#{r} · cos {neg.similarity:.3f} · {neg.share:.2%} · {shown}"))
+            table.append([r, shown, round(neg.similarity, 4), round(neg.logit, 3),
                           round(neg.share, 6), "likely false negative / near-duplicate" if neg.suspicious else ""])
         return views, "\n\n".join(lines), gallery, table
 
@@ -197,7 +202,7 @@ class SearchApp:
             f"recall@10 {recall if recall is not None else 'n/a'} · {'GPU' if st['on_gpu'] else 'CPU'} · "
             f"{st['size_on_disk_bytes'] / 1e6:.1f} MB on disk",
             f"**Backbone:** {st['backbone_arch']} · sha256 `{str(st['backbone_sha256'])[:12]}…` · {st['dim']}-d",
-            f"**Collection:** `{st['root']}` · updated {st['updated']}",
+            f"**Collection:** `{display_path(st['root'])}` · updated {st['updated']}",
         ]
         gallery = []
         if dup is None:
@@ -209,7 +214,7 @@ class SearchApp:
                 for m in group["members"]:
                     row = self.index.catalog.row_by_path(m["path"])
                     if row is not None and row.thumb:
-                        gallery.append((str(self.index.thumb_path(row)), f"group {g} · {m['path']}"))
+                        gallery.append((str(self.index.thumb_path(row)), f"group {g} · {display_path(m['path'])}"))
         return "\n\n".join(text), gallery
 
 
@@ -223,7 +228,8 @@ def build_ui(app: SearchApp) -> Any:
         with gr.Tab("Search"):
             with gr.Row():
                 with gr.Column(scale=1):
-                    query = gr.Image(type="filepath", sources=sources, label="Query photo", elem_id="query")
+                    query = gr.Image(type="filepath", image_mode=None, sources=sources, label="Query photo",
+                                     elem_id="query")
                     k = gr.Slider(1, 100, value=12, step=1, label="k (results)", elem_id="k")
                     folder = gr.Dropdown([""] + app.folders(), value="", allow_custom_value=True,
                                          label="Only in sub-folder (optional)", elem_id="folder")  # fmt: skip
@@ -251,7 +257,8 @@ def build_ui(app: SearchApp) -> Any:
                         "query embedding, with their logits and share of the softmax over [positive + negatives].")
             with gr.Row():
                 with gr.Column(scale=1):
-                    neg_image = gr.Image(type="filepath", sources=sources, label="Photo", elem_id="neg-query")
+                    neg_image = gr.Image(type="filepath", image_mode=None, sources=sources, label="Photo",
+                                         elem_id="neg-query")
                     n = gr.Slider(1, 64, value=12, step=1, label="closest negatives to show")
                     seed = gr.Number(0, precision=0, label="augmentation seed")
                     neg_go = gr.Button("Inspect negatives", variant="primary", elem_id="neg-btn")

@@ -6,6 +6,11 @@ then ``index.json``, then the catalog records which rows the new file holds. Kil
 any moment leaves the previous index searchable; running the same command again finishes the work
 (re-adding a row is remove-then-add, so nothing is ever in the index twice).
 
+The catalog is the source of truth. An ``index.faiss`` that cannot be trusted to hold its vectors
+(``index.json`` lost, either file from another index by their index id, an unreadable file) is
+rebuilt from it, with a warning. A failed write of ours (thumbnail, disk full) stops the run with
+:class:`~moco.errors.StorageError`; only a photo that cannot be read or decoded becomes an error row.
+
 Under ``torchrun`` (``python -m index.build ...``) rank 0 plans, every rank decodes and embeds its
 share of each round of files (``files[rank::world]``), and rank 0 gathers the results, commits them
 and writes the index: the same catalog and index as one process, in a fraction of the time.
@@ -14,12 +19,16 @@ and writes the index: the same catalog and index as one process, in a fraction o
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import datetime
+import errno
 import logging
 import os
+import re
 import shutil
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +40,7 @@ from index.image_index import (
     CATALOG_FILE,
     FORMAT,
     INDEX_FILE,
+    INDEX_ID_KEY,
     META_FILE,
     THUMBS_DIR,
     load_store,
@@ -38,11 +48,12 @@ from index.image_index import (
     write_meta,  # fmt: skip
 )
 from index.plan import Plan, Stat, file_hash, make_plan
-from index.store import KINDS, VectorStore, choose_kind
+from index.store import KINDS, VectorStore, choose_kind, read_index_id
 from moco.data import ImageDecodeError, load_rgb, square_u8
-from moco.errors import UserError
+from moco.errors import StorageError, UserError, storage_error
 
-__all__ = ["build_index", "update_index", "Summary", "default_memory_budget", "sample_ids", "THUMB_SIZE"]
+__all__ = ["build_index", "update_index", "Summary", "default_memory_budget", "sample_ids", "is_our_failure",
+           "write_failed", "THUMB_SIZE"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -150,34 +161,67 @@ class _Record:
     thumb: str | None = None
 
 
+_OUR_FAILURE = re.compile(r"\[Errno \d+\]|[A-Z]\w*(Error|Exception)\b")
+
+
+def is_our_failure(reason: str | None) -> bool:
+    """Whether an error row's reason is a failure on our side, not of the photo: retried by the next update.
+
+    Photo decode reasons are short phrases ("truncated or corrupt: ...", "unreadable: ..."); older
+    versions also stored any exception of theirs (a missing ``thumbs/``, a full disk) as
+    ``"FileNotFoundError: ..."``, ``"OSError: [Errno 28] ..."``.
+    """
+    return bool(reason) and _OUR_FAILURE.match(reason) is not None
+
+
+def write_failed(err: OSError, path: Path) -> StorageError:
+    """The error for a failed write of ours into the index directory: the path, the cause and the fix."""
+    if err.errno in (errno.ENOENT, errno.ENOTDIR, errno.EEXIST):  # a folder of the index is missing or a file
+        return StorageError(f"cannot write {path} ({err.strerror or err}): {path.parent} is missing or not a folder; "
+                            f"remove whatever is at that path (the next run makes {THUMBS_DIR}/ again) and run the "
+                            "same command (nothing saved before this point is lost)")  # fmt: skip
+    return storage_error(err, path)
+
+
 def _write_jpeg(img: Any, dest: Path) -> None:
     tmp = dest.with_name(f".{dest.name}.{os.getpid()}.tmp")
-    img.save(tmp, "JPEG", quality=85, optimize=True)
-    os.replace(tmp, dest)
+    try:
+        img.save(tmp, "JPEG", quality=85, optimize=True)
+        os.replace(tmp, dest)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise write_failed(e, dest) from e
+
+
+def _write_thumb(img: Any, index_dir: Path, id_: int) -> str:
+    """Write the thumbnail of photo ``id_`` (``img`` is shrunk in place); its path inside the index directory."""
+    rel = f"{THUMBS_DIR}/{id_}.jpg"
+    img.thumbnail((THUMB_SIZE, THUMB_SIZE))
+    _write_jpeg(img, index_dir / rel)
+    return rel
 
 
 def _prepare(root: Path, index_dir: Path, item: tuple[int, str], resize: int) -> _Record:
-    """Hash, decode once, make the model square and the thumbnail of one file; errors become a reason."""
+    """Hash, decode once, make the model square and the thumbnail of one file.
+
+    A photo that cannot be read or decoded becomes an error record with the reason; a failed write of
+    ours (the thumbnail) raises :class:`StorageError` instead, so a good photo is never marked bad.
+    """
     id_, name = item
     path = root / name
     try:
+        content = file_hash(path)  # first: its reasons name special files, loops and dangling links
         st = os.stat(path)
         stat = Stat(st.st_size, st.st_mtime_ns)
-        content = file_hash(path)
     except OSError as e:
         return _Record(id_, name, Stat(0, 0), None, error=f"unreadable: {e.strerror or e}")
     try:
         img = load_rgb(path, min_short=resize)  # the same decode as Embedder.embed(path)
-        square = square_u8(img, resize)
-        thumb = img.copy()
-        thumb.thumbnail((THUMB_SIZE, THUMB_SIZE))
-        rel = f"{THUMBS_DIR}/{id_}.jpg"
-        _write_jpeg(thumb, index_dir / rel)
     except ImageDecodeError as e:
         return _Record(id_, name, stat, content, error=e.reason)
-    except Exception as e:  # noqa: BLE001 - one bad file never stops a build
-        return _Record(id_, name, stat, content, error=f"{type(e).__name__}: {e}")
-    return _Record(id_, name, stat, content, square=square, thumb=rel)
+    square = square_u8(img, resize)
+    return _Record(id_, name, stat, content, square=square, thumb=_write_thumb(img, index_dir, id_))
 
 
 def _decode_round(items: list[tuple[int, str]], root: Path, index_dir: Path, resize: int,
@@ -220,14 +264,17 @@ def _quick_ops(catalog: Catalog, plan: Plan, index_dir: Path, summary: Summary) 
             db.execute("UPDATE images SET size=?, mtime_ns=?, indexed=CASE WHEN deleted=1 THEN 0 ELSE indexed END, "
                        "deleted=0 WHERE id=?", (st.size, st.mtime_ns, id_))  # fmt: skip
         for id_, path, st in plan.moves:
-            db.execute("UPDATE images SET path=?, size=?, mtime_ns=? WHERE id=?", (path, st.size, st.mtime_ns, id_))
+            catalog.move(db, id_, path, st.size, st.mtime_ns)
         for id_, path, st, content, src in plan.copies:
             _, vec = catalog.vectors([src])  # 1 x D
             src_row = catalog.rows_by_id([src]).get(src)
             thumb = None
             if src_row is not None and src_row.thumb and (index_dir / src_row.thumb).is_file():
                 thumb = f"{THUMBS_DIR}/{id_}.jpg"
-                shutil.copyfile(index_dir / src_row.thumb, index_dir / thumb)
+                try:
+                    shutil.copyfile(index_dir / src_row.thumb, index_dir / thumb)
+                except OSError as e:
+                    raise write_failed(e, index_dir / thumb) from e
             catalog.put(db, Row(id_, path, st.size, st.mtime_ns, content, "ok", None, thumb), vec[0])
         db.executemany("UPDATE images SET deleted=1 WHERE id=?", [(i,) for i in plan.gone])
     summary.touched, summary.moved, summary.copied = len(plan.touch), len(plan.moves), len(plan.copies)
@@ -262,7 +309,8 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
         kind = "flat"  # an earlier tuning found that these vectors do not cluster (see below)
     rng = np.random.default_rng(len(ids))
     queries = sample_ids(ids, min(TUNE_QUERIES, len(ids) // 10), rng)  # held out of training (and of tuning)
-    store = load_store(index_dir, use_gpu) if (index_dir / INDEX_FILE).is_file() else None
+    index_id, store = _own_store(index_dir, catalog, len(ids), dim, use_gpu)
+    trusted = store is not None  # index.faiss and index.json are this index's own
     pending, stale = catalog.pending(), catalog.stale()
     qv = vecs[np.searchsorted(ids, queries)]  # tuning queries, Q x D
     if store is None or store.kind != kind or not store.is_trained:
@@ -300,9 +348,9 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
         store.add(ids, vecs)
         tuning = store.tune(vecs, ids, qv, queries, k=10, target=TARGET_RECALL, held_out=False)
         kind, pending = "flat", ids
-    store.save(index_dir / INDEX_FILE)
+    store.save(index_dir / INDEX_FILE, index_id)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    old = read_meta(index_dir) if (index_dir / META_FILE).is_file() else {}
+    old = read_meta(index_dir) if trusted else {}
     import faiss
 
     write_meta(index_dir, {
@@ -314,13 +362,108 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
         "params": {tuning.param: tuning.value} if tuning.param else {}, "recall_at_10": round(tuning.recall, 4),
         "recall_queries": tuning.queries, "memory_budget": int(cmeta["memory_budget"]),
         "thumb_size": THUMB_SIZE, "faiss_version": faiss.__version__, "created": old.get("created", now),
-        "updated": now,
+        "updated": now, "index_id": index_id,
     })  # fmt: skip
     catalog.mark_indexed(pending, stale)
     return store
 
 
+def _own_store(index_dir: Path, catalog: Catalog, n: int, dim: int, use_gpu: str) -> tuple[str, VectorStore | None]:
+    """The index id (made at the first build) and ``index.faiss`` when it is this catalog's own.
+
+    None when there is no ``index.faiss``, or when it cannot be trusted to hold the catalog's ``n`` vectors
+    (``index.json`` lost, files of another index, an unreadable file, another dim): the caller rebuilds
+    it from the catalog, which holds every vector.
+    """
+    index_id = catalog.get_meta(INDEX_ID_KEY)
+    store = None
+    if (index_dir / INDEX_FILE).is_file():
+        why = _untrusted(index_dir, index_id)
+        if why is None:
+            try:
+                store = load_store(index_dir, use_gpu)
+            except UserError as e:
+                why = str(e)
+            if store is not None and store.dim != dim:
+                why, store = f"{index_dir / INDEX_FILE} holds {store.dim}-d vectors, the catalog {dim}-d", None
+        if why is not None:
+            logger.warning("%s: rebuilding %s from the %d vectors in %s", why, INDEX_FILE, n, CATALOG_FILE)
+    if index_id is None:  # the first build, or an index from before index ids
+        index_id = uuid.uuid4().hex
+        with catalog.transaction():
+            catalog.set_meta(INDEX_ID_KEY, index_id)
+    return index_id, store
+
+
+def _untrusted(index_dir: Path, index_id: str | None) -> str | None:
+    """Why ``index.faiss`` may not hold the vectors of the catalog whose id is ``index_id``; None when it does."""
+    if not (index_dir / META_FILE).is_file():
+        return f"{index_dir / META_FILE} is missing"
+    try:
+        meta_id = read_meta(index_dir).get("index_id")
+    except UserError as e:
+        return str(e)
+    faiss_id = read_index_id(index_dir / INDEX_FILE)
+    if faiss_id != index_id:
+        if faiss_id is None:
+            return f"{index_dir / INDEX_FILE} has no index id (the catalog's is {index_id})"
+        return f"{index_dir / INDEX_FILE} belongs to another index (id {faiss_id}, the catalog's is {index_id})"
+    if meta_id != index_id:
+        return f"{index_dir / META_FILE} belongs to another index (id {meta_id}, the catalog's is {index_id})"
+    return None
+
+
+def _ensure_thumbs_dir(index_dir: Path) -> None:
+    """Make ``thumbs/`` when it is missing (deleted, or never made by an interrupted first build)."""
+    thumbs = index_dir / THUMBS_DIR
+    if not thumbs.exists() and not thumbs.is_symlink():
+        try:
+            thumbs.mkdir()
+        except OSError as e:
+            raise write_failed(e, thumbs) from e
+
+
+def _restore_thumbs(root: Path, index_dir: Path, catalog: Catalog, resize: int, workers: int) -> None:
+    """Make the missing thumbnails of indexed photos again: decoded again, never re-embedded."""
+    thumbs = index_dir / THUMBS_DIR
+    have = {f"{THUMBS_DIR}/{n}" for n in os.listdir(thumbs)} if thumbs.is_dir() else set()
+    todo = [r for r in catalog.rows().values() if r.status == "ok" and r.thumb not in have]
+    if not todo:
+        return
+    logger.info("making %d missing thumbnails again", len(todo))
+
+    def one(row: Row) -> tuple[str, int] | None:
+        try:
+            img = load_rgb(root / row.path, min_short=resize)
+        except ImageDecodeError as e:  # changed since the scan: the next update re-embeds it
+            logger.warning("no thumbnail for %s: %s", row.path, e.reason)
+            return None
+        return _write_thumb(img, index_dir, row.id), row.id
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        made = [m for m in pool.map(one, todo) if m is not None]
+    with catalog.transaction() as db:
+        db.executemany("UPDATE images SET thumb = ? WHERE id = ?", made)
+
+
+def _retry_our_failures(catalog: Catalog, plan: Plan) -> None:
+    """Queue unchanged error rows whose reason was a failure on our side (:func:`is_our_failure`) to embed again."""
+    queued = {i for i, _ in plan.embed}
+    again = []
+    for path, reason in catalog.errors():
+        row = catalog.row_by_path(path)
+        if row is not None and path in plan.stats and row.id not in queued and is_our_failure(reason):
+            again.append((row.id, path))
+    if again:
+        logger.info("trying %d files again that an earlier run could not index for a reason of its own", len(again))
+        plan.embed = sorted(plan.embed + again, key=lambda t: t[1])
+        plan.unchanged -= len(again)
+        plan.retried += len(again)
+
+
 def _clean_thumbs(index_dir: Path, catalog: Catalog) -> None:
+    if not (index_dir / THUMBS_DIR).is_dir():
+        return
     keep = {r.thumb for r in catalog.rows(include_deleted=True).values() if r.thumb}
     for f in (index_dir / THUMBS_DIR).iterdir():
         rel = f"{THUMBS_DIR}/{f.name}"
@@ -353,9 +496,11 @@ def _sync(index_dir: Path, embedder: Any, dist: _Dist, batch_size: int, workers:
     catalog = Catalog(index_dir / CATALOG_FILE) if dist.rank == 0 else None
     plan = None
     if dist.rank == 0:
+        _ensure_thumbs_dir(index_dir)
         cmeta = catalog_meta(catalog)
         root = Path(cmeta["root"])
         plan = make_plan(root, catalog, workers)
+        _retry_our_failures(catalog, plan)
         _quick_ops(catalog, plan, index_dir, summary)
         summary.unchanged = plan.unchanged
     todo, root_s = dist.broadcast((plan.embed, cmeta["root"]) if plan else None)
@@ -383,6 +528,7 @@ def _sync(index_dir: Path, embedder: Any, dist: _Dist, batch_size: int, workers:
     bar.close()
     if dist.rank == 0:
         store = _sync_store(index_dir, catalog, cmeta, use_gpu)
+        _restore_thumbs(root, index_dir, catalog, embedder.resize, workers)
         _clean_thumbs(index_dir, catalog)
         meta = read_meta(index_dir)
         summary.errors = catalog.errors()
@@ -428,8 +574,12 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
             raise UserError(f"the index directory {out} is inside the photo folder {photos}: its thumbnails "
                             "would be indexed as photos; use -o outside it, or a hidden folder like PHOTOS/.index")
         out.mkdir(parents=True, exist_ok=True)
-        (out / THUMBS_DIR).mkdir(exist_ok=True)
         fresh = not (out / CATALOG_FILE).exists()
+        if fresh and (out / INDEX_FILE).exists():  # nothing can tell which photos its vectors are
+            logger.warning("%s has an %s but no %s: starting a clean index (the old %s and %s are replaced)",
+                           out, INDEX_FILE, CATALOG_FILE, INDEX_FILE, META_FILE)  # fmt: skip
+            for name in (INDEX_FILE, META_FILE):
+                (out / name).unlink(missing_ok=True)
         catalog = Catalog(out / CATALOG_FILE, create=True)
         if not fresh:
             cmeta = catalog_meta(catalog)
@@ -498,13 +648,29 @@ def update_index(index_dir: str | Path, backbone: str | Path | None = None, root
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``torchrun ... -m index.build PHOTOS --backbone B -o IDX`` or ``-m index.build update IDX``."""
-    from app.cli import main as cli_main
+    """``torchrun ... -m index.build PHOTOS --backbone B -o IDX`` or ``-m index.build update IDX``; 2 on bad input."""
+    import argparse
+
+    from index import cli_args as a
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "update":
-        return cli_main(["index", *argv])
-    return cli_main(["index", "build", *argv])
+    update = bool(argv) and argv[0] == "update"
+    if update:
+        parser = argparse.ArgumentParser(prog="python -m index.build update", description=a.UPDATE_DESCRIPTION)
+        a.add_update_arguments(parser)
+    else:
+        parser = argparse.ArgumentParser(prog="python -m index.build", description=a.BUILD_DESCRIPTION,
+                                         epilog=f"python -m index.build update IDX: {a.UPDATE_HELP}")  # fmt: skip
+        a.add_build_arguments(parser)
+    args = parser.parse_args(argv[1:] if update else argv)
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr,
+                        format=f"[rank {rank}] %(levelname)s: %(message)s" if rank else "%(levelname)s: %(message)s")
+    try:
+        return a.run(args, update)
+    except UserError as e:  # StorageError (disk full, read-only) exits 1: not bad input
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 1 if isinstance(e, StorageError) else 2
 
 
 if __name__ == "__main__":

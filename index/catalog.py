@@ -9,27 +9,41 @@ Two flags make updates crash-safe. ``indexed`` is 1 once the committed ``index.f
 row's current vector; ``deleted`` marks a file that is gone but may still be in ``index.faiss``.
 An update writes the new index file first, then in one transaction sets ``indexed`` and drops
 deleted rows, so a kill at any point leaves a readable index and a re-run that finishes the job.
+
+Paths are the ``str`` Python gets from the OS: a file name that is not valid UTF-8 holds lone
+surrogates (``surrogateescape``), which SQLite cannot store as TEXT; such a path is stored as a BLOB
+of its file-system bytes and read back as the same ``str`` (valid names stay TEXT). A catalog in a
+directory without write permission, or on a read-only file system, opens read-only: search works,
+writes raise a :class:`UserError` saying so.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import shutil
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import numpy as np
 
-from moco.errors import UserError
+from moco.errors import StorageError, UserError
 
-__all__ = ["Catalog", "Row"]
+__all__ = ["Catalog", "Row", "display_path"]
+
+logger = logging.getLogger(__name__)
+
+_LOW_SPACE = 16 << 20  # bytes: below this much free space, SQLite's "disk I/O error" is taken as a full disk
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS images (
     id       INTEGER PRIMARY KEY,           -- the FAISS id
-    path     TEXT NOT NULL UNIQUE,          -- relative to the collection root, '/' separated
+    path     TEXT NOT NULL UNIQUE,          -- relative to the collection root, '/' separated; BLOB if not UTF-8
     size     INTEGER NOT NULL,
     mtime_ns INTEGER NOT NULL,
     hash     TEXT,                          -- blake2b-128 of the bytes; NULL when unreadable
@@ -69,42 +83,146 @@ class Row:
 _COLUMNS = "id, path, size, mtime_ns, hash, status, error, thumb, added, indexed, deleted"
 
 
+def display_path(path: str) -> str:
+    """``path`` for people: bytes that are not UTF-8 (surrogates from the OS) shown escaped, as ``\\xe9``."""
+    try:
+        return path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeEncodeError:  # a lone surrogate that no file name decodes to
+        return path.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _sql_path(path: str) -> str | bytes:
+    """A path as the catalog stores it: TEXT when valid UTF-8, else a BLOB of its file-system bytes."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return os.fsencode(path)
+    return path
+
+
+def _os_path(value: str | bytes) -> str:
+    """A stored path back as the ``str`` the OS gave (the inverse of ``_sql_path``)."""
+    return os.fsdecode(value) if isinstance(value, bytes) else value
+
+
+def _row(r: tuple) -> Row:
+    """A Row from ``SELECT {_COLUMNS}``."""
+    return Row(r[0], _os_path(r[1]), *r[2:])
+
+
+def _writable(path: Path) -> bool:
+    """Whether SQLite may write ``path`` and its -wal/-shm files beside it (the OS says, root included)."""
+    return os.access(path.parent, os.W_OK) and (not path.exists() or os.access(path, os.W_OK))
+
+
+def _read_only_reason(folder: Path) -> str:
+    with suppress(OSError):
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "a read-only file system"
+    return "no write permission"
+
+
 class Catalog:
     """The catalog of one index directory.
 
     Args:
         path: the ``catalog.sqlite`` file.
-        create: make it when missing (``build``); otherwise a missing file is an error.
+        create: make it when missing (``build``); otherwise a missing file is an error, and a catalog
+            that cannot be written opens read-only (``read_only``; writes raise :class:`UserError`).
     """
 
     def __init__(self, path: str | Path, create: bool = False) -> None:
         self.path = Path(path)
         if not create and not self.path.is_file():
             raise UserError(f"{self.path} does not exist: is {self.path.parent} an index made by `moco index build`?")
-        self.db = sqlite3.connect(str(self.path), timeout=60, isolation_level=None, check_same_thread=False)
+        self.read_only = not _writable(self.path)
+        if create:
+            self.check_writable()
         try:
-            self.db.execute("PRAGMA journal_mode=WAL")
+            if self.read_only:
+                self.db = self._connect_read_only()
+            else:
+                self.db = self._connect(str(self.path))
+                with self._writing():
+                    self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.execute("PRAGMA foreign_keys=ON")
             if create:
-                self.db.executescript(_SCHEMA)
+                with self._writing():
+                    self.db.executescript(_SCHEMA)
         except sqlite3.DatabaseError as e:
             raise UserError(f"{self.path} is not a readable SQLite catalog ({e}): "
                             "rebuild with `moco index build`") from e
 
+    @staticmethod
+    def _connect(target: str, uri: bool = False) -> sqlite3.Connection:
+        return sqlite3.connect(target, timeout=60, isolation_level=None, check_same_thread=False, uri=uri)
+
+    def _connect_read_only(self) -> sqlite3.Connection:
+        """``mode=ro``; ``immutable=1`` when even the WAL's shared-memory file (-shm) cannot be created."""
+        target = "file:" + quote(os.fsencode(self.path.absolute()))
+        db = self._connect(target + "?mode=ro", uri=True)
+        try:
+            db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+            return db
+        except sqlite3.OperationalError:  # "unable to open database file": no -shm on a read-only medium
+            db.close()
+        wal = self.path.with_name(self.path.name + "-wal")
+        if wal.is_file() and wal.stat().st_size:
+            logger.warning("%s holds changes a read-only open cannot see: run `moco index update %s` where the "
+                           "index is writable", wal, self.path.parent)  # fmt: skip
+        db = self._connect(target + "?immutable=1", uri=True)
+        db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
+        return db
+
     def close(self) -> None:
         self.db.close()
+
+    def check_writable(self) -> None:
+        """Raise a :class:`UserError` naming the cause and the fix when this index cannot be written."""
+        if not self.read_only:
+            return
+        where, why = self.path.parent, _read_only_reason(self.path.parent)
+        if self.path.is_file():
+            raise UserError(f"{where} is read-only ({why}): search works; to update it, make it writable or copy it")
+        raise UserError(f"{where} is read-only ({why}): cannot create {self.path.name} there; make it writable or "
+                        "choose another index directory")  # fmt: skip
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """SQLite's full-disk and I/O errors become a StorageError naming the catalog, the cause and the fix."""
+        try:
+            yield
+        except sqlite3.OperationalError as e:
+            msg = str(e)
+            if "readonly database" in msg:  # the medium became read-only under us
+                self.read_only = True
+                self.check_writable()
+            with suppress(OSError):
+                if "disk I/O error" in msg and shutil.disk_usage(self.path.parent).free < _LOW_SPACE:
+                    msg = "database or disk is full"  # SQLite says I/O error when ENOSPC hits its -shm file
+            if "disk is full" in msg:
+                raise StorageError(f"no space left on device while writing {self.path}: free space and run the "
+                                   "same command; the index is unchanged") from e  # fmt: skip
+            if "disk I/O error" in msg:
+                raise StorageError(f"I/O error writing {self.path} ({e}): check the disk; the index is "
+                                   "unchanged") from e  # fmt: skip
+            raise
 
     @contextmanager
     def transaction(self) -> Iterator[sqlite3.Connection]:
         """All statements inside commit together or not at all."""
-        self.db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self.db
-        except BaseException:
-            self.db.execute("ROLLBACK")
-            raise
-        self.db.execute("COMMIT")
+        self.check_writable()
+        with self._writing():
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+                self.db.execute("COMMIT")
+            except BaseException:
+                if self.db.in_transaction:  # a failed COMMIT may have ended it already
+                    with suppress(sqlite3.Error):
+                        self.db.execute("ROLLBACK")
+                raise
 
     # ------------------------------------------------------------------------------------ meta
     def get_meta(self, key: str, default: str | None = None) -> str | None:
@@ -112,13 +230,15 @@ class Catalog:
         return row[0] if row else default
 
     def set_meta(self, key: str, value: str) -> None:
-        self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+        self.check_writable()
+        with self._writing():
+            self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
 
     # ------------------------------------------------------------------------------------ rows
     def rows(self, include_deleted: bool = False) -> dict[str, Row]:
         """Every row by path."""
         sql = f"SELECT {_COLUMNS} FROM images" + ("" if include_deleted else " WHERE deleted = 0")
-        return {r[1]: Row(*r) for r in self.db.execute(sql)}
+        return {row.path: row for row in map(_row, self.db.execute(sql))}
 
     def rows_by_id(self, ids: Iterable[int]) -> dict[int, Row]:
         """Live (not deleted) rows for ``ids``; unknown ids are left out."""
@@ -128,13 +248,14 @@ class Catalog:
             chunk = ids[start : start + 900]
             marks = ",".join("?" * len(chunk))
             sql = f"SELECT {_COLUMNS} FROM images WHERE deleted = 0 AND id IN ({marks})"
-            out.update({r[0]: Row(*r) for r in self.db.execute(sql, chunk)})
+            out.update({r[0]: _row(r) for r in self.db.execute(sql, chunk)})
         return out
 
     def row_by_path(self, path: str) -> Row | None:
         """The live row of ``path`` (relative to the collection root), or None."""
-        r = self.db.execute(f"SELECT {_COLUMNS} FROM images WHERE path = ? AND deleted = 0", (path,)).fetchone()
-        return Row(*r) if r else None
+        sql = f"SELECT {_COLUMNS} FROM images WHERE path = ? AND deleted = 0"
+        r = self.db.execute(sql, (_sql_path(path),)).fetchone()
+        return _row(r) if r else None
 
     def next_id(self) -> int:
         """The id after every id ever used (ids are never reused, even after a delete)."""
@@ -145,13 +266,17 @@ class Catalog:
     def put(self, db: sqlite3.Connection, row: Row, vector: np.ndarray | None) -> None:
         """Insert or replace ``row`` (by id) and its vector, inside a transaction."""
         db.execute(f"INSERT OR REPLACE INTO images({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
-                   (row.id, row.path, row.size, row.mtime_ns, row.hash, row.status, row.error, row.thumb,
+                   (row.id, _sql_path(row.path), row.size, row.mtime_ns, row.hash, row.status, row.error, row.thumb,
                     row.added or time.time(), row.indexed, row.deleted))  # fmt: skip
         if vector is None:
             db.execute("DELETE FROM vectors WHERE id = ?", (row.id,))
         else:
             db.execute("INSERT OR REPLACE INTO vectors(id, vector) VALUES (?, ?)",
                        (row.id, np.ascontiguousarray(vector, np.float32).tobytes()))  # fmt: skip
+
+    def move(self, db: sqlite3.Connection, id_: int, path: str, size: int, mtime_ns: int) -> None:
+        """Give row ``id_`` the new ``path`` of its moved or renamed file (keeping id and vector), in a transaction."""
+        db.execute("UPDATE images SET path=?, size=?, mtime_ns=? WHERE id=?", (_sql_path(path), size, mtime_ns, id_))
 
     # --------------------------------------------------------------------------------- vectors
     def vectors(self, ids: Iterable[int] | None = None, dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -219,5 +344,5 @@ class Catalog:
 
     def errors(self) -> list[tuple[str, str]]:
         """(path, reason) of every file that could not be indexed."""
-        return [(p, e or "") for p, e in self.db.execute(
+        return [(_os_path(p), e or "") for p, e in self.db.execute(
             "SELECT path, error FROM images WHERE status = 'error' AND deleted = 0 ORDER BY path")]  # fmt: skip

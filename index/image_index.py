@@ -27,24 +27,29 @@ from typing import Any
 import numpy as np
 
 from index.catalog import Catalog, Row
-from index.store import VectorStore
+from index.store import VectorStore, read_index_id
 from moco.checkpoint import atomic_write
 from moco.errors import UserError
 
 __all__ = ["ImageIndex", "SearchResult", "read_meta", "write_meta", "kind_of", "INDEX_FILE", "META_FILE",
-           "CATALOG_FILE", "THUMBS_DIR", "DEDUP_FILE", "FORMAT"]  # fmt: skip
+           "CATALOG_FILE", "THUMBS_DIR", "DEDUP_FILE", "FORMAT", "INDEX_ID_KEY", "check_index_ids"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
 INDEX_FILE, META_FILE, CATALOG_FILE, THUMBS_DIR, DEDUP_FILE = (
     "index.faiss", "index.json", "catalog.sqlite", "thumbs", "dedup.json")  # fmt: skip
 FORMAT = 1
+INDEX_ID_KEY = "index_id"  # catalog meta key of the index id (also in index.json and in index.faiss's trailer)
+_REQUIRED_META = ("root", "dim", "backbone_sha256", "backbone_path")  # what search and stats read from index.json
 
 
 def read_meta(index_dir: Path) -> dict[str, Any]:
     """``index.json`` of an index directory, with a clear error when it is missing or damaged."""
     path = Path(index_dir) / META_FILE
     if not path.is_file():
+        if (Path(index_dir) / CATALOG_FILE).is_file():  # a build killed before its first index.json, or a lost file
+            raise UserError(f"{path} is missing: `moco index update {index_dir}` rewrites it and {INDEX_FILE} "
+                            f"from {CATALOG_FILE}")  # fmt: skip
         raise UserError(f"{index_dir} is not an index directory (no {META_FILE}): "
                         f"create one with `moco index build PHOTOS --backbone B -o {index_dir}`")  # fmt: skip
     try:
@@ -89,8 +94,10 @@ def load_store(index_dir: Path, use_gpu: str = "auto") -> VectorStore:
     try:
         cpu = faiss.read_index(str(path))
     except RuntimeError as e:
-        raise UserError(f"{path} is not a readable FAISS index: rebuild with `moco index build`") from e
+        raise UserError(f"{path} is not a readable FAISS index: `moco index update {index_dir}` rewrites it "
+                        f"from {CATALOG_FILE}") from e  # fmt: skip
     store = VectorStore(cpu, kind_of(cpu), use_gpu)
+    store.index_id = read_index_id(path)
     params = read_meta(index_dir).get("params") or {}
     for name, value in params.items():
         try:
@@ -98,6 +105,28 @@ def load_store(index_dir: Path, use_gpu: str = "auto") -> VectorStore:
         except RuntimeError:
             logger.debug("parameter %s does not apply to this %s index", name, store.kind)
     return store
+
+
+def check_index_ids(index_dir: Path, catalog_id: str | None, meta_id: str | None, faiss_id: str | None) -> None:
+    """Refuse an index directory whose files carry different index ids (a file copied from another index).
+
+    A missing id (a file written before index ids existed) is not compared, so an index from an older
+    version opens, and stays searchable while its first update is interrupted; that update adds the ids.
+    """
+    ids = {CATALOG_FILE: catalog_id, META_FILE: meta_id, INDEX_FILE: faiss_id}
+    known = {name: i for name, i in ids.items() if i}
+    if len(set(known.values())) <= 1:
+        return
+    d = Path(index_dir)
+    fix = f"`moco index update {d}` rewrites {INDEX_FILE} and {META_FILE} from {CATALOG_FILE}, the source of truth"
+    if catalog_id and meta_id and meta_id == faiss_id:  # the catalog is the odd one out
+        raise UserError(f"{d / CATALOG_FILE} belongs to another index (id {catalog_id[:8]}...) than {META_FILE} and "
+                        f"{INDEX_FILE} (id {meta_id[:8]}...): put back the {CATALOG_FILE} of this index, or, to keep "
+                        f"this catalog and its photos, run {fix}")  # fmt: skip
+    ref = catalog_id or meta_id
+    odd = [name for name, i in known.items() if i != ref]
+    raise UserError(f"{' and '.join(str(d / n) for n in odd)} {'belongs' if len(odd) == 1 else 'belong'} to another "
+                    f"index than {CATALOG_FILE if catalog_id else META_FILE} (id {ref[:8]}...): {fix}")  # fmt: skip
 
 
 @dataclass
@@ -135,7 +164,24 @@ class ImageIndex:
     def _load(self) -> None:
         self.meta = read_meta(self.dir)
         self.store = load_store(self.dir, self.use_gpu)
+        check_index_ids(self.dir, self.catalog.get_meta(INDEX_ID_KEY), self.meta.get("index_id"), self.store.index_id)
+        self._check_meta()
         self._stamp = self._files_stamp()
+
+    def _check_meta(self) -> None:
+        """``index.json`` holds what search needs, and its dim agrees with ``index.faiss`` and the catalog."""
+        path, fix = self.dir / META_FILE, f"run `moco index update {self.dir}` to rewrite it from the catalog"
+        missing = [k for k in _REQUIRED_META if k not in self.meta]
+        if missing:
+            raise UserError(f"{path} is damaged: it lacks {', '.join(missing)}; {fix}")
+        cat_dim = json.loads(self.catalog.get_meta("dim") or "null")
+        if cat_dim is not None and cat_dim != self.store.dim:
+            raise UserError(f"{self.dir / INDEX_FILE} holds {self.store.dim}-d vectors, the catalog {cat_dim}-d: "
+                            f"delete {INDEX_FILE} and run `moco index update {self.dir}` to rebuild it from the "
+                            "catalog")  # fmt: skip
+        if self.meta["dim"] != self.store.dim:
+            raise UserError(f"{path} is damaged: its dim {self.meta['dim']!r} disagrees with {INDEX_FILE} and the "
+                            f"catalog ({self.store.dim}); {fix}")  # fmt: skip
 
     def refresh(self) -> bool:
         """Reload when the index files changed on disk; whether it did."""
@@ -191,7 +237,8 @@ class ImageIndex:
     # ---------------------------------------------------------------------------------- search
     def search(self, vectors: np.ndarray, k: int = 10, folder: str | None = None,
                offset: int = 0) -> SearchResult:  # fmt: skip
-        """Top-``k`` (after skipping ``offset``) by cosine for each row of ``vectors`` (Q x D).
+        """Top-``k`` (after skipping ``offset``) by cosine for each row of ``vectors`` (Q x D); ``k`` is capped at
+        the number of vectors in the index.
 
         ``folder``: only files under this sub-folder of the collection root. Ids the catalog no
         longer lists (deleted since the index file was written) are skipped.
@@ -201,13 +248,14 @@ class ImageIndex:
         if q.shape[1] != self.dim:
             raise UserError(f"vectors have dimension {q.shape[1]}, this index holds {self.dim}: embed with "
                             f"the index's backbone ({self.meta.get('backbone_path')})")  # fmt: skip
+        ntotal = self.store.ntotal
+        k = min(k, ntotal)  # never more results than vectors: a huge k allocates nothing more
         want = offset + k
         prefix = folder.strip("/") + "/" if folder and folder.strip("/") else None
         out_ids = np.full((len(q), k), -1, np.int64)
         out_scores = np.full((len(q), k), np.nan, np.float32)
         out_paths: list[list[str]] = []
         out_rows: list[list[Row]] = []
-        ntotal = self.store.ntotal
         fetch = min(ntotal, want + 16)
         todo = list(range(len(q)))
         found: dict[int, list[tuple[int, float, Row]]] = {}
@@ -250,5 +298,5 @@ class ImageIndex:
             "recall_at_10": self.meta.get("recall_at_10"), "dim": self.dim, "on_gpu": self.store.on_gpu,
             "backbone_path": self.meta.get("backbone_path"), "backbone_sha256": self.meta.get("backbone_sha256"),
             "backbone_arch": self.meta.get("backbone", {}).get("arch"), "size_on_disk_bytes": size,
-            "updated": self.meta.get("updated"),
+            "updated": self.meta.get("updated"), "read_only": self.catalog.read_only,
         }  # fmt: skip

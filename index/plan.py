@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from index.catalog import Catalog, Row
-from moco.data import scan_images
+from moco.data import open_regular, scan_images
 
 __all__ = ["Plan", "make_plan", "file_hash", "Stat"]
 
@@ -44,19 +44,24 @@ class Plan:
 
 
 def file_hash(path: str | Path) -> str:
-    """blake2b-128 of a file's bytes (hex)."""
+    """blake2b-128 of a file's bytes (hex); ``OSError`` with a reason for special or oversized files (open_regular)."""
     h = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
 
 
 def _stat(path: Path) -> Stat | None:
+    """Size and mtime of ``path``, or of the link itself when its target is out of reach (a symlink loop
+    or a dangling link is still planned, then recorded as an error); None when the path is gone."""
     try:
         st = os.stat(path)
     except OSError:
-        return None
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
     return Stat(st.st_size, st.st_mtime_ns)
 
 

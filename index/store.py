@@ -25,13 +25,14 @@ import math
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
 
 from moco.errors import UserError
 
-__all__ = ["VectorStore", "choose_kind", "factory_for", "KINDS", "EXACT_UP_TO", "gpu_count"]
+__all__ = ["VectorStore", "choose_kind", "factory_for", "read_index_id", "KINDS", "EXACT_UP_TO", "gpu_count"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ _PARAM = {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "efSearch"}
 
 _FEW_QUERIES = 20  # below this many queries FAISS scans on one thread (distance_compute_blas_threshold)
 _SHARD_FROM = 20_000  # below this, FAISS's own scan is as fast
+_ID_TAG = b"\nmoco-retrieval-index-id:"  # index.faiss ends with this, 32 hex digits and a newline
+_ID_TRAILER = len(_ID_TAG) + 32 + 1
 
 
 def gpu_count() -> int:
@@ -56,6 +59,22 @@ def choose_kind(n: int, dim: int, memory_budget: int) -> str:
     if n <= EXACT_UP_TO:
         return "flat"
     return "ivf" if n * dim * 4 <= memory_budget else "ivfpq"
+
+
+def read_index_id(path: str | Path) -> str | None:
+    """The index id in the trailer of an ``index.faiss`` (see :meth:`VectorStore.save`); None when it has none."""
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        if size < _ID_TRAILER:
+            return None
+        f.seek(size - _ID_TRAILER)
+        tail = f.read(_ID_TRAILER)
+    hex_id = tail[len(_ID_TAG) : -1].decode("ascii", "replace")
+    return hex_id if tail.startswith(_ID_TAG) and tail.endswith(b"\n") and _is_index_id(hex_id) else None
+
+
+def _is_index_id(s: str) -> bool:
+    return len(s) == 32 and all(c in "0123456789abcdef" for c in s)
 
 
 def _nlist(n: int) -> int:
@@ -107,6 +126,7 @@ class VectorStore:
     def __init__(self, index: faiss.Index, kind: str, use_gpu: str = "auto") -> None:
         self.kind = kind
         self.factory_string = ""  # set by create(); a loaded index keeps the one in index.json
+        self.index_id: str | None = None  # the id of the index directory, from the file's trailer when loaded
         self.dim = index.d
         self._cpu = index
         self._lock = threading.Lock()
@@ -140,13 +160,26 @@ class VectorStore:
             faiss.downcast_index(faiss.downcast_index(store._cpu).index).k_factor = REFINE_K_FACTOR
         return store
 
-    def save(self, path: str | Path) -> None:
-        """Write the CPU form atomically (temporary file, fsync, rename)."""
+    def save(self, path: str | Path, index_id: str | None = None) -> None:
+        """Write the CPU form atomically (temporary file, fsync, rename).
+
+        ``index_id`` (32 hex digits) is appended after the FAISS bytes as a fixed-size trailer, which
+        ``faiss.read_index`` never reads; :func:`read_index_id` gets it back.
+        """
         from moco.checkpoint import atomic_write
+
+        if index_id is not None and not _is_index_id(index_id):
+            raise ValueError(f"index id must be 32 lowercase hex digits, got {index_id!r}")
+        trailer = _ID_TAG + index_id.encode() + b"\n" if index_id else b""
+
+        def write(f: Any) -> None:
+            faiss.write_index(cpu, faiss.PyCallbackIOWriter(f.write))
+            f.write(trailer)
 
         with self._lock:
             cpu = faiss.index_gpu_to_cpu(self._gpu) if self._gpu is not None else self._cpu
-            atomic_write(path, lambda f: faiss.write_index(cpu, faiss.PyCallbackIOWriter(f.write)))
+            atomic_write(path, write)
+        self.index_id = index_id
 
     def factory(self) -> str:
         """A readable description of the index structure."""

@@ -9,11 +9,13 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import contextlib
+import errno
 import json
 import logging
 import math
 import multiprocessing
 import os
+import stat
 import sys
 import tempfile
 import threading
@@ -22,7 +24,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, BinaryIO, TypeVar
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -33,11 +35,14 @@ from moco.errors import UserError
 __all__ = [
     "DEFAULT_MAX_PIXELS",
     "IMAGE_EXTENSIONS",
+    "MAX_FILE_BYTES",
     "ImageCache",
     "ImageDecodeError",
     "build_cache",
     "load_rgb",
     "load_square_u8",
+    "open_regular",
+    "read_image_bytes",
     "scan_images",
     "square_u8",
 ]
@@ -50,6 +55,9 @@ IMAGE_EXTENSIONS: frozenset[str] = frozenset({".jpg", ".jpeg", ".png", ".webp", 
 DEFAULT_MAX_PIXELS: int | None = Image.MAX_IMAGE_PIXELS
 """Largest ``width * height`` decoded (PIL's default bomb limit, about 89.5 M pixels)."""
 
+MAX_FILE_BYTES: int = 1 << 30
+"""Largest photo file read (1 GiB); a larger one is refused from its size, before any byte is read."""
+
 _MANIFEST_VERSION = 1
 _ORIENTATION_TAG = 0x0112
 _TRANSPOSE_FOR_ORIENTATION = {
@@ -61,8 +69,12 @@ _TRANSPOSE_FOR_ORIENTATION = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
-_DRAFT_GAP = 2.0  # JPEG DCT downscaling keeps at least this factor above the target size
+_DRAFT_GAP = 2.0  # reducing while decoding (JPEG DCT draft, box average) keeps this factor above the target size
 _REDUCING_GAP = 3.0
+_BAND_PIXELS = 1 << 22  # pixels converted to RGB at a time when a palette/bilevel image is reduced
+_AVERAGED_NATIVELY = frozenset({"L", "LA", "RGB", "RGBA", "RGBX", "I", "F"})  # Image.reduce is meaningful
+_FILE_KINDS = {stat.S_IFIFO: "named pipe", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
+               stat.S_IFSOCK: "socket"}  # fmt: skip
 _PIL_LIMIT_LOCK = threading.RLock()
 _MAX_LISTED = 5
 
@@ -124,6 +136,68 @@ def scan_images(root: str | Path) -> list[str]:
     return found
 
 
+# ---------------------------------------------------------------------------------------- reading
+
+
+def _check_regular(path: str | Path, st: os.stat_result) -> None:
+    """Raise ``OSError`` with a short reason unless ``st`` is a regular file of at most MAX_FILE_BYTES."""
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if not stat.S_ISREG(st.st_mode):
+        kind = _FILE_KINDS.get(stat.S_IFMT(st.st_mode), "unknown kind")
+        raise OSError(errno.EINVAL, f"not a regular file ({kind})", str(path))
+    if st.st_size > MAX_FILE_BYTES:
+        raise OSError(errno.EFBIG, f"too large: {st.st_size} bytes, more than the {MAX_FILE_BYTES} read per "
+                      "photo (moco.data.MAX_FILE_BYTES)", str(path))  # fmt: skip
+
+
+def _link_problem(path: str | Path, err: OSError) -> str | None:
+    """A clearer reason than ``err`` for a symlink that leads nowhere, else None."""
+    if err.errno == errno.ELOOP:
+        return "symlink loop (too many levels of symbolic links)"
+    if err.errno == errno.ENOENT and os.path.islink(path):
+        return "broken symlink (its target does not exist)"
+    return None
+
+
+def open_regular(path: str | Path) -> BinaryIO:
+    """Open a photo file for binary reading, only if it is a regular file of at most MAX_FILE_BYTES.
+
+    Never blocks: named pipes, devices and sockets are refused from a ``stat`` before any open, and the
+    file is opened non-blocking and checked again (``fstat``) in case it was replaced in between.
+    Raises ``OSError`` whose ``strerror`` is a short reason: "not a regular file (named pipe)",
+    "symlink loop", "broken symlink ...", "too large: ...", or the system's message.
+    """
+    try:
+        _check_regular(path, os.stat(path))  # a pipe or a device is never even opened
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as err:
+        reason = _link_problem(path, err)
+        if reason is None:
+            raise
+        raise OSError(err.errno, reason, str(path)) from err
+    try:
+        _check_regular(path, os.fstat(fd))  # the file opened is the file checked
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _unreadable(path: str | Path, err: OSError) -> ImageDecodeError:
+    return ImageDecodeError(path, f"unreadable: {err.strerror or err}")
+
+
+def read_image_bytes(path: str | Path) -> bytes:
+    """All bytes of a photo file (see :func:`open_regular`); :class:`ImageDecodeError` with the reason otherwise."""
+    try:
+        with open_regular(path) as f:
+            return f.read()
+    except OSError as err:
+        raise _unreadable(path, err) from err
+
+
 # --------------------------------------------------------------------------------------- decoding
 
 
@@ -180,6 +254,26 @@ def _to_rgb(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
+def _reduce(img: Image.Image, factor: int) -> Image.Image:
+    """Box-average ``img`` by ``factor`` before it becomes RGB, so the cost is that of its own mode.
+
+    Palette, bilevel and 16-bit images cannot be averaged in their own mode: they are converted to RGB
+    a band of rows at a time (a multiple of ``factor``: the same blocks as one reduce), so their
+    full-size RGB copy never exists.
+    """
+    if factor < 2:
+        return img
+    if img.mode in _AVERAGED_NATIVELY:
+        return img.reduce(factor)
+    w, h = img.size
+    rows = factor * max(1, _BAND_PIXELS // (w * factor))
+    out = Image.new("RGB", (-(-w // factor), -(-h // factor)))
+    for top in range(0, h, rows):
+        band = _to_rgb(img.crop((0, top, w, min(h, top + rows))))
+        out.paste(band.reduce(factor), (0, top // factor))
+    return out
+
+
 def _orientation(img: Image.Image) -> int:
     try:
         value = img.getexif().get(_ORIENTATION_TAG, 1)
@@ -190,12 +284,12 @@ def _orientation(img: Image.Image) -> int:
 
 
 def _decode(path: str | Path, max_pixels: int | None, target_short: int | None = None) -> Image.Image:
-    """Open, bomb-check, optionally JPEG-draft, fully load, orient and convert one file to RGB."""
+    """Open (regular files only), bomb-check, reduce (JPEG draft, else box average), load, orient, RGB."""
     p = Path(path)
     try:
-        fh = open(p, "rb")  # noqa: SIM115 - closed below, after the pixels are loaded
+        fh = open_regular(p)
     except OSError as err:
-        raise ImageDecodeError(p, f"unreadable: {err.strerror or err}") from err
+        raise _unreadable(p, err) from err
     size: tuple[int, int] | None = None
     with fh, warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -214,6 +308,8 @@ def _decode(path: str | Path, max_pixels: int | None, target_short: int | None =
                     img.draft(None, want)
             img.load()
             orientation = _orientation(img)
+            if target_short is not None:  # other formats: reduce the decoded pixels before they become RGB
+                img = _reduce(img, int(min(img.size) // (target_short * _DRAFT_GAP)))
             img = _to_rgb(img)
             method = _TRANSPOSE_FOR_ORIENTATION.get(orientation)
             if method is not None:
@@ -230,7 +326,7 @@ def _decode(path: str | Path, max_pixels: int | None, target_short: int | None =
             raise ImageDecodeError(p, "not an image (cannot identify format)") from err
         except OSError as err:
             if err.errno is not None:  # a real I/O error, not PIL's "truncated" OSError
-                raise ImageDecodeError(p, f"unreadable: {err.strerror or err}") from err
+                raise _unreadable(p, err) from err
             raise ImageDecodeError(p, f"truncated or corrupt: {err}") from err
         except Exception as err:  # PIL plugins raise many types on corrupt data
             raise ImageDecodeError(p, f"truncated or corrupt: {err or type(err).__name__}") from err
@@ -241,8 +337,9 @@ def load_rgb(
 ) -> Image.Image:
     """Decode one image file fully into an RGB PIL image.
 
-    ``min_short``: JPEGs may be decoded at a reduced scale (DCT draft) that keeps the short side at
-    least twice this size, which is much faster for thumbnails and small model inputs.
+    ``min_short``: the image may be reduced while decoding (JPEG: DCT draft; other formats: box average
+    in their own mode) as long as the short side stays at least twice this size, which is much faster
+    and smaller for thumbnails and model inputs.
 
     Takes the first frame of animations, applies the EXIF orientation, composites alpha onto
     white, and scales 16-bit grayscale to 8 bits (``value / 257``). Images larger than
@@ -260,16 +357,23 @@ def load_square_u8(path: str | Path, size: int, max_pixels: int | None = DEFAULT
 
 
 def square_u8(img: Image.Image, size: int) -> np.ndarray:
-    """An RGB image as ``size x size x 3`` uint8: short side resized to ``size``, center crop."""
+    """An RGB image as ``size x size x 3`` uint8: short side resized to ``size``, center crop.
+
+    Only the centre region is resampled (a box in source coordinates), so the cost is bounded by
+    ``size`` whatever the aspect ratio: a 4000 x 2 strip never becomes a 448000 x 224 image.
+    """
     w, h = img.size
     if w <= h:
         new = (size, max(size, round(h * size / w)))
     else:
         new = (max(size, round(w * size / h)), size)
-    if new != (w, h):
-        img = img.resize(new, Image.Resampling.BICUBIC, reducing_gap=_REDUCING_GAP)
-    left, top = (new[0] - size) // 2, (new[1] - size) // 2
-    img = img.crop((left, top, left + size, top + size))
+    left, top = (new[0] - size) // 2, (new[1] - size) // 2  # the crop, in resized coordinates
+    if new == (w, h):
+        img = img.crop((left, top, left + size, top + size))
+    else:
+        sx, sy = w / new[0], h / new[1]  # source pixels per resized pixel
+        box = (left * sx, top * sy, (left + size) * sx, (top + size) * sy)
+        img = img.resize((size, size), Image.Resampling.BICUBIC, box=box, reducing_gap=_REDUCING_GAP)
     out = np.asarray(img, dtype=np.uint8)
     assert out.shape == (size, size, 3), out.shape
     return np.ascontiguousarray(out)

@@ -32,7 +32,7 @@ from torch import nn
 
 from moco.augment import center_view
 from moco.backbones import is_vit
-from moco.data import ImageDecodeError, load_square_u8, scan_images, square_u8
+from moco.data import ImageDecodeError, load_square_u8, read_image_bytes, scan_images, square_u8
 from moco.device import autocast_for, resolve_device, resolve_precision
 from moco.errors import UserError
 
@@ -189,8 +189,8 @@ class Embedder:
 
         def decode(name: str) -> tuple[str, np.ndarray | torch.Tensor | None, str]:
             try:
-                if on_device and name.lower().endswith((".jpg", ".jpeg")):
-                    return name, torchvision.io.read_file(str(root / name)), ""  # bytes, decoded in batches
+                if on_device and name.lower().endswith((".jpg", ".jpeg")):  # bytes, decoded in batches
+                    return name, torch.from_numpy(np.frombuffer(read_image_bytes(root / name), np.uint8).copy()), ""
                 return name, load_square_u8(root / name, self.resize), ""
             except ImageDecodeError as e:
                 return name, None, e.reason

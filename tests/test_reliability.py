@@ -204,6 +204,9 @@ def test_index_inside_the_photo_folder_serves_thumbs_not_originals(tmp_path, bac
     photos = tmp_path / "photos"
     make_sample_collection(photos, per_family=3, size=48, seed=4)
     shutil.copy(next(photos.rglob("*.jpg")), photos / "top.jpg")  # an original beside the index folder
+    odd = photos / os.fsdecode(b"caf\xe9 odd")  # a folder and a file whose names are not UTF-8
+    odd.mkdir()
+    shutil.copy(sorted(photos.glob("*/*.jpg"))[-1], odd / os.fsdecode(b"\xff.jpg"))
     assert main(["index", "build", str(photos), "--backbone", str(backbone), "-o", str(photos / ".index"),
                  "--quiet"]) == 0  # fmt: skip
     demo, app = make_demo(photos / ".index", device="cpu")
@@ -214,6 +217,10 @@ def test_index_inside_the_photo_folder_serves_thumbs_not_originals(tmp_path, bac
         query = photos / "top.jpg"
         gallery, info = Client(url, verbose=False).predict(handle_file(str(query)), 4, "", api_name="/search")[:2]
         assert "4 results" in info and len(gallery) == 4
+        upload = shutil.copy(odd / os.fsdecode(b"\xff.jpg"), tmp_path / "upload.jpg")  # the client needs UTF-8
+        gallery, info = Client(url, verbose=False).predict(handle_file(str(upload)), 3, "caf\\xe9 odd",
+                                                           api_name="/search")[:2]  # fmt: skip
+        assert gallery[0]["caption"].endswith("caf\\xe9 odd/\\xff.jpg") and "caf\\xe9 odd/" in info
         with httpx.Client(timeout=10) as http:
             thumb = next((photos / ".index" / "thumbs").iterdir())
             assert http.get(url + "/gradio_api/file=" + str(thumb)).status_code == 200
