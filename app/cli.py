@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from moco import __version__
 from moco.errors import StorageError, UserError, storage_error
 
 __all__ = ["main", "build_parser"]
@@ -21,61 +22,20 @@ logger = logging.getLogger("moco")
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from moco.config import PRESETS, add_config_arguments
+    from moco.train import DESCRIPTION, add_train_arguments
 
-    p = sub.add_parser(
-        "train",
-        help="train MoCo on a folder of photos",
-        description="Train MoCo v1/v2/v3 on a folder of unlabeled photos (recursive). Writes RUN_DIR/checkpoint.pt, "
-        "metrics.jsonl, skipped.txt and curves.png. Flags override the preset's values.",
-    )
-    p.add_argument("data_dir", metavar="DATA_DIR", nargs="?", help="folder of photos (optional with --resume)")
-    p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory")
-    p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="paper recipe to start from (default: v2)")
-    p.add_argument("--resume", action="store_true", help="continue RUN_DIR/checkpoint.pt exactly where it stopped")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument(
-        "--stop-after",
-        type=int,
-        default=None,
-        metavar="STEP",
-        help="checkpoint and exit at this step, as if interrupted (the schedule still spans the whole "
-        "run): to split training over job slots; continue with --resume",
-    )
-    add_config_arguments(p)
+    p = sub.add_parser("train", help="train MoCo on a folder of photos", description=DESCRIPTION)
+    add_train_arguments(p)
     p.set_defaults(handler=cmd_train)
 
 
 def cmd_train(args: argparse.Namespace) -> int:
     """`moco train`: resolve the config (preset <- flags, or the checkpoint's on --resume) and train."""
-    from moco.config import config_overrides, resolve_config
-    from moco.train import resume_config, train
+    from moco.train import summary_line, train_from_args
 
-    overrides = config_overrides(args)
-    run_dir = Path(args.out)
-    if args.resume:
-        if not (run_dir / "checkpoint.pt").exists():
-            raise UserError(f"--resume: no checkpoint at {run_dir / 'checkpoint.pt'}; drop --resume to start a new run")
-        if args.preset:
-            overrides["preset"] = args.preset
-        cfg = resume_config(run_dir, {**overrides, "data_dir": args.data_dir or ""})
-    else:
-        if not args.data_dir:
-            raise UserError("moco train needs DATA_DIR, the folder of photos to train on (or --resume with --out)")
-        if (run_dir / "checkpoint.pt").exists():
-            raise UserError(
-                f"{run_dir} already holds a training run: add --resume to continue it, or choose another --out"
-            )
-        cfg = resolve_config(args.preset or "v2", data_dir=args.data_dir, out=args.out, **overrides)
-    summary = train(cfg, resume=args.resume, progress=not args.quiet, stop_after=args.stop_after)
+    summary = train_from_args(args)
     if int(os.environ.get("RANK", "0")) == 0:
-        how = f" (stopped by {summary['stopped_by']}; continue with --resume)" if summary["stopped_by"] else ""
-        loss = summary["final_loss"]
-        print(
-            f"trained {summary['steps']}/{summary['total_steps']} steps on {summary['images']} images "
-            f"({summary['skipped']} skipped) on {summary['device']} {summary['precision']}{how}; "
-            f"final loss {loss if loss is None else round(loss, 4)}; checkpoint {run_dir / 'checkpoint.pt'}"
-        )
+        print(summary_line(summary, Path(args.out)))
     return 128 + summary["signal"] if summary["signal"] else 0
 
 
@@ -227,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The `moco` argument parser with all subcommands."""
     parser = argparse.ArgumentParser(prog="moco", description="MoCo on your own photos: train, export, index, search.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"moco {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_train(sub)
     _add_export(sub)

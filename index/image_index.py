@@ -157,11 +157,16 @@ class ImageIndex:
         read_meta(Path(index_dir))
         return cls(index_dir, use_gpu)
 
-    def _files_stamp(self) -> tuple[int, int]:
-        st = [os.stat(self.dir / n) for n in (INDEX_FILE, META_FILE)]
-        return (st[0].st_mtime_ns ^ st[0].st_ino, st[1].st_mtime_ns ^ st[1].st_ino)
+    def _files_stamp(self) -> tuple[int, int, int]:
+        """Changes when ``index.faiss`` or ``index.json`` is replaced, or ``catalog.sqlite`` is another file."""
+        st = [os.stat(self.dir / n) for n in (INDEX_FILE, META_FILE, CATALOG_FILE)]
+        return (st[0].st_mtime_ns ^ st[0].st_ino, st[1].st_mtime_ns ^ st[1].st_ino, st[2].st_ino)
 
     def _load(self) -> None:
+        if self._stamp is not None and os.stat(self.dir / CATALOG_FILE).st_ino != self._stamp[2]:
+            logger.info("%s was replaced: opening the new one", self.dir / CATALOG_FILE)
+            self.catalog.close()
+            self.catalog = Catalog(self.dir / CATALOG_FILE)  # the index was rebuilt (or the catalog swapped)
         self.meta = read_meta(self.dir)
         self.store = load_store(self.dir, self.use_gpu)
         check_index_ids(self.dir, self.catalog.get_meta(INDEX_ID_KEY), self.meta.get("index_id"), self.store.index_id)

@@ -33,7 +33,19 @@ _WHERE = {
 }
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml is its one source); 0+unknown in a bare tree."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("moco-retrieval")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # lazy too: importlib.metadata costs ~50 ms, decoding workers import moco.data
+        return _version()
     if name in _WHERE:
         return getattr(importlib.import_module(_WHERE[name]), name)
     raise AttributeError(f"module 'moco' has no attribute {name!r}")

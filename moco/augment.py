@@ -92,13 +92,16 @@ _V1 = ViewRecipe(
     gray_before_jitter=True,
 )
 _V2 = ViewRecipe()
-_V3_Q = ViewRecipe(crop_scale=(0.08, 1.0), jitter=(0.4, 0.4, 0.2, 0.1), jitter_p=0.8, gray_p=0.2, blur_p=1.0)
+# MoCo v3: main_moco.py's --crop-min is 0.08 by default (its ViT commands) and 0.2 in CONFIG.md's ResNet-50 commands
+_V3_Q = ViewRecipe(crop_scale=(0.2, 1.0), jitter=(0.4, 0.4, 0.2, 0.1), jitter_p=0.8, gray_p=0.2, blur_p=1.0)
 _V3_K = dataclasses.replace(_V3_Q, blur_p=0.1, solarize_p=0.2)
+_V3_VIT_Q, _V3_VIT_K = (dataclasses.replace(v, crop_scale=(0.08, 1.0)) for v in (_V3_Q, _V3_K))
 
 RECIPES: dict[str, tuple[ViewRecipe, ViewRecipe]] = {
     "v1": (_V1, _V1),  # MoCo v1 (He et al. 2019; official main_moco.py without --aug-plus)
     "v2": (_V2, _V2),  # MoCo v2 "aug+" (Chen et al. 2020; official main_moco.py --aug-plus)
-    "v3": (_V3_Q, _V3_K),  # MoCo v3 (Chen et al. 2021; official moco-v3): asymmetric BYOL-style views
+    "v3": (_V3_Q, _V3_K),  # MoCo v3 (Chen et al. 2021; official moco-v3): asymmetric BYOL-style views, ResNets
+    "v3-vit": (_V3_VIT_Q, _V3_VIT_K),  # the same for ViTs, with the default --crop-min 0.08
 }
 
 
@@ -447,7 +450,7 @@ def two_views(
     std: Sequence[float],
     generator: torch.Generator,
 ) -> tuple[Tensor, Tensor]:
-    """The (query, key) views of a MoCo recipe ("v1", "v2", "v3"), each float32 B x 3 x size x size.
+    """The (query, key) views of a MoCo recipe ("v1", "v2", "v3", "v3-vit"), each float32 B x 3 x size x size.
 
     The query view is drawn first, then the key view, from the same generator.
     """

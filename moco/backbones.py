@@ -7,6 +7,7 @@ A backbone maps images ``N x 3 x H x W`` to features ``N x D`` (no classifier). 
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any
 
 import torch
@@ -26,18 +27,19 @@ def is_vit(arch: str) -> bool:
 
 
 def build_backbone(
-    arch: str, small_stem: bool = False, image_size: int = 224, **timm_kwargs: Any
+    arch: str, small_stem: bool = False, image_size: int = 224, zero_init_residual: bool = False, **timm_kwargs: Any
 ) -> tuple[nn.Module, int]:
     """Return ``(backbone, num_features)`` for ``arch``, randomly initialized.
 
     ``arch`` is a torchvision ResNet name (``resnet18``, ``resnet50``, ``wide_resnet50_2``,
     ``resnext50_32x4d``...) or any timm model name (``timm/`` prefix forces timm). ``small_stem``
-    replaces the 7x7/2 conv and max-pool by a 3x3/1 conv, for 32-96 px images. ``timm_kwargs``
-    go to ``timm.create_model`` (e.g. ``num_heads=12`` for MoCo v3's ViT-S).
+    replaces the 7x7/2 conv and max-pool by a 3x3/1 conv, for 32-96 px images. ``zero_init_residual``
+    zeroes the last BN gamma of each torchvision residual block (MoCo v3; timm ResNets do it by default).
+    ``timm_kwargs`` go to ``timm.create_model`` (e.g. ``num_heads=12`` for MoCo v3's ViT-S).
     """
     name = arch.removeprefix("timm/")
     if not arch.startswith("timm/") and _is_torchvision_resnet(name) and not timm_kwargs:
-        return _torchvision_resnet(name, small_stem)
+        return _torchvision_resnet(name, small_stem, zero_init_residual)
     return _timm_model(name, small_stem, image_size, timm_kwargs)
 
 
@@ -47,10 +49,10 @@ def _is_torchvision_resnet(name: str) -> bool:
     return name in tvr.__all__ and name[0].islower() and name not in ("resnet",)
 
 
-def _torchvision_resnet(name: str, small_stem: bool) -> tuple[nn.Module, int]:
+def _torchvision_resnet(name: str, small_stem: bool, zero_init_residual: bool = False) -> tuple[nn.Module, int]:
     import torchvision.models.resnet as tvr
 
-    model = getattr(tvr, name)(weights=None)
+    model = getattr(tvr, name)(weights=None, zero_init_residual=zero_init_residual)
     width = model.fc.in_features
     model.fc = nn.Identity()
     if small_stem:
@@ -72,7 +74,14 @@ def _timm_model(name: str, small_stem: bool, image_size: int, extra: dict[str, A
     kwargs: dict = {**_checked_kwargs(name, extra), "pretrained": False, "num_classes": 0}  # never downloads
     if is_vit(name):
         kwargs["img_size"] = image_size
-    model = timm.create_model(name, **kwargs)
+    try:
+        model = timm.create_model(name, **kwargs)
+    except AssertionError as e:  # timm's checks, e.g. a width that the number of heads does not divide
+        if not extra:
+            raise
+        settings = ", ".join(f"{k}={v}" for k, v in extra.items())
+        raise UserError(f"{name} cannot be built with {settings} ({e}): choose values the model allows, e.g. "
+                        "--num-heads 6 or 12 for a 384-wide ViT-S") from None  # fmt: skip
     if is_vit(name):
         _moco_v3_vit(model)
     if small_stem:
@@ -109,27 +118,48 @@ def _checked_kwargs(name: str, extra: dict[str, Any]) -> dict[str, Any]:
 
 
 def sincos_2d(grid_h: int, grid_w: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
-    """Fixed 2-D sine-cosine position embedding (MoCo v3): (grid_h * grid_w) x dim, row-major patches."""
+    """Fixed 2-D sine-cosine position embedding (MoCo v3): (grid_h * grid_w) x dim, row-major patches.
+
+    As vits.py lays it out on its square grids: sin, cos of the patch row, then sin, cos of its column.
+    """
     if dim % 4:
         raise UserError(f"the ViT width {dim} must be a multiple of 4 for the 2-D sin-cos position embedding")
     y, x = torch.meshgrid(
         torch.arange(grid_h, dtype=torch.float32), torch.arange(grid_w, dtype=torch.float32), indexing="ij"
     )  # H x W each
     omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))  # dim/4
-    ox = x.flatten()[:, None] * omega[None]  # HW x dim/4
     oy = y.flatten()[:, None] * omega[None]  # HW x dim/4
-    return torch.cat([ox.sin(), ox.cos(), oy.sin(), oy.cos()], dim=1)  # HW x dim
+    ox = x.flatten()[:, None] * omega[None]  # HW x dim/4
+    return torch.cat([oy.sin(), oy.cos(), ox.sin(), ox.cos()], dim=1)  # HW x dim
 
 
 def _moco_v3_vit(model: nn.Module) -> None:
-    """MoCo v3's ViT stabilizers: fixed sin-cos position embedding, frozen random patch projection."""
-    grid_h, grid_w = model.patch_embed.grid_size
-    pos = sincos_2d(grid_h, grid_w, model.embed_dim)  # HW x D
-    prefix = model.pos_embed.shape[1] - grid_h * grid_w  # class/register tokens that carry a position
+    """MoCo v3's ViT (vits.py ``VisionTransformerMoCo``): its weight init, a fixed sin-cos position
+    embedding and a frozen random patch projection."""
     with torch.no_grad():
+        for name, m in model.named_modules():
+            if isinstance(m, nn.Linear):
+                if "qkv" in name:  # q, k and v initialized as three separate D x D matrices
+                    bound = math.sqrt(6.0 / (m.weight.shape[0] // 3 + m.weight.shape[1]))
+                    nn.init.uniform_(m.weight, -bound, bound)
+                else:
+                    nn.init.xavier_uniform_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
+        if getattr(model, "cls_token", None) is not None:
+            nn.init.normal_(model.cls_token, std=1e-6)
+        proj = model.patch_embed.proj  # D x 3 x p x p: xavier with fan_out D (not D * p * p), as vits.py
+        bound = math.sqrt(6.0 / (proj.weight[0].numel() + model.embed_dim))
+        nn.init.uniform_(proj.weight, -bound, bound)
+        if proj.bias is not None:
+            nn.init.zeros_(proj.bias)
+
+        grid_h, grid_w = model.patch_embed.grid_size
+        pos = sincos_2d(grid_h, grid_w, model.embed_dim)  # HW x D
+        prefix = model.pos_embed.shape[1] - grid_h * grid_w  # class/register tokens that carry a position
         model.pos_embed.copy_(torch.cat([torch.zeros(prefix, pos.shape[1]), pos])[None])  # 1 x (prefix+HW) x D
     model.pos_embed.requires_grad_(False)
-    model.patch_embed.proj.requires_grad_(False)  # stop-gradient on the first layer
+    proj.requires_grad_(False)  # stop-gradient on the first layer
 
 
 class SplitBatchNorm(nn.BatchNorm2d):

@@ -1,82 +1,93 @@
-"""TrainConfig: one dataclass with a comment per field, the v1/v2/v3 presets, and the CLI made from it."""
+"""TrainConfig: one dataclass with a help text per field, the v1/v2/v3 presets, and the CLI made from it."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import inspect
+import math
 import os
-import re
-from dataclasses import dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from moco.backbones import is_vit
 from moco.errors import UserError
 
-__all__ = ["TrainConfig", "PRESETS", "resolve_config", "add_config_arguments", "config_overrides"]
+__all__ = ["TrainConfig", "PRESETS", "resolve_config", "add_config_arguments", "config_overrides", "backbone_kwargs"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
+def _field(default: Any, help: str) -> Any:
+    """A TrainConfig field: its default and its one-line help, which `moco train --help` shows as written."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass
 class TrainConfig:
     # ---- data
-    data_dir: str = ""  # folder of photos, scanned recursively (jpg png webp bmp tiff gif)
-    out: str = "runs/moco"  # run directory: checkpoint.pt, metrics.jsonl, skipped.txt, curves.png
-    preset: str = "v2"  # the paper recipe this config starts from: v1 | v2 | v3
-    image_size: int = 224  # training crop size in pixels
-    cache_size: int = 0  # side of the decoded uint8 cache (0: image_size below 96 px, else image_size*8/7)
-    mean: tuple[float, float, float] = IMAGENET_MEAN  # per-channel normalization mean
-    std: tuple[float, float, float] = IMAGENET_STD  # per-channel normalization std
-    augment: str = "v2"  # two-view recipe: v1 | v2 (aug+) | v3 (asymmetric blur/solarize)
+    data_dir: str = _field("", "folder of photos, scanned recursively (jpg png webp bmp tiff gif)")
+    out: str = _field("runs/moco", "run directory: checkpoint.pt, metrics.jsonl, skipped.txt, curves.png")
+    preset: str = _field("v2", "the paper recipe this config starts from: v1 | v2 | v3")
+    image_size: int = _field(224, "training crop size in pixels")
+    cache_size: int = _field(0, "side of the decoded uint8 cache (0: image_size below 96 px, else image_size*8/7)")
+    mean: tuple[float, float, float] = _field(IMAGENET_MEAN, "per-channel normalization mean")
+    std: tuple[float, float, float] = _field(IMAGENET_STD, "per-channel normalization std")
+    augment: str = _field("v2", "two-view recipe: v1 | v2 (aug+) | v3 (asymmetric blur/solarize) | v3-vit (crop >= 8%)")
     # ---- model
-    arch: str = "resnet50"  # torchvision ResNet name or any timm model name
-    small_stem: bool = False  # 3x3 stride-1 first conv and no max-pool, for 32-96 px images
-    head: str = "mlp"  # projection head: linear (v1) | mlp (v2) | v3 (projector + predictor)
-    dim: int = 128  # output dimension C of the projection
-    mlp_hidden: int = 0  # hidden width of the MLP heads (0: the backbone width)
-    projector_layers: int = 3  # v3 projector depth
-    predictor_layers: int = 2  # v3 predictor depth
-    queue_size: int = 65536  # K negatives in the queue (0: no queue, v3)
-    temperature: float = 0.2  # T of the softmax
-    momentum: float = 0.999  # m of the key encoder (v3: m0 of the cosine schedule to 1)
-    momentum_cosine: bool = False  # raise m from its start value to 1 with a cosine schedule (v3)
-    symmetric: bool = False  # v2: both views as queries, one queue per view
-    bn_splits: int = 8  # Shuffle BN on one device: split batch norm over this many virtual devices
-    mask_own_keys: bool = True  # a queue key of the query's own image (from an earlier step) is no negative
+    arch: str = _field("resnet50", "torchvision ResNet name or any timm model name")
+    small_stem: bool = _field(False, "3x3 stride-1 first conv and no max-pool, for 32-96 px images")
+    head: str = _field("mlp", "projection head: linear (v1) | mlp (v2) | v3 (projector + predictor)")
+    dim: int = _field(128, "output dimension C of the projection")
+    mlp_hidden: int = _field(0, "hidden width of the MLP heads (0: the backbone width)")
+    projector_layers: int = _field(3, "v3 projector depth")
+    predictor_layers: int = _field(2, "v3 predictor depth")
+    predictor_last_bn: bool = _field(False, "v3: an affine-free BN ends the predictor (official: ViT yes, ResNet no)")
+    zero_init_residual: bool = _field(False, "torchvision ResNets: zero the last BN gamma of each residual block")
+    num_heads: int = _field(0, "ViT attention heads (0: the timm model's; 12 for MoCo v3's ViT-S and its checkpoints)")
+    queue_size: int = _field(65536, "K negatives in the queue (0: no queue, v3)")
+    temperature: float = _field(0.2, "T of the softmax")
+    momentum: float = _field(0.999, "m of the key encoder (v3: m0 of the cosine schedule to 1)")
+    momentum_cosine: bool = _field(False, "raise m from its start value to 1 with a cosine schedule (v3)")
+    symmetric: bool = _field(False, "v2: both views as queries, one queue per view")
+    bn_splits: int = _field(0, "Shuffle BN: split batch norm over this many virtual devices per process "
+                                "(0: auto, 8 on one device, 1 per process under torchrun and for v3)")
+    mask_own_keys: bool = _field(True, "a queue key of the query's own image (from an earlier step) is no negative")
     # ---- optimization
-    batch_size: int = 256  # images per step on each device
-    epochs: int = 200  # passes over the photos
-    max_steps: int = 0  # stop after this many steps (0: epochs x steps per epoch)
-    time_budget: float = (
-        0.0  # minutes of training (kNN evaluations not counted); the schedule is fitted to it (0: none)
+    batch_size: int = _field(256, "images per step on each device")
+    epochs: int = _field(200, "passes over the photos")
+    max_steps: int = _field(0, "stop after this many steps (0: epochs x steps per epoch)")
+    time_budget: float = _field(
+        0.0, "minutes of training (kNN evaluations not counted); the schedule is fitted to it (0: none)"
     )
-    optimizer: str = "sgd"  # sgd (v1/v2) | lars (v3 ResNet) | adamw (ViT)
-    lr: float = 0.03  # learning rate for a batch of 256, scaled linearly with the global batch
-    lr_schedule: str = "cosine"  # cosine | step (x0.1 at 60% and 80% of training)
-    warmup_epochs: float = 0.0  # linear warm-up length in epochs
-    weight_decay: float = 1e-4  # L2 penalty (v3: not on norms and biases)
-    sgd_momentum: float = 0.9  # momentum of SGD / LARS, beta1 of AdamW
+    optimizer: str = _field("sgd", "sgd (v1/v2) | lars (v3 ResNet) | adamw (ViT)")
+    lr: float = _field(0.03, "learning rate for a batch of 256, scaled linearly with the global batch")
+    lr_schedule: str = _field("cosine", "cosine | step (x0.1 at 60% and 80% of training)")
+    warmup_epochs: float = _field(0.0, "linear warm-up length in epochs")
+    weight_decay: float = _field(1e-4, "L2 penalty (v3: not on norms and biases)")
+    sgd_momentum: float = _field(0.9, "momentum of SGD / LARS, beta1 of AdamW")
     # ---- evaluation
-    val_dir: str = ""  # labeled folder (one sub-folder per class) for the kNN monitor
-    knn_train_dir: str = ""  # labeled bank for the kNN monitor (empty: leave-one-out on val_dir)
-    knn_k: int = 200  # neighbours of the kNN monitor
-    knn_t: float = 0.1  # temperature of the kNN monitor's weights
-    knn_every: int = 0  # steps between kNN evaluations (0: at the end of every epoch)
+    val_dir: str = _field("", "labeled folder (one sub-folder per class) for the kNN monitor")
+    knn_train_dir: str = _field("", "labeled bank for the kNN monitor (empty: leave-one-out on val_dir)")
+    knn_k: int = _field(200, "neighbours of the kNN monitor")
+    knn_t: float = _field(0.1, "temperature of the kNN monitor's weights")
+    knn_every: int = _field(0, "steps between kNN evaluations (0: at the end of every epoch)")
     # ---- start
-    init: str = ""  # start from these weights (our checkpoint, official MoCo .pth.tar, torchvision/timm)
+    init: str = _field("", "start from these weights (our checkpoint, official MoCo .pth.tar, torchvision/timm)")
     # ---- runtime
-    precision: str = "auto"  # auto | bf16 | fp16 | fp32 (auto: bf16 where the hardware runs it fast)
-    device: str = "auto"  # auto | cpu | cuda
-    workers: int = -1  # processes decoding photos (-1: one per CPU core)
-    seed: int = 0  # seed of initialization, sampling and augmentation
-    memory_format: str = (
-        "auto"  # CNN layout: auto (channels_last for CNNs, contiguous for ViTs) | channels_last | contiguous
+    precision: str = _field("auto", "auto | bf16 | fp16 | fp32 (auto: bf16 where the hardware runs it fast)")
+    device: str = _field("auto", "auto | cpu | cuda")
+    workers: int = _field(-1, "processes decoding photos (-1: one per CPU core)")
+    seed: int = _field(0, "seed of initialization, sampling and augmentation")
+    memory_format: str = _field(
+        "auto", "CNN layout: auto (channels_last for CNNs, contiguous for ViTs) | channels_last | contiguous"
     )
-    compile: bool = False  # torch.compile the model
-    save_every_minutes: float = 10.0  # checkpoint period in minutes (always also at the end and on SIGINT/SIGTERM)
-    keep_checkpoints: int = 2  # step-numbered checkpoint copies kept besides checkpoint.pt
+    compile: bool = _field(False, "torch.compile the model")
+    save_every_minutes: float = _field(
+        10.0, "checkpoint period in minutes (always also at the end and on SIGINT/SIGTERM)"
+    )
+    keep_checkpoints: int = _field(2, "step-numbered checkpoint copies kept besides checkpoint.pt")
 
 
 # Each preset overrides the defaults above; the user's flags override the preset.
@@ -93,7 +104,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         lr=0.03,
         lr_schedule="step",
         weight_decay=1e-4,
-        bn_splits=8,
     ),
     "v2": dict(
         preset="v2",
@@ -107,7 +117,6 @@ PRESETS: dict[str, dict[str, Any]] = {
         lr=0.03,
         lr_schedule="cosine",
         weight_decay=1e-4,
-        bn_splits=8,
     ),
     "v3": dict(
         preset="v3",
@@ -126,14 +135,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         epochs=100,
         bn_splits=1,
         symmetric=True,
+        projector_layers=2,  # builder.py MoCo_ResNet: 2-layer projector, predictor without a last BN
+        zero_init_residual=True,  # main_moco.py: torchvision ResNet with zero_init_residual=True
     ),
 }
-# v3 with a ViT backbone (the paper's ViT recipe), applied unless the user set these fields.
-VIT_V3 = dict(optimizer="adamw", lr=1.5e-4, weight_decay=0.1, temperature=0.2, warmup_epochs=40, epochs=300)
+# v3 with a ViT backbone (the paper's ViT recipe: CONFIG.md, builder.py MoCo_ViT), applied unless the user set these.
+VIT_V3 = dict(optimizer="adamw", lr=1.5e-4, weight_decay=0.1, temperature=0.2, warmup_epochs=40, epochs=300,
+              projector_layers=3, predictor_last_bn=True, augment="v3-vit")  # fmt: skip
+# Attention heads of vits.py's models where timm's namesake differs (timm's vit_small_patch16_224 has 6).
+VIT_V3_HEADS = {"vit_small_patch16_224": 12}
 
 CHOICES = {
     "preset": tuple(PRESETS),
-    "augment": ("v1", "v2", "v3"),
+    "augment": ("v1", "v2", "v3", "v3-vit"),
     "head": ("linear", "mlp", "v3"),
     "optimizer": ("sgd", "lars", "adamw"),
     "lr_schedule": ("cosine", "step"),
@@ -152,12 +166,33 @@ def resolve_config(preset: str = "v2", **overrides: Any) -> TrainConfig:
     if unknown:
         raise UserError(f"unknown config field(s) {sorted(unknown)}; valid fields: {sorted(known)}")
     values: dict[str, Any] = dict(PRESETS[preset])
-    if preset == "v3" and is_vit(overrides.get("arch", TrainConfig.arch)):
+    arch = overrides.get("arch", TrainConfig.arch)
+    if preset == "v3" and is_vit(arch):
         values.update(VIT_V3)
+        if arch.removeprefix("timm/") in VIT_V3_HEADS:
+            values["num_heads"] = VIT_V3_HEADS[arch.removeprefix("timm/")]
+    if overrides.get("init") and is_vit(arch) and "num_heads" not in overrides:
+        values.update(_init_heads(overrides["init"]))  # the weights decide: same shapes, other heads, other model
     values.update(overrides)
     cfg = TrainConfig(**values)
     validate(cfg)
     return cfg
+
+
+def _init_heads(init: str) -> dict[str, int]:
+    """``num_heads`` of an --init checkpoint whose layout fixes it (official v3 ViT-S: 12; our runs: their own)."""
+    if not os.path.isfile(init):
+        return {}  # training reports a missing file when it loads it
+    from moco.export import checkpoint_num_heads
+    from moco.formats import read_checkpoint
+
+    heads = checkpoint_num_heads(read_checkpoint(init))
+    return {} if heads is None else {"num_heads": heads}
+
+
+def backbone_kwargs(cfg: TrainConfig) -> dict[str, Any]:
+    """The architecture settings of ``cfg`` that ``build_backbone`` takes besides arch, stem and image size."""
+    return {"num_heads": cfg.num_heads} if cfg.num_heads else {}
 
 
 def validate(cfg: TrainConfig, world_size: int = 1) -> None:
@@ -168,7 +203,7 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
     checks = [
         (cfg.image_size >= 16, "image-size", "use 16 or more pixels (32 for tiny photos, 224 for the paper setting)"),
         (cfg.batch_size >= 2, "batch-size", "use 2 or more: contrastive learning needs other images in the batch"),
-        (cfg.bn_splits >= 1, "bn-splits", "use 1 (off) or more"),
+        (cfg.bn_splits >= 0, "bn-splits", "use 0 (auto), 1 (off) or more"),
         (cfg.epochs >= 1, "epochs", "use 1 or more"),
         (cfg.max_steps >= 0, "max-steps", "use 0 (from epochs) or a positive number"),
         (cfg.time_budget >= 0, "time-budget", "use 0 (none) or a positive number of minutes"),
@@ -178,11 +213,15 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
         (cfg.dim >= 1, "dim", "use a positive dimension, e.g. 128"),
         (cfg.queue_size >= 0, "queue-size", "use a positive queue size, e.g. 65536"),
         (cfg.weight_decay >= 0, "weight-decay", "use 0 or a positive value"),
+        (cfg.num_heads >= 0, "num-heads", "use 0 (the model's own) or a positive number of heads, e.g. 12"),
     ]
     for ok, flag, fix in checks:
         if not ok:
             raise UserError(f"--{flag} {getattr(cfg, flag.replace('-', '_'))} is out of range: {fix}")
-    if cfg.batch_size % cfg.bn_splits or cfg.batch_size // cfg.bn_splits < 2:
+    if cfg.num_heads and not is_vit(cfg.arch):
+        raise UserError(f"--num-heads {cfg.num_heads} applies to ViT backbones; --arch {cfg.arch} is not one: "
+                        "drop --num-heads")  # fmt: skip
+    if cfg.bn_splits and (cfg.batch_size % cfg.bn_splits or cfg.batch_size // cfg.bn_splits < 2):
         raise UserError(
             f"--batch-size {cfg.batch_size} must be a multiple of --bn-splits {cfg.bn_splits} with at least 2 "
             f"images per split: use e.g. --batch-size {max(2, cfg.batch_size // cfg.bn_splits) * cfg.bn_splits} "
@@ -190,6 +229,9 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
         )
     if cfg.head == "v3" and cfg.queue_size:
         raise UserError("the v3 head uses in-batch negatives: set --queue-size 0 (or use --preset v2 for a queue)")
+    if cfg.head == "v3" and cfg.bn_splits > 1:
+        raise UserError(f"--bn-splits {cfg.bn_splits} splits batch norm for Shuffle BN, but v3 does not shuffle its "
+                        "keys: use --bn-splits 1 (under torchrun v3 synchronizes batch norm over all processes)")
     if cfg.head != "v3":
         if cfg.queue_size == 0:
             raise UserError(f"--head {cfg.head} needs a queue: set --queue-size (e.g. 65536) or use --preset v3")
@@ -211,17 +253,19 @@ def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def add_config_arguments(
-    parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("data_dir", "out", "preset", "mean", "std")
+    parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("data_dir", "out", "preset")
 ) -> None:
-    """Add one ``--flag`` per TrainConfig field, help text from the field's comment, default None."""
-    helps = _field_comments()
+    """Add one ``--flag`` per TrainConfig field with the field's help and default; flags default to None (unset)."""
     for f in fields(TrainConfig):
         if f.name in skip:
             continue
-        help_text = f"{helps.get(f.name, '')} (default: {f.default})"
+        help_text = f"{f.metadata.get('help', '')} {_default_text(f.name, f.default)}".replace("%", "%%")
         flag = f"--{_flag(f.name)}"
         if f.type in ("bool", bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif str(f.type).startswith("tuple"):  # mean, std: one value per channel
+            rgb = _rgb_type(flag, positive=f.name == "std")
+            parser.add_argument(flag, type=rgb, default=None, help=help_text, metavar="R,G,B")
         else:
             kind = {"int": int, "float": float, "str": str}[str(f.type)]
             parser.add_argument(
@@ -255,6 +299,37 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
-def _field_comments() -> dict[str, str]:
-    src = inspect.getsource(TrainConfig)
-    return {m[1]: m[2].strip() for m in re.finditer(r"^\s+(\w+): [^=]+=.*?#\s*(.*)$", src, re.M)}
+def _show(value: Any) -> str:
+    """A default as a user types it: on/off, R,G,B, none for an empty path."""
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    return str(value) if value != "" else "none"
+
+
+def _default_text(name: str, default: Any) -> str:
+    """'(default: X)', followed by the presets' own values where they differ from X."""
+    own = [f"{p}: {_show(v[name])}" for p, v in PRESETS.items() if v.get(name, default) != default]
+    if name in VIT_V3 and VIT_V3[name] != PRESETS["v3"].get(name, default):
+        own.append(f"v3 with a ViT: {_show(VIT_V3[name])}")
+    return f"(default: {_show(default)}; preset {', '.join(own)})" if own else f"(default: {_show(default)})"
+
+
+def _rgb_type(flag: str, positive: bool) -> Callable[[str], tuple[float, float, float]]:
+    """The argparse type of --mean/--std: 'R,G,B' -> a tuple of three finite floats (positive ones for --std)."""
+
+    def parse(text: str) -> tuple[float, float, float]:
+        example = ",".join(map(str, IMAGENET_STD if positive else IMAGENET_MEAN))
+        try:
+            values = tuple(float(v) for v in text.split(","))
+        except ValueError:
+            values = ()
+        if len(values) != 3 or not all(math.isfinite(v) for v in values):
+            raise argparse.ArgumentTypeError(f"{text!r}: give three numbers, one per channel, e.g. {flag} {example}")
+        if positive and min(values) <= 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: each value must be positive (pixels are divided by it), "
+                                             f"e.g. {flag} {example}")  # fmt: skip
+        return values  # type: ignore[return-value]
+
+    return parse

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from moco.backbones import build_backbone
-from moco.config import IMAGENET_MEAN, IMAGENET_STD
+from moco.backbones import build_backbone, is_vit
+from moco.config import IMAGENET_MEAN, IMAGENET_STD, backbone_kwargs, from_plain
 from moco.errors import UserError
 from moco.formats import (
     CLASSIFIER_PREFIXES,
@@ -30,7 +30,8 @@ from moco.formats import (
     sequential_names,
 )
 
-__all__ = ["BACKBONE_FORMAT", "ArchGuess", "detect_arch", "export_backbone", "load_exported", "build_exported"]
+__all__ = ["BACKBONE_FORMAT", "ArchGuess", "detect_arch", "checkpoint_num_heads", "export_backbone", "load_exported",
+           "build_exported"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +65,8 @@ def detect_arch(split: SplitCheckpoint, image_size: int | None = None) -> ArchGu
     """The architecture of a checkpoint's backbone, from our config, the file's ``arch`` or the keys."""
     if split.format == "moco-retrieval" and split.meta.get("config"):
         cfg = split.meta["config"]
-        return ArchGuess(cfg["arch"], bool(cfg.get("small_stem")), int(cfg.get("image_size", 224)), how="run config")
+        return ArchGuess(cfg["arch"], bool(cfg.get("small_stem")), int(cfg.get("image_size", 224)),
+                         backbone_kwargs(from_plain(cfg)), how="run config")  # fmt: skip
     sd = split.backbone
     if "pos_embed" in sd and "patch_embed.proj.weight" in sd:
         return _detect_vit(split, image_size)
@@ -90,7 +92,22 @@ def detect_arch(split: SplitCheckpoint, image_size: int | None = None) -> ArchGu
     )
 
 
-def _detect_vit(split: SplitCheckpoint, image_size: int | None) -> ArchGuess:
+def checkpoint_num_heads(split: SplitCheckpoint) -> int | None:
+    """The ViT attention heads a checkpoint's layout fixes: its weights have the same shapes for any count.
+
+    Official MoCo v3 ViT-S: 12 (vits.py; timm's vit_small has 6); our runs: their config's (0: the timm
+    model's own); None where the file does not tell.
+    """
+    if split.format == "moco-retrieval":
+        return int((split.meta.get("config") or {}).get("num_heads", 0))
+    pos = split.backbone.get("pos_embed")
+    if split.format.startswith("moco-v3") and pos is not None and pos.shape[-1] == 384:
+        return 12
+    return None
+
+
+def _detect_vit(split: SplitCheckpoint, image_size: int | None, arch: str | None = None) -> ArchGuess:
+    """A ViT's timm name (``arch`` if given), image size from its position grid, heads and depth."""
     import timm
 
     sd = split.backbone
@@ -101,17 +118,19 @@ def _detect_vit(split: SplitCheckpoint, image_size: int | None) -> ArchGuess:
     grid = math.isqrt(tokens - 1)
     size = image_size or grid * patch
     width = {192: "tiny", 384: "small", 768: "base", 1024: "large", 1280: "huge"}.get(dim)
-    name = f"vit_{width}_patch{patch}_224"
-    if width is None or not timm.is_model(name):
+    name = (arch or f"vit_{width}_patch{patch}_224").removeprefix("timm/")
+    if arch is None and (width is None or not timm.is_model(name)):
         raise UserError(f"a ViT of width {dim}, patch {patch}, depth {depth}: pass --arch with its timm name")
-    kwargs: dict[str, Any] = {}
-    if split.format.startswith("moco-v3") and dim == 384:
-        kwargs["num_heads"] = 12  # MoCo v3's ViT-Small has 12 heads (timm's vit_small has 6)
+    heads = checkpoint_num_heads(split)
+    kwargs: dict[str, Any] = {"num_heads": heads} if heads else {}
+    how = f"{'--arch and ' if arch else ''}ViT shapes (width {dim}, depth {depth}, patch {patch})"
+    if not timm.is_model(name):  # an unknown --arch: build_backbone names the choices
+        return ArchGuess(arch or name, False, size, kwargs, how=how)
     with torch.device("meta"):
         probe = timm.create_model(name, pretrained=False, num_classes=0, img_size=size, **kwargs)
     if len(probe.blocks) != depth:
         kwargs["depth"] = depth
-    return ArchGuess(name, False, size, kwargs, how=f"ViT shapes (width {dim}, depth {depth}, patch {patch})")
+    return ArchGuess(arch or name, False, size, kwargs, how=how)
 
 
 def _moco_version(split: SplitCheckpoint) -> str:
@@ -155,11 +174,15 @@ def export_backbone(
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r} is not supported: use one of {', '.join(FORMATS)}")
     split = read_checkpoint(checkpoint)
-    if arch:
+    vit_keys = {"pos_embed", "patch_embed.proj.weight"} <= set(split.backbone)
+    if arch and is_vit(arch) and split.format != "moco-retrieval" and vit_keys:
+        guess = _detect_vit(split, image_size, arch)  # the image size, heads and depth come from the file
+    elif arch:
         guess = detect_arch(split, image_size) if split.format == "moco-retrieval" else None
         small = "conv1.weight" in split.backbone and split.backbone["conv1.weight"].shape[-1] == 3
         guess = ArchGuess(arch, guess.small_stem if guess else small, image_size or (guess.image_size if guess else
-                          (32 if small else 224)), how="--arch")  # fmt: skip
+                          (32 if small else 224)), guess.kwargs if guess and guess.arch == arch else {},
+                          how="--arch")  # fmt: skip
     else:
         guess = detect_arch(split, image_size)
     logger.info("%s: %s checkpoint, backbone %s%s (from %s)", checkpoint.name, split.format, guess.arch,

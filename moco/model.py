@@ -56,6 +56,8 @@ class MoCo(nn.Module):
         num_features: width of the backbone output.
         head: "linear" (v1), "mlp" (v2: Linear-ReLU-Linear, hidden = ``hidden`` or the backbone
             width) or "v3" (projector with BN + predictor).
+        projector_layers, predictor_layers: v3 MLP depths (official: projector 2 for ResNets, 3 for ViTs).
+        predictor_last_bn: v3 predictor ends with an affine-free BN (official: ViTs yes, ResNets no).
         dim: output dimension C of the projection.
         K: queue size (0: no queue, v3 in-batch loss).
         T: softmax temperature.
@@ -73,6 +75,7 @@ class MoCo(nn.Module):
         hidden: int = 0,
         projector_layers: int = 3,
         predictor_layers: int = 2,
+        predictor_last_bn: bool = False,
         K: int = 65536,
         T: float = 0.2,
         symmetric: bool = False,
@@ -99,7 +102,7 @@ class MoCo(nn.Module):
             )
         else:
             self.projector = build_mlp(projector_layers, num_features, hidden, dim, last_bn=True)
-            self.predictor = build_mlp(predictor_layers, dim, hidden, dim, last_bn=False)
+            self.predictor = build_mlp(predictor_layers, dim, hidden, dim, last_bn=predictor_last_bn)
 
         # the key (momentum) encoder starts as an exact copy and never receives gradients
         self.backbone_momentum = copy.deepcopy(self.backbone).requires_grad_(False)

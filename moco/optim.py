@@ -59,10 +59,11 @@ class LARS(torch.optim.Optimizer):
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """The preset's optimizer over the trainable parameters (the key encoder has none).
 
-    v3 (head "v3"): no weight decay on norms and biases (1-D parameters).
+    v3 with LARS: no weight decay on norms and biases (1-D parameters), as the official LARS; v3 with
+    AdamW (ViT): weight decay on every parameter, as the official ``main_moco.py``.
     """
     params = [p for p in model.parameters() if p.requires_grad]
-    if cfg.head == "v3":
+    if cfg.head == "v3" and cfg.optimizer != "adamw":
         decay = [p for p in params if p.ndim > 1]
         no_decay = [p for p in params if p.ndim <= 1]
         groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0}]

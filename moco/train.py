@@ -10,12 +10,15 @@ steps equal 2N steps.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import math
+import os
 import signal
+import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +30,13 @@ from torch import nn
 from moco.augment import two_views
 from moco.backbones import build_backbone, is_vit
 from moco.checkpoint import load_checkpoint, save_checkpoint
-from moco.config import TrainConfig, default_workers, from_plain, to_plain, validate
+from moco.config import TrainConfig, backbone_kwargs, default_workers, from_plain, to_plain, validate
 from moco.data import ImageCache, build_cache
 from moco.device import autocast_for, init_distributed, resolve_device, resolve_precision
-from moco.errors import UserError
+from moco.errors import StorageError, UserError
 from moco.model import MoCo, momentum_schedule
 from moco.optim import BudgetFit, build_optimizer, lr_at
+from moco.sync_bn import convert_sync_bn
 
 __all__ = ["train", "resume_config", "build_model", "cache_size_for"]
 
@@ -57,8 +61,9 @@ RESUMABLE_OVERRIDES = (
 
 
 def build_model(cfg: TrainConfig) -> MoCo:
-    """The MoCo module described by ``cfg`` (random init)."""
-    backbone, width = build_backbone(cfg.arch, cfg.small_stem, cfg.image_size)
+    """The MoCo module described by ``cfg`` (random init), with split BN for this process (``_bn_splits``)."""
+    backbone, width = build_backbone(cfg.arch, cfg.small_stem, cfg.image_size, cfg.zero_init_residual,
+                                     **backbone_kwargs(cfg))  # fmt: skip
     return MoCo(
         backbone,
         width,
@@ -67,12 +72,39 @@ def build_model(cfg: TrainConfig) -> MoCo:
         hidden=cfg.mlp_hidden,
         projector_layers=cfg.projector_layers,
         predictor_layers=cfg.predictor_layers,
+        predictor_last_bn=cfg.predictor_last_bn,
         K=cfg.queue_size,
         T=cfg.temperature,
         symmetric=cfg.symmetric,
-        bn_splits=cfg.bn_splits,
+        bn_splits=_bn_splits(cfg, dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1),
         mask_own_keys=cfg.mask_own_keys,
     )
+
+
+def _bn_splits(cfg: TrainConfig, world: int) -> int:
+    """``cfg.bn_splits``, or for 0 (auto): one BN group per process under torchrun (the real Shuffle BN across
+    ranks, as the official code) and for v3; on one process (Shuffle BN simulated, v1/v2) up to 8 virtual
+    devices (the official CIFAR demo's), as many as keep 16 images per group (at least 2 groups)."""
+    if cfg.bn_splits:
+        return cfg.bn_splits
+    if world > 1 or cfg.head == "v3":
+        return 1
+    fits = [s for s in range(8, 1, -1) if cfg.batch_size % s == 0 and cfg.batch_size // s >= 2]
+    return next((s for s in fits if cfg.batch_size // s >= 16), fits[-1] if fits else 1)
+
+
+def _warn_small_bn_groups(cfg: TrainConfig, world: int, sync_bn: bool) -> None:
+    """A warning when batch norm normalises over fewer than 16 images (noisy statistics)."""
+    group = cfg.batch_size * world if sync_bn else cfg.batch_size // cfg.bn_splits
+    if group >= 16:
+        return
+    how = (f"synchronized over {world} processes x --batch-size {cfg.batch_size}" if sync_bn
+           else f"--batch-size {cfg.batch_size} per process / --bn-splits {cfg.bn_splits}")  # fmt: skip
+    logger.warning(
+        "%d images per batch-norm group (%s), fewer than 16: its batch statistics are noisy, which can slow or "
+        "destabilize training; raise --batch-size%s if memory allows",
+        group, how, " or lower --bn-splits" if cfg.bn_splits > 1 else "",
+    )  # fmt: skip
 
 
 def cache_size_for(image_size: int, cache_size: int = 0) -> int:
@@ -105,8 +137,13 @@ def _batch_ids(epoch: int, index: int, n: int, batch: int, seed: int, d: _Dist) 
     return perm[start : start + batch]
 
 
-def _step_generator(seed: int, step: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+def _step_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
+    """The augmentation draws of ``step`` on process ``rank``: each rank its own (rank 0 = one process).
+
+    torch seeds a CPU generator with the low 32 bits only, so the rank term is one of them: rank r's seeds run
+    r x 2654435761 (about 2^32 / golden ratio) apart from rank 0's, modulo 2^32.
+    """
+    return torch.Generator().manual_seed((seed * 1_000_003 + step + rank * 2_654_435_761) % 2**32)
 
 
 class _StopFlag:
@@ -146,6 +183,7 @@ def train(
     (the schedule still spans the whole run), e.g. to split training into sessions.
     """
     d = _init_distributed(cfg.device)
+    cfg = replace(cfg, bn_splits=_bn_splits(cfg, d.world))  # auto resolved for this run; the checkpoint keeps it
     run_dir = Path(cfg.out)
     ckpt = None
     if resume:
@@ -181,7 +219,13 @@ def train(
     steps_per_epoch = n // global_batch
 
     # ---- model, optimizer, scaler
-    model = build_model(cfg).to(device)
+    model = build_model(cfg)
+    sync_bn = cfg.head == "v3" and d.world > 1
+    if sync_bn:  # as the official v3: every BN (momentum encoder too) normalises over all processes' batches
+        model = convert_sync_bn(model, device)
+    model = model.to(device)
+    if d.main:
+        _warn_small_bn_groups(cfg, d.world, sync_bn)
     cnn = _channels_last(cfg)
     if cnn:
         model = model.to(memory_format=torch.channels_last)
@@ -268,7 +312,8 @@ def train(
 
             ids = _batch_ids(epoch, index, n, cfg.batch_size, cfg.seed, d)  # B
             images = torch.from_numpy(cache.array[ids]).to(device)  # B x S x S x 3 uint8, augmented where it trains
-            x1, x2 = two_views(images, cfg.augment, cfg.image_size, cfg.mean, cfg.std, _step_generator(cfg.seed, step))
+            draws = _step_generator(cfg.seed, step, d.rank)  # this rank's own augmentations, the same on resume
+            x1, x2 = two_views(images, cfg.augment, cfg.image_size, cfg.mean, cfg.std, draws)
             x1, x2 = (_memory_format(x, cnn) for x in (x1, x2))  # B x 3 x s x s each
             ids_t = torch.from_numpy(ids).to(device)
             t_data = time.perf_counter() - t0
@@ -521,11 +566,85 @@ def _progress_bar(total: int, initial: int, enabled: bool):
     return tqdm(total=total, initial=initial, disable=not enabled, unit="step", dynamic_ncols=True, leave=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m moco.train`` (the entry point for torchrun): same flags as ``moco train``."""
-    from app.cli import main as cli_main
+DESCRIPTION = (
+    "Train MoCo v1/v2/v3 on a folder of unlabeled photos (recursive). Writes RUN_DIR/checkpoint.pt, metrics.jsonl, "
+    "skipped.txt and curves.png. Flags override the preset's values."
+)
 
-    return cli_main(["train", *(argv if argv is not None else __import__("sys").argv[1:])])
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of ``moco train`` and ``python -m moco.train``: DATA_DIR, --out, run control, one per config field."""
+    from moco.config import PRESETS, add_config_arguments
+
+    p.add_argument("data_dir", metavar="DATA_DIR", nargs="?", help="folder of photos (optional with --resume)")
+    p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory")
+    p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="paper recipe to start from (default: v2)")
+    p.add_argument("--resume", action="store_true", help="continue RUN_DIR/checkpoint.pt exactly where it stopped")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument(
+        "--stop-after",
+        type=int,
+        default=None,
+        metavar="STEP",
+        help="checkpoint and exit at this step, as if interrupted (the schedule still spans the whole "
+        "run): to split training over job slots; continue with --resume",
+    )
+    add_config_arguments(p)
+
+
+def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """Resolve the config (preset <- flags, or the checkpoint's on --resume) and train; returns train()'s summary."""
+    from moco.config import config_overrides, resolve_config
+
+    overrides = config_overrides(args)
+    run_dir = Path(args.out)
+    if args.resume:
+        if not (run_dir / "checkpoint.pt").exists():
+            raise UserError(f"--resume: no checkpoint at {run_dir / 'checkpoint.pt'}; drop --resume to start a new run")
+        if args.preset:
+            overrides["preset"] = args.preset
+        cfg = resume_config(run_dir, {**overrides, "data_dir": args.data_dir or ""})
+    else:
+        if not args.data_dir:
+            raise UserError("training needs DATA_DIR, the folder of photos to train on (or --resume with --out)")
+        if (run_dir / "checkpoint.pt").exists():
+            raise UserError(
+                f"{run_dir} already holds a training run: add --resume to continue it, or choose another --out"
+            )
+        cfg = resolve_config(args.preset or "v2", data_dir=args.data_dir, out=args.out, **overrides)
+    return train(cfg, resume=args.resume, progress=not args.quiet, stop_after=args.stop_after)
+
+
+def summary_line(summary: dict[str, Any], run_dir: Path) -> str:
+    """One line about a finished (or stopped) run, for the console."""
+    how = f" (stopped by {summary['stopped_by']}; continue with --resume)" if summary["stopped_by"] else ""
+    loss = summary["final_loss"]
+    return (
+        f"trained {summary['steps']}/{summary['total_steps']} steps on {summary['images']} images "
+        f"({summary['skipped']} skipped) on {summary['device']} {summary['precision']}{how}; "
+        f"final loss {loss if loss is None else round(loss, 4)}; checkpoint {run_dir / 'checkpoint.pt'}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m moco.train`` (the entry point for torchrun): the flags of ``moco train``; 2 on bad input."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    parser = argparse.ArgumentParser(prog="python -m moco.train", description=DESCRIPTION)
+    add_train_arguments(parser)
+    args = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, stream=sys.stderr,
+                        format=f"[rank {rank}] %(levelname)s: %(message)s" if rank else "%(levelname)s: %(message)s")
+    try:
+        with logging_redirect_tqdm():
+            summary = train_from_args(args)
+    except UserError as e:  # StorageError (disk full, read-only) exits 1: not bad input
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 1 if isinstance(e, StorageError) else 2
+    if rank == 0:
+        print(summary_line(summary, Path(args.out)))
+    return 128 + summary["signal"] if summary["signal"] else 0
 
 
 if __name__ == "__main__":

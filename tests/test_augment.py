@@ -129,7 +129,8 @@ def test_recipe_parameters_follow_papers() -> None:
     assert v2q == v2k == ViewRecipe()
     assert v2q.jitter == (0.4, 0.4, 0.4, 0.1) and v2q.jitter_p == 0.8 and v2q.blur_p == 0.5
     v3q, v3k = RECIPES["v3"]
-    assert v3q.crop_scale == v3k.crop_scale == (0.08, 1.0)
+    assert v3q.crop_scale == v3k.crop_scale == (0.2, 1.0)  # ResNets (CONFIG.md --crop-min=.2); ViTs: "v3-vit"
+    assert RECIPES["v3-vit"] == tuple(dataclasses.replace(v, crop_scale=(0.08, 1.0)) for v in (v3q, v3k))
     assert v3q.jitter == v3k.jitter == (0.4, 0.4, 0.2, 0.1)
     assert (v3q.blur_p, v3q.solarize_p) == (1.0, 0.0)
     assert (v3k.blur_p, v3k.solarize_p) == (0.1, 0.2)

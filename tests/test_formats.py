@@ -90,7 +90,7 @@ def test_official_v3(tmp_path, arch):
     width = 512 if arch == "resnet18" else 192
     if arch == "resnet18":
         base = torchvision.models.resnet18(weights=None)
-        base.fc = build_mlp(3, width, 64, 32, last_bn=True)
+        base.fc = build_mlp(2, width, 64, 32, last_bn=True)  # builder.py MoCo_ResNet
         head = "fc."
     else:
         import timm
@@ -98,7 +98,7 @@ def test_official_v3(tmp_path, arch):
         base = timm.create_model(arch, pretrained=False, img_size=32)
         base.head = build_mlp(3, width, 64, 32, last_bn=True)
         head = "head."
-    pred = build_mlp(2, 32, 64, 32, last_bn=False)
+    pred = build_mlp(2, 32, 64, 32, last_bn=arch != "resnet18")  # a last BN for ViTs only (builder.py)
     sd = {
         **{f"module.base_encoder.{k}": v for k, v in base.state_dict().items()},
         **{f"module.momentum_encoder.{k}": v.clone() for k, v in base.state_dict().items()},

@@ -79,9 +79,15 @@ def _assert_same_state(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize("preset,precision", [("v2", "fp32"), ("v2", "bf16"), ("v2", "fp16"), ("v3", "fp32")])
 def test_resume_is_bit_exact(sample_photos, tmp_path, preset, precision):
-    """fp16 is the older-GPU path (autocast + GradScaler); it runs on the CPU too, so its resume is checked here."""
+    """fp16 is the older-GPU path (autocast + GradScaler); it runs on the CPU too, so its resume is checked here.
+
+    fp16 on a CPU: torch's fp16 convolution backward has no fast CPU kernel (15 s a step for the tiny
+    ResNet here), so that case trains a tiny ViT, whose frozen patch projection needs no convolution backward.
+    """
     # 6 steps with 48 images and batch 8: the split at step 4 falls inside the first epoch's second pass
     kw = dict(max_steps=10, precision=precision, symmetric=preset == "v2")
+    if precision == "fp16":
+        kw.update(arch="vit_tiny_patch16_224", small_stem=False, image_size=32)
     straight = _cfg(sample_photos, tmp_path / "a", preset, **kw)
     train(straight, progress=False)
     split = _cfg(sample_photos, tmp_path / "b", preset, **kw)
@@ -217,3 +223,17 @@ def test_time_budget_fits_the_schedule_to_the_budget(sample_photos, tmp_path):
         assert summary["steps"] == summary["total_steps"] and records[-1]["lr"] < 0.05 * records[10]["lr"]
     else:
         assert summary["stopped_by"] == "time budget"
+
+
+@pytest.mark.parametrize(("preset", "batch", "world", "splits"), [
+    ("v2", 256, 1, 8), ("v2", 64, 1, 4), ("v2", 32, 1, 2), ("v2", 8, 1, 2), ("v2", 6, 1, 2), ("v2", 3, 1, 1),
+    ("v2", 32, 8, 1), ("v1", 256, 2, 1), ("v3", 256, 1, 1),
+])  # fmt: skip
+def test_auto_bn_splits_keeps_16_images_per_group_on_one_process(preset, batch, world, splits):
+    from moco.train import _bn_splits
+
+    queue = {} if preset == "v3" else {"queue_size": max(256, batch * world)}
+    cfg = resolve_config(preset, batch_size=batch, **queue)
+    assert cfg.bn_splits == (1 if preset == "v3" else 0)  # auto, unless the user (or v3) sets it
+    assert _bn_splits(cfg, world) == splits
+    assert _bn_splits(resolve_config(preset, batch_size=256, bn_splits=1, **queue), world) == 1  # explicit wins
