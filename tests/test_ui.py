@@ -213,13 +213,15 @@ def test_file_route_refuses_everything_but_thumbs(server, setup):
 
 
 @pytest.mark.slow
-def test_browser_upload_search_click(server, setup):
+def test_browser_upload_search_click(server, setup, tmp_path):
     url, _ = server
-    shot = ROOT / "docs" / "screenshot.png"
-    shot.parent.mkdir(exist_ok=True)
+    shot = tmp_path / "screenshot.png"  # docs/screenshot.png is taken from a real `make run`, not from tests
     with chromium_page(url) as page:
         search_in_page(page, _query(setup), 8)
         assert "8 results" in page.locator("#search-info").inner_text()
+        images = "document.querySelectorAll('#results button.thumbnail-item img')"
+        page.wait_for_function(f"{images}.length == 8 && [...{images}].every(i => i.complete && i.naturalWidth > 0)",
+                               timeout=60_000)  # every thumbnail is served and decodes (no broken image)
         page.screenshot(path=str(shot), full_page=True)
         page.locator("#results button.thumbnail-item").nth(2).click()  # search again with the third result
         page.wait_for_function("!document.querySelector('#search-info').innerText.includes('uploaded image')",
