@@ -33,8 +33,8 @@ COPY pyproject.toml README.md ./
 COPY moco ./moco
 COPY index ./index
 COPY app ./app
-# faiss-cpu comes with the package; the GPU image swaps it for faiss-gpu (same module: never both)
-RUN pip install . \
+# the ui extra brings faiss-cpu and gradio (plot: curves.png); the GPU image swaps faiss-cpu for faiss-gpu (same module)
+RUN pip install "./[ui,plot]" \
     && if [ "$VARIANT" = gpu ]; then \
          pip uninstall -y faiss-cpu && pip install --force-reinstall --no-deps "faiss-gpu-cu12==1.14.1.post1"; \
        fi \

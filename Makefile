@@ -8,12 +8,15 @@ STAMP  := $(VENV)/.installed
 
 # make run: photos -> train -> export -> index -> serve (see README). Re-running reuses what exists.
 #   PHOTOS=~/Pictures      your photos (default: a generated sample collection)
-#   CHECKPOINT=file        use this pretrained MoCo model as is (no training)
-#   INIT=file              continue MoCo training from it on your photos
+#   CHECKPOINT=file|NAME   use this pretrained MoCo model as is (no training); NAME: see `moco pretrained`
+#   INIT=file|NAME         continue MoCo training from it on your photos
+#   PRETRAINED=NAME|none   with PHOTOS and no CHECKPOINT/INIT/MINUTES: the official model used as is when cached
+#                          or downloadable (default moco_v2_800ep, into $MOCO_HOME); none: train from scratch
 #   MINUTES=10             training time budget (default: 10 on a CPU, the full v2 recipe on a GPU)
 PHOTOS ?=
 CHECKPOINT ?=
 INIT ?=
+PRETRAINED ?=
 MINUTES ?=
 WORK ?= runs/default
 HOST ?= 127.0.0.1
@@ -28,7 +31,8 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
-	$(BIN)/python -m pip install -q -e ".[dev]"
+	# all: the index, UI, curves, TensorBoard, ONNX and YAML extras (the library alone: pip install moco-retrieval)
+	$(BIN)/python -m pip install -q -e ".[all,dev]"
 ifeq ($(GPU),1)
 	# faiss-cpu and faiss-gpu ship the same `faiss` module: never both installed
 	$(BIN)/python -m pip uninstall -q -y faiss-cpu
@@ -40,7 +44,8 @@ install: $(STAMP)
 
 run: install
 	$(BIN)/moco run $(PHOTOS) --work $(WORK) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) \
-		$(if $(INIT),--init $(INIT)) $(if $(MINUTES),--minutes $(MINUTES)) --host $(HOST) --port $(PORT) $(RUN_FLAGS)
+		$(if $(INIT),--init $(INIT)) $(if $(PRETRAINED),--pretrained $(PRETRAINED)) \
+		$(if $(MINUTES),--minutes $(MINUTES)) --host $(HOST) --port $(PORT) $(RUN_FLAGS)
 
 # The browser test drives Debian's chromium through Playwright (never `playwright install`).
 CHROMIUM ?= /usr/bin/chromium

@@ -20,6 +20,8 @@ __all__ = ["main", "build_parser"]
 
 logger = logging.getLogger("moco")
 
+DEFAULT_PRETRAINED = "moco_v2_800ep"  # moco.pretrained.DEFAULT, without importing torch for --help
+
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
     from moco.train import DESCRIPTION, add_train_arguments
@@ -40,16 +42,20 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
+    from moco.export import FORMATS
+
     p = sub.add_parser(
         "export",
         help="export a clean backbone (heads, key encoder, queue stripped)",
         description="Export the query backbone of a MoCo checkpoint (ours, official v1/v2/v3, lightly, solo-learn, "
         "torchvision/timm) with its preprocessing metadata.",
     )
-    p.add_argument("checkpoint", metavar="CHECKPOINT")
+    p.add_argument("checkpoint", metavar="CHECKPOINT", help="a checkpoint file or an official NAME (moco pretrained)")
     p.add_argument("-o", "--out", required=True, metavar="OUT", help="output file, e.g. backbone.safetensors")
     p.add_argument("--arch", default=None, help="backbone architecture (default: detected from the checkpoint)")
-    p.add_argument("--format", default="safetensors", choices=("safetensors", "onnx", "torchscript"))
+    p.add_argument("--format", default="safetensors", choices=(*FORMATS, "torchscript"),  # torchscript: names pt2
+                   metavar="{" + ",".join(FORMATS) + "}", help="safetensors (for moco.Embedder, the default); "
+                   "timm (OUT: a folder for timm.create_model('local-dir:OUT')); onnx; pt2 (torch.export)")  # fmt: skip
     p.add_argument("--image-size", type=int, default=None, help="input size (default: the run's, or 224)")
     p.set_defaults(handler=cmd_export)
 
@@ -63,6 +69,38 @@ def cmd_export(args: argparse.Namespace) -> int:
         f"exported {meta['arch']} ({meta['embed_dim']}-d, {meta['image_size']} px, MoCo {meta['moco_version']}, "
         f"from {meta['source_format']}) to {args.out}; stripped {meta['dropped']}"
     )
+    return 0
+
+
+def _add_pretrained(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "pretrained",
+        help="official MoCo checkpoints by name, cached or not",
+        description="The official MoCo v1/v2/v3 checkpoints known by NAME. A NAME goes wherever a checkpoint does "
+        "(moco export NAME, --init NAME, moco run --checkpoint NAME); it is downloaded once into $MOCO_HOME "
+        "(default ~/.cache/moco-retrieval), verified, then read like any file.",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=cmd_pretrained)
+
+
+def cmd_pretrained(args: argparse.Namespace) -> int:
+    """`moco pretrained`: list the names, with architecture, top-1, size and whether each is cached."""
+    from moco.pretrained import listing, moco_home
+
+    rows = listing()
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    width = max(len(r["name"]) for r in rows)
+    print(f"{'NAME':<{width}}  MOCO  {'ARCH':<22} TOP-1  {'SIZE':>8}  CACHED")
+    for r in rows:
+        size = f"{r['size'] / 2**20:.0f} MiB" if r["size"] else "?"
+        print(f"{r['name']:<{width}}  {r['moco']:<4}  {r['arch']:<22} {r['top1']:>5.1f}  {size:>8}  "
+              f"{'yes' if r['cached'] else 'no'}")  # fmt: skip
+    print(f"\nTOP-1: ImageNet linear probe (official READMEs); SIZE: known once cached. Cache: "
+          f"{moco_home() / 'checkpoints'} ($MOCO_HOME). Use a NAME as a checkpoint, e.g. moco export moco_v2_800ep "
+          "-o backbone.safetensors")  # fmt: skip
     return 0
 
 
@@ -98,7 +136,8 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("index_dir", metavar="IDX")
     p.add_argument("--checkpoint", default=None, metavar="CKPT",
-                   help="a `moco train` checkpoint: the Negatives tab then uses its saved queue and key encoder")
+                   help="a `moco train` checkpoint (or official NAME): the Negatives tab then uses its saved queue and "
+                   "key encoder")
     p.add_argument("--backbone", default=None, metavar="B", help="the index's backbone, if it moved")
     _serve_arguments(p)
     p.set_defaults(handler=cmd_serve)
@@ -132,13 +171,33 @@ def _announce(args: argparse.Namespace) -> None:
     print(f"serving on http://{shown}:{args.port} (Ctrl+C to stop)", flush=True)
 
 
+def _require_ui() -> None:
+    """A UserError naming the `ui` extra when gradio or faiss is not installed (checked before any work)."""
+    import importlib
+
+    missing = []
+    for module in ("gradio", "faiss"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if (e.name or "").partition(".")[0] != module:  # installed, but broken: the real error says why
+                raise
+            missing.append(module)
+    if missing:
+        raise UserError(f"the web UI needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
+                        'not installed: pip install "moco-retrieval[ui]"')  # fmt: skip
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     """`moco serve`: launch the UI and block until interrupted."""
+    _require_ui()
     from app.ui import serve
+    from moco.pretrained import resolve
 
     auth = _check_serve_arguments(args)
+    checkpoint = resolve(args.checkpoint) if args.checkpoint else None  # an official NAME: fetched first
     _announce(args)
-    serve(args.index_dir, args.checkpoint, args.host, args.port, auth, args.backbone, args.device)
+    serve(args.index_dir, checkpoint, args.host, args.port, auth, args.backbone, args.device)
     return 0
 
 
@@ -152,9 +211,14 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("photos", metavar="PHOTOS", nargs="?", help="folder of photos (default: a generated sample)")
     p.add_argument("--work", default="runs/default", help="work directory (default: runs/default)")
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--checkpoint", default=None, metavar="CKPT",
-                       help="use this model as is (official MoCo .pth.tar or any supported checkpoint): no training")
-    group.add_argument("--init", default=None, metavar="CKPT", help="continue MoCo training from these weights")
+    group.add_argument("--checkpoint", default=None, metavar="CKPT", help="use this model as is (an official NAME, "
+                       "see `moco pretrained`; official MoCo .pth.tar or any supported checkpoint): no training")
+    group.add_argument("--init", default=None, metavar="CKPT",
+                       help="continue MoCo training from these weights (a file or an official NAME)")
+    p.add_argument("--pretrained", default=DEFAULT_PRETRAINED, metavar="NAME",
+                   help=f"with PHOTOS and no --checkpoint/--init/--minutes/--max-steps: use this official model as is "
+                   f"when it is cached or can be downloaded, else train from scratch (default: {DEFAULT_PRETRAINED}; "
+                   "'none': always train)")
     p.add_argument("--minutes", type=float, default=None, help="training time budget (default: 10 on a CPU, "
                    "the full recipe on a GPU)")
     p.add_argument("--max-steps", type=int, default=None, help="cap the training steps (for quick tries)")
@@ -167,17 +231,22 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """`moco run`: train/export/index, then serve."""
     from app.pipeline import run_pipeline
+    from index.store import require_faiss
 
+    require_faiss() if args.no_serve else _require_ui()  # before any training: the pipeline ends with them
     auth = _check_serve_arguments(args)
     extra = {"max_steps": args.max_steps} if args.max_steps else {}
+    # Asking for training (--minutes, --max-steps) or for the sample (no PHOTOS) never fetches a default model.
+    asked_training = args.minutes is not None or args.max_steps is not None
+    default = None if args.pretrained.lower() == "none" or not args.photos or asked_training else args.pretrained
     out = run_pipeline(args.photos, args.work, args.checkpoint, args.init, args.minutes, extra,
-                       say=lambda m: print(m, flush=True), progress=not args.quiet)  # fmt: skip
+                       say=lambda m: print(m, flush=True), progress=not args.quiet, pretrained=default)  # fmt: skip
     print(f"search it: moco index search {out['index']} PHOTO.jpg, or the UI below", flush=True)
     if args.no_serve:
         return 0
     from app.ui import serve
 
-    ckpt = out["checkpoint"] if not args.checkpoint else None  # a training checkpoint: the Negatives tab's queue
+    ckpt = out["checkpoint"] if out["trained"] else None  # a training checkpoint: the Negatives tab's queue
     _announce(args)
     serve(out["index"], ckpt, args.host, args.port, auth, out["backbone"], args.device)
     return 0
@@ -191,6 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_train(sub)
     _add_export(sub)
+    _add_pretrained(sub)
     _add_sample(sub)
     from app.cli_index import add_index
 

@@ -7,6 +7,9 @@ Every step reuses what an earlier run left in the work directory:
     WORK/index/                    updated (only new or changed photos embedded); rebuilt only when the
                                    backbone changed, into index.new/ first, so the old one keeps serving
     WORK/sample_photos/            the generated collection, when no PHOTOS are given
+
+With PHOTOS and no model given, ``pretrained`` (the CLI: moco_v2_800ep) is used as is when it is cached or can
+be downloaded; otherwise training starts from scratch, and the output says why. The sample never fetches anything.
 """
 
 from __future__ import annotations
@@ -155,12 +158,32 @@ def _index(photos: Path, backbone: Path, index_dir: Path, say: Callable[[str], N
     return s
 
 
+def _pretrained(name: str, say: Callable[[str], None], progress: bool) -> Path | None:
+    """The cached or downloaded official checkpoint ``name``; None (and why) when it cannot be had."""
+    from moco.pretrained import REGISTRY, FetchError, cache_path, fetch
+
+    if name not in REGISTRY:
+        raise UserError(f"pretrained model {name!r} is unknown: use one of {', '.join(REGISTRY)}, or none")
+    entry = REGISTRY[name]
+    where = "cached" if cache_path(entry).is_file() else f"downloading it once into {cache_path(entry)}"
+    say(f"model: {name} (official MoCo {entry.moco_version}, {entry.arch}, {entry.top1}% ImageNet linear top-1), "
+        f"{where}")  # fmt: skip
+    try:
+        return fetch(name, progress)
+    except FetchError as e:
+        say(f"model: {name} is not available, training from scratch instead: {e}")
+        return None
+
+
 def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | Path | None = None,
                  init: str | Path | None = None, minutes: float | None = None, train_overrides: dict | None = None,
-                 say: Callable[[str], None] = print, progress: bool = True) -> dict[str, Any]:  # fmt: skip
+                 say: Callable[[str], None] = print, progress: bool = True,
+                 pretrained: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Train (or take ``checkpoint``), export, index; returns the paths and the index summary.
 
-    ``photos`` None: a generated sample collection in ``work/sample_photos``.
+    ``photos`` None: a generated sample collection in ``work/sample_photos`` (nothing is downloaded).
+    ``checkpoint``/``init``: a file or an official name (``moco pretrained``). ``pretrained``: an official name
+    to use as is when no model is given, if it is cached or can be downloaded (else: training from scratch).
     """
     if checkpoint and init:
         raise UserError("give CHECKPOINT (use it as is) or INIT (continue training from it), not both")
@@ -169,6 +192,7 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
     if photos is None:
         from moco.sample import make_sample_collection
 
+        pretrained = None  # the sample stays offline
         photos = work / "sample_photos"
         if not photos.is_dir():
             say(f"photos: none given, generating a sample collection in {photos}")
@@ -176,16 +200,22 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
     photos = Path(photos).expanduser().resolve()
     if not photos.is_dir():
         raise UserError(f"photo folder not found: {photos} (PHOTOS=... must be a folder)")
+    from moco.pretrained import resolve
+
     for given, what in ((checkpoint, "CHECKPOINT"), (init, "INIT")):
-        if given and not Path(given).is_file():
-            raise UserError(f"{what}={given}: file not found")
+        if given and not resolve(given, progress).is_file():  # an official name: fetched (once) here
+            raise UserError(f"{what}={given}: file not found (a checkpoint file, or a name from `moco pretrained`)")
+    default = None
+    if not checkpoint and not init and pretrained:
+        checkpoint = default = _pretrained(pretrained, say, progress)
     if checkpoint:
-        source = Path(checkpoint)
-        say(f"training: skipped, using {source}")
+        source = resolve(checkpoint)
+        hint = f" (--pretrained none: train from scratch; --init {pretrained}: continue from it)" if default else ""
+        say(f"training: skipped, using {source}{hint}")
     else:
         source = _train(photos, work / "run", str(init) if init else None, minutes, train_overrides or {}, say,
                         progress)  # fmt: skip
     backbone = _export(source, work / "backbone.safetensors", say)
     summary = _index(photos, backbone, work / "index", say, progress)
-    return {"photos": photos, "checkpoint": source, "backbone": backbone, "index": work / "index",
-            "summary": summary}  # fmt: skip
+    return {"photos": photos, "checkpoint": source, "trained": not checkpoint, "backbone": backbone,
+            "index": work / "index", "summary": summary}  # fmt: skip

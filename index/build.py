@@ -48,7 +48,7 @@ from index.image_index import (
     write_meta,  # fmt: skip
 )
 from index.plan import Plan, Stat, file_hash, make_plan
-from index.store import KINDS, VectorStore, choose_kind, read_index_id
+from index.store import KINDS, VectorStore, choose_kind, read_index_id, require_faiss
 from moco.data import ImageDecodeError, load_rgb, square_u8
 from moco.errors import StorageError, UserError, storage_error
 
@@ -562,6 +562,7 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
     """
     if kind not in KINDS:
         raise UserError(f"--kind {kind!r} is not one of {', '.join(KINDS)}")
+    require_faiss()  # before any work: nothing is embedded or written without it
     dist = _Dist(device)
     workers = workers or min(8, os.cpu_count() or 1)
     photos, out, backbone = Path(photos).expanduser().resolve(), Path(out), Path(backbone).expanduser().resolve()
@@ -615,6 +616,7 @@ def update_index(index_dir: str | Path, backbone: str | Path | None = None, root
     if not (index_dir / CATALOG_FILE).is_file():
         raise UserError(f"{index_dir} is not an index directory (no {CATALOG_FILE}): build one with "
                         f"`moco index build PHOTOS --backbone B -o {index_dir}`")  # fmt: skip
+    require_faiss()  # before any work: nothing is embedded or written without it
     dist = _Dist(device)
     workers = workers or min(8, os.cpu_count() or 1)
     catalog = Catalog(index_dir / CATALOG_FILE)

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from index.catalog import Catalog, Row
-from index.store import VectorStore, read_index_id
+from index.store import VectorStore, read_index_id, require_faiss
 from moco.checkpoint import atomic_write
 from moco.errors import UserError
 
@@ -69,7 +69,7 @@ def write_meta(index_dir: Path, meta: dict[str, Any]) -> None:
 
 def kind_of(index: Any) -> str:
     """The kind of a FAISS index, from its structure (index.json may lag behind a crash)."""
-    import faiss
+    faiss = require_faiss()
 
     outer = faiss.downcast_index(index)
     if isinstance(outer, faiss.IndexIVFFlat):
@@ -86,7 +86,7 @@ def kind_of(index: Any) -> str:
 
 def load_store(index_dir: Path, use_gpu: str = "auto") -> VectorStore:
     """``index.faiss`` with its kind detected and the tuned search parameter of ``index.json`` applied."""
-    import faiss
+    faiss = require_faiss()
 
     path = Path(index_dir) / INDEX_FILE
     if not path.is_file():
@@ -154,6 +154,7 @@ class ImageIndex:
     @classmethod
     def open(cls, index_dir: str | Path, use_gpu: str = "auto") -> ImageIndex:
         """Open an index made by ``moco index build``."""
+        require_faiss()  # before the catalog is opened
         read_meta(Path(index_dir))
         return cls(index_dir, use_gpu)
 

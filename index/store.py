@@ -27,14 +27,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import faiss
 import numpy as np
 
 from moco.errors import UserError
 
-__all__ = ["VectorStore", "choose_kind", "factory_for", "read_index_id", "KINDS", "EXACT_UP_TO", "gpu_count"]
+try:
+    import faiss
+except ModuleNotFoundError as _e:  # the `index` extra is missing: this module still imports (KINDS, for --help)
+    if _e.name != "faiss":
+        raise
+    faiss = None
+
+__all__ = ["VectorStore", "choose_kind", "factory_for", "read_index_id", "require_faiss", "KINDS", "EXACT_UP_TO",
+           "gpu_count"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
+
+
+def require_faiss() -> Any:
+    """The ``faiss`` module; a UserError naming the extra to install when it is missing (call before any work)."""
+    if faiss is None:
+        raise UserError('FAISS is not installed, and the index needs it: pip install "moco-retrieval[index]" '
+                        '(faiss-cpu; on a CUDA machine "moco-retrieval[gpu]" for faiss-gpu instead)')  # fmt: skip
+    return faiss
 
 KINDS = ("auto", "flat", "ivf", "ivfpq", "hnsw")
 EXACT_UP_TO = 50_000  # below this, exact search answers a query in a few ms: no reason to approximate
@@ -153,6 +168,7 @@ class VectorStore:
     @classmethod
     def create(cls, kind: str, dim: int, n: int, use_gpu: str = "auto") -> VectorStore:
         """An empty store of ``kind`` sized for about ``n`` vectors."""
+        require_faiss()
         factory = factory_for(kind, n, dim)
         store = cls(index=faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT), kind=kind, use_gpu=use_gpu)
         store.factory_string = factory

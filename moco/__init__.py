@@ -18,6 +18,8 @@ __all__ = [
     "export_backbone",
     "Embedder",
     "UserError",
+    "fetch_pretrained",
+    "PRETRAINED",
 ]
 
 _WHERE = {
@@ -30,6 +32,8 @@ _WHERE = {
     "UserError": "moco.errors",
     "export_backbone": "moco.export",
     "Embedder": "moco.embed",
+    "fetch_pretrained": "moco.pretrained",
+    "PRETRAINED": "moco.pretrained",
 }
 
 
@@ -47,7 +51,8 @@ def __getattr__(name: str) -> Any:
     if name == "__version__":  # lazy too: importlib.metadata costs ~50 ms, decoding workers import moco.data
         return _version()
     if name in _WHERE:
-        return getattr(importlib.import_module(_WHERE[name]), name)
+        module = importlib.import_module(_WHERE[name])
+        return getattr(module, {"fetch_pretrained": "fetch", "PRETRAINED": "REGISTRY"}.get(name, name))
     raise AttributeError(f"module 'moco' has no attribute {name!r}")
 
 

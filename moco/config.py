@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import os
 from collections.abc import Callable
@@ -13,7 +14,8 @@ from typing import Any
 from moco.backbones import is_vit
 from moco.errors import UserError
 
-__all__ = ["TrainConfig", "PRESETS", "resolve_config", "add_config_arguments", "config_overrides", "backbone_kwargs"]
+__all__ = ["TrainConfig", "PRESETS", "resolve_config", "add_config_arguments", "config_overrides", "backbone_kwargs",
+           "load_config_file"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -74,7 +76,8 @@ class TrainConfig:
     knn_t: float = _field(0.1, "temperature of the kNN monitor's weights")
     knn_every: int = _field(0, "steps between kNN evaluations (0: at the end of every epoch)")
     # ---- start
-    init: str = _field("", "start from these weights (our checkpoint, official MoCo .pth.tar, torchvision/timm)")
+    init: str = _field("", "start from these weights (our checkpoint, official MoCo .pth.tar or NAME: see `moco "
+                       "pretrained`, torchvision/timm)")
     # ---- runtime
     precision: str = _field("auto", "auto | bf16 | fp16 | fp32 (auto: bf16 where the hardware runs it fast)")
     device: str = _field("auto", "auto | cpu | cuda")
@@ -181,6 +184,9 @@ def resolve_config(preset: str = "v2", **overrides: Any) -> TrainConfig:
 
 def _init_heads(init: str) -> dict[str, int]:
     """``num_heads`` of an --init checkpoint whose layout fixes it (official v3 ViT-S: 12; our runs: their own)."""
+    from moco.pretrained import resolve
+
+    init = str(resolve(init))  # an official NAME: fetched (once) before its file is read
     if not os.path.isfile(init):
         return {}  # training reports a missing file when it loads it
     from moco.export import checkpoint_num_heads
@@ -293,6 +299,81 @@ def from_plain(d: dict[str, Any]) -> TrainConfig:
     known = {f.name: f for f in fields(TrainConfig)}
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known}
     return TrainConfig(**kw)
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The TrainConfig fields set in a JSON or YAML file (``--config``), type-checked; UserError names key and fix.
+
+    The file is a mapping of field names (as in a run's ``config.json``) to values; ``preset`` picks the recipe
+    whose defaults the other keys override. Lists become tuples (``mean``, ``std``).
+    """
+    text = _read_config_text(path)
+    if str(path).lower().endswith((".yaml", ".yml")):
+        try:
+            import yaml
+        except ImportError as e:
+            raise UserError(f"--config {path}: reading YAML needs PyYAML: pip install pyyaml, or write the config "
+                            "as JSON (a .json file)") from e  # fmt: skip
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise UserError(f"--config {path} is not valid YAML: {e}") from e
+    elif str(path).lower().endswith(".json"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"--config {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from e
+    else:
+        raise UserError(f"--config {path}: give a .json, .yaml or .yml file (a run's config.json works as is)")
+    if not isinstance(data, dict):
+        raise UserError(f"--config {path} must hold a mapping of config fields to values, e.g. "
+                        '{"arch": "resnet18", "epochs": 100}')  # fmt: skip
+    known = {f.name: f for f in fields(TrainConfig)}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in known:
+            import difflib
+
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UserError(f"--config {path}: unknown key {key!r}: {hint}valid keys are the TrainConfig fields "
+                            f"({', '.join(known)})")  # fmt: skip
+        out[key] = _config_value(path, key, str(known[key].type), value)
+    if "preset" in out and out["preset"] not in PRESETS:
+        raise UserError(f"--config {path}: preset {out['preset']!r} is unknown: use one of {', '.join(PRESETS)}")
+    return out
+
+
+def _read_config_text(path: str | os.PathLike[str]) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError as e:
+        raise UserError(f"--config {path}: file not found") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--config {path} cannot be read ({e}): give a readable UTF-8 JSON or YAML file") from e
+
+
+def _config_value(path: str | os.PathLike[str], key: str, kind: str, value: Any) -> Any:
+    """``value`` of field ``key`` (annotated ``kind``) from a config file, checked (ints accepted for floats)."""
+    wrong = f"--config {path}: {key} = {value!r} is not"
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise UserError(f"{wrong} true or false")
+        return value
+    if kind.startswith("tuple"):
+        if not (isinstance(value, list | tuple) and len(value) == 3
+                and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)):  # fmt: skip
+            raise UserError(f"{wrong} three numbers, one per channel, e.g. [0.485, 0.456, 0.406]")
+        return tuple(float(v) for v in value)
+    if kind == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind == "str" and isinstance(value, str):
+        return value
+    example = _show(getattr(TrainConfig, key))
+    raise UserError(f"{wrong} a{'n' if kind == 'int' else ''} {kind}: write e.g. {key}: {example}")
 
 
 def _flag(name: str) -> str:

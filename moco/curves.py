@@ -23,7 +23,8 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path | None:
-    """Write the loss curve (and kNN top-1 where logged) to ``out_path``; None when there is nothing to plot."""
+    """Write the loss curve (and kNN top-1 where logged) to ``out_path``; None when there is nothing to plot
+    (or matplotlib, the ``plot`` extra, is not installed)."""
     metrics_path = Path(metrics_path)
     if not metrics_path.exists():
         return None
@@ -31,8 +32,14 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path | None:
     steps = [r for r in records if "loss" in r]
     if not steps:
         return None
-    import matplotlib
-
+    try:
+        import matplotlib
+    except ModuleNotFoundError as e:
+        if e.name != "matplotlib":
+            raise
+        logger.info('skipping %s: matplotlib is not installed (pip install "moco-retrieval[plot]"); %s has the '
+                    "same numbers", out_path, metrics_path)  # fmt: skip
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -88,10 +88,11 @@ class Embedder:
 
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", precision: str = "auto") -> Embedder:
-        """From a ``.safetensors`` backbone made by ``moco export``, or directly from any checkpoint."""
+        """From a ``.safetensors`` backbone made by ``moco export``, or from any checkpoint or official NAME."""
         from moco.export import build_exported, export_backbone, load_exported
+        from moco.pretrained import resolve
 
-        path = Path(path)
+        path = resolve(path)
         if path.suffix != ".safetensors":
             import tempfile
 
@@ -133,23 +134,32 @@ class Embedder:
 
     # ------------------------------------------------------------------------------- embedding
     @torch.inference_mode()
-    def embed_squares(self, squares: np.ndarray | torch.Tensor) -> np.ndarray:
-        """Embed preprocessed uint8 squares (N x resize x resize x 3): N x D float32, L2-normalized."""
+    def embed_squares(self, squares: np.ndarray | torch.Tensor, normalize: bool = True) -> np.ndarray:
+        """Embed preprocessed uint8 squares (N x resize x resize x 3): N x D float32, L2-normalized unless not
+        ``normalize``."""
         x = torch.as_tensor(squares).to(self.device, non_blocking=True)  # N x R x R x 3 uint8
-        return self.embed_views(center_view(x, self.image_size, self.mean, self.std))
+        return self.embed_views(center_view(x, self.image_size, self.mean, self.std), normalize)
 
     @torch.inference_mode()
-    def embed_views(self, x: torch.Tensor) -> np.ndarray:
-        """Embed already normalized views (N x 3 x s x s float, e.g. augmented): N x D float32, L2-normalized."""
+    def embed_views(self, x: torch.Tensor, normalize: bool = True) -> np.ndarray:
+        """Embed already normalized views (N x 3 x s x s float, e.g. augmented): N x D float32, L2-normalized
+        unless not ``normalize`` (then the backbone's pooled features)."""
         x = x.to(self.device, non_blocking=True)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         with autocast_for(self.device, self.precision):
-            f = self.backbone(x)  # N x D
-        return F.normalize(f.float(), dim=1).cpu().numpy()
+            f = self.backbone(x).float()  # N x D
+        return (F.normalize(f, dim=1) if normalize else f).cpu().numpy()
 
-    def embed(self, images: Sequence[ImageLike] | ImageLike, batch_size: int = 64) -> np.ndarray:
-        """Embed images (PIL images, paths, uint8 HWC/CHW arrays or tensors): N x D float32, L2-normalized."""
+    def embed(self, images: Sequence[ImageLike] | ImageLike, batch_size: int = 64, normalize: bool = True,
+              output: str = "numpy", progress: bool = False) -> np.ndarray | torch.Tensor:  # fmt: skip
+        """Embed images (PIL images, paths, uint8 HWC/CHW arrays or tensors): N x D float32.
+
+        ``normalize``: L2-normalize each vector (cosine = inner product), else the backbone's pooled features;
+        ``output``: "numpy" (an ndarray) or "torch" (a CPU tensor); ``progress``: a progress bar on stderr.
+        """
+        if output not in ("numpy", "torch"):
+            raise UserError(f"embed(output={output!r}): use output='numpy' or output='torch'")
         if isinstance(images, (str, Path, Image.Image)) or (
             isinstance(images, (np.ndarray, torch.Tensor)) and images.ndim in (2, 3)
         ):
@@ -159,11 +169,16 @@ class Embedder:
         images = list(images)
         if not images:
             raise UserError("embed() got no images: pass a non-empty list")
+        from tqdm.auto import tqdm
+
         out = []
-        for start in range(0, len(images), batch_size):
-            squares = np.stack([self._to_square(im) for im in images[start : start + batch_size]])
-            out.append(self.embed_squares(squares))
-        return np.concatenate(out)
+        with tqdm(total=len(images), disable=not progress, unit="img", desc="embedding") as bar:
+            for start in range(0, len(images), batch_size):
+                squares = np.stack([self._to_square(im) for im in images[start : start + batch_size]])
+                out.append(self.embed_squares(squares, normalize))
+                bar.update(len(squares))
+        vectors = np.concatenate(out)
+        return torch.from_numpy(vectors) if output == "torch" else vectors
 
     def embed_folder(
         self, root: str | Path, batch_size: int = 64, workers: int | None = None, progress: bool = True,

@@ -2,7 +2,10 @@
 
 Everything that is not the query backbone is stripped (projection head, predictor, momentum
 encoder, queue, classifier); every source key is accounted for, and a key the layout does not explain
-is an error. Optional ONNX (checked against PyTorch with onnxruntime) and TorchScript outputs.
+is an error. Other formats, each carrying the preprocessing and checked against the PyTorch backbone on
+batch sizes other than the export example's: ``timm`` (a folder ``timm.create_model("local-dir:DIR")``
+loads), ``onnx`` (the torch.export-based exporter, dynamic batch, checked with onnxruntime) and ``pt2``
+(a ``torch.export`` program, dynamic batch, for ``torch.export.load``).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ __all__ = ["BACKBONE_FORMAT", "ArchGuess", "detect_arch", "checkpoint_num_heads"
 logger = logging.getLogger(__name__)
 
 BACKBONE_FORMAT = "moco-retrieval/backbone"
-FORMATS = ("safetensors", "onnx", "torchscript")
+FORMATS = ("safetensors", "timm", "onnx", "pt2")
 
 
 @dataclass
@@ -169,8 +172,14 @@ def export_backbone(
     fmt: str = "safetensors",
     image_size: int | None = None,
 ) -> dict[str, str]:
-    """Write the query backbone of ``checkpoint`` to ``out``; returns the metadata written."""
-    checkpoint, out = Path(checkpoint), Path(out)
+    """Write the query backbone of ``checkpoint`` (a file, or an official NAME: fetched once) to ``out``; returns
+    the metadata written."""
+    from moco.pretrained import resolve
+
+    checkpoint, out = resolve(checkpoint), Path(out)
+    if fmt == "torchscript":
+        raise UserError("--format torchscript is gone (torch.jit.trace is deprecated): use --format pt2, a "
+                        "torch.export program that torch.export.load(path).module() runs")  # fmt: skip
     if fmt not in FORMATS:
         raise UserError(f"--format {fmt!r} is not supported: use one of {', '.join(FORMATS)}")
     split = read_checkpoint(checkpoint)
@@ -213,14 +222,10 @@ def export_backbone(
         "dropped": json.dumps(dropped, sort_keys=True),
         "training": json.dumps(_training_summary(split)),
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
     backbone.eval()
-    if fmt == "safetensors":
-        _write_safetensors(backbone, meta, out)
-    elif fmt == "torchscript":
-        _write_torchscript(backbone, meta, out)
-    else:
-        _write_onnx(backbone, meta, out)
+    writer = {"safetensors": _write_safetensors, "timm": _write_timm, "onnx": _write_onnx, "pt2": _write_pt2}[fmt]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    writer(backbone, meta, out)
     logger.info("wrote %s (%s, %s, %d-d features)", out, fmt, guess.arch, dim)
     return meta
 
@@ -254,39 +259,138 @@ def _write_safetensors(backbone: nn.Module, meta: dict[str, str], out: Path) -> 
     tmp.unlink()
 
 
-def _example(meta: dict[str, str]) -> torch.Tensor:
+def _example(meta: dict[str, str], n: int = 2) -> torch.Tensor:
     size = int(meta["image_size"])
-    return torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(0))
+    return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(n))
 
 
-def _write_torchscript(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
-    x = _example(meta)
-    with torch.no_grad():
-        scripted = torch.jit.trace(backbone, x)
-        torch.testing.assert_close(scripted(x), backbone(x), rtol=1e-4, atol=1e-4)
-    torch.jit.save(scripted, str(out), _extra_files={"moco_meta.json": json.dumps(meta)})
+def _check_faithful(run: Any, backbone: nn.Module, meta: dict[str, str], what: str) -> None:
+    """``run(x)`` (numpy N x D) equals the PyTorch backbone for batch sizes 1 and 3, else a RuntimeError."""
+    for n in (1, 3):  # the export example has 2: the batch dimension must really be dynamic
+        x = _example(meta, n)
+        with torch.no_grad():
+            want, got = backbone(x).numpy(), run(x)
+        err = float(abs(got - want).max()) if got.shape == want.shape else math.inf
+        if err > 1e-3 * max(1.0, float(abs(want).max())):
+            raise RuntimeError(f"{what} output differs from PyTorch by {err:.3g} (batch {n}): not a faithful export")
+    logger.info("%s output matches PyTorch on batch sizes 1 and 3", what)
+
+
+def _publish(tmp: Path, out: Path) -> None:
+    """Put a finished, checked ``tmp`` in place of ``out`` atomically (``out`` is never left half written)."""
+    from moco.checkpoint import atomic_write
+
+    atomic_write(out, lambda f: f.write(tmp.read_bytes()))
+
+
+def _dynamic_batch() -> tuple[dict[int, Any], ...]:
+    return ({0: torch.export.Dim("batch", min=1)},)
+
+
+def _timm_config(backbone: nn.Module, meta: dict[str, str]) -> dict[str, Any]:
+    """timm's ``config.json`` for ``backbone`` (architecture, model_args, pretrained_cfg), or a UserError where
+    timm has no model with exactly these layers (the small stem, a layout timm names differently)."""
+    import timm
+
+    arch = meta["arch"].removeprefix("timm/")
+    if json.loads(meta["small_stem"]):
+        raise UserError(f"--format timm: {arch} with the small stem (3x3 conv, no max-pool) is not a timm "
+                        "model: use --format safetensors (moco.Embedder loads it)")  # fmt: skip
+    if not timm.is_model(arch):
+        raise UserError(f"--format timm: timm has no model {arch!r}: use --format safetensors")
+    args: dict[str, Any] = json.loads(meta["arch_kwargs"])
+    if is_vit(arch):
+        args["img_size"] = int(meta["image_size"])
+    with torch.device("meta"):
+        probe = timm.create_model(arch, pretrained=False, num_classes=0, **args)
+    want = {k: tuple(v.shape) for k, v in backbone.state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in probe.state_dict().items()}
+    if want != have:
+        diff = sorted(set(want) ^ set(have)) or sorted(k for k in want if want[k] != have[k])
+        raise UserError(f"--format timm: timm's {arch} has other layers than this backbone ({', '.join(diff[:4])}): "
+                        "use --format safetensors")  # fmt: skip
+    size, resize = int(meta["image_size"]), int(meta["resize"])
+    crop_pct = size / resize
+    while math.floor(size / crop_pct) < resize:  # timm resizes to floor(size / crop_pct): keep it exactly `resize`
+        crop_pct = math.nextafter(crop_pct, 0.0)
+    return {
+        "architecture": arch,
+        "num_classes": 0,
+        "num_features": int(meta["embed_dim"]),
+        "model_args": args,
+        "pretrained_cfg": {
+            "input_size": [3, size, size],
+            "interpolation": meta["interpolation"],
+            "mean": json.loads(meta["mean"]),
+            "std": json.loads(meta["std"]),
+            "crop_pct": crop_pct,
+            "crop_mode": meta["crop"],
+            "num_classes": 0,
+        },
+    }
+
+
+def _write_timm(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
+    """A folder timm loads with ``create_model("local-dir:OUT", pretrained=True)``: config.json, model.safetensors."""
+    import tempfile
+
+    import timm
+
+    config = _timm_config(backbone, meta)  # refusals come before anything is written
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--format timm writes a folder, but {out} is a file: pass a folder path to -o")
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:  # checked there, then moved
+        _write_safetensors(backbone, meta, Path(tmp) / "model.safetensors")  # our metadata: moco.Embedder loads it
+        (Path(tmp) / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+        model = timm.create_model(f"local-dir:{tmp}", pretrained=True).eval()
+        _check_faithful(lambda x: model(x).numpy(), backbone, meta, "timm")
+        out.mkdir(exist_ok=True)
+        for name in ("model.safetensors", "config.json"):
+            _publish(Path(tmp) / name, out / name)
+
+
+def _write_pt2(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
+    """A ``torch.export`` program with a dynamic batch; the metadata is its extra file ``moco_meta.json``."""
+    if out.suffix != ".pt2":
+        raise UserError(f"--format pt2: torch.export.load reads only files named *.pt2, not {out.name}: "
+                        f"use -o {out.with_suffix('.pt2')}")  # fmt: skip
+    program = torch.export.export(backbone, (_example(meta),), dynamic_shapes=_dynamic_batch())
+    tmp = out.with_name(f".{out.stem}.part.pt2")
+    try:
+        torch.export.save(program, str(tmp), extra_files={"moco_meta.json": json.dumps(meta)})
+        module = torch.export.load(str(tmp)).module()
+        _check_faithful(lambda x: module(x).numpy(), backbone, meta, "torch.export program")
+        _publish(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _write_onnx(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
+    """ONNX from the torch.export-based exporter, dynamic batch; the metadata is in ``metadata_props``."""
     try:
-        import onnx
         import onnxruntime as ort
+        import onnxscript  # noqa: F401 - the exporter's dependency: fail here with the fix, not deep inside torch
     except ImportError as e:
         raise UserError(f"--format onnx needs the onnx extra: pip install 'moco-retrieval[onnx]' ({e})") from None
-    x = _example(meta)
-    torch.onnx.export(backbone, (x,), str(out), input_names=["images"], output_names=["features"],
-                      dynamic_axes={"images": {0: "batch"}, "features": {0: "batch"}}, dynamo=False)  # fmt: skip
-    model = onnx.load(str(out))
-    for k, v in meta.items():
-        model.metadata_props.add(key=k, value=v)
-    onnx.save(model, str(out))
-    got = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"images": x.numpy()})[0]
-    with torch.no_grad():
-        want = backbone(x).numpy()
-    err = float(abs(got - want).max())
-    if err > 1e-3 * max(1.0, float(abs(want).max())):
-        raise RuntimeError(f"ONNX output differs from PyTorch by {err:.3g}: the export is not faithful")
-    logger.info("ONNX output matches PyTorch (max abs diff %.2g)", err)
+    chatty = [logging.getLogger(name) for name in ("onnxscript", "onnx_ir")]  # an INFO line per optimizer pass
+    levels = [log.level for log in chatty]
+    try:
+        for log in chatty:
+            log.setLevel(max(log.getEffectiveLevel(), logging.WARNING))
+        program = torch.onnx.export(backbone, (_example(meta),), input_names=["images"], output_names=["features"],
+                                    dynamic_shapes=_dynamic_batch(), dynamo=True, verbose=False)  # fmt: skip
+    finally:
+        for log, level in zip(chatty, levels):
+            log.setLevel(level)
+    program.model.metadata_props.update(meta)
+    tmp = out.with_name(f".{out.name}.part")
+    try:
+        program.save(str(tmp), external_data=False)
+        session = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
+        _check_faithful(lambda x: session.run(None, {"images": x.numpy()})[0], backbone, meta, "ONNX")
+        _publish(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def load_exported(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:

@@ -156,7 +156,10 @@ def _official_v12_head(head: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 
 def read_checkpoint(path: str | Path) -> SplitCheckpoint:
-    """Load ``path`` with ``weights_only=True`` and split it; logs the detected layout."""
+    """Load ``path`` (or an official checkpoint NAME, fetched once) with ``weights_only=True`` and split it."""
+    from moco.pretrained import resolve
+
+    path = resolve(path)
     split = split_checkpoint(load_checkpoint(path))
     logger.info("%s: %s checkpoint (%d backbone tensors)", path, split.format, len(split.backbone))
     return split
@@ -215,7 +218,7 @@ def _load_head(module: nn.Module | None, state: dict[str, torch.Tensor], name: s
 
 
 def load_init(model: nn.Module, path: str | Path) -> dict[str, list[str]]:
-    """Initialize a MoCo model from ``path`` (any supported layout); the key encoder starts as a copy.
+    """Initialize a MoCo model from ``path`` (any supported layout or an official NAME); the key encoder: a copy.
 
     Returns and logs exactly what was loaded, re-initialized and ignored.
     """

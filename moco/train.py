@@ -29,7 +29,7 @@ from torch import nn
 
 from moco.augment import two_views
 from moco.backbones import build_backbone, is_vit
-from moco.checkpoint import load_checkpoint, save_checkpoint
+from moco.checkpoint import atomic_write, load_checkpoint, save_checkpoint
 from moco.config import TrainConfig, backbone_kwargs, default_workers, from_plain, to_plain, validate
 from moco.data import ImageCache, build_cache
 from moco.device import autocast_for, init_distributed, resolve_device, resolve_precision
@@ -173,7 +173,8 @@ class _StopFlag:
 
 
 def train(
-    cfg: TrainConfig, resume: bool = False, progress: bool = True, stop_after: int | None = None
+    cfg: TrainConfig, resume: bool = False, progress: bool = True, stop_after: int | None = None,
+    tensorboard: bool = False,
 ) -> dict[str, Any]:
     """Train MoCo on ``cfg.data_dir`` into ``cfg.out``; returns a summary dict.
 
@@ -181,7 +182,10 @@ def train(
     (model, key encoder, queue, optimizer, scaler, RNG states, position in the epoch).
     ``stop_after``: checkpoint and return once the run reaches this step, as if interrupted there
     (the schedule still spans the whole run), e.g. to split training into sessions.
+    ``tensorboard``: also write the metrics.jsonl records as TensorBoard scalars to ``cfg.out/tensorboard``.
+    The resolved config is written to ``cfg.out/config.json`` before training starts.
     """
+    writer_class = _summary_writer_class() if tensorboard else None  # missing tensorboard: fail before any work
     d = _init_distributed(cfg.device)
     cfg = replace(cfg, bn_splits=_bn_splits(cfg, d.world))  # auto resolved for this run; the checkpoint keeps it
     run_dir = Path(cfg.out)
@@ -194,6 +198,8 @@ def train(
     precision = resolve_precision(cfg.precision, device)
     if d.main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        config_json = (json.dumps(to_plain(cfg), indent=2) + "\n").encode()
+        atomic_write(run_dir / "config.json", lambda f: f.write(config_json))
     torch.manual_seed(cfg.seed)
 
     # ---- data: decoded once into a uint8 cache (rank 0 builds it, the others reuse it)
@@ -272,7 +278,7 @@ def train(
         )
 
     # ---- the loop
-    metrics = _MetricsLog(run_dir / "metrics.jsonl", step) if d.main else None
+    metrics = _MetricsLog(run_dir / "metrics.jsonl", step, writer_class) if d.main else None
     monitor = _knn_monitor(cfg, run_dir) if d.main and cfg.val_dir else None
     knn_every = cfg.knn_every or steps_per_epoch
 
@@ -540,24 +546,48 @@ def _save(
 
 
 class _MetricsLog:
-    """``metrics.jsonl``: one JSON line per step; on resume, lines past the checkpoint are dropped."""
+    """``metrics.jsonl``: one JSON line per step; on resume, lines past the checkpoint are dropped.
 
-    def __init__(self, path: Path, from_step: int) -> None:
+    With a ``writer_class`` (TensorBoard's SummaryWriter) every numeric field but ``step`` is also written as a
+    scalar to ``RUN_DIR/tensorboard``, events past the checkpoint purged on resume.
+    """
+
+    def __init__(self, path: Path, from_step: int, writer_class: Any = None) -> None:
         lines = path.read_text().splitlines() if path.exists() and from_step > 0 else []
         kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= from_step]
         path.write_text("".join(line + "\n" for line in kept))
         self._f = path.open("a")
         losses = [json.loads(line)["loss"] for line in kept if '"loss"' in line]
         self.last_loss: float | None = losses[-1] if losses else None
+        self._tb = None
+        if writer_class is not None:
+            self._tb = writer_class(str(path.parent / "tensorboard"), purge_step=from_step + 1 if from_step else None)
 
     def write(self, record: dict[str, Any]) -> None:
         record = {k: (round(v, 6) if isinstance(v, float) and math.isfinite(v) else v) for k, v in record.items()}
         self._f.write(json.dumps(record) + "\n")
         self._f.flush()
         self.last_loss = record.get("loss", self.last_loss)
+        if self._tb is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, int | float):
+                    self._tb.add_scalar(key, value, record["step"])
+            self._tb.flush()  # watched live: `tensorboard --logdir RUN_DIR`
 
     def close(self) -> None:
         self._f.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _summary_writer_class() -> Any:
+    """TensorBoard's SummaryWriter, or a UserError naming the extra to install."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as e:
+        raise UserError('--tensorboard needs the tensorboard package: pip install "moco-retrieval[tensorboard]" '
+                        "(or drop --tensorboard; metrics.jsonl has the same records)") from e  # fmt: skip
+    return SummaryWriter
 
 
 def _progress_bar(total: int, initial: int, enabled: bool):
@@ -567,8 +597,9 @@ def _progress_bar(total: int, initial: int, enabled: bool):
 
 
 DESCRIPTION = (
-    "Train MoCo v1/v2/v3 on a folder of unlabeled photos (recursive). Writes RUN_DIR/checkpoint.pt, metrics.jsonl, "
-    "skipped.txt and curves.png. Flags override the preset's values."
+    "Train MoCo v1/v2/v3 on a folder of unlabeled photos (recursive). Writes RUN_DIR/checkpoint.pt, config.json, "
+    "metrics.jsonl, skipped.txt and curves.png. Flags override the --config file's values, which override the "
+    "preset's."
 )
 
 
@@ -581,6 +612,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="paper recipe to start from (default: v2)")
     p.add_argument("--resume", action="store_true", help="continue RUN_DIR/checkpoint.pt exactly where it stopped")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="JSON or YAML file of config fields (e.g. a run's config.json): preset <- file <- flags")
+    p.add_argument("--tensorboard", action="store_true",
+                   help="also write the metrics as TensorBoard scalars to RUN_DIR/tensorboard (needs the "
+                   "tensorboard extra)")
     p.add_argument(
         "--stop-after",
         type=int,
@@ -593,26 +629,33 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    """Resolve the config (preset <- flags, or the checkpoint's on --resume) and train; returns train()'s summary."""
-    from moco.config import config_overrides, resolve_config
+    """Resolve the config (preset <- --config file <- flags, or the checkpoint's on --resume) and train; returns
+    train()'s summary."""
+    from moco.config import config_overrides, load_config_file, resolve_config
 
-    overrides = config_overrides(args)
+    from_file = load_config_file(args.config) if args.config else {}
+    data_dir = args.data_dir or from_file.pop("data_dir", "")
+    from_file.pop("out", None)  # --out is required and always wins
+    file_preset = from_file.pop("preset", None)
+    preset = args.preset or file_preset
+    overrides = {**from_file, **config_overrides(args)}
     run_dir = Path(args.out)
     if args.resume:
         if not (run_dir / "checkpoint.pt").exists():
             raise UserError(f"--resume: no checkpoint at {run_dir / 'checkpoint.pt'}; drop --resume to start a new run")
-        if args.preset:
-            overrides["preset"] = args.preset
-        cfg = resume_config(run_dir, {**overrides, "data_dir": args.data_dir or ""})
+        if preset:
+            overrides["preset"] = preset
+        cfg = resume_config(run_dir, {**overrides, "data_dir": data_dir})
     else:
-        if not args.data_dir:
+        if not data_dir:
             raise UserError("training needs DATA_DIR, the folder of photos to train on (or --resume with --out)")
         if (run_dir / "checkpoint.pt").exists():
             raise UserError(
                 f"{run_dir} already holds a training run: add --resume to continue it, or choose another --out"
             )
-        cfg = resolve_config(args.preset or "v2", data_dir=args.data_dir, out=args.out, **overrides)
-    return train(cfg, resume=args.resume, progress=not args.quiet, stop_after=args.stop_after)
+        cfg = resolve_config(preset or "v2", data_dir=data_dir, out=args.out, **overrides)
+    return train(cfg, resume=args.resume, progress=not args.quiet, stop_after=args.stop_after,
+                 tensorboard=args.tensorboard)
 
 
 def summary_line(summary: dict[str, Any], run_dir: Path) -> str:

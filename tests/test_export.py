@@ -159,17 +159,23 @@ def test_exported_features_equal_training_model(tmp_path, preset, arch, size):
     )
 
 
-def test_torchscript_and_cli(tmp_path, capsys):
+def test_pt2_and_cli(tmp_path, capsys):
     net = _resnet18()
     torch.save(net.state_dict(), tmp_path / "tv.pth")
-    assert main(["export", str(tmp_path / "tv.pth"), "-o", str(tmp_path / "b.pt"), "--format", "torchscript"]) == 0
-    scripted = torch.jit.load(str(tmp_path / "b.pt"))
+    assert main(["export", str(tmp_path / "tv.pth"), "-o", str(tmp_path / "b.pt2"), "--format", "pt2",
+                 "--image-size", "64"]) == 0  # fmt: skip
+    program = torch.export.load(str(tmp_path / "b.pt2"))
     x = torch.randn(2, 3, 64, 64)
     net.fc = nn.Identity()
     with torch.no_grad():
-        torch.testing.assert_close(scripted(x), net.eval()(x), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(program.module()(x), net.eval()(x), rtol=1e-4, atol=1e-4)
     assert "exported resnet18 (512-d" in capsys.readouterr().out
     assert main(["export", str(tmp_path / "missing.pth"), "-o", str(tmp_path / "x.safetensors")]) == 2
+    # the deprecated torch.jit.trace path is gone: a clear message names its replacement, nothing is written
+    assert main(["export", str(tmp_path / "tv.pth"), "-o", str(tmp_path / "b.pt"), "--format", "torchscript"]) == 2
+    assert "--format pt2" in capsys.readouterr().err and not (tmp_path / "b.pt").exists()
+    assert main(["export", str(tmp_path / "tv.pth"), "-o", str(tmp_path / "b.pt"), "--format", "pt2"]) == 2
+    assert f"use -o {tmp_path / 'b.pt2'}" in capsys.readouterr().err and not (tmp_path / "b.pt").exists()
 
 
 class _Evil:
@@ -185,18 +191,95 @@ def test_pickle_payload_refused_by_export(tmp_path, capsys):
     assert not (tmp_path / "e.safetensors").exists()
 
 
-def test_onnx_export_matches_pytorch(tmp_path):
-    import onnx
-    import onnxruntime as ort
+def _randomized_bn(net: nn.Module) -> nn.Module:
+    with torch.no_grad():  # BN statistics away from their init, so eval-mode differences would show
+        for m in net.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.1, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    return net
 
-    net = _resnet18()
+
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+def test_onnx_and_pt2_dynamic_batch_match_pytorch(tmp_path, fmt):
+    import warnings
+
+    torch.manual_seed(0)
+    net = _randomized_bn(_resnet18())
     torch.save(net.state_dict(), tmp_path / "tv.pth")
-    meta = export_backbone(tmp_path / "tv.pth", tmp_path / "b.onnx", fmt="onnx", image_size=64)
-    props = {p.key: p.value for p in onnx.load(str(tmp_path / "b.onnx")).metadata_props}
-    assert props == meta
-    x = torch.randn(3, 3, 64, 64)  # another batch size than the export example
-    got = ort.InferenceSession(str(tmp_path / "b.onnx")).run(None, {"images": x.numpy()})[0]
+    out = tmp_path / f"b.{fmt}"
+    with warnings.catch_warnings():  # the current exporters: no deprecation warning from our calls
+        warnings.simplefilter("error", DeprecationWarning)
+        warnings.simplefilter("error", FutureWarning)
+        meta = export_backbone(tmp_path / "tv.pth", out, fmt=fmt, image_size=32)
+    if fmt == "onnx":
+        import onnx
+        import onnxruntime as ort
+
+        assert {p.key: p.value for p in onnx.load(str(out)).metadata_props} == meta
+        session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+        run = lambda x: session.run(None, {"images": x.numpy()})[0]
+    else:
+        extra = {"moco_meta.json": ""}
+        program = torch.export.load(str(out), extra_files=extra)
+        assert json.loads(extra["moco_meta.json"]) == meta
+        run = lambda x: program.module()(x).detach().numpy()
+    assert meta["image_size"] == "32" and json.loads(meta["mean"]) and json.loads(meta["std"])
     net.fc = nn.Identity()
+    for n in (1, 5):  # batch sizes other than the export example's, from the one file
+        x = torch.randn(n, 3, 32, 32)
+        with torch.no_grad():
+            want = net.eval()(x).numpy()
+        got = run(x)
+        assert got.shape == (n, 512) and abs(got - want).max() < 1e-4
+
+
+def _square_images(n: int, side: int) -> list:
+    from PIL import Image
+
+    g = torch.Generator().manual_seed(1)
+    return [Image.fromarray(torch.randint(0, 256, (side, side, 3), generator=g, dtype=torch.uint8).numpy())
+            for _ in range(n)]  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["resnet18", "vit_small_12_heads"])
+def test_timm_format_loads_in_timm_with_its_preprocessing(tmp_path, kind):
+    import timm
+    import timm.data
+
+    torch.manual_seed(0)
+    if kind == "resnet18":
+        size, arch = 112, "resnet18"
+        torch.save(_randomized_bn(_resnet18()).state_dict(), tmp_path / "ckpt.pth")
+    else:  # an official MoCo v3 ViT-S layout: 12 heads (timm's vit_small has 6)
+        size, arch = 32, "vit_small_patch16_224"
+        vit = timm.create_model(arch, pretrained=False, img_size=size, num_heads=12, num_classes=0)
+        torch.save({"state_dict": {f"module.base_encoder.{k}": v for k, v in vit.state_dict().items()}},
+                   tmp_path / "ckpt.pth")  # fmt: skip
+    meta = export_backbone(tmp_path / "ckpt.pth", tmp_path / "timm", fmt="timm", image_size=size)
+    assert sorted(p.name for p in (tmp_path / "timm").iterdir()) == ["config.json", "model.safetensors"]
+    cfg = json.loads((tmp_path / "timm" / "config.json").read_text())
+    assert cfg["architecture"] == arch and cfg["num_classes"] == 0
+    model = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True).eval()
+    data = timm.data.resolve_data_config({}, model=model)
+    assert tuple(data["input_size"]) == (3, size, size) and data["interpolation"] == "bicubic"
+    assert list(data["mean"]) == json.loads(meta["mean"]) and list(data["std"]) == json.loads(meta["std"])
+    transform = timm.data.create_transform(**data)
+    assert transform.transforms[0].size == int(meta["resize"])  # timm resizes to our resize, then crops
+    export_backbone(tmp_path / "ckpt.pth", tmp_path / "ref.safetensors", image_size=size)
+    emb = Embedder.load(tmp_path / "ref.safetensors", device="cpu", precision="fp32")
+    images = _square_images(3, int(meta["resize"]))
     with torch.no_grad():
-        want = net.eval()(x).numpy()
-    assert abs(got - want).max() < 1e-4
+        got = nn.functional.normalize(model(torch.stack([transform(im) for im in images])), dim=1).numpy()
+    assert abs(got - emb.embed(images)).max() < 1e-4
+    # the weights file carries our metadata too: the Embedder reads it as it is
+    assert Embedder.load(tmp_path / "timm" / "model.safetensors", device="cpu").config == meta
+
+
+def test_timm_format_refuses_the_small_stem(tmp_path):
+    net = _resnet18()
+    net.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)
+    torch.save(net.state_dict(), tmp_path / "small.pth")
+    with pytest.raises(UserError, match="small stem.*--format safetensors"):
+        export_backbone(tmp_path / "small.pth", tmp_path / "timm", fmt="timm")
+    assert not (tmp_path / "timm").exists()

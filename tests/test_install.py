@@ -1,0 +1,192 @@
+"""A light library install: `moco` needs only its core dependencies; faiss and gradio come with extras.
+
+A missing package is simulated faithfully: the subprocess installs an import blocker first (a
+``sys.meta_path`` finder raising ModuleNotFoundError, exactly what Python raises for a package that is
+not installed), then runs the real CLI or library code.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from tests.conftest import TINY_CLI
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_UI = "gradio,gradio_client"
+NO_EXTRAS = "faiss,gradio,gradio_client,matplotlib"
+
+# python LAUNCHER BLOCKED -m MODULE ARGS... | python LAUNCHER BLOCKED SCRIPT.py
+LAUNCHER = """
+import importlib.abc, runpy, sys
+
+BLOCKED = set(sys.argv[1].split(","))
+
+
+class NotInstalled(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NotInstalled())
+if sys.argv[2] == "-m":
+    sys.argv = sys.argv[3:]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+else:
+    sys.argv = sys.argv[2:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _run(tmp_path: Path, blocked: str, *args: str) -> subprocess.CompletedProcess:
+    """Run ``-m MODULE ARGS`` or a script in a fresh interpreter where the ``blocked`` packages are missing."""
+    launcher = tmp_path / "not_installed.py"
+    launcher.write_text(LAUNCHER)
+    return subprocess.run([sys.executable, str(launcher), blocked, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------ pyproject
+def _name(requirement: str) -> str:
+    """The normalized distribution name of a requirement string ("faiss-cpu>=1.13" -> "faiss-cpu")."""
+    return re.split(r"[\s<>=!~;\[]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _third_party_imports(folder: Path) -> tuple[set[str], set[str]]:
+    """Top-level third-party modules imported by ``folder/*.py``: (at module level, inside functions)."""
+    top, inner = set(), set()
+    for path in folder.glob("*.py"):
+        tree = ast.parse(path.read_text())
+        module_level = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                root = name.partition(".")[0]
+                if root not in sys.stdlib_module_names and root not in ("moco", "__future__"):
+                    (top if id(node) in module_level else inner).add(root)
+    return top, inner
+
+
+def test_core_dependencies_are_the_light_set():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    core = {_name(r) for r in project["dependencies"]}
+    assert core == {"torch", "torchvision", "timm", "pillow", "numpy", "safetensors", "tqdm"}
+    extras = {k: {_name(r) for r in v} for k, v in project["optional-dependencies"].items()}
+    extras_text = {k: " ".join(v) for k, v in project["optional-dependencies"].items()}
+    assert extras["index"] == {"faiss-cpu"}
+    assert "gradio" in extras["ui"] and "moco-retrieval[index]" in extras_text["ui"]
+    assert extras["gpu"] == {"faiss-gpu-cu12"} and "faiss-cpu" not in extras["all"]  # never both faiss builds
+    assert "tensorboard" in extras["tensorboard"]
+    assert all(f"[{name}" in extras_text["all"] or f",{name}" in extras_text["all"]
+               for name in ("ui", "tensorboard", "plot"))  # fmt: skip
+
+    # every package `moco` imports is declared: at module level a core one, inside functions core or an extra
+    top, inner = _third_party_imports(ROOT / "moco")
+    dist = {m: {_name(d) for d in ds} for m, ds in packages_distributions().items()}
+    optional = set().union(*extras.values())
+    for module in top:
+        assert dist[module] & core, f"moco imports {module} at module level, but {dist[module]} is not core"
+    for module in inner:
+        assert dist[module] & (core | optional), f"moco imports {module} ({dist[module]}), declared nowhere"
+
+
+# ------------------------------------------------------------------------------------------ without extras
+def test_light_install_trains_exports_and_embeds(sample_photos, tmp_path):
+    run, backbone = tmp_path / "run", tmp_path / "b.safetensors"
+    r = _run(tmp_path, NO_EXTRAS, "-m", "app.cli", "train", str(sample_photos), "--out", str(run), *TINY_CLI,
+             "--max-steps", "2")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert (run / "checkpoint.pt").is_file() and (run / "metrics.jsonl").is_file()
+    assert not (run / "curves.png").exists() and "matplotlib" in r.stderr  # skipped, with one line saying why
+    r = _run(tmp_path, NO_EXTRAS, "-m", "app.cli", "export", str(run / "checkpoint.pt"), "-o", str(backbone))
+    assert r.returncode == 0, r.stderr
+
+    photos = sorted(str(p) for p in sample_photos.rglob("*.jpg"))[:5]
+    code = f"""
+import json, sys
+import numpy as np
+import moco
+from moco import Embedder
+emb = Embedder.load({str(backbone)!r}, device="cpu")
+v = emb.embed({photos!r})
+loaded = sorted({{m.partition(".")[0] for m in sys.modules}} & {set(NO_EXTRAS.split(","))!r})
+print(json.dumps({{"shape": list(v.shape), "norms": np.linalg.norm(v, axis=1).tolist(), "loaded": loaded}}))
+"""
+    script = tmp_path / "embed.py"
+    script.write_text(code)
+    r = _run(tmp_path, NO_EXTRAS, str(script))
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["shape"] == [5, 512] and out["loaded"] == []
+    assert out["norms"] == pytest.approx([1.0] * 5, abs=1e-3)
+
+
+@pytest.fixture(scope="module")
+def index_dir(sample_photos, backbone, tmp_path_factory) -> Path:
+    """A real index of the sample photos (built here, where faiss is installed)."""
+    out = tmp_path_factory.mktemp("idx") / "idx"
+    assert main(["index", "build", str(sample_photos), "--backbone", str(backbone), "-o", str(out), "--quiet"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("blocked", [NO_UI, "faiss", NO_EXTRAS])
+def test_serve_without_the_ui_extra_names_it(index_dir, tmp_path, blocked):
+    r = _run(tmp_path, blocked, "-m", "app.cli", "serve", str(index_dir), "--port", "7999")
+    assert r.returncode == 2, r.stderr
+    assert 'pip install "moco-retrieval[ui]"' in r.stderr and "Traceback" not in r.stderr
+    assert "serving on" not in r.stdout
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("command", ["build", "update", "search", "stats", "dedup"])
+def test_index_commands_without_faiss_name_the_index_extra(index_dir, sample_photos, backbone, tmp_path, command):
+    new = tmp_path / "new_idx"
+    args = {
+        "build": [str(sample_photos), "--backbone", str(backbone), "-o", str(new)],
+        "update": [str(index_dir)],
+        "search": [str(index_dir), str(next(sample_photos.rglob("*.jpg")))],
+        "stats": [str(index_dir)],
+        "dedup": [str(index_dir)],
+    }[command]
+    before = _files(index_dir)
+    r = _run(tmp_path, "faiss", "-m", "app.cli", "index", command, *args, "--quiet" if command in ("build", "update")
+             else "--json")  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert 'pip install "moco-retrieval[index]"' in r.stderr and "Traceback" not in r.stderr
+    assert not new.exists() and _files(index_dir) == before  # failed before writing anything
+
+
+def test_images_and_make_install_the_extras_they_run():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert 'pip install "./[ui,plot]"' in dockerfile  # the image runs `moco run`: train, curves, index, serve
+    makefile = (ROOT / "Makefile").read_text()
+    assert 'pip install -q -e ".[all,dev]"' in makefile  # make run / make test get everything
+
+
+@pytest.mark.parametrize(("blocked", "flags", "extra"), [(NO_UI, [], "ui"), ("faiss", ["--no-serve"], "index")])
+def test_run_without_its_extras_says_so_before_training(sample_photos, tmp_path, blocked, flags, extra):
+    work = tmp_path / "work"
+    r = _run(tmp_path, blocked, "-m", "app.cli", "run", str(sample_photos), "--work", str(work), "--max-steps", "2",
+             "--quiet", *flags)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert f'pip install "moco-retrieval[{extra}]"' in r.stderr and "Traceback" not in r.stderr
+    assert not (work / "run" / "checkpoint.pt").exists()  # nothing was trained first

@@ -1,0 +1,183 @@
+"""Runs that explain themselves: RUN/config.json, `moco train --config FILE`, `--tensorboard`, and the options of
+`Embedder.embed`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from app.cli import main
+from moco.checkpoint import load_checkpoint
+from moco.curves import read_metrics
+from tests.conftest import TINY_CLI
+
+# The tiny settings of tests/conftest.py as a config file (TINY_CLI as keys), to combine with flags.
+TINY_FILE = {"arch": "resnet18", "small_stem": True, "image_size": 16, "batch_size": 8, "bn_splits": 2,
+             "queue_size": 16, "workers": 0}  # fmt: skip
+
+
+def _train(*args: str) -> int:
+    return main(["train", *args, "--quiet"])
+
+
+# ------------------------------------------------------------------------------------------ config.json
+def test_run_writes_its_resolved_config(sample_photos, tmp_path):
+    run = tmp_path / "run"
+    assert _train(str(sample_photos), "--out", str(run), *TINY_CLI, "--max-steps", "2", "--preset", "v1") == 0
+    written = json.loads((run / "config.json").read_text())
+    assert written == load_checkpoint(run / "checkpoint.pt")["config"]  # the resolved config, plain types
+    assert written["preset"] == "v1" and written["temperature"] == 0.07 and written["max_steps"] == 2
+    assert written["data_dir"] == str(sample_photos) and written["out"] == str(run)
+
+    # a run's config.json is a valid --config: the new run reproduces it (only --out differs)
+    again = tmp_path / "again"
+    assert _train("--config", str(run / "config.json"), "--out", str(again)) == 0
+    assert {**json.loads((again / "config.json").read_text()), "out": str(run)} == written
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_config_file_then_flags(sample_photos, tmp_path, suffix):
+    values = {**TINY_FILE, "preset": "v1", "temperature": 0.5, "mean": [0.5, 0.5, 0.5], "max_steps": 2}
+    path = tmp_path / f"my{suffix}"
+    if suffix == ".json":
+        path.write_text(json.dumps(values))
+    else:
+        import yaml
+
+        path.write_text(yaml.safe_dump(values))
+    run = tmp_path / "run"
+    assert _train(str(sample_photos), "--out", str(run), "--config", str(path), "--temperature", "0.3") == 0
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["temperature"] == 0.3  # the flag wins over the file
+    assert cfg["preset"] == "v1" and cfg["lr_schedule"] == "step"  # the file's preset, with its own defaults
+    assert cfg["arch"] == "resnet18" and cfg["small_stem"] is True and cfg["mean"] == [0.5, 0.5, 0.5]  # the file's
+    assert load_checkpoint(run / "checkpoint.pt")["step"] == 2
+
+
+def test_preset_flag_overrides_the_files_preset(sample_photos, tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({**TINY_FILE, "preset": "v1", "max_steps": 1}))
+    run = tmp_path / "run"
+    assert _train(str(sample_photos), "--out", str(run), "--config", str(path), "--preset", "v2") == 0
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["preset"] == "v2" and cfg["temperature"] == 0.2 and cfg["arch"] == "resnet18"
+
+
+@pytest.mark.parametrize(
+    "content, needles",
+    [
+        ({"arch": "resnet18", "batchsize": 8}, ["batchsize", "batch_size"]),  # unknown key: named, fix suggested
+        ({"batch_size": "eight"}, ["batch_size", "'eight'", "int"]),  # wrong type
+        ({"small_stem": "yes"}, ["small_stem", "true or false"]),
+        ({"mean": [0.5, 0.5]}, ["mean", "three numbers"]),
+        ({"preset": "v9"}, ["v9", "v1, v2, v3"]),
+        (["arch", "resnet18"], ["mapping"]),
+    ],
+)
+def test_bad_config_file_exits_2_naming_the_key(sample_photos, tmp_path, capsys, content, needles):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(content))
+    run = tmp_path / "run"
+    assert _train(str(sample_photos), "--out", str(run), "--config", str(path)) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err
+    for needle in needles:
+        assert needle in err
+    assert not run.exists()  # nothing was started
+
+
+def test_unreadable_config_files_exit_2(sample_photos, tmp_path, capsys, monkeypatch):
+    run = str(tmp_path / "run")
+    assert _train(str(sample_photos), "--out", run, "--config", str(tmp_path / "missing.json")) == 2
+    assert "missing.json" in capsys.readouterr().err
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"arch": "resnet18",\n "lr": }')
+    assert _train(str(sample_photos), "--out", run, "--config", str(broken)) == 2
+    err = capsys.readouterr().err
+    assert "broken.json" in err and "line 2" in err
+    other = tmp_path / "c.toml"
+    other.write_text("arch = 'resnet18'")
+    assert _train(str(sample_photos), "--out", run, "--config", str(other)) == 2
+    assert ".json" in capsys.readouterr().err
+    yml = tmp_path / "c.yml"
+    yml.write_text("arch: resnet18\n")
+    monkeypatch.setitem(sys.modules, "yaml", None)  # PyYAML not installed
+    assert _train(str(sample_photos), "--out", run, "--config", str(yml)) == 2
+    err = capsys.readouterr().err
+    assert "pip install pyyaml" in err and "JSON" in err
+
+
+# ------------------------------------------------------------------------------------------ tensorboard
+def test_tensorboard_scalars_equal_metrics(sample_photos, tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    assert _train(str(sample_photos), "--out", str(run), *TINY_CLI, "--max-steps", "3", "--tensorboard") == 0
+    records = [r for r in read_metrics(run / "metrics.jsonl") if "loss" in r]
+    assert [r["step"] for r in records] == [1, 2, 3]
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    for key in ("loss", "lr", "m"):
+        events = acc.Scalars(key)
+        assert [e.step for e in events] == [1, 2, 3]
+        assert [e.value for e in events] == pytest.approx([r[key] for r in records], rel=1e-6)
+
+
+def test_tensorboard_missing_exits_2_naming_the_extra(sample_photos, tmp_path, capsys, monkeypatch):
+    for name in ("tensorboard", "torch.utils.tensorboard"):
+        monkeypatch.setitem(sys.modules, name, None)  # as if tensorboard were not installed
+    run = tmp_path / "run"
+    assert _train(str(sample_photos), "--out", str(run), *TINY_CLI, "--max-steps", "1", "--tensorboard") == 2
+    assert 'pip install "moco-retrieval[tensorboard]"' in capsys.readouterr().err
+    assert not (run / "checkpoint.pt").exists()
+
+
+# ------------------------------------------------------------------------------------------ Embedder.embed
+@pytest.fixture(scope="module")
+def embedder(backbone):
+    from moco import Embedder
+
+    return Embedder.load(backbone, device="cpu", precision="fp32")
+
+
+def _images(n: int) -> list[np.ndarray]:
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, 256, (40 + i, 50, 3), dtype=np.uint8) for i in range(n)]
+
+
+def test_embed_normalize_false_returns_the_raw_features(embedder):
+    images = _images(3)
+    raw = embedder.embed(images, normalize=False)
+    unit = embedder.embed(images)
+    assert raw.dtype == np.float32 and raw.shape == unit.shape
+    norms = np.linalg.norm(raw, axis=1)
+    assert not np.allclose(norms, 1.0, atol=1e-2)  # really unnormalized (pooled ReLU features)
+    np.testing.assert_allclose(raw / norms[:, None], unit, rtol=1e-5, atol=1e-6)
+
+
+def test_embed_output_torch(embedder):
+    images = _images(3)
+    out = embedder.embed(images, output="torch")
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.float32 and out.device.type == "cpu"
+    np.testing.assert_array_equal(out.numpy(), embedder.embed(images))
+    assert isinstance(embedder.embed(images, output="numpy"), np.ndarray)
+
+
+def test_embed_bad_output_names_the_choices(embedder):
+    from moco.errors import UserError
+
+    with pytest.raises(UserError, match="'list'.*numpy.*torch"):
+        embedder.embed(_images(1), output="list")
+
+
+def test_embed_progress_bar_on_stderr(embedder, capsys):
+    embedder.embed(_images(5), batch_size=2)
+    assert capsys.readouterr().err == ""  # no bar by default
+    embedder.embed(_images(5), batch_size=2, progress=True)
+    err = capsys.readouterr().err
+    assert "embedding" in err and "5/5" in err
