@@ -36,7 +36,7 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-k", type=int, default=10, help="results (default: 10)")
     p.add_argument("--folder", default=None, help="only results under this sub-folder of the collection")
     p.add_argument("--backbone", default=None, metavar="B", help="the build's backbone, if it moved")
-    p.add_argument("--json", action="store_true", help='JSON: [{"rank", "id", "path", "score"}, ...]')
+    p.add_argument("--json", action="store_true", help='JSON: [{"rank", "id", "path", "score", "weak"}, ...]')
     p.set_defaults(handler=cmd_search)
 
     p = cmds.add_parser("stats", help="counts, kind, recall, backbone, size on disk")
@@ -46,7 +46,8 @@ def add_index(sub: argparse._SubParsersAction) -> None:
 
     p = cmds.add_parser("dedup", help="near-duplicate groups (saved to IDX/dedup.json)")
     p.add_argument("index_dir", metavar="IDX")
-    p.add_argument("--threshold", type=float, default=0.95, help="cosine similarity that links two images")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="centred cosine similarity (as search scores) that links two images (default: 0.9)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_dedup)
 
@@ -73,13 +74,18 @@ def cmd_search(args: argparse.Namespace) -> int:
     idx = ImageIndex.open(args.index_dir)
     emb = idx.load_embedder(args.backbone)
     hits = idx.search(emb.embed(args.image), k=args.k, folder=args.folder)
-    out = [{"rank": r + 1, "id": int(i), "path": p, "score": round(float(s), 6)}
+    weak = idx.weak_below  # None for an index from before centred scores
+    out = [{"rank": r + 1, "id": int(i), "path": p, "score": round(float(s), 6),
+            "weak": weak is not None and float(s) < weak}
            for r, (i, s, p) in enumerate(zip(hits.ids[0], hits.scores[0], hits.paths[0]))]  # fmt: skip
     if args.json:
         print(json.dumps(out))
     else:
         for h in out:
-            print(f"{h['rank']:>4}  {h['score']:.4f}  {display_path(h['path'])}")
+            print(f"{h['rank']:>4}  {h['score']:.4f}  {display_path(h['path'])}{'  (weak match)' if h['weak'] else ''}")
+        if out and out[0]["weak"]:
+            print(f"no close match in the collection: every score is under {weak:.4f} (1 in 100 random pairs "
+                  "scores above it)", file=sys.stderr)  # fmt: skip
         if not out:
             print("no results (the index is empty, or nothing under --folder)", file=sys.stderr)
     return 0
@@ -100,12 +106,13 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:
-    from index.dedup import find_duplicates
+    from index.dedup import DEDUP_THRESHOLD, find_duplicates
     from index.image_index import ImageIndex
 
     idx = ImageIndex.open(args.index_dir)
     idx.catalog.check_writable()  # dedup.json goes beside the catalog
-    groups = find_duplicates(idx, args.threshold)
+    threshold = DEDUP_THRESHOLD if args.threshold is None else args.threshold
+    groups = find_duplicates(idx, threshold)
     if args.json:
         print(json.dumps(groups))
         return 0
@@ -113,6 +120,6 @@ def cmd_dedup(args: argparse.Namespace) -> int:
         print(f"group {n} ({g['size']} images):")
         for m in g["members"]:
             print(f"  {m['best_similarity']:.4f}  {display_path(m['path'])}")
-    print(f"{len(groups)} groups of near-duplicates at cosine >= {args.threshold}; saved to "
+    print(f"{len(groups)} groups of near-duplicates at cosine >= {threshold}; saved to "
           f"{display_path(str(Path(args.index_dir) / 'dedup.json'))}")  # fmt: skip
     return 0

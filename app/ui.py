@@ -18,7 +18,7 @@ import numpy as np
 
 from app.negatives import IndexNegatives, NegativesView, QueueNegatives, _as_rgb
 from index.catalog import display_path
-from index.dedup import find_duplicates, load_duplicates
+from index.dedup import DEDUP_THRESHOLD, find_duplicates, load_duplicates
 from index.image_index import CATALOG_FILE, DEDUP_FILE, INDEX_FILE, META_FILE, THUMBS_DIR, ImageIndex
 from moco.errors import UserError
 
@@ -99,7 +99,8 @@ class SearchApp:
     def _gallery(self, state: dict[str, Any]) -> list[tuple[str, str]]:
         items = []
         for r, (path, score, thumb) in enumerate(zip(state["paths"], state["scores"], state["thumbs"]), 1):
-            items.append((thumb, f"#{r} · {score:.3f} · {display_path(path)}"))
+            weak = " · weak match" if self.index.weak_below is not None and score < self.index.weak_below else ""
+            items.append((thumb, f"#{r} · {score:.3f}{weak} · {display_path(path)}"))
         return items
 
     def _run(self, vector: np.ndarray, k: int, folder: str | None, label: str, embed_ms: float) -> tuple:
@@ -121,6 +122,10 @@ class SearchApp:
                  "thumbs": [str(self.index.thumb_path(r)) if r.thumb else None for r in rows]}  # fmt: skip
         info = (f"**{len(rows)} results** for {label}{f' in `{display_path(folder)}/`' if folder else ''} · "
                 f"embed {embed_ms:.0f} ms · search {search_ms:.1f} ms · {len(self.index)} images")  # fmt: skip
+        weak = self.index.weak_below
+        if weak is not None and state["scores"] and state["scores"][0] < weak:
+            info += (f" · **no close match in the collection** (the best scores {state['scores'][0]:.3f}, under "
+                     f"{weak:.3f}, the score of 1 in 100 random pairs)")  # fmt: skip
         return self._gallery(state), info, state
 
     def search(self, image: Any, k: int = 12, folder: str | None = None) -> tuple:
@@ -209,7 +214,11 @@ class SearchApp:
             text.append("_No near-duplicate search yet: press the button below._")
         else:
             groups = dup["groups"]
-            text.append(f"**{len(groups)} near-duplicate groups** at cosine ≥ {dup['threshold']} ({dup['created']})")
+            text.append(f"**{len(groups)} near-duplicate groups** at cosine ≥ {dup['threshold']} ({dup['created']}), "
+                        "largest first:")  # fmt: skip
+            text.extend(f"- group {g} ({group['size']}): " + ", ".join(f"`{display_path(m['path'])}`"
+                                                                     for m in group["members"])
+                        for g, group in enumerate(groups[:50], 1))  # fmt: skip
             for g, group in enumerate(groups[:50], 1):
                 for m in group["members"]:
                     row = self.index.catalog.row_by_path(m["path"])
@@ -276,7 +285,8 @@ def build_ui(app: SearchApp) -> Any:
             stats = gr.Markdown(elem_id="collection-stats")
             dups = gr.Gallery(label="near-duplicate groups", columns=8, height="auto", allow_preview=False)
             with gr.Row():
-                threshold = gr.Slider(0.8, 1.0, value=0.95, step=0.005, label="near-duplicate threshold (cosine)")
+                threshold = gr.Slider(0.5, 1.0, value=DEDUP_THRESHOLD, step=0.005,
+                                      label="near-duplicate threshold (centred cosine)")
                 dedup = gr.Button("Find near-duplicates")
             collection_fn = _safe(2, 0)(app.collection)
             demo.load(collection_fn, None, [stats, dups], api_name="collection")

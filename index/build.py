@@ -48,8 +48,9 @@ from index.image_index import (
     write_meta,  # fmt: skip
 )
 from index.plan import Plan, Stat, file_hash, make_plan
-from index.store import KINDS, VectorStore, choose_kind, read_index_id, require_faiss
+from index.store import KINDS, VectorStore, choose_kind, read_index_id, read_mean, require_faiss
 from moco.data import ImageDecodeError, load_rgb, square_u8
+from moco.embed import center
 from moco.errors import StorageError, UserError, storage_error
 
 __all__ = ["build_index", "update_index", "Summary", "default_memory_budget", "sample_ids", "is_our_failure",
@@ -60,6 +61,8 @@ logger = logging.getLogger(__name__)
 THUMB_SIZE = 256
 TUNE_QUERIES = 500
 TARGET_RECALL = 0.95
+MEAN_REFRESH = 1.5  # the mean embedding is recomputed (and index.faiss rebuilt) when the collection grew by half
+WEAK_PAIRS = 20_000  # random pairs whose 99th percentile cosine is the weak-match threshold
 
 
 def default_memory_budget() -> int:
@@ -300,10 +303,28 @@ def _fresh_store(kind: str, ids: np.ndarray, vecs: np.ndarray, dim: int, use_gpu
     return store
 
 
+def _weak_below(vecs: np.ndarray) -> float | None:
+    """The 99th percentile cosine of random pairs of (centred) ``vecs``: under it, a match is no closer than chance."""
+    n = len(vecs)
+    if n < 2:
+        return None
+    rng = np.random.default_rng(0)
+    i = rng.integers(n, size=WEAK_PAIRS)
+    j = (i + rng.integers(1, n, size=WEAK_PAIRS)) % n  # never i itself
+    cos = np.einsum("pd,pd->p", vecs[i], vecs[j])  # P
+    return round(float(np.percentile(cos, 99)), 4)
+
+
 def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gpu: str) -> VectorStore:
-    """Bring ``index.faiss`` in line with the catalog, tune it, write it and ``index.json``."""
+    """Bring ``index.faiss`` in line with the catalog, tune it, write it and ``index.json``.
+
+    The catalog keeps raw vectors; ``index.faiss`` holds them centred on the collection's mean embedding
+    (:func:`moco.embed.center`), which ``index.json`` records with the count it was computed from. The mean
+    is recomputed, and every vector re-added, on a new ``index.faiss``, for an index without one, and when
+    the collection has grown by half since.
+    """
     dim = int(cmeta["dim"])
-    ids, vecs = catalog.vectors(dim=dim)  # N, N x D
+    ids, vecs = catalog.vectors(dim=dim)  # N, N x D (raw)
     kind = cmeta["kind"] if cmeta["kind"] != "auto" else choose_kind(len(ids), dim, int(cmeta["memory_budget"]))
     if cmeta["kind"] == "auto" and kind == "ivf" and len(ids) <= int(cmeta.get("flat_until") or 0):
         kind = "flat"  # an earlier tuning found that these vectors do not cluster (see below)
@@ -311,6 +332,18 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
     queries = sample_ids(ids, min(TUNE_QUERIES, len(ids) // 10), rng)  # held out of training (and of tuning)
     index_id, store = _own_store(index_dir, catalog, len(ids), dim, use_gpu)
     trusted = store is not None  # index.faiss and index.json are this index's own
+    old = read_meta(index_dir) if trusted else {}
+    mean = read_mean(index_dir / INDEX_FILE, dim) if trusted else None  # travels with the vectors
+    mean_count = int(old.get("mean_count") or 0)
+    fresh = store is None or store.kind != kind or not store.is_trained
+    if fresh or mean is None or len(ids) >= MEAN_REFRESH * mean_count:
+        if not fresh:
+            logger.info("centring %s on the mean embedding of its %d vectors (%s): re-adding them all", INDEX_FILE,
+                        len(ids), f"was of {mean_count}" if mean is not None else "it was uncentred")  # fmt: skip
+            store = None
+        mean, mean_count = (vecs.mean(0) if len(ids) else np.zeros(dim, np.float32)), len(ids)
+    mean = np.asarray(mean, np.float32)  # D
+    vecs = center(vecs, mean)  # N x D, what index.faiss holds
     pending, stale = catalog.pending(), catalog.stale()
     qv = vecs[np.searchsorted(ids, queries)]  # tuning queries, Q x D
     if store is None or store.kind != kind or not store.is_trained:
@@ -348,21 +381,22 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
         store.add(ids, vecs)
         tuning = store.tune(vecs, ids, qv, queries, k=10, target=TARGET_RECALL, held_out=False)
         kind, pending = "flat", ids
-    store.save(index_dir / INDEX_FILE, index_id)
+    store.save(index_dir / INDEX_FILE, index_id, mean)
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    old = read_meta(index_dir) if trusted else {}
     import faiss
 
     write_meta(index_dir, {
         "format": FORMAT, "root": cmeta["root"], "backbone_path": cmeta["backbone_path"],
         "backbone_sha256": cmeta["backbone_sha256"], "backbone": cmeta["backbone"], "dim": dim,
-        "metric": "cosine (inner product of L2-normalized vectors)", "kind": kind, "kind_requested": cmeta["kind"],
+        "metric": "centred cosine (inner product of L2-normalized v - mean)", "kind": kind,
+        "kind_requested": cmeta["kind"],
         "factory": store.factory_string or old.get("factory", ""), "faiss_class": store.factory(),
         "ntotal": store.ntotal,
         "params": {tuning.param: tuning.value} if tuning.param else {}, "recall_at_10": round(tuning.recall, 4),
         "recall_queries": tuning.queries, "memory_budget": int(cmeta["memory_budget"]),
         "thumb_size": THUMB_SIZE, "faiss_version": faiss.__version__, "created": old.get("created", now),
         "updated": now, "index_id": index_id,
+        "mean": [float(x) for x in mean], "mean_count": mean_count, "weak_below": _weak_below(vecs),
     })  # fmt: skip
     catalog.mark_indexed(pending, stale)
     return store
@@ -400,9 +434,10 @@ def _untrusted(index_dir: Path, index_id: str | None) -> str | None:
     if not (index_dir / META_FILE).is_file():
         return f"{index_dir / META_FILE} is missing"
     try:
-        meta_id = read_meta(index_dir).get("index_id")
+        meta = read_meta(index_dir)
     except UserError as e:
         return str(e)
+    meta_id = meta.get("index_id")
     faiss_id = read_index_id(index_dir / INDEX_FILE)
     if faiss_id != index_id:
         if faiss_id is None:

@@ -3,7 +3,8 @@
 An index directory holds::
 
     index.faiss      the FAISS index (CPU form), replaced atomically
-    index.json       backbone sha256 and path, dim, metric, kind, factory, tuned parameter, recall
+    index.json       backbone sha256 and path, dim, metric, kind, factory, tuned parameter, recall, and the
+                     collection's mean embedding ("mean", from "mean_count" vectors) with "weak_below"
     catalog.sqlite   the source of truth: files, their state and their vectors (see catalog.py)
     thumbs/          <id>.jpg, about 256 px, the only images the UI serves
     dedup.json       near-duplicate groups, written by `moco index dedup`
@@ -12,6 +13,10 @@ An index directory holds::
     >>> idx = ImageIndex.open("my_index")                                # doctest: +SKIP
     >>> hits = idx.search(vectors, k=10)   # vectors: Q x D, L2-normalized   # doctest: +SKIP
     >>> hits.ids[0], hits.scores[0], hits.paths[0]                       # doctest: +SKIP
+
+Scores are centred cosines: ``index.faiss`` holds ``normalize(v - mean)`` of the catalog's raw vectors
+``v`` and :meth:`ImageIndex.search` centres its (raw) queries the same way, so an unrelated photo scores
+near 0; a score under ``weak_below`` (the 99th percentile of random pairs) is a weak match.
 """
 
 from __future__ import annotations
@@ -27,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from index.catalog import Catalog, Row
-from index.store import VectorStore, read_index_id, require_faiss
+from index.store import VectorStore, read_index_id, read_mean, require_faiss
 from moco.checkpoint import atomic_write
+from moco.embed import center
 from moco.errors import UserError
 
 __all__ = ["ImageIndex", "SearchResult", "read_meta", "write_meta", "kind_of", "INDEX_FILE", "META_FILE",
@@ -148,6 +154,7 @@ class ImageIndex:
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
         self.meta: dict[str, Any] = {}
+        self.mean: np.ndarray | None = None  # D: the collection's mean embedding; None for an uncentred index
         self.catalog = Catalog(self.dir / CATALOG_FILE)
         self._load()
 
@@ -172,6 +179,10 @@ class ImageIndex:
         self.store = load_store(self.dir, self.use_gpu)
         check_index_ids(self.dir, self.catalog.get_meta(INDEX_ID_KEY), self.meta.get("index_id"), self.store.index_id)
         self._check_meta()
+        self.mean = read_mean(self.dir / INDEX_FILE, self.store.dim)  # D, from index.faiss: it holds its vectors
+        if self.mean is None:
+            logger.info("%s has no mean embedding (made before centred scores): searching uncentred until "
+                        "`moco index update %s` centres it", self.dir, self.dir)  # fmt: skip
         self._stamp = self._files_stamp()
 
     def _check_meta(self) -> None:
@@ -188,6 +199,10 @@ class ImageIndex:
         if self.meta["dim"] != self.store.dim:
             raise UserError(f"{path} is damaged: its dim {self.meta['dim']!r} disagrees with {INDEX_FILE} and the "
                             f"catalog ({self.store.dim}); {fix}")  # fmt: skip
+        mean = self.meta.get("mean")
+        if mean is not None and (not isinstance(mean, list) or len(mean) != self.store.dim
+                                 or not all(isinstance(x, (int, float)) for x in mean)):  # fmt: skip
+            raise UserError(f"{path} is damaged: its mean is not {self.store.dim} numbers; {fix}")
 
     def refresh(self) -> bool:
         """Reload when the index files changed on disk; whether it did."""
@@ -214,6 +229,16 @@ class ImageIndex:
 
     def __len__(self) -> int:
         return self.store.ntotal
+
+    @property
+    def weak_below(self) -> float | None:
+        """Scores under this are weak matches (no close match); None for an index from before centred scores."""
+        value = self.meta.get("weak_below")
+        return float(value) if value is not None else None
+
+    def center(self, vectors: np.ndarray) -> np.ndarray:
+        """Raw L2-normalized vectors (Q x D) in the space of ``index.faiss``: ``normalize(v - mean)``."""
+        return center(vectors, self.mean)
 
     def thumb_path(self, row: Row) -> Path | None:
         """Absolute path of a row's thumbnail (inside ``thumbs/``), when it has one."""
@@ -254,6 +279,7 @@ class ImageIndex:
         if q.shape[1] != self.dim:
             raise UserError(f"vectors have dimension {q.shape[1]}, this index holds {self.dim}: embed with "
                             f"the index's backbone ({self.meta.get('backbone_path')})")  # fmt: skip
+        q = self.center(q)  # Q x D, as the stored vectors
         ntotal = self.store.ntotal
         k = min(k, ntotal)  # never more results than vectors: a huge k allocates nothing more
         want = offset + k
@@ -286,7 +312,7 @@ class ImageIndex:
         return SearchResult(out_ids, out_scores, out_paths, out_rows)
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
-        """Stored vectors (len(ids) x D) in the order of ``ids``."""
+        """Stored raw vectors (len(ids) x D, uncentred: what :meth:`search` takes) in the order of ``ids``."""
         got_ids, vecs = self.catalog.vectors(ids, self.dim)
         pos = {int(i): n for n, i in enumerate(got_ids)}
         missing = [int(i) for i in ids if int(i) not in pos]
@@ -295,7 +321,7 @@ class ImageIndex:
         return vecs[[pos[int(i)] for i in ids]]
 
     def stats(self) -> dict[str, Any]:
-        """Counts, kind, recall, backbone and size on disk."""
+        """Counts, kind, recall, backbone, size on disk, and the centring (mean count, weak-match threshold)."""
         counts = self.catalog.counts()
         size = sum(f.stat().st_size for f in self.dir.rglob("*") if f.is_file())
         return {
@@ -305,4 +331,6 @@ class ImageIndex:
             "backbone_path": self.meta.get("backbone_path"), "backbone_sha256": self.meta.get("backbone_sha256"),
             "backbone_arch": self.meta.get("backbone", {}).get("arch"), "size_on_disk_bytes": size,
             "updated": self.meta.get("updated"), "read_only": self.catalog.read_only,
+            "centred": self.mean is not None, "mean_count": self.meta.get("mean_count"),
+            "weak_below": self.weak_below,
         }  # fmt: skip

@@ -39,7 +39,7 @@ except ModuleNotFoundError as _e:  # the `index` extra is missing: this module s
     faiss = None
 
 __all__ = ["VectorStore", "choose_kind", "factory_for", "read_index_id", "require_faiss", "KINDS", "EXACT_UP_TO",
-           "gpu_count"]  # fmt: skip
+           "gpu_count", "mean_digest", "read_mean"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,8 @@ _FEW_QUERIES = 20  # below this many queries FAISS scans on one thread (distance
 _SHARD_FROM = 20_000  # below this, FAISS's own scan is as fast
 _ID_TAG = b"\nmoco-retrieval-index-id:"  # index.faiss ends with this, 32 hex digits and a newline
 _ID_TRAILER = len(_ID_TAG) + 32 + 1
+_MEAN_TAG = b"\nmoco-retrieval-mean:"  # before the id trailer: a digest of the mean the vectors are centred on
+_MEAN_TRAILER = len(_MEAN_TAG) + 16 + 1
 
 
 def gpu_count() -> int:
@@ -74,6 +76,38 @@ def choose_kind(n: int, dim: int, memory_budget: int) -> str:
     if n <= EXACT_UP_TO:
         return "flat"
     return "ivf" if n * dim * 4 <= memory_budget else "ivfpq"
+
+
+def mean_digest(mean: np.ndarray | list[float] | None) -> str | None:
+    """16 hex digits that identify a mean embedding (None for an uncentred index)."""
+    if mean is None:
+        return None
+    import hashlib
+
+    return hashlib.blake2b(np.asarray(mean, "<f4").tobytes(), digest_size=8).hexdigest()
+
+
+def read_mean(path: str | Path, dim: int) -> np.ndarray | None:
+    """The mean embedding (D float32) an ``index.faiss`` is centred on, from its trailer; None if uncentred.
+
+    It travels inside the file (see :meth:`VectorStore.save`), so the vectors and their mean are replaced
+    together, atomically: a kill between writing ``index.faiss`` and ``index.json`` cannot pair them wrongly.
+    """
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        start = size - _ID_TRAILER - _MEAN_TRAILER
+        if start - 4 * dim < 0:
+            return None
+        f.seek(start)
+        tail = f.read(_MEAN_TRAILER)
+        if not tail.startswith(_MEAN_TAG):
+            return None
+        f.seek(start - 4 * dim)
+        mean = np.frombuffer(f.read(4 * dim), "<f4").astype(np.float32)  # D
+    if mean_digest(mean) != tail[len(_MEAN_TAG) : -1].decode("ascii", "replace"):
+        raise UserError(f"{path} is damaged (its mean embedding does not match its digest): rebuild it with "
+                        f"`moco index update {Path(path).parent}`")  # fmt: skip
+    return mean
 
 
 def read_index_id(path: str | Path) -> str | None:
@@ -176,17 +210,21 @@ class VectorStore:
             faiss.downcast_index(faiss.downcast_index(store._cpu).index).k_factor = REFINE_K_FACTOR
         return store
 
-    def save(self, path: str | Path, index_id: str | None = None) -> None:
+    def save(self, path: str | Path, index_id: str | None = None, mean: np.ndarray | None = None) -> None:
         """Write the CPU form atomically (temporary file, fsync, rename).
 
         ``index_id`` (32 hex digits) is appended after the FAISS bytes as a fixed-size trailer, which
-        ``faiss.read_index`` never reads; :func:`read_index_id` gets it back.
+        ``faiss.read_index`` never reads; :func:`read_index_id` gets it back. ``mean`` (D floats, the
+        embedding the vectors are centred on) goes just before it with its digest (:func:`read_mean`).
         """
         from moco.checkpoint import atomic_write
 
         if index_id is not None and not _is_index_id(index_id):
             raise ValueError(f"index id must be 32 lowercase hex digits, got {index_id!r}")
         trailer = _ID_TAG + index_id.encode() + b"\n" if index_id else b""
+        if mean is not None and index_id:
+            m = np.asarray(mean, "<f4")  # D
+            trailer = m.tobytes() + _MEAN_TAG + mean_digest(m).encode() + b"\n" + trailer
 
         def write(f: Any) -> None:
             faiss.write_index(cpu, faiss.PyCallbackIOWriter(f.write))

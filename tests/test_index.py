@@ -13,7 +13,7 @@ from PIL import Image
 
 from app.cli import main
 from index.image_index import ImageIndex
-from moco.embed import Embedder
+from moco.embed import Embedder, center
 from moco.sample import make_sample_collection
 
 from .conftest import random_backbone
@@ -70,13 +70,15 @@ def test_build_search_stats_against_numpy(photos, backbone, tmp_path, capsys):
         if row.status == "ok":
             with Image.open(idx.thumb_path(row)) as im:
                 assert max(im.size) <= 256 and idx.thumb_path(row).parent == out / "thumbs"
-    # search equals numpy brute force over the catalog's vectors
+    # search equals numpy brute force over the catalog's vectors, centred on the stored collection mean
     ids = np.array([cat[p][0] for p in sorted(ok)])
-    mat = np.stack([ok[p] for p in sorted(ok)])  # N x D
-    q = emb.embed([photos / sorted(ok)[0], photos / sorted(ok)[20]])  # 2 x D
+    mean = np.array(meta["mean"], np.float32)  # D
+    mat = center(np.stack([ok[p] for p in sorted(ok)]), mean)  # N x D
+    q = emb.embed([photos / sorted(ok)[0], photos / sorted(ok)[20]])  # 2 x D, raw: search centres them
     hits = idx.search(q, k=7)
-    ref = np.argsort(-(q @ mat.T), axis=1, kind="stable")[:, :7]
-    np.testing.assert_allclose(hits.scores, np.take_along_axis(q @ mat.T, ref, 1), atol=1e-5)
+    sim = center(q, mean) @ mat.T  # 2 x N
+    ref = np.argsort(-sim, axis=1, kind="stable")[:, :7]
+    np.testing.assert_allclose(hits.scores, np.take_along_axis(sim, ref, 1), atol=1e-5)
     assert [set(r) for r in hits.ids] == [set(r) for r in ids[ref]]
     assert hits.paths[0][0] == sorted(ok)[0] and hits.scores[0, 0] == pytest.approx(1.0, abs=1e-5)
     # paging and the sub-folder filter
@@ -133,9 +135,14 @@ def test_update_add_modify_delete_rename_copy(photos, backbone, tmp_path, capsys
     for p in clean:
         np.testing.assert_allclose(updated[p], clean[p], atol=1e-5)
     q = Embedder.load(backbone, device="cpu").embed(photos / changed)
-    a, b = ImageIndex.open(out).search(q, k=10), ImageIndex.open(tmp_path / "clean").search(q, k=10)
-    np.testing.assert_allclose(a.scores, b.scores, atol=1e-5)
-    assert a.paths == b.paths
+    for folder in (out, tmp_path / "clean"):  # an update keeps its mean until the collection grows by half
+        hits, state = ImageIndex.open(folder).search(q, k=10), _state(folder)
+        mean = np.array(json.loads((folder / "index.json").read_text())["mean"], np.float32)
+        paths = sorted(state)
+        sim = (center(q, mean) @ center(np.stack([state[p] for p in paths]), mean).T)[0]  # N
+        order = np.argsort(-sim, kind="stable")[:10]
+        np.testing.assert_allclose(hits.scores[0], sim[order], atol=1e-5)
+        assert hits.paths[0][0] == changed  # (identical copies tie, so only the scores are compared below it)
     # nothing changed: nothing embedded
     assert main(["index", "update", str(out), "--quiet", "--json"]) == 0
     s = _json_out(capsys)
@@ -202,8 +209,8 @@ def test_dedup_finds_planted_duplicates(photos, backbone, tmp_path, capsys):
     # brute-force reference: every pair at >= threshold is inside one group
     state = _state(out)
     paths = sorted(state)
-    mat = np.stack([state[p] for p in paths])
-    sim = mat @ mat.T
+    mat = center(np.stack([state[p] for p in paths]), json.loads((out / "index.json").read_text())["mean"])
+    sim = mat @ mat.T  # centred cosines, as dedup uses
     group_of = {p: n for n, s in enumerate(sets) for p in s}
     for i, j in zip(*np.nonzero(np.triu(sim, 1) >= 0.995)):
         assert group_of.get(paths[i]) is not None and group_of.get(paths[i]) == group_of.get(paths[j])

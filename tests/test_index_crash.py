@@ -16,6 +16,7 @@ import pytest
 
 from app.cli import main
 from index.image_index import ImageIndex
+from moco.embed import center
 from moco.sample import make_sample_collection
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ def _state(index_dir: Path) -> dict[str, np.ndarray]:
 
 
 def _check_consistent(index_dir: Path) -> ImageIndex:
-    """Readable; every id FAISS holds once; every hit is a catalog row whose stored vector gives its score."""
+    """Readable; every id FAISS holds once; every hit is a catalog row whose stored vector gives its (centred) score."""
     idx = ImageIndex.open(index_dir)
     held = faiss.vector_to_array(faiss.downcast_index(idx.store._cpu).id_map)
     assert len(held) == len(np.unique(held)), "an id is in the index twice"
@@ -55,7 +56,8 @@ def _check_consistent(index_dir: Path) -> ImageIndex:
         hits = idx.search(vecs[:3], k=5)
         for q, (row_ids, row_scores) in enumerate(zip(hits.ids, hits.scores)):
             for i, s in zip(row_ids[row_ids >= 0], row_scores):
-                assert s == pytest.approx(float(vecs[q] @ idx.vectors(np.array([i]))[0]), abs=1e-4)
+                ref = center(vecs[q], idx.mean) @ center(idx.vectors(np.array([i])), idx.mean).T  # 1 x 1, centred
+                assert s == pytest.approx(float(ref[0, 0]), abs=1e-4)
     return idx
 
 

@@ -286,8 +286,10 @@ def test_an_index_from_before_index_ids_opens_and_gets_an_id(photos, backbone, t
     meta = json.loads((out / "index.json").read_text())
     del meta["index_id"]
     (out / "index.json").write_text(json.dumps(meta))
-    data = (out / "index.faiss").read_bytes()
-    (out / "index.faiss").write_bytes(data[: data.rindex(b"\nmoco-retrieval-index-id:")])
+    ids, raw = ImageIndex.open(out).catalog.vectors()  # an older version's index.faiss: raw vectors, no trailer
+    old = VectorStore.create("flat", raw.shape[1], len(ids), "no")
+    old.add(ids, raw)
+    old.save(out / "index.faiss")
     assert _ids(out) == (None, None, None)
     _finds_itself(out)
     capsys.readouterr()
@@ -302,7 +304,8 @@ def test_update_rebuilds_an_index_faiss_of_another_dim(photos, backbone, tmp_pat
 
     out = tmp_path / "idx"
     assert _build(photos, backbone, out) == 0
-    VectorStore.create("flat", 256, 1, "no").save(out / "index.faiss", read_index_id(out / "index.faiss"))
+    VectorStore.create("flat", 256, 1, "no").save(out / "index.faiss", read_index_id(out / "index.faiss"),
+                                                  np.zeros(256, np.float32))  # fmt: skip
     capsys.readouterr()
     assert _update(out) == 0
     assert "holds 256-d vectors, the catalog 512-d: rebuilding index.faiss" in capsys.readouterr().err
