@@ -29,8 +29,8 @@ def _umask() -> int:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
                 return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
+    except (OSError, ValueError, IndexError) as e:
+        logger.debug("umask not readable from /proc (%s): reading it with os.umask", e)
     with _UMASK_LOCK:  # elsewhere: set and restore it (not thread-safe, hence the lock)
         mask = os.umask(0o022)
         os.umask(mask)

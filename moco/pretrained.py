@@ -178,7 +178,7 @@ def _locked(path: Path) -> Iterator[None]:
 
             fcntl.flock(lock, fcntl.LOCK_EX)
         except ImportError:  # not POSIX: no cross-process lock
-            pass
+            logger.debug("no fcntl here: %s is not locked against other processes", path)
         yield
     finally:
         lock.close()

@@ -57,7 +57,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def log_message(self, *args) -> None:
-        pass
+        """No request log on stderr."""
 
 
 class _Server:

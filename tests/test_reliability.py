@@ -39,7 +39,7 @@ def http_log():
         do_HEAD = do_GET
 
         def log_message(self, *args) -> None:
-            pass
+            """No request log on stderr."""
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
