@@ -167,8 +167,12 @@ def _announce(args: argparse.Namespace) -> None:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.auth:
         print(f"WARNING: serving on {args.host} without --auth: anyone who can reach this machine can search your "
               "photos; add --auth USER:PASS", file=sys.stderr)  # fmt: skip
+    print(f"serving on {_url(args)} (Ctrl+C to stop)", flush=True)
+
+
+def _url(args: argparse.Namespace) -> str:
     shown = "127.0.0.1" if args.host in ("0.0.0.0", "::") else args.host
-    print(f"serving on http://{shown}:{args.port} (Ctrl+C to stop)", flush=True)
+    return f"http://{shown}:{args.port}"
 
 
 def _require_ui() -> None:
@@ -229,7 +233,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """`moco run`: train/export/index, then serve."""
+    """`moco run`: serve the page at once (its Status tab follows the work), train/export/index, turn search on."""
     from app.pipeline import run_pipeline
     from index.store import require_faiss
 
@@ -239,16 +243,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     # Asking for training (--minutes, --max-steps) or for the sample (no PHOTOS) never fetches a default model.
     asked_training = args.minutes is not None or args.max_steps is not None
     default = None if args.pretrained.lower() == "none" or not args.photos or asked_training else args.pretrained
-    out = run_pipeline(args.photos, args.work, args.checkpoint, args.init, args.minutes, extra,
-                       say=lambda m: print(m, flush=True), progress=not args.quiet, pretrained=default)  # fmt: skip
-    print(f"search it: moco index search {out['index']} PHOTO.jpg, or the UI below", flush=True)
-    if args.no_serve:
-        return 0
-    from app.ui import serve
+    demo = app = status = None
+    if not args.no_serve:
+        from app.status import RunStatus
+        from app.ui import serve_pending
 
-    ckpt = out["checkpoint"] if out["trained"] else None  # a training checkpoint: the Negatives tab's queue
-    _announce(args)
-    serve(out["index"], ckpt, args.host, args.port, auth, out["backbone"], args.device)
+        status = RunStatus(args.work)
+        photos = Path(args.photos).expanduser() if args.photos else Path(args.work) / "sample_photos"
+        demo, app = serve_pending(Path(args.work) / "index", photos, status, args.host, args.port, auth)
+        _announce(args)
+        print("the page's Status tab follows training and indexing; search turns on when the index is ready",
+              flush=True)  # fmt: skip
+    try:
+        out = run_pipeline(args.photos, args.work, args.checkpoint, args.init, args.minutes, extra,
+                           say=lambda m: print(m, flush=True), progress=not args.quiet, pretrained=default,
+                           status=status)  # fmt: skip
+        print(f"search it: moco index search {out['index']} PHOTO.jpg, or the UI", flush=True)
+        if demo is None:
+            return 0
+        ckpt = out["checkpoint"] if out["trained"] else None  # a training checkpoint: the Negatives tab's queue
+        app.attach(out["index"], out["backbone"], ckpt, args.device)
+    except BaseException:
+        if demo is not None:
+            demo.close()
+        raise
+    print(f"search is on: {_url(args)}", flush=True)
+    demo.block_thread()
     return 0
 
 

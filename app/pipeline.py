@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from app.status import RunStatus
 from moco.errors import UserError
 
 __all__ = ["run_pipeline", "training_overrides"]
@@ -98,7 +99,7 @@ def _train(photos: Path, run_dir: Path, init: str | None, minutes: float | None,
             return ckpt_path
         say(f"training: resuming {ckpt_path} at step {step}/{total}")
         cfg = resume_config(run_dir, {"data_dir": str(photos)})
-        train(cfg, resume=True, progress=progress)
+        _stop_on_signal(train(cfg, resume=True, progress=progress), ckpt_path, say)
         return ckpt_path
     n = len(scan_images(photos))
     if n < 16:
@@ -108,8 +109,16 @@ def _train(photos: Path, run_dir: Path, init: str | None, minutes: float | None,
     preset = overrides.pop("preset")
     say(f"training: MoCo {preset} on {n} photos ({', '.join(f'{k}={v}' for k, v in overrides.items())})")
     cfg = resolve_config(preset, data_dir=str(photos), out=str(run_dir), **overrides)
-    train(cfg, progress=progress)
+    _stop_on_signal(train(cfg, progress=progress), ckpt_path, say)
     return ckpt_path
+
+
+def _stop_on_signal(summary: dict[str, Any], ckpt_path: Path, say: Callable[[str], None]) -> None:
+    """A run stopped by Ctrl+C or SIGTERM ends here (its checkpoint saved), never goes on to export a half model."""
+    if summary.get("signal") is not None:
+        say(f"training: stopped by {summary['stopped_by']} at step {summary['steps']}/{summary['total_steps']}; "
+            f"{ckpt_path} is saved: run the same command to resume")  # fmt: skip
+        raise KeyboardInterrupt
 
 
 def _export(source: Path, out: Path, say: Callable[[str], None]) -> Path:
@@ -178,17 +187,37 @@ def _pretrained(name: str, say: Callable[[str], None], progress: bool) -> Path |
 def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | Path | None = None,
                  init: str | Path | None = None, minutes: float | None = None, train_overrides: dict | None = None,
                  say: Callable[[str], None] = print, progress: bool = True,
-                 pretrained: str | None = None) -> dict[str, Any]:  # fmt: skip
+                 pretrained: str | None = None, status: RunStatus | None = None) -> dict[str, Any]:  # fmt: skip
     """Train (or take ``checkpoint``), export, index; returns the paths and the index summary.
 
     ``photos`` None: a generated sample collection in ``work/sample_photos`` (nothing is downloaded).
     ``checkpoint``/``init``: a file or an official name (``moco pretrained``). ``pretrained``: an official name
     to use as is when no model is given, if it is cached or can be downloaded (else: training from scratch).
+    ``status``: told each stage and every message (still printed through ``say``); on an error its stage is
+    "failed" (the error re-raised); its ``index_ready`` is set once the index is written.
     """
+    status = status if status is not None else RunStatus(work)
+
+    def tell(message: str) -> None:
+        say(message)
+        status.say(message)
+
+    try:
+        return _run(photos, work, checkpoint, init, minutes, train_overrides, tell, progress, pretrained, status)
+    except BaseException as e:
+        status.fail(str(e) or type(e).__name__)
+        raise
+
+
+def _run(photos: str | Path | None, work: str | Path, checkpoint: str | Path | None, init: str | Path | None,
+         minutes: float | None, train_overrides: dict | None, say: Callable[[str], None], progress: bool,
+         pretrained: str | None, status: RunStatus) -> dict[str, Any]:  # fmt: skip
     if checkpoint and init:
         raise UserError("give CHECKPOINT (use it as is) or INIT (continue training from it), not both")
     work = Path(work)
     work.mkdir(parents=True, exist_ok=True)
+    status.run_dir = work / "run"
+    status.stage("photos", "generating a sample collection" if photos is None else str(photos))
     if photos is None:
         from moco.sample import make_sample_collection
 
@@ -202,20 +231,28 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
         raise UserError(f"photo folder not found: {photos} (PHOTOS=... must be a folder)")
     from moco.pretrained import resolve
 
+    if checkpoint or init:
+        status.stage("model", str(checkpoint or init))
     for given, what in ((checkpoint, "CHECKPOINT"), (init, "INIT")):
         if given and not resolve(given, progress).is_file():  # an official name: fetched (once) here
             raise UserError(f"{what}={given}: file not found (a checkpoint file, or a name from `moco pretrained`)")
     default = None
     if not checkpoint and not init and pretrained:
+        status.stage("model", pretrained)
         checkpoint = default = _pretrained(pretrained, say, progress)
     if checkpoint:
         source = resolve(checkpoint)
         hint = f" (--pretrained none: train from scratch; --init {pretrained}: continue from it)" if default else ""
         say(f"training: skipped, using {source}{hint}")
     else:
+        status.stage("training", str(work / "run"))
         source = _train(photos, work / "run", str(init) if init else None, minutes, train_overrides or {}, say,
                         progress)  # fmt: skip
+    status.stage("export", str(work / "backbone.safetensors"))
     backbone = _export(source, work / "backbone.safetensors", say)
+    status.stage("indexing", str(work / "index"))
     summary = _index(photos, backbone, work / "index", say, progress)
+    status.index_path, status.index_ready = work / "index", True
+    status.stage("ready", str(work / "index"))
     return {"photos": photos, "checkpoint": source, "trained": not checkpoint, "backbone": backbone,
             "index": work / "index", "summary": summary}  # fmt: skip

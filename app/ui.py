@@ -1,52 +1,85 @@
-"""The Gradio search UI: Search, Negatives (the InfoNCE view) and Collection tabs.
+"""The Gradio search page: Search, Negatives (the InfoNCE view), Collection and Status tabs.
 
-``SearchApp`` holds the handlers as plain methods (tests call them directly); ``build_ui`` wires them
-to Gradio components; ``serve`` launches it with the safety settings: bound to 127.0.0.1 unless told
-otherwise, only the index's ``thumbs/`` folder served, upload size capped, one search at a time.
+``SearchApp`` (:mod:`app.handlers`) holds the handlers; ``build_ui`` wires them to Gradio components;
+``serve`` launches it with the safety settings: bound to 127.0.0.1 unless told otherwise, only the index's
+``thumbs/`` folder served (originals only as copies of indexed files), upload size capped, one search at a
+time. ``serve_pending`` starts the page before the index exists (``moco run``): the Status tab follows
+training and indexing, and search turns on by itself when ``SearchApp.attach`` is called.
 """
 
 from __future__ import annotations
 
 import functools
+import html
 import logging
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
-from app.negatives import IndexNegatives, NegativesView, QueueNegatives, _as_rgb
+from app.handlers import ALL_FOLDERS, MAX_RESULTS, VIEW_PX, SearchApp
+from app.negatives import NegativesView
+from app.uploads import MAX_UPLOAD_MB, QueryImage, size_check_js
 from index.catalog import display_path
-from index.dedup import DEDUP_THRESHOLD, find_duplicates, load_duplicates
+from index.dedup import DEDUP_THRESHOLD
 from index.image_index import CATALOG_FILE, DEDUP_FILE, INDEX_FILE, META_FILE, THUMBS_DIR, ImageIndex
 from moco.errors import UserError
 
-__all__ = ["SearchApp", "build_ui", "serve", "MAX_UPLOAD"]
+__all__ = ["SearchApp", "build_ui", "serve", "serve_pending", "make_demo", "launch_kwargs", "negatives_outputs",
+           "MAX_UPLOAD", "ALL_FOLDERS", "MAX_RESULTS"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
-MAX_UPLOAD = "25mb"
-MAX_RESULTS = 500
+MAX_UPLOAD = f"{MAX_UPLOAD_MB}mb"
+STATUS_EVERY_S = 2.0  # the Status tab's refresh period
+
+CSS = """
+/* results: a responsive grid (2-3 columns on a phone), captions in full, no inner scroll box */
+.results .grid-wrap, .results .gallery-container { height: auto !important; max-height: none !important;
+  overflow: visible !important; }
+.results .grid-container { grid-template-columns: repeat(auto-fill, minmax(150px, 1fr)) !important;
+  grid-auto-rows: auto !important; height: auto !important; }
+@media (max-width: 480px) { .results .grid-container { grid-template-columns: repeat(2, 1fr) !important; } }
+.results .thumbnail-item { height: auto !important; aspect-ratio: auto !important; flex-direction: column; }
+.results .thumbnail-item img { aspect-ratio: 1 / 1; object-fit: cover; width: 100%; }
+.results .caption-label { position: static !important; white-space: normal !important; overflow: visible !important;
+  text-overflow: clip !important; overflow-wrap: anywhere; max-width: none !important; font-size: 12px;
+  line-height: 1.3; padding: 4px; text-align: left; background: none !important; color: var(--body-text-color); }
+#views .grid-wrap, #views .gallery-container { height: auto !important; max-height: none !important;
+  overflow: visible !important; min-height: 0 !important; }
+#views .grid-container { grid-template-columns: repeat(2, minmax(180px, 240px)) !important; height: auto !important; }
+@media (max-width: 480px) { #views .grid-container { grid-template-columns: minmax(180px, 1fr) !important; } }
+.dup-group { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 8px; margin: 8px 0; }
+.dup-thumbs { display: grid; grid-template-columns: repeat(auto-fill, minmax(120px, 1fr)); gap: 8px; }
+.dup-thumbs figure { margin: 0; } .dup-thumbs img { width: 100%; aspect-ratio: 1 / 1; object-fit: cover; }
+.dup-thumbs figcaption { font-size: 12px; overflow-wrap: anywhere; }
+#negatives-table table { table-layout: auto; } #negatives-table td { white-space: normal; overflow-wrap: anywhere; }
+"""
 
 
 def _error_text(e: BaseException) -> str:
     if isinstance(e, UserError):
+        logger.warning("%s", e)  # one line in the server log, no traceback: the page says the same
         return f"**Error:** {e}"
     logger.exception("handler failed")
     return f"**Error:** {type(e).__name__}: {e}. The server is still running; details are in its log."
 
 
 def _safe(n_outputs: int, message_at: int) -> Callable:
-    """Turn any exception into a readable message in output ``message_at`` (never a stack trace)."""
+    """Turn any exception into a readable message in output ``message_at`` (never a stack trace).
+
+    The other outputs are left as they are (``gr.skip()``), so an error never wipes the results shown.
+    """
 
     def wrap(fn: Callable) -> Callable:
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
             try:
                 return fn(*args, **kwargs)
-            except Exception as e:  # noqa: BLE001 - shown on the page, logged with its traceback
-                out: list[Any] = [None] * n_outputs
+            except Exception as e:  # noqa: BLE001 - shown on the page, logged (UserError: one line)
+                out: list[Any] = [_skip()] * n_outputs
                 out[message_at] = _error_text(e)
                 return tuple(out)
 
@@ -55,289 +88,311 @@ def _safe(n_outputs: int, message_at: int) -> Callable:
     return wrap
 
 
-class SearchApp:
-    """Handlers of the UI over one index (and optionally a training checkpoint for the Negatives tab).
+def _skip() -> Any:
+    try:
+        import gradio as gr
+    except ModuleNotFoundError:
+        return None
+    return gr.skip()
 
-    Args:
-        index: the opened index.
-        embedder: the index's Embedder (``index.load_embedder()``).
-        checkpoint: a ``moco train`` checkpoint: negatives from its saved queue; None: from the index.
+
+def _view_image(view: np.ndarray) -> Image.Image:
+    """A training view (s x s x 3 uint8) enlarged to at least VIEW_PX with square pixels (no smoothing)."""
+    img = Image.fromarray(view)
+    scale = max(1, -(-VIEW_PX // max(1, min(img.size))))
+    return img.resize((img.size[0] * scale, img.size[1] * scale), Image.Resampling.NEAREST)
+
+
+def negatives_outputs(v: NegativesView, note: str = "") -> tuple:
+    """(views gallery, summary markdown, negatives gallery, table rows) for one InfoNCE view.
+
+    Cosines have 3 decimals, softmax shares are percentages; counts come from all the negatives.
     """
+    views = [(_view_image(v.view_q), "query view (q)"),
+             (_view_image(v.view_k), f"positive key view (k+) · cos {v.positive:.3f}")]  # fmt: skip
+    source = "saved MoCo queue" if v.source == "queue" else "the index"
+    lines = [
+        f"**Source:** {source} — {v.space}.",
+        f"**Positive:** cos {v.positive:.3f} · logit {v.positive / v.temperature:.2f} · share {v.positive_share:.1%} · "
+        f"**InfoNCE loss** {v.loss:.3f} (T = {v.temperature}) · **rank of the positive** {v.positive_rank} of "
+        f"{v.count + 1}",
+        f"**{v.above_positive} of {v.count} negatives** score at or above the positive.",
+    ]
+    if any(v.flagged.values()):
+        reasons = ", ".join(f"{count} {reason}" for reason, count in v.flagged.items() if count)
+        lines.append(f"**Likely false negatives, on evidence:** {reasons} (of all {v.count}).")
+    else:
+        lines.append("**No likely false negatives:** no negative is the same photo, a near-duplicate, or as close as "
+                     "two views of one photo.")  # fmt: skip
+    lines += [f"_{n}_" for n in [*v.notes, note] if n]
+    gallery, table = [], []
+    for r, neg in enumerate(v.negatives, 1):
+        shown = display_path(neg.path) if neg.path else f"id {neg.id}"
+        repeat = f" · key {neg.key_number} of {neg.keys_of_photo} of this photo" if neg.keys_of_photo > 1 else ""
+        flag = f"⚠ {neg.reason} · " if neg.reason else ""
+        if neg.thumb is not None:
+            thumb = str(neg.thumb) if isinstance(neg.thumb, Path) else neg.thumb
+            gallery.append((thumb, f"{flag}#{r} · cos {neg.similarity:.3f} · {neg.share:.1%} · {shown}{repeat}"))
+        table.append([r, shown + repeat, f"{neg.similarity:.3f}", f"{neg.logit:.2f}", f"{neg.share:.2%}",
+                      neg.reason or ""])  # fmt: skip
+    return views, "\n\n".join(lines), gallery, table
 
-    def __init__(self, index: ImageIndex, embedder: Any, checkpoint: str | Path | None = None) -> None:
-        self.index, self.embedder = index, embedder
-        index.check_backbone(embedder.sha256)
-        self.negatives_source: QueueNegatives | IndexNegatives
-        self.negatives_note = ""
-        self._folders: tuple[Any, list[str]] | None = None
-        self._folder_names: dict[str, str] = {}
-        if checkpoint is not None:
-            try:
-                self.negatives_source = QueueNegatives(checkpoint, index)
-            except UserError as e:
-                self.negatives_note = f"{e}; using the index instead"
-                self.negatives_source = IndexNegatives(index, embedder)
-        else:
-            self.negatives_source = IndexNegatives(index, embedder)
 
-    # ---------------------------------------------------------------------------------- search
-    def folders(self) -> list[str]:
-        """Sub-folders of the collection (two levels), for the filter; recomputed when the index changes."""
-        stamp = self.index._stamp
-        if self._folders is not None and self._folders[0] == stamp:
-            return self._folders[1]
-        out = set()
-        for path in self.index.catalog.rows():
-            parts = path.split("/")[:-1]
-            for depth in (1, 2):
-                if len(parts) >= depth:
-                    out.add("/".join(parts[:depth]))
-        self._folders = (stamp, sorted(display_path(f) for f in out))
-        self._folder_names = {display_path(f): f for f in out}  # shown (escaped) -> on disk
-        return self._folders[1]
+def groups_html(groups: list[dict[str, Any]], index: ImageIndex, limit: int = 50) -> str:
+    """Near-duplicate groups, each in its own panel with its size and every path, largest first."""
+    if not groups:
+        return ""
+    parts = []
+    for g, group in enumerate(groups[:limit], 1):
+        figures = []
+        for m in group["members"]:
+            row = index.catalog.row_by_path(m["path"])
+            thumb = index.thumb_path(row) if row is not None else None
+            img = f'<img src="gradio_api/file={html.escape(str(thumb))}" alt="">' if thumb else ""
+            figures.append(f"<figure>{img}<figcaption>{html.escape(display_path(m['path']))}</figcaption></figure>")
+        parts.append(f'<div class="dup-group"><h4>Group {g} · {group["size"]} photos</h4>'
+                     f'<div class="dup-thumbs">{"".join(figures)}</div></div>')  # fmt: skip
+    more = f"<p>{len(groups) - limit} more groups in dedup.json</p>" if len(groups) > limit else ""
+    return "".join(parts) + more
 
-    def _gallery(self, state: dict[str, Any]) -> list[tuple[str, str]]:
-        items = []
-        for r, (path, score, thumb) in enumerate(zip(state["paths"], state["scores"], state["thumbs"]), 1):
-            weak = " · weak match" if self.index.weak_below is not None and score < self.index.weak_below else ""
-            items.append((thumb, f"#{r} · {score:.3f}{weak} · {display_path(path)}"))
-        return items
 
-    def _run(self, vector: np.ndarray, k: int, folder: str | None, label: str, embed_ms: float) -> tuple:
-        k = int(max(1, min(int(k), MAX_RESULTS)))
-        self.index.refresh()  # `moco index update` may have replaced the files meanwhile
-        self.index.check_backbone(self.embedder.sha256)  # ... or rebuilt them with another model
-        folder = (folder or "").strip().strip("/") or None
-        if folder and folder not in self.folders():
-            raise UserError(f"no sub-folder {folder!r} in the collection: pick one from the list or leave it empty")
-        folder = self._folder_names.get(folder, folder) if folder else None
-        if len(self.index) == 0:
-            raise UserError("the index is empty: add photos and run `moco index update`")
-        t0 = time.perf_counter()
-        hits = self.index.search(vector[None], k=k, folder=folder)
-        search_ms = (time.perf_counter() - t0) * 1000
-        rows = hits.rows[0]
-        state = {"vector": vector, "k": k, "folder": folder, "label": label, "ids": [r.id for r in rows],
-                 "paths": hits.paths[0], "scores": [float(s) for s in hits.scores[0][: len(rows)]],
-                 "thumbs": [str(self.index.thumb_path(r)) if r.thumb else None for r in rows]}  # fmt: skip
-        info = (f"**{len(rows)} results** for {label}{f' in `{display_path(folder)}/`' if folder else ''} · "
-                f"embed {embed_ms:.0f} ms · search {search_ms:.1f} ms · {len(self.index)} images")  # fmt: skip
-        weak = self.index.weak_below
-        if weak is not None and state["scores"] and state["scores"][0] < weak:
-            info += (f" · **no close match in the collection** (the best scores {state['scores'][0]:.3f}, under "
-                     f"{weak:.3f}, the score of 1 in 100 random pairs)")  # fmt: skip
-        return self._gallery(state), info, state
+def _status_outputs(app: SearchApp, was_ready: bool) -> tuple:
+    """Status refresh: (status markdown, loss plot, kNN plot, title, 4 buttons, folders, collection x2, ready flag)."""
+    import gradio as gr
 
-    def search(self, image: Any, k: int = 12, folder: str | None = None) -> tuple:
-        """Upload -> (gallery items, info markdown, state)."""
-        if image is None:
-            raise UserError("no image: upload, paste or take a photo first")
-        t0 = time.perf_counter()
-        vector = self.embedder.embed(_as_rgb(image, self.embedder.resize))[0]  # D
-        return self._run(vector, k, folder, "the uploaded image", (time.perf_counter() - t0) * 1000)
+    if app.status is None:
+        text, frame = "Serving a finished index.", None
+    else:
+        from app.status import loss_frame, status_markdown
 
-    def more(self, state: dict[str, Any] | None) -> tuple:
-        """The next ``k`` results after those shown."""
-        if not state:
-            raise UserError("search first, then ask for more")
-        t0 = time.perf_counter()
-        hits = self.index.search(state["vector"][None], k=state["k"], folder=state["folder"],
-                                 offset=len(state["ids"]))  # fmt: skip
-        rows = hits.rows[0]
-        state = dict(state)
-        state["ids"] = state["ids"] + [r.id for r in rows]
-        state["paths"] = state["paths"] + hits.paths[0]
-        state["scores"] = state["scores"] + [float(s) for s in hits.scores[0][: len(rows)]]
-        state["thumbs"] = state["thumbs"] + [str(self.index.thumb_path(r)) if r.thumb else None for r in rows]
-        info = (f"**{len(state['ids'])} results** for {state['label']} · search "
-                f"{(time.perf_counter() - t0) * 1000:.1f} ms" + ("" if rows else " · no more results"))  # fmt: skip
-        return self._gallery(state), info, state
-
-    def select(self, state: dict[str, Any] | None, position: int) -> tuple:
-        """Search again with the result at ``position`` of the gallery (its stored vector, no re-embedding)."""
-        if not state or not 0 <= int(position) < len(state["ids"]):
-            raise UserError("that result is no longer on the page: search again")
-        image_id, path = state["ids"][int(position)], state["paths"][int(position)]
-        vector = self.index.vectors(np.array([image_id]))[0]
-        return self._run(vector, state["k"], state["folder"], f"`{display_path(path)}`", 0.0)
-
-    # ------------------------------------------------------------------------------- negatives
-    def negatives(self, image: Any, n: int = 12, seed: int = 0) -> tuple:
-        """Upload -> (views gallery, summary markdown, negatives gallery, table rows)."""
-        if image is None:
-            raise UserError("no image: upload, paste or take a photo first")
-        view = self.negatives_source.compute(_as_rgb(image, max(256, self.embedder.resize)), n=int(n), seed=int(seed))
-        return self._negatives_outputs(view)
-
-    def _negatives_outputs(self, v: NegativesView) -> tuple:
-        views = [(v.view_q, "query view (q)"), (v.view_k, f"positive key view (k+) · cos {v.positive:.3f}")]
-        flagged = sum(n.suspicious for n in v.negatives)
-        lines = [
-            f"**Source:** {'saved MoCo queue' if v.source == 'queue' else 'the index'} — {v.space}.",
-            f"**Positive:** cosine {v.positive:.4f}, logit {v.positive / v.temperature:.3f}, "
-            f"share {v.positive_share:.2%} · **InfoNCE loss** {v.loss:.4f} (T = {v.temperature}) · "
-            f"**rank of the positive** {v.positive_rank} of {v.count + 1}",
-        ]
-        if flagged:
-            lines.append(f"**{flagged} negative(s) score at or above the positive**: likely false negatives "
-                         "(the same scene) or near-duplicates.")  # fmt: skip
-        lines += [f"_{note}_" for note in [*v.notes, self.negatives_note] if note]
-        gallery, table = [], []
-        for r, neg in enumerate(v.negatives, 1):
-            flag = "⚠ " if neg.suspicious else ""
-            shown = display_path(neg.path) if neg.path else f"id {neg.id}"
-            if neg.thumb is not None:
-                thumb = str(neg.thumb) if isinstance(neg.thumb, Path) else neg.thumb
-                gallery.append((thumb, f"{flag}#{r} · cos {neg.similarity:.3f} · {neg.share:.2%} · {shown}"))
-            table.append([r, shown, round(neg.similarity, 4), round(neg.logit, 3),
-                          round(neg.share, 6), "likely false negative / near-duplicate" if neg.suspicious else ""])
-        return views, "\n\n".join(lines), gallery, table
-
-    # ------------------------------------------------------------------------------ collection
-    def collection(self, threshold: float | None = None) -> tuple:
-        """(stats markdown, near-duplicate gallery); ``threshold`` re-runs dedup first."""
-        st = self.index.stats()
-        if threshold is not None:
-            find_duplicates(self.index, float(threshold))
-        dup = load_duplicates(self.index.dir)
-        recall = st["recall_at_10"]
-        text = [
-            f"**{st['vectors']} images** searchable · {st['error']} unreadable · {st['pending']} pending",
-            f"**Index:** {st['kind']} ({st['factory'] or 'faiss'}, {st['params'] or 'exact'}) · measured "
-            f"recall@10 {recall if recall is not None else 'n/a'} · {'GPU' if st['on_gpu'] else 'CPU'} · "
-            f"{st['size_on_disk_bytes'] / 1e6:.1f} MB on disk",
-            f"**Backbone:** {st['backbone_arch']} · sha256 `{str(st['backbone_sha256'])[:12]}…` · {st['dim']}-d",
-            f"**Collection:** `{display_path(st['root'])}` · updated {st['updated']}",
-        ]
-        gallery = []
-        if dup is None:
-            text.append("_No near-duplicate search yet: press the button below._")
-        else:
-            groups = dup["groups"]
-            text.append(f"**{len(groups)} near-duplicate groups** at cosine ≥ {dup['threshold']} ({dup['created']}), "
-                        "largest first:")  # fmt: skip
-            text.extend(f"- group {g} ({group['size']}): " + ", ".join(f"`{display_path(m['path'])}`"
-                                                                     for m in group["members"])
-                        for g, group in enumerate(groups[:50], 1))  # fmt: skip
-            for g, group in enumerate(groups[:50], 1):
-                for m in group["members"]:
-                    row = self.index.catalog.row_by_path(m["path"])
-                    if row is not None and row.thumb:
-                        gallery.append((str(self.index.thumb_path(row)), f"group {g} · {display_path(m['path'])}"))
-        return "\n\n".join(text), gallery
+        snap = app.status.snapshot()
+        text, frame = status_markdown(snap), loss_frame(snap)
+        if snap.get("messages"):
+            log = "\n".join(html.escape(m) for m in snap["messages"][-6:])
+            text += f"\n\n<pre class='status-log'>{log}</pre>"
+    loss = knn = gr.skip()
+    if frame is not None:
+        loss_rows, knn_rows = frame[frame["series"] == "loss"], frame[frame["series"] != "loss"]
+        loss = gr.LinePlot(value=loss_rows, visible=len(loss_rows) > 0)
+        knn = gr.LinePlot(value=knn_rows, visible=len(knn_rows) > 0)
+    if app.ready and not was_ready:  # the index just arrived: turn search on
+        on = gr.Button(interactive=True)
+        stats, groups = app.collection()
+        assert app.index is not None
+        ready = (app.title(), on, on, on, on, gr.Dropdown(choices=app.folder_choices(), value=""), stats,
+                 groups_html(groups, app.index), True)  # fmt: skip
+    else:
+        ready = (gr.skip(),) * 8 + (was_ready,)
+    return (text, loss, knn, *ready)
 
 
 def build_ui(app: SearchApp) -> Any:
-    """The Gradio Blocks of the three tabs."""
+    """The Gradio Blocks of the four tabs."""
     import gradio as gr
 
     sources = ["upload", "clipboard", "webcam"]
+    ready = app.ready
     with gr.Blocks(title="moco-retrieval", analytics_enabled=False) as demo:
-        gr.Markdown(f"## moco-retrieval · `{app.index.dir.name}` · {len(app.index)} images")
-        with gr.Tab("Search"):
-            with gr.Row():
-                with gr.Column(scale=1):
-                    query = gr.Image(type="filepath", image_mode=None, sources=sources, label="Query photo",
-                                     elem_id="query")
-                    k = gr.Slider(1, 100, value=12, step=1, label="k (results)", elem_id="k")
-                    folder = gr.Dropdown([""] + app.folders(), value="", allow_custom_value=True,
-                                         label="Only in sub-folder (optional)", elem_id="folder")  # fmt: skip
-                    go = gr.Button("Search", variant="primary", elem_id="search-btn")
-                with gr.Column(scale=3):
-                    info = gr.Markdown("Upload a photo and press Search.", elem_id="search-info")
-                    gallery = gr.Gallery(label="Nearest neighbours (click one to search with it)", columns=6,
-                                         height="auto", allow_preview=False, elem_id="results")  # fmt: skip
-                    more = gr.Button("More results", elem_id="more-btn")
-            state = gr.State(None)
-            search_fn = _safe(3, 1)(app.search)
-            more_fn = _safe(3, 1)(app.more)
+        title = gr.Markdown(app.title(), elem_id="title")
+        with gr.Tabs(selected="search" if ready else "status") as tabs:
+            with gr.Tab("Search", id="search"):
+                with gr.Row():
+                    with gr.Column(scale=1, min_width=280):
+                        query = QueryImage(sources=sources, label="Query photo", elem_id="query")
+                        k = gr.Slider(1, 100, value=12, step=1, label="k (results)", elem_id="k")
+                        folder = gr.Dropdown(app.folder_choices(), value="", allow_custom_value=True,
+                                             label="Folder", elem_id="folder")  # fmt: skip
+                        go = gr.Button("Search", variant="primary", elem_id="search-btn", interactive=ready)
+                    with gr.Column(scale=3, min_width=300):
+                        info = gr.Markdown("Upload a photo and press Search." if ready else
+                                           "Search turns on by itself when the index is ready (see Status).",
+                                           elem_id="search-info")  # fmt: skip
+                        gallery = gr.Gallery(label="Nearest neighbours (click one to search with it)", columns=6,
+                                             height="auto", allow_preview=False, elem_id="results",
+                                             elem_classes=["results"])  # fmt: skip
+                        with gr.Row():
+                            more = gr.Button("More results", elem_id="more-btn", interactive=ready)
+                            csv_btn = gr.DownloadButton("Export CSV", elem_id="export-csv", value=None)
+                            json_btn = gr.DownloadButton("Export JSON", elem_id="export-json", value=None)
+                        with gr.Column(visible=False, elem_id="details") as details:
+                            gr.Markdown("### Selected photo")
+                            with gr.Row():
+                                preview = gr.Image(label="Preview", height=320, interactive=False,
+                                                   elem_id="detail-preview", buttons=[])  # fmt: skip
+                                with gr.Column():
+                                    detail_md = gr.Markdown(elem_id="detail-info")
+                                    path_box = gr.Textbox(label="Full path", interactive=False, buttons=["copy"],
+                                                          elem_id="detail-path")  # fmt: skip
+                                    with gr.Row():
+                                        open_btn = gr.Button("Open original", elem_id="open-original")
+                                        inspect_btn = gr.Button("Inspect negatives", elem_id="inspect-btn")
+                                    original = gr.File(label="Original", visible=False, elem_id="original-file")
+                state = gr.State(None)
+                picked = gr.State(None)  # the id of the photo in the details panel
 
-            def on_select(st: dict[str, Any] | None, evt: gr.SelectData) -> tuple:
-                return _safe(3, 1)(app.select)(st, evt.index)
+                def export_buttons(st: dict[str, Any] | None) -> tuple:
+                    return app.export(st) if st and st.get("ids") else (None, None)
 
-            on_select.__annotations__["evt"] = gr.SelectData  # resolvable without `from __future__` strings
+                def do_search(image: Any, k_: int, folder_: str) -> tuple:
+                    out = app.search(image, k_, folder_)
+                    return (*out, *export_buttons(out[2]))
 
-            go.click(search_fn, [query, k, folder], [gallery, info, state], api_name="search",
-                     concurrency_id="model")  # fmt: skip
-            more.click(more_fn, [state], [gallery, info, state], api_name="more", concurrency_id="model")
-            gallery.select(on_select, [state], [gallery, info, state], api_name=False, concurrency_id="model")
-        with gr.Tab("Negatives"):
-            gr.Markdown("The InfoNCE view: the two training views of a photo, and the negatives closest to its "
-                        "query embedding, with their logits and share of the softmax over [positive + negatives].")
-            with gr.Row():
-                with gr.Column(scale=1):
-                    neg_image = gr.Image(type="filepath", image_mode=None, sources=sources, label="Photo",
-                                         elem_id="neg-query")
-                    n = gr.Slider(1, 64, value=12, step=1, label="closest negatives to show")
-                    seed = gr.Number(0, precision=0, label="augmentation seed")
-                    neg_go = gr.Button("Inspect negatives", variant="primary", elem_id="neg-btn")
-                with gr.Column(scale=3):
-                    views = gr.Gallery(label="query view · positive key view", columns=2, height=220,
-                                       allow_preview=False)  # fmt: skip
-                    summary = gr.Markdown(elem_id="neg-summary")
-                    negs = gr.Gallery(label="closest negatives (⚠ = at or above the positive)", columns=6,
-                                      height="auto", allow_preview=False, elem_id="negatives")  # fmt: skip
-                    table = gr.Dataframe(headers=["rank", "path", "cosine", "logit (cos/T)", "softmax share", "flag"],
-                                         interactive=False, wrap=True)  # fmt: skip
-            neg_go.click(_safe(4, 1)(app.negatives), [neg_image, n, seed], [views, summary, negs, table],
-                         api_name="negatives", concurrency_id="model")  # fmt: skip
-        with gr.Tab("Collection"):
-            stats = gr.Markdown(elem_id="collection-stats")
-            dups = gr.Gallery(label="near-duplicate groups", columns=8, height="auto", allow_preview=False)
-            with gr.Row():
-                threshold = gr.Slider(0.5, 1.0, value=DEDUP_THRESHOLD, step=0.005,
-                                      label="near-duplicate threshold (centred cosine)")
-                dedup = gr.Button("Find near-duplicates")
-            collection_fn = _safe(2, 0)(app.collection)
-            demo.load(collection_fn, None, [stats, dups], api_name="collection")
-            dedup.click(collection_fn, [threshold], [stats, dups], api_name="dedup", concurrency_id="model")
+                def do_rerun(st: dict[str, Any] | None, k_: int, folder_: str) -> tuple:
+                    if not st:
+                        return (gr.skip(),) * 5
+                    out = app.rerun(st, k_, folder_)
+                    return (*out, *export_buttons(out[2]))
+
+                def do_more(st: dict[str, Any] | None) -> tuple:
+                    out = app.more(st)
+                    return (out[0], out[1], out[2], *export_buttons(out[2]))
+
+                def do_select(st: dict[str, Any] | None, evt: gr.SelectData) -> tuple:
+                    out = app.select(st, evt.index)
+                    d = app.details(out[2]["source"]["id"])
+                    return (gr.Gallery(value=out[0], selected_index=None), out[1], out[2], *export_buttons(out[2]),
+                            d["thumb"], gr.Column(visible=True), d["preview"], d["markdown"], d["full_path"], d["id"],
+                            gr.File(value=None, visible=False))  # fmt: skip
+
+                do_select.__annotations__["evt"] = gr.SelectData  # resolvable without `from __future__` strings
+                results = [gallery, info, state, csv_btn, json_btn]
+                go.click(_safe(5, 1)(do_search), [query, k, folder], results, api_name="search",
+                         concurrency_id="model")  # fmt: skip
+                k.release(_safe(5, 1)(do_rerun), [state, k, folder], results, api_name=False, concurrency_id="model")
+                folder.input(_safe(5, 1)(do_rerun), [state, k, folder], results, api_name=False,
+                             concurrency_id="model")  # fmt: skip
+                more.click(_safe(5, 1)(do_more), [state], results, api_name="more", concurrency_id="model")
+                gallery.select(_safe(11, 1)(do_select), [state],
+                               [*results, query, details, preview, detail_md, path_box, picked, original],
+                               api_name=False, concurrency_id="model")  # fmt: skip
+
+                def do_open(image_id: int | None) -> Any:
+                    if image_id is None:
+                        raise UserError("click a result first")
+                    return gr.File(value=app.original(image_id), visible=True)
+
+                open_btn.click(_safe(2, 1)(lambda i: (do_open(i), gr.skip())), [picked], [original, detail_md],
+                               api_name=False).then(  # fmt: skip
+                    None, [original], None, js="(f) => { if (f && f.url) window.open(f.url, '_blank'); }")
+            with gr.Tab("Negatives", id="negatives"):
+                gr.Markdown("The InfoNCE view: the two training views of a photo, and the negatives closest to its "
+                            "query embedding, with their logits and share of the softmax over [positive + negatives]. "
+                            "⚠ marks a likely false negative, with its evidence.")  # fmt: skip
+                with gr.Row():
+                    with gr.Column(scale=1, min_width=280):
+                        neg_image = QueryImage(sources=sources, label="Photo", elem_id="neg-query")
+                        n = gr.Slider(1, 64, value=12, step=1, label="closest negatives to show")
+                        seed = gr.Number(0, precision=0, label="augmentation seed")
+                        neg_go = gr.Button("Inspect negatives", variant="primary", elem_id="neg-btn", interactive=ready)
+                    with gr.Column(scale=3, min_width=300):
+                        summary = gr.Markdown(elem_id="neg-summary")
+                        views = gr.Gallery(label="query view · positive key view", columns=2, height="auto",
+                                           allow_preview=False, elem_id="views", object_fit="contain")  # fmt: skip
+                        negs = gr.Gallery(label="closest negatives", columns=6, height="auto", allow_preview=False,
+                                          elem_id="negatives", elem_classes=["results"])  # fmt: skip
+                        table = gr.Dataframe(headers=["rank", "photo", "cosine", "logit (cos/T)", "softmax share",
+                                                      "likely false negative (evidence)"],
+                                             interactive=False, wrap=True, elem_id="negatives-table", max_height=4000,
+                                             column_widths=["64px", "34%", "80px", "90px", "90px", "26%"])  # fmt: skip
+
+                def do_negatives(image: Any, n_: int, seed_: int) -> tuple:
+                    views_, text, gal, rows = negatives_outputs(app.negatives(image, n_, seed_), app.negatives_note)
+                    return views_, text, gal, rows
+
+                def do_inspect(image_id: int | None, n_: int, seed_: int) -> tuple:
+                    if image_id is None:
+                        raise UserError("click a result first")
+                    out = negatives_outputs(app.negatives_for(image_id, n_, seed_), app.negatives_note)
+                    return (*out, gr.Tabs(selected="negatives"))
+
+                neg_go.click(_safe(4, 1)(do_negatives), [neg_image, n, seed], [views, summary, negs, table],
+                             api_name="negatives", concurrency_id="model")  # fmt: skip
+                inspect_btn.click(_safe(5, 1)(do_inspect), [picked, n, seed], [views, summary, negs, table, tabs],
+                                  api_name=False, concurrency_id="model")  # fmt: skip
+            with gr.Tab("Collection", id="collection"):
+                stats = gr.Markdown(elem_id="collection-stats")
+                with gr.Row():
+                    threshold = gr.Slider(0.5, 1.0, value=DEDUP_THRESHOLD, step=0.005,
+                                          label="near-duplicate threshold (centred cosine)")  # fmt: skip
+                    dedup = gr.Button("Find near-duplicates", elem_id="dedup-btn", interactive=ready)
+                dups = gr.HTML(elem_id="dup-groups")
+
+                def do_collection(threshold_: float | None = None) -> tuple:
+                    text, groups = app.collection(threshold_)
+                    assert app.index is not None
+                    return text, groups_html(groups, app.index)
+
+                collection_fn = _safe(2, 0)(do_collection)
+                demo.load(lambda: collection_fn() if app.ready else (gr.skip(), gr.skip()), None, [stats, dups],
+                          api_name="collection")  # fmt: skip
+                dedup.click(collection_fn, [threshold], [stats, dups], api_name="dedup", concurrency_id="model")
+            with gr.Tab("Status", id="status"):
+                status_md = gr.Markdown(elem_id="status-info")
+                loss_plot = gr.LinePlot(x="step", y="value", title="training loss", height=260, elem_id="loss-plot",
+                                        visible=False)  # fmt: skip
+                knn_plot = gr.LinePlot(x="step", y="value", title="kNN top-1 (val set)", height=220,
+                                       elem_id="knn-plot", visible=False)  # fmt: skip
+        was_ready = gr.State(ready)
+        timer = gr.Timer(STATUS_EVERY_S)
+        status_outs = [status_md, loss_plot, knn_plot, title, go, more, neg_go, dedup, folder, stats, dups, was_ready]
+        timer.tick(lambda r: _status_outputs(app, r), [was_ready], status_outs, api_name=False,
+                   show_progress="hidden", queue=False)  # fmt: skip
+        demo.load(lambda r: _status_outputs(app, r), [was_ready], status_outs, api_name="status", queue=False)
     return demo
 
 
-def _blocked_paths(index: ImageIndex) -> list[str]:
+def _blocked_paths(index_dir: Path, root: Path) -> list[str]:
     """What the file route must refuse: the index's own files and the collection's originals.
 
     Blocked paths win over allowed ones in Gradio, so when the index lives inside the photo folder
     (``PHOTOS/.index``) the root itself cannot be blocked: every entry beside the path from the root
     down to ``thumbs/`` is blocked instead (files added later are not allowed either: only ``thumbs/`` is).
     """
-    blocked = [str(index.dir / name) for name in (CATALOG_FILE, INDEX_FILE, META_FILE, DEDUP_FILE)]
-    blocked += [str(index.dir / f"{CATALOG_FILE}-wal"), str(index.dir / f"{CATALOG_FILE}-shm")]
-    root, thumbs = index.root.resolve(), (index.dir / THUMBS_DIR).resolve()
+    blocked = [str(index_dir / name) for name in (CATALOG_FILE, INDEX_FILE, META_FILE, DEDUP_FILE)]
+    blocked += [str(index_dir / f"{CATALOG_FILE}-wal"), str(index_dir / f"{CATALOG_FILE}-shm")]
+    root, thumbs = root.resolve(), (index_dir / THUMBS_DIR).resolve()
     if root not in thumbs.parents:
         return [*blocked, str(root)]
     here = root
     for part in thumbs.relative_to(root).parts:
-        blocked += [str(entry) for entry in here.iterdir() if entry.name != part]
+        if here.is_dir():
+            blocked += [str(entry) for entry in here.iterdir() if entry.name != part]
         here = here / part
     return blocked
 
 
-def launch_kwargs(index: ImageIndex, host: str, port: int, auth: tuple[str, str] | None) -> dict[str, Any]:
+def launch_kwargs(index: ImageIndex | Path, host: str, port: int, auth: tuple[str, str] | None,
+                  root: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """``demo.launch`` settings: only thumbs/ is served; the catalog, index files and originals never are.
 
+    ``index``: an open index, or the directory an index will be built in (then ``root``: its photo folder).
     With ``auth``, failed logins are throttled per client address (:mod:`app.throttle`).
     """
     from starlette.middleware import Middleware
 
     from app.throttle import LoginThrottleMiddleware
 
-    return {"server_name": host, "server_port": port, "auth": auth, "allowed_paths": [str(index.dir / THUMBS_DIR)],
-            "blocked_paths": _blocked_paths(index), "max_file_size": MAX_UPLOAD, "show_error": False, "quiet": True,
-            "footer_links": ["api"], "app_kwargs": {"middleware": [Middleware(LoginThrottleMiddleware)]}}  # fmt: skip
+    index_dir, root = (index.dir, index.root) if isinstance(index, ImageIndex) else (Path(index), Path(root or index))
+    return {"server_name": host, "server_port": port, "auth": auth, "allowed_paths": [str(index_dir / THUMBS_DIR)],
+            "blocked_paths": _blocked_paths(index_dir, root), "max_file_size": MAX_UPLOAD, "show_error": False,
+            "quiet": True, "footer_links": ["api"], "css": CSS, "js": size_check_js(),
+            "app_kwargs": {"middleware": [Middleware(LoginThrottleMiddleware)]}}  # fmt: skip
+
+
+def _queued(demo: Any) -> Any:
+    import torch
+
+    gpus = torch.cuda.device_count()
+    demo.queue(default_concurrency_limit=max(1, gpus) if gpus else 1, max_size=256)  # one search per device
+    return demo
 
 
 def make_demo(index_dir: str | Path, checkpoint: str | Path | None = None, backbone: str | Path | None = None,
               device: str = "auto") -> tuple[Any, SearchApp]:  # fmt: skip
     """Open the index, load its backbone (sha-checked) and build the queued Blocks."""
-    import torch
-
     index = ImageIndex.open(index_dir)
     app = SearchApp(index, index.load_embedder(backbone, device=device), checkpoint)
-    demo = build_ui(app)
-    gpus = torch.cuda.device_count()
-    demo.queue(default_concurrency_limit=max(1, gpus) if gpus else 1, max_size=256)  # one search per device
-    return demo, app
+    return _queued(build_ui(app)), app
 
 
 def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str = "127.0.0.1", port: int = 7860,
@@ -348,3 +403,14 @@ def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str
     demo, app = make_demo(index_dir, checkpoint, backbone, device)
     demo.launch(prevent_thread_lock=not block, **launch_kwargs(app.index, host, port, auth))
     return demo
+
+
+def serve_pending(index_dir: str | Path, photos: str | Path, status: Any, host: str = "127.0.0.1", port: int = 7860,
+                  auth: tuple[str, str] | None = None) -> tuple[Any, SearchApp]:  # fmt: skip
+    """Launch the page before the index exists (never blocks): Status shows ``status``; ``app.attach`` adds search."""
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    app = SearchApp(status=status)
+    demo = _queued(build_ui(app))
+    demo.launch(prevent_thread_lock=True, **launch_kwargs(Path(index_dir), host, port, auth, Path(photos)))
+    return demo, app
+

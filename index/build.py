@@ -63,6 +63,8 @@ TUNE_QUERIES = 500
 TARGET_RECALL = 0.95
 MEAN_REFRESH = 1.5  # the mean embedding is recomputed (and index.faiss rebuilt) when the collection grew by half
 WEAK_PAIRS = 20_000  # random pairs whose 99th percentile cosine is the weak-match threshold
+AUGMENT_SAMPLE = 64  # photos whose two augmented views measure the collection's same-photo level
+AUGMENT_RECIPE = "v2"
 
 
 def default_memory_budget() -> int:
@@ -315,13 +317,53 @@ def _weak_below(vecs: np.ndarray) -> float | None:
     return round(float(np.percentile(cos, 99)), 4)
 
 
-def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gpu: str) -> VectorStore:
+def _sample_square(root: Path, index_dir: Path, row: Row, resize: int) -> np.ndarray | None:
+    """The model square of an indexed photo, decoded as the index does; its thumbnail when the original is gone."""
+    for path in (root / row.path, index_dir / row.thumb if row.thumb else None):
+        if path is None:
+            continue
+        try:
+            return square_u8(load_rgb(path, min_short=resize), resize)
+        except ImageDecodeError as e:
+            logger.debug("augmentation level: skipping %s (%s)", path, e.reason)
+    return None
+
+
+def _augment_level(root: Path, index_dir: Path, catalog: Catalog, ids: np.ndarray, embedder: Any,
+                   mean: np.ndarray, batch_size: int = 32) -> dict[str, Any] | None:  # fmt: skip
+    """How close two training views of one photo are: the centred cosine of two ``v2`` views of a seeded sample.
+
+    Up to :data:`AUGMENT_SAMPLE` of ``ids`` (sorted, seed 0), decoded as the index decodes them, two views
+    each from one generator (seed 0), embedded by ``embedder`` and centred on ``mean``. None without photos.
+    """
+    import torch
+
+    from moco.augment import two_views
+
+    rows = catalog.rows_by_id(sample_ids(ids, AUGMENT_SAMPLE, np.random.default_rng(0)))
+    squares = [_sample_square(root, index_dir, rows[i], embedder.resize) for i in sorted(rows)]
+    squares = [sq for sq in squares if sq is not None]
+    if not squares:
+        return None
+    images = torch.from_numpy(np.stack(squares))  # B x R x R x 3 uint8
+    g = torch.Generator().manual_seed(0)
+    xq, xk = two_views(images, AUGMENT_RECIPE, embedder.image_size, embedder.mean, embedder.std, g)  # B x 3 x s x s
+    q = np.concatenate([embedder.embed_views(xq[s : s + batch_size]) for s in range(0, len(xq), batch_size)])  # B x D
+    k = np.concatenate([embedder.embed_views(xk[s : s + batch_size]) for s in range(0, len(xk), batch_size)])  # B x D
+    cos = np.einsum("bd,bd->b", center(q, mean), center(k, mean))  # B
+    return {"median": round(float(np.median(cos)), 4), "p10": round(float(np.percentile(cos, 10)), 4),
+            "pairs": len(cos), "recipe": AUGMENT_RECIPE, "space": "centred backbone"}  # fmt: skip
+
+
+def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gpu: str,
+                embedder: Any | None = None) -> VectorStore:  # fmt: skip
     """Bring ``index.faiss`` in line with the catalog, tune it, write it and ``index.json``.
 
     The catalog keeps raw vectors; ``index.faiss`` holds them centred on the collection's mean embedding
     (:func:`moco.embed.center`), which ``index.json`` records with the count it was computed from. The mean
     is recomputed, and every vector re-added, on a new ``index.faiss``, for an index without one, and when
-    the collection has grown by half since.
+    the collection has grown by half since. With ``embedder``, the same-photo augmentation level
+    (:func:`_augment_level`) is measured again whenever the mean is, or when ``index.json`` lacks it.
     """
     dim = int(cmeta["dim"])
     ids, vecs = catalog.vectors(dim=dim)  # N, N x D (raw)
@@ -336,13 +378,20 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
     mean = read_mean(index_dir / INDEX_FILE, dim) if trusted else None  # travels with the vectors
     mean_count = int(old.get("mean_count") or 0)
     fresh = store is None or store.kind != kind or not store.is_trained
+    level = old.get("augment_level")
     if fresh or mean is None or len(ids) >= MEAN_REFRESH * mean_count:
+        level = None  # measured in the space of the mean: measured again below
         if not fresh:
             logger.info("centring %s on the mean embedding of its %d vectors (%s): re-adding them all", INDEX_FILE,
                         len(ids), f"was of {mean_count}" if mean is not None else "it was uncentred")  # fmt: skip
             store = None
         mean, mean_count = (vecs.mean(0) if len(ids) else np.zeros(dim, np.float32)), len(ids)
     mean = np.asarray(mean, np.float32)  # D
+    if level is None and embedder is not None and len(ids):
+        level = _augment_level(Path(cmeta["root"]), index_dir, catalog, ids, embedder, mean)
+        if level:
+            logger.info("two %s views of one photo score %.3f (median centred cosine over %d photos)",
+                        AUGMENT_RECIPE, level["median"], level["pairs"])  # fmt: skip
     vecs = center(vecs, mean)  # N x D, what index.faiss holds
     pending, stale = catalog.pending(), catalog.stale()
     qv = vecs[np.searchsorted(ids, queries)]  # tuning queries, Q x D
@@ -397,6 +446,7 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
         "thumb_size": THUMB_SIZE, "faiss_version": faiss.__version__, "created": old.get("created", now),
         "updated": now, "index_id": index_id,
         "mean": [float(x) for x in mean], "mean_count": mean_count, "weak_below": _weak_below(vecs),
+        **({"augment_level": level} if level else {}),
     })  # fmt: skip
     catalog.mark_indexed(pending, stale)
     return store
@@ -562,7 +612,7 @@ def _sync(index_dir: Path, embedder: Any, dist: _Dist, batch_size: int, workers:
                 bar.update(min(round_size, len(todo) - start))
     bar.close()
     if dist.rank == 0:
-        store = _sync_store(index_dir, catalog, cmeta, use_gpu)
+        store = _sync_store(index_dir, catalog, cmeta, use_gpu, embedder)
         _restore_thumbs(root, index_dir, catalog, embedder.resize, workers)
         _clean_thumbs(index_dir, catalog)
         meta = read_meta(index_dir)

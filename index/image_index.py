@@ -4,7 +4,8 @@ An index directory holds::
 
     index.faiss      the FAISS index (CPU form), replaced atomically
     index.json       backbone sha256 and path, dim, metric, kind, factory, tuned parameter, recall, and the
-                     collection's mean embedding ("mean", from "mean_count" vectors) with "weak_below"
+                     collection's mean embedding ("mean", from "mean_count" vectors) with "weak_below" and
+                     "augment_level" (how close two training views of one photo score)
     catalog.sqlite   the source of truth: files, their state and their vectors (see catalog.py)
     thumbs/          <id>.jpg, about 256 px, the only images the UI serves
     dedup.json       near-duplicate groups, written by `moco index dedup`
@@ -236,6 +237,13 @@ class ImageIndex:
         value = self.meta.get("weak_below")
         return float(value) if value is not None else None
 
+    @property
+    def augment_level(self) -> dict[str, Any] | None:
+        """How close two "v2" training views of one photo score (centred cosine): ``{"median", "p10", "pairs",
+        "recipe", "space"}``, measured at build time on a sample of the collection; None for an older index."""
+        value = self.meta.get("augment_level")
+        return dict(value) if isinstance(value, dict) and "median" in value else None
+
     def center(self, vectors: np.ndarray) -> np.ndarray:
         """Raw L2-normalized vectors (Q x D) in the space of ``index.faiss``: ``normalize(v - mean)``."""
         return center(vectors, self.mean)
@@ -321,7 +329,8 @@ class ImageIndex:
         return vecs[[pos[int(i)] for i in ids]]
 
     def stats(self) -> dict[str, Any]:
-        """Counts, kind, recall, backbone, size on disk, and the centring (mean count, weak-match threshold)."""
+        """Counts, kind, recall, backbone, size on disk, the centring (mean count, weak-match threshold) and the
+        augmentation level."""
         counts = self.catalog.counts()
         size = sum(f.stat().st_size for f in self.dir.rglob("*") if f.is_file())
         return {
@@ -332,5 +341,5 @@ class ImageIndex:
             "backbone_arch": self.meta.get("backbone", {}).get("arch"), "size_on_disk_bytes": size,
             "updated": self.meta.get("updated"), "read_only": self.catalog.read_only,
             "centred": self.mean is not None, "mean_count": self.meta.get("mean_count"),
-            "weak_below": self.weak_below,
+            "weak_below": self.weak_below, "augment_level": self.augment_level,
         }  # fmt: skip

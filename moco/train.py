@@ -38,7 +38,7 @@ from moco.model import MoCo, momentum_schedule
 from moco.optim import BudgetFit, build_optimizer, lr_at
 from moco.sync_bn import convert_sync_bn
 
-__all__ = ["train", "resume_config", "build_model", "cache_size_for"]
+__all__ = ["train", "resume_config", "build_model", "cache_size_for", "shown_total"]
 
 logger = logging.getLogger(__name__)
 
@@ -296,10 +296,11 @@ def train(
 
     if monitor is not None and step == 0:
         evaluate()
-    bar = _progress_bar(total_steps, step, progress and d.main)
     budget_s = cfg.time_budget * 60
     fitted = ckpt is not None and bool(ckpt.get("total_steps")) and cfg.time_budget > 0
     budget_fit = BudgetFit(budget_s, total_steps) if budget_s and not fitted and not cfg.max_steps else None
+    schedule_known = budget_fit is None  # False until the schedule is first fitted to the time budget
+    bar = _progress_bar(shown_total(total_steps, schedule_known), step, progress and d.main)
 
     def shortest(total: int) -> int:  # all ranks take the shortest schedule any of them fitted
         return int(_all_reduce(total, "min", d, device))
@@ -348,7 +349,10 @@ def train(
                 "data_ms": 1000 * t_data,
                 "step_ms": 1000 * dt,
                 "pos_sim": float(stats["pos_sim"]),
+                "elapsed_s": time.monotonic() - train_start,  # the budget's clock: training seconds so far
             }
+            if schedule_known:
+                record["total_steps"] = total_steps
             if metrics is not None:
                 metrics.write(record)
             bar.update(1)
@@ -360,6 +364,8 @@ def train(
             fit = budget_fit and budget_fit.update(step, now - train_start, agree=shortest)
             if fit:
                 total_steps = bar.total = fit
+                schedule_known = True
+                bar.refresh()  # the fitted total (and so an ETA) shows at once
                 logger.info("time budget %.1f min: schedule fitted to %d steps (%.1f epochs)",
                             cfg.time_budget, total_steps, total_steps / steps_per_epoch)  # fmt: skip
             if budget_s and now - train_start >= budget_s:
@@ -590,7 +596,13 @@ def _summary_writer_class() -> Any:
     return SummaryWriter
 
 
-def _progress_bar(total: int, initial: int, enabled: bool):
+def shown_total(total_steps: int, schedule_known: bool) -> int | None:
+    """The total the progress bar shows: none (steps and rate only, no ETA) while a time-budget schedule is not
+    fitted yet, whose planned length would give a meaningless ETA; else ``total_steps``."""
+    return total_steps if schedule_known else None
+
+
+def _progress_bar(total: int | None, initial: int, enabled: bool):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, disable=not enabled, unit="step", dynamic_ncols=True, leave=True)

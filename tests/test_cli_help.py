@@ -205,3 +205,16 @@ def test_python_m_entry_points_run(sample_photos, backbone, tmp_path):
     proc = _python("-m", "index.build", "update", str(idx), "--quiet", "--json", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["unchanged"] == 48
+
+
+SCRIPTS = sorted(p for p in [*ROOT.glob("bench/*.py"), *ROOT.glob("docs/*.py")]
+                 if not p.name.startswith("_") and "argparse" in p.read_text())  # fmt: skip
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_every_script_has_a_help_page(script):
+    """Each benchmark and docs script answers --help (exit 0, its usage) without doing any work."""
+    out = subprocess.run([sys.executable, str(script), "--help"], env=ENV, capture_output=True, text=True,
+                         timeout=120, cwd=ROOT)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("usage:") and "--help" in out.stdout

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from app.ui import SearchApp, launch_kwargs, make_demo
+from app.ui import SearchApp, groups_html, launch_kwargs, make_demo, negatives_outputs
 from index.build import build_index
 from index.image_index import ImageIndex
 from moco.augment import two_views
@@ -79,7 +79,8 @@ def test_errors_are_messages_not_tracebacks(app, setup, tmp_path):
     for args, words in [((None, 5, ""), "no image"), ((str(bad), 5, ""), "upload.jpg"),
                         ((str(_query(setup)), 5, "../etc"), "no sub-folder")]:  # fmt: skip
         gallery, info, state = search(*args)
-        assert gallery is None and info.startswith("**Error:**") and words in info and "Traceback" not in info
+        assert info.startswith("**Error:**") and words in info and "Traceback" not in info
+        assert isinstance(gallery, dict) and gallery.get("__type__") == "update"  # the results shown stay
     assert _safe(4, 1)(app.negatives)(None, 5, 0)[1].startswith("**Error:**")
     assert _safe(3, 1)(app.more)(None)[1].startswith("**Error:**")
 
@@ -117,11 +118,12 @@ def test_negatives_from_the_saved_queue_match_a_hand_computation(app, setup):
     assert [n.similarity for n in view.negatives] == pytest.approx(list(negs[top]), abs=1e-5)
     assert [n.share for n in view.negatives] == pytest.approx(list(shares[1 + top]), rel=1e-4)
     assert [n.logit for n in view.negatives] == pytest.approx(list(negs[top] / cfg.temperature), abs=1e-4)
-    assert [n.suspicious for n in view.negatives] == list(negs[top] >= float(q @ k))
+    assert view.above_positive == int((negs >= float(q @ k)).sum())  # flags need evidence: test_negatives_evidence
     ids = ckpt["model"]["queue_ids"][0][filled].numpy()[top]
     assert [n.path for n in view.negatives] == [ckpt["files"][i] for i in ids]
-    views, text, gallery, table = app._negatives_outputs(view)
-    assert len(views) == 2 and f"{loss:.4f}" in text and len(table) == 8
+    views, text, gallery, table = negatives_outputs(view)
+    assert len(views) == 2 and f"{loss:.3f}" in text and len(table) == 8  # 3 decimals, shares in percent
+    assert all(row[4].endswith("%") and len(row[2].split(".")[1]) == 3 for row in table)
 
 
 def test_negatives_from_the_index_match_a_hand_computation(setup):
@@ -130,7 +132,7 @@ def test_negatives_from_the_index_match_a_hand_computation(setup):
     app = SearchApp(index, emb, None)
     img = Image.open(_query(setup)).convert("RGB")
     view = app.negatives_source.compute(img, n=5, seed=1)
-    assert view.source == "index" and "backbone space" in view.space
+    assert view.source == "index" and "centred backbone space" in view.space
     assert any("query image itself" in n for n in view.notes)  # the query is in the index: left out
     ids, vecs = index.catalog.vectors()
     clean = emb.embed(img)[0]
@@ -138,8 +140,8 @@ def test_negatives_from_the_index_match_a_hand_computation(setup):
     square = square_u8(img, emb.resize)
     xq, xk = two_views(torch.tensor(square)[None], "v2", emb.image_size, emb.mean, emb.std,
                        torch.Generator().manual_seed(1))  # fmt: skip
-    q, k = emb.embed_views(torch.cat([xq, xk]))
-    negs = vecs[keep] @ q
+    q, k = index.center(emb.embed_views(torch.cat([xq, xk])))  # centred, as search scores
+    negs = index.center(vecs[keep]) @ q
     shares, loss, rank = _hand_info_nce(float(q @ k), negs, view.temperature)
     assert view.count == int(keep.sum()) == len(ids) - 1
     assert view.loss == pytest.approx(loss, rel=1e-4) and view.positive_rank == rank
@@ -149,16 +151,22 @@ def test_negatives_from_the_index_match_a_hand_computation(setup):
 
 
 def test_collection_tab_and_dedup(app, setup):
-    text, gallery = app.collection()
+    text, groups = app.collection()
     assert "36 images" in text and "recall@10" in text and "resnet18" in text
     shutil.copyfile(_query(setup), setup["photos"] / "copy.jpg")
     try:
         from index.build import update_index
 
         update_index(setup["idx"], progress=False)
-        text, gallery = app.collection(threshold=0.999)
+        text, groups = app.collection(threshold=0.95)
         assert "near-duplicate groups" in text
-        assert any("copy.jpg" in caption for _, caption in gallery)
+        mine = [g for g in groups if "copy.jpg" in [m["path"] for m in g["members"]]]
+        assert len(mine) == 1 and _query(setup).relative_to(setup["photos"]).as_posix() in [
+            m["path"] for m in mine[0]["members"]]
+        assert [g["size"] for g in groups] == sorted((g["size"] for g in groups), reverse=True)  # largest first
+        panels = groups_html(groups, app.index)
+        assert panels.count('class="dup-group"') == len(groups)
+        assert f"Group 1 · {groups[0]['size']} photos" in panels and "copy.jpg" in panels
     finally:
         (setup["photos"] / "copy.jpg").unlink()
         update_index(setup["idx"], progress=False)
@@ -251,7 +259,7 @@ def test_empty_index_and_rebuilt_with_another_backbone_are_messages(setup, tmp_p
     shutil.rmtree(tmp_path / "live_idx")
     build_index(setup["photos"], other, tmp_path / "live_idx", progress=False)
     gallery, info, _ = _safe(3, 1)(app.search)(str(_query(setup)), 3, "")
-    assert gallery is None and "rebuild" in info and "Traceback" not in info
+    assert "rebuild" in info and "Traceback" not in info and info.startswith("**Error:**")
 
 
 @pytest.mark.slow

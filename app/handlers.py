@@ -1,0 +1,342 @@
+"""What the search page does, as plain methods (tests call them directly; :mod:`app.ui` wires them to Gradio).
+
+``SearchApp`` serves one index. It can start without one (``moco run`` serves the page while training and
+indexing still run): every search then says the index is not ready, and ``attach`` turns search on.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from app.negatives import IndexNegatives, NegativesView, QueueNegatives
+from app.uploads import read_upload
+from index.catalog import display_path
+from index.dedup import find_duplicates, load_duplicates
+from index.image_index import ImageIndex
+from moco.data import load_rgb, open_regular
+from moco.errors import UserError
+
+__all__ = ["SearchApp", "MAX_RESULTS", "ALL_FOLDERS", "VIEW_PX", "MAX_ORIGINAL_BYTES"]
+
+logger = logging.getLogger(__name__)
+
+MAX_RESULTS = 500
+ALL_FOLDERS = "All folders"  # the folder filter's label for "no filter"
+VIEW_PX = 192  # the two training views are shown at least this large
+PREVIEW_PX = 640  # the details panel's preview of a result (long side)
+MAX_ORIGINAL_BYTES = 64 * 1024 * 1024  # "Open original" serves files up to this size
+_KEEP_EXPORTS = 32  # result files (CSV/JSON, originals) kept in the temp folder before the oldest are removed
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
+class SearchApp:
+    """Handlers of the UI over one index (and optionally a training checkpoint for the Negatives tab).
+
+    Args:
+        index: the opened index; None: the page runs before the index exists (see ``attach``).
+        embedder: the index's Embedder (``index.load_embedder()``).
+        checkpoint: a ``moco train`` checkpoint: negatives from its saved queue; None: from the index.
+        status: a :class:`app.status.RunStatus` shown in the Status tab while ``moco run`` works.
+    """
+
+    def __init__(self, index: ImageIndex | None = None, embedder: Any = None, checkpoint: str | Path | None = None,
+                 status: Any = None) -> None:  # fmt: skip
+        self.status = status
+        self.index: ImageIndex | None = None
+        self.embedder: Any = None
+        self.negatives_source: QueueNegatives | IndexNegatives | None = None
+        self.negatives_note = ""
+        self._folders: tuple[Any, list[str]] | None = None
+        self._folder_names: dict[str, str] = {}
+        self._files = Path(tempfile.mkdtemp(prefix="moco-results-"))  # exports and originals handed to the browser
+        self._serial = 0
+        self._lock = threading.Lock()
+        if index is not None:
+            self._attach(index, embedder, checkpoint)
+
+    def _attach(self, index: ImageIndex, embedder: Any, checkpoint: str | Path | None) -> None:
+        index.check_backbone(embedder.sha256)
+        source: QueueNegatives | IndexNegatives
+        note = ""
+        if checkpoint is not None:
+            try:
+                source = QueueNegatives(checkpoint, index, embedder=embedder)
+            except UserError as e:
+                note = f"{e}; using the index instead"
+                source = IndexNegatives(index, embedder)
+        else:
+            source = IndexNegatives(index, embedder)
+        self.negatives_source, self.negatives_note = source, note
+        self.embedder, self.index = embedder, index  # last: `ready` turns true only with everything in place
+
+    def attach(self, index_dir: str | Path, backbone: str | Path | None = None, checkpoint: str | Path | None = None,
+               device: str = "auto") -> None:  # fmt: skip
+        """Open the index (built meanwhile) and turn search on."""
+        index = ImageIndex.open(index_dir)
+        self._attach(index, index.load_embedder(backbone, device=device), checkpoint)
+
+    @property
+    def ready(self) -> bool:
+        """True once an index is attached: search works."""
+        return self.index is not None
+
+    def _index(self) -> ImageIndex:
+        if self.index is None:
+            stage = self.status.snapshot()["stage"] if self.status is not None else "starting"
+            raise UserError(f"the index is not ready yet ({stage}): search turns on by itself when it is; the Status "
+                            "tab shows the progress")  # fmt: skip
+        return self.index
+
+    def title(self) -> str:
+        """The page heading: the index and its size, or what is being prepared."""
+        if self.index is None:
+            return "## moco-retrieval · preparing the index (see Status)"
+        return f"## moco-retrieval · `{self.index.dir.name}` · {len(self.index)} images"
+
+    # ---------------------------------------------------------------------------------- search
+    def folders(self) -> list[str]:
+        """Sub-folders of the collection (two levels), for the filter; recomputed when the index changes."""
+        if self.index is None:
+            return []
+        stamp = self.index._stamp
+        if self._folders is not None and self._folders[0] == stamp:
+            return self._folders[1]
+        out = set()
+        for path in self.index.catalog.rows():
+            parts = path.split("/")[:-1]
+            for depth in (1, 2):
+                if len(parts) >= depth:
+                    out.add("/".join(parts[:depth]))
+        self._folders = (stamp, sorted(display_path(f) for f in out))
+        self._folder_names = {display_path(f): f for f in out}  # shown (escaped) -> on disk
+        return self._folders[1]
+
+    def folder_choices(self) -> list[tuple[str, str]]:
+        """The filter's choices: (label, value), "All folders" first."""
+        return [(ALL_FOLDERS, "")] + [(f, f) for f in self.folders()]
+
+    def caption(self, rank: int, score: float, path: str) -> str:
+        """A result's caption: rank, centred cosine (3 decimals), weak-match marker, the full path."""
+        index = self._index()
+        weak = " · weak match" if index.weak_below is not None and score < index.weak_below else ""
+        return f"#{rank} · {score:.3f}{weak} · {display_path(path)}"
+
+    def _gallery(self, state: dict[str, Any]) -> list[tuple[str | None, str]]:
+        return [(thumb, self.caption(r, score, path))
+                for r, (path, score, thumb) in enumerate(zip(state["paths"], state["scores"], state["thumbs"]), 1)]
+
+    def _run(self, vector: np.ndarray, k: int, folder: str | None, label: str, embed_ms: float,
+             source: dict[str, Any] | None = None) -> tuple:  # fmt: skip
+        index = self._index()
+        k = int(max(1, min(int(k), MAX_RESULTS)))
+        index.refresh()  # `moco index update` may have replaced the files meanwhile
+        index.check_backbone(self.embedder.sha256)  # ... or rebuilt them with another model
+        folder = (folder or "").strip().strip("/") or None
+        if folder == ALL_FOLDERS:
+            folder = None
+        if folder and folder not in self.folders():
+            raise UserError(f"no sub-folder {folder!r} in the collection: pick one from the list, or {ALL_FOLDERS}")
+        folder = self._folder_names.get(folder, folder) if folder else None
+        if len(index) == 0:
+            raise UserError("the index is empty: add photos and run `moco index update`")
+        t0 = time.perf_counter()
+        hits = index.search(vector[None], k=k, folder=folder)
+        search_ms = (time.perf_counter() - t0) * 1000
+        rows = hits.rows[0]
+        state = {"vector": vector, "k": k, "folder": folder, "label": label, "source": source,
+                 "ids": [r.id for r in rows], "paths": hits.paths[0],
+                 "scores": [float(s) for s in hits.scores[0][: len(rows)]],
+                 "thumbs": [str(index.thumb_path(r)) if r.thumb else None for r in rows]}  # fmt: skip
+        where = f" in `{display_path(folder)}/`" if folder else ""
+        info = (f"**{len(rows)} results** for {label}{where} · embed {embed_ms:.0f} ms · search {search_ms:.1f} ms · "
+                f"{len(index)} images")  # fmt: skip
+        weak = index.weak_below
+        if weak is not None and state["scores"] and state["scores"][0] < weak:
+            info += (f" · **no close match in the collection** (the best scores {state['scores'][0]:.3f}, under "
+                     f"{weak:.3f}, the score of 1 in 100 random pairs)")  # fmt: skip
+        return self._gallery(state), info, state
+
+    def search(self, image: Any, k: int = 12, folder: str | None = None) -> tuple:
+        """Upload -> (gallery items, info markdown, state)."""
+        self._index()
+        img = read_upload(image, self.embedder.resize)
+        t0 = time.perf_counter()
+        vector = self.embedder.embed(img)[0]  # D
+        return self._run(vector, k, folder, "the uploaded image", (time.perf_counter() - t0) * 1000)
+
+    def rerun(self, state: dict[str, Any] | None, k: int, folder: str | None) -> tuple:
+        """The same query again with a new ``k`` or folder (nothing to do before a first search)."""
+        if not state:
+            raise UserError("upload a photo and press Search first")
+        return self._run(state["vector"], k, folder, state["label"], 0.0, state.get("source"))
+
+    def more(self, state: dict[str, Any] | None) -> tuple:
+        """The next ``k`` results after those shown."""
+        if not state:
+            raise UserError("search first, then ask for more")
+        index = self._index()
+        t0 = time.perf_counter()
+        hits = index.search(state["vector"][None], k=state["k"], folder=state["folder"], offset=len(state["ids"]))
+        rows = hits.rows[0]
+        state = dict(state)
+        state["ids"] = state["ids"] + [r.id for r in rows]
+        state["paths"] = state["paths"] + hits.paths[0]
+        state["scores"] = state["scores"] + [float(s) for s in hits.scores[0][: len(rows)]]
+        state["thumbs"] = state["thumbs"] + [str(index.thumb_path(r)) if r.thumb else None for r in rows]
+        info = (f"**{len(state['ids'])} results** for {state['label']} · search "
+                f"{(time.perf_counter() - t0) * 1000:.1f} ms" + ("" if rows else " · no more results"))  # fmt: skip
+        return self._gallery(state), info, state
+
+    def _result(self, state: dict[str, Any] | None, position: int) -> tuple[int, str]:
+        if not state or not 0 <= int(position) < len(state["ids"]):
+            raise UserError("that result is no longer on the page: search again")
+        return state["ids"][int(position)], state["paths"][int(position)]
+
+    def select(self, state: dict[str, Any] | None, position: int) -> tuple:
+        """Search again with the result at ``position`` (its stored vector, no re-embedding).
+
+        Returns (gallery, info, state); the new state's ``source`` names the photo, which the page shows
+        as the query and in the details panel.
+        """
+        image_id, path = self._result(state, position)
+        index = self._index()
+        vector = index.vectors(np.array([image_id]))[0]  # D
+        assert state is not None
+        return self._run(vector, state["k"], state["folder"], f"`{display_path(path)}`", 0.0,
+                         {"id": image_id, "path": path})  # fmt: skip
+
+    def details(self, image_id: int) -> dict[str, Any]:
+        """An indexed photo for the details panel: full path, thumbnail, size, date, dimensions when readable."""
+        index = self._index()
+        row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
+        if row is None or row.deleted:
+            raise UserError(f"photo id {image_id} is no longer in the index: search again")
+        when = datetime.datetime.fromtimestamp(row.mtime_ns / 1e9).strftime("%Y-%m-%d %H:%M")
+        thumb = index.thumb_path(row)
+        text = f"**`{display_path(row.path)}`**\n\n{_bytes(row.size)} · modified {when}"
+        preview: Any = str(thumb) if thumb else None
+        try:  # a larger preview than the thumbnail, from the original (decoded reduced)
+            with open_regular(index.root / row.path) as f, Image.open(f) as im:
+                text += f" · {im.size[0]}×{im.size[1]} px"
+            preview = load_rgb(index.root / row.path, min_short=PREVIEW_PX // 2)
+            preview.thumbnail((PREVIEW_PX, PREVIEW_PX))
+        except (OSError, UserError) as e:
+            text += f" · the original cannot be read now ({getattr(e, 'strerror', None) or e}): thumbnail shown"
+        full = str(index.root / row.path)
+        return {"id": row.id, "path": row.path, "full_path": display_path(full), "thumb": str(thumb) if thumb else None,
+                "preview": preview, "markdown": text}  # fmt: skip
+
+    def _new_file(self, name: str) -> Path:
+        with self._lock:
+            self._serial += 1
+            folder = self._files / f"{self._serial:06d}"
+            folder.mkdir()
+            for old in sorted(self._files.iterdir())[:-_KEEP_EXPORTS]:
+                shutil.rmtree(old, ignore_errors=True)
+        return folder / name
+
+    def original(self, image_id: int) -> str:
+        """A copy of an indexed photo's original file for the browser (the originals folder itself is never served).
+
+        Only files of the index, inside its root, regular and at most MAX_ORIGINAL_BYTES are handed out.
+        """
+        index = self._index()
+        row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
+        if row is None or row.deleted or row.status != "ok":
+            raise UserError(f"photo id {image_id} is not an indexed photo: search again")
+        root = index.root.resolve()
+        source = index.root / row.path
+        if root not in source.resolve().parents:
+            raise UserError(f"{display_path(row.path)} links outside the collection ({display_path(str(root))}): "
+                            "not served")  # fmt: skip
+        try:
+            with open_regular(source) as f:
+                size = os.fstat(f.fileno()).st_size
+                if size > MAX_ORIGINAL_BYTES:
+                    cap = _bytes(MAX_ORIGINAL_BYTES)
+                    raise UserError(f"{display_path(row.path)} is {_bytes(size)}, over the {cap} served by the page: "
+                                    "open it from its folder")  # fmt: skip
+                out = self._new_file(Path(row.path).name.encode("utf-8", "replace").decode() or "photo")
+                with open(out, "wb") as dst:
+                    shutil.copyfileobj(f, dst, 1 << 20)
+        except OSError as e:
+            raise UserError(f"{display_path(row.path)} cannot be read now ({e.strerror or e}): run "
+                            "`moco index update`") from None  # fmt: skip
+        return str(out)
+
+    def export(self, state: dict[str, Any] | None) -> tuple[str, str]:
+        """The results shown, as CSV and JSON files (rank, path, score, weak, id): their paths."""
+        if not state or not state.get("ids"):
+            raise UserError("search first: there are no results to export")
+        weak = self.index.weak_below if self.index is not None else None
+        rows = [{"rank": r, "path": display_path(p), "score": round(s, 4),
+                 "weak_match": weak is not None and s < weak, "id": i}
+                for r, (i, p, s) in enumerate(zip(state["ids"], state["paths"], state["scores"]), 1)]  # fmt: skip
+        csv_path = self._new_file("results.csv")
+        with open(csv_path, "w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        json_path = csv_path.with_name("results.json")
+        meta = {"query": state["label"], "folder": display_path(state["folder"] or ""), "k": state["k"],
+                "score": "centred cosine", "weak_below": weak}  # fmt: skip
+        json_path.write_text(json.dumps({**meta, "results": rows}, indent=1, ensure_ascii=False))
+        return str(csv_path), str(json_path)
+
+    # ------------------------------------------------------------------------------- negatives
+    def negatives(self, image: Any, n: int = 12, seed: int = 0) -> NegativesView:
+        """Upload -> the InfoNCE view of it."""
+        self._index()
+        assert self.negatives_source is not None
+        img = read_upload(image, max(256, self.embedder.resize))
+        return self.negatives_source.compute(img, n=int(n), seed=int(seed))
+
+    def negatives_for(self, image_id: int, n: int = 12, seed: int = 0) -> NegativesView:
+        """The InfoNCE view of an indexed photo (from a search result: no upload)."""
+        self._index()
+        assert self.negatives_source is not None
+        return self.negatives_source.compute_for_id(int(image_id), n=int(n), seed=int(seed))
+
+    # ------------------------------------------------------------------------------ collection
+    def collection(self, threshold: float | None = None) -> tuple[str, list[dict[str, Any]]]:
+        """(stats markdown, near-duplicate groups largest first); ``threshold`` re-runs dedup first."""
+        index = self._index()
+        st = index.stats()
+        if threshold is not None:
+            find_duplicates(index, float(threshold))
+        dup = load_duplicates(index.dir)
+        recall = st["recall_at_10"]
+        weak = st.get("weak_below")
+        text = [
+            f"**{st['vectors']} images** searchable · {st['error']} unreadable · {st['pending']} pending",
+            f"**Index:** {st['kind']} ({st['factory'] or 'faiss'}, {st['params'] or 'exact'}) · measured "
+            f"recall@10 {recall if recall is not None else 'n/a'} · {'GPU' if st['on_gpu'] else 'CPU'} · "
+            f"{st['size_on_disk_bytes'] / 1e6:.1f} MB on disk",
+            f"**Backbone:** {st['backbone_arch']} · sha256 `{str(st['backbone_sha256'])[:12]}…` · {st['dim']}-d",
+            f"**Scores:** centred cosine · weak match under {weak:.3f}" if weak is not None else "**Scores:** cosine",
+            f"**Collection:** `{display_path(st['root'])}` · updated {st['updated']}",
+        ]
+        groups: list[dict[str, Any]] = []
+        if dup is None:
+            text.append("_No near-duplicate search yet: press the button below._")
+        else:
+            groups = dup["groups"]
+            text.append(f"**{len(groups)} near-duplicate groups** at centred cosine ≥ {dup['threshold']} "
+                        f"({dup['created']}), largest first.")  # fmt: skip
+        return "\n\n".join(text), groups

@@ -1,0 +1,250 @@
+"""What `moco run` is doing now, for the UI's Status tab: the pipeline updates a ``RunStatus``, the UI polls it.
+
+    status = RunStatus(work)                       # shared by the pipeline thread and the UI
+    run_pipeline(..., status=status)               # stages, messages, index_ready, error
+    snap = status.snapshot()                       # stage, messages, training progress read from metrics.jsonl
+    status_markdown(snap), loss_frame(snap)        # a one-line summary and the curves for a gr.LinePlot
+
+Training progress comes from ``WORK/run/metrics.jsonl``, read incrementally (only the bytes appended since the
+last poll; a file truncated or rewritten by a resumed run is read again from its start).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["STAGES", "RunStatus", "eta_seconds", "loss_frame", "status_markdown"]
+
+logger = logging.getLogger(__name__)
+
+STAGES = ("starting", "photos", "model", "training", "export", "indexing", "ready", "failed")
+MAX_MESSAGES = 50
+RECENT = 20  # per-step records the rate (ETA, img/s) is measured over
+FIRST_FIT_STEP = 10  # moco.optim.BudgetFit's first fit (not imported: that would load torch)
+MAX_PLOT_POINTS = 2000
+
+
+def eta_seconds(records: Sequence[dict[str, Any]], window: int = RECENT) -> float | None:
+    """Seconds of training left after the last of ``records`` (metrics.jsonl per-step records, oldest first).
+
+    None until the schedule's length is known (the last record has ``total_steps``). The rate is that of the
+    last ``window`` records (``elapsed_s`` over steps), or of the whole run so far when only one is there.
+    """
+    timed = [r for r in records if "elapsed_s" in r and "step" in r]
+    if not timed or "total_steps" not in timed[-1]:
+        return None
+    last = timed[-1]
+    first = timed[-window:][0]
+    if last["step"] > first["step"]:
+        rate = (last["elapsed_s"] - first["elapsed_s"]) / (last["step"] - first["step"])
+    elif last["step"] > 0:
+        rate = last["elapsed_s"] / last["step"]
+    else:
+        return None
+    return max(0.0, (last["total_steps"] - last["step"]) * max(rate, 0.0))
+
+
+class _MetricsTail:
+    """The records of one metrics.jsonl, read incrementally from the byte offset reached so far."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._reset()
+
+    def _reset(self) -> None:
+        self.offset = 0
+        self.last_line = b""  # the last complete line read, ending at ``offset``: a rewritten file will differ
+        self.loss: list[tuple[int, float]] = []
+        self.knn: list[tuple[int, float]] = []
+        self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
+
+    def _rewritten(self, f: Any, size: int) -> bool:
+        if size < self.offset:
+            return True
+        if not self.offset:
+            return False
+        f.seek(self.offset - len(self.last_line))
+        return f.read(len(self.last_line)) != self.last_line
+
+    def poll(self) -> None:
+        """Take in the complete lines appended since the last poll (a half-written last line waits)."""
+        try:
+            with self.path.open("rb") as f:
+                size = f.seek(0, 2)
+                if self._rewritten(f, size):
+                    logger.debug("%s was rewritten: reading it again", self.path)
+                    self._reset()
+                f.seek(self.offset)
+                chunk = f.read(size - self.offset)
+        except FileNotFoundError:
+            self._reset()
+            return
+        end = chunk.rfind(b"\n") + 1
+        if not end:
+            return
+        lines = chunk[:end].splitlines(keepends=True)
+        self.offset += end
+        self.last_line = lines[-1]
+        for line in lines:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict) and isinstance(record.get("step"), int):
+                self._add(record)
+
+    def _add(self, record: dict[str, Any]) -> None:
+        step = record["step"]
+        if "loss" in record:
+            _append(self.loss, step, record["loss"])
+            while self.recent and self.recent[-1]["step"] >= step:
+                self.recent.pop()
+            self.recent.append(record)
+        if "knn_top1" in record:
+            _append(self.knn, step, record["knn_top1"])
+
+
+def _append(series: list[tuple[int, float]], step: int, value: float) -> None:
+    while series and series[-1][0] >= step:  # a later record for an earlier step replaces what followed it
+        series.pop()
+    series.append((step, value))
+
+
+class RunStatus:
+    """Thread-safe state of one `moco run`: the pipeline writes it, the UI reads ``snapshot()``.
+
+    ``run_dir`` (WORK/run): where training writes metrics.jsonl. ``index_ready``/``index_path``: set once the
+    index is written. ``error``: the failure's text. ``history``: the stages entered, in order.
+    """
+
+    def __init__(self, work: str | Path, clock: Callable[[], float] = time.monotonic) -> None:
+        self.work = Path(work)
+        self.run_dir = self.work / "run"
+        self.index_ready = False
+        self.index_path: Path | None = None
+        self.error: str | None = None
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._start = self._stage_start = clock()
+        self._stage, self._detail = "starting", ""
+        self.history: list[str] = ["starting"]
+        self._messages: deque[str] = deque(maxlen=MAX_MESSAGES)
+        self._tail: _MetricsTail | None = None
+
+    def stage(self, name: str, detail: str = "") -> None:
+        """Enter stage ``name`` (one of ``STAGES``), with a line saying what it works on."""
+        if name not in STAGES:
+            raise ValueError(f"unknown stage {name!r}: one of {', '.join(STAGES)}")
+        with self._lock:
+            self._stage, self._detail, self._stage_start = name, detail, self._clock()
+            self.history.append(name)
+
+    def say(self, message: str) -> None:
+        """Keep one of the pipeline's messages (the last ``MAX_MESSAGES``)."""
+        with self._lock:
+            self._messages.append(str(message))
+
+    def fail(self, error: str) -> None:
+        """Stage "failed", with the error's text."""
+        with self._lock:
+            self.error = error
+        self.stage("failed", error)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The current state as plain data: stage, detail, stage_s, total_s, messages, index_ready, index_path,
+        error, and training progress: step, total_steps (None until known), loss [(step, loss)], knn
+        [(step, top-1 fraction)], img_s, eta_s (None until total_steps is known)."""
+        with self._lock:
+            now = self._clock()
+            snap: dict[str, Any] = {
+                "stage": self._stage,
+                "detail": self._detail,
+                "stage_s": now - self._stage_start,
+                "total_s": now - self._start,
+                "messages": list(self._messages),
+                "history": list(self.history),
+                "index_ready": self.index_ready,
+                "index_path": self.index_path,
+                "error": self.error,
+            }
+            path = Path(self.run_dir) / "metrics.jsonl"
+            if self._tail is None or self._tail.path != path:
+                self._tail = _MetricsTail(path)
+            tail = self._tail
+            tail.poll()
+            recent = list(tail.recent)
+            last = recent[-1] if recent else {}
+            snap.update(
+                step=last.get("step", 0),
+                total_steps=last.get("total_steps"),
+                loss=list(tail.loss),
+                knn=list(tail.knn),
+                img_s=sum(r.get("img_s", 0.0) for r in recent) / len(recent) if recent else None,
+                eta_s=eta_seconds(recent),
+            )
+        return snap
+
+
+def _duration(seconds: float) -> str:
+    """``3 min 10 s``, ``1 h 5 min``, ``45 s``."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s" if s % 60 else f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def _training_line(snap: dict[str, Any]) -> str:
+    step, total = snap.get("step", 0), snap.get("total_steps")
+    if not step:
+        return "**Training**: starting" + (f" ({snap['detail']})" if snap.get("detail") else "")
+    parts = [f"**Training** step {step}" + (f" / {total}" if total else "")]
+    if snap.get("loss"):
+        parts.append(f"loss {snap['loss'][-1][1]:.2f}")
+    if snap.get("knn"):
+        parts.append(f"kNN top-1 {100 * snap['knn'][-1][1]:.1f}%")
+    if snap.get("img_s"):
+        parts.append(f"{snap['img_s']:.0f} img/s")
+    if total is None:
+        parts.append(f"fitting the schedule to the time budget (ETA after step {FIRST_FIT_STEP})")
+    elif snap.get("eta_s") is not None:
+        parts.append(f"ETA {_duration(snap['eta_s'])}")
+    return " · ".join(parts)
+
+
+def status_markdown(snapshot: dict[str, Any]) -> str:
+    """A short human summary of ``snapshot`` (``RunStatus.snapshot()``), in Markdown."""
+    stage, detail = snapshot.get("stage", "starting"), snapshot.get("detail", "")
+    if stage == "training":
+        return _training_line(snapshot)
+    if stage == "ready":
+        return "**Ready**: search is on"
+    if stage == "failed":
+        return f"**Failed**: {snapshot.get('error') or detail or 'unknown error'}"
+    label = {"starting": "Starting", "photos": "Photos", "model": "Model", "export": "Export",
+             "indexing": "Indexing"}.get(stage, stage.capitalize())  # fmt: skip
+    took = _duration(snapshot.get("stage_s", 0.0))
+    return f"**{label}**" + (f": {detail}" if detail else "") + f" ({took})"
+
+
+def loss_frame(snapshot: dict[str, Any]) -> Any:
+    """A pandas DataFrame (step, value, series) of the loss ("loss") and kNN top-1 fraction ("kNN top-1")
+    curves of ``snapshot``, for a gr.LinePlot; long runs thinned to about ``MAX_PLOT_POINTS`` points a series."""
+    import pandas as pd
+
+    rows = []
+    for name, series in (("loss", snapshot.get("loss") or []), ("kNN top-1", snapshot.get("knn") or [])):
+        stride = max(1, len(series) // MAX_PLOT_POINTS)
+        kept = series[::stride]
+        if series and kept[-1] != series[-1]:
+            kept.append(series[-1])
+        rows += [(step, value, name) for step, value in kept]
+    return pd.DataFrame(rows, columns=["step", "value", "series"])

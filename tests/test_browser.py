@@ -1,0 +1,266 @@
+"""The search page in Debian's Chromium at a desktop's 1280x800 and a phone's 390x844, against `moco serve`.
+
+Each test drives the real server (a subprocess whose log is read back) through Playwright: results readable
+and reachable, clicking a result, k and folder re-running the search, exports, our messages for bad
+uploads, and the Negatives tab opened from a result.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from index.build import build_index
+from moco.config import resolve_config
+from moco.export import export_backbone
+from moco.sample import make_sample_collection
+from moco.train import train
+
+from .conftest import TINY
+from .live import ARGS, CHROMIUM, free_port, wait_served
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+VIEWPORTS = {"desktop": {"width": 1280, "height": 800}, "phone": {"width": 390, "height": 844}}
+RESULTS = "#results button.thumbnail-item"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[dict[str, Any]]:
+    """`moco serve` over a tiny trained run's index (queue negatives), its log in a file."""
+    tmp = tmp_path_factory.mktemp("browser")
+    photos = tmp / "photos"
+    make_sample_collection(photos, per_family=6, size=64, seed=2)
+    cfg = resolve_config("v2", data_dir=str(photos), out=str(tmp / "run"), **{**TINY, "image_size": 32},
+                         max_steps=6, precision="fp32")  # fmt: skip
+    train(cfg, progress=False)
+    export_backbone(tmp / "run" / "checkpoint.pt", tmp / "backbone.safetensors")
+    build_index(photos, tmp / "backbone.safetensors", tmp / "idx", progress=False)
+    port, log = free_port(), tmp / "server.log"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(tmp / "idx"), "--port", str(port),
+                                 "--checkpoint", str(tmp / "run" / "checkpoint.pt"), "--device", "cpu"], env=env,
+                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        wait_served(url, proc, timeout=180)
+        yield {"url": url, "photos": photos, "idx": tmp / "idx", "log": log, "tmp": tmp}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    assert Path(CHROMIUM).exists(), "install Debian's chromium (`make test` does: apt-get install chromium)"
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture(params=list(VIEWPORTS))
+def page(request, browser, served) -> Iterator[Any]:
+    """A fresh page at one viewport; fails the test on uncaught page errors or console errors."""
+    context = browser.new_context(viewport=VIEWPORTS[request.param], accept_downloads=True)
+    p = context.new_page()
+    p.errors = []
+    p.on("pageerror", lambda e: p.errors.append(f"page error: {e}"))
+    p.on("console", lambda m: p.errors.append(f"console {m.text}") if m.type == "error" else None)
+    p.viewport_name = request.param
+    p.goto(served["url"])
+    p.wait_for_selector("#query")
+    yield p
+    errors = [e for e in p.errors if not getattr(p, "expect_errors", False)]
+    context.close()
+    assert not errors, errors
+
+
+def _query(served) -> Path:
+    return sorted(served["photos"].rglob("*.jpg"))[3]
+
+
+def _search(page: Any, image: Path, k: int | None = None) -> None:
+    page.locator("#query input[type=file]").set_input_files(str(image))
+    page.wait_for_timeout(300)
+    if k is not None:
+        _set_k(page, k, wait=False)
+    page.locator("#search-btn").click()
+    _wait_results(page, k or 12, "uploaded image")
+
+
+def _set_k(page: Any, k: int, wait: bool = True) -> None:
+    box = page.locator("#k input[type=number]")
+    box.fill(str(k))
+    box.press("Enter")
+    box.blur()
+    if wait:
+        _wait_results(page, k)
+
+
+def _wait_results(page: Any, n: int, info: str = "") -> None:
+    page.wait_for_function(f"""() => document.querySelectorAll('{RESULTS}').length == {n} &&
+        document.querySelector('#search-info').innerText.includes('{n} results') &&
+        document.querySelector('#search-info').innerText.includes({json.dumps(info)}) &&
+        [...document.querySelectorAll('{RESULTS} img')].every(i => i.src.includes('/gradio_api/file=') &&
+          (i.getBoundingClientRect().top > innerHeight || (i.complete && i.naturalWidth > 0)))""",
+                           timeout=60_000)  # fmt: skip
+
+
+def _in_viewport(page: Any, selector: str) -> bool:
+    """The element is on screen after scrolling it into view, and its width fits the viewport."""
+    el = page.locator(selector).first
+    el.scroll_into_view_if_needed()
+    box = el.bounding_box()
+    width = page.viewport_size["width"]
+    return box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width + 1 and box["width"] > 0
+
+
+def _captions(page: Any) -> list[dict[str, Any]]:
+    return page.evaluate(f"""[...document.querySelectorAll('{RESULTS} .caption-label')].map(c => {{
+        const r = c.getBoundingClientRect();
+        return {{text: c.innerText, clipped: c.scrollWidth > c.clientWidth + 1 || c.scrollHeight > c.clientHeight + 1,
+                 x: r.x, right: r.right, y: r.y}}; }})""")  # fmt: skip
+
+
+def test_results_are_readable_on_desktop_and_phone(page, served):
+    _search(page, _query(served), k=12)
+    caps = _captions(page)
+    assert len(caps) == 12
+    ranked = [c["text"].split(" · ")[-1] for c in caps]
+    paths = {p.relative_to(served["photos"]).as_posix() for p in served["photos"].rglob("*.*")}
+    assert all(r in paths for r in ranked), ranked  # the whole path, not "mou..."
+    assert not any(c["clipped"] for c in caps), caps  # nothing cut off
+    width = page.viewport_size["width"]
+    assert all(0 <= c["x"] and c["right"] <= width + 1 for c in caps)  # no column off-screen
+    columns = len({round(c["x"]) for c in caps})
+    assert (2 <= columns <= 3) if page.viewport_name == "phone" else columns >= 4
+    inner_scroll = page.evaluate("""[...document.querySelectorAll('#results .grid-wrap, #results .grid-container')]
+        .some(e => e.scrollHeight > e.clientHeight + 1 && getComputedStyle(e).overflowY != 'visible')""")
+    assert not inner_scroll  # the page extends, no hidden inner scroll box
+    _set_k(page, 20)  # a larger k (re-runs by itself) extends the page too
+    assert _in_viewport(page, f"{RESULTS} >> nth=19")
+    page.wait_for_function(f"document.querySelectorAll('{RESULTS}')[19].querySelector('img').naturalWidth > 0")
+    page.locator("#more-btn").click()
+    page.wait_for_function(f"document.querySelectorAll('{RESULTS}').length > 20", timeout=60_000)
+    assert _in_viewport(page, "#more-btn")
+    assert page.locator("#folder input").first.input_value() == "All folders" and _in_viewport(page, "#folder")
+
+
+def test_click_replaces_query_details_copy_open_and_search_uses_it(page, served):
+    _search(page, _query(served), k=8)
+    before = page.locator("#query img").first.get_attribute("src")
+    third = _captions(page)[2]["text"].split(" · ")[-1]
+    page.locator(RESULTS).nth(2).click()
+    page.wait_for_function(f"document.querySelector('#search-info').innerText.includes({json.dumps(third)})",
+                           timeout=60_000)  # fmt: skip
+    assert page.evaluate(f"document.querySelectorAll('{RESULTS}.selected').length") == 0  # selection cleared
+    page.wait_for_function(f"document.querySelector('#query img') && "
+                           f"document.querySelector('#query img').src != {json.dumps(before)}")  # fmt: skip
+    assert _in_viewport(page, "#details")
+    full = str(served["photos"] / third)
+    assert page.locator("#detail-path textarea, #detail-path input").first.input_value() == full
+    detail = page.locator("#detail-info").inner_text()
+    assert third in detail and "modified" in detail
+    preview = page.locator("#detail-preview img").first
+    assert preview.bounding_box()["width"] >= 160
+    assert page.locator("#detail-path button[aria-label*='opy'], #detail-path button[title*='opy']").count() >= 1
+    with page.context.expect_page() as popup:  # "Open original": the original's bytes, in a new tab
+        page.locator("#open-original").click()
+    tab = popup.value
+    tab.wait_for_load_state()
+    body = page.request.get(tab.url).body()
+    assert body == (served["photos"] / third).read_bytes()
+    tab.close()
+    page.locator("#search-btn").click()  # Search now uses the result's image, not the first upload
+    _wait_results(page, 8, "uploaded image")
+    assert _captions(page)[0]["text"].split(" · ")[-1] == third
+
+
+def test_k_and_folder_rerun_and_export(page, served, tmp_path):
+    _search(page, _query(served), k=10)
+    _set_k(page, 4)
+    family = _query(served).parent.name
+    page.locator("#folder input").click()
+    page.get_by_role("option", name=family, exact=True).click()
+    page.wait_for_function(f"document.querySelector('#search-info').innerText.includes('{family}/')",
+                           timeout=60_000)  # fmt: skip
+    _wait_results(page, 4)
+    shown = [c["text"].split(" · ")[-1] for c in _captions(page)]
+    assert all(s.startswith(family + "/") for s in shown)
+    scores = [float(c["text"].split(" · ")[1]) for c in _captions(page)]
+    with page.expect_download() as dl:
+        page.locator("#export-csv").click()
+    rows = list(csv.DictReader(io.StringIO(Path(dl.value.path()).read_text())))
+    assert [r["path"] for r in rows] == shown and [int(r["rank"]) for r in rows] == [1, 2, 3, 4]
+    assert [float(r["score"]) for r in rows] == pytest.approx(scores, abs=6e-4)
+    with page.expect_download() as dl:
+        page.locator("#export-json").click()
+    data = json.loads(Path(dl.value.path()).read_text())
+    assert [r["path"] for r in data["results"]] == shown and data["folder"] == family
+
+
+BAD = {
+    "notes.jpg": (lambda p: p.write_text("this is a text file, not a photo"), "notes.jpg: not an image"),
+    "empty.jpg": (lambda p: p.write_bytes(b""), "empty.jpg: empty file"),
+    "cut.jpg": (None, "cut.jpg: truncated or corrupt"),
+}
+
+
+def test_bad_uploads_get_our_message_and_one_log_line(page, served, tmp_path):
+    good = _query(served).read_bytes()
+    for name, (make, words) in BAD.items():
+        path = tmp_path / name
+        make(path) if make else path.write_bytes(good[: len(good) // 2])
+        page.locator("#query input[type=file]").set_input_files(str(path))
+        page.wait_for_timeout(300)
+        page.locator("#search-btn").click()
+        page.wait_for_function(f"document.querySelector('#search-info').innerText.includes({json.dumps(words)})",
+                               timeout=30_000)  # fmt: skip
+        assert _in_viewport(page, "#search-info")
+        assert "upload a photo" in page.locator("#search-info").inner_text()
+    big = tmp_path / "huge.jpg"
+    big.write_bytes(good + b"\0" * (26 * 1024 * 1024))
+    page.expect_errors = True  # Gradio itself logs the refused upload in the console
+    page.locator("#query input[type=file]").set_input_files(str(big))
+    page.wait_for_function("document.querySelector('#search-info').innerText.includes('over the 25 MB upload limit')",
+                           timeout=30_000)  # fmt: skip
+    assert "huge.jpg is 27" in page.locator("#search-info").inner_text()
+    log = served["log"].read_text()
+    assert "Traceback" not in log
+    for name, (_, words) in BAD.items():
+        lines = [line for line in log.splitlines() if words in line]
+        assert len(lines) >= 1 and all(line.count(name) == 1 for line in lines), (name, log[-2000:])
+
+
+def test_inspect_negatives_from_a_result(page, served):
+    _search(page, _query(served), k=6)
+    page.locator(RESULTS).nth(1).click()
+    page.wait_for_selector("#inspect-btn", state="visible")
+    page.wait_for_function("document.querySelector('#detail-info').innerText.includes('modified')", timeout=60_000)
+    page.locator("#inspect-btn").click()
+    page.wait_for_function("document.querySelector('#neg-summary') && "
+                           "document.querySelector('#neg-summary').innerText.includes('InfoNCE loss')",
+                           timeout=60_000)  # fmt: skip
+    summary = page.locator("#neg-summary").inner_text()
+    assert "negatives score at or above the positive" in summary and "%" in summary
+    assert _in_viewport(page, "#neg-summary")
+    sizes = page.evaluate("[...document.querySelectorAll('#views img')].map(i => i.getBoundingClientRect().width)")
+    assert len(sizes) == 2 and min(sizes) >= 160, sizes  # the augmentation is visible
+    cut = page.evaluate("""[...document.querySelectorAll('#negatives-table td, #negatives-table th')]
+        .filter(c => c.offsetParent !== null && c.scrollWidth > c.clientWidth + 1).map(c => c.innerText)""")
+    assert not cut, cut  # no column cut off
+    table = page.locator("#negatives-table").inner_text()
+    assert "%" in table and "softmax share" in table and _in_viewport(page, "#negatives-table")

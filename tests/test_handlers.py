@@ -1,0 +1,127 @@
+"""The page's handlers without a browser: uploads, exports, originals, details, re-runs and the pending page."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import app.handlers as handlers
+from app.handlers import ALL_FOLDERS, SearchApp
+from app.uploads import MAX_UPLOAD_MB, read_upload
+from index.build import build_index
+from index.image_index import ImageIndex
+from moco.errors import UserError
+from moco.sample import make_sample_collection
+
+from .conftest import random_backbone
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory) -> SearchApp:
+    tmp = tmp_path_factory.mktemp("handlers")
+    make_sample_collection(tmp / "photos", per_family=4, size=48, seed=4)
+    build_index(tmp / "photos", random_backbone(tmp), tmp / "idx", progress=False)
+    index = ImageIndex.open(tmp / "idx")
+    return SearchApp(index, index.load_embedder(device="cpu"))
+
+
+def _photo(app: SearchApp, i: int = 2) -> Path:
+    return sorted(app.index.root.rglob("*.jpg"))[i]
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"plain text, not a photo", "not an image"), (b"", "empty file"), (None, "truncated or corrupt"),
+])  # fmt: skip
+def test_bad_uploads_are_one_line_naming_the_file(app, tmp_path, content, words):
+    path = tmp_path / "upload.jpg"
+    path.write_bytes(content if content is not None else _photo(app).read_bytes()[:300])
+    with pytest.raises(UserError) as e:
+        read_upload(str(path))
+    msg = str(e.value)
+    assert msg.startswith("upload.jpg: ") and words in msg and "upload a photo" in msg and "\n" not in msg
+    assert str(tmp_path) not in msg  # the server's temp path means nothing to the person uploading
+
+
+def test_upload_over_the_cap_is_refused_from_its_size(tmp_path):
+    big = tmp_path / "big.jpg"
+    with open(big, "wb") as f:
+        f.truncate(MAX_UPLOAD_MB * 1024 * 1024 + 1)  # sparse: never decoded, refused from its size
+    with pytest.raises(UserError, match=f"big.jpg is .* over the {MAX_UPLOAD_MB} MB upload limit"):
+        read_upload(str(big))
+    with pytest.raises(UserError, match="no image"):
+        read_upload(None)
+
+
+def test_rerun_folder_and_export_match_the_index(app, tmp_path):
+    _, _, state = app.search(str(_photo(app)), k=6, folder="")
+    ref = app.index.search(app.embedder.embed(_photo(app)), k=6)
+    assert state["ids"] == list(ref.ids[0])
+    _, _, again = app.rerun(state, 3, ALL_FOLDERS)
+    assert again["ids"] == state["ids"][:3] and again["label"] == state["label"]
+    family = _photo(app).parent.name
+    _, info, only = app.rerun(state, 4, family)
+    assert only["paths"] and all(p.startswith(family + "/") for p in only["paths"]) and f"`{family}/`" in info
+    csv_path, json_path = app.export(only)
+    rows = list(csv.DictReader(open(csv_path, encoding="utf-8")))
+    assert [r["path"] for r in rows] == only["paths"] and [int(r["rank"]) for r in rows] == list(range(1, 5))
+    assert [float(r["score"]) for r in rows] == pytest.approx(only["scores"], abs=1e-4)
+    data = json.loads(Path(json_path).read_text())
+    assert [r["id"] for r in data["results"]] == only["ids"] and data["score"] == "centred cosine"
+    weak = app.index.weak_below
+    assert [r["weak_match"] for r in data["results"]] == [s < weak for s in only["scores"]]
+    with pytest.raises(UserError, match="search first"):
+        app.export(None)
+    with pytest.raises(UserError, match="Search first"):
+        app.rerun(None, 5, "")
+
+
+def test_details_and_original_only_for_indexed_files_inside_the_root(app, tmp_path, monkeypatch):
+    photo = _photo(app, 5)
+    row = app.index.catalog.row_by_path(photo.relative_to(app.index.root).as_posix())
+    d = app.details(row.id)
+    assert d["full_path"] == str(photo) and "modified" in d["markdown"] and d["preview"].size[0] >= 48
+    copy = app.original(row.id)
+    assert Path(copy).read_bytes() == photo.read_bytes() and Path(copy).parent.parent == app._files
+    with pytest.raises(UserError, match="not an indexed photo"):
+        app.original(10_000)
+    # a photo replaced by a link to a file outside the collection is not served
+    outside = tmp_path / "secret.jpg"
+    outside.write_bytes(photo.read_bytes())
+    moved = photo.with_suffix(".bak")
+    os.replace(photo, moved)
+    try:
+        os.symlink(outside, photo)
+        with pytest.raises(UserError, match="links outside the collection"):
+            app.original(row.id)
+    finally:
+        photo.unlink()
+        os.replace(moved, photo)
+    monkeypatch.setattr(handlers, "MAX_ORIGINAL_BYTES", 10)
+    with pytest.raises(UserError, match="over the"):
+        app.original(row.id)
+
+
+def test_select_uses_the_stored_vector_and_names_the_photo(app):
+    _, _, state = app.search(str(_photo(app)), k=5)
+    _, info, picked = app.select(state, 3)
+    vec = app.index.vectors(np.array([state["ids"][3]]))[0]
+    ref = app.index.search(vec[None], k=5)
+    assert picked["ids"] == list(ref.ids[0]) and picked["source"] == {"id": state["ids"][3], "path": state["paths"][3]}
+    assert state["paths"][3] in info
+
+
+def test_a_pending_page_says_the_index_is_not_ready(tmp_path):
+    from app.status import RunStatus
+
+    status = RunStatus(tmp_path)
+    status.stage("training", "run")
+    pending = SearchApp(status=status)
+    assert not pending.ready and "preparing" in pending.title() and pending.folder_choices() == [(ALL_FOLDERS, "")]
+    for call in (lambda: pending.search(None), lambda: pending.negatives(None), lambda: pending.collection()):
+        with pytest.raises(UserError, match=r"not ready yet \(training\).*Status"):
+            call()
