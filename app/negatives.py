@@ -177,6 +177,20 @@ def _reason_codes(sims: np.ndarray, same: np.ndarray, duplicate: np.ndarray, lev
     return code
 
 
+def _closeness_level(level: float | None, chance: float | None, notes: list[str]) -> float | None:
+    """The "as close as two views of one photo" threshold, or None when it is no evidence.
+
+    Two views of one photo must score above what 1 in 100 random pairs reach (``chance``); a model that
+    cannot yet tell one photo from another (its views no closer than random pairs) flags nothing by closeness.
+    """
+    if level is None or chance is None or level > chance:
+        return level
+    notes.append(f"two views of one photo score {level:.3f} (median), no higher than 1 in 100 random pairs "
+                 f"({chance:.3f}): this model cannot tell photos apart by closeness yet, so negatives are flagged "
+                 "only as the same photo or a near-duplicate")  # fmt: skip
+    return None
+
+
 def _build(view: NegativesView, sims: np.ndarray, ids: np.ndarray, codes: np.ndarray, n: int,
            describe: Callable[[list[int]], list[tuple[str | None, Any]]]) -> NegativesView:  # fmt: skip
     """Fill the numbers of ``view`` from negative similarities ``sims`` (K), their image ``ids`` (K) and reason
@@ -275,12 +289,13 @@ class IndexNegatives:
         if level is None:
             notes.append(f"{self.index.dir} has no augmentation level (built before it was measured): run "
                          f"`moco index update {self.index.dir}` to flag negatives as close as two views of a photo")
+        threshold = _closeness_level(level, self.index.weak_below, notes)
         space = "centred backbone space" if mean is not None else "backbone space (uncentred: an older index)"
         view = NegativesView("index", f"{space} of the exported model, as search scores; negatives: every other "
                              f"image of the index ({len(ids)}); views: the {self.recipe} training recipe",
                              self.temperature, _to_u8(xq[0], emb.mean, emb.std), _to_u8(xk[0], emb.mean, emb.std),
                              float(q @ k), 0.0, 0.0, 0, 0, notes=notes, augment_level=level)  # fmt: skip
-        codes = _reason_codes(sims, np.zeros(len(sims), bool), duplicate, level)
+        codes = _reason_codes(sims, np.zeros(len(sims), bool), duplicate, threshold)
 
         def describe(shown: list[int]) -> list[tuple[str | None, Any]]:
             rows = self.index.catalog.rows_by_id(shown)
@@ -324,6 +339,7 @@ class QueueNegatives:
         self._embedder, self._embedder_error = embedder, ""
         self._lock = threading.Lock()
         self._level: tuple[float | None, str] | None = None  # (level, why not measured)
+        self._chance: float | None = None  # 99th percentile of q . queue keys over the level's sample
         self._in_index: tuple[Any, np.ndarray, np.ndarray] | None = None
         self._file_ids: dict[str, int] | None = None
 
@@ -431,6 +447,9 @@ class QueueNegatives:
         xq, xk = two_views(torch.from_numpy(np.stack(squares)), cfg.augment, cfg.image_size, cfg.mean, cfg.std, g)
         q, k = self.keys(xq, xk)  # B x C, B x C
         level = float(np.median((q * k).sum(1).cpu().numpy()))
+        filled = self.queue_ids >= 0
+        if filled.any():  # what q reaches against the queue's keys by chance: 1 in 100 (query, key) pairs
+            self._chance = float(np.percentile((q @ self.queue.to(q.device)).cpu().numpy()[:, filled], 99))
         logger.info("two %s views of one training image score %.3f (median over %d images)", cfg.augment, level,
                     len(squares))  # fmt: skip
         return level, ""
@@ -501,6 +520,7 @@ class QueueNegatives:
         level, why = self._level_and_note()
         if why:
             notes.append(why)
+        threshold = _closeness_level(level, self._chance, notes)
         square = square_u8(img, self.size)
         g = torch.Generator().manual_seed(seed)
         xq, xk = two_views(torch.tensor(square)[None], cfg.augment, cfg.image_size, cfg.mean, cfg.std, g)
@@ -511,5 +531,5 @@ class QueueNegatives:
                              f"{self.name} (step {self.step}); views: the {cfg.augment} training recipe",
                              cfg.temperature, _to_u8(xq[0], cfg.mean, cfg.std), _to_u8(xk[0], cfg.mean, cfg.std),
                              float((q * k).sum()), 0.0, 0.0, 0, 0, notes=notes, augment_level=level)  # fmt: skip
-        codes = _reason_codes(sims, same, duplicate, level)
+        codes = _reason_codes(sims, same, duplicate, threshold)
         return _build(view, sims, ids, codes, n, lambda shown: [self._describe(i) for i in shown])

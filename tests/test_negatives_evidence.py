@@ -75,6 +75,8 @@ def _index_reference(index: ImageIndex, emb, img: Image.Image, seed: int, level:
     clean = emb.embed_squares(np.array(square)[None])  # 1 x D
     keep = raw @ clean[0] < 0.9999  # copies of the query itself are left out
     sims, dup = vecs[keep] @ q, vecs[keep] @ index.center(clean)[0] >= DEDUP_THRESHOLD  # K, K
+    if index.weak_below is not None and level <= index.weak_below:
+        level = np.inf  # views no closer than random pairs: closeness is no evidence
     code = np.where(dup, 2, np.where(sims >= level, 3, 0))  # K
     return {"ids": ids[keep], "sims": sims, "pos": float(q @ k), "code": code}
 
@@ -83,8 +85,9 @@ def _flagged(code: np.ndarray) -> dict[str, int]:
     return {r: int(np.sum(code == i + 1)) for i, r in enumerate(REASONS)}
 
 
-def test_index_reasons_match_a_brute_force_reference(setup, index):
+def test_index_reasons_match_a_brute_force_reference(setup, index, monkeypatch):
     emb = index.load_embedder(device="cpu")
+    monkeypatch.setitem(index.meta, "weak_below", index.augment_level["median"] - 0.5)  # closeness counts
     src = IndexNegatives(index, emb)
     original = sorted(setup["photos"].rglob("*.jpg"))[6]
     orig_id = index.catalog.row_by_path(original.relative_to(setup["photos"]).as_posix()).id
@@ -119,6 +122,7 @@ def test_constructed_levels_flag_only_what_the_evidence_says(setup, index, monke
     top = np.sort(ref["sims"])[::-1]
     level = float((top[0] + top[1]) / 2)  # exactly one negative (the best) at or above it
     monkeypatch.setitem(index.meta, "augment_level", {**index.augment_level, "median": level})
+    monkeypatch.setitem(index.meta, "weak_below", level - 0.5)
     view = src.compute(Image.open(photo), n=len(index), seed=seed)
     ref = _index_reference(index, emb, Image.open(photo), seed, level)
     reasons = {n.id: n.reason for n in view.negatives}
@@ -152,9 +156,27 @@ def test_counts_come_from_all_negatives_not_the_rows_shown(setup, index, queue):
     paths = [queue.files[i] for i in ids]
     idx_ids = np.array([index.catalog.row_by_path(p).id for p in paths])
     near = index.center(index.vectors(idx_ids)) @ index.center(index.vectors([row.id]))[0] >= DEDUP_THRESHOLD
-    code = np.where(ids == train_id, 1, np.where(near, 2, np.where(sims >= view.augment_level, 3, 0)))
+    level = view.augment_level if view.augment_level > queue._chance else np.inf  # closeness above chance only
+    code = np.where(ids == train_id, 1, np.where(near, 2, np.where(sims >= level, 3, 0)))
     assert view.count == len(ids) and view.above_positive == int(np.sum(sims >= float((q * k).sum())))
     assert view.flagged == _flagged(code) and len(view.negatives) == 3
+
+
+def test_views_no_closer_than_random_pairs_flag_nothing_by_closeness(setup, index, monkeypatch):
+    """A weak model (two views of a photo no closer than 1 in 100 random pairs): closeness is no evidence."""
+    emb = index.load_embedder(device="cpu")
+    photo = sorted(setup["photos"].rglob("*.jpg"))[4]
+    level = float(np.sort(_index_reference(index, emb, Image.open(photo), 2, 1.0)["sims"])[-3])  # 3 at or above
+    monkeypatch.setitem(index.meta, "augment_level", {**index.augment_level, "median": level})
+    monkeypatch.setitem(index.meta, "weak_below", level - 0.5)
+    shown = IndexNegatives(index, emb).compute(Image.open(photo), n=len(index), seed=2)
+    assert shown.flagged[CLOSE] > 0, "the check needs negatives above the level"
+    monkeypatch.setitem(index.meta, "weak_below", level + 0.01)
+    gated = IndexNegatives(index, emb).compute(Image.open(photo), n=len(index), seed=2)
+    assert gated.flagged[CLOSE] == 0 and gated.augment_level == level
+    assert gated.flagged[DUP] == shown.flagged[DUP] and any("cannot tell photos apart" in n for n in gated.notes)
+    ref = _index_reference(index, emb, Image.open(photo), 2, level)
+    assert gated.flagged == _flagged(ref["code"])
 
 
 def test_queue_repeated_keys_and_same_photo_by_id(setup, index, queue):
