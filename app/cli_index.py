@@ -47,7 +47,7 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p = cmds.add_parser("dedup", help="near-duplicate groups (saved to IDX/dedup.json)")
     p.add_argument("index_dir", metavar="IDX")
     p.add_argument("--threshold", type=float, default=None,
-                   help="centred cosine similarity (as search scores) that links two images (default: 0.9)")
+                   help="centred cosine similarity (as search scores) that links two images (default: 0.95)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_dedup)
 
@@ -84,8 +84,8 @@ def cmd_search(args: argparse.Namespace) -> int:
         for h in out:
             print(f"{h['rank']:>4}  {h['score']:.4f}  {display_path(h['path'])}{'  (weak match)' if h['weak'] else ''}")
         if out and out[0]["weak"]:
-            print(f"no close match in the collection: every score is under {weak:.4f} (1 in 100 random pairs "
-                  "scores above it)", file=sys.stderr)  # fmt: skip
+            print(f"no close match in the collection: every score is under {weak:.4f} (what "
+                  "unrelated photos of the collection reach)", file=sys.stderr)  # fmt: skip
         if not out:
             print("no results (the index is empty, or nothing under --folder)", file=sys.stderr)
     return 0

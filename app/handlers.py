@@ -169,7 +169,7 @@ class SearchApp:
         weak = index.weak_below
         if weak is not None and state["scores"] and state["scores"][0] < weak:
             info += (f" · **no close match in the collection** (the best scores {state['scores'][0]:.3f}, under "
-                     f"{weak:.3f}, the score of 1 in 100 random pairs)")  # fmt: skip
+                     f"{weak:.3f}, what unrelated photos of the collection reach)")  # fmt: skip
         return self._gallery(state), info, state
 
     def search(self, image: Any, k: int = 12, folder: str | None = None) -> tuple:

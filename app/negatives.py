@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from index.build import chance_level
 from index.dedup import DEDUP_THRESHOLD
 from moco.augment import two_views
 from moco.data import load_rgb, square_u8
@@ -180,12 +181,12 @@ def _reason_codes(sims: np.ndarray, same: np.ndarray, duplicate: np.ndarray, lev
 def _closeness_level(level: float | None, chance: float | None, notes: list[str]) -> float | None:
     """The "as close as two views of one photo" threshold, or None when it is no evidence.
 
-    Two views of one photo must score above what 1 in 100 random pairs reach (``chance``); a model that
+    Two views of one photo must score above what unrelated pairs reach (``chance``); a model that
     cannot yet tell one photo from another (its views no closer than random pairs) flags nothing by closeness.
     """
     if level is None or chance is None or level > chance:
         return level
-    notes.append(f"two views of one photo score {level:.3f} (median), no higher than 1 in 100 random pairs "
+    notes.append(f"two views of one photo score {level:.3f} (median), no higher than unrelated pairs reach "
                  f"({chance:.3f}): this model cannot tell photos apart by closeness yet, so negatives are flagged "
                  "only as the same photo or a near-duplicate")  # fmt: skip
     return None
@@ -339,7 +340,7 @@ class QueueNegatives:
         self._embedder, self._embedder_error = embedder, ""
         self._lock = threading.Lock()
         self._level: tuple[float | None, str] | None = None  # (level, why not measured)
-        self._chance: float | None = None  # 99th percentile of q . queue keys over the level's sample
+        self._chance: float | None = None  # chance level of q . queue keys over the level's sample
         self._in_index: tuple[Any, np.ndarray, np.ndarray] | None = None
         self._file_ids: dict[str, int] | None = None
 
@@ -448,8 +449,8 @@ class QueueNegatives:
         q, k = self.keys(xq, xk)  # B x C, B x C
         level = float(np.median((q * k).sum(1).cpu().numpy()))
         filled = self.queue_ids >= 0
-        if filled.any():  # what q reaches against the queue's keys by chance: 1 in 100 (query, key) pairs
-            self._chance = float(np.percentile((q @ self.queue.to(q.device)).cpu().numpy()[:, filled], 99))
+        if filled.any():  # what q reaches against the queue's keys by chance
+            self._chance = chance_level((q @ self.queue.to(q.device)).cpu().numpy()[:, filled].ravel())
         logger.info("two %s views of one training image score %.3f (median over %d images)", cfg.augment, level,
                     len(squares))  # fmt: skip
         return level, ""

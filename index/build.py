@@ -62,7 +62,7 @@ THUMB_SIZE = 256
 TUNE_QUERIES = 500
 TARGET_RECALL = 0.95
 MEAN_REFRESH = 1.5  # the mean embedding is recomputed (and index.faiss rebuilt) when the collection grew by half
-WEAK_PAIRS = 20_000  # random pairs whose 99th percentile cosine is the weak-match threshold
+WEAK_PAIRS = 20_000  # random pairs whose chance level (chance_level) is the weak-match threshold
 AUGMENT_SAMPLE = 64  # photos whose two augmented views measure the collection's same-photo level
 AUGMENT_RECIPE = "v2"
 
@@ -305,8 +305,19 @@ def _fresh_store(kind: str, ids: np.ndarray, vecs: np.ndarray, dim: int, use_gpu
     return store
 
 
+def chance_level(cos: np.ndarray) -> float:
+    """What unrelated pairs reach: median + 3 robust standard deviations (1.4826 MAD) of pair cosines ``cos``.
+
+    Robust to related pairs among the random ones (a collection of a few tight families, bursts of shots): they
+    move a percentile, not the median and MAD. For a normal spread of unrelated scores it is their 99.87th
+    percentile.
+    """
+    med = float(np.median(cos))
+    return med + 3 * 1.4826 * float(np.median(np.abs(cos - med)))
+
+
 def _weak_below(vecs: np.ndarray) -> float | None:
-    """The 99th percentile cosine of random pairs of (centred) ``vecs``: under it, a match is no closer than chance."""
+    """The chance level of random pairs of (centred) ``vecs``: under it, a match is no closer than unrelated photos."""
     n = len(vecs)
     if n < 2:
         return None
@@ -314,7 +325,7 @@ def _weak_below(vecs: np.ndarray) -> float | None:
     i = rng.integers(n, size=WEAK_PAIRS)
     j = (i + rng.integers(1, n, size=WEAK_PAIRS)) % n  # never i itself
     cos = np.einsum("pd,pd->p", vecs[i], vecs[j])  # P
-    return round(float(np.percentile(cos, 99)), 4)
+    return round(min(1.0, chance_level(cos)), 4)
 
 
 def _sample_square(root: Path, index_dir: Path, row: Row, resize: int) -> np.ndarray | None:

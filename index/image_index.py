@@ -17,7 +17,7 @@ An index directory holds::
 
 Scores are centred cosines: ``index.faiss`` holds ``normalize(v - mean)`` of the catalog's raw vectors
 ``v`` and :meth:`ImageIndex.search` centres its (raw) queries the same way, so an unrelated photo scores
-near 0; a score under ``weak_below`` (the 99th percentile of random pairs) is a weak match.
+near 0; a score under ``weak_below`` (the chance level of random pairs) is a weak match.
 """
 
 from __future__ import annotations

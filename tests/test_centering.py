@@ -174,7 +174,7 @@ def test_dedup_groups_copies_but_not_a_family(backbone, tmp_path):
         w, h = im.size
         im.resize((w // 2, h // 2)).save(photos / fam / "copy_small.jpg", quality=90)
         im.save(photos / fam / "copy_q60.jpg", quality=60)
-        im.crop((w // 20, h // 20, w - w // 20, h - h // 20)).save(photos / fam / "copy_crop.jpg", quality=90)
+        im.crop((w // 40, h // 40, w - w // 40, h - h // 40)).save(photos / fam / "copy_crop.jpg", quality=90)  # 95%
         copies[fam] = {f"{fam}/{fam}_001.jpg"} | {f"{fam}/copy_{n}.jpg" for n in ("small", "q60", "crop")}
     build_index(photos, backbone, tmp_path / "idx", progress=False, device="cpu")
     groups = [{m["path"] for m in g["members"]} for g in find_duplicates(ImageIndex.open(tmp_path / "idx"))]
@@ -196,3 +196,18 @@ def test_page_marks_weak_matches_by_the_collections_threshold(built, sample_phot
         assert ("no close match in the collection" in info) == weak[0]
     own = app.search(str(next(sample_photos.rglob("*.jpg"))), k=1, folder="")[2]["scores"][0]
     assert own == pytest.approx(1.0, abs=1e-5) and own >= idx.weak_below  # a photo of the collection finds itself
+
+
+def test_chance_level_is_robust_to_related_pairs():
+    """weak_below reads the unrelated pairs: a sixth of related pairs moves a percentile, not median + 3 MAD."""
+    from index.build import chance_level
+
+    rng = np.random.default_rng(1)
+    unrelated = rng.normal(0.0, 0.2, 50_000)
+    related = rng.normal(0.9, 0.03, 10_000)  # a collection of a few tight families
+    ref = np.median(unrelated) + 3 * 1.4826 * np.median(np.abs(unrelated - np.median(unrelated)))
+    assert chance_level(unrelated) == pytest.approx(ref, abs=1e-9)
+    assert chance_level(unrelated) == pytest.approx(0.6, abs=0.01)  # 3 sigma of N(0, 0.2)
+    mixed = np.concatenate([unrelated, related])
+    assert np.percentile(mixed, 99) > 0.9  # a plain percentile lands among the related pairs
+    assert chance_level(mixed) < 0.75  # the robust level stays with the unrelated ones

@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from app.negatives import REASONS, IndexNegatives, QueueNegatives, info_nce_numbers
+from app.ui import negatives_outputs
 from index.build import build_index, sample_ids, update_index
 from index.dedup import DEDUP_THRESHOLD
 from index.image_index import ImageIndex
@@ -194,6 +195,10 @@ def test_queue_repeated_keys_and_same_photo_by_id(setup, index, queue):
         assert neg.keys_of_photo == int(np.sum(ids == neg.id)) and neg.key_number == seen[neg.id]
         assert (neg.reason == SAME) == (neg.id == train_id)
     assert view.flagged[SAME] == int(counts.max()) == sum(n.id == train_id for n in view.negatives)
+    _, _, _, table = negatives_outputs(view)  # the page says which key of a repeated photo a row is
+    for row, neg in zip(table, view.negatives):
+        assert (f"key {neg.key_number} of {neg.keys_of_photo} of this photo" in row[1]) == (neg.keys_of_photo > 1)
+        assert row[5] == neg.reason
     # an upload of the same photo is identified through the index (its clean embedding) and flagged the same
     upload = queue.compute(Image.open(setup["photos"] / queue.files[train_id]), n=4, seed=0)
     assert upload.flagged[SAME] == int(counts.max())
