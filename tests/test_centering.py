@@ -199,15 +199,15 @@ def test_page_marks_weak_matches_by_the_collections_threshold(built, sample_phot
 
 
 def test_chance_level_is_robust_to_related_pairs():
-    """weak_below reads the unrelated pairs: a sixth of related pairs moves a percentile, not median + 3 MAD."""
+    """weak_below reads the unrelated pairs: related ones move a percentile, hardly median + 3 MAD."""
     from index.build import chance_level
 
     rng = np.random.default_rng(1)
     unrelated = rng.normal(0.0, 0.2, 50_000)
-    related = rng.normal(0.9, 0.03, 10_000)  # a collection of a few tight families
+    related = rng.normal(0.9, 0.03, 2_500)  # tight families: 1 pair in 21 related
     ref = np.median(unrelated) + 3 * 1.4826 * np.median(np.abs(unrelated - np.median(unrelated)))
     assert chance_level(unrelated) == pytest.approx(ref, abs=1e-9)
     assert chance_level(unrelated) == pytest.approx(0.6, abs=0.01)  # 3 sigma of N(0, 0.2)
     mixed = np.concatenate([unrelated, related])
     assert np.percentile(mixed, 99) > 0.9  # a plain percentile lands among the related pairs
-    assert chance_level(mixed) < 0.75  # the robust level stays with the unrelated ones
+    assert chance_level(mixed) < 0.66  # the robust level stays with the unrelated ones (0.6 without them)
