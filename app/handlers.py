@@ -236,6 +236,9 @@ class SearchApp:
                 text += f" · {im.size[0]}×{im.size[1]} px"
             preview = load_rgb(index.root / row.path, min_short=PREVIEW_PX // 2)
             preview.thumbnail((PREVIEW_PX, PREVIEW_PX))
+            if max(preview.size) < PREVIEW_PX // 2:  # a small photo, enlarged to be seen (whole pixels)
+                scale = PREVIEW_PX // 2 // max(preview.size) + 1
+                preview = preview.resize((preview.width * scale, preview.height * scale), Image.Resampling.NEAREST)
         except (OSError, UserError) as e:
             text += f" · the original cannot be read now ({getattr(e, 'strerror', None) or e}): thumbnail shown"
         full = str(index.root / row.path)

@@ -264,7 +264,8 @@ def build_ui(app: SearchApp) -> Any:
                 more.click(_safe(5, 1)(do_more), [state], results, api_name="more", concurrency_id="model")
                 gallery.select(_safe(11, 1)(do_select), [state],
                                [*results, query, details, preview, detail_md, path_box, picked, original],
-                               api_name=False, concurrency_id="model")  # fmt: skip
+                               api_name=False, concurrency_id="model").then(  # fmt: skip
+                    None, None, None, js="() => { if (document.activeElement) document.activeElement.blur(); }")
 
                 def do_open(image_id: int | None) -> Any:
                     if image_id is None:
