@@ -338,7 +338,10 @@ def build_ui(app: SearchApp) -> Any:
         status_outs = [status_md, loss_plot, knn_plot, title, go, more, neg_go, dedup, folder, stats, dups, was_ready]
         timer.tick(lambda r: _status_outputs(app, r), [was_ready], status_outs, api_name=False,
                    show_progress="hidden", queue=False)  # fmt: skip
-        demo.load(lambda r: _status_outputs(app, r), [was_ready], status_outs, api_name="status", queue=False)
+        def on_load(was: bool) -> tuple:  # a page opened once search is on shows the Search tab
+            return (*_status_outputs(app, was), gr.Tabs(selected="search") if app.ready and not was else gr.skip())
+
+        demo.load(on_load, [was_ready], [*status_outs, tabs], api_name="status", queue=False)
     return demo
 
 

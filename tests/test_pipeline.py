@@ -86,7 +86,10 @@ def test_run_reaches_a_served_page(work, capsys):
                 url = line.split("serving on ")[1].split()[0]
         assert url == f"http://127.0.0.1:{port}"
         assert wait_served(url, proc).status_code == 200  # the URL is printed just before it listens
-        with chromium_page(url) as page:
+        while "search is on" not in line:  # the page is served first; search turns on when the index is ready
+            line = proc.stdout.readline()
+            assert line or proc.poll() is None, "moco run exited before search was on"
+        with chromium_page(url) as page:  # a page opened once search is on opens on the Search tab
             search_in_page(page, sorted(work["photos"].rglob("*.png"))[0], 5)
             assert "5 results" in page.locator("#search-info").inner_text()
     finally:

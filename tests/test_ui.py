@@ -24,7 +24,7 @@ from moco.sample import make_sample_collection
 from moco.train import build_model, cache_size_for, train
 
 from .conftest import TINY, random_backbone
-from .live import chromium_page, free_port, search_in_page, wait_served
+from .live import free_port, wait_served
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -218,25 +218,6 @@ def test_file_route_refuses_everything_but_thumbs(server, setup):
                 assert b"root:" not in r.content and b"SQLite format" not in r.content
         ok = http.get(url + "/gradio_api/file=" + str(thumb))
         assert ok.status_code == 200 and ok.content[:2] == b"\xff\xd8"  # the thumbnails are served
-
-
-@pytest.mark.slow
-def test_browser_upload_search_click(server, setup, tmp_path):
-    url, _ = server
-    shot = tmp_path / "screenshot.png"  # docs/screenshot.png is taken from a real `make run`, not from tests
-    with chromium_page(url) as page:
-        search_in_page(page, _query(setup), 8)
-        assert "8 results" in page.locator("#search-info").inner_text()
-        images = "document.querySelectorAll('#results button.thumbnail-item img')"
-        page.wait_for_function(f"{images}.length == 8 && [...{images}].every(i => i.complete && i.naturalWidth > 0)",
-                               timeout=60_000)  # every thumbnail is served and decodes (no broken image)
-        page.screenshot(path=str(shot), full_page=True)
-        page.locator("#results button.thumbnail-item").nth(2).click()  # search again with the third result
-        page.wait_for_function("!document.querySelector('#search-info').innerText.includes('uploaded image')",
-                               timeout=60_000)  # fmt: skip
-        assert "8 results" in page.locator("#search-info").inner_text()
-    with Image.open(shot) as im:
-        assert im.size[0] >= 1000
 
 
 def test_empty_index_and_rebuilt_with_another_backbone_are_messages(setup, tmp_path):
