@@ -63,6 +63,7 @@ class _MetricsTail:
         self.last_line = b""  # the last complete line read, ending at ``offset``: a rewritten file will differ
         self.loss: list[tuple[int, float]] = []
         self.knn: list[tuple[int, float]] = []
+        self.knn_pixels: float | None = None  # the centred-pixels kNN baseline the monitor reports
         self.recent: deque[dict[str, Any]] = deque(maxlen=RECENT)
 
     def _rewritten(self, f: Any, size: int) -> bool:
@@ -109,6 +110,8 @@ class _MetricsTail:
             self.recent.append(record)
         if "knn_top1" in record:
             _append(self.knn, step, record["knn_top1"])
+        if "knn_pixels" in record:
+            self.knn_pixels = float(record["knn_pixels"])
 
 
 def _append(series: list[tuple[int, float]], step: int, value: float) -> None:
@@ -186,6 +189,7 @@ class RunStatus:
                 total_steps=last.get("total_steps"),
                 loss=list(tail.loss),
                 knn=list(tail.knn),
+                knn_pixels=tail.knn_pixels,
                 img_s=sum(r.get("img_s", 0.0) for r in recent) / len(recent) if recent else None,
                 eta_s=eta_seconds(recent),
             )
@@ -210,7 +214,9 @@ def _training_line(snap: dict[str, Any]) -> str:
     if snap.get("loss"):
         parts.append(f"loss {snap['loss'][-1][1]:.2f}")
     if snap.get("knn"):
-        parts.append(f"kNN top-1 {100 * snap['knn'][-1][1]:.1f}%")
+        pixels = snap.get("knn_pixels")
+        parts.append(f"kNN top-1 {100 * snap['knn'][-1][1]:.1f}%"
+                     + (f" (centred pixels {100 * pixels:.1f}%)" if pixels is not None else ""))  # fmt: skip
     if snap.get("img_s"):
         parts.append(f"{snap['img_s']:.0f} img/s")
     if total is None:

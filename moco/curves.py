@@ -58,6 +58,9 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path | None:
     if knn:
         ax2 = ax.twinx()
         ax2.plot([r["step"] for r in knn], [100 * r["knn_top1"] for r in knn], "o-", color="#c50", label="kNN top-1 %")
+        pixels = [r["knn_pixels"] for r in knn if "knn_pixels" in r]
+        if pixels:  # the floor: the same kNN on centred pixels
+            ax2.axhline(100 * pixels[-1], color="#c50", ls="--", lw=1, label=f"centred pixels {100 * pixels[-1]:.1f}%")
         ax2.set_ylabel("kNN top-1 (%)")
         ax2.legend(loc="upper right")
     ax.legend(loc="upper left" if knn else "best")

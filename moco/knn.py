@@ -19,7 +19,7 @@ from moco.data import ImageCache, build_cache
 from moco.device import autocast_for
 from moco.errors import UserError
 
-__all__ = ["knn_predict", "knn_top1", "extract_features", "LabeledImages", "KnnMonitor"]
+__all__ = ["knn_predict", "knn_top1", "extract_features", "pixel_features", "LabeledImages", "KnnMonitor"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +91,19 @@ def extract_features(
     return torch.cat(out)
 
 
+def pixel_features(images: np.ndarray, size: int, mean, std, center_on: torch.Tensor | None = None,
+                   batch_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """The pixel baseline: the eval view's pixels (N x 3·s·s), centred and L2-normalized; returns (feats, mean).
+
+    Centred on ``center_on`` (a mean from the bank), else on these images' own mean, as the index centres
+    embeddings: a raw-pixel cosine is dominated by overall brightness.
+    """
+    flat = torch.cat([center_view(torch.from_numpy(np.array(images[i : i + batch_size])), size, mean, std)
+                      .flatten(1) for i in range(0, len(images), batch_size)])  # N x 3·s·s  # fmt: skip
+    mu = flat.mean(0) if center_on is None else center_on  # 3·s·s
+    return F.normalize(flat - mu, dim=1), mu
+
+
 class LabeledImages:
     """A folder with one sub-folder per class, decoded into a uint8 cache; labels from the sub-folder."""
 
@@ -142,6 +155,24 @@ class KnnMonitor:
             f"bank of {len(self.bank.cache)}" if self.bank else "leave-one-out",
             len(self.val.classes),
         )
+
+    def pixels_top1(self) -> float:
+        """kNN top-1 of the centred pixels of the same images, the same k and T: the floor a model must beat.
+
+        Computed once per monitor (it does not change while training).
+        """
+        if getattr(self, "_pixels", None) is None:
+            args = (self.image_size, self.mean, self.std)
+            if self.bank is None:
+                feats, _ = pixel_features(self.val.cache.array, *args)
+                self._pixels = knn_top1(feats, self.val.labels, k=self.k, t=self.t, num_classes=len(self.val.classes))
+            else:
+                bank, mu = pixel_features(self.bank.cache.array, *args)
+                feats, _ = pixel_features(self.val.cache.array, *args, center_on=mu)
+                self._pixels = knn_top1(feats, self.val.labels, bank, self.bank.labels, len(self.bank.classes),
+                                        self.k, self.t)  # fmt: skip
+            logger.info("kNN monitor: centred pixels score %.2f%%", 100 * self._pixels)
+        return self._pixels
 
     def evaluate(
         self, backbone: nn.Module, device: torch.device, precision: str = "fp32", channels_last: bool = False

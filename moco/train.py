@@ -289,9 +289,10 @@ def train(
         nonlocal last_eval, train_start
         t = time.monotonic()
         last_eval = step
-        top1 = monitor.evaluate(model.backbone, device, precision, cnn)
-        metrics.write({"step": step, "epoch": step / steps_per_epoch, "knn_top1": top1})
-        logger.info("step %d: kNN top-1 %.2f%%", step, 100 * top1)
+        top1, pixels = monitor.evaluate(model.backbone, device, precision, cnn), monitor.pixels_top1()
+        metrics.write({"step": step, "epoch": step / steps_per_epoch, "knn_top1": top1, "knn_pixels": pixels})
+        logger.info("step %d: kNN top-1 %.2f%% (centred pixels %.2f%%, %+.2f points)", step, 100 * top1, 100 * pixels,
+                    100 * (top1 - pixels))  # fmt: skip
         train_start += time.monotonic() - t
 
     if monitor is not None and step == 0:

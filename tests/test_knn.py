@@ -58,3 +58,19 @@ def test_labeled_images_need_class_folders(sample_photos, tmp_path):
 
     with pytest.raises(UserError, match="sub-folder per class"):
         LabeledImages(loose, 16, tmp_path / "c2")
+
+
+def test_pixel_baseline_is_the_knn_of_centred_pixels(sample_photos, tmp_path):
+    """KnnMonitor.pixels_top1 against a by-hand baseline: crop, scale, flatten, subtract the bank mean, normalize."""
+    import numpy as np
+
+    from moco.knn import KnnMonitor
+
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    mon = KnnMonitor(str(sample_photos), "", 20, tmp_path / "c", 16, mean, std, k=5)
+    imgs = mon.val.cache.array  # N x 20 x 20 x 3 uint8: the central 16 x 16 is the eval view
+    x = (np.asarray(imgs[:, 2:18, 2:18, :], np.float32) / 255 - np.array(mean, np.float32)) / np.array(std, np.float32)
+    flat = torch.from_numpy(x.transpose(0, 3, 1, 2).reshape(len(x), -1).copy())  # N x 768
+    ref = knn_top1(F.normalize(flat - flat.mean(0), dim=1), mon.val.labels, k=5, num_classes=6)
+    assert mon.pixels_top1() == pytest.approx(ref, abs=1e-6)
+    assert 1 / 6 < mon.pixels_top1() <= 1 and mon._pixels == ref  # computed once, then cached

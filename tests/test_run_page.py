@@ -33,7 +33,7 @@ def test_status_while_training_then_search_turns_on(tmp_path):
     from playwright.sync_api import sync_playwright
 
     work, port, log = tmp_path / "work", free_port(), tmp_path / "run.log"
-    proc = _moco_run(work, port, 20, log)
+    proc = _moco_run(work, port, 12, log)
     try:
         wait_served(f"http://127.0.0.1:{port}/", proc, timeout=120)
         assert not (work / "index").exists()  # the page answers before any index exists
@@ -48,7 +48,7 @@ def test_status_while_training_then_search_turns_on(tmp_path):
                                    timeout=240_000)  # fmt: skip
             training = _status(page)
             assert not (work / "index").exists(), "training must still run while Status shows it"
-            assert "/ 20" in training and "loss" in training and "ETA" in training
+            assert "/ 12" in training and "loss" in training and "ETA" in training
             assert "preparing the index" in page.locator("#title").inner_text()
             page.wait_for_function("document.querySelector('#loss-plot') && "
                                    "document.querySelector('#loss-plot').offsetParent !== null",

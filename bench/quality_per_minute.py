@@ -1,0 +1,140 @@
+"""Learning per CPU minute: training-recipe candidates against today's default, by kNN top-1 over wall-clock minutes.
+
+    python bench/quality_per_minute.py --minutes 5                       # screening: every candidate, 5 min each
+    python bench/quality_per_minute.py --minutes 20 --only default,t01_m099   # confirmation runs
+
+Each candidate is today's Fashion-MNIST setup (MoCo v2, ResNet-18, 32 px, batch 256, queue 4096, lr 0.06)
+with a few settings changed, trained under the same time budget (``--time-budget``: its schedule is fitted
+to the minutes, kNN evaluations not counted) on the 60,000 train images as unlabeled PNGs. Quality is the
+kNN monitor (k=200, T=0.1, leave-one-out on the 10,000 test images) during the run; the monitor's
+centred-pixel baseline is printed beside it. Results: JSON and a kNN-over-minutes plot in bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+BASE = dict(arch="resnet18", small_stem=False, image_size=32, batch_size=256, queue_size=4096, lr=0.06)
+# name -> settings changed from BASE (each alone first; combinations once the single ones are measured)
+CANDIDATES: dict[str, dict[str, Any]] = {
+    "default": {},
+    "t01_m099": dict(temperature=0.1, momentum=0.99),  # a short run: a faster key encoder, a sharper softmax
+    "b128": dict(batch_size=128),  # twice the updates per minute (lr scales with the batch)
+    "b128_lr012": dict(batch_size=128, lr=0.12),  # ... keeping the per-step lr
+    "symmetric": dict(symmetric=True),  # both views as queries: twice the signal per image, twice the cost
+    "q16k": dict(queue_size=16384),
+    "resnet10t": dict(arch="resnet10t"),  # a shallower backbone (timm)
+    "small_stem": dict(small_stem=True),  # full-resolution early layers: more compute per image
+    "b128_t01_m099": dict(batch_size=128, temperature=0.1, momentum=0.99),
+}
+K, T = 200, 0.1
+
+
+def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, evals: int) -> dict[str, Any]:
+    """Train one candidate for ``minutes``; its kNN curve over training minutes and the pixel baseline."""
+    from bench.fashion_mnist import _seconds_per_step
+    from moco.config import resolve_config
+    from moco.curves import read_metrics
+    from moco.train import train
+
+    setup = {**BASE, **CANDIDATES[name]}
+    every = max(1, int(minutes * 60 / evals / _seconds_per_step({k: setup[k] for k in BASE})))
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = resolve_config("v2", data_dir=str(train_dir), out=tmp, time_budget=minutes, val_dir=str(test_dir),
+                             knn_k=K, knn_t=T, knn_every=every, save_every_minutes=1e9, **setup)  # fmt: skip
+        t0 = time.perf_counter()
+        summary = train(cfg, progress=False)
+        wall = time.perf_counter() - t0
+        records = read_metrics(Path(tmp) / "metrics.jsonl")
+    elapsed = {r["step"]: r["elapsed_s"] for r in records if "elapsed_s" in r}
+    elapsed[0] = 0.0
+    curve = [(elapsed.get(r["step"], 0.0) / 60, r["knn_top1"]) for r in records if "knn_top1" in r]
+    pixels = next((r["knn_pixels"] for r in records if "knn_pixels" in r), None)
+    return {"name": name, "setup": setup, "steps": summary["steps"], "minutes": minutes, "wall_s": round(wall),
+            "img_s": summary["steps"] * setup["batch_size"] / max(1e-9, elapsed.get(summary["steps"], wall)),
+            "knn_top1": curve[-1][1], "curve": curve, "pixels": pixels}  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--minutes", type=float, default=5.0, help="time budget of each candidate (default: 5)")
+    p.add_argument("--only", default="", help="comma-separated candidates (default: all): " + ", ".join(CANDIDATES))
+    p.add_argument("--evals", type=int, default=4, help="kNN evaluations during each run")
+    p.add_argument("--data", type=Path, default=Path(".bench_data"))
+    p.add_argument("--json", type=Path, default=None, help="default: bench/results/quality_per_minute_<M>min.json")
+    args = p.parse_args()
+    from bench._datasets import fashion_mnist, write_folder
+
+    names = [n for n in args.only.split(",") if n] or list(CANDIDATES)
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown:
+        p.error(f"unknown candidates {unknown}: use {', '.join(CANDIDATES)}")
+    train_images, _ = fashion_mnist("train")
+    test_images, test_labels = fashion_mnist("t10k")
+    train_dir = write_folder(args.data / "fmnist_train", train_images)
+    test_dir = write_folder(args.data / "fmnist_test", test_images, test_labels)
+    out = args.json or Path(f"bench/results/quality_per_minute_{args.minutes:g}min.json")
+    cpu = _cpu()
+    print(f"Fashion-MNIST, {args.minutes:g} min per candidate, {cpu}", flush=True)
+    rows = json.loads(out.read_text())["rows"] if out.is_file() else []
+    for name in names:
+        rows = [r for r in rows if r["name"] != name]
+        rows.append(run_candidate(name, train_dir, test_dir, args.minutes, args.evals))
+        r = rows[-1]
+        print(f"{name:<16} kNN top-1 {100 * r['knn_top1']:.2f}% (pixels {100 * (r['pixels'] or 0):.2f}%) "
+              f"{r['steps']} steps, {r['img_s']:.0f} img/s, {r['wall_s']} s wall", flush=True)  # fmt: skip
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps({"minutes": args.minutes, "cpu": cpu, "base": BASE, "rows": rows}, indent=1))
+    base = next((r for r in rows if r["name"] == "default"), None)
+    print(f"\n{'candidate':<16} {'kNN top-1':>9} {'vs default':>10}")
+    for r in sorted(rows, key=lambda r: -r["knn_top1"]):
+        delta = f"{100 * (r['knn_top1'] - base['knn_top1']):+.2f}" if base else ""
+        print(f"{r['name']:<16} {100 * r['knn_top1']:8.2f}% {delta:>10}")
+    _plot(rows, out.with_suffix(".png"))
+    return 0
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def _plot(rows: list[dict[str, Any]], path: Path) -> None:
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        return
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
+    for r in rows:
+        ax.plot([m for m, _ in r["curve"]], [100 * v for _, v in r["curve"]], "o-", label=r["name"])
+    pixels = next((r["pixels"] for r in rows if r.get("pixels") is not None), None)
+    if pixels is not None:
+        ax.axhline(100 * pixels, color="k", ls="--", lw=1, label=f"centred pixels {100 * pixels:.1f}%")
+    ax.set_xlabel("training minutes")
+    ax.set_ylabel("kNN top-1 (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
