@@ -2,6 +2,7 @@
 
     python bench/quality_per_minute.py --minutes 5                       # screening: every candidate, 5 min each
     python bench/quality_per_minute.py --minutes 20 --only default,t01_m099   # confirmation runs
+    python bench/quality_per_minute.py --dataset backgrounds --minutes 5      # the second set
 
 Each candidate is today's Fashion-MNIST setup (MoCo v2, ResNet-18, 32 px, batch 256, queue 4096, lr 0.06)
 with a few settings changed, trained under the same time budget (``--time-budget``: its schedule is fitted
@@ -35,11 +36,13 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "resnet10t": dict(arch="resnet10t"),  # a shallower backbone (timm)
     "small_stem": dict(small_stem=True),  # full-resolution early layers: more compute per image
     "b128_t01_m099": dict(batch_size=128, temperature=0.1, momentum=0.99),
+    "resnet10t_b128": dict(arch="resnet10t", batch_size=128),  # the two single winners of the 5-minute screen
 }
 K, T = 200, 0.1
 
 
-def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, evals: int) -> dict[str, Any]:
+def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, evals: int,
+                  bank_dir: Path | None = None) -> dict[str, Any]:  # fmt: skip
     """Train one candidate for ``minutes``; its kNN curve over training minutes and the pixel baseline."""
     from bench.fashion_mnist import _seconds_per_step
     from moco.config import resolve_config
@@ -50,7 +53,8 @@ def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, ev
     every = max(1, int(minutes * 60 / evals / _seconds_per_step({k: setup[k] for k in BASE})))
     with tempfile.TemporaryDirectory() as tmp:
         cfg = resolve_config("v2", data_dir=str(train_dir), out=tmp, time_budget=minutes, val_dir=str(test_dir),
-                             knn_k=K, knn_t=T, knn_every=every, save_every_minutes=1e9, **setup)  # fmt: skip
+                             knn_train_dir=str(bank_dir or ""), knn_k=K, knn_t=T, knn_every=every,
+                             save_every_minutes=1e9, **setup)  # fmt: skip
         t0 = time.perf_counter()
         summary = train(cfg, progress=False)
         wall = time.perf_counter() - t0
@@ -69,26 +73,36 @@ def main() -> int:
     p.add_argument("--minutes", type=float, default=5.0, help="time budget of each candidate (default: 5)")
     p.add_argument("--only", default="", help="comma-separated candidates (default: all): " + ", ".join(CANDIDATES))
     p.add_argument("--evals", type=int, default=4, help="kNN evaluations during each run")
+    p.add_argument("--dataset", choices=("fashion", "backgrounds"), default="fashion",
+                   help="fashion: Fashion-MNIST, kNN leave-one-out on the test images; backgrounds: crops of "
+                   "gnome-backgrounds pictures, kNN of held-out crops against the training crops by source design")
     p.add_argument("--data", type=Path, default=Path(".bench_data"))
-    p.add_argument("--json", type=Path, default=None, help="default: bench/results/quality_per_minute_<M>min.json")
+    p.add_argument("--json", type=Path, default=None, help="default: bench/results/quality_per_minute_<DATASET>_<M>min.json")
     args = p.parse_args()
-    from bench._datasets import fashion_mnist, write_folder
+    from bench._datasets import background_crops, fashion_mnist, write_folder
 
     names = [n for n in args.only.split(",") if n] or list(CANDIDATES)
     unknown = [n for n in names if n not in CANDIDATES]
     if unknown:
         p.error(f"unknown candidates {unknown}: use {', '.join(CANDIDATES)}")
-    train_images, _ = fashion_mnist("train")
-    test_images, test_labels = fashion_mnist("t10k")
-    train_dir = write_folder(args.data / "fmnist_train", train_images)
-    test_dir = write_folder(args.data / "fmnist_test", test_images, test_labels)
-    out = args.json or Path(f"bench/results/quality_per_minute_{args.minutes:g}min.json")
+    bank_dir = None
+    if args.dataset == "fashion":
+        train_images, _ = fashion_mnist("train")
+        test_images, test_labels = fashion_mnist("t10k")
+        train_dir = write_folder(args.data / "fmnist_train", train_images)
+        test_dir = write_folder(args.data / "fmnist_test", test_images, test_labels)
+    else:
+        train_images, train_labels, val_images, val_labels, designs = background_crops()
+        train_dir = write_folder(args.data / "bg_train", train_images)
+        bank_dir = write_folder(args.data / "bg_bank", train_images, train_labels, classes=designs)
+        test_dir = write_folder(args.data / "bg_val", val_images, val_labels, classes=designs)
+    out = args.json or Path(f"bench/results/quality_per_minute_{args.dataset}_{args.minutes:g}min.json")
     cpu = _cpu()
-    print(f"Fashion-MNIST, {args.minutes:g} min per candidate, {cpu}", flush=True)
+    print(f"{args.dataset}, {args.minutes:g} min per candidate, {cpu}", flush=True)
     rows = json.loads(out.read_text())["rows"] if out.is_file() else []
     for name in names:
         rows = [r for r in rows if r["name"] != name]
-        rows.append(run_candidate(name, train_dir, test_dir, args.minutes, args.evals))
+        rows.append(run_candidate(name, train_dir, test_dir, args.minutes, args.evals, bank_dir))
         r = rows[-1]
         print(f"{name:<16} kNN top-1 {100 * r['knn_top1']:.2f}% (pixels {100 * (r['pixels'] or 0):.2f}%) "
               f"{r['steps']} steps, {r['img_s']:.0f} img/s, {r['wall_s']} s wall", flush=True)  # fmt: skip
