@@ -77,7 +77,8 @@ def main() -> int:
                    help="fashion: Fashion-MNIST, kNN leave-one-out on the test images; backgrounds: crops of "
                    "gnome-backgrounds pictures, kNN of held-out crops against the training crops by source design")
     p.add_argument("--data", type=Path, default=Path(".bench_data"))
-    p.add_argument("--json", type=Path, default=None, help="default: bench/results/quality_per_minute_<DATASET>_<M>min.json")
+    p.add_argument("--json", type=Path, default=None,
+                   help="default: bench/results/quality_per_minute_<DATASET>_<M>min.json")
     args = p.parse_args()
     from bench._datasets import background_crops, fashion_mnist, write_folder
 
