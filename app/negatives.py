@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from app.uploads import read_upload
 from index.build import chance_level
 from index.dedup import DEDUP_THRESHOLD
 from moco.augment import two_views
@@ -115,19 +116,6 @@ def _to_u8(view: torch.Tensor, mean: Any, std: Any) -> np.ndarray:
     """A normalized 3 x s x s view back to s x s x 3 uint8 for display."""
     x = view.float().cpu() * torch.tensor(std)[:, None, None] + torch.tensor(mean)[:, None, None]
     return (x.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).numpy()
-
-
-def _as_rgb(image: Any, min_short: int | None = None) -> Image.Image:
-    """An upload as RGB; a file is decoded reduced (never below twice ``min_short`` on its short side)."""
-    if isinstance(image, Image.Image):
-        return image.convert("RGB")
-    if isinstance(image, np.ndarray):
-        if image.dtype != np.uint8 or image.ndim not in (2, 3):
-            raise UserError(f"expected an RGB image, got an array of {image.dtype} {image.shape}")
-        return Image.fromarray(image).convert("RGB")
-    if isinstance(image, (str, Path)):
-        return load_rgb(image, min_short=min_short)
-    raise UserError("no image: upload a photo first")
 
 
 def _check_args(n: Any, seed: Any) -> tuple[int, int]:
@@ -256,7 +244,7 @@ class IndexNegatives:
 
     def compute(self, image: Any, n: int = 12, seed: int = 0) -> NegativesView:
         """The InfoNCE view of ``image`` (an upload) against the index."""
-        return self._inspect(_as_rgb(image), *_check_args(n, seed), None, [])
+        return self._inspect(read_upload(image), *_check_args(n, seed), None, [])
 
     def compute_for_id(self, image_id: int, n: int = 12, seed: int = 0) -> NegativesView:
         """The InfoNCE view of the indexed photo ``image_id`` (a search result) against the rest of the index."""
@@ -487,7 +475,7 @@ class QueueNegatives:
     def compute(self, image: Any, n: int = 12, seed: int = 0) -> NegativesView:
         """The InfoNCE view of ``image`` (an upload) against the saved queue."""
         n, seed = _check_args(n, seed)
-        img = _as_rgb(image)
+        img = read_upload(image)
         index_id, clean, notes = self._identify(img)
         return self._inspect(img, n, seed, index_id, clean, notes)
 

@@ -119,13 +119,13 @@ def main() -> int:
 
 
 def _cpu() -> str:
+    """The CPU model (as lscpu names it), to print beside every figure."""
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:  # not Linux
+        lines = []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
+    return names[0] if names else platform.processor() or "unknown CPU"
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:

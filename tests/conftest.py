@@ -66,3 +66,23 @@ def _restore_logging():
         if h not in before[0]:
             root.removeHandler(h)
     root.setLevel(before[1])
+
+
+def trained_index(tmp: Path, photo_size: int = 48) -> dict[str, Path]:
+    """A tiny trained v2 run (a real queue with image ids), its exported backbone and an index of its photos.
+
+    Returns the paths: photos, ckpt (RUN/checkpoint.pt), idx, tmp.
+    """
+    from index.build import build_index
+    from moco.config import resolve_config
+    from moco.export import export_backbone
+    from moco.train import train
+
+    photos = tmp / "photos"
+    make_sample_collection(photos, per_family=6, size=photo_size, seed=2)
+    cfg = resolve_config("v2", data_dir=str(photos), out=str(tmp / "run"), **{**TINY, "image_size": 32},
+                         max_steps=6, precision="fp32")  # fmt: skip
+    train(cfg, progress=False)
+    export_backbone(tmp / "run" / "checkpoint.pt", tmp / "backbone.safetensors")
+    build_index(photos, tmp / "backbone.safetensors", tmp / "idx", progress=False)
+    return {"photos": photos, "ckpt": tmp / "run" / "checkpoint.pt", "idx": tmp / "idx", "tmp": tmp}

@@ -19,13 +19,7 @@ from typing import Any
 
 import pytest
 
-from index.build import build_index
-from moco.config import resolve_config
-from moco.export import export_backbone
-from moco.sample import make_sample_collection
-from moco.train import train
-
-from .conftest import TINY
+from .conftest import trained_index
 from .live import ARGS, CHROMIUM, free_port, wait_served
 
 pytestmark = pytest.mark.slow
@@ -38,13 +32,7 @@ RESULTS = "#results button.thumbnail-item"
 def served(tmp_path_factory) -> Iterator[dict[str, Any]]:
     """`moco serve` over a tiny trained run's index (queue negatives), its log in a file."""
     tmp = tmp_path_factory.mktemp("browser")
-    photos = tmp / "photos"
-    make_sample_collection(photos, per_family=6, size=64, seed=2)
-    cfg = resolve_config("v2", data_dir=str(photos), out=str(tmp / "run"), **{**TINY, "image_size": 32},
-                         max_steps=6, precision="fp32")  # fmt: skip
-    train(cfg, progress=False)
-    export_backbone(tmp / "run" / "checkpoint.pt", tmp / "backbone.safetensors")
-    build_index(photos, tmp / "backbone.safetensors", tmp / "idx", progress=False)
+    photos = trained_index(tmp, photo_size=64)["photos"]
     port, log = free_port(), tmp / "server.log"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     with open(log, "w") as out:

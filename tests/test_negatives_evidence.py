@@ -19,15 +19,12 @@ from index.build import build_index, sample_ids, update_index
 from index.dedup import DEDUP_THRESHOLD
 from index.image_index import ImageIndex
 from moco.augment import two_views
-from moco.config import resolve_config
 from moco.data import load_rgb, square_u8
 from moco.embed import center
 from moco.errors import UserError
-from moco.export import export_backbone
 from moco.sample import make_sample_collection
-from moco.train import train
 
-from .conftest import TINY, random_backbone
+from .conftest import random_backbone, trained_index
 
 SAME, DUP, CLOSE = REASONS
 
@@ -35,15 +32,7 @@ SAME, DUP, CLOSE = REASONS
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> dict[str, Path]:
     """A tiny trained run (a full queue with repeated photos), its exported backbone and an index of its photos."""
-    tmp = tmp_path_factory.mktemp("neg")
-    photos = tmp / "photos"
-    make_sample_collection(photos, per_family=6, size=48, seed=2)
-    cfg = resolve_config("v2", data_dir=str(photos), out=str(tmp / "run"), **{**TINY, "image_size": 32},
-                         max_steps=6, precision="fp32")  # fmt: skip
-    train(cfg, progress=False)
-    export_backbone(tmp / "run" / "checkpoint.pt", tmp / "backbone.safetensors")
-    build_index(photos, tmp / "backbone.safetensors", tmp / "idx", progress=False)
-    return {"photos": photos, "ckpt": tmp / "run" / "checkpoint.pt", "idx": tmp / "idx"}
+    return trained_index(tmp_path_factory.mktemp("neg"))
 
 
 @pytest.fixture(scope="module")

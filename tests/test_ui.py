@@ -17,13 +17,11 @@ from index.build import build_index
 from index.image_index import ImageIndex
 from moco.augment import two_views
 from moco.checkpoint import load_checkpoint
-from moco.config import from_plain, resolve_config
+from moco.config import from_plain
 from moco.data import square_u8
-from moco.export import export_backbone
-from moco.sample import make_sample_collection
-from moco.train import build_model, cache_size_for, train
+from moco.train import build_model, cache_size_for
 
-from .conftest import TINY, random_backbone
+from .conftest import random_backbone, trained_index
 from .live import free_port, wait_served
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,15 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory) -> dict[str, Path]:
     """A tiny trained run (real queue with image ids), its exported backbone and an index of its photos."""
-    tmp = tmp_path_factory.mktemp("ui")
-    photos = tmp / "photos"
-    make_sample_collection(photos, per_family=6, size=48, seed=2)
-    cfg = resolve_config("v2", data_dir=str(photos), out=str(tmp / "run"), **{**TINY, "image_size": 32},
-                         max_steps=6, precision="fp32")  # fmt: skip
-    train(cfg, progress=False)
-    export_backbone(tmp / "run" / "checkpoint.pt", tmp / "backbone.safetensors")
-    build_index(photos, tmp / "backbone.safetensors", tmp / "idx", progress=False)
-    return {"photos": photos, "ckpt": tmp / "run" / "checkpoint.pt", "idx": tmp / "idx", "tmp": tmp}
+    return trained_index(tmp_path_factory.mktemp("ui"))
 
 
 @pytest.fixture(scope="module")
