@@ -53,9 +53,12 @@ def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float |
     """Training settings suited to the machine and the photos.
 
     GPU: the full MoCo v2 recipe (ResNet-50, 224 px, batch 256, 200 epochs) unless ``minutes`` caps it.
-    CPU: ResNet-18 under a time budget; the small-image preset (64 px, CIFAR stem) when the photos are
-    small, 112 px otherwise. With ``init`` the architecture comes from that checkpoint.
+    CPU: the ``cpu`` preset (the short-run recipe, its network) under a time budget, 64 px when the photos
+    are small, 112 px otherwise; batch and queue shrink for a small collection. With ``init`` the
+    architecture comes from that checkpoint.
     """
+    from moco.config import PRESETS
+
     out: dict[str, Any] = {"preset": "v2"}
     if init:
         from moco.export import detect_arch
@@ -67,16 +70,15 @@ def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float |
         if minutes:
             out["time_budget"] = float(minutes)
         return out
+    out["preset"] = "cpu"
     sides = _short_sides(photos)
     small = bool(sides) and statistics.median(sides) < 160
-    if not init:
-        out.update(arch="resnet18", small_stem=small)
     out["image_size"] = 64 if small else 112
     if init and out["small_stem"]:
         out["image_size"] = min(out["image_size"], guess.image_size)
-    batch = min(64, max(8, 2 ** int(math.log2(max(2, n_images // 2)))))
-    out.update(batch_size=batch, queue_size=min(4096, max(batch, 2 ** int(math.log2(max(2, n_images))))),
-               time_budget=float(minutes or CPU_MINUTES))  # fmt: skip
+    batch = min(PRESETS["cpu"]["batch_size"], max(8, 2 ** int(math.log2(max(2, n_images // 2)))))
+    queue = min(PRESETS["cpu"]["queue_size"], max(batch, 2 ** int(math.log2(max(2, n_images)))))
+    out.update(batch_size=batch, queue_size=queue, time_budget=float(minutes or CPU_MINUTES))
     return out
 
 

@@ -1,14 +1,16 @@
-"""Learning per CPU minute: training-recipe candidates against today's default, by kNN top-1 over wall-clock minutes.
+"""Learning per CPU minute: training-recipe candidates against today's default and lightly, by kNN top-1 over minutes.
 
     python bench/quality_per_minute.py --minutes 5                       # screening: every candidate, 5 min each
-    python bench/quality_per_minute.py --minutes 20 --only default,t01_m099   # confirmation runs
+    python bench/quality_per_minute.py --minutes 20 --only cpu,default,lightly --evals 20   # confirmation runs
     python bench/quality_per_minute.py --dataset backgrounds --minutes 5      # the second set
 
 Each candidate is today's Fashion-MNIST setup (MoCo v2, ResNet-18, 32 px, batch 256, queue 4096, lr 0.06)
-with a few settings changed, trained under the same time budget (``--time-budget``: its schedule is fitted
-to the minutes, kNN evaluations not counted) on the 60,000 train images as unlabeled PNGs. Quality is the
-kNN monitor (k=200, T=0.1, leave-one-out on the 10,000 test images) during the run; the monitor's
-centred-pixel baseline is printed beside it. Results: JSON and a kNN-over-minutes plot in bench/results/.
+with a few settings changed ("cpu": the cpu preset itself at 32 px), trained under the same time budget
+(``--time-budget``: its schedule is fitted to the minutes, kNN evaluations not counted) on the unlabeled
+training images. "lightly" is lightly's MoCo v2 example set up like the default, trained for the same minutes.
+Quality is the kNN monitor (k=200, T=0.1; Fashion-MNIST: leave-one-out on the 10,000 test images;
+backgrounds: held-out crops against the training crops, by source picture) during the run, with the
+centred-pixel baseline beside it. Results: JSON and a kNN-over-minutes plot in bench/results/.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ BASE = dict(arch="resnet18", small_stem=False, image_size=32, batch_size=256, qu
 # name -> settings changed from BASE (each alone first; combinations once the single ones are measured)
 CANDIDATES: dict[str, dict[str, Any]] = {
     "default": {},
+    "cpu": dict(preset="cpu"),  # the cpu preset as `moco train --time-budget` takes it on a CPU, at BASE's crop size
     "t01_m099": dict(temperature=0.1, momentum=0.99),  # a short run: a faster key encoder, a sharper softmax
     "b128": dict(batch_size=128),  # twice the updates per minute (lr scales with the batch)
     "b128_lr012": dict(batch_size=128, lr=0.12),  # ... keeping the per-step lr
@@ -37,8 +40,15 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "small_stem": dict(small_stem=True),  # full-resolution early layers: more compute per image
     "b128_t01_m099": dict(batch_size=128, temperature=0.1, momentum=0.99),
     "resnet10t_b128": dict(arch="resnet10t", batch_size=128),  # the two single winners of the 5-minute screen
+    "resnet10t_b128_lr012": dict(arch="resnet10t", batch_size=128, lr=0.12),
+    "resnet10t_b64_lr012": dict(arch="resnet10t", batch_size=64, lr=0.12),
+    # resnet10t has no small stem, and bf16 needs crops of 32 px or more on it (moco.train._safe_precision), so
+    # progressive resolution is measured at 64 px (kNN at 64 px too): 32 -> 64 against 64 throughout
+    "resnet10t_b128_64px": dict(arch="resnet10t", batch_size=128, image_size=64),
+    "resnet10t_b128_64px_prog32": dict(arch="resnet10t", batch_size=128, image_size=64, min_image_size=32),
 }
 K, T = 200, 0.1
+PEER = "lightly"  # lightly's MoCo v2 example (bench/_lightly_moco.py), set up like BASE, fp32 as the example runs
 
 
 def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, evals: int,
@@ -49,12 +59,16 @@ def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, ev
     from moco.curves import read_metrics
     from moco.train import train
 
-    setup = {**BASE, **CANDIDATES[name]}
-    every = max(1, int(minutes * 60 / evals / _seconds_per_step({k: setup[k] for k in BASE})))
+    spec = dict(CANDIDATES[name])
+    preset = spec.pop("preset", "v2")
+    setup = {**BASE, **spec} if preset == "v2" else {"image_size": BASE["image_size"], **spec}  # a preset: its own
+    resolved = resolve_config(preset, **setup)
+    every = max(1, int(minutes * 60 / evals / _seconds_per_step({k: getattr(resolved, k) for k in BASE})))
+    setup = {"preset": preset, **{k: getattr(resolved, k) for k in BASE}, **setup}
     with tempfile.TemporaryDirectory() as tmp:
-        cfg = resolve_config("v2", data_dir=str(train_dir), out=tmp, time_budget=minutes, val_dir=str(test_dir),
+        cfg = resolve_config(preset, data_dir=str(train_dir), out=tmp, time_budget=minutes, val_dir=str(test_dir),
                              knn_train_dir=str(bank_dir or ""), knn_k=K, knn_t=T, knn_every=every,
-                             save_every_minutes=1e9, **setup)  # fmt: skip
+                             save_every_minutes=1e9, **{k: v for k, v in setup.items() if k != "preset"})  # fmt: skip
         t0 = time.perf_counter()
         summary = train(cfg, progress=False)
         wall = time.perf_counter() - t0
@@ -68,10 +82,46 @@ def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, ev
             "knn_top1": curve[-1][1], "curve": curve, "pixels": pixels}  # fmt: skip
 
 
+def run_lightly(train_dir: Path, test_dir: Path, minutes: float, evals: int,
+                bank_dir: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """lightly's example for ``minutes`` of training, evaluated by the same kNN monitor as ours."""
+    import torch
+
+    from bench._lightly_moco import lightly_train
+    from moco.config import IMAGENET_MEAN, IMAGENET_STD
+    from moco.knn import KnnMonitor
+    from moco.train import cache_size_for
+
+    setup = dict(BASE)
+    with tempfile.TemporaryDirectory() as tmp:
+        monitor = KnnMonitor(str(test_dir), str(bank_dir or ""), cache_size_for(setup["image_size"]), Path(tmp),
+                             setup["image_size"], IMAGENET_MEAN, IMAGENET_STD, K, T, workers=2)  # fmt: skip
+
+        def evaluate(model) -> float:
+            top1 = monitor.evaluate(model.backbone, torch.device("cpu"))
+            model.train()
+            return top1
+
+        spent, curve, step, t0 = 0.0, [], 0, time.perf_counter()
+        for step, dt, model in lightly_train(train_dir, **setup, momentum=0.999, temperature=0.2):  # noqa: B007
+            if not curve:
+                curve.append((0.0, evaluate(model)))  # after its first step (ours: before it)
+            spent += dt
+            if spent >= len(curve) * minutes * 60 / evals or spent >= minutes * 60:
+                curve.append((spent / 60, evaluate(model)))
+            if spent >= minutes * 60:
+                break
+        pixels = monitor.pixels_top1()
+    return {"name": PEER, "setup": setup, "steps": step, "minutes": minutes, "wall_s": round(time.perf_counter() - t0),
+            "img_s": step * setup["batch_size"] / spent, "knn_top1": curve[-1][1], "curve": curve,
+            "pixels": pixels}  # fmt: skip
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=5.0, help="time budget of each candidate (default: 5)")
-    p.add_argument("--only", default="", help="comma-separated candidates (default: all): " + ", ".join(CANDIDATES))
+    p.add_argument("--only", default="", help="comma-separated candidates (default: all, then the peer): "
+                   + ", ".join([*CANDIDATES, PEER]))
     p.add_argument("--evals", type=int, default=4, help="kNN evaluations during each run")
     p.add_argument("--dataset", choices=("fashion", "backgrounds"), default="fashion",
                    help="fashion: Fashion-MNIST, kNN leave-one-out on the test images; backgrounds: crops of "
@@ -82,10 +132,10 @@ def main() -> int:
     args = p.parse_args()
     from bench._datasets import background_crops, fashion_mnist, write_folder
 
-    names = [n for n in args.only.split(",") if n] or list(CANDIDATES)
-    unknown = [n for n in names if n not in CANDIDATES]
+    names = [n for n in args.only.split(",") if n] or [*CANDIDATES, PEER]
+    unknown = [n for n in names if n not in CANDIDATES and n != PEER]
     if unknown:
-        p.error(f"unknown candidates {unknown}: use {', '.join(CANDIDATES)}")
+        p.error(f"unknown candidates {unknown}: use {', '.join([*CANDIDATES, PEER])}")
     bank_dir = None
     if args.dataset == "fashion":
         train_images, _ = fashion_mnist("train")
@@ -94,21 +144,29 @@ def main() -> int:
         test_dir = write_folder(args.data / "fmnist_test", test_images, test_labels)
     else:
         train_images, train_labels, val_images, val_labels, designs = background_crops()
-        train_dir = write_folder(args.data / "bg_train", train_images)
-        bank_dir = write_folder(args.data / "bg_bank", train_images, train_labels, classes=designs)
-        test_dir = write_folder(args.data / "bg_val", val_images, val_labels, classes=designs)
+        train_dir = write_folder(args.data / "bg16_train", train_images)  # bg16: crop sides 1/16 to 1/4
+        bank_dir = write_folder(args.data / "bg16_bank", train_images, train_labels, classes=designs)
+        test_dir = write_folder(args.data / "bg16_val", val_images, val_labels, classes=designs)
     out = args.json or Path(f"bench/results/quality_per_minute_{args.dataset}_{args.minutes:g}min.json")
     cpu = _cpu()
-    print(f"{args.dataset}, {args.minutes:g} min per candidate, {cpu}", flush=True)
+    import torch
+
+    threads = torch.get_num_threads()
+    print(f"{args.dataset}, {args.minutes:g} min per candidate, {cpu}, {threads} thread(s)", flush=True)
     rows = json.loads(out.read_text())["rows"] if out.is_file() else []
     for name in names:
         rows = [r for r in rows if r["name"] != name]
-        rows.append(run_candidate(name, train_dir, test_dir, args.minutes, args.evals, bank_dir))
+        if name == PEER:
+            rows.append(run_lightly(train_dir, test_dir, args.minutes, args.evals, bank_dir))
+        else:
+            rows.append(run_candidate(name, train_dir, test_dir, args.minutes, args.evals, bank_dir))
         r = rows[-1]
         print(f"{name:<16} kNN top-1 {100 * r['knn_top1']:.2f}% (pixels {100 * (r['pixels'] or 0):.2f}%) "
               f"{r['steps']} steps, {r['img_s']:.0f} img/s, {r['wall_s']} s wall", flush=True)  # fmt: skip
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"minutes": args.minutes, "cpu": cpu, "base": BASE, "rows": rows}, indent=1))
+        command = " ".join(["python bench/quality_per_minute.py", *sys.argv[1:]])
+        out.write_text(json.dumps({"command": command, "minutes": args.minutes, "cpu": cpu, "threads": threads,
+                                   "base": BASE, "dataset": args.dataset, "rows": rows}, indent=1))  # fmt: skip
     base = next((r for r in rows if r["name"] == "default"), None)
     print(f"\n{'candidate':<16} {'kNN top-1':>9} {'vs default':>10}")
     for r in sorted(rows, key=lambda r: -r["knn_top1"]):

@@ -184,13 +184,98 @@ def _ui() -> list[str]:
     return out
 
 
+CHECKPOINTS = (5, 10, 20)  # minutes of training at which the quality table reads each curve
+DATASETS = {"fashion": "Fashion-MNIST (leave-one-out on the 10,000 test images)",
+            "backgrounds": "gnome-backgrounds crops (held-out crops against the training crops, by source picture)"}
+
+
+def _at(curve: list[list[float]], minute: float) -> float | None:
+    """kNN top-1 at ``minute`` of training, linear between the two evaluations around it (None past the run)."""
+    for (m0, v0), (m1, v1) in zip(curve, curve[1:]):
+        if m0 <= minute <= m1:
+            return v0 + (v1 - v0) * (minute - m0) / max(m1 - m0, 1e-9)
+    return curve[-1][1] if curve and abs(curve[-1][0] - minute) < 0.05 else None
+
+
+def _run_at(r: dict[str, Any], minute: float, budget: float) -> float | None:
+    """A run's kNN top-1 at ``minute``; at the end of its budget, its last figure (its schedule may end early)."""
+    return r["knn_top1"] if minute >= budget else _at(r["curve"], minute)
+
+
+def _setup_text(r: dict[str, Any], base: dict[str, Any]) -> str:
+    if r["name"] == "lightly":
+        return "lightly's example, set up like default (fp32, constant lr)"
+    setup = r.get("setup", {})
+    changed = {k: v for k, v in setup.items() if k != "preset" and base.get(k) != v}
+    preset = f"--preset {setup['preset']}: " if setup.get("preset", "v2") != "v2" else ""
+    return preset + (", ".join(f"{k} {v}" for k, v in changed.items()) or "—")
+
+
+def _quality() -> list[str]:
+    out: list[str] = []
+    for ds, what in DATASETS.items():
+        title = f"Quality per CPU minute: {what.split(' (')[0]}"
+        command = (f"python bench/quality_per_minute.py --dataset {ds} --minutes 20 --only cpu,default,lightly "
+                   "--evals 20")
+        d, sec = _section(f"quality_per_minute_{ds}_20min.json", title, command)
+        out += sec
+        if d is None:
+            continue
+        rows = {r["name"]: r for r in d["rows"]}
+        pixels = next((r["pixels"] for r in d["rows"] if r.get("pixels") is not None), None)
+        out += [f"{d['cpu']}, {d.get('threads', 2)} thread(s) per run. {what}; kNN k=200, T=0.1. default: MoCo v2, "
+                f"{d['base']['arch']}, {d['base']['image_size']} px, batch {d['base']['batch_size']}, queue "
+                f"{d['base']['queue_size']}, lr {d['base']['lr']}. Centred pixels: **{100 * (pixels or 0):.2f}%**.",
+                "", "| run | setup | steps | img/s | " + " | ".join(f"{m} min" for m in CHECKPOINTS) + " |",
+                "|---|---|---|---|" + "---|" * len(CHECKPOINTS)]  # fmt: skip
+        for r in d["rows"]:
+            cells = [_run_at(r, m, d["minutes"]) for m in CHECKPOINTS]
+            out.append(f"| {r['name']} | {_setup_text(r, d['base'])} | {r['steps']} | {r['img_s']:.0f} | "
+                       + " | ".join("" if v is None else f"{100 * v:.2f}%" for v in cells) + " |")  # fmt: skip
+        if "cpu" in rows:
+            others = [rows[n] for n in ("default", "lightly") if n in rows]
+            cpu, budget = rows["cpu"], d["minutes"]
+            wins = all((_run_at(cpu, m, budget) or 0) > (_run_at(o, m, budget) or 0)
+                       for o in others for m in CHECKPOINTS)  # fmt: skip
+            at = ", ".join(map(str, CHECKPOINTS))
+            out += ["", f"Target (the cpu preset above default and lightly at {at} min): "
+                    f"{_verdict(wins and len(others) == 2)}."]  # fmt: skip
+        png = f"quality_per_minute_{ds}_20min.png"
+        plot = [f"![kNN top-1 over training minutes](bench/results/{png})", ""]
+        out += ["", *plot] if (RESULTS / png).is_file() else [""]
+    return out + _screens()
+
+
+def _screens() -> list[str]:
+    out = ["## Quality per CPU minute: 5-minute screens", "",
+           "Every candidate measured for the cpu preset, including the losers: kNN top-1 at the end of a 5-minute "
+           "budget. Each file is one protocol (machine, threads per run); compare rows within a table only.",
+           ""]  # fmt: skip
+    for path in sorted(RESULTS.glob("quality_per_minute_*_5min*.json")):
+        d = json.loads(path.read_text())
+        base = next((r for r in d["rows"] if r["name"] == "default"), None)
+        pixels = next((r["pixels"] for r in d["rows"] if r.get("pixels") is not None), 0.0)
+        command = d.get("command", f"python bench/quality_per_minute.py --minutes 5 --json {path.name}")
+        out += ["```", command, "```", "",
+                f"{d.get('dataset', 'fashion')}: {d['cpu']}, {d.get('threads', 2)} thread(s) per run; centred pixels "
+                f"{100 * pixels:.2f}%; `{path.name}`.", "",
+                "| candidate | change from default | steps | img/s | kNN top-1 | vs default |",
+                "|---|---|---|---|---|---|"]  # fmt: skip
+        for r in sorted(d["rows"], key=lambda r: -r["knn_top1"]):
+            delta = f"{100 * (r['knn_top1'] - base['knn_top1']):+.2f}" if base else ""
+            out.append(f"| {r['name']} | {_setup_text(r, d['base'])} | {r['steps']} | {r['img_s']:.0f} | "
+                       f"{100 * r['knn_top1']:.2f}% | {delta} |")
+        out.append("")
+    return out
+
+
 def main() -> None:
     head = ["# Benchmarks", "",
             "Generated by `python bench/report.py` (`make bench` runs every script under `bench/` first) from "
             "`bench/results/*.json`. Every figure comes from a script that runs ours and the peer side by side in "
             "the same run on the same machine. Machine: 2 CPU cores (avx512_bf16), 24 GiB RAM, no GPU.",
             ""]  # fmt: skip
-    body = head + _train() + _layout() + _fashion() + _embed() + _search() + _ui()
+    body = head + _train() + _layout() + _fashion() + _quality() + _embed() + _search() + _ui()
     notes = ROOT / "bench" / "NOTES.md"
     if notes.is_file():
         body += ["## Notes", "", notes.read_text().strip(), ""]
@@ -199,4 +284,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     main()

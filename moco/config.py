@@ -14,8 +14,8 @@ from typing import Any
 from moco.backbones import is_vit
 from moco.errors import UserError
 
-__all__ = ["TrainConfig", "PRESETS", "resolve_config", "add_config_arguments", "config_overrides", "backbone_kwargs",
-           "load_config_file"]
+__all__ = ["TrainConfig", "PRESETS", "default_preset", "resolve_config", "add_config_arguments", "config_overrides",
+           "backbone_kwargs", "load_config_file"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -31,8 +31,11 @@ class TrainConfig:
     # ---- data
     data_dir: str = _field("", "folder of photos, scanned recursively (jpg png webp bmp tiff gif)")
     out: str = _field("runs/moco", "run directory: checkpoint.pt, metrics.jsonl, skipped.txt, curves.png")
-    preset: str = _field("v2", "the paper recipe this config starts from: v1 | v2 | v3")
+    preset: str = _field("v2", "the recipe this config starts from: v1 | v2 | v3 (the papers) | cpu (short CPU runs)")
     image_size: int = _field(224, "training crop size in pixels")
+    min_image_size: int = _field(
+        0, "progressive resolution: crops start at this size and grow to image_size by 75% of training (0: off)"
+    )
     cache_size: int = _field(0, "side of the decoded uint8 cache (0: image_size below 96 px, else image_size*8/7)")
     mean: tuple[float, float, float] = _field(IMAGENET_MEAN, "per-channel normalization mean")
     std: tuple[float, float, float] = _field(IMAGENET_STD, "per-channel normalization std")
@@ -93,6 +96,19 @@ class TrainConfig:
     keep_checkpoints: int = _field(2, "step-numbered checkpoint copies kept besides checkpoint.pt")
 
 
+_V2: dict[str, Any] = dict(
+    preset="v2",
+    head="mlp",
+    dim=128,
+    queue_size=65536,
+    temperature=0.2,
+    momentum=0.999,
+    augment="v2",
+    optimizer="sgd",
+    lr=0.03,
+    lr_schedule="cosine",
+    weight_decay=1e-4,
+)
 # Each preset overrides the defaults above; the user's flags override the preset.
 PRESETS: dict[str, dict[str, Any]] = {
     "v1": dict(
@@ -108,19 +124,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         lr_schedule="step",
         weight_decay=1e-4,
     ),
-    "v2": dict(
-        preset="v2",
-        head="mlp",
-        dim=128,
-        queue_size=65536,
-        temperature=0.2,
-        momentum=0.999,
-        augment="v2",
-        optimizer="sgd",
-        lr=0.03,
-        lr_schedule="cosine",
-        weight_decay=1e-4,
-    ),
+    "v2": _V2,
     "v3": dict(
         preset="v3",
         head="v3",
@@ -141,6 +145,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         projector_layers=2,  # builder.py MoCo_ResNet: 2-layer projector, predictor without a last BN
         zero_init_residual=True,  # main_moco.py: torchvision ResNet with zero_init_residual=True
     ),
+    # Short runs on a CPU (chosen by bench/quality_per_minute.py, see BENCHMARKS.md): v2's loss, head and
+    # augmentation with a shallower network, a smaller batch (more updates per minute), a queue a short run fills.
+    "cpu": {
+        **_V2,  # v2's head, loss, temperature, momentum, augmentation, optimizer and schedule
+        "preset": "cpu",
+        "queue_size": 4096,
+        "lr": 0.06,
+        "arch": "resnet10t",
+        "batch_size": 128,
+        "image_size": 112,
+    },
 }
 # v3 with a ViT backbone (the paper's ViT recipe: CONFIG.md, builder.py MoCo_ViT), applied unless the user set these.
 VIT_V3 = dict(optimizer="adamw", lr=1.5e-4, weight_decay=0.1, temperature=0.2, warmup_epochs=40, epochs=300,
@@ -182,6 +197,13 @@ def resolve_config(preset: str = "v2", **overrides: Any) -> TrainConfig:
     return cfg
 
 
+def default_preset(time_budget: float, device: str) -> str:
+    """The preset of a run that names none: ``cpu`` for a time-budgeted run on a CPU, else ``v2``."""
+    from moco.device import resolve_device
+
+    return "cpu" if time_budget and resolve_device(device).type == "cpu" else "v2"
+
+
 def _init_heads(init: str) -> dict[str, int]:
     """``num_heads`` of an --init checkpoint whose layout fixes it (official v3 ViT-S: 12; our runs: their own)."""
     from moco.pretrained import resolve
@@ -220,10 +242,15 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
         (cfg.queue_size >= 0, "queue-size", "use a positive queue size, e.g. 65536"),
         (cfg.weight_decay >= 0, "weight-decay", "use 0 or a positive value"),
         (cfg.num_heads >= 0, "num-heads", "use 0 (the model's own) or a positive number of heads, e.g. 12"),
+        (cfg.min_image_size == 0 or 16 <= cfg.min_image_size <= cfg.image_size, "min-image-size",
+         f"use 0 (off) or a size from 16 to --image-size {cfg.image_size}"),
     ]
     for ok, flag, fix in checks:
         if not ok:
             raise UserError(f"--{flag} {getattr(cfg, flag.replace('-', '_'))} is out of range: {fix}")
+    if cfg.min_image_size and is_vit(cfg.arch):
+        raise UserError(f"--min-image-size {cfg.min_image_size}: progressive resolution is for CNNs (a ViT's position "
+                        f"embedding is fixed to --image-size); drop it for --arch {cfg.arch}")  # fmt: skip
     if cfg.num_heads and not is_vit(cfg.arch):
         raise UserError(f"--num-heads {cfg.num_heads} applies to ViT backbones; --arch {cfg.arch} is not one: "
                         "drop --num-heads")  # fmt: skip

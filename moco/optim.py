@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 from torch import nn
 
 from moco.config import TrainConfig
 
-__all__ = ["LARS", "BudgetFit", "build_optimizer", "lr_at", "warmup_steps"]
+__all__ = ["LARS", "BudgetFit", "build_optimizer", "crop_size_at", "lr_at", "step_cost", "warmup_steps"]
+
+PROGRESSIVE_END = 0.75  # progressive resolution reaches the full crop size at this fraction of training
 
 
 class LARS(torch.optim.Optimizer):
@@ -94,6 +97,29 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch: int, w
     return base * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
+def crop_size_at(step: int, cfg: TrainConfig, total_steps: int) -> int:
+    """Training crop size at ``step``: ``image_size``; with ``min_image_size``, a linear rise from it to
+    ``image_size`` over the first 75% of the steps, in whole multiples of 8 px (few distinct shapes)."""
+    return int(_crop_sizes(np.array([step]), cfg, total_steps)[0])
+
+
+def _crop_sizes(steps: np.ndarray, cfg: TrainConfig, total_steps: int) -> np.ndarray:
+    low, high = cfg.min_image_size, cfg.image_size
+    if not low or low >= high:
+        return np.full(len(steps), high)
+    progress = np.minimum(steps / max(total_steps, 1) / PROGRESSIVE_END, 1.0)  # N
+    sizes = (low + (high - low) * progress).astype(np.int64) // 8 * 8  # N
+    return np.where(progress >= 1.0, high, np.clip(sizes, low, high))
+
+
+def step_cost(cfg: TrainConfig) -> Callable[[np.ndarray, int], np.ndarray] | None:
+    """Relative compute of the given steps in a schedule of ``total`` steps (pixels of their crops against
+    full-size ones), for fitting a time budget; None when every step costs the same."""
+    if not cfg.min_image_size or cfg.min_image_size >= cfg.image_size:
+        return None
+    return lambda steps, total: (_crop_sizes(steps, cfg, total) / cfg.image_size) ** 2
+
+
 class BudgetFit:
     """Fits the schedule's length to a time budget from the measured speed, a few times per run.
 
@@ -101,25 +127,57 @@ class BudgetFit:
     since step ``first``: the first steps carry one-off costs (kernel selection, caches warming up),
     which alone made a 20-minute run end after 16. When fits happen depends on steps only, so every
     rank of a distributed run fits at the same steps (``agree`` then makes them take the same length).
+
+    ``cost(steps, total)``: the relative compute of each of ``steps`` in a schedule of ``total`` steps, when they differ
+    (progressive resolution): speed is then measured per unit of cost, the length solved so that the
+    remaining steps' cost fits the remaining time with the speed since the previous fit, and two more fits at
+    80% and 90% (the full-size steps' own speed: not all of a step's time grows with its pixels).
     """
 
-    def __init__(self, budget_s: float, planned: int, first: int = 10) -> None:
-        self.budget_s, self.planned = budget_s, planned
+    def __init__(self, budget_s: float, planned: int, first: int = 10,
+                 cost: Callable[[np.ndarray, int], np.ndarray] | None = None) -> None:  # fmt: skip
+        self.budget_s, self.planned, self.cost = budget_s, planned, cost
         self.due: list[int] = [first]  # steps at which the next fits happen
         self.mark: tuple[int, float] | None = None  # (step, training seconds) at the first fit
+        self.total = planned  # the latest fit
+        self.fractions = [0.1, 0.25, 0.5] + ([0.8, 0.9] if cost else [])  # of the schedule, where fits follow
 
     def update(self, step: int, spent: float, agree: Callable[[int], int] = lambda total: total) -> int | None:
         """The new schedule length if a fit is due at ``step`` (``spent`` training seconds so far), else None."""
         if not self.due or step < self.due[0]:
             return None
-        if self.mark is None:
-            rate = spent / step  # s/step
+        start, start_s = self.mark or (0, 0.0)
+        if self.cost is None:
+            rate = (spent - start_s) / (step - start)  # s/step (since the first fit, after it)
+            total = step + int((self.budget_s - spent) / rate)
         else:
-            rate = (spent - self.mark[1]) / (step - self.mark[0])  # s/step since the first fit
-        total = agree(max(step + 1, min(self.planned, step + int((self.budget_s - spent) / rate))))
-        if self.mark is None:
-            self.mark = (step, spent)
-            self.due = sorted({s for f in (0.1, 0.25, 0.5) if (s := int(f * total)) > step})
-        else:
+            total = self._fit_with_cost(step, spent, start, start_s)
+        total = agree(max(step + 1, min(self.planned, total)))
+        self.total = total
+        if self.mark is None:  # fits at fractions of the first fit's length
+            self.due = sorted({s for f in self.fractions if (s := int(f * total)) > step})
+        elif self.cost is None:
             self.due.pop(0)
+        else:  # costs differ: fractions of the latest length, speed since this fit
+            self.due = sorted({s for f in self.fractions if (s := int(f * total)) > step})
+        if self.mark is None or self.cost is not None:
+            self.mark = (step, spent)
+        return total
+
+    def _work(self, a: int, b: int, total: int) -> float:
+        return float(self.cost(np.arange(a, b), total).sum()) if b > a else 0.0  # type: ignore[misc]
+
+    def _fit_with_cost(self, step: int, spent: float, start: int, start_s: float) -> int:
+        """The largest length whose remaining steps fit the remaining time at the measured s per unit of cost."""
+        total = self.total
+        for _ in range(4):  # the steps' costs depend on the length: a few rounds settle it
+            rate = (spent - start_s) / max(self._work(start, step, total), 1e-9)  # s per unit of cost
+            left = (self.budget_s - spent) / rate  # units of cost still to spend
+            low, high = step + 1, max(step + 1, self.planned)
+            while low < high:  # bisection: the remaining cost grows with the length
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if self._work(step, mid, mid) <= left else (low, mid - 1)
+            if low == total:
+                break
+            total = low
         return total

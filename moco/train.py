@@ -35,7 +35,7 @@ from moco.data import ImageCache, build_cache
 from moco.device import autocast_for, init_distributed, resolve_device, resolve_precision
 from moco.errors import StorageError, UserError
 from moco.model import MoCo, momentum_schedule
-from moco.optim import BudgetFit, build_optimizer, lr_at
+from moco.optim import BudgetFit, build_optimizer, crop_size_at, lr_at, step_cost
 from moco.sync_bn import convert_sync_bn
 
 __all__ = ["train", "resume_config", "build_model", "cache_size_for", "shown_total"]
@@ -195,7 +195,7 @@ def train(
         _check_resumable(from_plain(ckpt["config"]), cfg)
     validate(cfg, d.world)
     device = resolve_device(cfg.device)
-    precision = resolve_precision(cfg.precision, device)
+    precision = _safe_precision(cfg, device, resolve_precision(cfg.precision, device))
     if d.main:
         run_dir.mkdir(parents=True, exist_ok=True)
         config_json = (json.dumps(to_plain(cfg), indent=2) + "\n").encode()
@@ -299,7 +299,8 @@ def train(
         evaluate()
     budget_s = cfg.time_budget * 60
     fitted = ckpt is not None and bool(ckpt.get("total_steps")) and cfg.time_budget > 0
-    budget_fit = BudgetFit(budget_s, total_steps) if budget_s and not fitted and not cfg.max_steps else None
+    fit_budget = budget_s and not fitted and not cfg.max_steps
+    budget_fit = BudgetFit(budget_s, total_steps, cost=step_cost(cfg)) if fit_budget else None
     schedule_known = budget_fit is None  # False until the schedule is first fitted to the time budget
     bar = _progress_bar(shown_total(total_steps, schedule_known), step, progress and d.main)
 
@@ -321,7 +322,8 @@ def train(
             ids = _batch_ids(epoch, index, n, cfg.batch_size, cfg.seed, d)  # B
             images = torch.from_numpy(cache.array[ids]).to(device)  # B x S x S x 3 uint8, augmented where it trains
             draws = _step_generator(cfg.seed, step, d.rank)  # this rank's own augmentations, the same on resume
-            x1, x2 = two_views(images, cfg.augment, cfg.image_size, cfg.mean, cfg.std, draws)
+            size = crop_size_at(step, cfg, total_steps)  # image_size, or less early on with progressive resolution
+            x1, x2 = two_views(images, cfg.augment, size, cfg.mean, cfg.std, draws)
             x1, x2 = (_memory_format(x, cnn) for x in (x1, x2))  # B x 3 x s x s each
             ids_t = torch.from_numpy(ids).to(device)
             t_data = time.perf_counter() - t0
@@ -354,6 +356,8 @@ def train(
             }
             if schedule_known:
                 record["total_steps"] = total_steps
+            if cfg.min_image_size:
+                record["crop"] = size
             if metrics is not None:
                 metrics.write(record)
             bar.update(1)
@@ -452,6 +456,27 @@ def _load_data(cfg: TrainConfig, run_dir: Path, ckpt: dict | None, d: _Dist, pro
         if not d.main:
             cache = build_cache(cfg.data_dir, size, run_dir / "cache", progress=False, **kwargs)
     return cache
+
+
+SMALLEST_BF16_CROP = 32  # stride-32 CNNs: smaller crops give 1x1 maps to stride-2 convolutions
+
+
+def _safe_precision(cfg: TrainConfig, device: torch.device, precision: str) -> str:
+    """``precision``, unless bf16 on a CPU would meet crops under 32 px on a stride-32 CNN: their 1x1 maps reach
+    stride-2 convolutions, whose bf16 backward on CPUs (oneDNN) can return NaN. ``auto`` then falls back to
+    fp32 (logged); an explicit ``--precision bf16`` is refused with the fixes."""
+    smallest = min(cfg.image_size, cfg.min_image_size or cfg.image_size)
+    if precision != "bf16" or device.type != "cpu" or cfg.small_stem or is_vit(cfg.arch) \
+            or smallest >= SMALLEST_BF16_CROP:  # fmt: skip
+        return precision
+    why = (f"crops of {smallest} px on {cfg.arch} without --small-stem put 1x1 feature maps into stride-2 "
+           "convolutions, whose bf16 backward on CPUs can return NaN")  # fmt: skip
+    if cfg.precision == "bf16":
+        raise UserError(f"--precision bf16: {why}; use --small-stem, crops of {SMALLEST_BF16_CROP} px or more "
+                        "(--image-size, --min-image-size), or --precision fp32")  # fmt: skip
+    logger.warning("%s: training in fp32 instead (--small-stem or %d px crops keep bf16's speed)", why,
+                   SMALLEST_BF16_CROP)  # fmt: skip
+    return "fp32"
 
 
 def _channels_last(cfg: TrainConfig) -> bool:
@@ -622,7 +647,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 
     p.add_argument("data_dir", metavar="DATA_DIR", nargs="?", help="folder of photos (optional with --resume)")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory")
-    p.add_argument("--preset", choices=tuple(PRESETS), default=None, help="paper recipe to start from (default: v2)")
+    p.add_argument("--preset", choices=tuple(PRESETS), default=None,
+                   help="recipe to start from: v1 | v2 | v3 (the papers) | cpu (short CPU runs; see the README) "
+                   "(default: cpu for a --time-budget run on a CPU, else v2)")
     p.add_argument("--resume", action="store_true", help="continue RUN_DIR/checkpoint.pt exactly where it stopped")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--config", default=None, metavar="FILE",
@@ -644,7 +671,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Resolve the config (preset <- --config file <- flags, or the checkpoint's on --resume) and train; returns
     train()'s summary."""
-    from moco.config import config_overrides, load_config_file, resolve_config
+    from moco.config import config_overrides, default_preset, load_config_file, resolve_config
 
     from_file = load_config_file(args.config) if args.config else {}
     data_dir = args.data_dir or from_file.pop("data_dir", "")
@@ -666,7 +693,11 @@ def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
             raise UserError(
                 f"{run_dir} already holds a training run: add --resume to continue it, or choose another --out"
             )
-        cfg = resolve_config(preset or "v2", data_dir=data_dir, out=args.out, **overrides)
+        if not preset:
+            preset = default_preset(overrides.get("time_budget", 0.0), overrides.get("device", "auto"))
+            if preset == "cpu":
+                logger.info("a time budget on a CPU: the cpu preset (short-run recipe; --preset v2 for the paper's)")
+        cfg = resolve_config(preset, data_dir=data_dir, out=args.out, **overrides)
     return train(cfg, resume=args.resume, progress=not args.quiet, stop_after=args.stop_after,
                  tensorboard=args.tensorboard)
 

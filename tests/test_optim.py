@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -89,3 +90,34 @@ def test_budget_fit_takes_the_agreed_length():
     assert fit.update(9, 9.0) is None  # not due before step 10
     assert fit.update(10, 10.0, agree=lambda total: total - 7) == 10 + 990 - 7
     assert fit.due == [99, 248, 496]  # from the agreed length, the same on every rank
+
+
+# ------------------------------------------------------------------------------------ progressive resolution
+def test_progressive_crop_sizes_rise_in_steps_of_8_to_the_full_size_at_75_percent():
+    from moco.optim import crop_size_at
+
+    cfg = resolve_config("v2", image_size=64, min_image_size=24)
+    sizes = [crop_size_at(step, cfg, 1000) for step in range(1000)]
+    assert sizes[0] == 24 and sizes[749] < 64 and set(sizes[750:]) == {64}
+    assert sizes == sorted(sizes) and set(sizes) <= {24, 32, 40, 48, 56, 64}  # a few shapes, never shrinking
+    assert all(crop_size_at(s, resolve_config("v2", image_size=64), 1000) == 64 for s in (0, 500, 999))  # off
+
+
+def test_budget_fit_with_progressive_resolution_fills_the_budget():
+    """Cheap low-resolution steps first: a fit from their speed alone would plan far too many steps (and end the
+    run by the clock with the lr still high); per unit of cost, with late refits, the schedule ends on time."""
+    from moco.optim import step_cost
+
+    cfg = resolve_config("v2", image_size=32, min_image_size=16)
+    cost = step_cost(cfg)
+    assert step_cost(resolve_config("v2", image_size=32)) is None  # equal steps: the plain fit
+    for overhead in (0.0, 0.01, 0.05):  # seconds per step that do not shrink with the pixels
+        fit = BudgetFit(100.0, planned=100_000, cost=cost)
+        total, step, spent = fit.planned, 0, 0.0
+        while step < total and spent < fit.budget_s:
+            spent += (1.0 if step < 10 else 0.0) + overhead + 0.09 * float(cost(np.array([step]), total)[0])
+            step += 1
+            total = fit.update(step, spent) or total
+        assert step == total and 99.0 <= spent <= 100.1, (overhead, step, total, spent)  # annealed, on time
+    plain = BudgetFit(100.0, planned=100_000)  # what the plain fit would do: plan by the cheap steps' speed
+    assert plain.update(10, 10 * 0.09 / 4) > 2 * 100.0 / 0.09

@@ -41,7 +41,7 @@ def test_pipeline_then_reuse(work, capsys):
     for artifact in ("run/checkpoint.pt", "backbone.safetensors", "index/index.faiss", "index/index.json",
                      "index/catalog.sqlite"):  # fmt: skip
         assert (w / artifact).is_file(), artifact
-    assert "training: MoCo v2 on 48 photos" in out and "48 photos searchable" in out
+    assert "training: MoCo cpu on 48 photos" in out and "48 photos searchable" in out
     query = sorted(work["photos"].rglob("*.jpg"))[5]
     assert main(["index", "search", str(w / "index"), str(query), "-k", "3", "--json"]) == 0
     hits = json.loads(capsys.readouterr().out)

@@ -301,7 +301,7 @@ def test_run_offline_falls_back_to_training_and_says_why(monkeypatch, few_photos
     out = run_pipeline(few_photos, tmp_path / "w", train_overrides={"max_steps": 1}, say=said.append, progress=False,
                        pretrained="test_r18")  # fmt: skip
     text = "\n".join(said)
-    assert "training from scratch instead" in text and url in text and "training: MoCo v2 on 18 photos" in text
+    assert "training from scratch instead" in text and url in text and "training: MoCo cpu on 18 photos" in text
     assert out["trained"] and (tmp_path / "w" / "run" / "checkpoint.pt").is_file()
 
 
@@ -319,10 +319,10 @@ def test_run_init_name_and_no_fetch_without_photos_or_when_training_is_asked(ser
     # --max-steps (or --minutes) asks for training: the default model is not fetched.
     assert main(["run", str(few_photos), "--work", str(tmp_path / "t"), "--max-steps", "1", "--no-serve", "--quiet",
                  "--pretrained", "test_r18"]) == 0  # fmt: skip
-    assert "training: MoCo v2 on 18 photos" in capsys.readouterr().out and server.requests == []
+    assert "training: MoCo cpu on 18 photos" in capsys.readouterr().out and server.requests == []
     # No PHOTOS (the sample, here a small one already generated): never fetched.
     shutil.copytree(few_photos, tmp_path / "s" / "sample_photos")
     said: list[str] = []
     run_pipeline(None, tmp_path / "s", train_overrides={"max_steps": 1}, say=said.append, progress=False,
                  pretrained="test_r18")  # fmt: skip
-    assert "training: MoCo v2 on 18 photos" in "\n".join(said) and server.requests == []
+    assert "training: MoCo cpu on 18 photos" in "\n".join(said) and server.requests == []

@@ -12,6 +12,7 @@ import torch
 
 from app.cli import main
 from moco.checkpoint import load_checkpoint
+from moco.config import resolve_config
 from moco.curves import read_metrics
 from tests.conftest import TINY_CLI
 
@@ -37,6 +38,32 @@ def test_run_writes_its_resolved_config(sample_photos, tmp_path):
     again = tmp_path / "again"
     assert _train("--config", str(run / "config.json"), "--out", str(again)) == 0
     assert {**json.loads((again / "config.json").read_text()), "out": str(run)} == written
+
+
+@pytest.mark.parametrize(("flags", "preset"), [
+    (["--time-budget", "5"], "cpu"),  # a time budget on a CPU: the short-run recipe
+    ([], "v2"),  # no budget: the paper's
+    (["--time-budget", "5", "--preset", "v2"], "v2"),  # a named preset always wins
+])  # fmt: skip
+def test_a_cpu_time_budget_run_defaults_to_the_cpu_preset(sample_photos, tmp_path, flags, preset):
+    from moco.config import PRESETS
+
+    run = tmp_path / "run"
+    assert _train(str(sample_photos), "--out", str(run), *TINY_CLI, "--max-steps", "2", *flags) == 0
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["preset"] == preset and cfg["arch"] == "resnet18"  # the flags still win over the preset
+    assert cfg["lr"] == PRESETS[preset]["lr"] and cfg["queue_size"] == 16
+
+
+def test_cpu_preset_leaves_the_paper_presets_as_published():
+    from moco.config import PRESETS
+
+    cpu = resolve_config("cpu")
+    assert (cpu.arch, cpu.batch_size, cpu.image_size) == (PRESETS["cpu"]["arch"], 128, 112)
+    v2 = resolve_config("v2")
+    assert (v2.arch, v2.batch_size, v2.lr, v2.queue_size, v2.temperature, v2.momentum, v2.image_size) == (
+        "resnet50", 256, 0.03, 65536, 0.2, 0.999, 224)  # fmt: skip
+    assert v2.min_image_size == 0 and resolve_config("v3").min_image_size == 0
 
 
 @pytest.mark.parametrize("suffix", [".json", ".yaml"])

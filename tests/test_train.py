@@ -129,6 +129,39 @@ def test_cli_end_to_end_with_bad_files(sample_photos, tmp_path, capsys):
     assert "lr=" in capsys.readouterr().err
 
 
+def test_progressive_resolution_trains_at_its_sizes_and_resumes_bit_exact(sample_photos, tmp_path):
+    from moco.optim import crop_size_at
+
+    kw = dict(max_steps=8, image_size=32, min_image_size=16)
+    straight = _cfg(sample_photos, tmp_path / "a", **kw)
+    train(straight, progress=False)
+    split = _cfg(sample_photos, tmp_path / "b", **kw)
+    train(split, progress=False, stop_after=3)
+    train(split, resume=True, progress=False)
+    _assert_same_state(_state(tmp_path / "a"), _state(tmp_path / "b"))
+    records = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["crop"] for r in records] == [crop_size_at(s, straight, 8) for s in range(8)]
+    assert records[0]["crop"] == 16 and records[-1]["crop"] == 32  # low resolution first, the full size at the end
+
+
+def test_auto_precision_trains_small_crops_of_a_stride_32_net_in_fp32(sample_photos, tmp_path, caplog):
+    """16 px crops reach layer4's stride-2 conv as 1x1 maps; its bf16 backward on CPUs (oneDNN) gave NaN
+    gradients in 3 of 20 tries: auto precision takes fp32 there, and the run stays finite."""
+    cfg = _cfg(sample_photos, tmp_path / "r", small_stem=False, max_steps=3, precision="auto")
+    with caplog.at_level("WARNING"):
+        summary = train(cfg, progress=False)
+    assert summary["precision"] == "fp32" and summary["final_loss"] == summary["final_loss"]
+    if "bf16" in open("/proc/cpuinfo").read():  # where auto would have chosen bf16, the log says why it did not
+        assert "training in fp32 instead" in caplog.text
+
+
+def test_progressive_resolution_is_refused_for_vits():
+    from moco.errors import UserError
+
+    with pytest.raises(UserError, match="--min-image-size 112: progressive resolution is for CNNs"):
+        resolve_config("v3", arch="vit_small_patch16_224", min_image_size=112)
+
+
 @pytest.mark.parametrize(
     "extra,needle",
     [
@@ -137,6 +170,9 @@ def test_cli_end_to_end_with_bad_files(sample_photos, tmp_path, capsys):
         (["--queue-size", "4"], "--queue-size"),
         (["--temperature", "0"], "--temperature"),
         (["--arch", "no_such_net"], "unknown backbone"),
+        (["--min-image-size", "8"], "--min-image-size 8 is out of range"),
+        (["--min-image-size", "24"], "from 16 to --image-size 16"),  # above the crop size it grows to
+        (["--no-small-stem", "--precision", "bf16"], "bf16 backward on CPUs can return NaN"),  # 16 px, stride 32
     ],
 )
 def test_cli_bad_values_exit_2(sample_photos, tmp_path, capsys, extra, needle):

@@ -1,0 +1,42 @@
+"""bench/report.py: the quality-per-minute tables read the curves right and judge the target from them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import report
+
+
+def _row(name, curve, **setup):
+    return {"name": name, "setup": setup, "steps": 10, "img_s": 100.0, "knn_top1": curve[-1][1], "curve": curve,
+            "pixels": 0.5}  # fmt: skip
+
+
+def test_kNN_at_a_minute_is_read_between_the_two_evaluations_around_it():
+    curve = [[0.0, 0.5], [4.0, 0.6], [6.0, 0.7], [20.0, 0.9]]
+    assert report._at(curve, 5) == pytest.approx(0.65)
+    assert report._at(curve, 4) == pytest.approx(0.6) and report._at(curve, 20) == pytest.approx(0.9)
+    assert report._at(curve, 21) is None  # past the run: no figure is made up
+    assert report._at([[0.0, 0.5], [19.98, 0.8]], 20) == pytest.approx(0.8)  # the end of a 20-minute budget
+
+
+@pytest.mark.parametrize(("cpu_late", "verdict"), [(0.95, "**met**"), (0.75, "**not met**")])
+def test_quality_section_tables_every_run_and_judges_every_checkpoint(tmp_path, monkeypatch, cpu_late, verdict):
+    base = {"arch": "resnet18", "image_size": 32, "batch_size": 256, "queue_size": 4096, "lr": 0.06}
+    cpu = {**base, "arch": "resnet10t"}
+    rows = [_row("cpu", [[0, 0.5], [5, 0.8], [10, 0.85], [20, cpu_late]], preset="cpu", **cpu),
+            _row("default", [[0, 0.5], [5, 0.7], [10, 0.75], [19.4, 0.8]], preset="v2", **base),  # its schedule ended
+            _row("lightly", [[0, 0.5], [5, 0.6], [10, 0.65], [20, 0.7]])]  # fmt: skip
+    d = {"minutes": 20, "cpu": "Test CPU", "threads": 1, "base": base, "dataset": "fashion", "rows": rows}
+    (tmp_path / "quality_per_minute_fashion_20min.json").write_text(json.dumps(d))
+    (tmp_path / "quality_per_minute_fashion_5min.json").write_text(json.dumps({**d, "minutes": 5}))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    text = "\n".join(report._quality())
+    assert "| cpu | --preset cpu: arch resnet10t | 10 | 100 | 80.00% | 85.00% | " + f"{100 * cpu_late:.2f}% |" in text
+    assert "| lightly | lightly's example" in text and "| default | — | 10 | 100 | 70.00% | 75.00% | 80.00% |" in text
+    assert f"at 5, 10, 20 min): {verdict}" in text
+    assert "_not run_" in text  # the backgrounds set has no result here: listed as not run
+    screen = f"| cpu | --preset cpu: arch resnet10t | 10 | 100 | {100 * cpu_late:.2f}% | {100 * (cpu_late - 0.8):+.2f}"
+    assert screen in text  # the 5-minute screen's table: the end of each run against default's
