@@ -46,6 +46,7 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     # progressive resolution is measured at 64 px (kNN at 64 px too): 32 -> 64 against 64 throughout
     "resnet10t_b128_64px": dict(arch="resnet10t", batch_size=128, image_size=64),
     "resnet10t_b128_64px_prog32": dict(arch="resnet10t", batch_size=128, image_size=64, min_image_size=32),
+    "resnet10t_b128_q16k": dict(arch="resnet10t", batch_size=128, queue_size=16384),  # the preset's queue x4
 }
 K, T = 200, 0.1
 PEER = "lightly"  # lightly's MoCo v2 example (bench/_lightly_moco.py), set up like BASE, fp32 as the example runs
