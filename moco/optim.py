@@ -100,6 +100,8 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch: int, w
 def crop_size_at(step: int, cfg: TrainConfig, total_steps: int) -> int:
     """Training crop size at ``step``: ``image_size``; with ``min_image_size``, a linear rise from it to
     ``image_size`` over the first 75% of the steps, in whole multiples of 8 px (few distinct shapes)."""
+    if not cfg.min_image_size:  # the usual case, every step: no array work
+        return cfg.image_size
     return int(_crop_sizes(np.array([step]), cfg, total_steps)[0])
 
 
