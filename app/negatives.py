@@ -433,7 +433,8 @@ class QueueNegatives:
             return None, (f"the training images under {self.root} cannot be read: negatives are not compared with "
                           "two views of one photo")  # fmt: skip
         g = torch.Generator().manual_seed(0)
-        xq, xk = two_views(torch.from_numpy(np.stack(squares)), cfg.augment, cfg.image_size, cfg.mean, cfg.std, g)
+        xq, xk = two_views(torch.from_numpy(np.stack(squares)), cfg.augment, cfg.image_size, cfg.mean, cfg.std, g,
+                            cfg.crop_min)
         q, k = self.keys(xq, xk)  # B x C, B x C
         level = float(np.median((q * k).sum(1).cpu().numpy()))
         filled = self.queue_ids >= 0
@@ -512,7 +513,7 @@ class QueueNegatives:
         threshold = _closeness_level(level, self._chance, notes)
         square = square_u8(img, self.size)
         g = torch.Generator().manual_seed(seed)
-        xq, xk = two_views(torch.tensor(square)[None], cfg.augment, cfg.image_size, cfg.mean, cfg.std, g)
+        xq, xk = two_views(torch.tensor(square)[None], cfg.augment, cfg.image_size, cfg.mean, cfg.std, g, cfg.crop_min)
         q, k = self.keys(xq, xk)  # 1 x C, 1 x C
         sims = (q @ self.queue.to(q.device))[0].cpu().numpy()[filled]  # K
         view = NegativesView("queue", f"MoCo {cfg.preset} projection space ({cfg.dim}-d); query encoder for q, key "

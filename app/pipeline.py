@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import math
 import shutil
-import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,32 +31,17 @@ logger = logging.getLogger(__name__)
 CPU_MINUTES = 10.0  # default CPU training budget: a useful model, quickly
 
 
-def _short_sides(photos: Path, limit: int = 200) -> list[int]:
-    from PIL import Image
-
-    from moco.data import open_regular, scan_images
-
-    names = scan_images(photos)
-    sides = []
-    for name in names[:: max(1, len(names) // limit)][:limit]:
-        try:
-            with open_regular(photos / name) as f, Image.open(f) as im:  # the header only
-                sides.append(min(im.size))
-        except Exception:  # noqa: BLE001,S112 - unreadable files are reported by training itself
-            continue
-    return sides
-
-
 def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float | None,
                        init: str | None) -> dict[str, Any]:  # fmt: skip
     """Training settings suited to the machine and the photos.
 
     GPU: the full MoCo v2 recipe (ResNet-50, 224 px, batch 256, 200 epochs) unless ``minutes`` caps it.
-    CPU: the ``cpu`` preset (the short-run recipe, its network) under a time budget, 64 px when the photos
-    are small, 112 px otherwise; batch and queue shrink for a small collection. With ``init`` the
+    CPU: the ``cpu`` preset (the short-run recipe, its network) under a time budget, its crop fitted to the
+    photos (``cpu_image_size``); batch and queue shrink for a small collection. With ``init`` the
     architecture comes from that checkpoint.
     """
-    from moco.config import PRESETS
+    from moco.config import PRESETS, cpu_image_size
+    from moco.data import short_sides
 
     out: dict[str, Any] = {"preset": "v2"}
     if init:
@@ -71,9 +55,7 @@ def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float |
             out["time_budget"] = float(minutes)
         return out
     out["preset"] = "cpu"
-    sides = _short_sides(photos)
-    small = bool(sides) and statistics.median(sides) < 160
-    out["image_size"] = 64 if small else 112
+    out["image_size"] = cpu_image_size(short_sides(photos))
     if init and out["small_stem"]:
         out["image_size"] = min(out["image_size"], guess.image_size)
     batch = min(PRESETS["cpu"]["batch_size"], max(8, 2 ** int(math.log2(max(2, n_images // 2)))))

@@ -47,6 +47,15 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "resnet10t_b128_64px": dict(arch="resnet10t", batch_size=128, image_size=64),
     "resnet10t_b128_64px_prog32": dict(arch="resnet10t", batch_size=128, image_size=64, min_image_size=32),
     "resnet10t_b128_q16k": dict(arch="resnet10t", batch_size=128, queue_size=16384),  # the preset's queue x4
+    # the cpu preset's own settings, one at a time ("cpu_seed1": the same recipe, another seed: the noise floor)
+    "cpu_seed1": dict(preset="cpu", seed=1),
+    "cpu_crop04": dict(preset="cpu", crop_min=0.4),  # gentler crops: at least 40% of the photo
+    "cpu_crop06": dict(preset="cpu", crop_min=0.6),
+    "cpu_m099": dict(preset="cpu", momentum=0.99),  # a faster key encoder for a run of a few thousand steps
+    "cpu_t01": dict(preset="cpu", temperature=0.1),
+    "cpu_bn2": dict(preset="cpu", bn_splits=2),  # Shuffle BN over 2 splits of 64 instead of 8 of 16
+    "cpu_wd5e4": dict(preset="cpu", weight_decay=5e-4),  # the official CIFAR demo's weight decay
+    "cpu_symmetric": dict(preset="cpu", symmetric=True),
 }
 K, T = 200, 0.1
 PEER = "lightly"  # lightly's MoCo v2 example (bench/_lightly_moco.py), set up like BASE, fp32 as the example runs

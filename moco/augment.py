@@ -449,10 +449,12 @@ def two_views(
     mean: Sequence[float],
     std: Sequence[float],
     generator: torch.Generator,
+    crop_min: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """The (query, key) views of a MoCo recipe ("v1", "v2", "v3", "v3-vit"), each float32 B x 3 x size x size.
 
-    The query view is drawn first, then the key view, from the same generator.
+    The query view is drawn first, then the key view, from the same generator. ``crop_min`` (0: the
+    recipe's) replaces the smallest crop area fraction of both views, as moco-v3's ``--crop-min``.
     """
     if recipe not in RECIPES:
         raise UserError(f"unknown augmentation recipe {recipe!r}; valid recipes: {', '.join(sorted(RECIPES))}")
@@ -460,6 +462,8 @@ def two_views(
     size = _check_size(size)
     _check_generator(generator)
     view_q, view_k = RECIPES[recipe]
+    if crop_min:
+        view_q, view_k = (dataclasses.replace(v, crop_scale=(crop_min, 1.0)) for v in (view_q, view_k))
     logger.debug("two_views: recipe %s, %s images %s -> size %d", recipe, images.device, tuple(images.shape), size)
     x = images.to(torch.float32)  # B x S x S x 3, converted once for both views
     q = _normalize_(_augment_hwc(x, view_q, size, generator), mean, std)  # B x 3 x s x s

@@ -7,15 +7,16 @@ import dataclasses
 import json
 import math
 import os
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from moco.backbones import is_vit
 from moco.errors import UserError
 
-__all__ = ["TrainConfig", "PRESETS", "default_preset", "resolve_config", "add_config_arguments", "config_overrides",
-           "backbone_kwargs", "load_config_file"]
+__all__ = ["TrainConfig", "PRESETS", "default_preset", "cpu_image_size", "resolve_config", "add_config_arguments",
+           "config_overrides", "backbone_kwargs", "load_config_file"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -40,6 +41,8 @@ class TrainConfig:
     mean: tuple[float, float, float] = _field(IMAGENET_MEAN, "per-channel normalization mean")
     std: tuple[float, float, float] = _field(IMAGENET_STD, "per-channel normalization std")
     augment: str = _field("v2", "two-view recipe: v1 | v2 (aug+) | v3 (asymmetric blur/solarize) | v3-vit (crop >= 8%)")
+    crop_min: float = _field(0.0, "smallest area fraction of the random resized crop, both views (0: the recipe's, "
+                             "0.2 or v3-vit's 0.08; official moco-v3's --crop-min)")
     # ---- model
     arch: str = _field("resnet50", "torchvision ResNet name or any timm model name")
     small_stem: bool = _field(False, "3x3 stride-1 first conv and no max-pool, for 32-96 px images")
@@ -204,6 +207,19 @@ def default_preset(time_budget: float, device: str) -> str:
     return "cpu" if time_budget and resolve_device(device).type == "cpu" else "v2"
 
 
+SMALL_PHOTOS = 160  # median short side (px) under which the cpu preset trains at the photos' own size
+
+
+def cpu_image_size(sides: Sequence[int]) -> int:
+    """The cpu preset's crop for photos of these short sides: its 112 px, or for small photos (median short
+    side under SMALL_PHOTOS) that median rounded down to 16 px, within 32..64: no compute spent on upscaling
+    (28-px Fashion-MNIST learnt more per minute at 32 px than at 64 px, BENCHMARKS.md)."""
+    crop = PRESETS["cpu"]["image_size"]
+    if not sides or statistics.median(sides) >= SMALL_PHOTOS:
+        return crop
+    return int(min(64, max(32, statistics.median(sides) // 16 * 16)))
+
+
 def _init_heads(init: str) -> dict[str, int]:
     """``num_heads`` of an --init checkpoint whose layout fixes it (official v3 ViT-S: 12; our runs: their own)."""
     from moco.pretrained import resolve
@@ -244,6 +260,7 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
         (cfg.num_heads >= 0, "num-heads", "use 0 (the model's own) or a positive number of heads, e.g. 12"),
         (cfg.min_image_size == 0 or 16 <= cfg.min_image_size <= cfg.image_size, "min-image-size",
          f"use 0 (off) or a size from 16 to --image-size {cfg.image_size}"),
+        (0.0 <= cfg.crop_min <= 1.0, "crop-min", "use 0 (the recipe's) or an area fraction in (0, 1], e.g. 0.08"),
     ]
     for ok, flag, fix in checks:
         if not ok:

@@ -39,6 +39,7 @@ __all__ = [
     "ImageCache",
     "ImageDecodeError",
     "build_cache",
+    "short_sides",
     "load_rgb",
     "load_square_u8",
     "open_regular",
@@ -158,6 +159,23 @@ def _link_problem(path: str | Path, err: OSError) -> str | None:
     if err.errno == errno.ENOENT and os.path.islink(path):
         return "broken symlink (its target does not exist)"
     return None
+
+
+def short_sides(root: str | Path, limit: int = 200) -> list[int]:
+    """The shorter side in pixels of up to ``limit`` photos spread over the folder, from their headers only.
+
+    Unreadable files are left out (training reports them itself).
+    """
+    root = Path(root)
+    names = scan_images(root)
+    sides = []
+    for name in names[:: max(1, len(names) // limit)][:limit]:
+        try:
+            with open_regular(root / name) as f, Image.open(f) as im:  # the header only
+                sides.append(min(im.size))
+        except Exception:  # noqa: BLE001,S112 - unreadable files are reported by training itself
+            continue
+    return sides
 
 
 def open_regular(path: str | Path) -> BinaryIO:

@@ -323,7 +323,7 @@ def train(
             images = torch.from_numpy(cache.array[ids]).to(device)  # B x S x S x 3 uint8, augmented where it trains
             draws = _step_generator(cfg.seed, step, d.rank)  # this rank's own augmentations, the same on resume
             size = crop_size_at(step, cfg, total_steps)  # image_size, or less early on with progressive resolution
-            x1, x2 = two_views(images, cfg.augment, size, cfg.mean, cfg.std, draws)
+            x1, x2 = two_views(images, cfg.augment, size, cfg.mean, cfg.std, draws, cfg.crop_min)
             x1, x2 = (_memory_format(x, cnn) for x in (x1, x2))  # B x 3 x s x s each
             ids_t = torch.from_numpy(ids).to(device)
             t_data = time.perf_counter() - t0
@@ -671,7 +671,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Resolve the config (preset <- --config file <- flags, or the checkpoint's on --resume) and train; returns
     train()'s summary."""
-    from moco.config import config_overrides, default_preset, load_config_file, resolve_config
+    from moco.config import PRESETS, config_overrides, cpu_image_size, default_preset, load_config_file, resolve_config
+    from moco.data import short_sides
 
     from_file = load_config_file(args.config) if args.config else {}
     data_dir = args.data_dir or from_file.pop("data_dir", "")
@@ -697,6 +698,11 @@ def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
             preset = default_preset(overrides.get("time_budget", 0.0), overrides.get("device", "auto"))
             if preset == "cpu":
                 logger.info("a time budget on a CPU: the cpu preset (short-run recipe; --preset v2 for the paper's)")
+        if preset == "cpu" and "image_size" not in overrides and not is_vit(overrides.get("arch", "")):
+            overrides["image_size"] = cpu_image_size(short_sides(data_dir))
+            if overrides["image_size"] != PRESETS["cpu"]["image_size"]:
+                logger.info("small photos: the cpu preset trains at %d px, their own size (--image-size to choose)",
+                            overrides["image_size"])  # fmt: skip
         cfg = resolve_config(preset, data_dir=data_dir, out=args.out, **overrides)
     return train(cfg, resume=args.resume, progress=not args.quiet, stop_after=args.stop_after,
                  tensorboard=args.tensorboard)

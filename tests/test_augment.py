@@ -98,6 +98,18 @@ def test_same_seed_bit_identical_different_seed_differs(recipe: str) -> None:
     assert not torch.equal(k1, k3)
 
 
+@pytest.mark.parametrize("recipe", ["v2", "v3"])
+def test_crop_min_replaces_the_smallest_crop_of_both_views(recipe: str) -> None:
+    images = random_images(8, 37, seed=9)
+    q, k = two_views(images, recipe, 32, MEAN, STD, gen(4), crop_min=0.6)
+    g = gen(4)  # the same draws, made by hand: each view of the recipe with crop_scale (0.6, 1)
+    view_q, view_k = (dataclasses.replace(v, crop_scale=(0.6, 1.0)) for v in RECIPES[recipe])
+    assert torch.equal(q, augment(images, view_q, 32, MEAN, STD, g))
+    assert torch.equal(k, augment(images, view_k, 32, MEAN, STD, g))
+    q0, k0 = two_views(images, recipe, 32, MEAN, STD, gen(4))  # 0: the recipe's own 0.2
+    assert not torch.equal(q, q0) and not torch.equal(k, k0)
+
+
 def test_generator_state_resume_and_global_rng_untouched() -> None:
     images = random_images(4, 37, seed=3)
     g = gen(11)

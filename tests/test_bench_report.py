@@ -40,3 +40,16 @@ def test_quality_section_tables_every_run_and_judges_every_checkpoint(tmp_path, 
     assert "_not run_" in text  # the backgrounds set has no result here: listed as not run
     screen = f"| cpu | --preset cpu: arch resnet10t | 10 | 100 | {100 * cpu_late:.2f}% | {100 * (cpu_late - 0.8):+.2f}"
     assert screen in text  # the 5-minute screen's table: the end of each run against default's
+
+
+def test_a_second_protocol_gets_its_own_table_judged_against_the_peers_it_ran(tmp_path, monkeypatch):
+    base = {"arch": "resnet18", "image_size": 32, "batch_size": 256, "queue_size": 4096, "lr": 0.06}
+    rows = [_row("cpu", [[0, 0.5], [5, 0.8], [10, 0.85], [20, 0.9]], preset="cpu", **base),
+            _row("default", [[0, 0.5], [5, 0.82], [10, 0.8], [20, 0.85]], preset="v2", **base)]  # fmt: skip
+    d = {"minutes": 20, "cpu": "Test CPU", "threads": 2, "base": base, "dataset": "fashion", "rows": rows}
+    (tmp_path / "quality_per_minute_fashion_20min_2threads.json").write_text(json.dumps(d))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    text = "\n".join(report._quality())
+    assert "## Quality per CPU minute: Fashion-MNIST (2 threads per run)" in text
+    assert "Test CPU, 2 thread(s) per run." in text
+    assert "above default in this run: **not met**" in text  # default is ahead at 5 minutes

@@ -55,6 +55,26 @@ def test_a_cpu_time_budget_run_defaults_to_the_cpu_preset(sample_photos, tmp_pat
     assert cfg["lr"] == PRESETS[preset]["lr"] and cfg["queue_size"] == 16
 
 
+@pytest.mark.parametrize(("sides", "crop"), [
+    ([], 112), ([3000, 2000], 112), ([160], 112),  # the preset's crop for photos of 160 px and more
+    ([28] * 5, 32), ([32], 32), ([50], 48), ([64], 64), ([159], 64),  # small photos: their size, 32..64
+    ([20, 30, 500], 32),  # the median decides
+])  # fmt: skip
+def test_cpu_image_size_follows_small_photos(sides, crop):
+    from moco.config import cpu_image_size
+
+    assert cpu_image_size(sides) == crop
+
+
+def test_a_cpu_preset_run_without_image_size_trains_at_the_photos_size(sample_photos, tmp_path, capsys):
+    at = TINY_CLI.index("--image-size")
+    tiny = TINY_CLI[:at] + TINY_CLI[at + 2 :]  # no --image-size: the preset chooses
+    run = tmp_path / "run"
+    assert _train(str(sample_photos), "--out", str(run), *tiny, "--max-steps", "1", "--time-budget", "5") == 0
+    assert json.loads((run / "config.json").read_text())["image_size"] == 48  # the 48-px photos, not 112
+    assert "small photos: the cpu preset trains at 48 px" in capsys.readouterr().err
+
+
 def test_cpu_preset_leaves_the_paper_presets_as_published():
     from moco.config import PRESETS
 

@@ -172,6 +172,8 @@ def test_progressive_resolution_is_refused_for_vits():
         (["--arch", "no_such_net"], "unknown backbone"),
         (["--min-image-size", "8"], "--min-image-size 8 is out of range"),
         (["--min-image-size", "24"], "from 16 to --image-size 16"),  # above the crop size it grows to
+        (["--crop-min", "1.5"], "--crop-min 1.5 is out of range: use 0 (the recipe's) or an area fraction in (0, 1]"),
+        (["--crop-min", "-0.1"], "--crop-min -0.1 is out of range"),
         (["--no-small-stem", "--precision", "bf16"], "bf16 backward on CPUs can return NaN"),  # 16 px, stride 32
     ],
 )
