@@ -214,10 +214,10 @@ def cpu_image_size(sides: Sequence[int]) -> int:
     """The cpu preset's crop for photos of these short sides: its 112 px, or for small photos (median short
     side under SMALL_PHOTOS) that median rounded down to 16 px, within 32..64: no compute spent on upscaling
     (28-px Fashion-MNIST learnt more per minute at 32 px than at 64 px, BENCHMARKS.md)."""
-    crop = PRESETS["cpu"]["image_size"]
-    if not sides or statistics.median(sides) >= SMALL_PHOTOS:
-        return crop
-    return int(min(64, max(32, statistics.median(sides) // 16 * 16)))
+    side = statistics.median(sides) if sides else SMALL_PHOTOS
+    if side >= SMALL_PHOTOS:
+        return PRESETS["cpu"]["image_size"]
+    return int(min(64, max(32, side // 16 * 16)))
 
 
 def _init_heads(init: str) -> dict[str, int]:
