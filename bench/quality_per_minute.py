@@ -56,6 +56,7 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "cpu_bn2": dict(preset="cpu", bn_splits=2),  # Shuffle BN over 2 splits of 64 instead of 8 of 16
     "cpu_wd5e4": dict(preset="cpu", weight_decay=5e-4),  # the official CIFAR demo's weight decay
     "cpu_symmetric": dict(preset="cpu", symmetric=True),
+    "cpu_lr003": dict(preset="cpu", lr=0.03),  # half the preset's lr (0.12 lost: resnet10t_b128_lr012)
 }
 K, T = 200, 0.1
 PEER = "lightly"  # lightly's MoCo v2 example (bench/_lightly_moco.py), set up like BASE, fp32 as the example runs
