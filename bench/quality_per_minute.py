@@ -86,11 +86,14 @@ def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, ev
         records = read_metrics(Path(tmp) / "metrics.jsonl")
     elapsed = {r["step"]: r["elapsed_s"] for r in records if "elapsed_s" in r}
     elapsed[0] = 0.0
-    curve = [(elapsed.get(r["step"], 0.0) / 60, r["knn_top1"]) for r in records if "knn_top1" in r]
-    pixels = next((r["knn_pixels"] for r in records if "knn_pixels" in r), None)
+    knn = [r for r in records if "knn_top1" in r]
+    curve = [(elapsed.get(r["step"], 0.0) / 60, r["knn_top1"]) for r in knn]
+    white = [(elapsed.get(r["step"], 0.0) / 60, r["knn_whitened"]) for r in knn]
     return {"name": name, "setup": setup, "steps": summary["steps"], "minutes": minutes, "wall_s": round(wall),
             "img_s": summary["steps"] * setup["batch_size"] / max(1e-9, elapsed.get(summary["steps"], wall)),
-            "knn_top1": curve[-1][1], "curve": curve, "pixels": pixels}  # fmt: skip
+            "knn_top1": curve[-1][1], "curve": curve, "pixels": knn[0]["knn_pixels"],
+            "knn_whitened": white[-1][1], "curve_whitened": white,
+            "pixels_whitened": knn[0]["knn_pixels_whitened"]}  # fmt: skip
 
 
 def run_lightly(train_dir: Path, test_dir: Path, minutes: float, evals: int,
@@ -108,24 +111,26 @@ def run_lightly(train_dir: Path, test_dir: Path, minutes: float, evals: int,
         monitor = KnnMonitor(str(test_dir), str(bank_dir or ""), cache_size_for(setup["image_size"]), Path(tmp),
                              setup["image_size"], IMAGENET_MEAN, IMAGENET_STD, K, T, workers=2)  # fmt: skip
 
-        def evaluate(model) -> float:
-            top1 = monitor.evaluate(model.backbone, torch.device("cpu"))
+        def evaluate(model, at: float) -> None:
+            top1, white = monitor.evaluate(model.backbone, torch.device("cpu"))
+            curve.append((at, top1))
+            curve_white.append((at, white))
             model.train()
-            return top1
 
-        spent, curve, step, t0 = 0.0, [], 0, time.perf_counter()
+        spent, curve, curve_white, step, t0 = 0.0, [], [], 0, time.perf_counter()
         for step, dt, model in lightly_train(train_dir, **setup, momentum=0.999, temperature=0.2):  # noqa: B007
             if not curve:
-                curve.append((0.0, evaluate(model)))  # after its first step (ours: before it)
+                evaluate(model, 0.0)  # after its first step (ours: before it)
             spent += dt
             if spent >= len(curve) * minutes * 60 / evals or spent >= minutes * 60:
-                curve.append((spent / 60, evaluate(model)))
+                evaluate(model, spent / 60)
             if spent >= minutes * 60:
                 break
         pixels = monitor.pixels_top1()
     return {"name": PEER, "setup": setup, "steps": step, "minutes": minutes, "wall_s": round(time.perf_counter() - t0),
             "img_s": step * setup["batch_size"] / spent, "knn_top1": curve[-1][1], "curve": curve,
-            "pixels": pixels}  # fmt: skip
+            "pixels": pixels, "knn_whitened": curve_white[-1][1], "curve_whitened": curve_white,
+            "pixels_whitened": monitor.pixels_whitened_top1()}  # fmt: skip
 
 
 def main() -> int:
@@ -172,8 +177,9 @@ def main() -> int:
         else:
             rows.append(run_candidate(name, train_dir, test_dir, args.minutes, args.evals, bank_dir))
         r = rows[-1]
-        print(f"{name:<16} kNN top-1 {100 * r['knn_top1']:.2f}% (pixels {100 * (r['pixels'] or 0):.2f}%) "
-              f"{r['steps']} steps, {r['img_s']:.0f} img/s, {r['wall_s']} s wall", flush=True)  # fmt: skip
+        print(f"{name:<16} kNN top-1 {100 * r['knn_top1']:.2f}% (pixels {100 * (r['pixels'] or 0):.2f}%), whitened "
+              f"{100 * r['knn_whitened']:.2f}% (pixels {_pct(r['pixels_whitened'])}) {r['steps']} steps, "
+              f"{r['img_s']:.0f} img/s, {r['wall_s']} s wall", flush=True)  # fmt: skip
         out.parent.mkdir(parents=True, exist_ok=True)
         command = " ".join(["python bench/quality_per_minute.py", *sys.argv[1:]])
         out.write_text(json.dumps({"command": command, "minutes": args.minutes, "cpu": cpu, "threads": threads,
@@ -185,6 +191,10 @@ def main() -> int:
         print(f"{r['name']:<16} {100 * r['knn_top1']:8.2f}% {delta:>10}")
     _plot(rows, out.with_suffix(".png"))
     return 0
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{100 * x:.2f}%"
 
 
 def _cpu() -> str:

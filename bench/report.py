@@ -197,9 +197,12 @@ def _at(curve: list[list[float]], minute: float) -> float | None:
     return curve[-1][1] if curve and abs(curve[-1][0] - minute) < 0.05 else None
 
 
-def _run_at(r: dict[str, Any], minute: float, budget: float) -> float | None:
-    """A run's kNN top-1 at ``minute``; at the end of its budget, its last figure (its schedule may end early)."""
-    return r["knn_top1"] if minute >= budget else _at(r["curve"], minute)
+def _run_at(r: dict[str, Any], minute: float, budget: float, space: str = "") -> float | None:
+    """A run's kNN top-1 at ``minute``; at the end of its budget, its last figure (its schedule may end early).
+    ``space`` "_whitened": the same features whitened on the collection (runs that recorded it)."""
+    if f"curve{space}" not in r:
+        return None
+    return r[f"knn{space or '_top1'}"] if minute >= budget else _at(r[f"curve{space}"], minute)
 
 
 def _setup_text(r: dict[str, Any], base: dict[str, Any]) -> str:
@@ -217,7 +220,7 @@ def _quality() -> list[str]:
         extra = sorted(p.name for p in RESULTS.glob(f"quality_per_minute_{ds}_20min_*.json"))  # other protocols
         for name in [f"quality_per_minute_{ds}_20min.json", *extra]:
             out += _quality_table(ds, what, name)
-    return out + _screens()
+    return out + _spaces() + _screens()
 
 
 def _quality_table(ds: str, what: str, name: str) -> list[str]:
@@ -239,20 +242,62 @@ def _quality_table(ds: str, what: str, name: str) -> list[str]:
         cells = [_run_at(r, m, d["minutes"]) for m in CHECKPOINTS]
         out.append(f"| {r['name']} | {_setup_text(r, d['base'])} | {r['steps']} | {r['img_s']:.0f} | "
                    + " | ".join("" if v is None else f"{100 * v:.2f}%" for v in cells) + " |")  # fmt: skip
-    if "cpu" in rows:
-        others = [rows[n] for n in ("default", "lightly") if n in rows]
-        cpu, budget = rows["cpu"], d["minutes"]
-        wins = all((_run_at(cpu, m, budget) or 0) > (_run_at(o, m, budget) or 0)
-                   for o in others for m in CHECKPOINTS)  # fmt: skip
-        at = ", ".join(map(str, CHECKPOINTS))
-        peers = " and ".join(o["name"] for o in others)
-        out += ["", f"Target (the cpu preset above default and lightly at {at} min): "
-                + (_verdict(wins) if len(others) == 2 else f"above {peers} in this run: {_verdict(wins)}")
-                + "."]  # fmt: skip
+    out += _target(rows, d["minutes"])
+    if all("curve_whitened" in r for r in d["rows"]):
+        white = d["rows"][0].get("pixels_whitened")
+        out += ["", "The same runs' features whitened on the collection (`moco.whiten`: centred, decorrelated by the "
+                "Ledoit-Wolf covariance; fitted without labels, as a search index would fit it). Whitened pixels: "
+                + ("n/a (over 4,096 dimensions)" if white is None else f"**{100 * white:.2f}%**") + ".", "",
+                "| run | " + " | ".join(f"{m} min" for m in CHECKPOINTS) + " |", "|---|" + "---|" * len(CHECKPOINTS)]
+        for r in d["rows"]:
+            cells = [_run_at(r, m, d["minutes"], "_whitened") for m in CHECKPOINTS]
+            out.append(f"| {r['name']} | " + " | ".join("" if v is None else f"{100 * v:.2f}%" for v in cells) + " |")
+        out += _target(rows, d["minutes"], "_whitened")
     png = name.replace(".json", ".png")
     plot = [f"![kNN top-1 over training minutes](bench/results/{png})", ""]
     out += ["", *plot] if (RESULTS / png).is_file() else [""]
     return out
+
+
+def _target(rows: dict[str, dict[str, Any]], budget: float, space: str = "") -> list[str]:
+    """The target line: the cpu preset above default and lightly at every checkpoint (in ``space``)."""
+    if "cpu" not in rows:
+        return []
+    others = [rows[n] for n in ("default", "lightly") if n in rows]
+    cpu = rows["cpu"]
+    wins = all((_run_at(cpu, m, budget, space) or 0) > (_run_at(o, m, budget, space) or 0)
+               for o in others for m in CHECKPOINTS)  # fmt: skip
+    at = ", ".join(map(str, CHECKPOINTS))
+    peers = " and ".join(o["name"] for o in others)
+    what = "whitened, " if space else ""
+    return ["", f"Target ({what}the cpu preset above default and lightly at {at} min): "
+            + (_verdict(wins) if len(others) == 2 else f"above {peers} in this run: {_verdict(wins)}") + "."]
+
+
+def _spaces() -> list[str]:
+    """kNN of one model and of the pixels, as they are, centred and whitened (``bench/knn_spaces.py``)."""
+    paths = sorted(RESULTS.glob("knn_spaces_*.json"))
+    if not paths:
+        return []
+    out = ["## kNN in three spaces: as they are, centred, whitened", "",
+           "One trained model per row (how it was trained: the last column), read by `bench/knn_spaces.py`: kNN top-1 "
+           "(k=200, T=0.1) of its features as they are (the monitor's figure), centred on the collection (what the "
+           "index searches today) and whitened (`moco.whiten`: Ledoit-Wolf shrinkage, what the monitor reports as "
+           "whitened; fixed shrinkages 0.01 and 0.1 beside it), and the same for the eval view's pixels. Nothing is "
+           "fitted with labels.", "",
+           "| set | vectors | raw | centred | whitened (LW) | shrinkage 0.01 | shrinkage 0.1 | LW shrinkage | model |",
+           "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    commands = []
+    for path in paths:
+        d = json.loads(path.read_text())
+        commands.append(d["command"])
+        for name, r in d["rows"].items():
+            what = f"{d['arch']} ({d['model']})" if name == "model" else "pixels"
+            cells = [r["raw"], r["centred"], r["whitened"], r["whitened_shrink0.01"], r["whitened_shrink0.1"]]
+            how = d["trained"] if name == "model" else ""
+            out.append(f"| {d['dataset']} | {what} | " + " | ".join(f"{100 * v:.2f}%" for v in cells)
+                       + f" | {r['ledoit_wolf_shrinkage']:.3f} | {how} |")  # fmt: skip
+    return out + ["", d["cpu"] + ".", "", "```", *commands, "```", ""]
 
 
 def _screens() -> list[str]:

@@ -1,7 +1,9 @@
 """kNN monitor: weighted k-nearest-neighbour top-1 on backbone features (k=200, T=0.1, cosine).
 
 As in the MoCo papers' monitors (Wu et al. 2018): each of the k most similar bank images votes for
-its class with weight ``exp(sim / T)``; the class with the largest vote wins.
+its class with weight ``exp(sim / T)``; the class with the largest vote wins. The monitor also scores
+the same features whitened on the bank (:mod:`moco.whiten`, fitted without labels, as a retrieval
+system would fit it on the collection it searches), and both for the pixels.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ from moco.augment import center_view
 from moco.data import ImageCache, build_cache
 from moco.device import autocast_for
 from moco.errors import UserError
+from moco.whiten import fit_whitening
 
-__all__ = ["knn_predict", "knn_top1", "extract_features", "pixel_features", "LabeledImages", "KnnMonitor"]
+__all__ = ["knn_predict", "knn_top1", "extract_features", "pixel_features", "whitened", "LabeledImages",
+           "KnnMonitor"]
 
 logger = logging.getLogger(__name__)
+WHITEN_PIXELS_UP_TO = 4096  # pixel vectors of more dimensions (crops over 36 px) get no whitened baseline
 
 
 def knn_predict(
@@ -104,6 +109,12 @@ def pixel_features(images: np.ndarray, size: int, mean, std, center_on: torch.Te
     return F.normalize(flat - mu, dim=1), mu
 
 
+def whitened(feats: torch.Tensor, bank: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``feats`` (and ``bank``) whitened on the bank, or on ``feats`` themselves without one (leave-one-out)."""
+    w = fit_whitening((feats if bank is None else bank).numpy())
+    return torch.from_numpy(w(feats.numpy())), None if bank is None else torch.from_numpy(w(bank.numpy()))
+
+
 class LabeledImages:
     """A folder with one sub-folder per class, decoded into a uint8 cache; labels from the sub-folder."""
 
@@ -159,29 +170,35 @@ class KnnMonitor:
     def pixels_top1(self) -> float:
         """kNN top-1 of the centred pixels of the same images, the same k and T: the floor a model must beat.
 
-        Computed once per monitor (it does not change while training).
+        Computed once per monitor (it does not change while training), with :meth:`pixels_whitened_top1`.
         """
         if getattr(self, "_pixels", None) is None:
             args = (self.image_size, self.mean, self.std)
-            if self.bank is None:
-                feats, _ = pixel_features(self.val.cache.array, *args)
-                self._pixels = knn_top1(feats, self.val.labels, k=self.k, t=self.t, num_classes=len(self.val.classes))
-            else:
-                bank, mu = pixel_features(self.bank.cache.array, *args)
-                feats, _ = pixel_features(self.val.cache.array, *args, center_on=mu)
-                self._pixels = knn_top1(feats, self.val.labels, bank, self.bank.labels, len(self.bank.classes),
-                                        self.k, self.t)  # fmt: skip
-            logger.info("kNN monitor: centred pixels score %.2f%%", 100 * self._pixels)
+            bank, mu = pixel_features(self.bank.cache.array, *args) if self.bank else (None, None)
+            feats, _ = pixel_features(self.val.cache.array, *args, center_on=mu)
+            self._pixels = self._top1(feats, bank)
+            small = feats.shape[1] <= WHITEN_PIXELS_UP_TO  # a D x D covariance and its eigenvectors
+            self._pixels_whitened = self._top1(*whitened(feats, bank)) if small else None
+            white = f"{100 * self._pixels_whitened:.2f}%" if small else f"n/a (over {WHITEN_PIXELS_UP_TO} dims)"
+            logger.info("kNN monitor: centred pixels score %.2f%%, whitened %s", 100 * self._pixels, white)
         return self._pixels
+
+    def pixels_whitened_top1(self) -> float | None:
+        """kNN top-1 of the whitened pixels (None for pixel vectors over ``WHITEN_PIXELS_UP_TO`` dimensions)."""
+        self.pixels_top1()
+        return self._pixels_whitened
+
+    def _top1(self, feats: torch.Tensor, bank: torch.Tensor | None) -> float:
+        if bank is None:
+            return knn_top1(feats, self.val.labels, k=self.k, t=self.t, num_classes=len(self.val.classes))
+        return knn_top1(feats, self.val.labels, bank, self.bank.labels, len(self.bank.classes), self.k, self.t)
 
     def evaluate(
         self, backbone: nn.Module, device: torch.device, precision: str = "fp32", channels_last: bool = False
-    ) -> float:
-        """kNN top-1 accuracy (0..1) of ``backbone``'s features."""
+    ) -> tuple[float, float]:
+        """kNN top-1 accuracy (0..1) of ``backbone``'s features, as they are and whitened on the bank."""
         args = (self.image_size, self.mean, self.std, device)
         kw = dict(precision=precision, channels_last=channels_last)
         feats = extract_features(backbone, self.val.cache.array, *args, **kw)
-        if self.bank is None:
-            return knn_top1(feats, self.val.labels, k=self.k, t=self.t, num_classes=len(self.val.classes))
-        bank = extract_features(backbone, self.bank.cache.array, *args, **kw)
-        return knn_top1(feats, self.val.labels, bank, self.bank.labels, len(self.bank.classes), self.k, self.t)
+        bank = extract_features(backbone, self.bank.cache.array, *args, **kw) if self.bank else None
+        return self._top1(feats, bank), self._top1(*whitened(feats, bank))

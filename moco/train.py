@@ -289,10 +289,13 @@ def train(
         nonlocal last_eval, train_start
         t = time.monotonic()
         last_eval = step
-        top1, pixels = monitor.evaluate(model.backbone, device, precision, cnn), monitor.pixels_top1()
-        metrics.write({"step": step, "epoch": step / steps_per_epoch, "knn_top1": top1, "knn_pixels": pixels})
-        logger.info("step %d: kNN top-1 %.2f%% (centred pixels %.2f%%, %+.2f points)", step, 100 * top1, 100 * pixels,
-                    100 * (top1 - pixels))  # fmt: skip
+        (top1, white), pixels = monitor.evaluate(model.backbone, device, precision, cnn), monitor.pixels_top1()
+        white_pixels = monitor.pixels_whitened_top1()
+        metrics.write({"step": step, "epoch": step / steps_per_epoch, "knn_top1": top1, "knn_pixels": pixels,
+                       "knn_whitened": white, "knn_pixels_whitened": white_pixels})  # fmt: skip
+        logger.info("step %d: kNN top-1 %.2f%% (centred pixels %.2f%%, %+.2f points); whitened %.2f%% (pixels %s)",
+                    step, 100 * top1, 100 * pixels, 100 * (top1 - pixels), 100 * white,
+                    "n/a" if white_pixels is None else f"{100 * white_pixels:.2f}%")  # fmt: skip
         train_start += time.monotonic() - t
 
     if monitor is not None and step == 0:

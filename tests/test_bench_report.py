@@ -53,3 +53,35 @@ def test_a_second_protocol_gets_its_own_table_judged_against_the_peers_it_ran(tm
     assert "## Quality per CPU minute: Fashion-MNIST (2 threads per run)" in text
     assert "Test CPU, 2 thread(s) per run." in text
     assert "above default in this run: **not met**" in text  # default is ahead at 5 minutes
+
+
+def test_runs_with_whitened_curves_get_a_second_table_judged_in_that_space(tmp_path, monkeypatch):
+    base = {"arch": "resnet18", "image_size": 32, "batch_size": 256, "queue_size": 4096, "lr": 0.06}
+    rows = [_row("cpu", [[0, 0.5], [5, 0.8], [20, 0.9]], preset="cpu", **base),
+            _row("default", [[0, 0.5], [5, 0.7], [20, 0.8]], preset="v2", **base),
+            _row("lightly", [[0, 0.5], [5, 0.6], [20, 0.7]])]  # fmt: skip
+    white = {"cpu": [[0, 0.6], [5, 0.84], [20, 0.86]], "default": [[0, 0.6], [5, 0.85], [20, 0.88]],
+             "lightly": [[0, 0.6], [5, 0.7], [20, 0.75]]}  # fmt: skip
+    for r in rows:
+        r.update(curve_whitened=white[r["name"]], knn_whitened=white[r["name"]][-1][1], pixels_whitened=0.83)
+    d = {"minutes": 20, "cpu": "Test CPU", "threads": 1, "base": base, "dataset": "fashion", "rows": rows}
+    (tmp_path / "quality_per_minute_fashion_20min_whitened.json").write_text(json.dumps(d))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    text = "\n".join(report._quality())
+    assert "Whitened pixels: **83.00%**" in text
+    assert "| cpu | 84.00% | 84.67% | 86.00% |" in text  # 10 min: between the 5- and 20-minute evaluations
+    assert "at 5, 10, 20 min): **met**" in text  # as they are: cpu ahead everywhere
+    assert "(whitened, the cpu preset above default and lightly at 5, 10, 20 min): **not met**" in text
+
+
+def test_the_spaces_section_lists_every_vector_kind_of_every_result(tmp_path, monkeypatch):
+    r = {"raw": 0.7, "centred": 0.71, "whitened": 0.8, "whitened_shrink0.01": 0.81, "whitened_shrink0.1": 0.79,
+         "ledoit_wolf_shrinkage": 0.002}  # fmt: skip
+    d = {"command": "python bench/knn_spaces.py runs/x --dataset fashion", "cpu": "Test CPU", "dataset": "fashion",
+         "model": "runs/x", "arch": "resnet10t", "trained": "moco train ...", "rows": {"model": r, "pixels": r}}
+    (tmp_path / "knn_spaces_fashion_x.json").write_text(json.dumps(d))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    text = "\n".join(report._spaces())
+    row = "| 70.00% | 71.00% | 80.00% | 81.00% | 79.00% | 0.002 |"
+    assert f"| fashion | resnet10t (runs/x) {row} moco train ... |" in text and f"| fashion | pixels {row}  |" in text
+    assert "python bench/knn_spaces.py runs/x --dataset fashion" in text

@@ -74,3 +74,48 @@ def test_pixel_baseline_is_the_knn_of_centred_pixels(sample_photos, tmp_path):
     ref = knn_top1(F.normalize(flat - flat.mean(0), dim=1), mon.val.labels, k=5, num_classes=6)
     assert mon.pixels_top1() == pytest.approx(ref, abs=1e-6)
     assert 1 / 6 < mon.pixels_top1() <= 1 and mon._pixels == ref  # computed once, then cached
+
+
+def test_whitened_pixel_baseline_is_the_knn_of_whitened_centred_pixels(sample_photos, tmp_path):
+    """pixels_whitened_top1 against a by-hand baseline: the centred pixels above, whitened on themselves
+    (leave-one-out) by the Mahalanobis cosine of their Ledoit-Wolf covariance."""
+    import numpy as np
+
+    from moco.knn import KnnMonitor
+    from moco.whiten import ledoit_wolf_shrinkage
+
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    mon = KnnMonitor(str(sample_photos), "", 12, tmp_path / "c", 10, mean, std, k=5)
+    imgs = mon.val.cache.array  # N x 12 x 12 x 3 uint8: the central 10 x 10 is the eval view
+    x = (np.asarray(imgs[:, 1:11, 1:11, :], np.float64) / 255 - np.array(mean)) / np.array(std)
+    flat = x.transpose(0, 3, 1, 2).reshape(len(x), -1)  # N x 300
+    flat = flat - flat.mean(0)
+    flat /= np.linalg.norm(flat, axis=1, keepdims=True)  # the centred pixel features
+    xc = flat - flat.mean(0)
+    d = xc.shape[1]
+    s = xc.T @ xc / len(xc)
+    a = ledoit_wolf_shrinkage(xc)
+    chol = np.linalg.cholesky(np.linalg.inv((1 - a) * s + a * np.trace(s) / d * np.eye(d)))  # L L^T = C^-1
+    feats = torch.from_numpy(xc @ chol)  # N x D: inner products x^T C^-1 y (Mahalanobis)
+    ref = knn_top1(F.normalize(feats.float(), dim=1), mon.val.labels, k=5, num_classes=6)
+    assert mon.pixels_whitened_top1() == pytest.approx(ref, abs=1e-6)
+    assert mon.pixels_whitened_top1() != mon.pixels_top1() or ref == mon.pixels_top1()
+
+
+def test_monitor_scores_a_backbone_as_is_and_whitened_on_the_bank(sample_photos, tmp_path):
+    """evaluate() against by-hand: features of val and bank, kNN as they are, then whitened with the bank's fit."""
+    from moco.knn import KnnMonitor, extract_features
+    from moco.whiten import fit_whitening
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
+                              torch.nn.Flatten(), torch.nn.Linear(8, 6))  # fmt: skip
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    mon = KnnMonitor(str(sample_photos), str(sample_photos), 16, tmp_path / "c", 16, mean, std, k=5)
+    plain, white = mon.evaluate(net, torch.device("cpu"))
+    f = extract_features(net, mon.val.cache.array, 16, mean, std, torch.device("cpu"))  # N x 6
+    b = extract_features(net, mon.bank.cache.array, 16, mean, std, torch.device("cpu"))  # M x 6
+    w = fit_whitening(b.numpy())
+    wf, wb = (torch.from_numpy(w(v.numpy())) for v in (f, b))
+    assert plain == pytest.approx(knn_top1(f, mon.val.labels, b, mon.bank.labels, 6, 5, 0.1), abs=1e-6)
+    assert white == pytest.approx(knn_top1(wf, mon.val.labels, wb, mon.bank.labels, 6, 5, 0.1), abs=1e-6)

@@ -250,6 +250,8 @@ def test_knn_monitor_logged_and_plotted(sample_photos, tmp_path):
     assert knn[0]["knn_top1"] > 1 / 6  # even random features beat chance on these families
     pixels = {r["knn_pixels"] for r in knn}  # the centred-pixels floor beside every figure, the same each time
     assert len(pixels) == 1 and 1 / 6 < pixels.pop() <= 1.0
+    assert all(0.0 <= r["knn_whitened"] <= 1.0 for r in knn)  # the same features whitened on the collection
+    assert len({r["knn_pixels_whitened"] for r in knn}) == 1
 
 
 def test_time_budget_fits_the_schedule_to_the_budget(sample_photos, tmp_path):

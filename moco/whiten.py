@@ -1,0 +1,70 @@
+"""Whitening of an embedding collection: centre on its mean, decorrelate with its shrunk covariance.
+
+Pooled ReLU features sit in a narrow cone (centring fixes that: :func:`moco.embed.center`) and a few
+directions carry most of their variance, so a cosine over them mostly compares those directions.
+Whitening (PCA whitening, as in image retrieval since Jégou & Chum 2012) scales every principal
+direction to unit variance before the cosine. The covariance is shrunk towards a multiple of the
+identity by the Ledoit-Wolf estimate (Ledoit & Wolf 2004, the formula of scikit-learn's
+``ledoit_wolf_shrinkage``): no setting to tune, and for a collection with fewer vectors than dimensions
+the shrinkage grows towards 1, where whitening falls back to plain centring.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["Whitening", "fit_whitening", "ledoit_wolf_shrinkage"]
+
+
+@dataclass(frozen=True)
+class Whitening:
+    """``normalize((v - mean) @ matrix)``: the map a collection's whitening applies to vectors."""
+
+    mean: np.ndarray  # D float32
+    matrix: np.ndarray  # D x D float32: eigenvectors of the shrunk covariance scaled by eigenvalue^-1/2
+    shrinkage: float  # 0 (the sample covariance) .. 1 (a multiple of the identity: centring only)
+    count: int  # vectors it was fitted on
+
+    def __call__(self, vectors: np.ndarray) -> np.ndarray:
+        """Whitened, L2-normalized rows (N x D float32); a row equal to the mean stays all zeros."""
+        v = np.atleast_2d(np.asarray(vectors, np.float32))  # N x D
+        w = (v - self.mean[None, :]) @ self.matrix  # N x D
+        norms = np.linalg.norm(w, axis=1, keepdims=True)  # N x 1
+        return (w / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def ledoit_wolf_shrinkage(xc: np.ndarray) -> float:
+    """The Ledoit-Wolf shrinkage (0..1) of the covariance of centred rows ``xc`` (N x D) towards mu * I."""
+    n, d = xc.shape
+    x2 = xc**2  # N x D
+    trace = x2.sum(0) / n  # D: the sample variances
+    mu = trace.sum() / d  # the mean variance
+    beta_ = float((x2.T @ x2).sum())  # sum over i, j of sum_n x_ni^2 x_nj^2
+    delta_ = float(((xc.T @ xc) ** 2).sum()) / n**2  # squared Frobenius norm of the sample covariance
+    beta = (beta_ / n - delta_) / (d * n)
+    delta = (delta_ - 2 * mu * trace.sum() + d * mu**2) / d  # ||S - mu I||_F^2 / d
+    if delta <= 0:
+        return 1.0
+    return float(min(beta, delta) / delta)
+
+
+def fit_whitening(vectors: np.ndarray, shrinkage: float | None = None) -> Whitening:
+    """The whitening of ``vectors`` (N x D, N >= 2): their mean and the shrunk covariance's
+    ``eigenvectors * eigenvalues^-1/2``; ``shrinkage`` None: the Ledoit-Wolf estimate, else that value (0..1)."""
+    v = np.asarray(vectors, np.float64)  # N x D
+    if v.ndim != 2 or len(v) < 2:
+        raise ValueError(f"whitening needs at least 2 vectors of the same dimension, got shape {v.shape}")
+    if shrinkage is not None and not 0.0 <= shrinkage <= 1.0:
+        raise ValueError(f"shrinkage must be in [0, 1] (or None for Ledoit-Wolf), got {shrinkage}")
+    mean = v.mean(0)  # D
+    xc = v - mean  # N x D
+    d = v.shape[1]
+    a = ledoit_wolf_shrinkage(xc) if shrinkage is None else float(shrinkage)
+    cov = xc.T @ xc / len(v)  # D x D
+    shrunk = (1 - a) * cov + a * (np.trace(cov) / d) * np.eye(d)  # D x D
+    ev, vecs = np.linalg.eigh(shrunk)  # D, D x D
+    floor = max(float(ev.max()), 1e-30) * 1e-12  # a zero-variance collection (all rows equal) stays finite
+    matrix = vecs / np.sqrt(np.maximum(ev, floor))[None, :]  # D x D
+    return Whitening(mean.astype(np.float32), matrix.astype(np.float32), a, len(v))

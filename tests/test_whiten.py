@@ -1,0 +1,80 @@
+"""Whitening against brute-force references: the Ledoit-Wolf paper's formula and the Mahalanobis cosine."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from moco.whiten import fit_whitening, ledoit_wolf_shrinkage
+
+
+def _paper_shrinkage(x: np.ndarray) -> float:
+    """Ledoit & Wolf (2004), Lemma 3.2-3.4 with the scaled Frobenius norm ||A||^2 = tr(A A^T) / p, term by term."""
+    xc = x - x.mean(0)
+    n, p = xc.shape
+    s = xc.T @ xc / n
+    mu = np.trace(s) / p
+    d2 = np.sum((s - mu * np.eye(p)) ** 2) / p
+    b2 = sum(np.sum((np.outer(r, r) - s) ** 2) / p for r in xc) / n**2
+    return min(b2, d2) / d2
+
+
+@pytest.mark.parametrize("n,d", [(50, 8), (12, 30), (400, 5)])
+def test_shrinkage_matches_the_papers_formula(n, d):
+    x = np.random.default_rng(n).normal(size=(n, d)) * np.linspace(0.2, 3, d)
+    assert ledoit_wolf_shrinkage(x - x.mean(0)) == pytest.approx(_paper_shrinkage(x), rel=1e-9)
+
+
+def test_shrinkage_small_for_many_anisotropic_vectors_large_for_isotropic_ones():
+    rng = np.random.default_rng(0)
+    aniso = rng.normal(size=(5000, 6)) * np.array([10, 5, 2, 1, 0.5, 0.1])
+    iso = rng.normal(size=(5000, 6))
+    assert ledoit_wolf_shrinkage(aniso - aniso.mean(0)) < 0.01
+    assert ledoit_wolf_shrinkage(iso - iso.mean(0)) > 0.5
+
+
+@pytest.mark.parametrize("n,d", [(300, 16), (20, 64)])  # more vectors than dimensions, and fewer
+def test_whitened_cosines_equal_the_mahalanobis_cosine_of_the_shrunk_covariance(n, d):
+    rng = np.random.default_rng(d)
+    x = (rng.normal(size=(n, d)) @ rng.normal(size=(d, d))).astype(np.float32)  # correlated dimensions
+    w = fit_whitening(x)
+    got = w(x) @ w(x).T  # N x N
+    # reference: x_c^T C^-1 y_c / sqrt(...) with the shrunk covariance inverted directly
+    xc = x.astype(np.float64) - x.mean(0, dtype=np.float64)
+    s = xc.T @ xc / n
+    a = _paper_shrinkage(x.astype(np.float64))
+    inv = np.linalg.inv((1 - a) * s + a * np.trace(s) / d * np.eye(d))  # D x D
+    g = xc @ inv @ xc.T  # N x N
+    ref = g / np.sqrt(np.outer(np.diag(g), np.diag(g)))
+    assert w.shrinkage == pytest.approx(a, rel=1e-9) and w.count == n
+    np.testing.assert_allclose(got, ref, atol=2e-4)
+
+
+def test_whitened_training_vectors_have_unit_covariance_before_normalizing():
+    x = np.random.default_rng(1).normal(size=(20000, 4)) * np.array([5, 2, 1, 0.3])
+    w = fit_whitening(x)
+    z = (x - w.mean) @ w.matrix  # N x D, not normalized
+    np.testing.assert_allclose(np.cov(z.T, bias=True), np.eye(4), atol=0.02)
+
+
+def test_identical_vectors_and_the_mean_itself_stay_finite():
+    x = np.ones((5, 3), np.float32)
+    w = fit_whitening(x)
+    out = w(x)
+    assert np.isfinite(out).all() and not out.any()  # rows equal to the mean: all zeros
+
+
+def test_one_vector_is_refused():
+    with pytest.raises(ValueError, match="at least 2 vectors"):
+        fit_whitening(np.ones((1, 4)))
+
+
+def test_a_given_shrinkage_is_used_and_one_means_plain_centring():
+    x = np.random.default_rng(2).normal(size=(40, 5)) * np.array([4, 2, 1, 0.5, 0.1])
+    assert fit_whitening(x, shrinkage=0.3).shrinkage == 0.3
+    c = x - x.mean(0)
+    c /= np.linalg.norm(c, axis=1, keepdims=True)
+    w = fit_whitening(x, shrinkage=1.0)  # a multiple of the identity: the cosines of the centred vectors
+    np.testing.assert_allclose(w(x) @ w(x).T, c @ c.T, atol=1e-5)
+    with pytest.raises(ValueError, match="shrinkage must be in"):
+        fit_whitening(x, shrinkage=1.5)
