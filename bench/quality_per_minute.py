@@ -217,10 +217,16 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=100)
     for r in rows:
-        ax.plot([m for m, _ in r["curve"]], [100 * v for _, v in r["curve"]], "o-", label=r["name"])
+        (line,) = ax.plot([m for m, _ in r["curve"]], [100 * v for _, v in r["curve"]], "o-", label=r["name"])
+        if r.get("curve_whitened"):  # the same features whitened on the collection: dotted, same colour
+            ax.plot([m for m, _ in r["curve_whitened"]], [100 * v for _, v in r["curve_whitened"]], "s:",
+                    color=line.get_color(), label=f"{r['name']} whitened")  # fmt: skip
     pixels = next((r["pixels"] for r in rows if r.get("pixels") is not None), None)
     if pixels is not None:
         ax.axhline(100 * pixels, color="k", ls="--", lw=1, label=f"centred pixels {100 * pixels:.1f}%")
+    white = next((r["pixels_whitened"] for r in rows if r.get("pixels_whitened") is not None), None)
+    if white is not None:
+        ax.axhline(100 * white, color="k", ls=":", lw=1, label=f"whitened pixels {100 * white:.1f}%")
     ax.set_xlabel("training minutes")
     ax.set_ylabel("kNN top-1 (%)")
     ax.grid(alpha=0.3)
