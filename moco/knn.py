@@ -27,6 +27,7 @@ __all__ = ["knn_predict", "knn_top1", "extract_features", "pixel_features", "whi
 
 logger = logging.getLogger(__name__)
 WHITEN_PIXELS_UP_TO = 4096  # pixel vectors of more dimensions (crops over 36 px) get no whitened baseline
+WHITEN_FIT_ROWS = 20_000  # a larger bank is whitened by a fit on this many of its vectors (bounded memory)
 
 
 def knn_predict(
@@ -111,7 +112,7 @@ def pixel_features(images: np.ndarray, size: int, mean, std, center_on: torch.Te
 
 def whitened(feats: torch.Tensor, bank: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``feats`` (and ``bank``) whitened on the bank, or on ``feats`` themselves without one (leave-one-out)."""
-    w = fit_whitening((feats if bank is None else bank).numpy())
+    w = fit_whitening((feats if bank is None else bank).numpy(), max_rows=WHITEN_FIT_ROWS)
     return torch.from_numpy(w(feats.numpy())), None if bank is None else torch.from_numpy(w(bank.numpy()))
 
 

@@ -50,14 +50,21 @@ def ledoit_wolf_shrinkage(xc: np.ndarray) -> float:
     return float(min(beta, delta) / delta)
 
 
-def fit_whitening(vectors: np.ndarray, shrinkage: float | None = None) -> Whitening:
+def fit_whitening(vectors: np.ndarray, shrinkage: float | None = None, max_rows: int | None = None) -> Whitening:
     """The whitening of ``vectors`` (N x D, N >= 2): their mean and the shrunk covariance's
-    ``eigenvectors * eigenvalues^-1/2``; ``shrinkage`` None: the Ledoit-Wolf estimate, else that value (0..1)."""
-    v = np.asarray(vectors, np.float64)  # N x D
-    if v.ndim != 2 or len(v) < 2:
-        raise ValueError(f"whitening needs at least 2 vectors of the same dimension, got shape {v.shape}")
+    ``eigenvectors * eigenvalues^-1/2``; ``shrinkage`` None: the Ledoit-Wolf estimate, else that value (0..1).
+
+    ``max_rows``: fit on that many rows drawn without replacement (seeded: the same rows every time) when there
+    are more, which bounds the float64 working copies (a few times ``max_rows x D x 8`` bytes).
+    """
+    rows = np.asarray(vectors)
+    if rows.ndim != 2 or len(rows) < 2:
+        raise ValueError(f"whitening needs at least 2 vectors of the same dimension, got shape {rows.shape}")
     if shrinkage is not None and not 0.0 <= shrinkage <= 1.0:
         raise ValueError(f"shrinkage must be in [0, 1] (or None for Ledoit-Wolf), got {shrinkage}")
+    if max_rows is not None and len(rows) > max_rows >= 2:
+        rows = rows[np.sort(np.random.default_rng(0).choice(len(rows), max_rows, replace=False))]  # max_rows x D
+    v = rows.astype(np.float64)  # N x D
     mean = v.mean(0)  # D
     xc = v - mean  # N x D
     d = v.shape[1]
@@ -67,4 +74,4 @@ def fit_whitening(vectors: np.ndarray, shrinkage: float | None = None) -> Whiten
     ev, vecs = np.linalg.eigh(shrunk)  # D, D x D
     floor = max(float(ev.max()), 1e-30) * 1e-12  # a zero-variance collection (all rows equal) stays finite
     matrix = vecs / np.sqrt(np.maximum(ev, floor))[None, :]  # D x D
-    return Whitening(mean.astype(np.float32), matrix.astype(np.float32), a, len(v))
+    return Whitening(mean.astype(np.float32), matrix.astype(np.float32), a, len(v))  # count: the rows fitted

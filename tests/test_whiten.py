@@ -78,3 +78,14 @@ def test_a_given_shrinkage_is_used_and_one_means_plain_centring():
     np.testing.assert_allclose(w(x) @ w(x).T, c @ c.T, atol=1e-5)
     with pytest.raises(ValueError, match="shrinkage must be in"):
         fit_whitening(x, shrinkage=1.5)
+
+
+def test_a_large_collection_is_fitted_on_a_seeded_sample_of_max_rows():
+    x = np.random.default_rng(3).normal(size=(500, 6)) * np.array([3, 2, 1, 1, 0.5, 0.2])
+    a, b = fit_whitening(x, max_rows=100), fit_whitening(x, max_rows=100)
+    assert a.count == 100 and np.array_equal(a.matrix, b.matrix)  # the same rows every time
+    rows = x[np.sort(np.random.default_rng(0).choice(500, 100, replace=False))]
+    ref = fit_whitening(rows)  # the sample fitted by hand
+    np.testing.assert_allclose(a.mean, ref.mean, atol=1e-6)
+    np.testing.assert_allclose(a(x) @ a(x).T, ref(x) @ ref(x).T, atol=1e-5)
+    assert fit_whitening(x, max_rows=1000).count == 500  # fewer rows than max_rows: all of them
