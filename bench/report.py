@@ -264,6 +264,8 @@ def _target(rows: dict[str, dict[str, Any]], budget: float, space: str = "") -> 
     if "cpu" not in rows:
         return []
     others = [rows[n] for n in ("default", "lightly") if n in rows]
+    if not others:
+        return []  # nothing ran beside it: no comparison to judge
     cpu = rows["cpu"]
     wins = all((_run_at(cpu, m, budget, space) or 0) > (_run_at(o, m, budget, space) or 0)
                for o in others for m in CHECKPOINTS)  # fmt: skip

@@ -85,3 +85,13 @@ def test_the_spaces_section_lists_every_vector_kind_of_every_result(tmp_path, mo
     row = "| 70.00% | 71.00% | 80.00% | 81.00% | 79.00% | 0.002 |"
     assert f"| fashion | resnet10t (runs/x) {row} moco train ... |" in text and f"| fashion | pixels {row}  |" in text
     assert "python bench/knn_spaces.py runs/x --dataset fashion" in text
+
+
+def test_a_run_of_the_cpu_preset_alone_gets_no_target_line(tmp_path, monkeypatch):
+    base = {"arch": "resnet18", "image_size": 32, "batch_size": 256, "queue_size": 4096, "lr": 0.06}
+    d = {"minutes": 20, "cpu": "Test CPU", "threads": 2, "base": base, "dataset": "fashion",
+         "rows": [_row("cpu", [[0, 0.5], [20, 0.9]], preset="cpu", **base)]}  # fmt: skip
+    (tmp_path / "quality_per_minute_fashion_20min_alone.json").write_text(json.dumps(d))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    text = "\n".join(report._quality())
+    assert "| cpu | --preset cpu: — | 10 | 100 |" in text and "Target" not in text.split("(alone)")[1].split("## ")[0]
