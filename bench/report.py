@@ -225,7 +225,8 @@ def _quality() -> list[str]:
 
 def _quality_table(ds: str, what: str, name: str) -> list[str]:
     """One 20-minute comparison: each run's kNN top-1 at 5, 10 and 20 minutes, and the target line."""
-    protocol = name.removesuffix(".json").split("_20min")[1].strip("_").replace("threads", " threads per run")
+    protocol = name.removesuffix(".json").split("_20min")[1].strip("_")  # e.g. "2threads_whitened"
+    protocol = protocol.replace("threads", " threads per run").replace("_", ", ")
     title = f"Quality per CPU minute: {what.split(' (')[0]}" + (f" ({protocol})" if protocol else "")
     command = f"python bench/quality_per_minute.py --dataset {ds} --minutes 20 --only cpu,default,lightly --evals 20"
     d, out = _section(name, title, command)
