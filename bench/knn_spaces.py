@@ -52,19 +52,17 @@ def _measure(args: argparse.Namespace, emb, path: Path, tmp: Path, val_dir: str,
     import torch.nn.functional as F
 
     from bench.quality_per_minute import _cpu
-    from moco.knn import LabeledImages, extract_features, knn_top1, pixel_features
+    from moco.knn import LabeledImages, extract_features, knn_top1, pixel_features, whitened
     from moco.train import cache_size_for
-    from moco.whiten import fit_whitening
+    from moco.whiten import ledoit_wolf_shrinkage
 
     size, mean, std = emb.image_size, emb.mean, emb.std
     bank = LabeledImages(args.data / bank_dir, cache_size_for(size), tmp / "b") if bank_dir else None
     val = LabeledImages(args.data / val_dir, cache_size_for(size), tmp / "v", 0, bank.classes if bank else None)
     classes = len(val.classes)
 
-    def top1(f: torch.Tensor, b: torch.Tensor | None) -> float:
-        if b is None:
-            return knn_top1(f, val.labels, k=K, t=T, num_classes=classes)
-        return knn_top1(f, val.labels, b, bank.labels, classes, K, T)
+    def top1(f: torch.Tensor, b: torch.Tensor | None) -> float:  # leave-one-out when b is None
+        return knn_top1(f, val.labels, b, None if b is None else bank.labels, classes, K, T)
 
     def spaces(f: torch.Tensor, b: torch.Tensor | None) -> dict[str, float]:
         """f, b: L2-normalized rows (uncentred)."""
@@ -73,11 +71,8 @@ def _measure(args: argparse.Namespace, emb, path: Path, tmp: Path, val_dir: str,
         cb = None if b is None else F.normalize(b - mu, dim=1)
         out = {"raw": top1(f, b), "centred": top1(F.normalize(f - mu, dim=1), cb)}
         for a in SHRINKAGES:
-            w = fit_whitening(fit_on.numpy(), a)
-            wf, wb = (None if v is None else torch.from_numpy(w(v.numpy())) for v in (f, b))
-            out["whitened" if a is None else f"whitened_shrink{a:g}"] = top1(wf, wb)
-            if a is None:
-                out["ledoit_wolf_shrinkage"] = w.shrinkage
+            out["whitened" if a is None else f"whitened_shrink{a:g}"] = top1(*whitened(f, b, a))
+        out["ledoit_wolf_shrinkage"] = ledoit_wolf_shrinkage((fit_on - mu).double().numpy())
         return out
 
     cpu = torch.device("cpu")

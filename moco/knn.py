@@ -110,9 +110,11 @@ def pixel_features(images: np.ndarray, size: int, mean, std, center_on: torch.Te
     return F.normalize(flat - mu, dim=1), mu
 
 
-def whitened(feats: torch.Tensor, bank: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``feats`` (and ``bank``) whitened on the bank, or on ``feats`` themselves without one (leave-one-out)."""
-    w = fit_whitening((feats if bank is None else bank).numpy(), max_rows=WHITEN_FIT_ROWS)
+def whitened(feats: torch.Tensor, bank: torch.Tensor | None = None,
+             shrinkage: float | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+    """``feats`` (and ``bank``) whitened on the bank, or on ``feats`` themselves without one (leave-one-out);
+    ``shrinkage`` as :func:`moco.whiten.fit_whitening` (None: Ledoit-Wolf)."""
+    w = fit_whitening((feats if bank is None else bank).numpy(), shrinkage, max_rows=WHITEN_FIT_ROWS)
     return torch.from_numpy(w(feats.numpy())), None if bank is None else torch.from_numpy(w(bank.numpy()))
 
 
@@ -190,9 +192,9 @@ class KnnMonitor:
         return self._pixels_whitened
 
     def _top1(self, feats: torch.Tensor, bank: torch.Tensor | None) -> float:
-        if bank is None:
-            return knn_top1(feats, self.val.labels, k=self.k, t=self.t, num_classes=len(self.val.classes))
-        return knn_top1(feats, self.val.labels, bank, self.bank.labels, len(self.bank.classes), self.k, self.t)
+        """kNN top-1 against ``bank`` (the bank's features), or leave-one-out without one."""
+        bank_labels = self.bank.labels if bank is not None else None  # val's classes are the bank's
+        return knn_top1(feats, self.val.labels, bank, bank_labels, len(self.val.classes), self.k, self.t)
 
     def evaluate(
         self, backbone: nn.Module, device: torch.device, precision: str = "fp32", channels_last: bool = False
