@@ -336,7 +336,7 @@ class QueueNegatives:
     def keys(self, xq: torch.Tensor, xk: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """q from the query encoder (with the v3 predictor), k+ from the momentum encoder: B x C each."""
         m = self.model
-        q = m._query(xq.to(self.device))  # B x C
+        q = m._query(xq.to(self.device))[0]  # B x C
         k = F.normalize(m.projector_momentum(m.backbone_momentum(xk.to(self.device))).float(), dim=1)  # B x C
         return q, k
 

@@ -7,6 +7,7 @@ its labels are used only to lay out the evaluation folders (one sub-folder per c
 from __future__ import annotations
 
 import gzip
+import re
 import struct
 from pathlib import Path
 
@@ -48,6 +49,8 @@ def write_folder(root: Path, images: np.ndarray, labels: np.ndarray | None = Non
 
 
 BACKGROUNDS_DIR = Path("/usr/share/backgrounds")
+WALLPAPERS_DIR = Path("/usr/share/wallpapers")  # KDE Plasma's: one folder per picture, several sizes of it
+PICTURE_SUFFIXES = (".jpg", ".jpeg", ".png", ".webp")
 
 
 def background_crops(
@@ -61,20 +64,54 @@ def background_crops(
     overlaps a training crop; crop sides vary within ``sides`` of the picture's short side (scale changes; small
     crops of abstract wallpapers are what makes it hard: 1/8-1/2 gave 92% kNN after 5 minutes of training).
     """
-    files = sorted(p for p in BACKGROUNDS_DIR.rglob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png", ".webp"))
+    files = sorted(p for p in (BACKGROUNDS_DIR / "gnome").rglob("*") if p.suffix.lower() in PICTURE_SUFFIXES)
     if not files:
-        raise SystemExit(f"no pictures under {BACKGROUNDS_DIR}: apt-get install gnome-backgrounds")
+        raise SystemExit(f"no pictures under {BACKGROUNDS_DIR / 'gnome'}: apt-get install gnome-backgrounds")
     designs = sorted({p.stem.rsplit("-", 1)[0] for p in files})
+    labelled = [(p, designs.index(p.stem.rsplit("-", 1)[0])) for p in files]
+    return (*_crops(labelled, n_train, n_val, size, seed, sides), tuple(designs))
+
+
+def photo_crops(
+    n_train: int = 12000, n_val: int = 2000, size: int = 40, seed: int = 0, sides: tuple[float, float] = (1 / 8, 1 / 3)
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, tuple[str, ...]]:
+    """Small crops of the other desktop pictures Debian ships (MATE, Sway, UKUI, Lomiri, KDE Plasma: about 90
+    pictures, photos and artwork), one class per picture, as :func:`background_crops` (train crops from the
+    top 70%, val crops from the bottom 30%): a harder, CIFAR-sized second set (many classes, 40-px crops).
+
+    A picture shipped in several sizes or as light and dark variants is one class (its largest file).
+    """
+    found: dict[str, Path] = {}
+    candidates = [p for p in BACKGROUNDS_DIR.rglob("*") if "gnome" not in p.relative_to(BACKGROUNDS_DIR).parts]
+    candidates += list(WALLPAPERS_DIR.glob("*/contents/images/*"))
+    for p in sorted(candidates):
+        if p.suffix.lower() not in PICTURE_SUFFIXES:
+            continue
+        name = p.parts[4] if p.is_relative_to(WALLPAPERS_DIR) else p.stem
+        name = re.sub(r"(_\d+x\d+)?(_Portrait)?$", "", name)  # Sway_Wallpaper_Blue_1366x768 -> Sway_Wallpaper_Blue
+        name = re.sub(r"-(Dark|Light)$", "", name)  # MATE-Stripes-Dark and -Light: one design
+        if name not in found or p.stat().st_size > found[name].stat().st_size:
+            found[name] = p
+    if len(found) < 20:
+        raise SystemExit(f"only {len(found)} pictures under {BACKGROUNDS_DIR} and {WALLPAPERS_DIR}: apt-get install "
+                         "mate-backgrounds ukui-wallpapers lomiri-wallpapers plasma-workspace-wallpapers "
+                         "sway-backgrounds")
+    names = sorted(found)
+    return (*_crops([(found[n], i) for i, n in enumerate(names)], n_train, n_val, size, seed, sides), tuple(names))
+
+
+def _crops(labelled: list[tuple[Path, int]], n_train: int, n_val: int, size: int, seed: int,
+           sides: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+    """Square crops of each picture, resized to ``size``: train ones from its top 70%, val ones from the rest."""
     rng = np.random.default_rng(seed)
     out: dict[str, tuple[list[np.ndarray], list[int]]] = {"train": ([], []), "val": ([], [])}
-    for p in files:
+    for p, label in labelled:
         with Image.open(p) as im:
             img = im.convert("RGB")
         img.thumbnail((1024, 1024))
         w, h = img.size
-        label = designs.index(p.stem.rsplit("-", 1)[0])
         for split, count, (top, bottom) in (("train", n_train, (0.0, 0.7)), ("val", n_val, (0.7, 1.0))):
-            for _ in range(count // len(files)):
+            for _ in range(count // len(labelled)):
                 side = int(rng.uniform(min(w, h) * sides[0], min(min(w, h) * sides[1], h * (bottom - top))))
                 x = int(rng.integers(0, w - side + 1))
                 y = int(rng.integers(int(top * h), max(int(top * h) + 1, int(bottom * h) - side + 1)))
@@ -82,4 +119,4 @@ def background_crops(
                 out[split][0].append(np.asarray(crop))
                 out[split][1].append(label)
     (tr, trl), (va, val) = out["train"], out["val"]
-    return np.stack(tr), np.array(trl), np.stack(va), np.array(val), tuple(designs)
+    return np.stack(tr), np.array(trl), np.stack(va), np.array(val)

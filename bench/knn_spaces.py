@@ -7,8 +7,8 @@ today), whitened (``moco.whiten``), with fixed shrinkages beside Ledoit-Wolf's t
 
 The model is a run directory (its ``checkpoint.pt``) or any file ``moco export`` reads. Protocol as
 ``bench/quality_per_minute.py`` (its folders under ``.bench_data``; k=200, T=0.1): Fashion-MNIST leave-one-out
-on the test images, whitening fitted on them; backgrounds: held-out crops against the training crops, fitted on
-the training crops (the collection searched). No labels are used to fit anything.
+on the test images, whitening fitted on them; backgrounds and photos: held-out crops against the training crops,
+fitted on the training crops (the collection searched). No labels are used to fit anything.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ SHRINKAGES = (None, 0.01, 0.1)  # None: Ledoit-Wolf (what the monitor uses); the
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", type=Path, help="a run directory (its checkpoint.pt) or a checkpoint/export file")
-    p.add_argument("--dataset", choices=("fashion", "backgrounds"), default="fashion")
+    p.add_argument("--dataset", choices=("fashion", "backgrounds", "photos"), default="fashion")
     p.add_argument("--data", type=Path, default=Path(".bench_data"))
     p.add_argument("--no-pixels", action="store_true", help="skip the pixel rows (the slow part: 3,072-d)")
     p.add_argument("--json", type=Path, default=None, help="write the figures here too")
@@ -39,7 +39,8 @@ def main() -> int:
 
     path = args.model / "checkpoint.pt" if args.model.is_dir() else args.model
     emb = Embedder.load(path, device="cpu", precision="fp32")
-    val_dir, bank_dir = {"fashion": ("fmnist_test", None), "backgrounds": ("bg16_val", "bg16_bank")}[args.dataset]
+    val_dir, bank_dir = {"fashion": ("fmnist_test", None), "backgrounds": ("bg16_val", "bg16_bank"),
+                         "photos": ("photos90_val", "photos90_bank")}[args.dataset]
     tmp = Path(tempfile.mkdtemp())  # the decoded caches, removed at the end
     try:
         return _measure(args, emb, path, tmp, val_dir, bank_dir)

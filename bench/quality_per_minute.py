@@ -3,6 +3,7 @@
     python bench/quality_per_minute.py --minutes 5                       # screening: every candidate, 5 min each
     python bench/quality_per_minute.py --minutes 20 --only cpu,default,lightly --evals 20   # confirmation runs
     python bench/quality_per_minute.py --dataset backgrounds --minutes 5      # the second set
+    python bench/quality_per_minute.py --dataset photos --minutes 20 --only cpu,issue_cmd   # the third
 
 Each candidate is today's Fashion-MNIST setup (MoCo v2, ResNet-18, 32 px, batch 256, queue 4096, lr 0.06)
 with a few settings changed ("cpu": the cpu preset itself at 32 px), trained under the same time budget
@@ -57,6 +58,11 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "cpu_wd5e4": dict(preset="cpu", weight_decay=5e-4),  # the official CIFAR demo's weight decay
     "cpu_symmetric": dict(preset="cpu", symmetric=True),
     "cpu_lr003": dict(preset="cpu", lr=0.03),  # half the preset's lr (0.12 lost: resnet10t_b128_lr012)
+    "cpu_decor0": dict(preset="cpu", decorrelation=0.0),  # the cpu preset before its decorrelation term (round 5)
+    "cpu_decor0_seed1": dict(preset="cpu", decorrelation=0.0, seed=1),
+    "cpu_decor02": dict(preset="cpu", decorrelation=0.2),
+    # the issue's held-out command (`--preset v2 --arch resnet18 --small-stem ... --temperature 0.1 --momentum 0.99`)
+    "issue_cmd": dict(small_stem=True, temperature=0.1, momentum=0.99),
 }
 K, T = 200, 0.1
 PEER = "lightly"  # lightly's MoCo v2 example (bench/_lightly_moco.py), set up like BASE, fp32 as the example runs
@@ -139,14 +145,15 @@ def main() -> int:
     p.add_argument("--only", default="", help="comma-separated candidates (default: all, then the peer): "
                    + ", ".join([*CANDIDATES, PEER]))
     p.add_argument("--evals", type=int, default=4, help="kNN evaluations during each run")
-    p.add_argument("--dataset", choices=("fashion", "backgrounds"), default="fashion",
+    p.add_argument("--dataset", choices=("fashion", "backgrounds", "photos"), default="fashion",
                    help="fashion: Fashion-MNIST, kNN leave-one-out on the test images; backgrounds: crops of "
-                   "gnome-backgrounds pictures, kNN of held-out crops against the training crops by source design")
+                   "gnome-backgrounds pictures, kNN of held-out crops against the training crops by source design; "
+                   "photos: the same with 40-px crops of about 90 other desktop pictures (bench._datasets.photo_crops)")
     p.add_argument("--data", type=Path, default=Path(".bench_data"))
     p.add_argument("--json", type=Path, default=None,
                    help="default: bench/results/quality_per_minute_<DATASET>_<M>min.json")
     args = p.parse_args()
-    from bench._datasets import background_crops, fashion_mnist, write_folder
+    from bench._datasets import background_crops, fashion_mnist, photo_crops, write_folder
 
     names = [n for n in args.only.split(",") if n] or [*CANDIDATES, PEER]
     unknown = [n for n in names if n not in CANDIDATES and n != PEER]
@@ -158,11 +165,12 @@ def main() -> int:
         test_images, test_labels = fashion_mnist("t10k")
         train_dir = write_folder(args.data / "fmnist_train", train_images)
         test_dir = write_folder(args.data / "fmnist_test", test_images, test_labels)
-    else:
-        train_images, train_labels, val_images, val_labels, designs = background_crops()
-        train_dir = write_folder(args.data / "bg16_train", train_images)  # bg16: crop sides 1/16 to 1/4
-        bank_dir = write_folder(args.data / "bg16_bank", train_images, train_labels, classes=designs)
-        test_dir = write_folder(args.data / "bg16_val", val_images, val_labels, classes=designs)
+    else:  # bg16: gnome-backgrounds, crop sides 1/16 to 1/4; photos90: other pictures, 1/8 to 1/3, 40 px
+        crops, prefix = (background_crops, "bg16") if args.dataset == "backgrounds" else (photo_crops, "photos90")
+        train_images, train_labels, val_images, val_labels, designs = crops()
+        train_dir = write_folder(args.data / f"{prefix}_train", train_images)
+        bank_dir = write_folder(args.data / f"{prefix}_bank", train_images, train_labels, classes=designs)
+        test_dir = write_folder(args.data / f"{prefix}_val", val_images, val_labels, classes=designs)
     out = args.json or Path(f"bench/results/quality_per_minute_{args.dataset}_{args.minutes:g}min.json")
     cpu = _cpu()
     import torch

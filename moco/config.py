@@ -62,6 +62,8 @@ class TrainConfig:
     bn_splits: int = _field(0, "Shuffle BN: split batch norm over this many virtual devices per process "
                                 "(0: auto, 8 on one device, 1 per process under torchrun and for v3)")
     mask_own_keys: bool = _field(True, "a queue key of the query's own image (from an earlier step) is no negative")
+    decorrelation: float = _field(0.0, "weight of a penalty on correlated backbone features, added to the loss "
+                                  "(0: off, as the papers; the cpu preset: 0.1)")
     # ---- optimization
     batch_size: int = _field(256, "images per step on each device")
     epochs: int = _field(200, "passes over the photos")
@@ -158,6 +160,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "arch": "resnet10t",
         "batch_size": 128,
         "image_size": 112,
+        "decorrelation": 0.1,  # moco.loss.decorrelation on the backbone's features (BENCHMARKS.md, fifth round)
     },
 }
 # v3 with a ViT backbone (the paper's ViT recipe: CONFIG.md, builder.py MoCo_ViT), applied unless the user set these.
@@ -261,6 +264,7 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
         (cfg.min_image_size == 0 or 16 <= cfg.min_image_size <= cfg.image_size, "min-image-size",
          f"use 0 (off) or a size from 16 to --image-size {cfg.image_size}"),
         (0.0 <= cfg.crop_min <= 1.0, "crop-min", "use 0 (the recipe's) or an area fraction in (0, 1], e.g. 0.08"),
+        (cfg.decorrelation >= 0, "decorrelation", "use 0 (off) or a positive weight, e.g. 0.1"),
     ]
     for ok, flag, fix in checks:
         if not ok:

@@ -1,11 +1,12 @@
-"""The contrastive losses of MoCo: InfoNCE against a queue (v1/v2) and the symmetric in-batch form (v3)."""
+"""The contrastive losses of MoCo: InfoNCE against a queue (v1/v2) and the symmetric in-batch form (v3); and
+the cpu preset's decorrelation term on the backbone's features (not in the papers)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["info_nce", "queue_logits", "in_batch_loss"]
+__all__ = ["info_nce", "queue_logits", "in_batch_loss", "decorrelation"]
 
 
 def queue_logits(
@@ -42,3 +43,18 @@ def in_batch_loss(q: torch.Tensor, k: torch.Tensor, T: float, offset: int = 0) -
     logits = torch.einsum("nc,mc->nm", q.float(), k.float()) / T  # N x M
     labels = torch.arange(q.shape[0], device=q.device) + offset  # N: own key is the positive
     return F.cross_entropy(logits, labels) * (2 * T)
+
+
+def decorrelation(h: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """Redundancy of the features ``h`` (N x D) over a batch: the squared off-diagonal entries of their correlation
+    matrix, summed and divided by D; 0 when no two features are correlated.
+
+    VICReg's covariance term (Bardes et al. 2022) on standardized features, i.e. Barlow Twins' redundancy
+    reduction within one view, applied to the backbone's output (what kNN and the index search) rather than to
+    a projection: it spreads the features over many directions, so a plain cosine compares more of them.
+    """
+    h = h.float()
+    z = (h - h.mean(0)) / (h.std(0) + eps)  # N x D, each feature standardized over the batch
+    r = z.t() @ z / (h.shape[0] - 1)  # D x D correlation matrix
+    off = r - torch.diag_embed(r.diagonal())  # D x D, zero diagonal
+    return off.pow(2).sum() / h.shape[1]

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moco.backbones import convert_split_bn
-from moco.loss import in_batch_loss, info_nce
+from moco.loss import decorrelation, in_batch_loss, info_nce
 
 __all__ = ["MoCo", "build_mlp", "momentum_schedule"]
 
@@ -64,6 +64,8 @@ class MoCo(nn.Module):
         symmetric: both views are queries (v2: one queue per view; v3 is always symmetric).
         bn_splits: Shuffle BN simulated on one device with this many BN splits (1: off).
         mask_own_keys: stale queue keys of a query's own image are not counted as its negatives.
+        decorrelation: weight of :func:`moco.loss.decorrelation` of the query backbone's features, added to
+            the loss (0: off, the papers; the cpu preset's own term).
     """
 
     def __init__(
@@ -81,6 +83,7 @@ class MoCo(nn.Module):
         symmetric: bool = False,
         bn_splits: int = 1,
         mask_own_keys: bool = True,
+        decorrelation: float = 0.0,
     ) -> None:
         super().__init__()
         if head not in HEADS:
@@ -91,6 +94,7 @@ class MoCo(nn.Module):
         self.symmetric = symmetric or head == "v3"
         self.bn_splits = bn_splits
         self.mask_own_keys = mask_own_keys
+        self.decorrelation = decorrelation
         hidden = hidden or num_features
 
         self.backbone = convert_split_bn(backbone, bn_splits)
@@ -120,11 +124,21 @@ class MoCo(nn.Module):
         """Backbone features of the query encoder: N x 3 x H x W -> N x D (not normalized)."""
         return self.backbone(x)
 
-    def _query(self, x: torch.Tensor) -> torch.Tensor:
-        z = self.projector(self.backbone(x))  # N x C
+    def _query(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The normalized query (N x C) and the backbone features it came from (N x D)."""
+        h = self.backbone(x)  # N x D
+        z = self.projector(h)  # N x C
         if self.head == "v3":
             z = self.predictor(z)  # N x C
-        return F.normalize(z.float(), dim=1)
+        return F.normalize(z.float(), dim=1), h
+
+    def _regularized(self, loss: torch.Tensor, stats: dict, feats: list[torch.Tensor]) -> tuple[torch.Tensor, dict]:
+        """``loss`` plus ``decorrelation`` times the mean redundancy of the query views' backbone features."""
+        if self.decorrelation:
+            r = torch.stack([decorrelation(h) for h in feats]).mean()
+            loss = loss + self.decorrelation * r
+            stats["decorrelation"] = r.detach()
+        return loss, stats
 
     @torch.no_grad()
     def momentum_update(self, m: float) -> None:
@@ -181,24 +195,24 @@ class MoCo(nn.Module):
             return self._forward_v3(x1, x2, m)
         if ids is None:
             ids = torch.full((x1.shape[0],), -2, dtype=torch.long, device=x1.device)
-        q1 = self._query(x1)  # N x C
+        q1, h1 = self._query(x1)  # N x C, N x D
         self.momentum_update(m)
         k2 = self._key(x2)  # N x C
         queue = self.queue.clone().detach()  # V x C x K: a snapshot, so enqueue cannot touch the graph
         loss = info_nce(q1, k2, queue[0], self.T, self._negatives_mask(ids, 0))
         keys = [k2]
         if self.symmetric:
-            q2 = self._query(x2)  # N x C
+            q2, h2 = self._query(x2)  # N x C, N x D
             k1 = self._key(x1)  # N x C
             loss = 0.5 * (loss + info_nce(q2, k1, queue[1], self.T, self._negatives_mask(ids, 1)))
             keys.append(k1)
         all_keys, all_ids = _gather(keys), _gather([ids])[0]
         self.enqueue(all_keys, all_ids)
         pos = torch.einsum("nc,nc->n", q1.detach(), k2).mean()
-        return loss, {"pos_sim": pos}
+        return self._regularized(loss, {"pos_sim": pos}, [h1, h2] if self.symmetric else [h1])
 
     def _forward_v3(self, x1: torch.Tensor, x2: torch.Tensor, m: float) -> tuple[torch.Tensor, dict]:
-        q1, q2 = self._query(x1), self._query(x2)  # N x C each
+        (q1, h1), (q2, h2) = self._query(x1), self._query(x2)  # N x C, N x D each
         with torch.no_grad():
             self.momentum_update(m)
             k1 = F.normalize(self.projector_momentum(self.backbone_momentum(x1)).float(), dim=1)  # N x C
@@ -207,7 +221,7 @@ class MoCo(nn.Module):
         all_k1, all_k2 = _gather([k1, k2])  # (world N) x C each
         loss = in_batch_loss(q1, all_k2, self.T, offset) + in_batch_loss(q2, all_k1, self.T, offset)
         pos = torch.einsum("nc,nc->n", q1.detach(), k2).mean()
-        return loss, {"pos_sim": pos}
+        return self._regularized(loss, {"pos_sim": pos}, [h1, h2])
 
 
 # ------------------------------------------------------------------------------- distributed helpers

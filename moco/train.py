@@ -78,6 +78,7 @@ def build_model(cfg: TrainConfig) -> MoCo:
         symmetric=cfg.symmetric,
         bn_splits=_bn_splits(cfg, dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1),
         mask_own_keys=cfg.mask_own_keys,
+        decorrelation=cfg.decorrelation,
     )
 
 
@@ -361,6 +362,8 @@ def train(
                 record["total_steps"] = total_steps
             if cfg.min_image_size:
                 record["crop"] = size
+            if "decorrelation" in stats:
+                record["decorrelation"] = float(stats["decorrelation"])
             if metrics is not None:
                 metrics.write(record)
             bar.update(1)

@@ -95,3 +95,20 @@ def test_a_run_of_the_cpu_preset_alone_gets_no_target_line(tmp_path, monkeypatch
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     text = "\n".join(report._quality())
     assert "| cpu | --preset cpu: — | 10 | 100 |" in text and "Target" not in text.split("(alone)")[1].split("## ")[0]
+
+
+@pytest.mark.parametrize(("issue_late", "verdict"), [(0.8, "**met**"), (0.92, "**not met**")])
+def test_the_issues_command_is_judged_beside_default_and_lightly_where_it_ran(tmp_path, monkeypatch, issue_late,
+                                                                             verdict):  # fmt: skip
+    base = {"arch": "resnet18", "image_size": 32, "batch_size": 256, "queue_size": 4096, "lr": 0.06}
+    rows = [_row("cpu", [[0, 0.2], [5, 0.3], [20, 0.9]], preset="cpu", **base),
+            _row("default", [[0, 0.2], [5, 0.25], [20, 0.5]], preset="v2", **base),
+            _row("lightly", [[0, 0.2], [5, 0.22], [20, 0.4]]),
+            _row("issue_cmd", [[0, 0.2], [5, 0.28], [20, issue_late]], preset="v2", **base, small_stem=True)]
+    d = {"minutes": 20, "cpu": "Test CPU", "threads": 1, "base": base, "dataset": "photos", "rows": rows}
+    (tmp_path / "quality_per_minute_photos_20min.json").write_text(json.dumps(d))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    text = "\n".join(report._quality())
+    assert "## Quality per CPU minute: crops of 90 desktop pictures" in text
+    assert "| issue_cmd | small_stem True |" in text
+    assert f"(the cpu preset above default, lightly and issue_cmd at 5, 10, 20 min): {verdict}." in text

@@ -1,4 +1,4 @@
-"""InfoNCE and the v3 in-batch loss against hand-written references (plain loops in float64)."""
+"""InfoNCE, the v3 in-batch loss and the decorrelation term against hand-written references (float64)."""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moco.loss import in_batch_loss, info_nce
+from moco.loss import decorrelation, in_batch_loss, info_nce
 
 
 def _unit(*shape, dim=-1, seed=0):
@@ -79,3 +79,36 @@ def test_in_batch_loss_with_gathered_keys_uses_offset():
         logits = kn @ qn[i] / T
         ref += -(logits[3 + i] - math.log(np.exp(logits).sum()))
     assert got == pytest.approx(ref / 3 * 2 * T, rel=1e-5)
+
+
+def _reference_decorrelation(h):
+    """Sum over pairs i != j of corr(feature i, feature j)^2, divided by the number of features (numpy's corrcoef)."""
+    r = np.corrcoef(np.asarray(h, dtype=np.float64), rowvar=False)  # D x D
+    d = r.shape[0]
+    return sum(r[i, j] ** 2 for i in range(d) for j in range(d) if i != j) / d
+
+
+@pytest.mark.parametrize("n,d,seed", [(16, 4, 0), (64, 12, 1), (8, 20, 2)])  # the last: fewer images than features
+def test_decorrelation_matches_reference(n, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, d, generator=g) @ torch.randn(d, d, generator=g)  # N x D, correlated features
+    assert decorrelation(h).item() == pytest.approx(_reference_decorrelation(h), rel=1e-3)
+
+
+def test_decorrelation_is_zero_for_uncorrelated_features_and_grows_with_redundancy():
+    a = torch.randn(32, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    q, _ = torch.linalg.qr(a - a.mean(0))  # orthonormal columns in the span of centred ones: zero mean, uncorrelated
+    assert decorrelation(q * torch.arange(1.0, 7.0, dtype=torch.float64)).item() == pytest.approx(0.0, abs=1e-6)
+    x = torch.randn(32, 1, generator=torch.Generator().manual_seed(4))
+    copies = torch.cat([x, 3 * x, -x, 0.5 * x], dim=1)  # 4 copies of one feature: every pair correlates +-1
+    assert decorrelation(copies).item() == pytest.approx(3.0, rel=1e-3)  # D(D-1) / D
+
+
+def test_decorrelation_is_scale_free_and_has_gradients():
+    g = torch.Generator().manual_seed(5)
+    h = torch.randn(16, 5, generator=g) @ torch.randn(5, 5, generator=g)  # N x D, correlated features
+    scaled = h * torch.tensor([1.0, 10.0, 0.5, 3.0, 7.0]) + 4.0  # per-feature scales and a shift
+    assert decorrelation(scaled).item() == pytest.approx(decorrelation(h).item(), rel=1e-3)
+    h.requires_grad_(True)
+    decorrelation(h).backward()
+    assert torch.isfinite(h.grad).all() and h.grad.abs().sum() > 0

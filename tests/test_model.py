@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moco.backbones import SplitBatchNorm, build_backbone, convert_split_bn
+from moco.loss import decorrelation
 from moco.model import MoCo, momentum_schedule
 
 
@@ -225,3 +226,23 @@ def test_small_stem_refused_for_models_without_one():
 
     with pytest.raises(UserError, match="small-stem"):
         build_backbone("resnet10t", small_stem=True)  # timm deep stem: conv1 is a Sequential
+
+
+@pytest.mark.parametrize(("head", "symmetric"), [("mlp", False), ("mlp", True), ("v3", True)])
+def test_decorrelation_weight_adds_the_query_backbones_redundancy_to_the_loss(head, symmetric):
+    K = 0 if head == "v3" else 16
+    plain = tiny_moco(head=head, K=K, symmetric=symmetric, hidden=16)
+    weighted = copy.deepcopy(plain)
+    weighted.decorrelation = 0.5
+    reference = copy.deepcopy(plain)  # the backbone before the step: the redundancy its features have
+    x1, x2 = batch(6)
+    views = [x1, x2] if symmetric else [x1]
+    expected = torch.stack([decorrelation(reference.backbone(x)) for x in views]).mean()
+    loss0, stats0 = plain(x1, x2, 0.99, torch.arange(6))
+    loss1, stats1 = weighted(x1, x2, 0.99, torch.arange(6))
+    assert "decorrelation" not in stats0
+    torch.testing.assert_close(stats1["decorrelation"], expected.detach())
+    torch.testing.assert_close(loss1, loss0 + 0.5 * expected)
+    loss1.backward()  # the term reaches the query backbone only
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in weighted.backbone.parameters())
+    assert all(p.grad is None for p in weighted.backbone_momentum.parameters())

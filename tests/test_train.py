@@ -46,6 +46,17 @@ def test_presets_train_and_write_artifacts(sample_photos, tmp_path, preset):
         assert ckpt["model"]["queue_ptr"].item() == 3 * 8 % 32
 
 
+def test_decorrelation_is_trained_and_logged_per_step(sample_photos, tmp_path):
+    run = tmp_path / "run"
+    summary = train(_cfg(sample_photos, run, max_steps=3, decorrelation=0.1), progress=False)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert summary["steps"] == 3 and all(r["decorrelation"] > 0 for r in records)  # a redundancy, logged each step
+    assert json.loads((run / "config.json").read_text())["decorrelation"] == 0.1
+    plain = tmp_path / "plain"
+    train(_cfg(sample_photos, plain, max_steps=1), progress=False)
+    assert "decorrelation" not in (plain / "metrics.jsonl").read_text()
+
+
 def test_channels_last_trains_like_contiguous(sample_photos, tmp_path):
     """The default CNN layout (channels_last, split BN included) follows the contiguous run in fp32."""
     losses = {}
@@ -174,6 +185,7 @@ def test_progressive_resolution_is_refused_for_vits():
         (["--min-image-size", "24"], "from 16 to --image-size 16"),  # above the crop size it grows to
         (["--crop-min", "1.5"], "--crop-min 1.5 is out of range: use 0 (the recipe's) or an area fraction in (0, 1]"),
         (["--crop-min", "-0.1"], "--crop-min -0.1 is out of range"),
+        (["--decorrelation", "-1"], "--decorrelation -1.0 is out of range: use 0 (off) or a positive weight"),
         (["--no-small-stem", "--precision", "bf16"], "bf16 backward on CPUs can return NaN"),  # 16 px, stride 32
     ],
 )
