@@ -8,6 +8,16 @@ import pytest
 
 from bench import report
 
+BASE = {"arch": "resnet18", "image_size": 32, "batch_size": 256, "queue_size": 4096, "lr": 0.06}
+
+
+def _quality_text(tmp_path, monkeypatch, results: dict) -> str:
+    """The report's quality sections for these result files (name -> content) and nothing else."""
+    for name, d in results.items():
+        (tmp_path / name).write_text(json.dumps(d))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    return "\n".join(report._quality())
+
 
 def _row(name, curve, **setup):
     return {"name": name, "setup": setup, "steps": 10, "img_s": 100.0, "knn_top1": curve[-1][1], "curve": curve,
@@ -24,16 +34,13 @@ def test_kNN_at_a_minute_is_read_between_the_two_evaluations_around_it():
 
 @pytest.mark.parametrize(("cpu_late", "verdict"), [(0.95, "**met**"), (0.75, "**not met**")])
 def test_quality_section_tables_every_run_and_judges_every_checkpoint(tmp_path, monkeypatch, cpu_late, verdict):
-    base = {"arch": "resnet18", "image_size": 32, "batch_size": 256, "queue_size": 4096, "lr": 0.06}
-    cpu = {**base, "arch": "resnet10t"}
+    cpu = {**BASE, "arch": "resnet10t"}
     rows = [_row("cpu", [[0, 0.5], [5, 0.8], [10, 0.85], [20, cpu_late]], preset="cpu", **cpu),
-            _row("default", [[0, 0.5], [5, 0.7], [10, 0.75], [19.4, 0.8]], preset="v2", **base),  # its schedule ended
+            _row("default", [[0, 0.5], [5, 0.7], [10, 0.75], [19.4, 0.8]], preset="v2", **BASE),  # its schedule ended
             _row("lightly", [[0, 0.5], [5, 0.6], [10, 0.65], [20, 0.7]])]  # fmt: skip
-    d = {"minutes": 20, "cpu": "Test CPU", "threads": 1, "base": base, "dataset": "fashion", "rows": rows}
-    (tmp_path / "quality_per_minute_fashion_20min.json").write_text(json.dumps(d))
-    (tmp_path / "quality_per_minute_fashion_5min.json").write_text(json.dumps({**d, "minutes": 5}))
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
-    text = "\n".join(report._quality())
+    d = {"minutes": 20, "cpu": "Test CPU", "threads": 1, "base": BASE, "dataset": "fashion", "rows": rows}
+    text = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min.json": d,
+                                                 "quality_per_minute_fashion_5min.json": {**d, "minutes": 5}})
     assert "| cpu | --preset cpu: arch resnet10t | 10 | 100 | 80.00% | 85.00% | " + f"{100 * cpu_late:.2f}% |" in text
     assert "| lightly | lightly's example" in text and "| default | — | 10 | 100 | 70.00% | 75.00% | 80.00% |" in text
     assert f"at 5, 10, 20 min): {verdict}" in text
@@ -43,31 +50,25 @@ def test_quality_section_tables_every_run_and_judges_every_checkpoint(tmp_path, 
 
 
 def test_a_second_protocol_gets_its_own_table_judged_against_the_peers_it_ran(tmp_path, monkeypatch):
-    base = {"arch": "resnet18", "image_size": 32, "batch_size": 256, "queue_size": 4096, "lr": 0.06}
-    rows = [_row("cpu", [[0, 0.5], [5, 0.8], [10, 0.85], [20, 0.9]], preset="cpu", **base),
-            _row("default", [[0, 0.5], [5, 0.82], [10, 0.8], [20, 0.85]], preset="v2", **base)]  # fmt: skip
-    d = {"minutes": 20, "cpu": "Test CPU", "threads": 2, "base": base, "dataset": "fashion", "rows": rows}
-    (tmp_path / "quality_per_minute_fashion_20min_2threads.json").write_text(json.dumps(d))
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
-    text = "\n".join(report._quality())
+    rows = [_row("cpu", [[0, 0.5], [5, 0.8], [10, 0.85], [20, 0.9]], preset="cpu", **BASE),
+            _row("default", [[0, 0.5], [5, 0.82], [10, 0.8], [20, 0.85]], preset="v2", **BASE)]  # fmt: skip
+    d = {"minutes": 20, "cpu": "Test CPU", "threads": 2, "base": BASE, "dataset": "fashion", "rows": rows}
+    text = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min_2threads.json": d})
     assert "## Quality per CPU minute: Fashion-MNIST (2 threads per run)" in text
     assert "Test CPU, 2 thread(s) per run." in text
     assert "above default in this run: **not met**" in text  # default is ahead at 5 minutes
 
 
 def test_runs_with_whitened_curves_get_a_second_table_judged_in_that_space(tmp_path, monkeypatch):
-    base = {"arch": "resnet18", "image_size": 32, "batch_size": 256, "queue_size": 4096, "lr": 0.06}
-    rows = [_row("cpu", [[0, 0.5], [5, 0.8], [20, 0.9]], preset="cpu", **base),
-            _row("default", [[0, 0.5], [5, 0.7], [20, 0.8]], preset="v2", **base),
+    rows = [_row("cpu", [[0, 0.5], [5, 0.8], [20, 0.9]], preset="cpu", **BASE),
+            _row("default", [[0, 0.5], [5, 0.7], [20, 0.8]], preset="v2", **BASE),
             _row("lightly", [[0, 0.5], [5, 0.6], [20, 0.7]])]  # fmt: skip
     white = {"cpu": [[0, 0.6], [5, 0.84], [20, 0.86]], "default": [[0, 0.6], [5, 0.85], [20, 0.88]],
              "lightly": [[0, 0.6], [5, 0.7], [20, 0.75]]}  # fmt: skip
     for r in rows:
         r.update(curve_whitened=white[r["name"]], knn_whitened=white[r["name"]][-1][1], pixels_whitened=0.83)
-    d = {"minutes": 20, "cpu": "Test CPU", "threads": 1, "base": base, "dataset": "fashion", "rows": rows}
-    (tmp_path / "quality_per_minute_fashion_20min_whitened.json").write_text(json.dumps(d))
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
-    text = "\n".join(report._quality())
+    d = {"minutes": 20, "cpu": "Test CPU", "threads": 1, "base": BASE, "dataset": "fashion", "rows": rows}
+    text = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min_whitened.json": d})
     assert "Whitened pixels: **83.00%**" in text
     assert "| cpu | 84.00% | 84.67% | 86.00% |" in text  # 10 min: between the 5- and 20-minute evaluations
     assert "at 5, 10, 20 min): **met**" in text  # as they are: cpu ahead everywhere
@@ -88,27 +89,21 @@ def test_the_spaces_section_lists_every_vector_kind_of_every_result(tmp_path, mo
 
 
 def test_a_run_of_the_cpu_preset_alone_gets_no_target_line(tmp_path, monkeypatch):
-    base = {"arch": "resnet18", "image_size": 32, "batch_size": 256, "queue_size": 4096, "lr": 0.06}
-    d = {"minutes": 20, "cpu": "Test CPU", "threads": 2, "base": base, "dataset": "fashion",
-         "rows": [_row("cpu", [[0, 0.5], [20, 0.9]], preset="cpu", **base)]}  # fmt: skip
-    (tmp_path / "quality_per_minute_fashion_20min_alone.json").write_text(json.dumps(d))
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
-    text = "\n".join(report._quality())
+    d = {"minutes": 20, "cpu": "Test CPU", "threads": 2, "base": BASE, "dataset": "fashion",
+         "rows": [_row("cpu", [[0, 0.5], [20, 0.9]], preset="cpu", **BASE)]}  # fmt: skip
+    text = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min_alone.json": d})
     assert "| cpu | --preset cpu: — | 10 | 100 |" in text and "Target" not in text.split("(alone)")[1].split("## ")[0]
 
 
 @pytest.mark.parametrize(("issue_late", "verdict"), [(0.8, "**met**"), (0.92, "**not met**")])
 def test_the_issues_command_is_judged_beside_default_and_lightly_where_it_ran(tmp_path, monkeypatch, issue_late,
                                                                              verdict):  # fmt: skip
-    base = {"arch": "resnet18", "image_size": 32, "batch_size": 256, "queue_size": 4096, "lr": 0.06}
-    rows = [_row("cpu", [[0, 0.2], [5, 0.3], [20, 0.9]], preset="cpu", **base),
-            _row("default", [[0, 0.2], [5, 0.25], [20, 0.5]], preset="v2", **base),
+    rows = [_row("cpu", [[0, 0.2], [5, 0.3], [20, 0.9]], preset="cpu", **BASE),
+            _row("default", [[0, 0.2], [5, 0.25], [20, 0.5]], preset="v2", **BASE),
             _row("lightly", [[0, 0.2], [5, 0.22], [20, 0.4]]),
-            _row("issue_cmd", [[0, 0.2], [5, 0.28], [20, issue_late]], preset="v2", **base, small_stem=True)]
-    d = {"minutes": 20, "cpu": "Test CPU", "threads": 1, "base": base, "dataset": "photos", "rows": rows}
-    (tmp_path / "quality_per_minute_photos_20min.json").write_text(json.dumps(d))
-    monkeypatch.setattr(report, "RESULTS", tmp_path)
-    text = "\n".join(report._quality())
+            _row("issue_cmd", [[0, 0.2], [5, 0.28], [20, issue_late]], preset="v2", **BASE, small_stem=True)]
+    d = {"minutes": 20, "cpu": "Test CPU", "threads": 1, "base": BASE, "dataset": "photos", "rows": rows}
+    text = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_photos_20min.json": d})
     assert "## Quality per CPU minute: crops of 90 desktop pictures" in text
     assert "| issue_cmd | small_stem True |" in text
     assert f"(the cpu preset above default, lightly and issue_cmd at 5, 10, 20 min): {verdict}." in text
