@@ -16,7 +16,7 @@ A negative is flagged as a likely false negative only on evidence, with the firs
 
 1. ``"same photo"``: it is a key of the very photo inspected (the queue keeps several keys of one photo);
 2. ``"near-duplicate"``: its photo is a near-duplicate of the query by the dedup rule (centred cosine of
-   the clean embeddings >= :data:`index.dedup.DEDUP_THRESHOLD`);
+   the clean embeddings >= the index's :func:`index.dedup.dedup_threshold`);
 3. ``"as close as two views of one photo"``: it scores at or above the median cosine of two training
    views of one photo, measured on the collection (``index.json``'s ``augment_level``) or, for the queue,
    on training images of the checkpoint.
@@ -42,7 +42,6 @@ from PIL import Image
 
 from app.uploads import read_upload
 from index.build import chance_level
-from index.dedup import DEDUP_THRESHOLD
 from moco.augment import two_views
 from moco.data import load_rgb, square_u8
 from moco.errors import UserError
@@ -273,7 +272,7 @@ class IndexNegatives:
         elif same.any():
             notes.append(f"left out {int(same.sum())} copy(ies) of the query image itself found in the index")
         keep = ~same
-        ids, sims, duplicate = ids[keep], to[keep, 0], to[keep, 1] >= DEDUP_THRESHOLD  # K, K, K
+        ids, sims, duplicate = ids[keep], to[keep, 0], to[keep, 1] >= self.index.dedup_threshold  # K, K, K
         level = self.augment_level
         if level is None:
             notes.append(f"{self.index.dir} has no augmentation level (built before it was measured): run "
@@ -505,7 +504,7 @@ class QueueNegatives:
         duplicate = np.zeros(len(ids), bool)  # K
         if clean is not None:
             pos, vecs = self._queue_in_index()  # K, M x D
-            near = vecs @ clean >= DEDUP_THRESHOLD  # M
+            near = vecs @ clean >= self.index.dedup_threshold  # M
             duplicate = (pos >= 0) & near[pos.clip(0)] if len(near) else duplicate
         level, why = self._level_and_note()
         if why:

@@ -157,7 +157,8 @@ def groups_html(groups: list[dict[str, Any]], index: ImageIndex, limit: int = 50
 
 
 def _status_outputs(app: SearchApp, was_ready: bool) -> tuple:
-    """Status refresh: (status markdown, loss plot, kNN plot, title, 4 buttons, folders, collection x2, ready flag)."""
+    """Status refresh: (status markdown, loss plot, kNN plot, title, 4 buttons, folders, collection x2, the
+    near-duplicate threshold, ready flag)."""
     import gradio as gr
 
     if app.status is None:
@@ -180,9 +181,9 @@ def _status_outputs(app: SearchApp, was_ready: bool) -> tuple:
         stats, groups = app.collection()
         assert app.index is not None
         ready = (app.title(), on, on, on, on, gr.Dropdown(choices=app.folder_choices(), value=""), stats,
-                 groups_html(groups, app.index), True)  # fmt: skip
+                 groups_html(groups, app.index), gr.Slider(value=app.index.dedup_threshold), True)  # fmt: skip
     else:
-        ready = (gr.skip(),) * 8 + (was_ready,)
+        ready = (gr.skip(),) * 9 + (was_ready,)
     return (text, loss, knn, *ready)
 
 
@@ -313,7 +314,8 @@ def build_ui(app: SearchApp) -> Any:
             with gr.Tab("Collection", id="collection"):
                 stats = gr.Markdown(elem_id="collection-stats")
                 with gr.Row():
-                    threshold = gr.Slider(0.5, 1.0, value=DEDUP_THRESHOLD, step=0.005,
+                    start = app.index.dedup_threshold if ready and app.index is not None else DEDUP_THRESHOLD
+                    threshold = gr.Slider(0.5, 1.0, value=start, step=0.005,
                                           label="near-duplicate threshold (centred cosine)")  # fmt: skip
                     dedup = gr.Button("Find near-duplicates", elem_id="dedup-btn", interactive=ready)
                 dups = gr.HTML(elem_id="dup-groups")
@@ -335,7 +337,8 @@ def build_ui(app: SearchApp) -> Any:
                                        elem_id="knn-plot", visible=False)  # fmt: skip
         was_ready = gr.State(ready)
         timer = gr.Timer(STATUS_EVERY_S)
-        status_outs = [status_md, loss_plot, knn_plot, title, go, more, neg_go, dedup, folder, stats, dups, was_ready]
+        status_outs = [status_md, loss_plot, knn_plot, title, go, more, neg_go, dedup, folder, stats, dups, threshold,
+                       was_ready]  # fmt: skip
         timer.tick(lambda r: _status_outputs(app, r), [was_ready], status_outs, api_name=False,
                    show_progress="hidden", queue=False)  # fmt: skip
         def on_load(was: bool) -> tuple:  # a page opened once search is on shows the Search tab

@@ -99,7 +99,9 @@ def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, ev
             "img_s": summary["steps"] * setup["batch_size"] / max(1e-9, elapsed.get(summary["steps"], wall)),
             "knn_top1": curve[-1][1], "curve": curve, "pixels": knn[0]["knn_pixels"],
             "knn_whitened": white[-1][1], "curve_whitened": white,
-            "pixels_whitened": knn[0]["knn_pixels_whitened"]}  # fmt: skip
+            "pixels_whitened": knn[0]["knn_pixels_whitened"],
+            "knn_exported": next((r["knn_exported"] for r in records if "knn_exported" in r), None),
+            "whitening_s": (summary.get("whitening") or {}).get("seconds")}  # fmt: skip
 
 
 def run_lightly(train_dir: Path, test_dir: Path, minutes: float, evals: int,

@@ -690,7 +690,7 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
             logger.info("%s holds an earlier build: continuing it", out)
         set_catalog_meta(catalog, root=str(photos), backbone_path=str(backbone), backbone_sha256=embedder.sha256,
                           backbone={k: embedder.config.get(k) for k in ("arch", "image_size", "resize", "embed_dim",
-                                                                         "moco_version")},
+                                                                         "moco_version", "whitening")},
                           dim=embedder.dim, kind=kind,
                           memory_budget=memory_budget or default_memory_budget())  # fmt: skip
         catalog.close()

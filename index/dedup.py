@@ -15,7 +15,7 @@ from index.image_index import DEDUP_FILE, ImageIndex
 from moco.checkpoint import atomic_write
 from moco.errors import UserError
 
-__all__ = ["find_duplicates", "load_duplicates", "DEDUP_THRESHOLD"]
+__all__ = ["find_duplicates", "load_duplicates", "dedup_threshold", "DEDUP_THRESHOLD", "WHITENED_DEDUP_THRESHOLD"]
 
 # Centred cosine (see ImageIndex.center). Measured on the sample collection (240 photos) with the model `make run`
 # trains (ResNet-18, 64 px, 10 minutes): resized (75%) and JPEG q=60 copies score 0.955-0.999 with their photo,
@@ -23,6 +23,19 @@ __all__ = ["find_duplicates", "load_duplicates", "DEDUP_THRESHOLD"]
 # 0.72-0.92 by family; only the near-uniform "stars" family reaches 0.97-0.99). At 0.9 whole families merged
 # (12 groups of 114 photos); at 0.95, 4 groups of 44, 35 of them the stars.
 DEDUP_THRESHOLD = 0.95
+# The same for an index of whitened embeddings (a backbone trained with --whiten, as the cpu preset): whitening
+# spreads every photo apart, copies included. Measured as above (the cpu preset, 64 px, 5 minutes, its whitening
+# fitted on the 240 photos): resized+JPEG copies score 0.70-0.99 (median 0.96) with their photo, 90%-crops 0.76-0.97
+# (median 0.935), the nearest other photo at most 0.745 (median 0.18; the stars family included). At 0.8: 96.7% of
+# the JPEG copies and 95.4% of the crops linked, no two different photos (at 0.95: 57% / 35%); centred, at 0.95:
+# 97.9% / 96.3%, and 0.8% of the photos linked to another one.
+WHITENED_DEDUP_THRESHOLD = 0.8
+
+
+def dedup_threshold(index: ImageIndex) -> float:
+    """The near-duplicate threshold for ``index``'s scores: :data:`WHITENED_DEDUP_THRESHOLD` where its backbone
+    whitens its embeddings, else :data:`DEDUP_THRESHOLD`."""
+    return WHITENED_DEDUP_THRESHOLD if index.whitened else DEDUP_THRESHOLD
 
 
 def _find(parent: dict[int, int], x: int) -> int:
@@ -32,14 +45,16 @@ def _find(parent: dict[int, int], x: int) -> int:
     return x
 
 
-def find_duplicates(index: ImageIndex, threshold: float = DEDUP_THRESHOLD, save: bool = True,
+def find_duplicates(index: ImageIndex, threshold: float | None = None, save: bool = True,
                     chunk: int = 1024) -> list[dict[str, Any]]:  # fmt: skip
     """Groups of near-duplicates, largest first; each member has id, path, thumb and its best similarity.
 
-    Written to ``dedup.json`` in the index directory when ``save``.
+    ``threshold``: None: :func:`dedup_threshold`. Written to ``dedup.json`` in the index directory when ``save``.
     """
+    threshold = dedup_threshold(index) if threshold is None else threshold
     if not -1.0 <= threshold <= 1.0:
-        raise UserError(f"--threshold {threshold} must be a cosine similarity in [-1, 1] (e.g. {DEDUP_THRESHOLD})")
+        raise UserError(f"--threshold {threshold} must be a cosine similarity in [-1, 1] (e.g. "
+                        f"{dedup_threshold(index)})")  # fmt: skip
     ids, vecs = index.catalog.vectors(dim=index.dim)  # N, N x D
     parent: dict[int, int] = {}
     best: dict[int, float] = {}

@@ -238,6 +238,18 @@ class ImageIndex:
         return float(value) if value is not None else None
 
     @property
+    def whitened(self) -> bool:
+        """Whether the backbone whitens its embeddings (a run trained with ``--whiten``): scores spread wider."""
+        return bool((self.meta.get("backbone") or {}).get("whitening"))
+
+    @property
+    def dedup_threshold(self) -> float:
+        """The near-duplicate threshold for this index's scores (:func:`index.dedup.dedup_threshold`)."""
+        from index.dedup import dedup_threshold
+
+        return dedup_threshold(self)
+
+    @property
     def augment_level(self) -> dict[str, Any] | None:
         """How close two "v2" training views of one photo score (centred cosine): ``{"median", "p10", "pairs",
         "recipe", "space"}``, measured at build time on a sample of the collection; None for an older index."""
@@ -341,5 +353,6 @@ class ImageIndex:
             "backbone_arch": self.meta.get("backbone", {}).get("arch"), "size_on_disk_bytes": size,
             "updated": self.meta.get("updated"), "read_only": self.catalog.read_only,
             "centred": self.mean is not None, "mean_count": self.meta.get("mean_count"),
-            "weak_below": self.weak_below, "augment_level": self.augment_level,
+            "weak_below": self.weak_below, "augment_level": self.augment_level, "whitened": self.whitened,
+            "dedup_threshold": self.dedup_threshold,
         }  # fmt: skip

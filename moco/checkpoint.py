@@ -88,10 +88,11 @@ def atomic_write(path: str | Path, write: Any) -> None:
         os.close(dir_fd)
 
 
-def save_checkpoint(state: dict[str, Any], run_dir: str | Path, keep: int = 2) -> Path:
+def save_checkpoint(state: dict[str, Any], run_dir: str | Path, keep: int = 2, replace: bool = False) -> Path:
     """Write ``state`` to ``run_dir/checkpoint.pt`` atomically; keep ``keep`` step-numbered copies.
 
-    The numbered copy is a second file (not a hard link), so damage to one never damages the other.
+    The numbered copy is a second file (not a hard link), so damage to one never damages the other; ``replace``:
+    rewrite the copy of this step too (the same step saved again with more in it, e.g. the run's whitening).
     """
     run_dir = Path(run_dir)
     state = {"format": FORMAT, "version": VERSION, **state}
@@ -99,7 +100,7 @@ def save_checkpoint(state: dict[str, Any], run_dir: str | Path, keep: int = 2) -
     atomic_write(path, lambda f: torch.save(state, f))
     if keep > 0:
         numbered = run_dir / f"checkpoint-{int(state['step']):08d}.pt"
-        if not numbered.exists():
+        if replace or not numbered.exists():
             atomic_write(numbered, lambda f: _copy_into(path, f))
         for old in sorted(run_dir.glob("checkpoint-*.pt"))[:-keep]:
             old.unlink(missing_ok=True)

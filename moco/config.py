@@ -64,6 +64,8 @@ class TrainConfig:
     mask_own_keys: bool = _field(True, "a queue key of the query's own image (from an earlier step) is no negative")
     decorrelation: float = _field(0.0, "weight of a penalty on correlated backbone features, added to the loss "
                                   "(0: off, as the papers; the cpu preset: 0.1)")
+    whiten: bool = _field(False, "at the end, fit a whitening of the backbone's features on (up to 5,000 of) the "
+                          "photos; the export carries it and every embedding applies it (the cpu preset: on)")
     # ---- optimization
     batch_size: int = _field(256, "images per step on each device")
     epochs: int = _field(200, "passes over the photos")
@@ -161,6 +163,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "batch_size": 128,
         "image_size": 112,
         "decorrelation": 0.1,  # moco.loss.decorrelation on the backbone's features (BENCHMARKS.md, fifth round)
+        "whiten": True,  # a whitening fitted on the photos after training (moco.whiten; BENCHMARKS.md, sixth round)
     },
 }
 # v3 with a ViT backbone (the paper's ViT recipe: CONFIG.md, builder.py MoCo_ViT), applied unless the user set these.

@@ -35,6 +35,7 @@ from moco.backbones import is_vit
 from moco.data import ImageDecodeError, load_square_u8, read_image_bytes, scan_images, square_u8
 from moco.device import autocast_for, resolve_device, resolve_precision
 from moco.errors import UserError
+from moco.whiten import Whitening
 
 __all__ = ["Embedder", "center"]
 
@@ -82,11 +83,13 @@ class Embedder:
         dim: feature dimension D.
         config: the backbone's metadata (arch, image_size, resize, mean, std, source sha256, ...).
         sha256: sha256 of the backbone file (what an index records to refuse a different backbone).
+        whitening: the whitening every embedding goes through (a run trained with ``--whiten``), or None.
     """
 
     def __init__(self, backbone: nn.Module, config: dict[str, str], device: str | torch.device = "auto",
-                 precision: str = "auto", sha256: str = "") -> None:  # fmt: skip
+                 precision: str = "auto", sha256: str = "", whitening: Whitening | None = None) -> None:  # fmt: skip
         self.device = resolve_device(str(device))
+        self.whitening = whitening  # applied to every embedding (moco.whiten); None: the backbone's features
         self.precision = resolve_precision(precision, self.device)
         self.config = dict(config)
         self.sha256 = sha256
@@ -99,11 +102,17 @@ class Embedder:
         self.backbone = backbone.to(self.device).eval()
         if self.channels_last:
             self.backbone = self.backbone.to(memory_format=torch.channels_last)
+        self._white = None if whitening is None else (
+            torch.from_numpy(whitening.mean).to(self.device), torch.from_numpy(whitening.matrix).to(self.device))
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "auto", precision: str = "auto") -> Embedder:
-        """From a ``.safetensors`` backbone made by ``moco export``, or from any checkpoint or official NAME."""
-        from moco.export import build_exported, export_backbone, load_exported
+    def load(cls, path: str | Path, device: str = "auto", precision: str = "auto", whiten: bool = True) -> Embedder:
+        """From a ``.safetensors`` backbone made by ``moco export``, or from any checkpoint or official NAME.
+
+        ``whiten``: apply the whitening the file carries (a run trained with ``--whiten``, as the cpu preset);
+        False: the backbone's features as they are.
+        """
+        from moco.export import build_exported, export_backbone, exported_whitening, load_exported
         from moco.pretrained import resolve
 
         path = resolve(path)
@@ -118,7 +127,8 @@ class Embedder:
             state, meta = load_exported(path)
         from moco.export import _sha256
 
-        return cls(build_exported(state, meta), meta, device, precision, _sha256(path))
+        whitening = exported_whitening(state, meta, path) if whiten else None
+        return cls(build_exported(state, meta), meta, device, precision, _sha256(path), whitening)
 
     # --------------------------------------------------------------------------------- inputs
     def _to_square(self, item: ImageLike) -> np.ndarray:
@@ -157,12 +167,14 @@ class Embedder:
     @torch.inference_mode()
     def embed_views(self, x: torch.Tensor, normalize: bool = True) -> np.ndarray:
         """Embed already normalized views (N x 3 x s x s float, e.g. augmented): N x D float32, L2-normalized
-        unless not ``normalize`` (then the backbone's pooled features)."""
+        unless not ``normalize`` (then the backbone's pooled features, or with a whitening ``(f/|f| - mean) @ W``)."""
         x = x.to(self.device, non_blocking=True)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         with autocast_for(self.device, self.precision):
             f = self.backbone(x).float()  # N x D
+        if self._white is not None:  # as moco.whiten.Whitening: of the L2-normalized features
+            f = (F.normalize(f, dim=1) - self._white[0]) @ self._white[1]  # N x D
         return (F.normalize(f, dim=1) if normalize else f).cpu().numpy()
 
     def embed(self, images: Sequence[ImageLike] | ImageLike, batch_size: int = 64, normalize: bool = True,

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from moco.backbones import build_backbone, is_vit
@@ -32,9 +33,10 @@ from moco.formats import (
     read_checkpoint,
     sequential_names,
 )
+from moco.whiten import Whitening
 
 __all__ = ["BACKBONE_FORMAT", "ArchGuess", "detect_arch", "checkpoint_num_heads", "export_backbone", "load_exported",
-           "build_exported"]  # fmt: skip
+           "build_exported", "exported_whitening", "WhitenedBackbone"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -223,9 +225,22 @@ def export_backbone(
         "training": json.dumps(_training_summary(split)),
     }
     backbone.eval()
+    whitening = _whitening_of(split, dim, checkpoint)
+    module: nn.Module = backbone
+    if whitening is not None and fmt == "timm":
+        logger.warning("--format timm: timm's model has no place for the run's whitening, so its features are the "
+                       "backbone's as they are; --format safetensors (moco.Embedder) or pt2/onnx keep it")  # fmt: skip
+    elif whitening is not None:
+        meta["whitening"] = json.dumps({"shrinkage": whitening.shrinkage, "count": whitening.count,
+                                        "in_file": fmt == "safetensors"})  # fmt: skip
+        if fmt != "safetensors":  # a program: its output is the whitened, L2-normalized embedding
+            module = WhitenedBackbone(backbone, whitening).eval()
     writer = {"safetensors": _write_safetensors, "timm": _write_timm, "onnx": _write_onnx, "pt2": _write_pt2}[fmt]
     out.parent.mkdir(parents=True, exist_ok=True)
-    writer(backbone, meta, out)
+    if fmt == "safetensors":
+        _write_safetensors(backbone, meta, out, whitening)
+    else:
+        writer(module, meta, out)
     logger.info("wrote %s (%s, %s, %d-d features)", out, fmt, guess.arch, dim)
     return meta
 
@@ -247,12 +262,52 @@ def _training_summary(split: SplitCheckpoint) -> dict[str, Any]:
     return summary
 
 
-def _write_safetensors(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
+class WhitenedBackbone(nn.Module):
+    """``backbone`` followed by a whitening (:mod:`moco.whiten`): L2-normalized whitened embeddings (N x D)."""
+
+    def __init__(self, backbone: nn.Module, whitening: Whitening) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.register_buffer("mean", torch.from_numpy(whitening.mean.copy()))  # D
+        self.register_buffer("matrix", torch.from_numpy(whitening.matrix.copy()))  # D x D
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = F.normalize(self.backbone(x).float(), dim=1)  # N x D
+        return F.normalize((f - self.mean) @ self.matrix, dim=1)  # N x D
+
+
+def _whitening_of(split: SplitCheckpoint, dim: int, checkpoint: Path) -> Whitening | None:
+    """The whitening a run fitted at its end (``--whiten``), checked against the backbone's width; else None."""
+    state = split.meta.get("whitening")
+    if not state:
+        return None
+    try:
+        return Whitening.from_state(state, dim, str(checkpoint))
+    except ValueError as e:
+        raise UserError(f"{e}: train again, or resume the run to its end to fit it anew") from None
+
+
+def exported_whitening(state: dict[str, torch.Tensor], meta: dict[str, str], path: str | Path) -> Whitening | None:
+    """The whitening an exported ``.safetensors`` carries (``whitening.mean``, ``whitening.matrix``), or None."""
+    if "whitening.mean" not in state and "whitening.matrix" not in state:
+        return None
+    info = json.loads(meta.get("whitening") or "{}")
+    try:
+        return Whitening.from_state({"mean": state["whitening.mean"], "matrix": state["whitening.matrix"], **info},
+                                    int(meta["embed_dim"]), str(path))  # fmt: skip
+    except ValueError as e:
+        raise UserError(f"{e}: export it again with `moco export`") from None
+
+
+def _write_safetensors(backbone: nn.Module, meta: dict[str, str], out: Path,
+                       whitening: Whitening | None = None) -> None:  # fmt: skip
     from safetensors.torch import save_file
 
     from moco.checkpoint import atomic_write
 
     state = {k: v.detach().contiguous().cpu() for k, v in backbone.state_dict().items()}
+    if whitening is not None:  # beside the backbone's tensors; build_exported leaves them to the Embedder
+        state.update({f"whitening.{k}": v for k, v in whitening.state().items() if isinstance(v, torch.Tensor)})
     tmp = out.with_name(f".{out.name}.part")
     save_file(state, str(tmp), metadata=meta)
     atomic_write(out, lambda f: f.write(tmp.read_bytes()))
@@ -416,7 +471,7 @@ def build_exported(state: dict[str, torch.Tensor], meta: dict[str, str]) -> nn.M
     """The backbone module described by exported ``meta``, with ``state`` loaded exactly."""
     backbone, dim = build_backbone(meta["arch"], json.loads(meta["small_stem"]), int(meta["image_size"]),
                                    **json.loads(meta.get("arch_kwargs", "{}")))  # fmt: skip
-    backbone.load_state_dict(state, strict=True)
+    backbone.load_state_dict({k: v for k, v in state.items() if not k.startswith("whitening.")}, strict=True)
     if dim != int(meta["embed_dim"]):
         raise UserError(f"backbone metadata says {meta['embed_dim']}-d features but {meta['arch']} gives {dim}")
     return backbone.eval()

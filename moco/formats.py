@@ -70,7 +70,8 @@ def split_checkpoint(obj: dict) -> SplitCheckpoint:
             _take(sd, "backbone."),
             _take(sd, "projector."),
             _take(sd, "predictor."),
-            meta={"config": obj.get("config", {}), "step": obj.get("step"), "images": len(obj.get("files", []))},
+            meta={"config": obj.get("config", {}), "step": obj.get("step"), "images": len(obj.get("files", [])),
+                  "whitening": obj.get("whitening")},  # fmt: skip
         )
         for k in sd:
             if k.startswith(("backbone_momentum.", "projector_momentum.")):

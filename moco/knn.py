@@ -20,7 +20,7 @@ from moco.augment import center_view
 from moco.data import ImageCache, build_cache
 from moco.device import autocast_for
 from moco.errors import UserError
-from moco.whiten import fit_whitening
+from moco.whiten import Whitening, fit_whitening
 
 __all__ = ["knn_predict", "knn_top1", "extract_features", "pixel_features", "whitened", "LabeledImages",
            "KnnMonitor"]
@@ -205,3 +205,13 @@ class KnnMonitor:
         feats = extract_features(backbone, self.val.cache.array, *args, **kw)
         bank = extract_features(backbone, self.bank.cache.array, *args, **kw) if self.bank else None
         return self._top1(feats, bank), self._top1(*whitened(feats, bank))
+
+    def evaluate_whitened(self, backbone: nn.Module, whitening: Whitening, device: torch.device,
+                          precision: str = "fp32", channels_last: bool = False) -> float:  # fmt: skip
+        """kNN top-1 (0..1) of ``backbone``'s features whitened by ``whitening`` (fitted on the training photos:
+        what the export embeds), where :meth:`evaluate` fits its whitening on the bank."""
+        args = (self.image_size, self.mean, self.std, device)
+        kw = dict(precision=precision, channels_last=channels_last)
+        feats = torch.from_numpy(whitening(extract_features(backbone, self.val.cache.array, *args, **kw).numpy()))
+        bank = extract_features(backbone, self.bank.cache.array, *args, **kw) if self.bank else None
+        return self._top1(feats, None if bank is None else torch.from_numpy(whitening(bank.numpy())))

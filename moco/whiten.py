@@ -12,8 +12,10 @@ the shrinkage grows towards 1, where whitening falls back to plain centring.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import torch
 
 __all__ = ["Whitening", "fit_whitening", "ledoit_wolf_shrinkage"]
 
@@ -33,6 +35,26 @@ class Whitening:
         w = (v - self.mean[None, :]) @ self.matrix  # N x D
         norms = np.linalg.norm(w, axis=1, keepdims=True)  # N x 1
         return (w / np.maximum(norms, 1e-12)).astype(np.float32)
+
+    def state(self) -> dict[str, Any]:
+        """Tensors and numbers (what ``torch.load(weights_only=True)`` reads back), for a checkpoint."""
+        return {"mean": torch.from_numpy(self.mean.copy()), "matrix": torch.from_numpy(self.matrix.copy()),
+                "shrinkage": float(self.shrinkage), "count": int(self.count)}  # fmt: skip
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], dim: int, where: str) -> Whitening:
+        """The whitening :meth:`state` wrote, checked against the backbone's feature dimension ``dim``."""
+        try:
+            mean = np.asarray(state["mean"], np.float32)  # D
+            matrix = np.asarray(state["matrix"], np.float32)  # D x D
+            shrinkage, count = float(state.get("shrinkage", 0.0)), int(state.get("count", 0))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"{where}: the whitening is damaged ({e})") from None
+        if mean.shape != (dim,) or matrix.shape != (dim, dim) or not (np.isfinite(mean).all()
+                                                                        and np.isfinite(matrix).all()):  # fmt: skip
+            raise ValueError(f"{where}: the whitening has shapes {mean.shape} and {matrix.shape} (or non-finite "
+                             f"values), the backbone embeds {dim}-d")  # fmt: skip
+        return cls(mean, matrix, shrinkage, count)
 
 
 def ledoit_wolf_shrinkage(xc: np.ndarray) -> float:

@@ -89,3 +89,23 @@ def test_a_large_collection_is_fitted_on_a_seeded_sample_of_max_rows():
     np.testing.assert_allclose(a.mean, ref.mean, atol=1e-6)
     np.testing.assert_allclose(a(x) @ a(x).T, ref(x) @ ref(x).T, atol=1e-5)
     assert fit_whitening(x, max_rows=1000).count == 500  # fewer rows than max_rows: all of them
+
+
+def test_state_round_trips_and_a_damaged_one_is_refused_with_the_file_named():
+    import torch
+
+    from moco.whiten import Whitening
+
+    x = np.random.default_rng(3).normal(size=(40, 6)).astype(np.float32)
+    w = fit_whitening(x)
+    back = Whitening.from_state(w.state(), 6, "run/checkpoint.pt")
+    assert np.array_equal(back.mean, w.mean) and np.array_equal(back.matrix, w.matrix)
+    assert (back.shrinkage, back.count) == (w.shrinkage, 40) and np.array_equal(back(x), w(x))
+    assert all(isinstance(v, torch.Tensor) for k, v in w.state().items() if k in ("mean", "matrix"))
+    with pytest.raises(ValueError, match="run/checkpoint.pt.*embeds 8-d"):
+        Whitening.from_state(w.state(), 8, "run/checkpoint.pt")
+    bad = {**w.state(), "matrix": torch.full((6, 6), float("nan"))}
+    with pytest.raises(ValueError, match="non-finite"):
+        Whitening.from_state(bad, 6, "run/checkpoint.pt")
+    with pytest.raises(ValueError, match="damaged"):
+        Whitening.from_state({"mean": w.state()["mean"]}, 6, "run/checkpoint.pt")

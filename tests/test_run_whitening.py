@@ -1,0 +1,126 @@
+"""A run's whitening (``--whiten``, the cpu preset): fitted on its photos at the end of training, carried by the
+checkpoint and the export, applied by every embedding (library, index, search), checked against references."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+
+from moco.checkpoint import load_checkpoint, save_checkpoint
+from moco.config import resolve_config
+from moco.embed import Embedder
+from moco.errors import UserError
+from moco.export import export_backbone
+from moco.train import train
+from moco.whiten import Whitening, fit_whitening
+
+# resnet10t (the cpu preset's timm network, so that --format timm applies) at 32 px, a few steps in fp32
+SETUP = dict(image_size=32, batch_size=8, bn_splits=2, queue_size=16, workers=0, max_steps=3, precision="fp32",
+             keep_checkpoints=1, save_every_minutes=1000.0)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, sample_photos):
+    out = tmp_path_factory.mktemp("white") / "run"
+    cfg = resolve_config("cpu", data_dir=str(sample_photos), out=str(out), val_dir=str(sample_photos), **SETUP)
+    assert cfg.whiten  # the preset's
+    train(cfg, progress=False)
+    return out
+
+
+def _photos(root):
+    return sorted(p for p in root.rglob("*") if p.suffix in (".jpg", ".png"))
+
+
+def _gram_inverse(w: Whitening) -> np.ndarray:
+    """W W^T: the inverse of the shrunk covariance, whatever the eigenvectors' signs."""
+    return w.matrix.astype(np.float64) @ w.matrix.T.astype(np.float64)
+
+
+def test_the_checkpoint_carries_the_whitening_of_the_trained_features_of_its_photos(run, sample_photos):
+    ckpt = load_checkpoint(run / "checkpoint.pt")
+    w = Whitening.from_state(ckpt["whitening"], 512, "ckpt")
+    assert w.count == len(_photos(sample_photos)) == 48  # fewer photos than WHITEN_ROWS: all of them
+    numbered = sorted(run.glob("checkpoint-*.pt"))
+    assert len(numbered) == 1 and "whitening" in load_checkpoint(numbered[0])  # the step's copy was rewritten too
+    raw = Embedder.load(run / "checkpoint.pt", device="cpu", precision="fp32", whiten=False).embed(
+        _photos(sample_photos))  # fmt: skip
+    ref = fit_whitening(raw)  # a fit of our own on the same photos' features, as the product embeds them
+    assert ref.shrinkage == pytest.approx(w.shrinkage, abs=1e-3)
+    np.testing.assert_allclose(w.mean, ref.mean, atol=1e-4)
+    g, gref = _gram_inverse(w), _gram_inverse(ref)
+    assert np.abs(g - gref).max() < 1e-3 * np.abs(gref).max()
+
+
+def test_the_kNN_monitor_reports_the_exported_embedding(run, sample_photos):
+    from moco.knn import knn_top1
+
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    exported = [r["knn_exported"] for r in lines if "knn_exported" in r]
+    assert len(exported) == 1
+    files = _photos(sample_photos)
+    vecs = Embedder.load(run / "checkpoint.pt", device="cpu", precision="fp32").embed(files)  # whitened
+    families = sorted({f.parent.name for f in files})
+    labels = torch.tensor([families.index(f.parent.name) for f in files])
+    want = knn_top1(torch.from_numpy(vecs), labels, None, None, len(families), 200, 0.1)  # leave-one-out
+    assert exported[0] == pytest.approx(want, abs=1.5 / len(files))  # at most one photo's vote apart (bf16 ties)
+
+
+def test_embeddings_apply_it_and_the_export_formats_keep_it(run, sample_photos, tmp_path, caplog):
+    files = _photos(sample_photos)[:6]
+    ckpt = load_checkpoint(run / "checkpoint.pt")
+    w = Whitening.from_state(ckpt["whitening"], 512, "ckpt")
+    meta = export_backbone(run / "checkpoint.pt", tmp_path / "b.safetensors")
+    assert json.loads(meta["whitening"])["count"] == 48
+    white = Embedder.load(tmp_path / "b.safetensors", device="cpu", precision="fp32")
+    plain = Embedder.load(tmp_path / "b.safetensors", device="cpu", precision="fp32", whiten=False)
+    assert white.whitening is not None and plain.whitening is None
+    got, raw = white.embed(files), plain.embed(files)
+    np.testing.assert_allclose(got, w(raw), atol=2e-5)  # normalize((normalize(f) - mean) @ matrix)
+    assert np.abs(got - raw).max() > 0.1  # and it does change the vectors
+    unnormalized = white.embed(files, normalize=False)
+    np.testing.assert_allclose(unnormalized, (raw - w.mean) @ w.matrix, rtol=1e-4, atol=1e-4)
+
+    export_backbone(run / "checkpoint.pt", tmp_path / "b.pt2", fmt="pt2")  # a program: whitening inside
+    program = torch.export.load(str(tmp_path / "b.pt2")).module()
+    x = torch.randn(3, 3, 32, 32)
+    np.testing.assert_allclose(program(x).detach().numpy(), white.embed_views(x), atol=2e-5)
+
+    with caplog.at_level(logging.WARNING, logger="moco.export"):
+        timm_meta = export_backbone(run / "checkpoint.pt", tmp_path / "timm", fmt="timm")
+    assert "whitening" not in timm_meta and "timm's model has no place for the run's whitening" in caplog.text
+
+
+def test_a_damaged_whitening_is_refused_naming_the_file_and_the_fix(run, tmp_path):
+    ckpt = load_checkpoint(run / "checkpoint.pt")
+    ckpt["whitening"]["matrix"] = torch.zeros(3, 3)
+    save_checkpoint({k: v for k, v in ckpt.items() if k not in ("format", "version")}, tmp_path, keep=0)
+    with pytest.raises(UserError, match=rf"{tmp_path / 'checkpoint.pt'}.*shapes.*train again"):
+        export_backbone(tmp_path / "checkpoint.pt", tmp_path / "b.safetensors")
+    assert not (tmp_path / "b.safetensors").exists()
+
+
+def test_the_index_stores_and_searches_the_whitened_embeddings(run, sample_photos, tmp_path):
+    from index.build import build_index
+    from index.image_index import ImageIndex
+
+    export_backbone(run / "checkpoint.pt", tmp_path / "b.safetensors")
+    build_index(sample_photos, tmp_path / "b.safetensors", tmp_path / "idx", progress=False, device="cpu")
+    idx = ImageIndex.open(tmp_path / "idx")
+    ids, stored = idx.catalog.vectors(dim=idx.dim)  # N, N x D
+    paths = [idx.catalog.rows_by_id([int(i)])[int(i)].path for i in ids]
+    raw = Embedder.load(run / "checkpoint.pt", device="cpu", whiten=False).embed([sample_photos / p for p in paths])
+    w = Whitening.from_state(load_checkpoint(run / "checkpoint.pt")["whitening"], 512, "ckpt")
+    np.testing.assert_allclose(stored, w(raw), atol=2e-2)  # the index embeds with the run's whitening (bf16 here)
+    q = stored[:2]  # two stored photos as queries: brute-force top-5 over the centred stored vectors
+    centred = stored - stored.mean(0)
+    centred /= np.linalg.norm(centred, axis=1, keepdims=True)
+    qc = q - stored.mean(0)
+    qc /= np.linalg.norm(qc, axis=1, keepdims=True)
+    want = np.argsort(-(qc @ centred.T), axis=1)[:, :5]
+    found = idx.search(q, k=5)
+    assert [[int(i) for i in r] for r in found.ids] == [[int(ids[j]) for j in r] for r in want]
