@@ -278,7 +278,8 @@ class IndexNegatives:
             notes.append(f"{self.index.dir} has no augmentation level (built before it was measured): run "
                          f"`moco index update {self.index.dir}` to flag negatives as close as two views of a photo")
         threshold = _closeness_level(level, self.index.weak_below, notes)
-        space = "centred backbone space" if mean is not None else "backbone space (uncentred: an older index)"
+        white = "whitened " if self.index.whitened else ""
+        space = f"centred {white}backbone space" if mean is not None else "backbone space (uncentred: an older index)"
         view = NegativesView("index", f"{space} of the exported model, as search scores; negatives: every other "
                              f"image of the index ({len(ids)}); views: the {self.recipe} training recipe",
                              self.temperature, _to_u8(xq[0], emb.mean, emb.std), _to_u8(xk[0], emb.mean, emb.std),

@@ -240,10 +240,19 @@ def _quality_table(ds: str, what: str, name: str) -> list[str]:
             f"{d['base']['queue_size']}, lr {d['base']['lr']}. Centred pixels: **{100 * (pixels or 0):.2f}%**.",
             "", "| run | setup | steps | img/s | " + " | ".join(f"{m} min" for m in CHECKPOINTS) + " |",
             "|---|---|---|---|" + "---|" * len(CHECKPOINTS)]  # fmt: skip
+    exported = [r for r in d["rows"] if r.get("knn_exported") is not None]
+    if exported:  # runs that fitted their whitening (--whiten): what their export embeds, after the budget
+        out[-2] += " as exported |"
+        out[-1] += "---|"
     for r in d["rows"]:
-        cells = [_run_at(r, m, d["minutes"]) for m in CHECKPOINTS]
+        cells = [_run_at(r, m, d["minutes"]) for m in CHECKPOINTS] + ([r.get("knn_exported")] if exported else [])
         out.append(f"| {r['name']} | {_setup_text(r, d['base'])} | {r['steps']} | {r['img_s']:.0f} | "
                    + " | ".join("" if v is None else f"{100 * v:.2f}%" for v in cells) + " |")  # fmt: skip
+    if exported:
+        out += ["", "*As exported*: the same model's kNN top-1 through the whitening its run fitted on (up to 5,000 "
+                "of) the training photos after the budget (`--whiten`), which the export carries and every embedding "
+                "applies; the fit took " + ", ".join(f"{r['whitening_s']:.1f} s ({r['name']})" for r in exported
+                                                       if r.get("whitening_s") is not None) + "."]  # fmt: skip
     out += _target(rows, d["minutes"])
     if all("curve_whitened" in r for r in d["rows"]):
         white = d["rows"][0].get("pixels_whitened")

@@ -363,7 +363,8 @@ def _augment_level(root: Path, index_dir: Path, catalog: Catalog, ids: np.ndarra
     k = np.concatenate([embedder.embed_views(xk[s : s + batch_size]) for s in range(0, len(xk), batch_size)])  # B x D
     cos = np.einsum("bd,bd->b", center(q, mean), center(k, mean))  # B
     return {"median": round(float(np.median(cos)), 4), "p10": round(float(np.percentile(cos, 10)), 4),
-            "pairs": len(cos), "recipe": AUGMENT_RECIPE, "space": "centred backbone"}  # fmt: skip
+            "pairs": len(cos), "recipe": AUGMENT_RECIPE,
+            "space": "centred whitened backbone" if embedder.whitening is not None else "centred backbone"}  # fmt: skip
 
 
 def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gpu: str,

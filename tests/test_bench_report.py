@@ -107,3 +107,17 @@ def test_the_issues_command_is_judged_beside_default_and_lightly_where_it_ran(tm
     assert "## Quality per CPU minute: crops of 90 desktop pictures" in text
     assert "| issue_cmd | small_stem True |" in text
     assert f"(the cpu preset above default, lightly and issue_cmd at 5, 10, 20 min): {verdict}." in text
+
+
+def test_a_run_that_fitted_its_whitening_gets_an_as_exported_column_with_the_fit_time(tmp_path, monkeypatch):
+    cpu = {**_row("cpu", [[0, 0.5], [5, 0.8], [10, 0.85], [20, 0.9]], preset="cpu", **BASE),
+           "knn_exported": 0.9345, "whitening_s": 2.44}  # fmt: skip
+    rows = [cpu, _row("default", [[0, 0.5], [5, 0.7], [10, 0.75], [20, 0.8]], preset="v2", **BASE)]
+    d = {"minutes": 20, "cpu": "Test CPU", "threads": 2, "base": BASE, "dataset": "fashion", "rows": rows}
+    text = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min_exported.json": d})
+    assert "| run | setup | steps | img/s | 5 min | 10 min | 20 min | as exported |" in text
+    assert "| cpu | --preset cpu: — | 10 | 100 | 80.00% | 85.00% | 90.00% | 93.45% |" in text
+    assert "| default | — | 10 | 100 | 70.00% | 75.00% | 80.00% |  |" in text  # no whitening: an empty cell
+    assert "the fit took 2.4 s (cpu)" in text
+    plain = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min.json": {**d, "rows": rows[1:]}})
+    assert "as exported" not in plain.split("(exported)")[0]  # tables without such a run keep their columns

@@ -124,3 +124,19 @@ def test_the_index_stores_and_searches_the_whitened_embeddings(run, sample_photo
     want = np.argsort(-(qc @ centred.T), axis=1)[:, :5]
     found = idx.search(q, k=5)
     assert [[int(i) for i in r] for r in found.ids] == [[int(ids[j]) for j in r] for r in want]
+
+
+def test_a_run_without_it_has_none_and_can_fit_it_when_resumed_to_its_end(sample_photos, tmp_path):
+    from dataclasses import replace
+
+    from moco.train import resume_config
+
+    tiny = {**SETUP, "max_steps": 2}
+    cfg = resolve_config("cpu", data_dir=str(sample_photos), out=str(tmp_path / "r"), whiten=False, **tiny)
+    summary = train(cfg, progress=False)
+    assert summary["whitening"] is None and "whitening" not in load_checkpoint(tmp_path / "r" / "checkpoint.pt")
+    assert Embedder.load(tmp_path / "r" / "checkpoint.pt", device="cpu").whitening is None  # raw features, as before
+    again = resume_config(tmp_path / "r", {"whiten": True, "max_steps": 3})
+    summary = train(replace(again), resume=True, progress=False)
+    assert summary["steps"] == 3 and summary["whitening"]["rows"] == 48 and summary["whitening"]["seconds"] >= 0
+    assert Embedder.load(tmp_path / "r" / "checkpoint.pt", device="cpu").whitening.count == 48
