@@ -182,7 +182,8 @@ class Embedder:
               ) -> np.ndarray | torch.Tensor:  # fmt: skip
         """Embed images (PIL images, paths, uint8 HWC/CHW arrays or tensors): N x D float32.
 
-        ``normalize``: L2-normalize each vector (cosine = inner product), else the backbone's pooled features;
+        ``normalize``: L2-normalize each vector (cosine = inner product), else the backbone's pooled features
+        (through the run's whitening when the file carries one: ``Embedder.load(..., whiten=False)`` skips it);
         ``output``: "numpy" (an ndarray) or "torch" (a CPU tensor); ``progress``: a progress bar on stderr;
         ``mean``: a collection's mean embedding (D, e.g. ``ImageIndex.mean``): the vectors are centred on it
         (:func:`center`), so unrelated images score near 0; by default the raw output is returned.

@@ -140,3 +140,23 @@ def test_a_run_without_it_has_none_and_can_fit_it_when_resumed_to_its_end(sample
     summary = train(replace(again), resume=True, progress=False)
     assert summary["steps"] == 3 and summary["whitening"]["rows"] == 48 and summary["whitening"]["seconds"] >= 0
     assert Embedder.load(tmp_path / "r" / "checkpoint.pt", device="cpu").whitening.count == 48
+
+
+def test_near_duplicates_of_a_whitened_index_use_its_threshold(run, sample_photos, tmp_path, capsys):
+    from app.cli import main
+    from index.build import build_index
+    from index.dedup import WHITENED_DEDUP_THRESHOLD, find_duplicates, load_duplicates
+    from index.image_index import ImageIndex
+
+    export_backbone(run / "checkpoint.pt", tmp_path / "b.safetensors")
+    build_index(sample_photos, tmp_path / "b.safetensors", tmp_path / "idx", progress=False, device="cpu")
+    idx = ImageIndex.open(tmp_path / "idx")
+    assert idx.whitened and idx.stats()["dedup_threshold"] == WHITENED_DEDUP_THRESHOLD == 0.8
+    groups = find_duplicates(idx)  # no threshold given: the index's
+    assert load_duplicates(idx.dir)["threshold"] == 0.8
+    ids, vecs = idx.catalog.vectors(dim=idx.dim)
+    c = idx.center(vecs)  # N x D, the search space
+    pairs = np.argwhere(np.triu(c @ c.T, 1) >= 0.8 - 1e-6)  # P x 2, brute force over every pair
+    assert {m["id"] for g in groups for m in g["members"]} == {int(ids[k]) for k in pairs.ravel()}
+    assert main(["index", "dedup", str(tmp_path / "idx")]) == 0
+    assert "at cosine >= 0.8;" in capsys.readouterr().out
