@@ -143,13 +143,24 @@ def test_a_run_without_it_has_none_and_can_fit_it_when_resumed_to_its_end(sample
 
 
 def test_near_duplicates_of_a_whitened_index_use_its_threshold(run, sample_photos, tmp_path, capsys):
+    import shutil
+
+    from PIL import Image
+
     from app.cli import main
     from index.build import build_index
     from index.dedup import WHITENED_DEDUP_THRESHOLD, find_duplicates, load_duplicates
     from index.image_index import ImageIndex
 
+    photos = tmp_path / "photos"
+    shutil.copytree(sample_photos, photos)
+    originals = _photos(photos)[::12]  # 4 photos, each with an exact copy and a resized JPEG copy
+    for n, f in enumerate(originals):
+        shutil.copy(f, photos / f"copy{n}{f.suffix}")
+        with Image.open(f) as im:
+            im.convert("RGB").resize((40, 40)).save(photos / f"small{n}.jpg", quality=90)
     export_backbone(run / "checkpoint.pt", tmp_path / "b.safetensors")
-    build_index(sample_photos, tmp_path / "b.safetensors", tmp_path / "idx", progress=False, device="cpu")
+    build_index(photos, tmp_path / "b.safetensors", tmp_path / "idx", progress=False, device="cpu")
     idx = ImageIndex.open(tmp_path / "idx")
     assert idx.whitened and idx.stats()["dedup_threshold"] == WHITENED_DEDUP_THRESHOLD == 0.8
     groups = find_duplicates(idx)  # no threshold given: the index's
@@ -158,5 +169,7 @@ def test_near_duplicates_of_a_whitened_index_use_its_threshold(run, sample_photo
     c = idx.center(vecs)  # N x D, the search space
     pairs = np.argwhere(np.triu(c @ c.T, 1) >= 0.8 - 1e-6)  # P x 2, brute force over every pair
     assert {m["id"] for g in groups for m in g["members"]} == {int(ids[k]) for k in pairs.ravel()}
+    grouped = {m["path"] for g in groups for m in g["members"]}
+    assert {f"copy{n}{f.suffix}" for n, f in enumerate(originals)} <= grouped  # exact copies: cosine 1
     assert main(["index", "dedup", str(tmp_path / "idx")]) == 0
     assert "at cosine >= 0.8;" in capsys.readouterr().out
