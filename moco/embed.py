@@ -35,7 +35,7 @@ from moco.backbones import is_vit
 from moco.data import ImageDecodeError, load_square_u8, read_image_bytes, scan_images, square_u8
 from moco.device import autocast_for, resolve_device, resolve_precision
 from moco.errors import UserError
-from moco.whiten import Whitening
+from moco.whiten import Whitening, whiten_features
 
 __all__ = ["Embedder", "center"]
 
@@ -173,8 +173,8 @@ class Embedder:
             x = x.contiguous(memory_format=torch.channels_last)
         with autocast_for(self.device, self.precision):
             f = self.backbone(x).float()  # N x D
-        if self._white is not None:  # as moco.whiten.Whitening: of the L2-normalized features
-            f = (F.normalize(f, dim=1) - self._white[0]) @ self._white[1]  # N x D
+        if self._white is not None:
+            f = whiten_features(f, *self._white)  # N x D
         return (F.normalize(f, dim=1) if normalize else f).cpu().numpy()
 
     def embed(self, images: Sequence[ImageLike] | ImageLike, batch_size: int = 64, normalize: bool = True,

@@ -33,7 +33,7 @@ from moco.formats import (
     read_checkpoint,
     sequential_names,
 )
-from moco.whiten import Whitening
+from moco.whiten import Whitening, whiten_features
 
 __all__ = ["BACKBONE_FORMAT", "ArchGuess", "detect_arch", "checkpoint_num_heads", "export_backbone", "load_exported",
            "build_exported", "exported_whitening", "WhitenedBackbone"]  # fmt: skip
@@ -231,8 +231,7 @@ def export_backbone(
         logger.warning("--format timm: timm's model has no place for the run's whitening, so its features are the "
                        "backbone's as they are; --format safetensors (moco.Embedder) or pt2/onnx keep it")  # fmt: skip
     elif whitening is not None:
-        meta["whitening"] = json.dumps({"shrinkage": whitening.shrinkage, "count": whitening.count,
-                                        "in_file": fmt == "safetensors"})  # fmt: skip
+        meta["whitening"] = json.dumps({"shrinkage": whitening.shrinkage, "count": whitening.count})
         if fmt != "safetensors":  # a program: its output is the whitened, L2-normalized embedding
             module = WhitenedBackbone(backbone, whitening).eval()
     writer = {"safetensors": _write_safetensors, "timm": _write_timm, "onnx": _write_onnx, "pt2": _write_pt2}[fmt]
@@ -272,8 +271,7 @@ class WhitenedBackbone(nn.Module):
         self.register_buffer("matrix", torch.from_numpy(whitening.matrix.copy()))  # D x D
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        f = F.normalize(self.backbone(x).float(), dim=1)  # N x D
-        return F.normalize((f - self.mean) @ self.matrix, dim=1)  # N x D
+        return F.normalize(whiten_features(self.backbone(x).float(), self.mean, self.matrix), dim=1)  # N x D
 
 
 def _whitening_of(split: SplitCheckpoint, dim: int, checkpoint: Path) -> Whitening | None:

@@ -163,6 +163,7 @@ class KnnMonitor:
         classes = self.bank.classes if self.bank else None
         self.val = LabeledImages(val_dir, size, cache_root / "knn_val", workers, classes)
         self.image_size, self.mean, self.std, self.k, self.t = image_size, mean, std, k, t
+        self._last: tuple[torch.Tensor, torch.Tensor | None] | None = None  # the last evaluate's (val, bank) features
         logger.info(
             "kNN monitor: %d val images, %s, %d classes",
             len(self.val.cache),
@@ -204,14 +205,14 @@ class KnnMonitor:
         kw = dict(precision=precision, channels_last=channels_last)
         feats = extract_features(backbone, self.val.cache.array, *args, **kw)
         bank = extract_features(backbone, self.bank.cache.array, *args, **kw) if self.bank else None
+        self._last = (feats, bank)  # for evaluate_whitened: the same weights, not extracted twice
         return self._top1(feats, bank), self._top1(*whitened(feats, bank))
 
-    def evaluate_whitened(self, backbone: nn.Module, whitening: Whitening, device: torch.device,
-                          precision: str = "fp32", channels_last: bool = False) -> float:  # fmt: skip
-        """kNN top-1 (0..1) of ``backbone``'s features whitened by ``whitening`` (fitted on the training photos:
-        what the export embeds), where :meth:`evaluate` fits its whitening on the bank."""
-        args = (self.image_size, self.mean, self.std, device)
-        kw = dict(precision=precision, channels_last=channels_last)
-        feats = torch.from_numpy(whitening(extract_features(backbone, self.val.cache.array, *args, **kw).numpy()))
-        bank = extract_features(backbone, self.bank.cache.array, *args, **kw) if self.bank else None
-        return self._top1(feats, None if bank is None else torch.from_numpy(whitening(bank.numpy())))
+    def evaluate_whitened(self, whitening: Whitening) -> float:
+        """kNN top-1 (0..1) of the features of the last :meth:`evaluate` whitened by ``whitening`` (fitted on the
+        training photos: what the export embeds), where :meth:`evaluate` fits its whitening on the bank."""
+        if self._last is None:
+            raise RuntimeError("evaluate_whitened needs an evaluate() of the same weights first")
+        feats, bank = self._last
+        white = torch.from_numpy(whitening(feats.numpy()))
+        return self._top1(white, None if bank is None else torch.from_numpy(whitening(bank.numpy())))

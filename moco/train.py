@@ -404,7 +404,7 @@ def train(
     whitening = _fit_whitening(model.backbone, cache, cfg, device, precision, cnn) if cfg.whiten and d.main else None
     fit_s = time.monotonic() - fit_start
     if whitening is not None and monitor is not None:
-        exported = monitor.evaluate_whitened(model.backbone, whitening, device, precision, cnn)
+        exported = monitor.evaluate_whitened(whitening)  # the features of the evaluation just above
         metrics.write({"step": step, "epoch": step / steps_per_epoch, "knn_exported": exported})
         logger.info("step %d: kNN top-1 %.2f%% with the run's whitening (what the export embeds)", step, 100 * exported)
     if saved_step != step or cfg.whiten:  # every rank saves (a collective check); rank 0 adds the whitening

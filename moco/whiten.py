@@ -17,7 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Whitening", "fit_whitening", "ledoit_wolf_shrinkage"]
+__all__ = ["Whitening", "fit_whitening", "ledoit_wolf_shrinkage", "whiten_features"]
+
+
+def whiten_features(f: torch.Tensor, mean: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """``(normalize(f) - mean) @ matrix`` of pooled features ``f`` (N x D), not normalized again: what
+    :class:`Whitening` computes in numpy, on ``f``'s device (``mean``: D, ``matrix``: D x D)."""
+    return (torch.nn.functional.normalize(f, dim=1) - mean) @ matrix  # N x D
 
 
 @dataclass(frozen=True)
