@@ -35,7 +35,7 @@ from moco.backbones import is_vit
 from moco.data import ImageDecodeError, load_square_u8, read_image_bytes, scan_images, square_u8
 from moco.device import autocast_for, resolve_device, resolve_precision
 from moco.errors import UserError
-from moco.whiten import Whitening, whiten_features
+from moco.whiten import Whitening, mirror_features, whiten_features
 
 __all__ = ["Embedder", "center"]
 
@@ -83,7 +83,8 @@ class Embedder:
         dim: feature dimension D.
         config: the backbone's metadata (arch, image_size, resize, mean, std, source sha256, ...).
         sha256: sha256 of the backbone file (what an index records to refuse a different backbone).
-        whitening: the whitening every embedding goes through (a run trained with ``--whiten``), or None.
+        whitening: the whitening every embedding goes through (a run trained with ``--whiten``), or None; a run's
+            whitening averages each image's features with its mirror image's first (``whitening.mirror``).
     """
 
     def __init__(self, backbone: nn.Module, config: dict[str, str], device: str | torch.device = "auto",
@@ -167,12 +168,14 @@ class Embedder:
     @torch.inference_mode()
     def embed_views(self, x: torch.Tensor, normalize: bool = True) -> np.ndarray:
         """Embed already normalized views (N x 3 x s x s float, e.g. augmented): N x D float32, L2-normalized
-        unless not ``normalize`` (then the backbone's pooled features, or with a whitening ``(f/|f| - mean) @ W``)."""
+        unless not ``normalize`` (then the backbone's pooled features, or with a whitening ``(f/|f| - mean) @ W``,
+        ``f`` averaged with the mirror image's features when the whitening was fitted so)."""
         x = x.to(self.device, non_blocking=True)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
+        mirror = self.whitening is not None and self.whitening.mirror
         with autocast_for(self.device, self.precision):
-            f = self.backbone(x).float()  # N x D
+            f = mirror_features(self.backbone, x) if mirror else self.backbone(x).float()  # N x D
         if self._white is not None:
             f = whiten_features(f, *self._white)  # N x D
         return (F.normalize(f, dim=1) if normalize else f).cpu().numpy()

@@ -33,7 +33,7 @@ from moco.formats import (
     read_checkpoint,
     sequential_names,
 )
-from moco.whiten import Whitening, whiten_features
+from moco.whiten import Whitening, mirror_features, whiten_features
 
 __all__ = ["BACKBONE_FORMAT", "ArchGuess", "detect_arch", "checkpoint_num_heads", "export_backbone", "load_exported",
            "build_exported", "exported_whitening", "WhitenedBackbone"]  # fmt: skip
@@ -231,7 +231,8 @@ def export_backbone(
         logger.warning("--format timm: timm's model has no place for the run's whitening, so its features are the "
                        "backbone's as they are; --format safetensors (moco.Embedder) or pt2/onnx keep it")  # fmt: skip
     elif whitening is not None:
-        meta["whitening"] = json.dumps({"shrinkage": whitening.shrinkage, "count": whitening.count})
+        meta["whitening"] = json.dumps({"shrinkage": whitening.shrinkage, "count": whitening.count,
+                                        "mirror": whitening.mirror})  # fmt: skip
         if fmt != "safetensors":  # a program: its output is the whitened, L2-normalized embedding
             module = WhitenedBackbone(backbone, whitening).eval()
     writer = {"safetensors": _write_safetensors, "timm": _write_timm, "onnx": _write_onnx, "pt2": _write_pt2}[fmt]
@@ -262,16 +263,19 @@ def _training_summary(split: SplitCheckpoint) -> dict[str, Any]:
 
 
 class WhitenedBackbone(nn.Module):
-    """``backbone`` followed by a whitening (:mod:`moco.whiten`): L2-normalized whitened embeddings (N x D)."""
+    """``backbone`` followed by a whitening (:mod:`moco.whiten`, mirror-averaged features when it was fitted so):
+    L2-normalized whitened embeddings (N x D)."""
 
     def __init__(self, backbone: nn.Module, whitening: Whitening) -> None:
         super().__init__()
         self.backbone = backbone
         self.register_buffer("mean", torch.from_numpy(whitening.mean.copy()))  # D
         self.register_buffer("matrix", torch.from_numpy(whitening.matrix.copy()))  # D x D
+        self.mirror = whitening.mirror  # average each view's features with its mirror image's first
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.normalize(whiten_features(self.backbone(x).float(), self.mean, self.matrix), dim=1)  # N x D
+        f = mirror_features(self.backbone, x) if self.mirror else self.backbone(x).float()  # N x D
+        return F.normalize(whiten_features(f, self.mean, self.matrix), dim=1)  # N x D
 
 
 def _whitening_of(split: SplitCheckpoint, dim: int, checkpoint: Path) -> Whitening | None:

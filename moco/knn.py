@@ -20,7 +20,7 @@ from moco.augment import center_view
 from moco.data import ImageCache, build_cache
 from moco.device import autocast_for
 from moco.errors import UserError
-from moco.whiten import Whitening, fit_whitening
+from moco.whiten import Whitening, fit_whitening, mirror_features
 
 __all__ = ["knn_predict", "knn_top1", "extract_features", "pixel_features", "whitened", "LabeledImages",
            "KnnMonitor"]
@@ -79,8 +79,10 @@ def extract_features(
     batch_size: int = 256,
     precision: str = "fp32",
     channels_last: bool = False,
+    mirror: bool = False,
 ) -> torch.Tensor:
-    """L2-normalized backbone features (N x D, float32) of uint8 images (N x S x S x 3), eval view."""
+    """L2-normalized backbone features (N x D, float32) of uint8 images (N x S x S x 3), eval view; ``mirror``:
+    of each view averaged with its mirror image (:func:`moco.whiten.mirror_features`)."""
     was_training = backbone.training
     backbone.eval()
     autocast = autocast_for(device, precision)
@@ -91,7 +93,7 @@ def extract_features(
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         with autocast:
-            f = backbone(x)  # b x D
+            f = mirror_features(backbone, x) if mirror else backbone(x)  # b x D
         out.append(F.normalize(f.float(), dim=1).cpu())
     backbone.train(was_training)
     return torch.cat(out)
@@ -205,14 +207,22 @@ class KnnMonitor:
         kw = dict(precision=precision, channels_last=channels_last)
         feats = extract_features(backbone, self.val.cache.array, *args, **kw)
         bank = extract_features(backbone, self.bank.cache.array, *args, **kw) if self.bank else None
-        self._last = (feats, bank)  # for evaluate_whitened: the same weights, not extracted twice
+        self._last = (feats, bank)  # for evaluate_exported: the same weights, not extracted twice
         return self._top1(feats, bank), self._top1(*whitened(feats, bank))
 
-    def evaluate_whitened(self, whitening: Whitening) -> float:
-        """kNN top-1 (0..1) of the features of the last :meth:`evaluate` whitened by ``whitening`` (fitted on the
-        training photos: what the export embeds), where :meth:`evaluate` fits its whitening on the bank."""
-        if self._last is None:
-            raise RuntimeError("evaluate_whitened needs an evaluate() of the same weights first")
-        feats, bank = self._last
+    def evaluate_exported(self, backbone: nn.Module, whitening: Whitening, device: torch.device,
+                          precision: str = "fp32", channels_last: bool = False) -> float:  # fmt: skip
+        """kNN top-1 (0..1) of what the export embeds: ``backbone``'s features (mirror-averaged when ``whitening``
+        was fitted so) whitened by ``whitening`` (fitted on the training photos), where :meth:`evaluate` fits its
+        whitening on the bank. Plain features are those of the last :meth:`evaluate` of the same weights."""
+        if whitening.mirror:
+            args, kw = (self.image_size, self.mean, self.std, device), dict(precision=precision,
+                                                                            channels_last=channels_last, mirror=True)
+            feats = extract_features(backbone, self.val.cache.array, *args, **kw)
+            bank = extract_features(backbone, self.bank.cache.array, *args, **kw) if self.bank else None
+        elif self._last is None:
+            raise RuntimeError("evaluate_exported of plain features needs an evaluate() of the same weights first")
+        else:
+            feats, bank = self._last
         white = torch.from_numpy(whitening(feats.numpy()))
         return self._top1(white, None if bank is None else torch.from_numpy(whitening(bank.numpy())))

@@ -404,7 +404,7 @@ def train(
     whitening = _fit_whitening(model.backbone, cache, cfg, device, precision, cnn) if cfg.whiten and d.main else None
     fit_s = time.monotonic() - fit_start
     if whitening is not None and monitor is not None:
-        exported = monitor.evaluate_whitened(whitening)  # the features of the evaluation just above
+        exported = monitor.evaluate_exported(model.backbone, whitening, device, precision, cnn)
         metrics.write({"step": step, "epoch": step / steps_per_epoch, "knn_exported": exported})
         logger.info("step %d: kNN top-1 %.2f%% with the run's whitening (what the export embeds)", step, 100 * exported)
     if saved_step != step or cfg.whiten:  # every rank saves (a collective check); rank 0 adds the whitening
@@ -426,6 +426,7 @@ def train(
         "device": str(device),
         "final_loss": metrics.last_loss if metrics else None,
         "whitening": None if whitening is None else {"rows": whitening.count, "shrinkage": whitening.shrinkage,
+                                                     "mirror": whitening.mirror,
                                                      "seconds": round(fit_s, 2)},  # fmt: skip
     }
     if metrics is not None:
@@ -604,16 +605,17 @@ def _save(
 
 def _fit_whitening(backbone: nn.Module, cache: ImageCache, cfg: TrainConfig, device: torch.device, precision: str,
                    channels_last: bool) -> Whitening:  # fmt: skip
-    """The whitening (:mod:`moco.whiten`, Ledoit-Wolf) of the trained backbone's L2-normalized features of up to
+    """The whitening (:mod:`moco.whiten`, Ledoit-Wolf) of the trained backbone's mirror-averaged features of up to
     ``WHITEN_ROWS`` photos (a seeded draw), in the view the export embeds (resize, center crop)."""
     from moco.knn import extract_features
 
     n = len(cache)
     rows = np.sort(np.random.default_rng(cfg.seed).choice(n, min(n, WHITEN_ROWS), replace=False))  # R
     feats = extract_features(backbone, np.asarray(cache.array[rows]), cfg.image_size, cfg.mean, cfg.std, device,
-                             precision=precision, channels_last=channels_last)  # R x D
-    whitening = fit_whitening(feats.numpy())
-    logger.info("whitening: fitted on %d of %d photos (Ledoit-Wolf shrinkage %.3f); the export carries it",
+                             precision=precision, channels_last=channels_last, mirror=True)  # R x D
+    whitening = replace(fit_whitening(feats.numpy()), mirror=True)  # embeddings average each photo with its mirror
+    logger.info("whitening: fitted on %d of %d photos and their mirror images (Ledoit-Wolf shrinkage %.3f); the "
+                "export carries it",
                 len(rows), n, whitening.shrinkage)  # fmt: skip
     return whitening
 

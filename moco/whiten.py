@@ -7,6 +7,12 @@ direction to unit variance before the cosine. The covariance is shrunk towards a
 identity by the Ledoit-Wolf estimate (Ledoit & Wolf 2004, the formula of scikit-learn's
 ``ledoit_wolf_shrinkage``): no setting to tune, and for a collection with fewer vectors than dimensions
 the shrinkage grows towards 1, where whitening falls back to plain centring.
+
+A run's whitening (``moco train --whiten``) is fitted on, and applied to, the *mirror-averaged* features of
+each photo (:func:`mirror_features`: the sum of the normalized features of the photo and of its mirror image).
+Every preset trains with random horizontal flips, so the part of a feature that changes sign under a flip is
+nuisance to the network; whitening scales every direction to unit variance, nuisance included, and removing
+that part first measured +0.7 points of kNN on two sets of three (BENCHMARKS.md, seventh round).
 """
 
 from __future__ import annotations
@@ -17,13 +23,23 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["Whitening", "fit_whitening", "ledoit_wolf_shrinkage", "whiten_features"]
+__all__ = ["Whitening", "fit_whitening", "ledoit_wolf_shrinkage", "mirror_features", "whiten_features"]
 
 
 def whiten_features(f: torch.Tensor, mean: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
     """``(normalize(f) - mean) @ matrix`` of pooled features ``f`` (N x D), not normalized again: what
     :class:`Whitening` computes in numpy, on ``f``'s device (``mean``: D, ``matrix``: D x D)."""
     return (torch.nn.functional.normalize(f, dim=1) - mean) @ matrix  # N x D
+
+
+def mirror_features(backbone: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``normalize(backbone(x)) + normalize(backbone(mirror(x)))`` (N x D float32, not normalized again) of views
+    ``x`` (N x 3 x s x s), in one forward pass of the 2N views; ``x``'s memory format is kept."""
+    both = torch.cat([x, x.flip(3)])  # 2N x 3 x s x s
+    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
+        both = both.contiguous(memory_format=torch.channels_last)
+    f = torch.nn.functional.normalize(backbone(both).float(), dim=1)  # 2N x D
+    return f.unflatten(0, (2, -1)).sum(0)  # N x D
 
 
 @dataclass(frozen=True)
@@ -34,6 +50,7 @@ class Whitening:
     matrix: np.ndarray  # D x D float32: eigenvectors of the shrunk covariance scaled by eigenvalue^-1/2
     shrinkage: float  # 0 (the sample covariance) .. 1 (a multiple of the identity: centring only)
     count: int  # vectors it was fitted on
+    mirror: bool = False  # fitted on mirror_features: embeddings average each photo with its mirror image first
 
     def __call__(self, vectors: np.ndarray) -> np.ndarray:
         """Whitened, L2-normalized rows (N x D float32); a row equal to the mean stays all zeros."""
@@ -45,7 +62,7 @@ class Whitening:
     def state(self) -> dict[str, Any]:
         """Tensors and numbers (what ``torch.load(weights_only=True)`` reads back), for a checkpoint."""
         return {"mean": torch.from_numpy(self.mean.copy()), "matrix": torch.from_numpy(self.matrix.copy()),
-                "shrinkage": float(self.shrinkage), "count": int(self.count)}  # fmt: skip
+                "shrinkage": float(self.shrinkage), "count": int(self.count), "mirror": bool(self.mirror)}  # fmt: skip
 
     @classmethod
     def from_state(cls, state: dict[str, Any], dim: int, where: str) -> Whitening:
@@ -54,13 +71,14 @@ class Whitening:
             mean = np.asarray(state["mean"], np.float32)  # D
             matrix = np.asarray(state["matrix"], np.float32)  # D x D
             shrinkage, count = float(state.get("shrinkage", 0.0)), int(state.get("count", 0))
+            mirror = bool(state.get("mirror", False))  # files written before it: plain features
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{where}: the whitening is damaged ({e})") from None
         if mean.shape != (dim,) or matrix.shape != (dim, dim) or not (np.isfinite(mean).all()
                                                                         and np.isfinite(matrix).all()):  # fmt: skip
             raise ValueError(f"{where}: the whitening has shapes {mean.shape} and {matrix.shape} (or non-finite "
                              f"values), the backbone embeds {dim}-d")  # fmt: skip
-        return cls(mean, matrix, shrinkage, count)
+        return cls(mean, matrix, shrinkage, count, mirror)
 
 
 def ledoit_wolf_shrinkage(xc: np.ndarray) -> float:

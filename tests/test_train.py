@@ -272,7 +272,9 @@ def test_time_budget_fits_the_schedule_to_the_budget(sample_photos, tmp_path):
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     # No wall-clock bound here (a loaded machine would fail it): the fit itself is tested against a synthetic
     # clock in test_optim.py; end to end, the budget (not the 100,000 epochs) ended the run.
-    assert summary["total_steps"] < 100_000 * 6  # the schedule was fitted, not the whole 100,000 epochs
+    assert summary["steps"] < 100_000 * 6
+    if summary["steps"] >= 10:  # the first fit is at step 10 (a loaded machine may not get there in 6 s)
+        assert summary["total_steps"] < 100_000 * 6  # the schedule was fitted, not the whole 100,000 epochs
     if summary["stopped_by"] is None:  # ended with its schedule: the lr was annealed to its end
         assert summary["steps"] == summary["total_steps"] and records[-1]["lr"] < 0.05 * records[10]["lr"]
     else:

@@ -100,7 +100,12 @@ def test_state_round_trips_and_a_damaged_one_is_refused_with_the_file_named():
     w = fit_whitening(x)
     back = Whitening.from_state(w.state(), 6, "run/checkpoint.pt")
     assert np.array_equal(back.mean, w.mean) and np.array_equal(back.matrix, w.matrix)
-    assert (back.shrinkage, back.count) == (w.shrinkage, 40) and np.array_equal(back(x), w(x))
+    assert (back.shrinkage, back.count, back.mirror) == (w.shrinkage, 40, False) and np.array_equal(back(x), w(x))
+    from dataclasses import replace
+
+    assert Whitening.from_state(replace(w, mirror=True).state(), 6, "ckpt").mirror  # a run's whitening says so
+    old = {k: v for k, v in w.state().items() if k != "mirror"}  # written before mirror averaging: plain features
+    assert Whitening.from_state(old, 6, "ckpt").mirror is False
     assert all(isinstance(v, torch.Tensor) for k, v in w.state().items() if k in ("mean", "matrix"))
     with pytest.raises(ValueError, match="run/checkpoint.pt.*embeds 8-d"):
         Whitening.from_state(w.state(), 8, "run/checkpoint.pt")
@@ -109,3 +114,25 @@ def test_state_round_trips_and_a_damaged_one_is_refused_with_the_file_named():
         Whitening.from_state(bad, 6, "run/checkpoint.pt")
     with pytest.raises(ValueError, match="damaged"):
         Whitening.from_state({"mean": w.state()["mean"]}, 6, "run/checkpoint.pt")
+
+
+def test_mirror_features_sum_the_normalized_features_of_each_view_and_its_mirror_image():
+    import torch
+
+    from moco.whiten import mirror_features
+
+    torch.manual_seed(0)
+    nn = torch.nn
+    net = nn.Sequential(nn.Conv2d(3, 5, 3), nn.ReLU(), nn.Flatten(), nn.Linear(5 * 6 * 6, 4))
+    x = torch.randn(3, 3, 8, 8)
+    want = torch.stack([torch.nn.functional.normalize(net(v[None]), dim=1)[0]
+                        + torch.nn.functional.normalize(net(v[None].flip(3)), dim=1)[0] for v in x])  # by hand
+    got = mirror_features(net, x)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(mirror_features(net, x.flip(3)), got, atol=1e-5, rtol=1e-5)  # mirror-invariant
+    assert (net(x.flip(3)) - net(x)).abs().max() > 1e-2  # where the network itself is not
+    cl = x.contiguous(memory_format=torch.channels_last)
+    seen = []
+    net[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].is_contiguous(memory_format=torch.channels_last)))
+    torch.testing.assert_close(mirror_features(net, cl), got, atol=1e-5, rtol=1e-5)
+    assert seen == [True]  # the 2N views keep the caller's channels_last layout
