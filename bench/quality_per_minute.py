@@ -17,8 +17,10 @@ centred-pixel baseline beside it. Results: JSON and a kNN-over-minutes plot in b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import platform
+import shutil
 import sys
 import tempfile
 import time
@@ -69,8 +71,10 @@ PEER = "lightly"  # lightly's MoCo v2 example (bench/_lightly_moco.py), set up l
 
 
 def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, evals: int,
-                  bank_dir: Path | None = None) -> dict[str, Any]:  # fmt: skip
-    """Train one candidate for ``minutes``; its kNN curve over training minutes and the pixel baseline."""
+                  bank_dir: Path | None = None, keep: Path | None = None) -> dict[str, Any]:  # fmt: skip
+    """Train one candidate for ``minutes``; its kNN curve over training minutes and the pixel baseline.
+
+    ``keep``: train in ``keep/name`` (kept: its checkpoint for later probes) instead of a temporary folder."""
     from bench.fashion_mnist import _seconds_per_step
     from moco.config import resolve_config
     from moco.curves import read_metrics
@@ -82,7 +86,9 @@ def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, ev
     resolved = resolve_config(preset, **setup)
     every = max(1, int(minutes * 60 / evals / _seconds_per_step({k: getattr(resolved, k) for k in BASE})))
     setup = {"preset": preset, **{k: getattr(resolved, k) for k in BASE}, **setup}
-    with tempfile.TemporaryDirectory() as tmp:
+    if keep is not None:
+        shutil.rmtree(keep / name, ignore_errors=True)  # a fresh run, not a resume of an earlier one
+    with (contextlib.nullcontext(str(keep / name)) if keep else tempfile.TemporaryDirectory()) as tmp:
         cfg = resolve_config(preset, data_dir=str(train_dir), out=tmp, time_budget=minutes, val_dir=str(test_dir),
                              knn_train_dir=str(bank_dir or ""), knn_k=K, knn_t=T, knn_every=every,
                              save_every_minutes=1e9, **{k: v for k, v in setup.items() if k != "preset"})  # fmt: skip
@@ -101,7 +107,8 @@ def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, ev
             "knn_whitened": white[-1][1], "curve_whitened": white,
             "pixels_whitened": knn[0]["knn_pixels_whitened"],
             "knn_exported": next((r["knn_exported"] for r in records if "knn_exported" in r), None),
-            "whitening_s": (summary.get("whitening") or {}).get("seconds")}  # fmt: skip
+            "whitening_s": (summary.get("whitening") or {}).get("seconds"),
+            "whitening_mirror": (summary.get("whitening") or {}).get("mirror")}  # fmt: skip
 
 
 def run_lightly(train_dir: Path, test_dir: Path, minutes: float, evals: int,
@@ -152,6 +159,8 @@ def main() -> int:
                    "gnome-backgrounds pictures, kNN of held-out crops against the training crops by source design; "
                    "photos: the same with 40-px crops of about 90 other desktop pictures (bench._datasets.photo_crops)")
     p.add_argument("--data", type=Path, default=Path(".bench_data"))
+    p.add_argument("--keep", type=Path, default=None,
+                   help="train each candidate in KEEP/NAME and keep its run (checkpoint, metrics) for later probes")
     p.add_argument("--json", type=Path, default=None,
                    help="default: bench/results/quality_per_minute_<DATASET>_<M>min.json")
     args = p.parse_args()
@@ -185,7 +194,7 @@ def main() -> int:
         if name == PEER:
             rows.append(run_lightly(train_dir, test_dir, args.minutes, args.evals, bank_dir))
         else:
-            rows.append(run_candidate(name, train_dir, test_dir, args.minutes, args.evals, bank_dir))
+            rows.append(run_candidate(name, train_dir, test_dir, args.minutes, args.evals, bank_dir, args.keep))
         r = rows[-1]
         print(f"{name:<16} kNN top-1 {100 * r['knn_top1']:.2f}% (pixels {100 * (r['pixels'] or 0):.2f}%), whitened "
               f"{100 * r['knn_whitened']:.2f}% (pixels {_pct(r['pixels_whitened'])}) {r['steps']} steps, "

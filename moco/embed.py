@@ -110,8 +110,8 @@ class Embedder:
     def load(cls, path: str | Path, device: str = "auto", precision: str = "auto", whiten: bool = True) -> Embedder:
         """From a ``.safetensors`` backbone made by ``moco export``, or from any checkpoint or official NAME.
 
-        ``whiten``: apply the whitening the file carries (a run trained with ``--whiten``, as the cpu preset);
-        False: the backbone's features as they are.
+        ``whiten``: apply the whitening the file carries (a run trained with ``--whiten``, as the cpu preset), with
+        its mirror-image average; False: the backbone's features as they are, one view per image.
         """
         from moco.export import build_exported, export_backbone, exported_whitening, load_exported
         from moco.pretrained import resolve

@@ -165,7 +165,6 @@ class KnnMonitor:
         classes = self.bank.classes if self.bank else None
         self.val = LabeledImages(val_dir, size, cache_root / "knn_val", workers, classes)
         self.image_size, self.mean, self.std, self.k, self.t = image_size, mean, std, k, t
-        self._last: tuple[torch.Tensor, torch.Tensor | None] | None = None  # the last evaluate's (val, bank) features
         logger.info(
             "kNN monitor: %d val images, %s, %d classes",
             len(self.val.cache),
@@ -199,30 +198,26 @@ class KnnMonitor:
         bank_labels = self.bank.labels if bank is not None else None  # val's classes are the bank's
         return knn_top1(feats, self.val.labels, bank, bank_labels, len(self.val.classes), self.k, self.t)
 
+    def _features(self, backbone: nn.Module, device: torch.device, precision: str, channels_last: bool,
+                  mirror: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """The val images' features (N x D) and the bank's (M x D, None for leave-one-out)."""
+        args = (self.image_size, self.mean, self.std, device)
+        kw = dict(precision=precision, channels_last=channels_last, mirror=mirror)
+        bank = extract_features(backbone, self.bank.cache.array, *args, **kw) if self.bank else None
+        return extract_features(backbone, self.val.cache.array, *args, **kw), bank
+
     def evaluate(
         self, backbone: nn.Module, device: torch.device, precision: str = "fp32", channels_last: bool = False
     ) -> tuple[float, float]:
         """kNN top-1 accuracy (0..1) of ``backbone``'s features, as they are and whitened on the bank."""
-        args = (self.image_size, self.mean, self.std, device)
-        kw = dict(precision=precision, channels_last=channels_last)
-        feats = extract_features(backbone, self.val.cache.array, *args, **kw)
-        bank = extract_features(backbone, self.bank.cache.array, *args, **kw) if self.bank else None
-        self._last = (feats, bank)  # for evaluate_exported: the same weights, not extracted twice
+        feats, bank = self._features(backbone, device, precision, channels_last)
         return self._top1(feats, bank), self._top1(*whitened(feats, bank))
 
     def evaluate_exported(self, backbone: nn.Module, whitening: Whitening, device: torch.device,
                           precision: str = "fp32", channels_last: bool = False) -> float:  # fmt: skip
         """kNN top-1 (0..1) of what the export embeds: ``backbone``'s features (mirror-averaged when ``whitening``
         was fitted so) whitened by ``whitening`` (fitted on the training photos), where :meth:`evaluate` fits its
-        whitening on the bank. Plain features are those of the last :meth:`evaluate` of the same weights."""
-        if whitening.mirror:
-            args, kw = (self.image_size, self.mean, self.std, device), dict(precision=precision,
-                                                                            channels_last=channels_last, mirror=True)
-            feats = extract_features(backbone, self.val.cache.array, *args, **kw)
-            bank = extract_features(backbone, self.bank.cache.array, *args, **kw) if self.bank else None
-        elif self._last is None:
-            raise RuntimeError("evaluate_exported of plain features needs an evaluate() of the same weights first")
-        else:
-            feats, bank = self._last
+        whitening on the bank."""
+        feats, bank = self._features(backbone, device, precision, channels_last, mirror=whitening.mirror)
         white = torch.from_numpy(whitening(feats.numpy()))
         return self._top1(white, None if bank is None else torch.from_numpy(whitening(bank.numpy())))

@@ -118,6 +118,9 @@ def test_a_run_that_fitted_its_whitening_gets_an_as_exported_column_with_the_fit
     assert "| run | setup | steps | img/s | 5 min | 10 min | 20 min | as exported |" in text
     assert "| cpu | --preset cpu: — | 10 | 100 | 80.00% | 85.00% | 90.00% | 93.45% |" in text
     assert "| default | — | 10 | 100 | 70.00% | 75.00% | 80.00% |  |" in text  # no whitening: an empty cell
-    assert "the fit took 2.4 s (cpu)" in text
+    assert "the fit took 2.4 s (cpu)" in text and "mirror image" not in text  # a sixth-round run: plain features
+    mirrored = {**d, "rows": [{**cpu, "whitening_mirror": True}, rows[1]]}
+    text = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min_exported.json": mirrored})
+    assert "each photo's features averaged with its mirror image's" in text
     plain = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min.json": {**d, "rows": rows[1:]}})
     assert "as exported" not in plain.split("(exported)")[0]  # tables without such a run keep their columns

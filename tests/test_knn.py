@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -119,3 +120,36 @@ def test_monitor_scores_a_backbone_as_is_and_whitened_on_the_bank(sample_photos,
     wf, wb = (torch.from_numpy(w(v.numpy())) for v in (f, b))
     assert plain == pytest.approx(knn_top1(f, mon.val.labels, b, mon.bank.labels, 6, 5, 0.1), abs=1e-6)
     assert white == pytest.approx(knn_top1(wf, mon.val.labels, wb, mon.bank.labels, 6, 5, 0.1), abs=1e-6)
+
+
+def test_monitor_scores_the_exported_embedding_with_and_without_the_mirror_image(sample_photos, tmp_path):
+    """evaluate_exported() against by-hand: each view's and its mirror image's normalized features, summed, then
+    the run's whitening (or the plain features for a whitening fitted without the mirror image)."""
+    from dataclasses import replace
+
+    from moco.augment import center_view
+    from moco.knn import KnnMonitor
+    from moco.whiten import fit_whitening
+
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 14 * 14, 6))  # not mirror-invariant: the flatten keeps positions
+    mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
+    mon = KnnMonitor(str(sample_photos), str(sample_photos), 16, tmp_path / "c", 16, mean, std, k=5)
+
+    def by_hand(images, mirror):
+        x = center_view(torch.from_numpy(np.array(images)), 16, mean, std)  # N x 3 x 16 x 16
+        with torch.no_grad():
+            f = torch.nn.functional.normalize(net(x), dim=1)  # N x 6
+            if mirror:
+                f = torch.nn.functional.normalize(f + torch.nn.functional.normalize(net(x.flip(3)), dim=1), dim=1)
+        return f
+
+    for mirror in (True, False):
+        f, b = by_hand(mon.val.cache.array, mirror), by_hand(mon.bank.cache.array, mirror)
+        w = replace(fit_whitening(b.numpy()), mirror=mirror)
+        got = mon.evaluate_exported(net, w, torch.device("cpu"))
+        wf, wb = (torch.from_numpy(w(v.numpy())) for v in (f, b))
+        assert got == pytest.approx(knn_top1(wf, mon.val.labels, wb, mon.bank.labels, 6, 5, 0.1), abs=1e-6)
+    plain_f, mirror_f = by_hand(mon.val.cache.array, False), by_hand(mon.val.cache.array, True)
+    assert (plain_f - mirror_f).abs().max() > 0.05  # the two paths embed differently: the test tells them apart
