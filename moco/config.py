@@ -163,7 +163,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "batch_size": 128,
         "image_size": 112,
         "decorrelation": 0.1,  # moco.loss.decorrelation on the backbone's features (BENCHMARKS.md, fifth round)
-        "whiten": True,  # a whitening fitted on the photos after training (moco.whiten; BENCHMARKS.md, sixth round)
+        "whiten": True,  # a whitening fitted on the photos after training (moco.whiten; BENCHMARKS.md, rounds 6-7)
     },
 }
 # v3 with a ViT backbone (the paper's ViT recipe: CONFIG.md, builder.py MoCo_ViT), applied unless the user set these.

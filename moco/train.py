@@ -755,7 +755,8 @@ def summary_line(summary: dict[str, Any], run_dir: Path) -> str:
     """One line about a finished (or stopped) run, for the console."""
     how = f" (stopped by {summary['stopped_by']}; continue with --resume)" if summary["stopped_by"] else ""
     loss, white = summary["final_loss"], summary.get("whitening")
-    fitted = f"; whitening fitted on {white['rows']} photos in {white['seconds']:.1f} s" if white else ""
+    mirror = " and their mirror images" if white and white.get("mirror") else ""
+    fitted = f"; whitening fitted on {white['rows']} photos{mirror} in {white['seconds']:.1f} s" if white else ""
     return (
         f"trained {summary['steps']}/{summary['total_steps']} steps on {summary['images']} images "
         f"({summary['skipped']} skipped) on {summary['device']} {summary['precision']}{how}; "
