@@ -615,8 +615,7 @@ def _fit_whitening(backbone: nn.Module, cache: ImageCache, cfg: TrainConfig, dev
                              precision=precision, channels_last=channels_last, mirror=True)  # R x D
     whitening = replace(fit_whitening(feats.numpy()), mirror=True)  # embeddings average each photo with its mirror
     logger.info("whitening: fitted on %d of %d photos and their mirror images (Ledoit-Wolf shrinkage %.3f); the "
-                "export carries it",
-                len(rows), n, whitening.shrinkage)  # fmt: skip
+                "export carries it", len(rows), n, whitening.shrinkage)  # fmt: skip
     return whitening
 
 

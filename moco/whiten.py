@@ -34,10 +34,8 @@ def whiten_features(f: torch.Tensor, mean: torch.Tensor, matrix: torch.Tensor) -
 
 def mirror_features(backbone: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``normalize(backbone(x)) + normalize(backbone(mirror(x)))`` (N x D float32, not normalized again) of views
-    ``x`` (N x 3 x s x s), in one forward pass of the 2N views; ``x``'s memory format is kept."""
+    ``x`` (N x 3 x s x s), in one forward pass of the 2N views (flip and cat keep ``x``'s memory format)."""
     both = torch.cat([x, x.flip(3)])  # 2N x 3 x s x s
-    if x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last):
-        both = both.contiguous(memory_format=torch.channels_last)
     f = torch.nn.functional.normalize(backbone(both).float(), dim=1)  # 2N x D
     return f.unflatten(0, (2, -1)).sum(0)  # N x D
 
