@@ -63,6 +63,8 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "cpu_decor0": dict(preset="cpu", decorrelation=0.0),  # the cpu preset before its decorrelation term (round 5)
     "cpu_decor0_seed1": dict(preset="cpu", decorrelation=0.0, seed=1),
     "cpu_decor02": dict(preset="cpu", decorrelation=0.2),
+    "cpu_decor_decay": dict(preset="cpu", decorrelation_decay=True),  # the term fades with the lr (round 8)
+    "cpu_decor_decay_seed1": dict(preset="cpu", decorrelation_decay=True, seed=1),
     # the issue's held-out command (`--preset v2 --arch resnet18 --small-stem ... --temperature 0.1 --momentum 0.99`)
     "issue_cmd": dict(small_stem=True, temperature=0.1, momentum=0.99),
 }

@@ -64,6 +64,8 @@ class TrainConfig:
     mask_own_keys: bool = _field(True, "a queue key of the query's own image (from an earlier step) is no negative")
     decorrelation: float = _field(0.0, "weight of a penalty on correlated backbone features, added to the loss "
                                   "(0: off, as the papers; the cpu preset: 0.1)")
+    decorrelation_decay: bool = _field(False, "after the warm-up, scale the decorrelation weight with the learning "
+                                       "rate's decay (weight x lr / peak lr: full early, 0 at the end)")
     whiten: bool = _field(False, "at the end, fit a whitening of the backbone's features on (up to 5,000 of) the "
                           "photos; the export carries it and every embedding applies it (the cpu preset: on)")
     # ---- optimization
@@ -268,6 +270,8 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
          f"use 0 (off) or a size from 16 to --image-size {cfg.image_size}"),
         (0.0 <= cfg.crop_min <= 1.0, "crop-min", "use 0 (the recipe's) or an area fraction in (0, 1], e.g. 0.08"),
         (cfg.decorrelation >= 0, "decorrelation", "use 0 (off) or a positive weight, e.g. 0.1"),
+        (cfg.decorrelation > 0 or not cfg.decorrelation_decay, "decorrelation",
+         "--decorrelation-decay scales the term's weight: set one, e.g. --decorrelation 0.1, or drop the decay"),
     ]
     for ok, flag, fix in checks:
         if not ok:

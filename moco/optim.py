@@ -11,7 +11,7 @@ from torch import nn
 
 from moco.config import TrainConfig
 
-__all__ = ["LARS", "BudgetFit", "build_optimizer", "crop_size_at", "lr_at", "step_cost", "warmup_steps"]
+__all__ = ["LARS", "BudgetFit", "build_optimizer", "crop_size_at", "lr_at", "lr_decay", "step_cost", "warmup_steps"]
 
 PROGRESSIVE_END = 0.75  # progressive resolution reaches the full crop size at this fraction of training
 
@@ -86,7 +86,7 @@ def warmup_steps(cfg: TrainConfig, steps_per_epoch: int, total_steps: int) -> in
 
 def lr_at(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch: int, world_size: int = 1) -> float:
     """Learning rate at ``step``: base lr x global batch / 256, linear warm-up, then cosine or step decay."""
-    base = cfg.lr * cfg.batch_size * world_size / 256
+    base = _peak_lr(cfg, world_size)
     warm = warmup_steps(cfg, steps_per_epoch, total_steps)
     if step < warm:
         return base * (step + 1) / warm
@@ -95,6 +95,17 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch: int, w
         return base * (0.1 ** sum(progress >= milestone for milestone in (0.6, 0.8)))
     progress = (step - warm) / max(total_steps - warm, 1)
     return base * 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def lr_decay(step: int, cfg: TrainConfig, total_steps: int, steps_per_epoch: int, world_size: int = 1) -> float:
+    """How far the learning rate has decayed at ``step``: 1 until the end of the warm-up, then lr / peak lr."""
+    if step < warmup_steps(cfg, steps_per_epoch, total_steps):
+        return 1.0
+    return lr_at(step, cfg, total_steps, steps_per_epoch, world_size) / _peak_lr(cfg, world_size)
+
+
+def _peak_lr(cfg: TrainConfig, world_size: int) -> float:
+    return cfg.lr * cfg.batch_size * world_size / 256  # the linear scaling rule: lr is given for a batch of 256
 
 
 def crop_size_at(step: int, cfg: TrainConfig, total_steps: int) -> int:

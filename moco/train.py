@@ -35,7 +35,7 @@ from moco.data import ImageCache, build_cache
 from moco.device import autocast_for, init_distributed, resolve_device, resolve_precision
 from moco.errors import StorageError, UserError
 from moco.model import MoCo, momentum_schedule
-from moco.optim import BudgetFit, build_optimizer, crop_size_at, lr_at, step_cost
+from moco.optim import BudgetFit, build_optimizer, crop_size_at, lr_at, lr_decay, step_cost
 from moco.sync_bn import convert_sync_bn
 from moco.whiten import Whitening, fit_whitening
 
@@ -328,6 +328,8 @@ def train(
             m = momentum_schedule(step, total_steps, cfg.momentum, cfg.momentum_cosine)
             for group in optimizer.param_groups:
                 group["lr"] = lr
+            if cfg.decorrelation_decay:  # the term fades out with the learning rate
+                model.decorrelation = cfg.decorrelation * lr_decay(step, cfg, total_steps, steps_per_epoch, d.world)
 
             ids = _batch_ids(epoch, index, n, cfg.batch_size, cfg.seed, d)  # B
             images = torch.from_numpy(cache.array[ids]).to(device)  # B x S x S x 3 uint8, augmented where it trains
@@ -370,6 +372,7 @@ def train(
                 record["crop"] = size
             if "decorrelation" in stats:
                 record["decorrelation"] = float(stats["decorrelation"])
+                record["decorrelation_weight"] = model.decorrelation
             if metrics is not None:
                 metrics.write(record)
             bar.update(1)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from moco.config import resolve_config
-from moco.optim import LARS, BudgetFit, build_optimizer, lr_at
+from moco.optim import LARS, BudgetFit, build_optimizer, lr_at, lr_decay
 
 
 def test_lars_step_matches_formula():
@@ -56,6 +56,17 @@ def test_lr_schedule_warmup_cosine_and_step():
     v1 = resolve_config("v1", batch_size=256)
     assert [lr_at(s, v1, 100, 10) for s in (0, 59, 60, 80)] == pytest.approx([0.03, 0.03, 0.003, 0.0003])
     assert lr_at(10, v1, 100, 10, world_size=4) == pytest.approx(0.12)  # scaled by the global batch
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_lr_decay_is_one_through_the_warmup_then_the_cosine_fraction_of_the_peak(world):
+    cfg = resolve_config("v3", arch="resnet18", batch_size=512, warmup_epochs=2)  # warm-up: 20 steps of 100
+    assert [lr_decay(s, cfg, 100, 10, world) for s in (0, 10, 19)] == [1.0, 1.0, 1.0]  # not the warm-up's ramp
+    for s in (20, 45, 60, 99):
+        assert lr_decay(s, cfg, 100, 10, world) == pytest.approx(0.5 * (1 + math.cos(math.pi * (s - 20) / 80)))
+    assert lr_decay(100, cfg, 100, 10, world) == pytest.approx(0.0, abs=1e-12)
+    v1 = resolve_config("v1", batch_size=256)  # no warm-up, step schedule: the milestones' tenths
+    assert [lr_decay(s, v1, 100, 10, world) for s in (0, 59, 60, 80)] == pytest.approx([1.0, 1.0, 0.1, 0.01])
 
 
 def _simulate(fit: BudgetFit, seconds_per_step, agree=lambda total: total) -> tuple[int, float]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -55,6 +56,20 @@ def test_decorrelation_is_trained_and_logged_per_step(sample_photos, tmp_path):
     plain = tmp_path / "plain"
     train(_cfg(sample_photos, plain, max_steps=1), progress=False)
     assert "decorrelation" not in (plain / "metrics.jsonl").read_text()
+
+
+def test_decorrelation_decay_scales_the_weight_with_the_learning_rate(sample_photos, tmp_path):
+    run = tmp_path / "run"
+    cfg = _cfg(sample_photos, run, max_steps=4, decorrelation=0.1, decorrelation_decay=True)
+    train(cfg, progress=False)
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    weights = [r["decorrelation_weight"] for r in records]  # no warm-up in TINY: the cosine starts at step 0
+    assert weights == pytest.approx([0.1 * 0.5 * (1 + math.cos(math.pi * s / 4)) for s in range(4)], abs=1e-6)
+    peak = cfg.lr * cfg.batch_size / 256
+    assert [r["lr"] / peak for r in records] == pytest.approx([w / 0.1 for w in weights], abs=1e-3)  # lr's shape
+    constant = tmp_path / "constant"
+    train(_cfg(sample_photos, constant, max_steps=2, decorrelation=0.1), progress=False)
+    assert {json.loads(line)["decorrelation_weight"] for line in (constant / "metrics.jsonl").open()} == {0.1}
 
 
 def test_channels_last_trains_like_contiguous(sample_photos, tmp_path):
@@ -186,6 +201,7 @@ def test_progressive_resolution_is_refused_for_vits():
         (["--crop-min", "1.5"], "--crop-min 1.5 is out of range: use 0 (the recipe's) or an area fraction in (0, 1]"),
         (["--crop-min", "-0.1"], "--crop-min -0.1 is out of range"),
         (["--decorrelation", "-1"], "--decorrelation -1.0 is out of range: use 0 (off) or a positive weight"),
+        (["--decorrelation-decay"], "--decorrelation 0.0 is out of range: --decorrelation-decay scales the term's"),
         (["--no-small-stem", "--precision", "bf16"], "bf16 backward on CPUs can return NaN"),  # 16 px, stride 32
     ],
 )
