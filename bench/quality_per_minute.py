@@ -66,6 +66,9 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "cpu_decor_decay": dict(preset="cpu", decorrelation_decay=True),  # the term fades with the lr (round 8)
     "cpu_decor_decay_seed1": dict(preset="cpu", decorrelation_decay=True, seed=1),
     # the issue's held-out command (`--preset v2 --arch resnet18 --small-stem ... --temperature 0.1 --momentum 0.99`)
+    "cpu_head_bn": dict(preset="cpu", head_bn=True),  # BN in the head's hidden layer (v3's, SimCLR's projector)
+    "cpu_hidden2048": dict(preset="cpu", mlp_hidden=2048),  # a wider head (solo-learn's MoCo v2+ projector)
+    "cpu_mcos": dict(preset="cpu", momentum=0.99, momentum_cosine=True),  # v3's momentum: cosine from 0.99 to 1
     "issue_cmd": dict(small_stem=True, temperature=0.1, momentum=0.99),
 }
 K, T = 200, 0.1
@@ -110,7 +113,8 @@ def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, ev
             "pixels_whitened": knn[0]["knn_pixels_whitened"],
             "knn_exported": next((r["knn_exported"] for r in records if "knn_exported" in r), None),
             "whitening_s": (summary.get("whitening") or {}).get("seconds"),
-            "whitening_mirror": (summary.get("whitening") or {}).get("mirror")}  # fmt: skip
+            "whitening_mirror": (summary.get("whitening") or {}).get("mirror"),
+            "whitening_stages": (summary.get("whitening") or {}).get("stages")}  # fmt: skip
 
 
 def run_lightly(train_dir: Path, test_dir: Path, minutes: float, evals: int,

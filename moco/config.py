@@ -49,6 +49,8 @@ class TrainConfig:
     head: str = _field("mlp", "projection head: linear (v1) | mlp (v2) | v3 (projector + predictor)")
     dim: int = _field(128, "output dimension C of the projection")
     mlp_hidden: int = _field(0, "hidden width of the MLP heads (0: the backbone width)")
+    head_bn: bool = _field(False, "v2 head: batch norm after its hidden layer (Linear-BN-ReLU-Linear, as MoCo v3's "
+                           "and SimCLR's projectors; off in v2 as published)")
     projector_layers: int = _field(3, "v3 projector depth")
     predictor_layers: int = _field(2, "v3 predictor depth")
     predictor_last_bn: bool = _field(False, "v3: an affine-free BN ends the predictor (official: ViT yes, ResNet no)")
@@ -68,6 +70,8 @@ class TrainConfig:
                                        "rate's decay (weight x lr / peak lr: full early, 0 at the end)")
     whiten: bool = _field(False, "at the end, fit a whitening of the backbone's features on (up to 5,000 of) the "
                           "photos; the export carries it and every embedding applies it (the cpu preset: on)")
+    whiten_stages: bool = _field(False, "ResNets: the whitened embedding also takes the pooled outputs of layer1-3 "
+                                 "beside the last stage's (the cpu preset: on)")
     # ---- optimization
     batch_size: int = _field(256, "images per step on each device")
     epochs: int = _field(200, "passes over the photos")
@@ -166,6 +170,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "image_size": 112,
         "decorrelation": 0.1,  # moco.loss.decorrelation on the backbone's features (BENCHMARKS.md, fifth round)
         "whiten": True,  # a whitening fitted on the photos after training (moco.whiten; BENCHMARKS.md, rounds 6-7)
+        "whiten_stages": True,  # ... of the earlier stages' pooled outputs too (BENCHMARKS.md, ninth round)
     },
 }
 # v3 with a ViT backbone (the paper's ViT recipe: CONFIG.md, builder.py MoCo_ViT), applied unless the user set these.

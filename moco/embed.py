@@ -35,7 +35,7 @@ from moco.backbones import is_vit
 from moco.data import ImageDecodeError, load_square_u8, read_image_bytes, scan_images, square_u8
 from moco.device import autocast_for, resolve_device, resolve_precision
 from moco.errors import UserError
-from moco.whiten import Whitening, mirror_features, whiten_features
+from moco.whiten import Whitening, whiten_features
 
 __all__ = ["Embedder", "center"]
 
@@ -84,7 +84,8 @@ class Embedder:
         config: the backbone's metadata (arch, image_size, resize, mean, std, source sha256, ...).
         sha256: sha256 of the backbone file (what an index records to refuse a different backbone).
         whitening: the whitening every embedding goes through (a run trained with ``--whiten``), or None; a run's
-            whitening averages each image's features with its mirror image's first (``whitening.mirror``).
+            whitening averages each image's features with its mirror image's first (``whitening.mirror``) and on
+            ResNets adds the pooled outputs of the earlier stages (``whitening.stages``; ``dim`` counts them).
     """
 
     def __init__(self, backbone: nn.Module, config: dict[str, str], device: str | torch.device = "auto",
@@ -94,7 +95,7 @@ class Embedder:
         self.precision = resolve_precision(precision, self.device)
         self.config = dict(config)
         self.sha256 = sha256
-        self.dim = int(config["embed_dim"])
+        self.dim = int(config["embed_dim"]) if whitening is None else whitening.dim  # with the pooled stages
         self.image_size = int(config["image_size"])
         self.resize = int(config["resize"])
         self.mean, self.std = tuple(json.loads(config["mean"])), tuple(json.loads(config["std"]))
@@ -111,7 +112,7 @@ class Embedder:
         """From a ``.safetensors`` backbone made by ``moco export``, or from any checkpoint or official NAME.
 
         ``whiten``: apply the whitening the file carries (a run trained with ``--whiten``, as the cpu preset), with
-        its mirror-image average; False: the backbone's features as they are, one view per image.
+        its mirror-image average and pooled stages; False: the backbone's features as they are, one view per image.
         """
         from moco.export import build_exported, export_backbone, exported_whitening, load_exported
         from moco.pretrained import resolve
@@ -169,13 +170,13 @@ class Embedder:
     def embed_views(self, x: torch.Tensor, normalize: bool = True) -> np.ndarray:
         """Embed already normalized views (N x 3 x s x s float, e.g. augmented): N x D float32, L2-normalized
         unless not ``normalize`` (then the backbone's pooled features, or with a whitening ``(f/|f| - mean) @ W``,
-        ``f`` averaged with the mirror image's features when the whitening was fitted so)."""
+        ``f`` the features the whitening was fitted on: averaged with the mirror image's, with pooled stages)."""
         x = x.to(self.device, non_blocking=True)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
-        mirror = self.whitening is not None and self.whitening.mirror
         with autocast_for(self.device, self.precision):
-            f = mirror_features(self.backbone, x) if mirror else self.backbone(x).float()  # N x D
+            white = self.whitening
+            f = self.backbone(x).float() if white is None else white.features(self.backbone, x)  # N x D
         if self._white is not None:
             f = whiten_features(f, *self._white)  # N x D
         return (F.normalize(f, dim=1) if normalize else f).cpu().numpy()

@@ -33,7 +33,7 @@ from moco.formats import (
     read_checkpoint,
     sequential_names,
 )
-from moco.whiten import Whitening, mirror_features, whiten_features
+from moco.whiten import Whitening, embedding_features, whiten_features
 
 __all__ = ["BACKBONE_FORMAT", "ArchGuess", "detect_arch", "checkpoint_num_heads", "export_backbone", "load_exported",
            "build_exported", "exported_whitening", "WhitenedBackbone"]  # fmt: skip
@@ -232,7 +232,7 @@ def export_backbone(
                        "backbone's as they are; --format safetensors (moco.Embedder) or pt2/onnx keep it")  # fmt: skip
     elif whitening is not None:
         meta["whitening"] = json.dumps({"shrinkage": whitening.shrinkage, "count": whitening.count,
-                                        "mirror": whitening.mirror})  # fmt: skip
+                                        "mirror": whitening.mirror, "stages": whitening.state()["stages"]})  # fmt: skip
         if fmt != "safetensors":  # a program: its output is the whitened, L2-normalized embedding
             module = WhitenedBackbone(backbone, whitening).eval()
     writer = {"safetensors": _write_safetensors, "timm": _write_timm, "onnx": _write_onnx, "pt2": _write_pt2}[fmt]
@@ -263,7 +263,8 @@ def _training_summary(split: SplitCheckpoint) -> dict[str, Any]:
 
 
 class WhitenedBackbone(nn.Module):
-    """``backbone`` followed by a whitening (:mod:`moco.whiten`, mirror-averaged features when it was fitted so):
+    """``backbone`` followed by a whitening (:mod:`moco.whiten`, of the features it was fitted on: mirror-averaged,
+    with pooled stages):
     L2-normalized whitened embeddings (N x D)."""
 
     def __init__(self, backbone: nn.Module, whitening: Whitening) -> None:
@@ -272,9 +273,10 @@ class WhitenedBackbone(nn.Module):
         self.register_buffer("mean", torch.from_numpy(whitening.mean.copy()))  # D
         self.register_buffer("matrix", torch.from_numpy(whitening.matrix.copy()))  # D x D
         self.mirror = whitening.mirror  # average each view's features with its mirror image's first
+        self.stages = whitening.stage_names  # pooled before the backbone's output
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        f = mirror_features(self.backbone, x) if self.mirror else self.backbone(x).float()  # N x D
+        f = embedding_features(self.backbone, x, self.mirror, self.stages)  # N x D'
         return F.normalize(whiten_features(f, self.mean, self.matrix), dim=1)  # N x D
 
 

@@ -9,6 +9,7 @@ system would fit it on the collection it searches), and both for the pixels.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ from moco.augment import center_view
 from moco.data import ImageCache, build_cache
 from moco.device import autocast_for
 from moco.errors import UserError
-from moco.whiten import Whitening, fit_whitening, mirror_features
+from moco.whiten import Whitening, embedding_features, fit_whitening
 
 __all__ = ["knn_predict", "knn_top1", "extract_features", "pixel_features", "whitened", "LabeledImages",
            "KnnMonitor"]
@@ -80,9 +81,11 @@ def extract_features(
     precision: str = "fp32",
     channels_last: bool = False,
     mirror: bool = False,
+    stages: Sequence[str] = (),
 ) -> torch.Tensor:
     """L2-normalized backbone features (N x D, float32) of uint8 images (N x S x S x 3), eval view; ``mirror``:
-    of each view averaged with its mirror image (:func:`moco.whiten.mirror_features`)."""
+    of each view averaged with its mirror image; ``stages``: the pooled outputs of these stages before the
+    backbone's (:func:`moco.whiten.embedding_features`)."""
     was_training = backbone.training
     backbone.eval()
     autocast = autocast_for(device, precision)
@@ -93,7 +96,7 @@ def extract_features(
         if channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         with autocast:
-            f = mirror_features(backbone, x) if mirror else backbone(x)  # b x D
+            f = embedding_features(backbone, x, mirror, stages)  # b x D
         out.append(F.normalize(f.float(), dim=1).cpu())
     backbone.train(was_training)
     return torch.cat(out)
@@ -199,10 +202,13 @@ class KnnMonitor:
         return knn_top1(feats, self.val.labels, bank, bank_labels, len(self.val.classes), self.k, self.t)
 
     def _features(self, backbone: nn.Module, device: torch.device, precision: str, channels_last: bool,
-                  mirror: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
-        """The val images' features (N x D) and the bank's (M x D, None for leave-one-out)."""
+                  whitening: Whitening | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:  # fmt: skip
+        """The val images' features (N x D) and the bank's (M x D, None for leave-one-out): the backbone's, or
+        those ``whitening`` applies to (with its mirror image and stages), not whitened."""
         args = (self.image_size, self.mean, self.std, device)
-        kw = dict(precision=precision, channels_last=channels_last, mirror=mirror)
+        kw = dict(precision=precision, channels_last=channels_last)
+        if whitening is not None:
+            kw.update(mirror=whitening.mirror, stages=whitening.stage_names)
         bank = extract_features(backbone, self.bank.cache.array, *args, **kw) if self.bank else None
         return extract_features(backbone, self.val.cache.array, *args, **kw), bank
 
@@ -215,9 +221,9 @@ class KnnMonitor:
 
     def evaluate_exported(self, backbone: nn.Module, whitening: Whitening, device: torch.device,
                           precision: str = "fp32", channels_last: bool = False) -> float:  # fmt: skip
-        """kNN top-1 (0..1) of what the export embeds: ``backbone``'s features (mirror-averaged when ``whitening``
-        was fitted so) whitened by ``whitening`` (fitted on the training photos), where :meth:`evaluate` fits its
-        whitening on the bank."""
-        feats, bank = self._features(backbone, device, precision, channels_last, mirror=whitening.mirror)
+        """kNN top-1 (0..1) of what the export embeds: ``backbone``'s features (mirror-averaged, with the pooled
+        stages, as ``whitening`` was fitted) whitened by ``whitening`` (fitted on the training photos), where
+        :meth:`evaluate` fits its whitening on the bank."""
+        feats, bank = self._features(backbone, device, precision, channels_last, whitening)
         white = torch.from_numpy(whitening(feats.numpy()))
         return self._top1(white, None if bank is None else torch.from_numpy(whitening(bank.numpy())))

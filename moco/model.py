@@ -56,6 +56,7 @@ class MoCo(nn.Module):
         num_features: width of the backbone output.
         head: "linear" (v1), "mlp" (v2: Linear-ReLU-Linear, hidden = ``hidden`` or the backbone
             width) or "v3" (projector with BN + predictor).
+        head_bn: the v2 head with batch norm after its hidden layer (Linear-BN-ReLU-Linear).
         projector_layers, predictor_layers: v3 MLP depths (official: projector 2 for ResNets, 3 for ViTs).
         predictor_last_bn: v3 predictor ends with an affine-free BN (official: ViTs yes, ResNets no).
         dim: output dimension C of the projection.
@@ -75,6 +76,7 @@ class MoCo(nn.Module):
         head: str = "mlp",
         dim: int = 128,
         hidden: int = 0,
+        head_bn: bool = False,
         projector_layers: int = 3,
         predictor_layers: int = 2,
         predictor_last_bn: bool = False,
@@ -101,8 +103,9 @@ class MoCo(nn.Module):
         if head == "linear":
             self.projector = nn.Sequential(nn.Linear(num_features, dim))
         elif head == "mlp":
+            norm = [nn.BatchNorm1d(hidden)] if head_bn else []
             self.projector = nn.Sequential(
-                nn.Linear(num_features, hidden), nn.ReLU(inplace=True), nn.Linear(hidden, dim)
+                nn.Linear(num_features, hidden, bias=not head_bn), *norm, nn.ReLU(inplace=True), nn.Linear(hidden, dim)
             )
         else:
             self.projector = build_mlp(projector_layers, num_features, hidden, dim, last_bn=True)

@@ -37,7 +37,7 @@ from moco.errors import StorageError, UserError
 from moco.model import MoCo, momentum_schedule
 from moco.optim import BudgetFit, build_optimizer, crop_size_at, lr_at, lr_decay, step_cost
 from moco.sync_bn import convert_sync_bn
-from moco.whiten import Whitening, fit_whitening
+from moco.whiten import STAGES, Whitening, fit_whitening, resnet_stages, stage_widths
 
 __all__ = ["train", "resume_config", "build_model", "cache_size_for", "shown_total"]
 
@@ -76,6 +76,7 @@ def build_model(cfg: TrainConfig) -> MoCo:
         head=cfg.head,
         dim=cfg.dim,
         hidden=cfg.mlp_hidden,
+        head_bn=cfg.head_bn,
         projector_layers=cfg.projector_layers,
         predictor_layers=cfg.predictor_layers,
         predictor_last_bn=cfg.predictor_last_bn,
@@ -429,7 +430,8 @@ def train(
         "device": str(device),
         "final_loss": metrics.last_loss if metrics else None,
         "whitening": None if whitening is None else {"rows": whitening.count, "shrinkage": whitening.shrinkage,
-                                                     "mirror": whitening.mirror,
+                                                     "mirror": whitening.mirror, "dim": whitening.dim,
+                                                     "stages": list(whitening.stage_names),
                                                      "seconds": round(fit_s, 2)},  # fmt: skip
     }
     if metrics is not None:
@@ -609,16 +611,23 @@ def _save(
 def _fit_whitening(backbone: nn.Module, cache: ImageCache, cfg: TrainConfig, device: torch.device, precision: str,
                    channels_last: bool) -> Whitening:  # fmt: skip
     """The whitening (:mod:`moco.whiten`, Ledoit-Wolf) of the trained backbone's mirror-averaged features of up to
-    ``WHITEN_ROWS`` photos (a seeded draw), in the view the export embeds (resize, center crop)."""
+    ``WHITEN_ROWS`` photos (a seeded draw), in the view the export embeds (resize, center crop); with
+    ``whiten_stages``, a ResNet's pooled layer1-3 outputs before its own."""
     from moco.knn import extract_features
 
     n = len(cache)
     rows = np.sort(np.random.default_rng(cfg.seed).choice(n, min(n, WHITEN_ROWS), replace=False))  # R
+    stages = resnet_stages(backbone) if cfg.whiten_stages else ()
+    if cfg.whiten_stages and not stages:
+        logger.info("whitening: %s has no stages %s; its output alone is whitened", cfg.arch, "/".join(STAGES))
+    widths = stage_widths(backbone, stages, cfg.image_size)
     feats = extract_features(backbone, np.asarray(cache.array[rows]), cfg.image_size, cfg.mean, cfg.std, device,
-                             precision=precision, channels_last=channels_last, mirror=True)  # R x D
-    whitening = replace(fit_whitening(feats.numpy()), mirror=True)  # embeddings average each photo with its mirror
-    logger.info("whitening: fitted on %d of %d photos and their mirror images (Ledoit-Wolf shrinkage %.3f); the "
-                "export carries it", len(rows), n, whitening.shrinkage)  # fmt: skip
+                             precision=precision, channels_last=channels_last, mirror=True, stages=stages)  # R x D'
+    # embeddings average each photo with its mirror image, and pool the same stages
+    whitening = replace(fit_whitening(feats.numpy()), mirror=True, stages=tuple(zip(stages, widths)))
+    logger.info("whitening: fitted on %d of %d photos and their mirror images, %d-d features%s (Ledoit-Wolf "
+                "shrinkage %.3f); the export carries it", len(rows), n, whitening.dim,
+                f" with the pooled {', '.join(stages)}" if stages else "", whitening.shrinkage)  # fmt: skip
     return whitening
 
 
@@ -758,7 +767,9 @@ def summary_line(summary: dict[str, Any], run_dir: Path) -> str:
     how = f" (stopped by {summary['stopped_by']}; continue with --resume)" if summary["stopped_by"] else ""
     loss, white = summary["final_loss"], summary.get("whitening")
     mirror = " and their mirror images" if white and white.get("mirror") else ""
-    fitted = f"; whitening fitted on {white['rows']} photos{mirror} in {white['seconds']:.1f} s" if white else ""
+    stages = f", {white['dim']}-d with the pooled {'/'.join(white['stages'])}" if white and white.get("stages") else ""
+    fitted = (f"; whitening fitted on {white['rows']} photos{mirror}{stages} in {white['seconds']:.1f} s"
+              if white else "")  # fmt: skip
     return (
         f"trained {summary['steps']}/{summary['total_steps']} steps on {summary['images']} images "
         f"({summary['skipped']} skipped) on {summary['device']} {summary['precision']}{how}; "

@@ -13,17 +13,27 @@ each photo (:func:`mirror_features`: the sum of the normalized features of the p
 Every preset trains with random horizontal flips, so the part of a feature that changes sign under a flip is
 nuisance to the network; whitening scales every direction to unit variance, nuisance included, and removing
 that part first measured +0.7 points of kNN on two sets of three (BENCHMARKS.md, seventh round).
+
+On ResNets it is also fitted on the pooled outputs of the earlier stages beside the last (:data:`STAGES`, the
+multi-layer descriptors of image retrieval): at 32 px the last stage's map is 1 x 1, and what the earlier, finer
+maps keep lifted kNN on every set that was not saturated (BENCHMARKS.md, ninth round). The whitening balances
+the stages' scales, so they are concatenated as they are.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["Whitening", "fit_whitening", "ledoit_wolf_shrinkage", "mirror_features", "whiten_features"]
+__all__ = ["STAGES", "Whitening", "embedding_features", "fit_whitening", "ledoit_wolf_shrinkage", "mirror_features",
+           "resnet_stages", "stage_widths", "whiten_features"]
+
+STAGES = ("layer1", "layer2", "layer3")  # ResNet stages before the last, pooled beside the backbone's output
 
 
 def whiten_features(f: torch.Tensor, mean: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
@@ -35,48 +45,118 @@ def whiten_features(f: torch.Tensor, mean: torch.Tensor, matrix: torch.Tensor) -
 def mirror_features(backbone: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``normalize(backbone(x)) + normalize(backbone(mirror(x)))`` (N x D float32, not normalized again) of views
     ``x`` (N x 3 x s x s), in one forward pass of the 2N views (flip and cat keep ``x``'s memory format)."""
-    both = torch.cat([x, x.flip(3)])  # 2N x 3 x s x s
-    f = torch.nn.functional.normalize(backbone(both).float(), dim=1)  # 2N x D
-    return f.unflatten(0, (2, -1)).sum(0)  # N x D
+    return embedding_features(backbone, x, mirror=True)
+
+
+def resnet_stages(backbone: torch.nn.Module) -> tuple[str, ...]:
+    """:data:`STAGES` where ``backbone`` has them all (torchvision's and timm's ResNets), else ()."""
+    return STAGES if all(isinstance(getattr(backbone, s, None), torch.nn.Module) for s in STAGES) else ()
+
+
+@contextlib.contextmanager
+def _tapped(backbone: torch.nn.Module, stages: Sequence[str]) -> Iterator[dict[str, torch.Tensor]]:
+    """While open, each forward pass of ``backbone`` leaves each named stage's output in the dict it yields."""
+    outs: dict[str, torch.Tensor] = {}
+    hooks = [getattr(backbone, name).register_forward_hook(lambda _m, _i, out, name=name: outs.__setitem__(name, out))
+             for name in stages]  # fmt: skip
+    try:
+        yield outs
+    finally:
+        for h in hooks:
+            h.remove()
+
+
+def embedding_features(backbone: torch.nn.Module, x: torch.Tensor, mirror: bool = False,
+                       stages: Sequence[str] = ()) -> torch.Tensor:  # fmt: skip
+    """What a whitening is fitted on and applied to, for views ``x`` (N x 3 x s x s): the global average of each
+    named stage's output (N x C_i), then the backbone's output (N x D), concatenated (N x D', float32); with
+    ``mirror``, ``normalize(.)`` of it summed over each view and its mirror image (one forward pass of 2N views)."""
+    if mirror:
+        x = torch.cat([x, x.flip(3)])  # 2N x 3 x s x s
+    with _tapped(backbone, stages) as outs:
+        f = backbone(x).float()  # (2)N x D
+    if stages:
+        f = torch.cat([*(outs[name].float().mean((2, 3)) for name in stages), f], 1)  # (2)N x D'
+    if not mirror:
+        return f
+    return torch.nn.functional.normalize(f, dim=1).unflatten(0, (2, -1)).sum(0)  # N x D'
+
+
+@torch.no_grad()
+def stage_widths(backbone: torch.nn.Module, stages: Sequence[str], image_size: int) -> tuple[int, ...]:
+    """Channels of each named stage's output: one forward pass of a blank ``image_size`` view in eval mode."""
+    if not stages:
+        return ()
+    was_training = backbone.training
+    p = next(backbone.parameters())
+    with _tapped(backbone.eval(), stages) as outs:
+        backbone(torch.zeros(1, 3, image_size, image_size, device=p.device, dtype=p.dtype))  # 1 x 3 x s x s
+    backbone.train(was_training)
+    return tuple(int(outs[name].shape[1]) for name in stages)
 
 
 @dataclass(frozen=True)
 class Whitening:
     """``normalize((v - mean) @ matrix)``: the map a collection's whitening applies to vectors."""
 
-    mean: np.ndarray  # D float32
-    matrix: np.ndarray  # D x D float32: eigenvectors of the shrunk covariance scaled by eigenvalue^-1/2
+    mean: np.ndarray  # D' float32
+    matrix: np.ndarray  # D' x D' float32: eigenvectors of the shrunk covariance scaled by eigenvalue^-1/2
     shrinkage: float  # 0 (the sample covariance) .. 1 (a multiple of the identity: centring only)
     count: int  # vectors it was fitted on
     mirror: bool = False  # fitted on mirror_features: embeddings average each photo with its mirror image first
+    stages: tuple[tuple[str, int], ...] = ()  # (name, channels) of the stages pooled before the backbone's output
+
+    @property
+    def dim(self) -> int:
+        """D': the width of the features it whitens (the backbone's D plus the pooled stages' channels)."""
+        return int(self.mean.shape[0])
+
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        """The names of the stages pooled before the backbone's output (``backbone.layer1``, ...)."""
+        return tuple(name for name, _ in self.stages)
+
+    def features(self, backbone: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """The features of views ``x`` (N x 3 x s x s) this whitening applies to: N x D' float32
+        (:func:`embedding_features` with its mirror image and stages)."""
+        f = embedding_features(backbone, x, self.mirror, self.stage_names)  # N x D'
+        if f.shape[1] != self.dim:
+            raise ValueError(f"the backbone's features with stages {self.stages or 'none'} are {f.shape[1]}-d, the "
+                             f"whitening's {self.dim}-d: it belongs to another backbone")  # fmt: skip
+        return f
 
     def __call__(self, vectors: np.ndarray) -> np.ndarray:
-        """Whitened, L2-normalized rows (N x D float32); a row equal to the mean stays all zeros."""
-        v = np.atleast_2d(np.asarray(vectors, np.float32))  # N x D
-        w = (v - self.mean[None, :]) @ self.matrix  # N x D
+        """Whitened, L2-normalized rows (N x D' float32); a row equal to the mean stays all zeros."""
+        v = np.atleast_2d(np.asarray(vectors, np.float32))  # N x D'
+        w = (v - self.mean[None, :]) @ self.matrix  # N x D'
         norms = np.linalg.norm(w, axis=1, keepdims=True)  # N x 1
         return (w / np.maximum(norms, 1e-12)).astype(np.float32)
 
     def state(self) -> dict[str, Any]:
         """Tensors and numbers (what ``torch.load(weights_only=True)`` reads back), for a checkpoint."""
         return {"mean": torch.from_numpy(self.mean.copy()), "matrix": torch.from_numpy(self.matrix.copy()),
-                "shrinkage": float(self.shrinkage), "count": int(self.count), "mirror": bool(self.mirror)}  # fmt: skip
+                "shrinkage": float(self.shrinkage), "count": int(self.count), "mirror": bool(self.mirror),
+                "stages": [[name, int(c)] for name, c in self.stages]}  # fmt: skip
 
     @classmethod
     def from_state(cls, state: dict[str, Any], dim: int, where: str) -> Whitening:
-        """The whitening :meth:`state` wrote, checked against the backbone's feature dimension ``dim``."""
+        """The whitening :meth:`state` wrote, checked against the backbone's feature dimension ``dim`` (plus the
+        channels of the stages it pools)."""
         try:
-            mean = np.asarray(state["mean"], np.float32)  # D
-            matrix = np.asarray(state["matrix"], np.float32)  # D x D
+            mean = np.asarray(state["mean"], np.float32)  # D'
+            matrix = np.asarray(state["matrix"], np.float32)  # D' x D'
             shrinkage, count = float(state.get("shrinkage", 0.0)), int(state.get("count", 0))
             mirror = bool(state.get("mirror", False))  # files written before it: plain features
+            stages = tuple((str(name), int(c)) for name, c in state.get("stages") or ())  # before them: none
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{where}: the whitening is damaged ({e})") from None
-        if mean.shape != (dim,) or matrix.shape != (dim, dim) or not (np.isfinite(mean).all()
-                                                                        and np.isfinite(matrix).all()):  # fmt: skip
+        full = dim + sum(c for _, c in stages)
+        if mean.shape != (full,) or matrix.shape != (full, full) or not (np.isfinite(mean).all()
+                                                                         and np.isfinite(matrix).all()):  # fmt: skip
+            pooled = f" and its stages {full}-d" if stages else ""
             raise ValueError(f"{where}: the whitening has shapes {mean.shape} and {matrix.shape} (or non-finite "
-                             f"values), the backbone embeds {dim}-d")  # fmt: skip
-        return cls(mean, matrix, shrinkage, count, mirror)
+                             f"values), the backbone embeds {dim}-d{pooled}")  # fmt: skip
+        return cls(mean, matrix, shrinkage, count, mirror, stages)
 
 
 def ledoit_wolf_shrinkage(xc: np.ndarray) -> float:

@@ -197,6 +197,23 @@ def test_v3_heads_shapes():
     assert loss.ndim == 0 and torch.isfinite(loss) and -1 <= stats["pos_sim"] <= 1
 
 
+def test_v2_head_with_batch_norm_normalizes_its_hidden_layer_over_the_batch():
+    plain, with_bn = tiny_moco(hidden=16), tiny_moco(hidden=16, head_bn=True)
+    assert [type(m) for m in plain.projector] == [nn.Linear, nn.ReLU, nn.Linear]
+    assert [type(m) for m in with_bn.projector] == [nn.Linear, nn.BatchNorm1d, nn.ReLU, nn.Linear]
+    assert with_bn.projector[0].bias is None  # the BN's shift replaces it
+    h = torch.randn(6, 8)  # N x D backbone features
+    lin, bn, last = with_bn.projector[0], with_bn.projector[1], with_bn.projector[3]
+    z = h @ lin.weight.t()  # N x hidden
+    z = (z - z.mean(0)) / torch.sqrt(z.var(0, unbiased=False) + bn.eps) * bn.weight + bn.bias  # N x hidden
+    torch.testing.assert_close(with_bn.projector(h), F.relu(z) @ last.weight.t() + last.bias)
+    x1, x2 = batch(4)
+    loss, _ = with_bn(x1, x2, 0.99, torch.arange(4))
+    loss.backward()
+    assert torch.isfinite(loss) and bn.weight.grad is not None and bn.weight.grad.abs().sum() > 0
+    assert with_bn.projector_momentum[1].weight.grad is None
+
+
 @pytest.mark.parametrize("arch,small_stem,width", [("resnet18", True, 512), ("resnet50", False, 2048)])
 def test_torchvision_backbones(arch, small_stem, width):
     net, d = build_backbone(arch, small_stem=small_stem)

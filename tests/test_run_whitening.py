@@ -9,6 +9,7 @@ import logging
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from moco.checkpoint import load_checkpoint, save_checkpoint
 from moco.config import resolve_config
@@ -36,16 +37,35 @@ def _photos(root):
     return sorted(p for p in root.rglob("*") if p.suffix in (".jpg", ".png"))
 
 
-def _mirrored(run, files) -> np.ndarray:
-    """Reference: the plain backbone's normalized features of each photo's view plus its mirror image's, normalized."""
+STAGES = (("layer1", 64), ("layer2", 128), ("layer3", 256))  # resnet10t's stages before the last, pooled
+DIM = 512 + 64 + 128 + 256
+
+
+@torch.no_grad()
+def _staged(net, x) -> torch.Tensor:
+    """By hand through timm's ResNet: the global averages of layer1, layer2, layer3 and layer4 (N x 960)."""
+    h = net.maxpool(net.act1(net.bn1(net.conv1(x))))  # N x 64 x s/4 x s/4
+    pooled = []
+    for layer in (net.layer1, net.layer2, net.layer3, net.layer4):
+        h = layer(h)  # N x C_i x . x .
+        pooled.append(h.float().mean((2, 3)))  # N x C_i
+    return torch.cat(pooled, 1)  # N x 960
+
+
+def _mirrored(run, files, mirror: bool = True) -> np.ndarray:
+    """Reference: the plain backbone's pooled stages of each photo's view, normalized, plus its mirror image's,
+    normalized (``mirror``), the sum normalized."""
     from moco.augment import center_view
     from moco.data import load_square_u8
 
     plain = Embedder.load(run / "checkpoint.pt", device="cpu", precision="fp32", whiten=False)
     squares = torch.from_numpy(np.stack([load_square_u8(f, plain.resize) for f in files]))  # N x R x R x 3
     x = center_view(squares, plain.image_size, plain.mean, plain.std)  # N x 3 x s x s
-    both = plain.embed_views(x) + plain.embed_views(x.flip(3))  # N x D
-    return both / np.linalg.norm(both, axis=1, keepdims=True)
+    net = plain.backbone.eval()
+    both = F.normalize(_staged(net, x), dim=1)  # N x 960
+    if mirror:
+        both = both + F.normalize(_staged(net, x.flip(3)), dim=1)  # N x 960
+    return F.normalize(both, dim=1).numpy()
 
 
 def _gram_inverse(w: Whitening) -> np.ndarray:
@@ -60,6 +80,7 @@ def test_the_checkpoint_carries_the_whitening_of_the_trained_features_of_its_pho
     numbered = sorted(run.glob("checkpoint-*.pt"))
     assert len(numbered) == 1 and "whitening" in load_checkpoint(numbered[0])  # the step's copy was rewritten too
     assert w.mirror  # fitted on each photo's features averaged with its mirror image's
+    assert w.stages == STAGES and w.dim == DIM  # and on the pooled outputs of the stages before the last
     ref = fit_whitening(_mirrored(run, _photos(sample_photos)))  # a fit of our own on the same photos' features
     assert ref.shrinkage == pytest.approx(w.shrinkage, abs=1e-3)
     np.testing.assert_allclose(w.mean, ref.mean, atol=1e-4)
@@ -91,9 +112,9 @@ def test_embeddings_apply_it_and_the_export_formats_keep_it(run, sample_photos, 
     plain = Embedder.load(tmp_path / "b.safetensors", device="cpu", precision="fp32", whiten=False)
     assert white.whitening is not None and plain.whitening is None
     got, raw, mirrored = white.embed(files), plain.embed(files), _mirrored(run, files)
+    assert (white.dim, plain.dim, got.shape[1], raw.shape[1]) == (DIM, 512, DIM, 512)
     np.testing.assert_allclose(got, w(mirrored), atol=2e-5)  # normalize((normalize(f + f_mirror) - mean) @ matrix)
-    assert np.abs(got - w(raw)).max() > 1e-2  # the mirror image's features do count
-    assert np.abs(got - raw).max() > 0.1  # and it does change the vectors
+    assert np.abs(got - w(_mirrored(run, files, mirror=False))).max() > 1e-2  # the mirror image's features count
     unnormalized = white.embed(files, normalize=False)
     np.testing.assert_allclose(unnormalized, (mirrored - w.mean) @ w.matrix, rtol=1e-4, atol=1e-4)
     x = torch.randn(3, 3, 32, 32)
@@ -162,7 +183,8 @@ def test_a_run_without_it_has_none_and_can_fit_it_when_resumed_to_its_end(sample
     assert summary["steps"] == 3 and summary["whitening"]["rows"] == 48 and summary["whitening"]["seconds"] >= 0
     from moco.train import summary_line
 
-    assert "whitening fitted on 48 photos and their mirror images in " in summary_line(summary, tmp_path / "r")
+    assert ("whitening fitted on 48 photos and their mirror images, 960-d with the pooled layer1/layer2/layer3 in "
+            in summary_line(summary, tmp_path / "r"))
     assert Embedder.load(tmp_path / "r" / "checkpoint.pt", device="cpu").whitening.count == 48
 
 
