@@ -62,11 +62,11 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """`moco export`: strip a checkpoint down to its backbone."""
-    from moco.export import export_backbone
+    from moco.export import embedding_dim, export_backbone
 
     meta = export_backbone(args.checkpoint, args.out, arch=args.arch, fmt=args.format, image_size=args.image_size)
     print(
-        f"exported {meta['arch']} ({meta['embed_dim']}-d, {meta['image_size']} px, MoCo {meta['moco_version']}, "
+        f"exported {meta['arch']} ({embedding_dim(meta)}-d, {meta['image_size']} px, MoCo {meta['moco_version']}, "
         f"from {meta['source_format']}) to {args.out}; stripped {meta['dropped']}"
     )
     return 0

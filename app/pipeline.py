@@ -106,7 +106,7 @@ def _stop_on_signal(summary: dict[str, Any], ckpt_path: Path, say: Callable[[str
 
 
 def _export(source: Path, out: Path, say: Callable[[str], None]) -> Path:
-    from moco.export import _sha256, export_backbone, load_exported
+    from moco.export import _sha256, embedding_dim, export_backbone, load_exported
 
     digest = _sha256(source)
     if out.is_file():
@@ -117,7 +117,7 @@ def _export(source: Path, out: Path, say: Callable[[str], None]) -> Path:
     tmp = out.with_name(".backbone.new.safetensors")
     meta = export_backbone(source, tmp)
     tmp.replace(out)
-    say(f"export: {meta['arch']} ({meta['embed_dim']}-d, {meta['image_size']} px) -> {out}")
+    say(f"export: {meta['arch']} ({embedding_dim(meta)}-d, {meta['image_size']} px) -> {out}")
     return out
 
 

@@ -250,12 +250,16 @@ def _quality_table(ds: str, what: str, name: str) -> list[str]:
                    + " | ".join("" if v is None else f"{100 * v:.2f}%" for v in cells) + " |")  # fmt: skip
     if exported:
         mirror = all(r.get("whitening_mirror") for r in exported)  # fitted on mirror-averaged features
+        stages = all(r.get("whitening_stages") for r in exported)  # ... with the pooled earlier stages (ninth round)
         fits = ", ".join(f"{r['whitening_s']:.1f} s ({r['name']})" for r in exported
                          if r.get("whitening_s") is not None)  # fmt: skip
         out += ["", "*As exported*: the same model's kNN top-1 through the whitening its run fitted on (up to 5,000 "
                 "of) the training photos after the budget (`--whiten`), which the export carries and every embedding "
                 "applies" + (", each photo's features averaged with its mirror image's (`moco.whiten.mirror_features`)"
-                             if mirror else "") + f"; the fit took {fits}."]  # fmt: skip
+                             if mirror else "")
+                + (", with the pooled outputs of layer1-3 beside the last stage's (`--whiten-stages`)"
+                   if stages else "")
+                + f"; the fit took {fits}."]  # fmt: skip
     out += _target(rows, d["minutes"])
     if all("curve_whitened" in r for r in d["rows"]):
         white = d["rows"][0].get("pixels_whitened")

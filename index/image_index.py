@@ -243,6 +243,15 @@ class ImageIndex:
         return bool((self.meta.get("backbone") or {}).get("whitening"))
 
     @property
+    def pooled_stages(self) -> bool:
+        """Whether the backbone's whitened embeddings hold the pooled earlier stages (``--whiten-stages``)."""
+        white = (self.meta.get("backbone") or {}).get("whitening")
+        try:
+            return bool(white and json.loads(white).get("stages"))
+        except (TypeError, ValueError, AttributeError):
+            return False
+
+    @property
     def dedup_threshold(self) -> float:
         """The near-duplicate threshold for this index's scores (:func:`index.dedup.dedup_threshold`)."""
         from index.dedup import dedup_threshold

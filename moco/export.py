@@ -36,7 +36,7 @@ from moco.formats import (
 from moco.whiten import Whitening, embedding_features, whiten_features
 
 __all__ = ["BACKBONE_FORMAT", "ArchGuess", "detect_arch", "checkpoint_num_heads", "export_backbone", "load_exported",
-           "build_exported", "exported_whitening", "WhitenedBackbone"]  # fmt: skip
+           "build_exported", "embedding_dim", "exported_whitening", "WhitenedBackbone"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -289,6 +289,13 @@ def _whitening_of(split: SplitCheckpoint, dim: int, checkpoint: Path) -> Whiteni
         return Whitening.from_state(state, dim, str(checkpoint))
     except ValueError as e:
         raise UserError(f"{e}: train again, or resume the run to its end to fit it anew") from None
+
+
+def embedding_dim(meta: dict[str, str]) -> int:
+    """The width of what the export embeds: the backbone's ``embed_dim``, plus the channels of the stages its
+    whitening pools (``moco train --whiten-stages``)."""
+    stages = json.loads(meta.get("whitening") or "{}").get("stages") or []
+    return int(meta["embed_dim"]) + sum(int(c) for _, c in stages)
 
 
 def exported_whitening(state: dict[str, torch.Tensor], meta: dict[str, str], path: str | Path) -> Whitening | None:

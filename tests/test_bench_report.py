@@ -121,6 +121,10 @@ def test_a_run_that_fitted_its_whitening_gets_an_as_exported_column_with_the_fit
     assert "the fit took 2.4 s (cpu)" in text and "mirror image" not in text  # a sixth-round run: plain features
     mirrored = {**d, "rows": [{**cpu, "whitening_mirror": True}, rows[1]]}
     text = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min_exported.json": mirrored})
-    assert "each photo's features averaged with its mirror image's" in text
+    assert "each photo's features averaged with its mirror image's" in text and "layer1-3" not in text
+    staged = {**d, "rows": [{**cpu, "whitening_mirror": True, "whitening_stages": ["layer1", "layer2", "layer3"]},
+                            rows[1]]}  # fmt: skip
+    text = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min_exported.json": staged})
+    assert "mirror_features`), with the pooled outputs of layer1-3 beside the last stage's" in text
     plain = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min.json": {**d, "rows": rows[1:]}})
     assert "as exported" not in plain.split("(exported)")[0]  # tables without such a run keep their columns

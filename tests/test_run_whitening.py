@@ -108,6 +108,9 @@ def test_embeddings_apply_it_and_the_export_formats_keep_it(run, sample_photos, 
     w = Whitening.from_state(ckpt["whitening"], 512, "ckpt")
     meta = export_backbone(run / "checkpoint.pt", tmp_path / "b.safetensors")
     assert json.loads(meta["whitening"])["count"] == 48
+    from moco.export import embedding_dim
+
+    assert (meta["embed_dim"], embedding_dim(meta)) == ("512", DIM)  # the backbone's width; what it embeds
     white = Embedder.load(tmp_path / "b.safetensors", device="cpu", precision="fp32")
     plain = Embedder.load(tmp_path / "b.safetensors", device="cpu", precision="fp32", whiten=False)
     assert white.whitening is not None and plain.whitening is None
@@ -195,7 +198,13 @@ def test_near_duplicates_of_a_whitened_index_use_its_threshold(run, sample_photo
 
     from app.cli import main
     from index.build import build_index
-    from index.dedup import WHITENED_DEDUP_THRESHOLD, find_duplicates, load_duplicates
+    from index.dedup import (
+        STAGED_DEDUP_THRESHOLD,
+        WHITENED_DEDUP_THRESHOLD,
+        dedup_threshold,
+        find_duplicates,
+        load_duplicates,
+    )
     from index.image_index import ImageIndex
 
     photos = tmp_path / "photos"
@@ -208,14 +217,17 @@ def test_near_duplicates_of_a_whitened_index_use_its_threshold(run, sample_photo
     export_backbone(run / "checkpoint.pt", tmp_path / "b.safetensors")
     build_index(photos, tmp_path / "b.safetensors", tmp_path / "idx", progress=False, device="cpu")
     idx = ImageIndex.open(tmp_path / "idx")
-    assert idx.whitened and idx.stats()["dedup_threshold"] == WHITENED_DEDUP_THRESHOLD == 0.8
+    assert idx.whitened and idx.pooled_stages and idx.stats()["dedup_threshold"] == STAGED_DEDUP_THRESHOLD == 0.7
     groups = find_duplicates(idx)  # no threshold given: the index's
-    assert load_duplicates(idx.dir)["threshold"] == 0.8
+    assert load_duplicates(idx.dir)["threshold"] == 0.7
     ids, vecs = idx.catalog.vectors(dim=idx.dim)
     c = idx.center(vecs)  # N x D, the search space
-    pairs = np.argwhere(np.triu(c @ c.T, 1) >= 0.8 - 1e-6)  # P x 2, brute force over every pair
+    pairs = np.argwhere(np.triu(c @ c.T, 1) >= 0.7 - 1e-6)  # P x 2, brute force over every pair
     assert {m["id"] for g in groups for m in g["members"]} == {int(ids[k]) for k in pairs.ravel()}
     grouped = {m["path"] for g in groups for m in g["members"]}
     assert {f"copy{n}{f.suffix}" for n, f in enumerate(originals)} <= grouped  # exact copies: cosine 1
     assert main(["index", "dedup", str(tmp_path / "idx")]) == 0
-    assert "at cosine >= 0.8;" in capsys.readouterr().out
+    assert "at cosine >= 0.7;" in capsys.readouterr().out
+    white = json.loads(idx.meta["backbone"]["whitening"])
+    idx.meta["backbone"]["whitening"] = json.dumps({k: v for k, v in white.items() if k != "stages"})  # an older run
+    assert not idx.pooled_stages and dedup_threshold(idx) == WHITENED_DEDUP_THRESHOLD == 0.8

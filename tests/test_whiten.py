@@ -136,3 +136,77 @@ def test_mirror_features_sum_the_normalized_features_of_each_view_and_its_mirror
     net[0].register_forward_pre_hook(lambda m, a: seen.append(a[0].is_contiguous(memory_format=torch.channels_last)))
     torch.testing.assert_close(mirror_features(net, cl), got, atol=1e-5, rtol=1e-5)
     assert seen == [True]  # the 2N views keep the caller's channels_last layout
+
+
+def _stage_net():
+    """A small network with ResNet's stage names: layer1 (4 ch), layer2 (6 ch), layer3 (8 ch), then pooled."""
+    import torch
+
+    nn = torch.nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer1 = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU())
+            self.layer2 = nn.Sequential(nn.Conv2d(4, 6, 3, stride=2, padding=1), nn.ReLU())
+            self.layer3 = nn.Sequential(nn.Conv2d(6, 8, 3, stride=2, padding=1), nn.ReLU())
+            self.head = nn.Linear(8, 5)
+
+        def forward(self, x):
+            return self.head(self.layer3(self.layer2(self.layer1(x))).mean((2, 3)))
+
+    torch.manual_seed(0)
+    return Net()
+
+
+def test_embedding_features_pool_the_named_stages_before_the_backbones_output():
+    import torch
+    import torch.nn.functional as F
+
+    from moco.whiten import STAGES, embedding_features, resnet_stages, stage_widths
+
+    net, x = _stage_net(), torch.randn(3, 3, 8, 8)
+    h1 = net.layer1(x)  # 3 x 4 x 8 x 8, by hand
+    h2 = net.layer2(h1)  # 3 x 6 x 4 x 4
+    h3 = net.layer3(h2)  # 3 x 8 x 2 x 2
+    want = torch.cat([h1.mean((2, 3)), h2.mean((2, 3)), h3.mean((2, 3)), net(x)], 1)  # 3 x 23
+    torch.testing.assert_close(embedding_features(net, x, stages=STAGES), want)
+    torch.testing.assert_close(embedding_features(net, x, stages=("layer2",)), torch.cat([h2.mean((2, 3)), net(x)], 1))
+    torch.testing.assert_close(embedding_features(net, x), net(x))  # no stages: the backbone's output
+    flipped = embedding_features(net, x.flip(3), stages=STAGES)
+    mirrored = embedding_features(net, x, mirror=True, stages=STAGES)
+    torch.testing.assert_close(mirrored, F.normalize(want, dim=1) + F.normalize(flipped, dim=1))
+    assert not net.layer1._forward_hooks and not net.layer3._forward_hooks  # the taps are removed after each call
+    assert resnet_stages(net) == STAGES and resnet_stages(torch.nn.Linear(2, 2)) == ()
+    net.train()
+    assert stage_widths(net, STAGES, 8) == (4, 6, 8) and net.training  # the mode is restored
+    from moco.backbones import build_backbone
+
+    resnet, width = build_backbone("resnet10t", False, 32)
+    assert resnet_stages(resnet) == STAGES and stage_widths(resnet, STAGES, 32) == (64, 128, 256) and width == 512
+
+
+def test_a_whitening_with_stages_checks_and_keeps_them():
+    from dataclasses import replace
+
+    import torch
+
+    from moco.whiten import STAGES, Whitening
+
+    net, x = _stage_net(), torch.randn(10, 3, 8, 8)
+    stages = tuple(zip(STAGES, (4, 6, 8)))
+    from moco.whiten import embedding_features
+
+    feats = embedding_features(net, x, mirror=True, stages=STAGES)  # 10 x 23
+    w = replace(fit_whitening(feats.detach().numpy()), mirror=True, stages=stages)
+    assert w.dim == 23 and w.stage_names == STAGES
+    torch.testing.assert_close(w.features(net, x), feats)
+    back = Whitening.from_state(w.state(), 5, "run/checkpoint.pt")  # the backbone's own width: 5
+    assert back.stages == stages and back.mirror and np.array_equal(back.matrix, w.matrix)
+    with pytest.raises(ValueError, match="run/checkpoint.pt.*embeds 6-d and its stages 24-d"):
+        Whitening.from_state(w.state(), 6, "run/checkpoint.pt")
+    with pytest.raises(ValueError, match="damaged"):
+        Whitening.from_state({**w.state(), "stages": [["layer1"]]}, 5, "run/checkpoint.pt")
+    other = replace(w, stages=(("layer1", 4), ("layer2", 6)))  # claims fewer stages than it was fitted on
+    with pytest.raises(ValueError, match="15-d, the whitening's 23-d"):
+        other.features(net, x)
