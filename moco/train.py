@@ -63,6 +63,7 @@ RESUMABLE_OVERRIDES = (
     "knn_k",
     "knn_t",
     "whiten",
+    "whiten_stages",
 )
 
 

@@ -189,6 +189,7 @@ def test_a_run_without_it_has_none_and_can_fit_it_when_resumed_to_its_end(sample
     assert ("whitening fitted on 48 photos and their mirror images, 960-d with the pooled layer1/layer2/layer3 in "
             in summary_line(summary, tmp_path / "r"))
     assert Embedder.load(tmp_path / "r" / "checkpoint.pt", device="cpu").whitening.count == 48
+    assert resume_config(tmp_path / "r", {"whiten_stages": False}).whiten_stages is False  # an end-of-run choice too
 
 
 def test_near_duplicates_of_a_whitened_index_use_its_threshold(run, sample_photos, tmp_path, capsys):
