@@ -70,8 +70,9 @@ class TrainConfig:
                                        "rate's decay (weight x lr / peak lr: full early, 0 at the end)")
     whiten: bool = _field(False, "at the end, fit a whitening of the backbone's features on (up to 5,000 of) the "
                           "photos; the export carries it and every embedding applies it (the cpu preset: on)")
-    whiten_stages: bool = _field(False, "ResNets: the whitened embedding also takes the pooled outputs of layer1-3 "
-                                 "beside the last stage's (the cpu preset: on)")
+    whiten_stages: str = _field("off", "ResNets: the whitened embedding also takes the pooled outputs of layer1-3 "
+                                "beside the last stage's: on | off | auto (on when the whitening is fitted on at "
+                                "least twice as many photos as those features have dimensions; the cpu preset)")
     # ---- optimization
     batch_size: int = _field(256, "images per step on each device")
     epochs: int = _field(200, "passes over the photos")
@@ -170,7 +171,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "image_size": 112,
         "decorrelation": 0.1,  # moco.loss.decorrelation on the backbone's features (BENCHMARKS.md, fifth round)
         "whiten": True,  # a whitening fitted on the photos after training (moco.whiten; BENCHMARKS.md, rounds 6-7)
-        "whiten_stages": True,  # ... of the earlier stages' pooled outputs too (BENCHMARKS.md, ninth round)
+        "whiten_stages": "auto",  # ... of the earlier stages' pooled outputs too (BENCHMARKS.md, ninth round)
     },
 }
 # v3 with a ViT backbone (the paper's ViT recipe: CONFIG.md, builder.py MoCo_ViT), applied unless the user set these.
@@ -188,6 +189,7 @@ CHOICES = {
     "precision": ("auto", "bf16", "fp16", "fp32"),
     "device": ("auto", "cpu", "cuda"),
     "memory_format": ("auto", "channels_last", "contiguous"),
+    "whiten_stages": ("auto", "on", "off"),
 }
 
 

@@ -37,15 +37,20 @@ from moco.errors import StorageError, UserError
 from moco.model import MoCo, momentum_schedule
 from moco.optim import BudgetFit, build_optimizer, crop_size_at, lr_at, lr_decay, step_cost
 from moco.sync_bn import convert_sync_bn
-from moco.whiten import STAGES, Whitening, fit_whitening, resnet_stages, stage_widths
+from moco.whiten import STAGES, Whitening, feature_widths, fit_whitening, resnet_stages
 
-__all__ = ["train", "resume_config", "build_model", "cache_size_for", "shown_total"]
+__all__ = ["train", "resume_config", "build_model", "cache_size_for", "shown_total", "whitening_stages"]
 
 logger = logging.getLogger(__name__)
 
 # Photos the end-of-training whitening is fitted on (--whiten): 1,000 gave the same kNN as 20,000 on Fashion-MNIST
 # (Ledoit-Wolf shrinks what fewer rows cannot estimate); 5,000 cost 2.4 s on one core for resnet10t at 32 px.
 WHITEN_ROWS = 5000
+# --whiten-stages auto pools the earlier stages only when the whitening is fitted on at least this many photos per
+# dimension of the pooled features: a whitening fitted on the collection it searches (as an index's is) lost 3.3
+# points of kNN with the stages on 240 Fashion-MNIST images (960-d), 0.5-0.7 on 500-1,000, broke even at 2,000
+# and gained 0.9 at 5,000 (BENCHMARKS.md, ninth round).
+STAGE_ROWS_PER_DIM = 2
 
 # Fields that may change when resuming a run; everything else must match the checkpoint.
 RESUMABLE_OVERRIDES = (
@@ -609,19 +614,34 @@ def _save(
     save_checkpoint(state, run_dir, keep=cfg.keep_checkpoints, replace=whitening is not None)
 
 
+def whitening_stages(backbone: nn.Module, choice: str, rows: int, image_size: int
+                     ) -> tuple[tuple[str, ...], tuple[int, ...]]:  # fmt: skip
+    """The stages (names, channels) a whitening fitted on ``rows`` photos pools for ``--whiten-stages choice``:
+    a ResNet's layer1-3 when on, or when auto and ``rows`` >= ``STAGE_ROWS_PER_DIM`` x their total width; else none."""
+    stages = resnet_stages(backbone) if choice != "off" else ()
+    if choice != "off" and not stages:
+        logger.info("whitening: the backbone has no stages %s; its output alone is whitened", "/".join(STAGES))
+    widths, width = feature_widths(backbone, stages, image_size)
+    dim = width + sum(widths)
+    if stages and choice == "auto" and rows < STAGE_ROWS_PER_DIM * dim:
+        logger.info("whitening: %d photos are too few to whiten %d-d features with the pooled %s (%d needed; "
+                    "--whiten-stages on forces them): the last stage's alone", rows, dim, "/".join(stages),
+                    STAGE_ROWS_PER_DIM * dim)  # fmt: skip
+        return (), ()
+    return stages, widths
+
+
 def _fit_whitening(backbone: nn.Module, cache: ImageCache, cfg: TrainConfig, device: torch.device, precision: str,
                    channels_last: bool) -> Whitening:  # fmt: skip
     """The whitening (:mod:`moco.whiten`, Ledoit-Wolf) of the trained backbone's mirror-averaged features of up to
     ``WHITEN_ROWS`` photos (a seeded draw), in the view the export embeds (resize, center crop); with
-    ``whiten_stages``, a ResNet's pooled layer1-3 outputs before its own."""
+    ``whiten_stages`` (on; auto: given ``STAGE_ROWS_PER_DIM`` photos per dimension), a ResNet's pooled layer1-3
+    outputs before its own."""
     from moco.knn import extract_features
 
     n = len(cache)
     rows = np.sort(np.random.default_rng(cfg.seed).choice(n, min(n, WHITEN_ROWS), replace=False))  # R
-    stages = resnet_stages(backbone) if cfg.whiten_stages else ()
-    if cfg.whiten_stages and not stages:
-        logger.info("whitening: %s has no stages %s; its output alone is whitened", cfg.arch, "/".join(STAGES))
-    widths = stage_widths(backbone, stages, cfg.image_size)
+    stages, widths = whitening_stages(backbone, cfg.whiten_stages, len(rows), cfg.image_size)
     feats = extract_features(backbone, np.asarray(cache.array[rows]), cfg.image_size, cfg.mean, cfg.std, device,
                              precision=precision, channels_last=channels_last, mirror=True, stages=stages)  # R x D'
     # embeddings average each photo with its mirror image, and pool the same stages

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 __all__ = ["STAGES", "Whitening", "embedding_features", "fit_whitening", "ledoit_wolf_shrinkage", "mirror_features",
-           "resnet_stages", "stage_widths", "whiten_features"]
+           "resnet_stages", "feature_widths", "whiten_features"]
 
 STAGES = ("layer1", "layer2", "layer3")  # ResNet stages before the last, pooled beside the backbone's output
 
@@ -83,16 +83,15 @@ def embedding_features(backbone: torch.nn.Module, x: torch.Tensor, mirror: bool 
 
 
 @torch.no_grad()
-def stage_widths(backbone: torch.nn.Module, stages: Sequence[str], image_size: int) -> tuple[int, ...]:
-    """Channels of each named stage's output: one forward pass of a blank ``image_size`` view in eval mode."""
-    if not stages:
-        return ()
+def feature_widths(backbone: torch.nn.Module, stages: Sequence[str], image_size: int) -> tuple[tuple[int, ...], int]:
+    """Channels of each named stage's output, and the width D of the backbone's: one forward pass of a blank
+    ``image_size`` view in eval mode."""
     was_training = backbone.training
     p = next(backbone.parameters())
     with _tapped(backbone.eval(), stages) as outs:
-        backbone(torch.zeros(1, 3, image_size, image_size, device=p.device, dtype=p.dtype))  # 1 x 3 x s x s
+        f = backbone(torch.zeros(1, 3, image_size, image_size, device=p.device, dtype=p.dtype))  # 1 x D
     backbone.train(was_training)
-    return tuple(int(outs[name].shape[1]) for name in stages)
+    return tuple(int(outs[name].shape[1]) for name in stages), int(f.shape[1])
 
 
 @dataclass(frozen=True)

@@ -82,7 +82,7 @@ def test_cpu_preset_leaves_the_paper_presets_as_published():
     assert (cpu.arch, cpu.batch_size, cpu.image_size, cpu.decorrelation) == (PRESETS["cpu"]["arch"], 128, 112, 0.1)
     assert all(resolve_config(p).decorrelation == 0.0 for p in ("v1", "v2", "v3"))  # the papers have no such term
     assert cpu.whiten and not any(resolve_config(p).whiten for p in ("v1", "v2", "v3"))  # nor a fitted whitening
-    assert cpu.whiten_stages and not any(resolve_config(p).whiten_stages for p in ("v1", "v2", "v3"))
+    assert cpu.whiten_stages == "auto" and all(resolve_config(p).whiten_stages == "off" for p in ("v1", "v2", "v3"))
     v2 = resolve_config("v2")
     assert (v2.arch, v2.batch_size, v2.lr, v2.queue_size, v2.temperature, v2.momentum, v2.image_size) == (
         "resnet50", 256, 0.03, 65536, 0.2, 0.999, 224)  # fmt: skip

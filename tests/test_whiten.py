@@ -163,7 +163,7 @@ def test_embedding_features_pool_the_named_stages_before_the_backbones_output():
     import torch
     import torch.nn.functional as F
 
-    from moco.whiten import STAGES, embedding_features, resnet_stages, stage_widths
+    from moco.whiten import STAGES, embedding_features, feature_widths, resnet_stages
 
     net, x = _stage_net(), torch.randn(3, 3, 8, 8)
     h1 = net.layer1(x)  # 3 x 4 x 8 x 8, by hand
@@ -179,11 +179,34 @@ def test_embedding_features_pool_the_named_stages_before_the_backbones_output():
     assert not net.layer1._forward_hooks and not net.layer3._forward_hooks  # the taps are removed after each call
     assert resnet_stages(net) == STAGES and resnet_stages(torch.nn.Linear(2, 2)) == ()
     net.train()
-    assert stage_widths(net, STAGES, 8) == (4, 6, 8) and net.training  # the mode is restored
+    assert feature_widths(net, STAGES, 8) == ((4, 6, 8), 5) and net.training  # the mode is restored
     from moco.backbones import build_backbone
 
     resnet, width = build_backbone("resnet10t", False, 32)
-    assert resnet_stages(resnet) == STAGES and stage_widths(resnet, STAGES, 32) == (64, 128, 256) and width == 512
+    assert resnet_stages(resnet) == STAGES and feature_widths(resnet, STAGES, 32) == ((64, 128, 256), 512) == (
+        (64, 128, 256), width)
+
+
+def test_auto_stages_need_twice_as_many_photos_as_dimensions(caplog):
+    import logging
+
+    import torch
+
+    from moco.backbones import build_backbone
+    from moco.train import STAGE_ROWS_PER_DIM, whitening_stages
+
+    resnet, _ = build_backbone("resnet10t", False, 32)
+    staged = (("layer1", "layer2", "layer3"), (64, 128, 256))
+    need = STAGE_ROWS_PER_DIM * (512 + 64 + 128 + 256)  # 1,920 photos for resnet10t's 960-d features
+    assert whitening_stages(resnet, "auto", need, 32) == staged
+    with caplog.at_level(logging.INFO, logger="moco.train"):
+        assert whitening_stages(resnet, "auto", need - 1, 32) == ((), ())
+    assert f"{need - 1} photos are too few to whiten 960-d features" in caplog.text
+    assert "--whiten-stages on forces them" in caplog.text
+    assert whitening_stages(resnet, "on", 10, 32) == staged  # forced
+    assert whitening_stages(resnet, "off", 10**6, 32) == ((), ())
+    assert whitening_stages(torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.AdaptiveAvgPool2d(1),
+                                                torch.nn.Flatten()), "on", 10**6, 32) == ((), ())  # no ResNet stages
 
 
 def test_a_whitening_with_stages_checks_and_keeps_them():
