@@ -17,7 +17,8 @@ that part first measured +0.7 points of kNN on two sets of three (BENCHMARKS.md,
 On ResNets it is also fitted on the pooled outputs of the earlier stages beside the last (:data:`STAGES`, the
 multi-layer descriptors of image retrieval): at 32 px the last stage's map is 1 x 1, and what the earlier, finer
 maps keep lifted kNN on every set that was not saturated (BENCHMARKS.md, ninth round). The whitening balances
-the stages' scales, so they are concatenated as they are.
+the stages' scales, so they are concatenated as they are. A fit on fewer photos than about twice their dimensions
+loses with them, so ``--whiten-stages auto`` (the cpu preset) pools them only from there (``moco.train``).
 """
 
 from __future__ import annotations
