@@ -57,6 +57,9 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
                    metavar="{" + ",".join(FORMATS) + "}", help="safetensors (for moco.Embedder, the default); "
                    "timm (OUT: a folder for timm.create_model('local-dir:OUT')); onnx; pt2 (torch.export)")  # fmt: skip
     p.add_argument("--image-size", type=int, default=None, help="input size (default: the run's, or 224)")
+    p.add_argument("--space", default=None, metavar="INDEX_DIR",
+                   help="onnx, pt2, timm: output the embedding space of this index (fitted on the photos it searches: "
+                   "the same vectors as its search) instead of the one fitted on the training photos")  # fmt: skip
     p.set_defaults(handler=cmd_export)
 
 
@@ -64,7 +67,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     """`moco export`: strip a checkpoint down to its backbone."""
     from moco.export import embedding_dim, export_backbone
 
-    meta = export_backbone(args.checkpoint, args.out, arch=args.arch, fmt=args.format, image_size=args.image_size)
+    meta = export_backbone(args.checkpoint, args.out, arch=args.arch, fmt=args.format, image_size=args.image_size,
+                           space=args.space)  # fmt: skip
     print(
         f"exported {meta['arch']} ({embedding_dim(meta)}-d, {meta['image_size']} px, MoCo {meta['moco_version']}, "
         f"from {meta['source_format']}) to {args.out}; stripped {meta['dropped']}"

@@ -71,7 +71,7 @@ class SearchApp:
             self._attach(index, embedder, checkpoint)
 
     def _attach(self, index: ImageIndex, embedder: Any, checkpoint: str | Path | None) -> None:
-        index.check_backbone(embedder.sha256)
+        index.check_embedder(embedder)
         source: QueueNegatives | IndexNegatives
         note = ""
         if checkpoint is not None:
@@ -146,7 +146,7 @@ class SearchApp:
         index = self._index()
         k = int(max(1, min(int(k), MAX_RESULTS)))
         index.refresh()  # `moco index update` may have replaced the files meanwhile
-        index.check_backbone(self.embedder.sha256)  # ... or rebuilt them with another model
+        index.check_embedder(self.embedder)  # ... or rebuilt them with another model
         folder = (folder or "").strip().strip("/") or None
         if folder == ALL_FOLDERS:
             folder = None

@@ -202,17 +202,12 @@ def _build(view: NegativesView, sims: np.ndarray, ids: np.ndarray, codes: np.nda
     return view
 
 
-def _centre_with_norms(raw: np.ndarray, mean: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """(``normalize(raw - mean)`` N x D, exactly as ImageIndex.center; ``|raw - mean|`` N), in chunks."""
-    if mean is None:
-        return np.ascontiguousarray(raw, np.float32), np.ones(len(raw), np.float32)
-    out, norms = np.empty(raw.shape, np.float32), np.empty(len(raw), np.float32)  # N x D, N
-    m = np.asarray(mean, np.float32)[None, :]  # 1 x D
+def _in_space(raw: np.ndarray, index: Any) -> np.ndarray:
+    """``index.center(raw)`` (N x D, the vectors index.faiss holds), in chunks."""
+    out = np.empty(raw.shape, np.float32)  # N x D
     for s in range(0, len(raw), _CHUNK):
-        c = raw[s : s + _CHUNK] - m  # B x D
-        nrm = np.linalg.norm(c, axis=1, keepdims=True)  # B x 1
-        out[s : s + _CHUNK], norms[s : s + _CHUNK] = c / np.maximum(nrm, 1e-12), nrm[:, 0]
-    return out, norms
+        out[s : s + _CHUNK] = index.center(raw[s : s + _CHUNK])
+    return out
 
 
 class IndexNegatives:
@@ -226,13 +221,14 @@ class IndexNegatives:
         self._lock = threading.Lock()
 
     def _vectors(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(ids N, centred vectors N x D as index.faiss holds them, |raw - mean| N), kept until the index changes."""
+        """(ids N, vectors N x D as index.faiss holds them, the stored features N x D), kept until the index
+        changes."""
         self.index.refresh()
         with self._lock:
             key = (id(self.index.store), self.index.store.ntotal, self.index.meta.get("updated"))
             if self._cache is None or self._cache[0] != key:
                 ids, raw = self.index.catalog.vectors(dim=self.index.dim)  # N, N x D
-                self._cache = (key, ids, *_centre_with_norms(raw, self.index.mean))
+                self._cache = (key, ids, _in_space(raw, self.index), raw)
             return self._cache[1], self._cache[2], self._cache[3]
 
     @property
@@ -253,16 +249,16 @@ class IndexNegatives:
 
     def _inspect(self, img: Image.Image, n: int, seed: int, image_id: int | None, notes: list[str]) -> NegativesView:
         emb, mean = self.embedder, self.index.mean
-        ids, vecs, norms = self._vectors()  # N, N x D (centred), N
+        ids, vecs, raw = self._vectors()  # N, N x D (in the index's space), N x D (features)
         if len(ids) == 0:
             raise UserError("the index is empty: nothing to compare with (run `moco index update`)")
         square = square_u8(img, emb.resize)
         g = torch.Generator().manual_seed(seed)
-        xq, xk = two_views(torch.tensor(square)[None], self.recipe, emb.image_size, emb.mean, emb.std, g)
+        xq, xk = two_views(torch.tensor(square)[None], self.recipe, emb.image_size, emb.pixel_mean, emb.pixel_std, g)
         q, k = self.index.center(emb.embed_views(torch.cat([xq, xk])))  # D, D (centred)
         clean = emb.embed_squares(np.array(square)[None])[0]  # D (raw)
-        to = vecs @ np.stack([q, self.index.center(clean[None])[0], clean], axis=1)  # N x 3
-        raw_to_clean = norms * to[:, 2] + (float(np.dot(mean, clean)) if mean is not None else 0.0)  # N: raw cosine
+        to = vecs @ np.stack([q, self.index.center(clean[None])[0]], axis=1)  # N x 2
+        raw_to_clean = raw @ clean  # N: cosine of the features
         same = raw_to_clean >= SAME_IMAGE
         if image_id is not None:
             copies = int(np.sum(same & (ids != image_id)))
@@ -278,11 +274,12 @@ class IndexNegatives:
             notes.append(f"{self.index.dir} has no augmentation level (built before it was measured): run "
                          f"`moco index update {self.index.dir}` to flag negatives as close as two views of a photo")
         threshold = _closeness_level(level, self.index.weak_below, notes)
-        white = "whitened " if self.index.whitened else ""
-        space = f"centred {white}backbone space" if mean is not None else "backbone space (uncentred: an older index)"
-        view = NegativesView("index", f"{space} of the exported model, as search scores; negatives: every other "
+        space = f"the index's space ({self.index.describe_space()})" if mean is not None else \
+            "backbone space (uncentred: an older index)"  # fmt: skip
+        view = NegativesView("index", f"{space}, as search scores; negatives: every other "
                              f"image of the index ({len(ids)}); views: the {self.recipe} training recipe",
-                             self.temperature, _to_u8(xq[0], emb.mean, emb.std), _to_u8(xk[0], emb.mean, emb.std),
+                             self.temperature, _to_u8(xq[0], emb.pixel_mean, emb.pixel_std),
+                             _to_u8(xk[0], emb.pixel_mean, emb.pixel_std),
                              float(q @ k), 0.0, 0.0, 0, 0, notes=notes, augment_level=level)  # fmt: skip
         codes = _reason_codes(sims, np.zeros(len(sims), bool), duplicate, threshold)
 

@@ -43,15 +43,16 @@ from index.image_index import (
     INDEX_ID_KEY,
     META_FILE,
     THUMBS_DIR,
+    VECTORS,
     load_store,
     read_meta,
     write_meta,  # fmt: skip
 )
 from index.plan import Plan, Stat, file_hash, make_plan
-from index.store import KINDS, VectorStore, choose_kind, read_index_id, read_mean, require_faiss
+from index.store import KINDS, VectorStore, choose_kind, read_index_id, read_space_arrays, require_faiss
 from moco.data import ImageDecodeError, load_rgb, square_u8
-from moco.embed import center
 from moco.errors import StorageError, UserError, storage_error
+from moco.whiten import SPACE_FILE, Whitening, fit_space, save_space
 
 __all__ = ["build_index", "update_index", "Summary", "default_memory_budget", "sample_ids", "is_our_failure",
            "write_failed", "THUMB_SIZE"]  # fmt: skip
@@ -61,7 +62,9 @@ logger = logging.getLogger(__name__)
 THUMB_SIZE = 256
 TUNE_QUERIES = 500
 TARGET_RECALL = 0.95
-MEAN_REFRESH = 1.5  # the mean embedding is recomputed (and index.faiss rebuilt) when the collection grew by half
+MEAN_REFRESH = 1.5  # the space is fitted again (and index.faiss rebuilt) when the collection grew by half
+DRIFT_REFIT = 0.05  # ... or when its mean moved by this share of the photos' mean squared distance to the centre
+WHITEN_FROM_PER_DIM = 1.0  # an index whitens its own features from this many photos per dimension (BENCHMARKS.md)
 WEAK_PAIRS = 20_000  # random pairs whose chance level (chance_level) is the weak-match threshold
 AUGMENT_SAMPLE = 64  # photos whose two augmented views measure the collection's same-photo level
 AUGMENT_RECIPE = "v2"
@@ -341,7 +344,7 @@ def _sample_square(root: Path, index_dir: Path, row: Row, resize: int) -> np.nda
 
 
 def _augment_level(root: Path, index_dir: Path, catalog: Catalog, ids: np.ndarray, embedder: Any,
-                   mean: np.ndarray, batch_size: int = 32) -> dict[str, Any] | None:  # fmt: skip
+                   space: Whitening, batch_size: int = 32) -> dict[str, Any] | None:  # fmt: skip
     """How close two training views of one photo are: the centred cosine of two ``v2`` views of a seeded sample.
 
     Up to :data:`AUGMENT_SAMPLE` of ``ids`` (sorted, seed 0), decoded as the index decodes them, two views
@@ -358,13 +361,35 @@ def _augment_level(root: Path, index_dir: Path, catalog: Catalog, ids: np.ndarra
         return None
     images = torch.from_numpy(np.stack(squares))  # B x R x R x 3 uint8
     g = torch.Generator().manual_seed(0)
-    xq, xk = two_views(images, AUGMENT_RECIPE, embedder.image_size, embedder.mean, embedder.std, g)  # B x 3 x s x s
+    xq, xk = two_views(images, AUGMENT_RECIPE, embedder.image_size, embedder.pixel_mean, embedder.pixel_std,
+                       g)  # B x 3 x s x s
     q = np.concatenate([embedder.embed_views(xq[s : s + batch_size]) for s in range(0, len(xq), batch_size)])  # B x D
     k = np.concatenate([embedder.embed_views(xk[s : s + batch_size]) for s in range(0, len(xk), batch_size)])  # B x D
-    cos = np.einsum("bd,bd->b", center(q, mean), center(k, mean))  # B
+    cos = np.einsum("bd,bd->b", space(q), space(k))  # B
     return {"median": round(float(np.median(cos)), 4), "p10": round(float(np.percentile(cos, 10)), 4),
             "pairs": len(cos), "recipe": AUGMENT_RECIPE,
-            "space": "centred whitened backbone" if embedder.whitening is not None else "centred backbone"}  # fmt: skip
+            "space": "whitened (the index's space)" if space.whitened else "centred (the index's space)"}  # fmt: skip
+
+
+def space_rule(n: int, dim: int, base: Whitening | None) -> str:
+    """How an index of ``n`` photos with ``dim``-d features maps them (:func:`moco.whiten.fit_space`): "whitened" on
+    its own photos from :data:`WHITEN_FROM_PER_DIM` photos per dimension, else "training" (the export's training-time
+    matrix, centred on the collection) where the export has one, else "centred"."""
+    if n >= WHITEN_FROM_PER_DIM * dim:
+        return "whitened"
+    return "training" if base is not None and base.matrix is not None else "centred"
+
+
+def space_drift(vecs: np.ndarray, mean: np.ndarray, matrix: np.ndarray | None, sample: int = 2000) -> float:
+    """How far the collection's mean moved from the space's centre: ``|(m_now - mean) W|^2`` over the mean of
+    ``|(v - mean) W|^2`` (a seeded sample of the features ``vecs``, N x D): about 1/N for photos of the same kind."""
+    rows = vecs[sample_ids(np.arange(len(vecs)), sample, np.random.default_rng(0))]  # S x D
+    shift = vecs.mean(0) - mean  # D
+    spread = rows - mean  # S x D
+    if matrix is not None:
+        shift, spread = shift @ matrix, spread @ matrix  # D, S x D
+    denom = float((spread**2).sum(1).mean())
+    return float((shift**2).sum() / denom) if denom > 0 else 0.0
 
 
 def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gpu: str,
@@ -387,24 +412,43 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
     index_id, store = _own_store(index_dir, catalog, len(ids), dim, use_gpu)
     trusted = store is not None  # index.faiss and index.json are this index's own
     old = read_meta(index_dir) if trusted else {}
-    mean = read_mean(index_dir / INDEX_FILE, dim) if trusted else None  # travels with the vectors
+    old_mean, old_matrix = read_space_arrays(index_dir / INDEX_FILE, dim) if trusted else (None, None)
+    info = old.get("space") if isinstance(old.get("space"), dict) else {}
+    base = getattr(embedder, "export_space", None) if embedder is not None else None
+    if base is None and cmeta.get("features"):  # no embedder (a removal only): the features the catalog records
+        feats = cmeta["features"]
+        base = Whitening(np.zeros(dim, np.float32), None, 1.0, 0, bool(feats.get("mirror")),
+                         tuple((str(n), int(c)) for n, c in feats.get("stages") or []))  # fmt: skip
+    rule = space_rule(len(ids), dim, base)
     mean_count = int(old.get("mean_count") or 0)
     fresh = store is None or store.kind != kind or not store.is_trained
     level = old.get("augment_level")
-    if fresh or mean is None or len(ids) >= MEAN_REFRESH * mean_count:
-        level = None  # measured in the space of the mean: measured again below
+    drift = space_drift(vecs, old_mean, old_matrix) if old_mean is not None and len(ids) else None
+    why = ("a new index" if fresh else "it was uncentred" if old_mean is None
+           else "its vectors were of an older version" if old.get("vectors") != VECTORS
+           else f"the collection grew from {mean_count}" if len(ids) >= MEAN_REFRESH * mean_count
+           else f"the rule now says {rule} (was {info.get('rule')})" if info.get("rule") not in (None, rule)
+           else f"the collection drifted ({drift:.3f} > {DRIFT_REFIT})" if drift is not None and drift > DRIFT_REFIT
+           else None)  # fmt: skip
+    if why is not None:
+        level = None  # measured in the space: measured again below
         if not fresh:
-            logger.info("centring %s on the mean embedding of its %d vectors (%s): re-adding them all", INDEX_FILE,
-                        len(ids), f"was of {mean_count}" if mean is not None else "it was uncentred")  # fmt: skip
+            logger.info("fitting the embedding space of %s again on its %d photos (%s): re-adding every vector",
+                        index_dir, len(ids), why)  # fmt: skip
             store = None
-        mean, mean_count = (vecs.mean(0) if len(ids) else np.zeros(dim, np.float32)), len(ids)
-    mean = np.asarray(mean, np.float32)  # D
+        space = fit_space(vecs, rule, base, source=f"this collection ({len(ids)} photos)")
+        mean_count, drift = len(ids), 0.0
+    else:
+        space = Whitening(old_mean, old_matrix, float(info.get("shrinkage") or 0.0), mean_count,
+                          base.mirror if base else False, base.stages if base else (),
+                          str(info.get("fitted_on") or "collection"))  # fmt: skip
     if level is None and embedder is not None and len(ids):
-        level = _augment_level(Path(cmeta["root"]), index_dir, catalog, ids, embedder, mean)
+        level = _augment_level(Path(cmeta["root"]), index_dir, catalog, ids, embedder, space)
         if level:
-            logger.info("two %s views of one photo score %.3f (median centred cosine over %d photos)",
+            logger.info("two %s views of one photo score %.3f (median cosine in the index's space over %d photos)",
                         AUGMENT_RECIPE, level["median"], level["pairs"])  # fmt: skip
-    vecs = center(vecs, mean)  # N x D, what index.faiss holds
+    mean = space.mean  # D
+    vecs = space(vecs)  # N x D, what index.faiss holds
     pending, stale = catalog.pending(), catalog.stale()
     qv = vecs[np.searchsorted(ids, queries)]  # tuning queries, Q x D
     if store is None or store.kind != kind or not store.is_trained:
@@ -442,7 +486,11 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
         store.add(ids, vecs)
         tuning = store.tune(vecs, ids, qv, queries, k=10, target=TARGET_RECALL, held_out=False)
         kind, pending = "flat", ids
-    store.save(index_dir / INDEX_FILE, index_id, mean)
+    store.save(index_dir / INDEX_FILE, index_id, mean, space.matrix)
+    source = (embedder.config.get("source_sha256") if embedder is not None else None) or \
+        (cmeta.get("backbone") or {}).get("source_sha256") or ""  # fmt: skip
+    save_space(space, index_dir / SPACE_FILE, cmeta["backbone_sha256"], index_id=index_id,
+               source_sha256=source)  # for the other doors: Embedder.load(B, space=DIR), moco export --space
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     import faiss
 
@@ -458,6 +506,9 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
         "thumb_size": THUMB_SIZE, "faiss_version": faiss.__version__, "created": old.get("created", now),
         "updated": now, "index_id": index_id,
         "mean": [float(x) for x in mean], "mean_count": mean_count, "weak_below": _weak_below(vecs),
+        "vectors": VECTORS, "features": {"mirror": space.mirror, "stages": [[n, int(c)] for n, c in space.stages]},
+        "space": {**space.describe(), "rule": rule, "drift": None if drift is None else round(float(drift), 5),
+                  "refit_when": f"the collection grows by half, drifts over {DRIFT_REFIT}, or the rule changes"},
         **({"augment_level": level} if level else {}),
     })  # fmt: skip
     catalog.mark_indexed(pending, stale)
@@ -558,6 +609,24 @@ def _retry_our_failures(catalog: Catalog, plan: Plan) -> None:
         plan.retried += len(again)
 
 
+def _reembed_older_vectors(catalog: Catalog, plan: Plan, cmeta: dict[str, Any]) -> None:
+    """An index of an older version stored the export's (whitened) output, not its features: queue every photo to
+    be embedded again (its features are what the index's space is fitted on and applied to)."""
+    if cmeta.get("vectors") == VECTORS:
+        return
+    feats = cmeta.get("features") or {}
+    white = (cmeta.get("backbone") or {}).get("whitening")
+    if white or feats.get("mirror") or feats.get("stages"):
+        queued = {i for i, _ in plan.embed}
+        again = [(r.id, p) for p, r in catalog.rows().items() if r.status == "ok" and r.id not in queued
+                 and p in plan.stats]  # fmt: skip
+        if again:
+            logger.info("%d photos were indexed by an older version (the backbone's whitened output): embedding "
+                        "them again as features, in the index's own space", len(again))  # fmt: skip
+            plan.embed = sorted(plan.embed + again, key=lambda t: t[1])
+            plan.unchanged -= len(again)
+
+
 def _clean_thumbs(index_dir: Path, catalog: Catalog) -> None:
     if not (index_dir / THUMBS_DIR).is_dir():
         return
@@ -575,7 +644,7 @@ def catalog_meta(catalog: Catalog) -> dict[str, Any]:
 
     return {k: json.loads(catalog.get_meta(k) or "null") for k in
             ("root", "backbone_path", "backbone_sha256", "backbone", "dim", "kind", "memory_budget",
-             "flat_until")}  # fmt: skip
+             "flat_until", "features", "vectors")}  # fmt: skip
 
 
 def set_catalog_meta(catalog: Catalog, **values: Any) -> None:
@@ -598,6 +667,7 @@ def _sync(index_dir: Path, embedder: Any, dist: _Dist, batch_size: int, workers:
         root = Path(cmeta["root"])
         plan = make_plan(root, catalog, workers)
         _retry_our_failures(catalog, plan)
+        _reembed_older_vectors(catalog, plan, cmeta)
         _quick_ops(catalog, plan, index_dir, summary)
         summary.unchanged = plan.unchanged
     todo, root_s = dist.broadcast((plan.embed, cmeta["root"]) if plan else None)
@@ -624,6 +694,7 @@ def _sync(index_dir: Path, embedder: Any, dist: _Dist, batch_size: int, workers:
                 bar.update(min(round_size, len(todo) - start))
     bar.close()
     if dist.rank == 0:
+        set_catalog_meta(catalog, vectors=VECTORS)  # every row is features now (older ones were queued above)
         store = _sync_store(index_dir, catalog, cmeta, use_gpu, embedder)
         _restore_thumbs(root, index_dir, catalog, embedder.resize, workers)
         _clean_thumbs(index_dir, catalog)
@@ -642,7 +713,21 @@ def _load_embedder(backbone: Path, device: str) -> Any:
     if not backbone.is_file():
         raise UserError(f"backbone {backbone} not found: make one with "
                         "`moco export RUN/checkpoint.pt -o B.safetensors`")  # fmt: skip
-    return Embedder.load(backbone, device=device)
+    return Embedder.load(backbone, device=device, space="features")  # the catalog keeps features; the index, its space
+
+
+def _backbone_meta(embedder: Any) -> dict[str, Any]:
+    """What ``index.json`` records of the backbone (``backbone_dim``: the backbone's own width; the index's ``dim``
+    counts the pooled stages)."""
+    meta = {k: embedder.config.get(k) for k in ("arch", "image_size", "resize", "moco_version", "whitening",
+                                                "source_sha256")}  # fmt: skip
+    return {**meta, "backbone_dim": int(embedder.config["embed_dim"])}
+
+
+def _features_meta(embedder: Any) -> dict[str, Any]:
+    """The catalog settings that say which features its vectors are (see ``ImageIndex.features``)."""
+    return {"features": {"mirror": bool(embedder.mirror), "stages": [[n, int(c)] for n, c in embedder.stages]},
+            "backbone_whitening": embedder.space is None and embedder.config.get("whitening") is not None}
 
 
 def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind: str = "auto",
@@ -690,10 +775,11 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
                                 "or delete it to rebuild with this backbone")  # fmt: skip
             logger.info("%s holds an earlier build: continuing it", out)
         set_catalog_meta(catalog, root=str(photos), backbone_path=str(backbone), backbone_sha256=embedder.sha256,
-                          backbone={k: embedder.config.get(k) for k in ("arch", "image_size", "resize", "embed_dim",
-                                                                         "moco_version", "whitening")},
-                          dim=embedder.dim, kind=kind,
+                          backbone=_backbone_meta(embedder),
+                          dim=embedder.dim, kind=kind, features=_features_meta(embedder)["features"],
                           memory_budget=memory_budget or default_memory_budget())  # fmt: skip
+        if fresh:
+            set_catalog_meta(catalog, vectors=VECTORS)
         catalog.close()
     try:
         return _sync(out, embedder, dist, batch_size, workers, progress, use_gpu)
@@ -738,6 +824,7 @@ def update_index(index_dir: str | Path, backbone: str | Path | None = None, root
             if kind not in KINDS:
                 raise UserError(f"--kind {kind!r} is not one of {', '.join(KINDS)}")
             changes["kind"] = kind
+        changes["features"] = _features_meta(embedder)["features"]
         set_catalog_meta(catalog, **changes)
     catalog.close()
     try:

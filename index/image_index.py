@@ -15,9 +15,13 @@ An index directory holds::
     >>> hits = idx.search(vectors, k=10)   # vectors: Q x D, L2-normalized   # doctest: +SKIP
     >>> hits.ids[0], hits.scores[0], hits.paths[0]                       # doctest: +SKIP
 
-Scores are centred cosines: ``index.faiss`` holds ``normalize(v - mean)`` of the catalog's raw vectors
-``v`` and :meth:`ImageIndex.search` centres its (raw) queries the same way, so an unrelated photo scores
-near 0; a score under ``weak_below`` (the chance level of random pairs) is a weak match.
+The catalog keeps each photo's features ``f`` (what ``ImageIndex.load_embedder()`` embeds: the backbone's
+features, with the mirror image and pooled stages where the export says so, L2-normalized). ``index.faiss`` holds
+them in the index's own embedding space, fitted on this collection (:func:`moco.whiten.fit_space`): centred on
+its mean, whitened where that helps, L2-normalized; the space travels in ``index.faiss``'s trailer (and a copy
+in ``space.safetensors`` for other doors: ``Embedder.load(B, space=INDEX_DIR)``, ``moco export --space``).
+:meth:`ImageIndex.search` maps its queries (features) the same way, so an unrelated photo scores near 0; a
+score under ``weak_below`` (the chance level of random pairs) is a weak match.
 """
 
 from __future__ import annotations
@@ -33,10 +37,10 @@ from typing import Any
 import numpy as np
 
 from index.catalog import Catalog, Row
-from index.store import VectorStore, read_index_id, read_mean, require_faiss
+from index.store import VectorStore, read_index_id, read_space_arrays, require_faiss
 from moco.checkpoint import atomic_write
-from moco.embed import center
 from moco.errors import UserError
+from moco.whiten import Whitening
 
 __all__ = ["ImageIndex", "SearchResult", "read_meta", "write_meta", "kind_of", "INDEX_FILE", "META_FILE",
            "CATALOG_FILE", "THUMBS_DIR", "DEDUP_FILE", "FORMAT", "INDEX_ID_KEY", "check_index_ids"]  # fmt: skip
@@ -48,6 +52,7 @@ INDEX_FILE, META_FILE, CATALOG_FILE, THUMBS_DIR, DEDUP_FILE = (
 FORMAT = 1
 INDEX_ID_KEY = "index_id"  # catalog meta key of the index id (also in index.json and in index.faiss's trailer)
 _REQUIRED_META = ("root", "dim", "backbone_sha256", "backbone_path")  # what search and stats read from index.json
+VECTORS = "features"  # what the catalog stores (index.json "vectors"); older indexes stored the export's output
 
 
 def read_meta(index_dir: Path) -> dict[str, Any]:
@@ -155,7 +160,7 @@ class ImageIndex:
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
         self.meta: dict[str, Any] = {}
-        self.mean: np.ndarray | None = None  # D: the collection's mean embedding; None for an uncentred index
+        self.space: Whitening | None = None  # the index's space (centred, whitened); None for an uncentred index
         self.catalog = Catalog(self.dir / CATALOG_FILE)
         self._load()
 
@@ -180,8 +185,15 @@ class ImageIndex:
         self.store = load_store(self.dir, self.use_gpu)
         check_index_ids(self.dir, self.catalog.get_meta(INDEX_ID_KEY), self.meta.get("index_id"), self.store.index_id)
         self._check_meta()
-        self.mean = read_mean(self.dir / INDEX_FILE, self.store.dim)  # D, from index.faiss: it holds its vectors
-        if self.mean is None:
+        mean, matrix = read_space_arrays(self.dir / INDEX_FILE, self.store.dim)  # D, D x D: travel with the vectors
+        info = self.meta.get("space") if isinstance(self.meta.get("space"), dict) else {}
+        feats = self.features
+        self.space = None if mean is None else Whitening(
+            mean, matrix, float(info.get("shrinkage") or (0.0 if matrix is not None else 1.0)),
+            int(info.get("count") or self.meta.get("mean_count") or 0), bool(feats["mirror"]),
+            tuple((str(n), int(c)) for n, c in feats["stages"]),
+            str(info.get("fitted_on") or "collection"))  # fmt: skip
+        if mean is None:
             logger.info("%s has no mean embedding (made before centred scores): searching uncentred until "
                         "`moco index update %s` centres it", self.dir, self.dir)  # fmt: skip
         self._stamp = self._files_stamp()
@@ -238,18 +250,42 @@ class ImageIndex:
         return float(value) if value is not None else None
 
     @property
+    def mean(self) -> np.ndarray | None:
+        """D: the collection's mean feature (the space's centre); None for an uncentred index."""
+        return None if self.space is None else self.space.mean
+
+    @property
     def whitened(self) -> bool:
-        """Whether the backbone whitens its embeddings (a run trained with ``--whiten``): scores spread wider."""
-        return bool((self.meta.get("backbone") or {}).get("whitening"))
+        """Whether the index's space whitens (not only centres) its vectors: scores spread wider."""
+        return self.space is not None and self.space.whitened
 
     @property
     def pooled_stages(self) -> bool:
-        """Whether the backbone's whitened embeddings hold the pooled earlier stages (``--whiten-stages``)."""
-        white = (self.meta.get("backbone") or {}).get("whitening")
+        """Whether the features hold the pooled earlier stages (``--whiten-stages``)."""
+        return bool(self.features["stages"])
+
+    @property
+    def features(self) -> dict[str, Any]:
+        """Which features the catalog holds: ``{"mirror", "stages"}`` (from ``index.json``, or for an older index
+        from its backbone's whitening)."""
+        feats = self.meta.get("features")
+        if isinstance(feats, dict):
+            return {"mirror": bool(feats.get("mirror")), "stages": [list(x) for x in feats.get("stages") or []]}
         try:
-            return bool(white and json.loads(white).get("stages"))
-        except (TypeError, ValueError, AttributeError):
-            return False
+            white = json.loads((self.meta.get("backbone") or {}).get("whitening") or "{}")
+        except (TypeError, ValueError):
+            white = {}
+        return {"mirror": bool(white.get("mirror")), "stages": [list(x) for x in white.get("stages") or []]}
+
+    def describe_space(self) -> str:
+        """One line: what the index's vectors are (for messages)."""
+        feats = self.features
+        what = "mirror-averaged " if feats["mirror"] else ""
+        stages = f" with the pooled {'/'.join(n for n, _ in feats['stages'])}" if feats["stages"] else ""
+        if self.space is None:
+            return f"{what}backbone features{stages}, uncentred (an older index)"
+        how = "whitened" if self.whitened else "centred"
+        return f"{what}backbone features{stages}, {how} on {self.space.source}"
 
     @property
     def dedup_threshold(self) -> float:
@@ -266,8 +302,10 @@ class ImageIndex:
         return dict(value) if isinstance(value, dict) and "median" in value else None
 
     def center(self, vectors: np.ndarray) -> np.ndarray:
-        """Raw L2-normalized vectors (Q x D) in the space of ``index.faiss``: ``normalize(v - mean)``."""
-        return center(vectors, self.mean)
+        """Features (Q x D, L2-normalized: what :meth:`load_embedder` embeds) in the space of ``index.faiss``:
+        ``normalize((f - mean) @ matrix)``, the matrix where the space whitens."""
+        v = np.ascontiguousarray(np.atleast_2d(vectors), np.float32)  # Q x D
+        return v if self.space is None else self.space(v)
 
     def thumb_path(self, row: Row) -> Path | None:
         """Absolute path of a row's thumbnail (inside ``thumbs/``), when it has one."""
@@ -283,15 +321,38 @@ class ImageIndex:
                 f"--backbone NEW.safetensors -o {self.dir}`"
             )
 
+    def check_embedder(self, embedder: Any) -> None:
+        """Refuse an Embedder whose vectors are not what this index takes (another backbone, other features, or
+        vectors already in some space): the message names both."""
+        self.check_backbone(embedder.sha256)
+        feats = self.features
+        want = (bool(feats["mirror"]), [[str(n), int(c)] for n, c in feats["stages"]])
+        have = (bool(embedder.mirror), [[str(n), int(c)] for n, c in embedder.stages])
+        if embedder.space is not None or want != have:
+            d = embedder.describe()
+            theirs = (f"{'mirror-averaged ' if d['mirror'] else ''}features"
+                      + (f" with the pooled {'/'.join(n for n, _ in d['stages'])}" if d["stages"] else "")
+                      + (f", already {'whitened' if d['whitened'] else 'centred'} on {d['fitted_on']}"
+                         if embedder.space is not None else ""))  # fmt: skip
+            raise UserError(f"{self.dir} searches in its own space ({self.describe_space()}) and takes the "
+                            f"backbone's features as its embedder makes them; this embedder gives {theirs}: the two "
+                            f"spaces do not mix. Use ImageIndex.load_embedder() (or "
+                            f"Embedder.load(B, space='{self.dir}') for vectors already in the index's space)")
+
     def load_embedder(self, backbone: str | Path | None = None, device: str = "auto") -> Any:
-        """The Embedder of this index: ``backbone`` or the file recorded at build time, sha-checked."""
+        """The Embedder of this index (its features, what :meth:`search` takes): ``backbone`` or the file recorded at
+        build time, sha-checked."""
         from moco.embed import Embedder
 
         path = Path(backbone or self.meta["backbone_path"])
         if not path.is_file():
             raise UserError(f"backbone {path} not found: pass --backbone with the file this index was built with")
-        emb = Embedder.load(path, device=device)
+        emb = Embedder.load(path, device=device, space="features")
         self.check_backbone(emb.sha256)
+        if self.meta.get("vectors") != VECTORS and (emb.mirror or emb.stages or emb.config.get("whitening")):
+            raise UserError(f"{self.dir} was built by an older version that stored the backbone's whitened output: "
+                            f"run `moco index update {self.dir}` once (it embeds the photos again)")  # fmt: skip
+        self.check_embedder(emb)
         return emb
 
     # ---------------------------------------------------------------------------------- search
@@ -363,5 +424,6 @@ class ImageIndex:
             "updated": self.meta.get("updated"), "read_only": self.catalog.read_only,
             "centred": self.mean is not None, "mean_count": self.meta.get("mean_count"),
             "weak_below": self.weak_below, "augment_level": self.augment_level, "whitened": self.whitened,
-            "dedup_threshold": self.dedup_threshold,
+            "dedup_threshold": self.dedup_threshold, "space": self.meta.get("space"), "features": self.features,
+            "space_description": self.describe_space(),
         }  # fmt: skip

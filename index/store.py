@@ -39,7 +39,7 @@ except ModuleNotFoundError as _e:  # the `index` extra is missing: this module s
     faiss = None
 
 __all__ = ["VectorStore", "choose_kind", "factory_for", "read_index_id", "require_faiss", "KINDS", "EXACT_UP_TO",
-           "gpu_count", "mean_digest", "read_mean"]  # fmt: skip
+           "gpu_count", "mean_digest", "read_mean", "read_space_arrays"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,8 @@ _ID_TAG = b"\nmoco-retrieval-index-id:"  # index.faiss ends with this, 32 hex di
 _ID_TRAILER = len(_ID_TAG) + 32 + 1
 _MEAN_TAG = b"\nmoco-retrieval-mean:"  # before the id trailer: a digest of the mean the vectors are centred on
 _MEAN_TRAILER = len(_MEAN_TAG) + 16 + 1
+_MATRIX_TAG = b"\nmoco-retrieval-matrix:"  # before the mean: the whitening matrix of the index's space, if any
+_MATRIX_TRAILER = len(_MATRIX_TAG) + 16 + 1
 
 
 def gpu_count() -> int:
@@ -88,11 +90,38 @@ def mean_digest(mean: np.ndarray | list[float] | None) -> str | None:
 
 
 def read_mean(path: str | Path, dim: int) -> np.ndarray | None:
-    """The mean embedding (D float32) an ``index.faiss`` is centred on, from its trailer; None if uncentred.
+    """The mean embedding (D float32) an ``index.faiss`` is centred on, from its trailer; None if uncentred."""
+    return read_space_arrays(path, dim)[0]
 
-    It travels inside the file (see :meth:`VectorStore.save`), so the vectors and their mean are replaced
+
+def read_space_arrays(path: str | Path, dim: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+    """The mean (D float32) and whitening matrix (D x D float32, None: centring only) of the space an
+    ``index.faiss``'s vectors are in, from its trailer; (None, None) for an uncentred index.
+
+    They travel inside the file (see :meth:`VectorStore.save`), so the vectors and their space are replaced
     together, atomically: a kill between writing ``index.faiss`` and ``index.json`` cannot pair them wrongly.
     """
+    mean = _read_mean(path, dim)
+    if mean is None:
+        return None, None
+    with open(path, "rb") as f:
+        size = f.seek(0, 2)
+        start = size - _ID_TRAILER - _MEAN_TRAILER - 4 * dim - _MATRIX_TRAILER
+        if start - 4 * dim * dim < 0:
+            return mean, None
+        f.seek(start)
+        tail = f.read(_MATRIX_TRAILER)
+        if not tail.startswith(_MATRIX_TAG):
+            return mean, None
+        f.seek(start - 4 * dim * dim)
+        matrix = np.frombuffer(f.read(4 * dim * dim), "<f4").astype(np.float32).reshape(dim, dim)  # D x D
+    if mean_digest(matrix) != tail[len(_MATRIX_TAG) : -1].decode("ascii", "replace"):
+        raise UserError(f"{path} is damaged (its whitening matrix does not match its digest): rebuild it with "
+                        f"`moco index update {Path(path).parent}`")  # fmt: skip
+    return mean, matrix
+
+
+def _read_mean(path: str | Path, dim: int) -> np.ndarray | None:
     with open(path, "rb") as f:
         size = f.seek(0, 2)
         start = size - _ID_TRAILER - _MEAN_TRAILER
@@ -210,12 +239,14 @@ class VectorStore:
             faiss.downcast_index(faiss.downcast_index(store._cpu).index).k_factor = REFINE_K_FACTOR
         return store
 
-    def save(self, path: str | Path, index_id: str | None = None, mean: np.ndarray | None = None) -> None:
+    def save(self, path: str | Path, index_id: str | None = None, mean: np.ndarray | None = None,
+             matrix: np.ndarray | None = None) -> None:  # fmt: skip
         """Write the CPU form atomically (temporary file, fsync, rename).
 
         ``index_id`` (32 hex digits) is appended after the FAISS bytes as a fixed-size trailer, which
         ``faiss.read_index`` never reads; :func:`read_index_id` gets it back. ``mean`` (D floats, the
-        embedding the vectors are centred on) goes just before it with its digest (:func:`read_mean`).
+        embedding the vectors are centred on) goes just before it with its digest (:func:`read_mean`), and before
+        that ``matrix`` (D x D, the space's whitening; :func:`read_space_arrays`).
         """
         from moco.checkpoint import atomic_write
 
@@ -225,6 +256,9 @@ class VectorStore:
         if mean is not None and index_id:
             m = np.asarray(mean, "<f4")  # D
             trailer = m.tobytes() + _MEAN_TAG + mean_digest(m).encode() + b"\n" + trailer
+            if matrix is not None:
+                w = np.ascontiguousarray(matrix, "<f4")  # D x D
+                trailer = w.tobytes() + _MATRIX_TAG + mean_digest(w).encode() + b"\n" + trailer
 
         def write(f: Any) -> None:
             faiss.write_index(cpu, faiss.PyCallbackIOWriter(f.write))

@@ -17,6 +17,7 @@ __all__ = [
     "resume_config",
     "export_backbone",
     "Embedder",
+    "apply_space",
     "UserError",
     "fetch_pretrained",
     "PRETRAINED",
@@ -32,6 +33,7 @@ _WHERE = {
     "UserError": "moco.errors",
     "export_backbone": "moco.export",
     "Embedder": "moco.embed",
+    "apply_space": "moco.whiten",
     "fetch_pretrained": "moco.pretrained",
     "PRETRAINED": "moco.pretrained",
 }

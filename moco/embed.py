@@ -35,7 +35,7 @@ from moco.backbones import is_vit
 from moco.data import ImageDecodeError, load_square_u8, read_image_bytes, scan_images, square_u8
 from moco.device import autocast_for, resolve_device, resolve_precision
 from moco.errors import UserError
-from moco.whiten import Whitening, whiten_features
+from moco.whiten import Whitening, embedding_features, whiten_features
 
 __all__ = ["Embedder", "center"]
 
@@ -56,6 +56,49 @@ def center(vectors: np.ndarray, mean: np.ndarray | None) -> np.ndarray:
     c = v - np.asarray(mean, np.float32)[None, :]  # N x D
     norms = np.linalg.norm(c, axis=1, keepdims=True)  # N x 1
     return (c / np.maximum(norms, 1e-12)).astype(np.float32)
+
+
+def _cached_digest(path: Path) -> str:
+    """sha256 of a file, remembered by (path, size, mtime, inode): loading one file twice hashes it once."""
+    from moco.export import _sha256
+
+    st = path.stat()
+    key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+    if key not in _DIGESTS:
+        _DIGESTS[key] = _sha256(path)
+    return _DIGESTS[key]
+
+
+_DIGESTS: dict[tuple[str, int, int, int], str] = {}
+
+
+def _export_cache(checkpoint: Path, digest: str) -> Path:
+    """Where the export of a checkpoint or official model is kept (``$MOCO_HOME/exports/<sha256>.safetensors``),
+    so ``Embedder.load(NAME)`` exports it once, not on every call."""
+    from moco.pretrained import moco_home
+
+    folder = moco_home() / "exports"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"{digest}.safetensors"
+
+
+def _read_space(where: Path, digest: str, backbone: Path) -> Whitening:
+    """The space in ``where`` (an index directory's ``space.safetensors``, or such a file), checked to belong to
+    the backbone whose file has sha256 ``digest``."""
+    from moco.whiten import SPACE_FILE, load_space
+
+    path = where / SPACE_FILE if where.is_dir() else where
+    if not path.is_file():
+        raise UserError(f"space={where}: no {SPACE_FILE} there: pass an index directory made by `moco index build` "
+                        "(`moco index update DIR` writes it for an older index) or a space file")  # fmt: skip
+    try:
+        space, meta = load_space(path)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if meta.get("backbone_sha256") != digest:
+        raise UserError(f"{path} is the space of backbone sha256 {str(meta.get('backbone_sha256'))[:12]}..., not of "
+                        f"{backbone} ({digest[:12]}...): load the backbone that index was built with")  # fmt: skip
+    return space
 
 
 def _stack(squares: list[np.ndarray | torch.Tensor]) -> np.ndarray | torch.Tensor:
@@ -80,57 +123,111 @@ class Embedder:
     """Feature extractor around an exported backbone.
 
     Attributes:
-        dim: feature dimension D.
+        dim: the width D of the vectors it makes.
         config: the backbone's metadata (arch, image_size, resize, mean, std, source sha256, ...).
         sha256: sha256 of the backbone file (what an index records to refuse a different backbone).
-        whitening: the whitening every embedding goes through (a run trained with ``--whiten``), or None; a run's
-            whitening averages each image's features with its mirror image's first (``whitening.mirror``) and on
-            ResNets adds the pooled outputs of the earlier stages (``whitening.stages``; ``dim`` counts them).
+        space: the embedding space every vector goes through (:class:`moco.whiten.Whitening`: centred, whitened),
+            or None: the features as they are, L2-normalized. By default the space the export carries (a run
+            trained with ``--whiten``: fitted on its training photos); ``Embedder.load(B, space=INDEX_DIR)``: the
+            space of an index (fitted on the collection it searches), so its vectors equal the index's.
+        mirror, stages: the features: each image averaged with its mirror image, the pooled earlier stages of a
+            ResNet beside its output (``dim`` counts them); both come from the export.
+        pixel_mean, pixel_std: the preprocessing's per-channel normalization.
     """
 
     def __init__(self, backbone: nn.Module, config: dict[str, str], device: str | torch.device = "auto",
-                 precision: str = "auto", sha256: str = "", whitening: Whitening | None = None) -> None:  # fmt: skip
+                 precision: str = "auto", sha256: str = "", whitening: Whitening | None = None,
+                 features: Whitening | None = None) -> None:  # fmt: skip
         self.device = resolve_device(str(device))
-        self.whitening = whitening  # applied to every embedding (moco.whiten); None: the backbone's features
+        self.space = whitening  # applied to every embedding (moco.whiten); None: the backbone's features
+        self.export_space = features if features is not None else whitening  # the one the file carries
+        recipe = whitening if whitening is not None else features  # which features: mirror image, stages
+        self.mirror = bool(recipe.mirror) if recipe is not None else False
+        self.stages: tuple[tuple[str, int], ...] = tuple(recipe.stages) if recipe is not None else ()
         self.precision = resolve_precision(precision, self.device)
         self.config = dict(config)
         self.sha256 = sha256
-        self.dim = int(config["embed_dim"]) if whitening is None else whitening.dim  # with the pooled stages
+        self.dim = int(config["embed_dim"]) + sum(c for _, c in self.stages)  # with the pooled stages
         self.image_size = int(config["image_size"])
         self.resize = int(config["resize"])
-        self.mean, self.std = tuple(json.loads(config["mean"])), tuple(json.loads(config["std"]))
+        self.pixel_mean, self.pixel_std = tuple(json.loads(config["mean"])), tuple(json.loads(config["std"]))
         # CNNs run channels_last on every device: 1.5-1.6x faster on this CPU (oneDNN; bench/layout.py), as on GPUs
         self.channels_last = not is_vit(config["arch"])
         self.backbone = backbone.to(self.device).eval()
         if self.channels_last:
             self.backbone = self.backbone.to(memory_format=torch.channels_last)
         self._white = None if whitening is None else (
-            torch.from_numpy(whitening.mean).to(self.device), torch.from_numpy(whitening.matrix).to(self.device))
+            torch.from_numpy(whitening.mean).to(self.device),
+            None if whitening.matrix is None else torch.from_numpy(whitening.matrix).to(self.device))  # fmt: skip
+
+    @property
+    def whitening(self) -> Whitening | None:
+        """The space's map (an older name of :attr:`space`)."""
+        return self.space
+
+    @property
+    def mean(self) -> tuple[float, ...]:
+        """The pixel mean (an older name of :attr:`pixel_mean`; not a collection's mean embedding)."""
+        return self.pixel_mean
+
+    @property
+    def std(self) -> tuple[float, ...]:
+        """The pixel std (an older name of :attr:`pixel_std`)."""
+        return self.pixel_std
+
+    @property
+    def space_id(self) -> str:
+        """Names what this embedder outputs: the backbone file, the features and the space (two embedders with the
+        same id give the same vectors)."""
+        feats = f"mirror={int(self.mirror)},stages={'+'.join(n for n, _ in self.stages) or '-'}"
+        return f"{self.sha256[:12]}/{feats}/{self.space.digest if self.space is not None else 'features'}"
+
+    def describe(self) -> dict[str, Any]:
+        """What the vectors are (plain types): width, whitened, centred, L2-normalized, features, fitted on."""
+        if self.space is not None:
+            return {**self.space.describe(), "backbone_sha256": self.sha256}
+        return {"width": self.dim, "whitened": False, "centred": False, "normalized": True, "mirror": self.mirror,
+                "stages": [[n, int(c)] for n, c in self.stages], "fitted_on": None, "count": 0, "shrinkage": None,
+                "digest": None, "backbone_sha256": self.sha256}  # fmt: skip
 
     @classmethod
-    def load(cls, path: str | Path, device: str = "auto", precision: str = "auto", whiten: bool = True) -> Embedder:
+    def load(cls, path: str | Path, device: str = "auto", precision: str = "auto", whiten: bool = True,
+             space: str | Path | None = None) -> Embedder:  # fmt: skip
         """From a ``.safetensors`` backbone made by ``moco export``, or from any checkpoint or official NAME.
 
-        ``whiten``: apply the whitening the file carries (a run trained with ``--whiten``, as the cpu preset), with
-        its mirror-image average and pooled stages; False: the backbone's features as they are, one view per image.
+        ``space``: None: the space the file carries (a run trained with ``--whiten``, as the cpu preset: its
+        whitening with its mirror-image average and pooled stages), else the features as they are; an index
+        directory: the space of that index (fitted on the photos it searches: the same vectors as its search);
+        ``"features"``: the file's features (mirror image, stages) L2-normalized, no space (what an index stores).
+        ``whiten`` False: the backbone's features as they are, one view per image, no space.
         """
         from moco.export import build_exported, export_backbone, exported_whitening, load_exported
         from moco.pretrained import resolve
 
         path = resolve(path)
+        digest = _cached_digest(path)
         if path.suffix != ".safetensors":
-            import tempfile
-
-            with tempfile.TemporaryDirectory() as tmp:
-                out = Path(tmp) / "backbone.safetensors"
-                export_backbone(path, out)
+            try:
+                out = _export_cache(path, digest)
+                if not out.is_file():
+                    export_backbone(path, out)
                 state, meta = load_exported(out)
+            except OSError as e:  # no writable cache: export into a temporary folder, as before
+                logger.debug("export cache unavailable (%s): exporting %s into a temporary folder", e, path)
+                import tempfile
+
+                with tempfile.TemporaryDirectory() as tmp:
+                    export_backbone(path, Path(tmp) / "backbone.safetensors")
+                    state, meta = load_exported(Path(tmp) / "backbone.safetensors")
         else:
             state, meta = load_exported(path)
-        from moco.export import _sha256
-
-        whitening = exported_whitening(state, meta, path) if whiten else None
-        return cls(build_exported(state, meta), meta, device, precision, _sha256(path), whitening)
+        own = exported_whitening(state, meta, path) if whiten else None
+        emb_space: Whitening | None = own
+        if space is not None and str(space) == "features":
+            emb_space = None
+        elif space is not None:
+            emb_space = _read_space(Path(space), digest, path)
+        return cls(build_exported(state, meta), meta, device, precision, digest, emb_space, features=own)
 
     # --------------------------------------------------------------------------------- inputs
     def _to_square(self, item: ImageLike) -> np.ndarray:
@@ -169,14 +266,15 @@ class Embedder:
     @torch.inference_mode()
     def embed_views(self, x: torch.Tensor, normalize: bool = True) -> np.ndarray:
         """Embed already normalized views (N x 3 x s x s float, e.g. augmented): N x D float32, L2-normalized
-        unless not ``normalize`` (then the backbone's pooled features, or with a whitening ``(f/|f| - mean) @ W``,
-        ``f`` the features the whitening was fitted on: averaged with the mirror image's, with pooled stages)."""
+        unless not ``normalize`` (then the features: the backbone's pooled output, averaged with the mirror image's and
+        with pooled stages where the export says so; with a space ``(f/|f| - mean) @ W``)."""
         x = x.to(self.device, non_blocking=True)
         if self.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
         with autocast_for(self.device, self.precision):
-            white = self.whitening
-            f = self.backbone(x).float() if white is None else white.features(self.backbone, x)  # N x D
+            f = embedding_features(self.backbone, x, self.mirror, tuple(n for n, _ in self.stages))  # N x D
+        if f.shape[1] != self.dim:
+            raise UserError(f"the backbone's features are {f.shape[1]}-d, its space's {self.dim}-d: export it again")
         if self._white is not None:
             f = whiten_features(f, *self._white)  # N x D
         return (F.normalize(f, dim=1) if normalize else f).cpu().numpy()

@@ -173,9 +173,17 @@ def export_backbone(
     arch: str | None = None,
     fmt: str = "safetensors",
     image_size: int | None = None,
+    space: str | Path | None = None,
 ) -> dict[str, str]:
     """Write the query backbone of ``checkpoint`` (a file, or an official NAME: fetched once) to ``out``; returns
-    the metadata written."""
+    the metadata written.
+
+    Every format declares what it outputs (metadata ``output``: width, whitened, centred, normalized, mirror image,
+    stages, fitted on). Its embedding space is the one the run fitted on its training photos (``--whiten``), or
+    with ``space`` (an index directory, or its ``space.safetensors``) the space that index fitted on the photos it
+    searches: a pt2/ONNX program then outputs exactly the index's vectors, and a timm folder carries it as
+    ``space.safetensors`` for :func:`moco.apply_space`.
+    """
     from moco.pretrained import resolve
 
     checkpoint, out = resolve(checkpoint), Path(out)
@@ -226,23 +234,62 @@ def export_backbone(
     }
     backbone.eval()
     whitening = _whitening_of(split, dim, checkpoint)
+    if space is not None:
+        if fmt == "safetensors":
+            raise UserError("--space bakes an index's space into a program (--format onnx or pt2) or a timm "
+                            "folder; a safetensors backbone takes it when loaded: Embedder.load(B, space=INDEX_DIR)")
+        whitening = _index_space(Path(space), checkpoint, whitening, dim)
     module: nn.Module = backbone
-    if whitening is not None and fmt == "timm":
-        logger.warning("--format timm: timm's model has no place for the run's whitening, so its features are the "
-                       "backbone's as they are; --format safetensors (moco.Embedder) or pt2/onnx keep it")  # fmt: skip
-    elif whitening is not None:
-        meta["whitening"] = json.dumps({"shrinkage": whitening.shrinkage, "count": whitening.count,
-                                        "mirror": whitening.mirror, "stages": whitening.state()["stages"]})  # fmt: skip
-        if fmt != "safetensors":  # a program: its output is the whitened, L2-normalized embedding
+    plain = {"width": dim, "whitened": False, "centred": False, "normalized": fmt == "safetensors", "mirror": False,
+             "stages": [], "fitted_on": None}  # fmt: skip
+    output = whitening.describe() if whitening is not None else plain
+    if whitening is not None:
+        meta["whitening"] = json.dumps({"shrinkage": whitening.shrinkage, "count": whitening.count, "source":
+                                        whitening.source, "mirror": whitening.mirror,
+                                        "stages": whitening.state()["stages"]})  # fmt: skip
+        if fmt in ("onnx", "pt2"):  # a program: its output is the space's L2-normalized embedding
             module = WhitenedBackbone(backbone, whitening).eval()
-    writer = {"safetensors": _write_safetensors, "timm": _write_timm, "onnx": _write_onnx, "pt2": _write_pt2}[fmt]
+            meta["backbone_dim"], meta["embed_dim"] = str(dim), str(whitening.dim)
+        elif fmt == "timm":  # timm's model outputs the backbone's features; space.safetensors maps them
+            output = {**output, "apply": "moco.apply_space(model, x, DIR)",
+                      "model_output": {"width": dim, "normalized": False}}  # fmt: skip
+    meta["output"] = json.dumps(output)
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "safetensors":
         _write_safetensors(backbone, meta, out, whitening)
+    elif fmt == "timm":
+        _write_timm(module, meta, out, whitening)
     else:
-        writer(module, meta, out)
-    logger.info("wrote %s (%s, %s, %d-d features)", out, fmt, guess.arch, dim)
+        {"onnx": _write_onnx, "pt2": _write_pt2}[fmt](module, meta, out)
+    logger.info("wrote %s (%s, %s, %d-d output%s)", out, fmt, guess.arch, output["width"],
+                f", {'whitened' if output['whitened'] else 'centred'} on {output['fitted_on']}"
+                if whitening is not None else "")  # fmt: skip
     return meta
+
+
+def _index_space(where: Path, checkpoint: Path, whitening: Whitening | None, dim: int) -> Whitening:
+    """The space in ``where`` (an index directory or a ``space.safetensors``), checked to belong to this checkpoint
+    (its sha256, or its export's) and to its features."""
+    from moco.whiten import SPACE_FILE, load_space
+
+    path = where / SPACE_FILE if where.is_dir() else where
+    if not path.is_file():
+        raise UserError(f"--space {where}: no {SPACE_FILE} there: pass an index directory made by `moco index build` "
+                        f"(`moco index update {where}` writes it for an older index)")  # fmt: skip
+    try:
+        space, smeta = load_space(path)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    digest = _sha256(checkpoint)
+    if digest not in (smeta.get("source_sha256"), smeta.get("backbone_sha256")):
+        raise UserError(f"--space {where}: that index was built from another model (its backbone's source sha256 "
+                        f"{str(smeta.get('source_sha256'))[:12]}..., {checkpoint} is {digest[:12]}...): export the "
+                        "checkpoint that index's backbone came from")  # fmt: skip
+    want = (whitening.mirror, whitening.stages) if whitening is not None else (False, ())
+    if (space.mirror, space.stages) != want or space.dim != dim + sum(c for _, c in space.stages):
+        raise UserError(f"--space {where}: its features (mirror {space.mirror}, stages {space.stages}) are not this "
+                        f"export's (mirror {want[0]}, stages {want[1]}): rebuild the index with this export")
+    return space
 
 
 def _resize_for(image_size: int) -> int:
@@ -271,7 +318,8 @@ class WhitenedBackbone(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.register_buffer("mean", torch.from_numpy(whitening.mean.copy()))  # D
-        self.register_buffer("matrix", torch.from_numpy(whitening.matrix.copy()))  # D x D
+        eye = torch.eye(whitening.dim)  # centring only: the identity keeps one program for both
+        self.register_buffer("matrix", eye if whitening.matrix is None else torch.from_numpy(whitening.matrix.copy()))
         self.mirror = whitening.mirror  # average each view's features with its mirror image's first
         self.stages = whitening.stage_names  # pooled before the backbone's output
 
@@ -292,8 +340,10 @@ def _whitening_of(split: SplitCheckpoint, dim: int, checkpoint: Path) -> Whiteni
 
 
 def embedding_dim(meta: dict[str, str]) -> int:
-    """The width of what the export embeds: the backbone's ``embed_dim``, plus the channels of the stages its
-    whitening pools (``moco train --whiten-stages``)."""
+    """The width of what the export embeds (its declared ``output``; for an older file the backbone's ``embed_dim``,
+    plus the channels of the stages its whitening pools)."""
+    if meta.get("output"):
+        return int(json.loads(meta["output"])["width"])
     stages = json.loads(meta.get("whitening") or "{}").get("stages") or []
     return int(meta["embed_dim"]) + sum(int(c) for _, c in stages)
 
@@ -396,11 +446,14 @@ def _timm_config(backbone: nn.Module, meta: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _write_timm(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
-    """A folder timm loads with ``create_model("local-dir:OUT", pretrained=True)``: config.json, model.safetensors."""
+def _write_timm(backbone: nn.Module, meta: dict[str, str], out: Path, space: Whitening | None = None) -> None:
+    """A folder timm loads with ``create_model("local-dir:OUT", pretrained=True)``: config.json, model.safetensors,
+    and the embedding space (``space.safetensors``, for :func:`moco.apply_space`) where the export has one."""
     import tempfile
 
     import timm
+
+    from moco.whiten import SPACE_FILE, save_space
 
     config = _timm_config(backbone, meta)  # refusals come before anything is written
     if out.exists() and not out.is_dir():
@@ -410,8 +463,13 @@ def _write_timm(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
         (Path(tmp) / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         model = timm.create_model(f"local-dir:{tmp}", pretrained=True).eval()
         _check_faithful(lambda x: model(x).numpy(), backbone, meta, "timm")
+        names = ["model.safetensors", "config.json"]
+        if space is not None:
+            save_space(space, Path(tmp) / SPACE_FILE, meta["source_sha256"], source_sha256=meta["source_sha256"])
+            names.append(SPACE_FILE)
         out.mkdir(exist_ok=True)
-        for name in ("model.safetensors", "config.json"):
+        (out / SPACE_FILE).unlink(missing_ok=True)  # an older export's space never outlives its model
+        for name in names:
             _publish(Path(tmp) / name, out / name)
 
 

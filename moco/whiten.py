@@ -24,23 +24,37 @@ loses with them, so ``--whiten-stages auto`` (the cpu preset) pools them only fr
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import logging
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 __all__ = ["STAGES", "Whitening", "embedding_features", "fit_whitening", "ledoit_wolf_shrinkage", "mirror_features",
-           "resnet_stages", "feature_widths", "whiten_features"]
+           "resnet_stages", "feature_widths", "whiten_features", "fit_space", "MAX_MATRIX_ENTRY", "save_space",
+           "load_space", "SPACE_FILE", "apply_space"]
 
 STAGES = ("layer1", "layer2", "layer3")  # ResNet stages before the last, pooled beside the backbone's output
+SAME_AS_MEAN = 1e-6  # a feature this close to the space's mean has no direction of its own: it keeps its own
+SPACE_FILE = "space.safetensors"  # an index's space (beside index.faiss) and a timm export's, for other doors
+MAX_MATRIX_ENTRY = 1e6  # a fitted matrix with larger entries divides by a variance of ~0: a degenerate fit
+
+logger = logging.getLogger(__name__)
 
 
-def whiten_features(f: torch.Tensor, mean: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
-    """``(normalize(f) - mean) @ matrix`` of pooled features ``f`` (N x D), not normalized again: what
-    :class:`Whitening` computes in numpy, on ``f``'s device (``mean``: D, ``matrix``: D x D)."""
-    return (torch.nn.functional.normalize(f, dim=1) - mean) @ matrix  # N x D
+def whiten_features(f: torch.Tensor, mean: torch.Tensor, matrix: torch.Tensor | None) -> torch.Tensor:
+    """``(normalize(f) - mean) @ matrix`` of pooled features ``f`` (N x D), not normalized again (``matrix`` None:
+    centring only): what :class:`Whitening` computes in numpy, on ``f``'s device (``mean``: D, ``matrix``: D x D).
+    A row within :data:`SAME_AS_MEAN` of the mean keeps ``normalize(f)``: no vector is ever zero."""
+    v = torch.nn.functional.normalize(f, dim=1)  # N x D
+    c = v - mean  # N x D
+    w = c if matrix is None else c @ matrix  # N x D
+    same = c.norm(dim=1, keepdim=True) < SAME_AS_MEAN  # N x 1
+    return torch.where(same, v, w)
 
 
 def mirror_features(backbone: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -97,14 +111,17 @@ def feature_widths(backbone: torch.nn.Module, stages: Sequence[str], image_size:
 
 @dataclass(frozen=True)
 class Whitening:
-    """``normalize((v - mean) @ matrix)``: the map a collection's whitening applies to vectors."""
+    """``normalize((normalize(f) - mean) @ matrix)``: the map from a backbone's features ``f`` to the vectors we
+    compare (an embedding space). ``matrix`` None: centring only. Which features (``mirror``, ``stages``) is part
+    of it: :meth:`features` computes them."""
 
     mean: np.ndarray  # D' float32
-    matrix: np.ndarray  # D' x D' float32: eigenvectors of the shrunk covariance scaled by eigenvalue^-1/2
+    matrix: np.ndarray | None  # D' x D' float32: eigenvectors of the shrunk covariance scaled by eigenvalue^-1/2
     shrinkage: float  # 0 (the sample covariance) .. 1 (a multiple of the identity: centring only)
     count: int  # vectors it was fitted on
     mirror: bool = False  # fitted on mirror_features: embeddings average each photo with its mirror image first
     stages: tuple[tuple[str, int], ...] = ()  # (name, channels) of the stages pooled before the backbone's output
+    source: str = "training photos"  # what it was fitted on: "training photos", "collection", ...
 
     @property
     def dim(self) -> int:
@@ -112,9 +129,32 @@ class Whitening:
         return int(self.mean.shape[0])
 
     @property
+    def whitened(self) -> bool:
+        """Whether it whitens (a matrix) or only centres."""
+        return self.matrix is not None
+
+    @property
     def stage_names(self) -> tuple[str, ...]:
         """The names of the stages pooled before the backbone's output (``backbone.layer1``, ...)."""
         return tuple(name for name, _ in self.stages)
+
+    @property
+    def digest(self) -> str:
+        """16 hex digits naming the map (its mean, matrix and features): two spaces with one digest are one space."""
+        h = hashlib.blake2b(digest_size=8)
+        h.update(np.asarray(self.mean, "<f4").tobytes())
+        if self.matrix is not None:
+            h.update(np.asarray(self.matrix, "<f4").tobytes())
+        h.update(repr((self.mirror, tuple(self.stages))).encode())
+        return h.hexdigest()
+
+    def describe(self) -> dict[str, Any]:
+        """What the vectors it makes are (plain types, for metadata): width, whitened, centred, L2-normalized, the
+        features (mirror image, pooled stages) and what it was fitted on."""
+        return {"width": self.dim, "whitened": self.whitened, "centred": True, "normalized": True,
+                "mirror": bool(self.mirror), "stages": [[n, int(c)] for n, c in self.stages],
+                "fitted_on": self.source, "count": int(self.count), "shrinkage": round(float(self.shrinkage), 6),
+                "digest": self.digest}  # fmt: skip
 
     def features(self, backbone: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The features of views ``x`` (N x 3 x s x s) this whitening applies to: N x D' float32
@@ -126,37 +166,45 @@ class Whitening:
         return f
 
     def __call__(self, vectors: np.ndarray) -> np.ndarray:
-        """Whitened, L2-normalized rows (N x D' float32); a row equal to the mean stays all zeros."""
+        """Whitened (or centred), L2-normalized rows (N x D' float32) of L2-normalized features; a row within
+        :data:`SAME_AS_MEAN` of the mean keeps its own direction, so no row is ever zero."""
         v = np.atleast_2d(np.asarray(vectors, np.float32))  # N x D'
-        w = (v - self.mean[None, :]) @ self.matrix  # N x D'
+        c = v - self.mean[None, :]  # N x D'
+        w = c if self.matrix is None else c @ self.matrix  # N x D'
+        same = np.linalg.norm(c, axis=1) < SAME_AS_MEAN  # N
+        w[same] = v[same]
         norms = np.linalg.norm(w, axis=1, keepdims=True)  # N x 1
         return (w / np.maximum(norms, 1e-12)).astype(np.float32)
 
     def state(self) -> dict[str, Any]:
         """Tensors and numbers (what ``torch.load(weights_only=True)`` reads back), for a checkpoint."""
-        return {"mean": torch.from_numpy(self.mean.copy()), "matrix": torch.from_numpy(self.matrix.copy()),
-                "shrinkage": float(self.shrinkage), "count": int(self.count), "mirror": bool(self.mirror),
-                "stages": [[name, int(c)] for name, c in self.stages]}  # fmt: skip
+        out = {"mean": torch.from_numpy(self.mean.copy()), "shrinkage": float(self.shrinkage),
+               "count": int(self.count), "mirror": bool(self.mirror), "source": self.source,
+               "stages": [[name, int(c)] for name, c in self.stages]}  # fmt: skip
+        out["matrix"] = None if self.matrix is None else torch.from_numpy(self.matrix.copy())  # None: centring only
+        return out
 
     @classmethod
     def from_state(cls, state: dict[str, Any], dim: int, where: str) -> Whitening:
         """The whitening :meth:`state` wrote, checked against the backbone's feature dimension ``dim`` (plus the
-        channels of the stages it pools)."""
+        channels of the stages it pools); ``matrix`` None: centring only."""
         try:
             mean = np.asarray(state["mean"], np.float32)  # D'
-            matrix = np.asarray(state["matrix"], np.float32)  # D' x D'
+            matrix = None if state["matrix"] is None else np.asarray(state["matrix"], np.float32)  # D' x D'
             shrinkage, count = float(state.get("shrinkage", 0.0)), int(state.get("count", 0))
             mirror = bool(state.get("mirror", False))  # files written before it: plain features
             stages = tuple((str(name), int(c)) for name, c in state.get("stages") or ())  # before them: none
+            source = str(state.get("source") or "training photos")
         except (KeyError, TypeError, ValueError) as e:
             raise ValueError(f"{where}: the whitening is damaged ({e})") from None
         full = dim + sum(c for _, c in stages)
-        if mean.shape != (full,) or matrix.shape != (full, full) or not (np.isfinite(mean).all()
-                                                                         and np.isfinite(matrix).all()):  # fmt: skip
+        bad_matrix = matrix is not None and (matrix.shape != (full, full) or not np.isfinite(matrix).all())
+        if mean.shape != (full,) or bad_matrix or not np.isfinite(mean).all():
             pooled = f" and its stages {full}-d" if stages else ""
-            raise ValueError(f"{where}: the whitening has shapes {mean.shape} and {matrix.shape} (or non-finite "
+            shape = None if matrix is None else matrix.shape
+            raise ValueError(f"{where}: the whitening has shapes {mean.shape} and {shape} (or non-finite "
                              f"values), the backbone embeds {dim}-d{pooled}")  # fmt: skip
-        return cls(mean, matrix, shrinkage, count, mirror, stages)
+        return cls(mean, matrix, shrinkage, count, mirror, stages, source)
 
 
 def ledoit_wolf_shrinkage(xc: np.ndarray) -> float:
@@ -199,3 +247,94 @@ def fit_whitening(vectors: np.ndarray, shrinkage: float | None = None, max_rows:
     floor = max(float(ev.max()), 1e-30) * 1e-12  # a zero-variance collection (all rows equal) stays finite
     matrix = vecs / np.sqrt(np.maximum(ev, floor))[None, :]  # D x D
     return Whitening(mean.astype(np.float32), matrix.astype(np.float32), a, len(v))  # count: the rows fitted
+
+
+def fit_space(features: np.ndarray, how: str, base: Whitening | None = None, source: str = "collection",
+              max_rows: int | None = 20_000) -> Whitening:  # fmt: skip
+    """The embedding space of a collection's L2-normalized ``features`` (N x D'), centred on their mean and
+    ``how``: "whitened" by their own shrunk covariance (:func:`fit_whitening`), "training": with ``base``'s matrix
+    (a training-time whitening, its mean replaced by the collection's), "centred": nothing more. The mirror image
+    and stages come from ``base``.
+
+    Degenerate statistics (under 2 photos, all photos alike, a matrix that divides by a variance of ~0) fall
+    back to centring with a warning; :meth:`Whitening.__call__` keeps a feature equal to the mean as it is.
+    """
+    if how not in ("whitened", "training", "centred"):
+        raise ValueError(f"fit_space(how={how!r}): use 'whitened', 'training' or 'centred'")
+    v = np.atleast_2d(np.asarray(features, np.float32))  # N x D'
+    mirror, stages = (base.mirror, base.stages) if base is not None else (False, ())
+    mean = v.mean(0) if len(v) else np.zeros(v.shape[1], np.float32)  # D'
+    spread = float(((v - mean) ** 2).sum(1).mean()) if len(v) else 0.0  # mean squared distance to the mean
+    centred = Whitening(mean.astype(np.float32), None, 1.0, len(v), mirror, stages, source)
+    if how == "centred":
+        return centred
+    if len(v) < 2 or spread < 1e-8:
+        logger.warning("embedding space: %d photo(s) %s: centring only, nothing to whiten", len(v),
+                       "are too few" if len(v) < 2 else "are all alike (no spread)")  # fmt: skip
+        return centred
+    if how == "whitened":
+        w = fit_whitening(v, max_rows=max_rows)
+        if not np.isfinite(w.matrix).all() or float(np.abs(w.matrix).max()) > MAX_MATRIX_ENTRY:
+            logger.warning("embedding space: the whitening of %d photos is degenerate (a direction of ~0 variance): "
+                           "centring only", len(v))  # fmt: skip
+            return centred
+        return replace(w, mean=mean.astype(np.float32), count=len(v), mirror=mirror, stages=stages, source=source)
+    if base is None or base.matrix is None:
+        raise ValueError("fit_space(how='training') needs a base whitening with a matrix")
+    return replace(centred, matrix=base.matrix, shrinkage=base.shrinkage,
+                   source=f"{source}; matrix of the {base.source}")  # fmt: skip
+
+
+def save_space(space: Whitening, path: str | Path, backbone_sha256: str, **extra: str) -> None:
+    """Write ``space`` to a ``.safetensors`` file (its mean and matrix; what it is in the metadata), atomically:
+    what ``Embedder.load(B, space=FILE)`` and :func:`apply_space` read."""
+    import json
+
+    from safetensors.numpy import save
+
+    from moco.checkpoint import atomic_write
+
+    tensors = {"mean": np.ascontiguousarray(space.mean, np.float32)}
+    if space.matrix is not None:
+        tensors["matrix"] = np.ascontiguousarray(space.matrix, np.float32)
+    meta = {"format": "moco-retrieval/space", "space": json.dumps(space.describe()), "backbone_sha256": backbone_sha256,
+            **extra}  # fmt: skip
+    data = save(tensors, metadata=meta)
+    atomic_write(Path(path), lambda f: f.write(data))
+
+
+def load_space(path: str | Path) -> tuple[Whitening, dict[str, str]]:
+    """The space :func:`save_space` wrote, and the file's metadata; ValueError naming the file when it is not one."""
+    import json
+
+    from safetensors import safe_open
+
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="np") as f:
+            meta = f.metadata() or {}
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        if meta.get("format") != "moco-retrieval/space":
+            raise ValueError("not a moco-retrieval space file")
+        info = json.loads(meta["space"])
+        stages = [(str(n), int(c)) for n, c in info.get("stages") or []]
+        state = {"mean": tensors["mean"], "matrix": tensors.get("matrix"), "shrinkage": info.get("shrinkage") or 0.0,
+                 "count": info.get("count") or 0, "mirror": info.get("mirror"), "stages": stages,
+                 "source": info.get("fitted_on") or "collection"}  # fmt: skip
+        return Whitening.from_state(state, int(info["width"]) - sum(c for _, c in stages), str(path)), meta
+    except (OSError, KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path} is not a readable embedding space ({e}): `moco index update` writes an index's "
+                         "again, `moco export --format timm` a timm folder's") from None
+
+
+def apply_space(model: torch.nn.Module, x: torch.Tensor, space: str | Path | Whitening) -> torch.Tensor:
+    """The embedding of views ``x`` (N x 3 x s x s, preprocessed as the model's ``pretrained_cfg`` says) by a
+    backbone ``model`` (e.g. ``timm.create_model("local-dir:DIR", pretrained=True)`` of ``moco export --format
+    timm``) in ``space`` (``DIR/space.safetensors``, or a :class:`Whitening`): the same vectors as
+    ``moco.Embedder`` (N x D' float32, L2-normalized)."""
+    w = load_space(Path(space) / SPACE_FILE if Path(str(space)).is_dir() else space)[0] if not isinstance(
+        space, Whitening) else space  # fmt: skip
+    with torch.no_grad():
+        f = w.features(model.eval(), x)  # N x D'
+        mat = None if w.matrix is None else torch.from_numpy(w.matrix).to(f.device)
+        return torch.nn.functional.normalize(whiten_features(f, torch.from_numpy(w.mean).to(f.device), mat), dim=1)

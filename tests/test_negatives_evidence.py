@@ -84,7 +84,7 @@ def test_index_reasons_match_a_brute_force_reference(setup, index, monkeypatch):
     level = index.augment_level["median"]
     view = src.compute(_copy(original), n=len(index), seed=0)  # every negative shown
     ref = _index_reference(index, emb, _copy(original), 0, level)
-    assert view.augment_level == level and "centred backbone space" in view.space
+    assert view.augment_level == level and "the index's space (backbone features, centred on this" in view.space
     assert view.positive == pytest.approx(ref["pos"], abs=1e-5) and view.count == len(ref["ids"])
     got = {n.id: n.reason for n in view.negatives}
     assert got == {int(i): REASONS[c - 1] if c else "" for i, c in zip(ref["ids"], ref["code"])}
@@ -237,7 +237,8 @@ def test_augment_level_is_measured_at_build_kept_by_updates_and_remeasured_with_
     build_index(photos, backbone, out, progress=False)
     idx = ImageIndex.open(out)
     level, by_hand = idx.augment_level, _by_hand_level(idx)
-    assert level["recipe"] == "v2" and level["space"] == "centred backbone" and level["pairs"] == by_hand["pairs"]
+    assert level["recipe"] == "v2" and level["space"] == "centred (the index's space)"
+    assert level["pairs"] == by_hand["pairs"]
     assert level["median"] == pytest.approx(by_hand["median"], abs=2e-4)
     assert level["p10"] == pytest.approx(by_hand["p10"], abs=2e-4)
     assert idx.stats()["augment_level"] == level

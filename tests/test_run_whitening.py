@@ -4,7 +4,6 @@ checkpoint and the export, applied by every embedding (library, index, search), 
 from __future__ import annotations
 
 import json
-import logging
 
 import numpy as np
 import pytest
@@ -103,7 +102,7 @@ def test_the_kNN_monitor_reports_the_exported_embedding(run, sample_photos):
     assert exported[0] == pytest.approx(want, abs=1.5 / len(files))  # at most one photo's vote apart (bf16 ties)
 
 
-def test_embeddings_apply_it_and_the_export_formats_keep_it(run, sample_photos, tmp_path, caplog):
+def test_embeddings_apply_it_and_the_export_formats_keep_it(run, sample_photos, tmp_path):
     files = _photos(sample_photos)[:6]
     ckpt = load_checkpoint(run / "checkpoint.pt")
     w = Whitening.from_state(ckpt["whitening"], 512, "ckpt")
@@ -135,9 +134,14 @@ def test_embeddings_apply_it_and_the_export_formats_keep_it(run, sample_photos, 
     x5 = torch.randn(5, 3, 32, 32)
     np.testing.assert_allclose(session.run(None, {"images": x5.numpy()})[0], white.embed_views(x5), atol=1e-4)
 
-    with caplog.at_level(logging.WARNING, logger="moco.export"):
-        timm_meta = export_backbone(run / "checkpoint.pt", tmp_path / "timm", fmt="timm")
-    assert "whitening" not in timm_meta and "timm's model has no place for the run's whitening" in caplog.text
+    import timm
+
+    from moco.whiten import apply_space
+
+    timm_meta = export_backbone(run / "checkpoint.pt", tmp_path / "timm", fmt="timm")  # the space beside the model
+    assert json.loads(timm_meta["output"])["apply"].startswith("moco.apply_space")
+    model = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True)
+    np.testing.assert_allclose(apply_space(model, x, tmp_path / "timm").numpy(), white.embed_views(x), atol=2e-5)
 
 
 def test_a_damaged_whitening_is_refused_naming_the_file_and_the_fix(run, tmp_path):
@@ -156,18 +160,21 @@ def test_the_index_stores_and_searches_the_whitened_embeddings(run, sample_photo
     export_backbone(run / "checkpoint.pt", tmp_path / "b.safetensors")
     build_index(sample_photos, tmp_path / "b.safetensors", tmp_path / "idx", progress=False, device="cpu")
     idx = ImageIndex.open(tmp_path / "idx")
-    ids, stored = idx.catalog.vectors(dim=idx.dim)  # N, N x D
+    ids, stored = idx.catalog.vectors(dim=idx.dim)  # N, N x D: the features, mirror image and stages included
     paths = [idx.catalog.rows_by_id([int(i)])[int(i)].path for i in ids]
     raw = _mirrored(run, [sample_photos / p for p in paths])
+    raw /= np.linalg.norm(raw, axis=1, keepdims=True)
+    cos = (stored * raw).sum(1)  # N: bf16 here, fp32 the reference
+    assert cos.min() > 0.98
     w = Whitening.from_state(load_checkpoint(run / "checkpoint.pt")["whitening"], 512, "ckpt")
-    cos = (stored * w(raw)).sum(1)  # N: the index embeds with the run's whitening (bf16 here, fp32 the reference)
-    assert cos.min() > 0.98  # bf16 against fp32, through a whitening fitted on 48 photos (0.988 measured)
-    q = stored[:2]  # two stored photos as queries: brute-force top-5 over the centred stored vectors
-    centred = stored - stored.mean(0)
-    centred /= np.linalg.norm(centred, axis=1, keepdims=True)
-    qc = q - stored.mean(0)
+    q = stored[:2]  # two stored photos as queries: brute-force top-5 in the index's space (the run's matrix,
+    # centred on the collection: 48 photos are too few to whiten 960-d on their own)
+    m = stored.mean(0)
+    space = (stored - m) @ w.matrix
+    space /= np.linalg.norm(space, axis=1, keepdims=True)
+    qc = (q - m) @ w.matrix
     qc /= np.linalg.norm(qc, axis=1, keepdims=True)
-    want = np.argsort(-(qc @ centred.T), axis=1)[:, :5]
+    want = np.argsort(-(qc @ space.T), axis=1)[:, :5]
     found = idx.search(q, k=5)
     assert [[int(i) for i in r] for r in found.ids] == [[int(ids[j]) for j in r] for r in want]
 
@@ -231,6 +238,5 @@ def test_near_duplicates_of_a_whitened_index_use_its_threshold(run, sample_photo
     assert {f"copy{n}{f.suffix}" for n, f in enumerate(originals)} <= grouped  # exact copies: cosine 1
     assert main(["index", "dedup", str(tmp_path / "idx")]) == 0
     assert "at cosine >= 0.7;" in capsys.readouterr().out
-    white = json.loads(idx.meta["backbone"]["whitening"])
-    idx.meta["backbone"]["whitening"] = json.dumps({k: v for k, v in white.items() if k != "stages"})  # an older run
+    idx.meta["features"]["stages"] = []  # an index of a run without the stages
     assert not idx.pooled_stages and dedup_threshold(idx) == WHITENED_DEDUP_THRESHOLD == 0.8

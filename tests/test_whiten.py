@@ -58,10 +58,41 @@ def test_whitened_training_vectors_have_unit_covariance_before_normalizing():
 
 
 def test_identical_vectors_and_the_mean_itself_stay_finite():
-    x = np.ones((5, 3), np.float32)
+    x = np.ones((5, 3), np.float32) / np.sqrt(3)
     w = fit_whitening(x)
     out = w(x)
-    assert np.isfinite(out).all() and not out.any()  # rows equal to the mean: all zeros
+    assert np.isfinite(out).all()  # rows equal to the mean keep their own direction: never zero
+    np.testing.assert_allclose(np.linalg.norm(out, axis=1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(out, x, atol=1e-6)
+
+
+def test_degenerate_collection_falls_back_to_centring_with_a_warning(caplog):
+    """20 identical photos: no whitening with entries of 1e21, no zero vector, every score 1 (issue 28, 3)."""
+    from moco.whiten import fit_space
+
+    feats = np.tile(np.random.default_rng(0).normal(size=(1, 16)).astype(np.float32), (20, 1))  # 20 x 16
+    feats /= np.linalg.norm(feats, axis=1, keepdims=True)
+    with caplog.at_level("WARNING", logger="moco.whiten"):
+        space = fit_space(feats, "whitened")
+    assert space.matrix is None and "all alike" in caplog.text
+    out = space(feats)  # 20 x 16
+    assert np.isfinite(out).all() and (np.linalg.norm(out, axis=1) > 0.99).all()
+    np.testing.assert_allclose(out @ out.T, 1.0, atol=1e-5)  # identical photos score 1 with each other
+
+
+def test_fit_space_kinds_against_by_hand_maps():
+    from moco.whiten import fit_space
+
+    rng = np.random.default_rng(1)
+    feats = rng.normal(size=(300, 8)).astype(np.float32) * np.arange(1, 9, dtype=np.float32)  # 300 x 8
+    feats /= np.linalg.norm(feats, axis=1, keepdims=True)
+    base = fit_whitening(rng.normal(size=(100, 8)).astype(np.float32))
+    c = feats - feats.mean(0)  # 300 x 8
+    for how, ref in (("centred", c), ("training", c @ base.matrix),
+                     ("whitened", c @ fit_whitening(feats).matrix)):  # fmt: skip
+        got = fit_space(feats, how, base)(feats)  # 300 x 8
+        want = ref / np.linalg.norm(ref, axis=1, keepdims=True)
+        np.testing.assert_allclose(got, want, atol=1e-4)
 
 
 def test_one_vector_is_refused():
