@@ -2,7 +2,8 @@
 
 Every step reuses what an earlier run left in the work directory:
 
-    WORK/run/checkpoint.pt         training (resumed while its schedule is unfinished; skipped when done)
+    WORK/run/checkpoint.pt         training (resumed while its schedule is unfinished, or only its whitening
+                                   fitted when that was interrupted; skipped when done)
     WORK/backbone.safetensors      re-exported only when the checkpoint's bytes changed
     WORK/index/                    updated (only new or changed photos embedded); rebuilt only when the
                                    backbone changed, into index.new/ first, so the old one keeps serving
@@ -71,17 +72,20 @@ def _train(photos: Path, run_dir: Path, init: str | None, minutes: float | None,
     from moco.checkpoint import load_checkpoint
     from moco.config import resolve_config
     from moco.data import scan_images
-    from moco.train import resume_config, train
+    from moco.train import resume_config, run_state, train
 
     ckpt_path = run_dir / "checkpoint.pt"
     if ckpt_path.is_file():
         ckpt = load_checkpoint(ckpt_path)
-        step, total = int(ckpt.get("step", 0)), int(ckpt.get("total_steps") or 0)
+        step, total, state = int(ckpt.get("step", 0)), int(ckpt.get("total_steps") or 0), run_state(ckpt)
         del ckpt
-        if total and step >= total:
+        if state == "done":
             say(f"training: done earlier ({step}/{total} steps), reusing {ckpt_path}")
             return ckpt_path
-        say(f"training: resuming {ckpt_path} at step {step}/{total}")
+        if state == "whitening":  # killed during the end-of-run fit: that fit alone, no training step
+            say("training: finished earlier but its whitening was not fitted (interrupted): fitting it now")
+        else:
+            say(f"training: resuming {ckpt_path} at step {step}/{total}")
         cfg = resume_config(run_dir, {"data_dir": str(photos)})
         _stop_on_signal(train(cfg, resume=True, progress=progress), ckpt_path, say)
         return ckpt_path

@@ -11,6 +11,7 @@ steps equal 2N steps.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -39,7 +40,7 @@ from moco.optim import BudgetFit, build_optimizer, crop_size_at, lr_at, lr_decay
 from moco.sync_bn import convert_sync_bn
 from moco.whiten import STAGES, Whitening, feature_widths, fit_whitening, resnet_stages
 
-__all__ = ["train", "resume_config", "build_model", "cache_size_for", "shown_total", "whitening_stages"]
+__all__ = ["train", "run_state", "resume_config", "build_model", "cache_size_for", "shown_total", "whitening_stages"]
 
 logger = logging.getLogger(__name__)
 
@@ -160,12 +161,19 @@ def _step_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed((seed * 1_000_003 + step + rank * 2_654_435_761) % 2**32)
 
 
+class _Interrupted(BaseException):
+    """A signal during the end-of-run fit (``_StopFlag.at_once``): the fit is dropped, its checkpoint kept. Not an
+    Exception, as KeyboardInterrupt: code that reports and goes on (logging's handlers) must not swallow it."""
+
+
 class _StopFlag:
-    """Turns SIGINT/SIGTERM into a request to checkpoint and stop after the current step."""
+    """Turns SIGINT/SIGTERM into a request to checkpoint and stop after the current step; inside ``at_once()``
+    (the end-of-run fit, which may take minutes) into ``_Interrupted`` at once."""
 
     def __init__(self) -> None:
         self.signal: int | None = None
         self._old: dict[int, Any] = {}
+        self._at_once = False
 
     def __enter__(self) -> _StopFlag:
         import threading
@@ -179,7 +187,20 @@ class _StopFlag:
         if self.signal is not None:  # a second Ctrl-C stops at once
             raise KeyboardInterrupt
         self.signal = signum
+        if self._at_once:
+            raise _Interrupted(signal.Signals(signum).name)
         logger.warning("received %s: saving a checkpoint after this step", signal.Signals(signum).name)
+
+    @contextlib.contextmanager
+    def at_once(self):
+        """Signals in this block raise ``_Interrupted`` (a signal already received raises it on entry)."""
+        if self.signal is not None:
+            raise _Interrupted(signal.Signals(self.signal).name)
+        self._at_once = True
+        try:
+            yield
+        finally:
+            self._at_once = False
 
     def __exit__(self, *exc: Any) -> None:
         for s, h in self._old.items():
@@ -296,7 +317,7 @@ def train(
     monitor = _knn_monitor(cfg, run_dir) if d.main and cfg.val_dir else None
     knn_every = cfg.knn_every or steps_per_epoch
 
-    last_eval = -1
+    last_eval = metrics.last_eval if metrics is not None else -1  # a resumed run's last evaluation
     train_start = time.monotonic() - elapsed  # training seconds so far = now - train_start (evaluations excluded)
 
     def evaluate() -> None:
@@ -315,6 +336,12 @@ def train(
     if monitor is not None and step == 0:
         evaluate()
     budget_s = cfg.time_budget * 60
+    if ckpt is not None and step < total_steps and budget_s and elapsed >= budget_s:
+        logger.info("the time budget of %g min was spent at step %d: the run ends there", cfg.time_budget, step)
+        total_steps = step  # finished where its budget ran out (older runs did not record it)
+    if ckpt is not None and step >= total_steps and cfg.whiten and "whitening" not in ckpt and d.main:
+        logger.info("finished earlier (step %d of %d) but its whitening was not fitted (interrupted): fitting it "
+                    "now, without a training step", step, total_steps)  # fmt: skip
     fitted = ckpt is not None and bool(ckpt.get("total_steps")) and cfg.time_budget > 0
     fit_budget = budget_s and not fitted and not cfg.max_steps
     budget_fit = BudgetFit(budget_s, total_steps, cost=step_cost(cfg)) if fit_budget else None
@@ -325,7 +352,8 @@ def train(
         return int(_all_reduce(total, "min", d, device))
 
     last_save = time.monotonic()
-    stopped_by, saved_step = None, step
+    stopped_by, saved_elapsed = None, elapsed
+    replicas = ckpt.get("replica_queue_checksums", []) if ckpt is not None else []  # of the state last saved
     model.train()
     with _StopFlag() as stop:
         while step < total_steps:
@@ -402,24 +430,39 @@ def train(
             elif stop_after is not None and step >= stop_after and step < total_steps:
                 stopped_by = f"stop_after={stop_after}"
             stop_now = _all_reduce(float(stopped_by is not None), "max", d, device) > 0  # any rank stops: all do
+            if stop_now and budget_s and _all_reduce(float(now - train_start >= budget_s), "max", d, device) > 0:
+                stopped_by = stopped_by or "time budget"
+                total_steps = step  # the budget is spent: the run is finished here, and the next one reuses it
             if stop_now or step == total_steps or now - last_save >= cfg.save_every_minutes * 60:
-                _save(run_dir, cfg, model, optimizer, scaler, step, total_steps, now - train_start, cache, d)
-                last_save, saved_step = now, step
+                saved_elapsed = now - train_start
+                replicas = _save(run_dir, cfg, model, optimizer, scaler, step, total_steps, saved_elapsed, cache, d)
+                last_save = now
             if stop_now:
                 break
-    bar.close()
-    if monitor is not None and last_eval != step:
-        evaluate()
-    fit_start = time.monotonic()
-    whitening = _fit_whitening(model.backbone, cache, cfg, device, precision, cnn) if cfg.whiten and d.main else None
-    fit_s = time.monotonic() - fit_start
-    if whitening is not None and monitor is not None:
-        exported = monitor.evaluate_exported(model.backbone, whitening, device, precision, cnn)
-        metrics.write({"step": step, "epoch": step / steps_per_epoch, "knn_exported": exported})
-        logger.info("step %d: kNN top-1 %.2f%% with the run's whitening (what the export embeds)", step, 100 * exported)
-    if saved_step != step or cfg.whiten:  # every rank saves (a collective check); rank 0 adds the whitening
-        _save(run_dir, cfg, model, optimizer, scaler, step, total_steps, time.monotonic() - train_start, cache, d,
-              whitening)  # fmt: skip
+        bar.close()
+        if monitor is not None and last_eval != step:
+            evaluate()
+        # ---- the end of a finished run: its whitening, saved into the checkpoint of its last step (saved above:
+        # a run is finished only once its checkpoint carries it, so an interrupted fit is redone by the next run)
+        whitening, fit_s = None, 0.0
+        if cfg.whiten and d.main and step >= total_steps and stop.signal is None:
+            fit_start = time.monotonic()
+            try:
+                with stop.at_once():  # a signal drops the fit: the checkpoint stays without it, the next run fits it
+                    whitening = _fit_whitening(model.backbone, cache, cfg, device, precision, cnn)
+            except _Interrupted as e:
+                logger.warning("received %s during the whitening's fit: stopping; the next run fits it", e)
+            fit_s = time.monotonic() - fit_start
+        if whitening is not None:  # rank 0 alone: the state saved at this step, now with its whitening
+            _save(run_dir, cfg, model, optimizer, scaler, step, total_steps, saved_elapsed, cache, d, whitening,
+                  replicas)  # fmt: skip
+        if whitening is not None and monitor is not None:
+            exported = monitor.evaluate_exported(model.backbone, whitening, device, precision, cnn)
+            metrics.write({"step": step, "epoch": step / steps_per_epoch, "knn_exported": exported})
+            logger.info("step %d: kNN top-1 %.2f%% with the run's whitening (what the export embeds)", step,
+                        100 * exported)  # fmt: skip
+    if stop.signal is not None:
+        stopped_by = signal.Signals(stop.signal).name
     if d.main:
         from moco.curves import plot_curves
 
@@ -449,6 +492,19 @@ def train(
 
 
 # ------------------------------------------------------------------------------------ helpers
+def run_state(ckpt: dict[str, Any]) -> str:
+    """Where the run saved in ``ckpt`` stands: "training" (steps left), "whitening" (its steps done but the
+    whitening its config asks for not fitted: the end-of-run fit was interrupted) or "done". Its steps are done
+    at its total, or once its time budget is spent (runs stopped by it before that was recorded as their end).
+    ``train(cfg, resume=True)`` finishes the first two, the second without a step."""
+    cfg = from_plain(ckpt["config"])
+    step, total = int(ckpt.get("step", 0)), int(ckpt.get("total_steps") or 0)
+    spent = cfg.time_budget > 0 and float(ckpt.get("elapsed", 0.0)) >= cfg.time_budget * 60
+    if not (total and step >= total) and not spent:
+        return "training"
+    return "whitening" if cfg.whiten and "whitening" not in ckpt else "done"
+
+
 def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """The config saved in ``run_dir/checkpoint.pt`` with ``overrides`` of the fields that may change."""
     saved = from_plain(load_checkpoint(Path(run_dir) / "checkpoint.pt")["config"])
@@ -592,10 +648,14 @@ def _save(
     cache: ImageCache,
     d: _Dist,
     whitening: Whitening | None = None,
-) -> None:
-    replicas = _replica_check(model, d)
+    replicas: list[list[float]] | None = None,
+) -> list[list[float]]:
+    """Checkpoint the run (every rank: the queues' check is collective, rank 0 writes); returns the queues'
+    checksums. ``replicas`` given (rank 0 alone): those of the state saved at this step, saved again with
+    ``whitening``."""
+    replicas = _replica_check(model, d) if replicas is None else replicas
     if not d.main:
-        return
+        return replicas
     state = {
         "replica_queue_checksums": replicas,
         "config": to_plain(cfg),
@@ -612,6 +672,7 @@ def _save(
     if whitening is not None:  # only the final checkpoint: it belongs to these weights
         state["whitening"] = whitening.state()
     save_checkpoint(state, run_dir, keep=cfg.keep_checkpoints, replace=whitening is not None)
+    return replicas
 
 
 def whitening_stages(backbone: nn.Module, choice: str, rows: int, image_size: int
@@ -664,8 +725,10 @@ class _MetricsLog:
         kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= from_step]
         path.write_text("".join(line + "\n" for line in kept))
         self._f = path.open("a")
-        losses = [json.loads(line)["loss"] for line in kept if '"loss"' in line]
+        records = [json.loads(line) for line in kept]
+        losses = [r["loss"] for r in records if "loss" in r]
         self.last_loss: float | None = losses[-1] if losses else None
+        self.last_eval = max((r["step"] for r in records if "knn_top1" in r), default=-1)  # the last kNN's step
         self._tb = None
         if writer_class is not None:
             self._tb = writer_class(str(path.parent / "tensorboard"), purge_step=from_step + 1 if from_step else None)
@@ -786,6 +849,8 @@ def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
 def summary_line(summary: dict[str, Any], run_dir: Path) -> str:
     """One line about a finished (or stopped) run, for the console."""
     how = f" (stopped by {summary['stopped_by']}; continue with --resume)" if summary["stopped_by"] else ""
+    if summary["stopped_by"] == "time budget":  # finished
+        how = " (its time budget is spent)"
     loss, white = summary["final_loss"], summary.get("whitening")
     mirror = " and their mirror images" if white and white.get("mirror") else ""
     stages = f", {white['dim']}-d with the pooled {'/'.join(white['stages'])}" if white and white.get("stages") else ""
