@@ -39,7 +39,7 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help='JSON: [{"rank", "id", "path", "score", "weak"}, ...]')
     p.set_defaults(handler=cmd_search)
 
-    p = cmds.add_parser("stats", help="counts, kind, recall, backbone, size on disk")
+    p = cmds.add_parser("stats", help="counts, kind, recall, backbone, size on disk, near-duplicate threshold")
     p.add_argument("index_dir", metavar="IDX")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_stats)
@@ -47,8 +47,9 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p = cmds.add_parser("dedup", help="near-duplicate groups (saved to IDX/dedup.json)")
     p.add_argument("index_dir", metavar="IDX")
     p.add_argument("--threshold", type=float, default=None,
-                   help="centred cosine similarity (as search scores) that links two images (default: 0.95; 0.8 for a "
-                        "backbone that whitens its embeddings, as the cpu preset's)")
+                   help="centred cosine similarity (as search scores) of a group's photos to its representative "
+                        "(default: the index's, calibrated at build time on copies of its photos; `moco index stats` "
+                        "says which)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_dedup)
 
@@ -107,7 +108,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:
-    from index.dedup import find_duplicates
+    from index.dedup import find_duplicates, threshold_source
     from index.image_index import ImageIndex
 
     idx = ImageIndex.open(args.index_dir)
@@ -118,9 +119,12 @@ def cmd_dedup(args: argparse.Namespace) -> int:
         print(json.dumps(groups))
         return 0
     for n, g in enumerate(groups, 1):
-        print(f"group {n} ({g['size']} images):")
+        print(f"group {n} ({g['size']} images, {g['loosest']:.4f}-{g['tightest']:.4f} to "
+              f"{display_path(g['representative']['path'])}):")  # fmt: skip
         for m in g["members"]:
-            print(f"  {m['best_similarity']:.4f}  {display_path(m['path'])}")
-    print(f"{len(groups)} groups of near-duplicates at cosine >= {threshold}; saved to "
-          f"{display_path(str(Path(args.index_dir) / 'dedup.json'))}")  # fmt: skip
+            mark = "  (representative)" if m["id"] == g["representative"]["id"] else ""
+            print(f"  {m['similarity']:.4f}  {display_path(m['path'])}{mark}")
+    source = "given" if args.threshold is not None else threshold_source(idx)
+    print(f"{len(groups)} groups of near-duplicates, every photo at cosine >= {threshold} to its group's "
+          f"representative ({source}); saved to {display_path(str(Path(args.index_dir) / 'dedup.json'))}")  # fmt: skip
     return 0

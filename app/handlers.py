@@ -336,12 +336,13 @@ class SearchApp:
             (f"**Scores:** centred cosine{' of whitened embeddings' if st['whitened'] else ''} · weak match under "
              f"{weak:.3f}" if weak is not None else "**Scores:** cosine"),
             f"**Collection:** `{display_path(st['root'])}` · updated {st['updated']}",
+            f"**Near-duplicate threshold:** {st['dedup_threshold']} ({st['dedup_threshold_source']})",
         ]
         groups: list[dict[str, Any]] = []
         if dup is None:
             text.append("_No near-duplicate search yet: press the button below._")
         else:
             groups = dup["groups"]
-            text.append(f"**{len(groups)} near-duplicate groups** at centred cosine ≥ {dup['threshold']} "
-                        f"({dup['created']}), largest first.")  # fmt: skip
+            text.append(f"**{len(groups)} near-duplicate groups**, every photo at centred cosine ≥ {dup['threshold']} "
+                        f"to its group's representative ({dup['created']}), largest first.")  # fmt: skip
         return "\n\n".join(text), groups

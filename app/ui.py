@@ -55,6 +55,7 @@ CSS = """
 .dup-thumbs { display: grid; grid-template-columns: repeat(auto-fill, minmax(120px, 1fr)); gap: 8px; }
 .dup-thumbs figure { margin: 0; } .dup-thumbs img { width: 100%; aspect-ratio: 1 / 1; object-fit: cover; }
 .dup-thumbs figcaption { font-size: 12px; overflow-wrap: anywhere; }
+.dup-thumbs figure.dup-rep img { outline: 3px solid var(--color-accent); }
 #negatives-table table { table-layout: auto; } #negatives-table td { white-space: normal; overflow-wrap: anywhere; }
 """
 
@@ -139,18 +140,23 @@ def negatives_outputs(v: NegativesView, note: str = "") -> tuple:
 
 
 def groups_html(groups: list[dict[str, Any]], index: ImageIndex, limit: int = 50) -> str:
-    """Near-duplicate groups, each in its own panel with its size and every path, largest first."""
+    """Near-duplicate groups, each in its own panel, largest first: its size, the range of its members' cosines to
+    its representative (shown first, marked) and every path with its cosine."""
     if not groups:
         return ""
     parts = []
     for g, group in enumerate(groups[:limit], 1):
         figures = []
+        rep = (group.get("representative") or {}).get("id")  # a dedup.json from before representatives has none
         for m in group["members"]:
             row = index.catalog.row_by_path(m["path"])
             thumb = index.thumb_path(row) if row is not None else None
             img = f'<img src="gradio_api/file={html.escape(str(thumb))}" alt="">' if thumb else ""
-            figures.append(f"<figure>{img}<figcaption>{html.escape(display_path(m['path']))}</figcaption></figure>")
-        parts.append(f'<div class="dup-group"><h4>Group {g} · {group["size"]} photos</h4>'
+            label = "representative" if m["id"] == rep else f"cos {m.get('similarity', m['best_similarity']):.3f}"
+            figures.append(f'<figure{" class=dup-rep" if m["id"] == rep else ""}>{img}<figcaption>{label} · '
+                           f"{html.escape(display_path(m['path']))}</figcaption></figure>")  # fmt: skip
+        spread = f" · cos {group['loosest']:.3f}–{group['tightest']:.3f} to the first" if "loosest" in group else ""
+        parts.append(f'<div class="dup-group"><h4>Group {g} · {group["size"]} photos{spread}</h4>'
                      f'<div class="dup-thumbs">{"".join(figures)}</div></div>')  # fmt: skip
     more = f"<p>{len(groups) - limit} more groups in dedup.json</p>" if len(groups) > limit else ""
     return "".join(parts) + more

@@ -400,7 +400,8 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
     (:func:`moco.embed.center`), which ``index.json`` records with the count it was computed from. The mean
     is recomputed, and every vector re-added, on a new ``index.faiss``, for an index without one, and when
     the collection has grown by half since. With ``embedder``, the same-photo augmentation level
-    (:func:`_augment_level`) is measured again whenever the mean is, or when ``index.json`` lacks it.
+    (:func:`_augment_level`) and the near-duplicate threshold (:func:`index.calibrate.calibrate_index`) are
+    measured again whenever the mean is, or when ``index.json`` lacks them.
     """
     dim = int(cmeta["dim"])
     ids, vecs = catalog.vectors(dim=dim)  # N, N x D (raw)
@@ -422,7 +423,7 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
     rule = space_rule(len(ids), dim, base)
     mean_count = int(old.get("mean_count") or 0)
     fresh = store is None or store.kind != kind or not store.is_trained
-    level = old.get("augment_level")
+    level, calibration = old.get("augment_level"), old.get("dedup_calibration")
     drift = space_drift(vecs, old_mean, old_matrix) if old_mean is not None and len(ids) else None
     why = ("a new index" if fresh else "it was uncentred" if old_mean is None
            else "its vectors were of an older version" if old.get("vectors") != VECTORS
@@ -431,7 +432,7 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
            else f"the collection drifted ({drift:.3f} > {DRIFT_REFIT})" if drift is not None and drift > DRIFT_REFIT
            else None)  # fmt: skip
     if why is not None:
-        level = None  # measured in the space: measured again below
+        level = calibration = None  # measured in the space: measured again below
         if not fresh:
             logger.info("fitting the embedding space of %s again on its %d photos (%s): re-adding every vector",
                         index_dir, len(ids), why)  # fmt: skip
@@ -447,6 +448,11 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
         if level:
             logger.info("two %s views of one photo score %.3f (median cosine in the index's space over %d photos)",
                         AUGMENT_RECIPE, level["median"], level["pairs"])  # fmt: skip
+    if calibration is None and embedder is not None and len(ids):
+        from index.calibrate import calibrate_index  # the near-duplicate threshold of this index's space
+
+        calibration = calibrate_index(Path(cmeta["root"]), index_dir, catalog, ids, embedder.resize,
+                                      lambda squares: space(embedder.embed_squares(squares)))  # fmt: skip
     mean = space.mean  # D
     vecs = space(vecs)  # N x D, what index.faiss holds
     pending, stale = catalog.pending(), catalog.stale()
@@ -509,7 +515,7 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
         "vectors": VECTORS, "features": {"mirror": space.mirror, "stages": [[n, int(c)] for n, c in space.stages]},
         "space": {**space.describe(), "rule": rule, "drift": None if drift is None else round(float(drift), 5),
                   "refit_when": f"the collection grows by half, drifts over {DRIFT_REFIT}, or the rule changes"},
-        **({"augment_level": level} if level else {}),
+        **({"augment_level": level} if level else {}), **({"dedup_calibration": calibration} if calibration else {}),
     })  # fmt: skip
     catalog.mark_indexed(pending, stale)
     return store

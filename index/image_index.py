@@ -4,8 +4,9 @@ An index directory holds::
 
     index.faiss      the FAISS index (CPU form), replaced atomically
     index.json       backbone sha256 and path, dim, metric, kind, factory, tuned parameter, recall, and the
-                     collection's mean embedding ("mean", from "mean_count" vectors) with "weak_below" and
-                     "augment_level" (how close two training views of one photo score)
+                     collection's mean embedding ("mean", from "mean_count" vectors) with "weak_below",
+                     "augment_level" (how close two training views of one photo score) and
+                     "dedup_calibration" (the near-duplicate threshold measured on copies of its photos)
     catalog.sqlite   the source of truth: files, their state and their vectors (see catalog.py)
     thumbs/          <id>.jpg, about 256 px, the only images the UI serves
     dedup.json       near-duplicate groups, written by `moco index dedup`
@@ -411,8 +412,10 @@ class ImageIndex:
         return vecs[[pos[int(i)] for i in ids]]
 
     def stats(self) -> dict[str, Any]:
-        """Counts, kind, recall, backbone, size on disk, the centring (mean count, weak-match threshold) and the
-        augmentation level."""
+        """Counts, kind, recall, backbone, size on disk, the centring (mean count, weak-match threshold), the
+        augmentation level and the near-duplicate threshold with where it comes from (and its calibration)."""
+        from index.dedup import threshold_source
+
         counts = self.catalog.counts()
         size = sum(f.stat().st_size for f in self.dir.rglob("*") if f.is_file())
         return {
@@ -424,6 +427,7 @@ class ImageIndex:
             "updated": self.meta.get("updated"), "read_only": self.catalog.read_only,
             "centred": self.mean is not None, "mean_count": self.meta.get("mean_count"),
             "weak_below": self.weak_below, "augment_level": self.augment_level, "whitened": self.whitened,
-            "dedup_threshold": self.dedup_threshold, "space": self.meta.get("space"), "features": self.features,
-            "space_description": self.describe_space(),
+            "dedup_threshold": self.dedup_threshold, "dedup_threshold_source": threshold_source(self),
+            "dedup_calibration": self.meta.get("dedup_calibration"), "space": self.meta.get("space"),
+            "features": self.features, "space_description": self.describe_space(),
         }  # fmt: skip

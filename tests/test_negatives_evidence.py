@@ -16,7 +16,6 @@ from PIL import Image
 from app.negatives import REASONS, IndexNegatives, QueueNegatives, info_nce_numbers
 from app.ui import negatives_outputs
 from index.build import build_index, sample_ids, update_index
-from index.dedup import DEDUP_THRESHOLD
 from index.image_index import ImageIndex
 from moco.augment import two_views
 from moco.data import load_rgb, square_u8
@@ -64,7 +63,7 @@ def _index_reference(index: ImageIndex, emb, img: Image.Image, seed: int, level:
     q, k = index.center(emb.embed_views(torch.cat([xq, xk])))  # D, D
     clean = emb.embed_squares(np.array(square)[None])  # 1 x D
     keep = raw @ clean[0] < 0.9999  # copies of the query itself are left out
-    sims, dup = vecs[keep] @ q, vecs[keep] @ index.center(clean)[0] >= DEDUP_THRESHOLD  # K, K
+    sims, dup = vecs[keep] @ q, vecs[keep] @ index.center(clean)[0] >= index.dedup_threshold  # K, K
     if index.weak_below is not None and level <= index.weak_below:
         level = np.inf  # views no closer than random pairs: closeness is no evidence
     code = np.where(dup, 2, np.where(sims >= level, 3, 0))  # K
@@ -145,7 +144,7 @@ def test_counts_come_from_all_negatives_not_the_rows_shown(setup, index, queue):
     train_id = queue.files.index(photo.relative_to(setup["photos"]).as_posix())
     paths = [queue.files[i] for i in ids]
     idx_ids = np.array([index.catalog.row_by_path(p).id for p in paths])
-    near = index.center(index.vectors(idx_ids)) @ index.center(index.vectors([row.id]))[0] >= DEDUP_THRESHOLD
+    near = index.center(index.vectors(idx_ids)) @ index.center(index.vectors([row.id]))[0] >= index.dedup_threshold
     level = view.augment_level if view.augment_level > queue._chance else np.inf  # closeness above chance only
     code = np.where(ids == train_id, 1, np.where(near, 2, np.where(sims >= level, 3, 0)))
     assert view.count == len(ids) and view.above_positive == int(np.sum(sims >= float((q * k).sum())))

@@ -227,16 +227,19 @@ def test_near_duplicates_of_a_whitened_index_use_its_threshold(run, sample_photo
     export_backbone(run / "checkpoint.pt", tmp_path / "b.safetensors")
     build_index(photos, tmp_path / "b.safetensors", tmp_path / "idx", progress=False, device="cpu")
     idx = ImageIndex.open(tmp_path / "idx")
-    assert idx.whitened and idx.pooled_stages and idx.stats()["dedup_threshold"] == STAGED_DEDUP_THRESHOLD == 0.7
+    threshold = idx.meta["dedup_calibration"]["threshold"]  # measured on copies of its photos (test_dedup_groups)
+    assert idx.whitened and idx.pooled_stages and idx.stats()["dedup_threshold"] == threshold
     groups = find_duplicates(idx)  # no threshold given: the index's
-    assert load_duplicates(idx.dir)["threshold"] == 0.7
+    assert load_duplicates(idx.dir)["threshold"] == threshold
     ids, vecs = idx.catalog.vectors(dim=idx.dim)
-    c = idx.center(vecs)  # N x D, the search space
-    pairs = np.argwhere(np.triu(c @ c.T, 1) >= 0.7 - 1e-6)  # P x 2, brute force over every pair
-    assert {m["id"] for g in groups for m in g["members"]} == {int(ids[k]) for k in pairs.ravel()}
+    c = dict(zip(ids.tolist(), idx.center(vecs)))  # id -> D, the search space
+    for g in groups:  # brute force: every member within the threshold of its group's representative
+        assert all(c[g["representative"]["id"]] @ c[m["id"]] >= threshold - 1e-5 for m in g["members"])
     grouped = {m["path"] for g in groups for m in g["members"]}
     assert {f"copy{n}{f.suffix}" for n, f in enumerate(originals)} <= grouped  # exact copies: cosine 1
     assert main(["index", "dedup", str(tmp_path / "idx")]) == 0
-    assert "at cosine >= 0.7;" in capsys.readouterr().out
+    assert f"at cosine >= {threshold} to its group's representative (calibrated on" in capsys.readouterr().out
+    del idx.meta["dedup_calibration"]  # an index from before calibrations: the default of its kind
+    assert idx.stats()["dedup_threshold"] == STAGED_DEDUP_THRESHOLD == 0.7
     idx.meta["features"]["stages"] = []  # an index of a run without the stages
     assert not idx.pooled_stages and dedup_threshold(idx) == WHITENED_DEDUP_THRESHOLD == 0.8

@@ -1,0 +1,118 @@
+"""The near-duplicate threshold of one index, measured on its own photos.
+
+A seeded sample of the collection (up to :data:`CALIBRATION_SAMPLE` photos, decoded as the index decodes them) gets
+two copies each, as a collection's duplicates usually are: resized to 75% and re-encoded as JPEG quality 60, and
+cropped to its central 90%. Every copy is scored against its photo in the index's space (centred cosines, as
+search scores), and every photo against its nearest other photo of the sample. The threshold lies halfway between
+the copies' low end (their 10th percentile) and the closest other photo::
+
+    threshold = (copies_p10 + others_max) / 2      clamped to [0.5, 0.99]
+
+Where the copies' low end does not clear the closest other photo, their median stands in for it. A photo of the
+sample whose nearest other photo scores at least as close as the median copy is one of the collection's own
+near-duplicates, not another photo: it is left out of ``others_max`` and counted (``sample_duplicates``); where
+every photo is, the threshold is the copies' 10th percentile (``others_max`` None). Under
+:data:`MIN_PHOTOS` decodable photos there is no calibration, and :func:`index.dedup.dedup_threshold` keeps the
+defaults of the backbone's kind.
+
+The sample is a few dozen photos, so the closest other photo of the whole collection is usually closer than
+``others_max``: the halfway point leaves that margin.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+from index.build import sample_ids
+from index.catalog import Catalog, Row
+from moco.data import ImageDecodeError, load_rgb, square_u8
+
+__all__ = ["calibrate_dedup", "calibrate_index", "CALIBRATION_SAMPLE", "MIN_PHOTOS", "RECIPE"]
+
+logger = logging.getLogger(__name__)
+
+CALIBRATION_SAMPLE = 64  # photos of the collection whose copies are measured
+MIN_PHOTOS = 8  # fewer decodable photos: no calibration (the backbone kind's default threshold)
+RECIPE = "resize 75% + JPEG q60; centre crop 90%"
+SCALE, QUALITY, CROP = 0.75, 60, 0.9
+LOW, HIGH = 0.5, 0.99  # the calibrated threshold stays in this range
+
+
+def _copies(img: Image.Image) -> list[Image.Image]:
+    """The two copies of a decoded photo that the calibration scores: resized to 75% and saved as JPEG quality 60
+    (decoded again), and its central 90%."""
+    w, h = img.size
+    small = img.resize((max(1, round(w * SCALE)), max(1, round(h * SCALE))), Image.Resampling.BICUBIC)
+    buf = io.BytesIO()
+    small.save(buf, "JPEG", quality=QUALITY)
+    with Image.open(io.BytesIO(buf.getvalue())) as im:
+        jpeg = im.convert("RGB")
+    dx, dy = round(w * (1 - CROP) / 2), round(h * (1 - CROP) / 2)
+    return [jpeg, img.crop((dx, dy, w - dx, h - dy))]
+
+
+def calibrate_dedup(images: Iterable[Image.Image], embed: Callable[[np.ndarray], np.ndarray], resize: int,
+                    batch_size: int = 32) -> dict[str, Any] | None:  # fmt: skip
+    """The near-duplicate threshold for the space of ``embed``, from ``images`` (decoded photos of the collection,
+    read once: each is dropped once its model squares are made).
+
+    ``embed``: uint8 squares (B x resize x resize x 3) to L2-normalized vectors (B x D) in the index's space;
+    every image and copy goes through :func:`moco.data.square_u8` first, as the index's photos. Returns
+    ``{"threshold", "copies_p10", "copies_median", "others_max", "others_median", "sample_duplicates", "photos",
+    "recipe"}`` (see the module docstring), or None under :data:`MIN_PHOTOS` images.
+    """
+    squares = [[square_u8(im, resize), *(square_u8(c, resize) for c in _copies(im))] for im in images]
+    n = len(squares)
+    if n < MIN_PHOTOS:
+        return None
+    x = np.stack([sq[0] for sq in squares] + [c for sq in squares for c in sq[1:]])  # 3n x R x R x 3 uint8
+    v = np.concatenate([embed(x[s : s + batch_size]) for s in range(0, len(x), batch_size)])  # 3n x D
+    orig, cop = v[:n], v[n:].reshape(n, 2, -1)  # n x D, n x 2 x D
+    to_copy = np.einsum("nd,ncd->nc", orig, cop).ravel()  # 2n: each copy with its photo
+    sim = orig @ orig.T  # n x n
+    np.fill_diagonal(sim, -np.inf)
+    nearest = sim.max(1)  # n: each photo's closest other photo of the sample
+    p10, median = float(np.percentile(to_copy, 10)), float(np.median(to_copy))
+    others = nearest[nearest < median]  # closer than the median copy: the collection's own duplicates
+    if len(others):
+        others_max = float(others.max())
+        threshold = ((p10 if p10 > others_max else median) + others_max) / 2
+    else:  # every photo of the sample has a copy-like neighbour: the copies alone
+        others_max, threshold = None, p10
+    threshold = min(HIGH, max(LOW, threshold))
+    return {"threshold": round(threshold, 4), "copies_p10": round(p10, 4), "copies_median": round(median, 4),
+            "others_max": None if others_max is None else round(others_max, 4),
+            "others_median": round(float(np.median(nearest)), 4),
+            "sample_duplicates": int(n - len(others)), "photos": n, "recipe": RECIPE}  # fmt: skip
+
+
+def _sample_image(root: Path, index_dir: Path, row: Row, resize: int) -> Image.Image | None:
+    """An indexed photo decoded as the index does; its thumbnail when the original is gone."""
+    for path in (root / row.path, index_dir / row.thumb if row.thumb else None):
+        if path is None:
+            continue
+        try:
+            return load_rgb(path, min_short=resize)
+        except ImageDecodeError as e:
+            logger.debug("dedup calibration: skipping %s (%s)", path, e.reason)
+    return None
+
+
+def calibrate_index(root: Path, index_dir: Path, catalog: Catalog, ids: np.ndarray, resize: int,
+                    embed: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any] | None:  # fmt: skip
+    """:func:`calibrate_dedup` on up to :data:`CALIBRATION_SAMPLE` of ``ids`` (sorted, seed 0) of an index."""
+    rows = catalog.rows_by_id(sample_ids(ids, CALIBRATION_SAMPLE, np.random.default_rng(0)))
+    images = (_sample_image(root, index_dir, rows[i], resize) for i in sorted(rows))  # decoded one at a time
+    result = calibrate_dedup((im for im in images if im is not None), embed, resize)
+    if result:
+        logger.info("near-duplicate threshold %s: copies score %s (10th percentile), the closest other photo %s, "
+                    "over %d photos", result["threshold"], result["copies_p10"], result["others_max"],
+                    result["photos"])  # fmt: skip
+    return result
