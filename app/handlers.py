@@ -298,7 +298,7 @@ class SearchApp:
             writer.writerows(rows)
         json_path = csv_path.with_name("results.json")
         meta = {"query": state["label"], "folder": display_path(state["folder"] or ""), "k": state["k"],
-                "score": "centred cosine" + (" of whitened embeddings" if self.index and self.index.whitened else ""),
+                "score": "centred cosine" + (" (whitened on the collection)" if self.index and self.index.whitened else ""),
                 "weak_below": weak}  # fmt: skip
         json_path.write_text(json.dumps({**meta, "results": rows}, indent=1, ensure_ascii=False))
         return str(csv_path), str(json_path)
@@ -333,7 +333,7 @@ class SearchApp:
             f"recall@10 {recall if recall is not None else 'n/a'} · {'GPU' if st['on_gpu'] else 'CPU'} · "
             f"{st['size_on_disk_bytes'] / 1e6:.1f} MB on disk",
             f"**Backbone:** {st['backbone_arch']} · sha256 `{str(st['backbone_sha256'])[:12]}…` · {st['dim']}-d",
-            (f"**Scores:** centred cosine{' of whitened embeddings' if st['whitened'] else ''} · weak match under "
+            (f"**Scores:** cosine in the index's space ({st['space_description']}) · weak match under "
              f"{weak:.3f}" if weak is not None else "**Scores:** cosine"),
             f"**Collection:** `{display_path(st['root'])}` · updated {st['updated']}",
             f"**Near-duplicate threshold:** {st['dedup_threshold']} ({st['dedup_threshold_source']})",

@@ -64,7 +64,12 @@ TUNE_QUERIES = 500
 TARGET_RECALL = 0.95
 MEAN_REFRESH = 1.5  # the space is fitted again (and index.faiss rebuilt) when the collection grew by half
 DRIFT_REFIT = 0.05  # ... or when its mean moved by this share of the photos' mean squared distance to the centre
-WHITEN_FROM_PER_DIM = 1.0  # an index whitens its own features from this many photos per dimension (BENCHMARKS.md)
+# An index whitens its own features from this many photos (and at least WHITEN_PER_DIM per dimension), else only
+# centres them: measured on two sets with their own and a foreign backbone (960-d features), whitening on the
+# collection first beat the best unwhitened space on every pair at 2,000 photos on one half of each set, and held
+# on the other half; below it plain centring beat the run's training-time matrix (BENCHMARKS.md, "Whiten or centre").
+WHITEN_FROM = 2000
+WHITEN_PER_DIM = 2  # an extrapolation to wider features (2 x 960 ~ 2,000), as the training fit's stages rule
 WEAK_PAIRS = 20_000  # random pairs whose chance level (chance_level) is the weak-match threshold
 AUGMENT_SAMPLE = 64  # photos whose two augmented views measure the collection's same-photo level
 AUGMENT_RECIPE = "v2"
@@ -371,13 +376,11 @@ def _augment_level(root: Path, index_dir: Path, catalog: Catalog, ids: np.ndarra
             "space": "whitened (the index's space)" if space.whitened else "centred (the index's space)"}  # fmt: skip
 
 
-def space_rule(n: int, dim: int, base: Whitening | None) -> str:
+def space_rule(n: int, dim: int) -> str:
     """How an index of ``n`` photos with ``dim``-d features maps them (:func:`moco.whiten.fit_space`): "whitened" on
-    its own photos from :data:`WHITEN_FROM_PER_DIM` photos per dimension, else "training" (the export's training-time
-    matrix, centred on the collection) where the export has one, else "centred"."""
-    if n >= WHITEN_FROM_PER_DIM * dim:
-        return "whitened"
-    return "training" if base is not None and base.matrix is not None else "centred"
+    its own photos from :data:`WHITEN_FROM` photos and :data:`WHITEN_PER_DIM` per dimension, else "centred" (for a
+    trained backbone too: its training-time matrix lost to centring on smaller collections)."""
+    return "whitened" if n >= max(WHITEN_FROM, WHITEN_PER_DIM * dim) else "centred"
 
 
 def space_drift(vecs: np.ndarray, mean: np.ndarray, matrix: np.ndarray | None, sample: int = 2000) -> float:
@@ -420,7 +423,7 @@ def _sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gp
         feats = cmeta["features"]
         base = Whitening(np.zeros(dim, np.float32), None, 1.0, 0, bool(feats.get("mirror")),
                          tuple((str(n), int(c)) for n, c in feats.get("stages") or []))  # fmt: skip
-    rule = space_rule(len(ids), dim, base)
+    rule = space_rule(len(ids), dim)
     mean_count = int(old.get("mean_count") or 0)
     fresh = store is None or store.kind != kind or not store.is_trained
     level, calibration = old.get("augment_level"), old.get("dedup_calibration")

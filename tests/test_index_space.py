@@ -13,18 +13,14 @@ from PIL import Image
 from index.build import DRIFT_REFIT, build_index, space_drift, space_rule, update_index
 from index.image_index import ImageIndex
 from moco.sample import make_sample_collection
-from moco.whiten import Whitening
 
 
-def test_space_rule_by_size_and_training_matrix():
-    base = Whitening(np.zeros(8, np.float32), np.eye(8, dtype=np.float32), 0.1, 10)
-    centred = Whitening(np.zeros(8, np.float32), None, 1.0, 10)
-    from index.build import WHITEN_FROM_PER_DIM
+def test_space_rule_by_size():
+    from index.build import WHITEN_FROM, WHITEN_PER_DIM
 
-    bound = int(np.ceil(WHITEN_FROM_PER_DIM * 8))
-    assert space_rule(bound, 8, None) == space_rule(bound, 8, base) == "whitened"
-    assert space_rule(bound - 1, 8, base) == "training"
-    assert space_rule(bound - 1, 8, None) == space_rule(bound - 1, 8, centred) == "centred"
+    assert space_rule(WHITEN_FROM, 960) == "whitened" and space_rule(WHITEN_FROM - 1, 960) == "centred"
+    wide = WHITEN_PER_DIM * 2048  # wider features need more photos per dimension
+    assert space_rule(wide - 1, 2048) == "centred" and space_rule(wide, 2048) == "whitened"
 
 
 def test_space_drift_against_a_by_hand_formula():
