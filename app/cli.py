@@ -10,6 +10,7 @@ import errno
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -153,9 +154,16 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--auth", default=os.environ.get("MOCO_AUTH"), metavar="USER:PASS",
                    help="require this login (default: $MOCO_AUTH)")
     p.add_argument("--device", default="auto", help="embedding device (default: auto)")
+    p.add_argument("--trusted-proxy", action="append", default=[], metavar="ADDR",
+                   help="a reverse proxy in front of this server (address or network; repeat or separate with "
+                   "commas): its X-Forwarded-For names the client, for login throttling. Default: none, the "
+                   "client is the connecting address")  # fmt: skip
 
 
 def _check_serve_arguments(args: argparse.Namespace) -> tuple[str, str] | None:
+    from app.throttle import parse_trusted_proxies
+
+    args.trusted_proxy = parse_trusted_proxies(args.trusted_proxy)
     auth = None
     if args.auth:
         user, sep, password = args.auth.partition(":")
@@ -205,7 +213,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     auth = _check_serve_arguments(args)
     checkpoint = resolve(args.checkpoint) if args.checkpoint else None  # an official NAME: fetched first
     _announce(args)
-    serve(args.index_dir, checkpoint, args.host, args.port, auth, args.backbone, args.device)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl+C: the server's temp files go
+    serve(args.index_dir, checkpoint, args.host, args.port, auth, args.backbone, args.device,
+          trusted_proxies=args.trusted_proxy)  # fmt: skip
     return 0
 
 
@@ -252,9 +262,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         from app.status import RunStatus
         from app.ui import serve_pending
 
+        signal.signal(signal.SIGTERM, signal.default_int_handler)  # as in cmd_serve (training installs its own)
         status = RunStatus(args.work)
         photos = Path(args.photos).expanduser() if args.photos else Path(args.work) / "sample_photos"
-        demo, app = serve_pending(Path(args.work) / "index", photos, status, args.host, args.port, auth)
+        demo, app = serve_pending(Path(args.work) / "index", photos, status, args.host, args.port, auth,
+                                  args.trusted_proxy)  # fmt: skip
         _announce(args)
         print("the page's Status tab follows training and indexing; search turns on when the index is ready",
               flush=True)  # fmt: skip

@@ -15,6 +15,7 @@ import shutil
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,26 @@ ALL_FOLDERS = "All folders"  # the folder filter's label for "no filter"
 VIEW_PX = 192  # the two training views are shown at least this large
 PREVIEW_PX = 640  # the details panel's preview of a result (long side)
 MAX_ORIGINAL_BYTES = 64 * 1024 * 1024  # "Open original" serves files up to this size
-_KEEP_EXPORTS = 32  # result files (CSV/JSON, originals) kept in the temp folder before the oldest are removed
+# Result files handed to the browser (CSV/JSON exports, copies of originals) go to a folder of this SearchApp's
+# own (``moco-results-*`` in the temporary directory, 0700), removed by ``close()``, at exit (SIGTERM included
+# under the CLI) or when the app is collected. While it runs, the oldest are removed past _KEEP_EXPORTS
+# results or _KEEP_BYTES bytes (the newest is always kept).
+_KEEP_EXPORTS = 32
+_KEEP_BYTES = 256 * 1024 * 1024
+# A CSV cell starting with one of these is a formula to a spreadsheet (OWASP "CSV injection"): it gets a "'".
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")
+
+
+def _csv_cell(value: Any) -> Any:
+    """A text cell a spreadsheet would run as a formula (``=cmd|' -C calc'!A0.jpg``) gets a leading "'"."""
+    return "'" + value if isinstance(value, str) and value.startswith(_FORMULA_START) else value
+
+
+def _folder_bytes(folder: Path) -> int:
+    try:
+        return sum(f.stat().st_size for f in folder.iterdir())
+    except OSError:  # removed meanwhile
+        return 0
 
 
 def _bytes(n: int) -> str:
@@ -65,6 +85,7 @@ class SearchApp:
         self._folders: tuple[Any, list[str]] | None = None
         self._folder_names: dict[str, str] = {}
         self._files = Path(tempfile.mkdtemp(prefix="moco-results-"))  # exports and originals handed to the browser
+        self._remove_files = weakref.finalize(self, shutil.rmtree, self._files, ignore_errors=True)  # also at exit
         self._serial = 0
         self._lock = threading.Lock()
         if index is not None:
@@ -245,14 +266,28 @@ class SearchApp:
         return {"id": row.id, "path": row.path, "full_path": display_path(full), "thumb": str(thumb) if thumb else None,
                 "preview": preview, "markdown": text}  # fmt: skip
 
+    def close(self) -> None:
+        """Remove the folder of result files (also done at exit, and when the app is collected)."""
+        self._remove_files()
+
     def _new_file(self, name: str) -> Path:
         with self._lock:
             self._serial += 1
             folder = self._files / f"{self._serial:06d}"
             folder.mkdir()
-            for old in sorted(self._files.iterdir())[:-_KEEP_EXPORTS]:
-                shutil.rmtree(old, ignore_errors=True)
         return folder / name
+
+    def _keep(self, newest: Path) -> None:
+        """Remove the oldest result folders past _KEEP_EXPORTS folders or _KEEP_BYTES bytes, never ``newest``."""
+        with self._lock:
+            folders = sorted(p for p in self._files.iterdir() if p != newest.parent)
+            sizes = [_folder_bytes(p) for p in folders]
+            total = sum(sizes) + _folder_bytes(newest.parent)
+            for old, size in zip(folders, sizes):
+                if len(folders) < _KEEP_EXPORTS and total <= _KEEP_BYTES:
+                    break
+                shutil.rmtree(old, ignore_errors=True)
+                folders, total = folders[1:], total - size
 
     def original(self, image_id: int) -> str:
         """A copy of an indexed photo's original file for the browser (the originals folder itself is never served).
@@ -278,6 +313,7 @@ class SearchApp:
                 out = self._new_file(Path(row.path).name.encode("utf-8", "replace").decode() or "photo")
                 with open(out, "wb") as dst:
                     shutil.copyfileobj(f, dst, 1 << 20)
+            self._keep(out)
         except OSError as e:
             raise UserError(f"{display_path(row.path)} cannot be read now ({e.strerror or e}): run "
                             "`moco index update`") from None  # fmt: skip
@@ -295,12 +331,13 @@ class SearchApp:
         with open(csv_path, "w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
-            writer.writerows(rows)
+            writer.writerows({key: _csv_cell(value) for key, value in row.items()} for row in rows)
         json_path = csv_path.with_name("results.json")
         meta = {"query": state["label"], "folder": display_path(state["folder"] or ""), "k": state["k"],
                 "score": "centred cosine" + (" (whitened on the collection)" if self.index and self.index.whitened else ""),
                 "weak_below": weak}  # fmt: skip
         json_path.write_text(json.dumps({**meta, "results": rows}, indent=1, ensure_ascii=False))
+        self._keep(csv_path)
         return str(csv_path), str(json_path)
 
     # ------------------------------------------------------------------------------- negatives

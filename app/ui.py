@@ -12,7 +12,8 @@ from __future__ import annotations
 import functools
 import html
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,9 @@ logger = logging.getLogger(__name__)
 
 MAX_UPLOAD = f"{MAX_UPLOAD_MB}mb"
 STATUS_EVERY_S = 2.0  # the Status tab's refresh period
+# Gradio's copies of what the page hands out (thumbnails, uploads, exports, originals) live in its own cache:
+# every GRADIO_CACHE_S[0] seconds it removes those older than GRADIO_CACHE_S[1], and all of them when it stops.
+GRADIO_CACHE_S = (3600, 86400)
 
 CSS = """
 /* results: a responsive grid (2-3 columns on a phone), captions in full, no inner scroll box */
@@ -199,7 +203,7 @@ def build_ui(app: SearchApp) -> Any:
 
     sources = ["upload", "clipboard", "webcam"]
     ready = app.ready
-    with gr.Blocks(title="moco-retrieval", analytics_enabled=False) as demo:
+    with gr.Blocks(title="moco-retrieval", analytics_enabled=False, delete_cache=GRADIO_CACHE_S) as demo:
         title = gr.Markdown(app.title(), elem_id="title")
         with gr.Tabs(selected="search" if ready else "status") as tabs:
             with gr.Tab("Search", id="search"):
@@ -375,15 +379,19 @@ def _blocked_paths(index_dir: Path, root: Path) -> list[str]:
 
 
 def launch_kwargs(index: ImageIndex | Path, host: str, port: int, auth: tuple[str, str] | None,
-                  root: Path | None = None) -> dict[str, Any]:  # fmt: skip
+                  root: Path | None = None, trusted_proxies: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
     """``demo.launch`` settings: only thumbs/ is served; the catalog, index files and originals never are.
 
     ``index``: an open index, or the directory an index will be built in (then ``root``: its photo folder).
-    With ``auth``, failed logins are throttled per client address (:mod:`app.throttle`).
+    With ``auth``, failed logins are throttled per address and per account (:mod:`app.throttle`). The client
+    address is the socket peer, or what ``X-Forwarded-For`` says only when the peer is in ``trusted_proxies``:
+    this sets ``$FORWARDED_ALLOW_IPS``, which uvicorn reads when ``demo.launch`` starts it.
     """
     from starlette.middleware import Middleware
 
-    from app.throttle import LoginThrottleMiddleware
+    from app.throttle import LoginThrottleMiddleware, trusted_proxy_env
+
+    os.environ.update(trusted_proxy_env(trusted_proxies))
 
     index_dir, root = (index.dir, index.root) if isinstance(index, ImageIndex) else (Path(index), Path(root or index))
     return {"server_name": host, "server_port": port, "auth": auth, "allowed_paths": [str(index_dir / THUMBS_DIR)],
@@ -410,20 +418,31 @@ def make_demo(index_dir: str | Path, checkpoint: str | Path | None = None, backb
 
 def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str = "127.0.0.1", port: int = 7860,
           auth: tuple[str, str] | None = None, backbone: str | Path | None = None, device: str = "auto",
-          block: bool = True) -> Any:  # fmt: skip
-    """Launch the UI; returns the running Blocks when ``block`` is False."""
+          block: bool = True, trusted_proxies: Sequence[str] = ()) -> Any:  # fmt: skip
+    """Launch the UI; returns the running Blocks when ``block`` is False.
+
+    Blocking, it returns once interrupted (Ctrl+C, or SIGTERM where the CLI maps it so), the server and its
+    temporary files gone.
+    """
     logging.getLogger("httpx").setLevel(logging.WARNING)
     demo, app = make_demo(index_dir, checkpoint, backbone, device)
-    demo.launch(prevent_thread_lock=not block, **launch_kwargs(app.index, host, port, auth))
+    try:
+        demo.launch(prevent_thread_lock=not block, **launch_kwargs(app.index, host, port, auth,
+                                                                  trusted_proxies=trusted_proxies))  # fmt: skip
+    finally:
+        if block:
+            demo.close()
+            app.close()
     return demo
 
 
 def serve_pending(index_dir: str | Path, photos: str | Path, status: Any, host: str = "127.0.0.1", port: int = 7860,
-                  auth: tuple[str, str] | None = None) -> tuple[Any, SearchApp]:  # fmt: skip
+                  auth: tuple[str, str] | None = None, trusted_proxies: Sequence[str] = ()) -> tuple[Any, SearchApp]:
     """Launch the page before the index exists (never blocks): Status shows ``status``; ``app.attach`` adds search."""
     logging.getLogger("httpx").setLevel(logging.WARNING)
     app = SearchApp(status=status)
     demo = _queued(build_ui(app))
-    demo.launch(prevent_thread_lock=True, **launch_kwargs(Path(index_dir), host, port, auth, Path(photos)))
+    demo.launch(prevent_thread_lock=True, **launch_kwargs(Path(index_dir), host, port, auth, Path(photos),
+                                                          trusted_proxies))  # fmt: skip
     return demo, app
 

@@ -14,7 +14,7 @@ import torch
 
 from moco.errors import UserError, storage_error
 
-__all__ = ["FORMAT", "VERSION", "save_checkpoint", "load_checkpoint", "atomic_write"]
+__all__ = ["FORMAT", "VERSION", "save_checkpoint", "load_checkpoint", "atomic_write", "file_mode"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,11 @@ def _umask() -> int:
         mask = os.umask(0o022)
         os.umask(mask)
     return mask
+
+
+def file_mode() -> int:
+    """The mode a plain ``open`` gives a new file (0666 less the umask): every file we write gets it."""
+    return 0o666 & ~_umask()
 
 
 class _Recording:
@@ -68,7 +73,7 @@ def atomic_write(path: str | Path, write: Any) -> None:
         raise storage_error(e, path) from e
     rec = None
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, file_mode())  # mkstemp's is 0600
         with os.fdopen(fd, "wb") as f:
             rec = _Recording(f)
             write(rec)

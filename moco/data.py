@@ -494,7 +494,15 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _tmp_file(cache_dir: Path, final: Path) -> tuple[Any, Path]:
+    from moco.checkpoint import file_mode  # not at the top: decoding workers import this module without torch
+
     fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=cache_dir)
+    try:
+        os.fchmod(fd, file_mode())  # mkstemp's is 0600; the cache gets the mode of every other file we write
+    except BaseException:
+        os.close(fd)
+        Path(name).unlink(missing_ok=True)
+        raise
     return os.fdopen(fd, "wb"), Path(name)
 
 

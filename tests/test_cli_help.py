@@ -38,8 +38,9 @@ PAGES = {
     "index search": ["IDX", "IMAGE", "-k", "--folder", "--backbone", "--json"],
     "index stats": ["IDX", "--json"],
     "index dedup": ["IDX", "--threshold", "--json"],
-    "serve": ["IDX", "--checkpoint", "--backbone", "--host", "--port", "--auth", "--device"],
-    "run": ["PHOTOS", "--work", "--checkpoint", "--init", "--minutes", "--max-steps", "--no-serve", "--host"],
+    "serve": ["IDX", "--checkpoint", "--backbone", "--host", "--port", "--auth", "--device", "--trusted-proxy"],
+    "run": ["PHOTOS", "--work", "--checkpoint", "--init", "--minutes", "--max-steps", "--no-serve", "--host",
+            "--trusted-proxy"],
 }
 
 # One process walks the whole parser tree (so a new subcommand, e.g. `moco pretrained`, is covered too) and runs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import gc
 import json
 import os
 from pathlib import Path
@@ -125,3 +126,61 @@ def test_a_pending_page_says_the_index_is_not_ready(tmp_path):
     for call in (lambda: pending.search(None), lambda: pending.negatives(None), lambda: pending.collection()):
         with pytest.raises(UserError, match=r"not ready yet \(training\).*Status"):
             call()
+
+
+# ------------------------------------------------------------------------------------ files we write
+FORMULA_STARTS = ["=", "+", "-", "@", "\t", "\r", "\n"]
+
+
+@pytest.fixture(scope="module")
+def hostile_export(tmp_path_factory) -> tuple[list[dict[str, str]], dict]:
+    """An index of photos named like spreadsheet formulas, searched and exported: (CSV rows, JSON)."""
+    tmp = tmp_path_factory.mktemp("hostile")
+    make_sample_collection(tmp / "sample", per_family=1, size=48, seed=5)
+    photos = sorted((tmp / "sample").rglob("*.jpg"))
+    (tmp / "photos").mkdir()
+    for start, photo in zip(FORMULA_STARTS, photos * 2):
+        (tmp / "photos" / f"{start}cmd|' -C calc'!A0.jpg").write_bytes(photo.read_bytes())
+    (tmp / "photos" / "plain.jpg").write_bytes(photos[0].read_bytes())
+    build_index(tmp / "photos", random_backbone(tmp), tmp / "idx", progress=False)
+    index = ImageIndex.open(tmp / "idx")
+    app = SearchApp(index, index.load_embedder(device="cpu"))
+    _, _, state = app.search(str(photos[0]), k=len(FORMULA_STARTS) + 1)
+    csv_path, json_path = app.export(state)
+    rows = list(csv.DictReader(open(csv_path, newline="", encoding="utf-8")))
+    return rows, json.loads(Path(json_path).read_text())
+
+
+@pytest.mark.parametrize("start", FORMULA_STARTS, ids=repr)
+def test_export_csv_cells_never_start_a_formula(hostile_export, start):
+    rows, data = hostile_export
+    name = f"{start}cmd|' -C calc'!A0.jpg"
+    assert name in [r["path"] for r in data["results"]]  # the JSON stays exact
+    assert "'" + name in [r["path"] for r in rows] and name not in [r["path"] for r in rows]
+    assert "plain.jpg" in [r["path"] for r in rows]  # other names untouched
+    assert all(float(r["score"]) == pytest.approx(j["score"]) for r, j in zip(rows, data["results"]))
+
+
+def test_result_files_stay_under_the_cap_and_go_with_the_app(app, monkeypatch):
+    photo = _photo(app, 5)
+    row = app.index.catalog.row_by_path(photo.relative_to(app.index.root).as_posix())
+    monkeypatch.setattr(handlers, "_KEEP_BYTES", 3 * photo.stat().st_size + 1)
+    mine = SearchApp(app.index, app.embedder)
+    files = mine._files
+    assert files.is_dir() and files.name.startswith("moco-results-") and os.stat(files).st_mode & 0o777 == 0o700
+    _, _, state = mine.search(str(photo), k=4)
+    for _ in range(10):
+        last = mine.original(row.id)
+        sizes = [f.stat().st_size for f in files.rglob("*") if f.is_file()]
+        assert sum(sizes) <= handlers._KEEP_BYTES and Path(last).is_file()
+    for _ in range(handlers._KEEP_EXPORTS + 5):
+        last_csv, _ = mine.export(state)
+        assert len(list(files.iterdir())) <= handlers._KEEP_EXPORTS and Path(last_csv).is_file()
+    mine.close()
+    assert not files.exists()
+    again = SearchApp(app.index, app.embedder)
+    files = again._files
+    again.export(state)
+    del again  # an app that is let go takes its files along (and at exit, every app does)
+    gc.collect()
+    assert not files.exists()

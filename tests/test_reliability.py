@@ -1,5 +1,5 @@
-"""What a user's disk or a crafted file can do to us: no downloads, right file modes, full disks, login floods,
-an index inside the photo folder."""
+"""What a user's disk or a crafted file can do to us: no downloads, right file modes, full disks, an index inside
+the photo folder, no temporary files left after SIGTERM (login floods: test_throttle.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from app.cli import main
-from app.throttle import LoginThrottle
 from moco.checkpoint import atomic_write, load_checkpoint, save_checkpoint
 from moco.errors import StorageError, UserError
 
@@ -97,6 +96,19 @@ def test_atomic_write_gives_the_mode_of_a_plain_open(tmp_path, umask):
     assert ours == plain == 0o666 & ~umask
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
+def test_the_image_cache_follows_the_umask_too(sample_photos, tmp_path, umask):
+    from moco.data import build_cache
+
+    old = os.umask(umask)
+    try:
+        build_cache(sample_photos, 16, tmp_path / "cache")
+    finally:
+        os.umask(old)
+    modes = {p.name: os.stat(p).st_mode & 0o777 for p in (tmp_path / "cache").iterdir()}
+    assert modes == {"images-16.u8": 0o666 & ~umask, "images-16.json": 0o666 & ~umask}
+
+
 def test_numbered_checkpoint_is_a_separate_copy(tmp_path):
     state = {"step": 7, "weights": torch.arange(1000.0)}
     save_checkpoint(state, tmp_path, keep=2)
@@ -128,66 +140,6 @@ def test_train_cli_on_a_full_disk_exits_1_with_the_cause(sample_photos, tmp_path
     assert code == 1, err
     assert "no space left on device" in err and "free space and run the same command" in err
     assert "enforce fail" not in err and "Traceback" not in err
-
-
-# --------------------------------------------------------------------------------- login throttle
-class _Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def test_login_throttle_locks_out_after_failures_and_doubles():
-    clock = _Clock()
-    th = LoginThrottle(free=3, base_s=2.0, max_s=16.0, forget_s=100.0, clock=clock)
-    for _ in range(2):
-        assert th.wait("a") == 0
-        th.record("a", ok=False)
-    assert th.wait("a") == 0
-    th.record("a", ok=False)  # third failure: locked for 2 s
-    assert th.wait("a") == 2.0 and th.wait("b") == 0  # per client
-    clock.t += 2.0
-    th.record("a", ok=False)
-    assert th.wait("a") == 4.0
-    for expected in (8.0, 16.0, 16.0):  # doubles, up to the cap
-        clock.t += 100.0 - 1  # within forget_s of the last failure
-        th.record("a", ok=False)
-        assert th.wait("a") == expected
-    clock.t += 16.0
-    th.record("a", ok=True)  # a success clears the record
-    th.record("a", ok=False)
-    assert th.wait("a") == 0
-    clock.t += 101.0  # quiet longer than forget_s: starts from zero
-    th.record("a", ok=False)
-    th.record("a", ok=False)
-    assert th.wait("a") == 0
-
-
-@pytest.mark.slow
-def test_live_server_refuses_a_login_flood(tmp_path, backbone, sample_photos):
-    import httpx
-
-    from app.ui import launch_kwargs, make_demo
-    from index.build import build_index
-
-    build_index(sample_photos, backbone, tmp_path / "idx", progress=False)
-    demo, app = make_demo(tmp_path / "idx", device="cpu")
-    port = free_port()
-    demo.launch(prevent_thread_lock=True, **launch_kwargs(app.index, "127.0.0.1", port, ("alice", "right-pass")))
-    try:
-        url = f"http://127.0.0.1:{port}"
-        with httpx.Client(timeout=30) as http:
-            codes = [http.post(url + "/login", data={"username": "alice", "password": f"wrong{i}"}).status_code
-                     for i in range(50)]  # fmt: skip
-            assert set(codes[:5]) == {400} and set(codes[5:]) == {429}, codes
-            locked = http.post(url + "/login", data={"username": "alice", "password": "right-pass"})
-            assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
-            assert "try again" in locked.json()["detail"]
-            assert http.get(url + "/config").status_code in (401, 403)  # still not logged in
-    finally:
-        demo.close()
 
 
 # ------------------------------------------------------------------------ index inside the photos
@@ -232,3 +184,45 @@ def test_index_inside_the_photo_folder_serves_thumbs_not_originals(tmp_path, bac
                     assert r.status_code in (400, 403, 404, 405), (f, r.status_code)
     finally:
         demo.close()
+
+
+# ------------------------------------------------------------------------------------ temporary files
+@pytest.mark.slow
+def test_a_served_page_leaves_no_result_files_after_sigterm(tmp_path, backbone, sample_photos):
+    import signal
+    import subprocess
+    import sys
+
+    from gradio_client import Client, handle_file
+
+    from .live import wait_served
+
+    assert main(["index", "build", str(sample_photos), "--backbone", str(backbone), "-o", str(tmp_path / "idx"),
+                 "--quiet"]) == 0  # fmt: skip
+    server_tmp = tmp_path / "server-tmp"  # the server's TMPDIR: what it leaves behind is all in here
+    server_tmp.mkdir()
+    env = dict(os.environ, TMPDIR=str(server_tmp), PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+               OMP_NUM_THREADS="1")  # fmt: skip
+    env.pop("GRADIO_TEMP_DIR", None)
+    port = free_port()
+    with open(tmp_path / "serve.log", "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(tmp_path / "idx"), "--port", str(port),
+                                 "--device", "cpu"], env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        wait_served(f"http://127.0.0.1:{port}/", proc, timeout=300)
+        query = sorted(sample_photos.rglob("*.jpg"))[0]
+        out = Client(f"http://127.0.0.1:{port}", verbose=False).predict(handle_file(str(query)), 4, "",
+                                                                       api_name="/search")  # fmt: skip
+        assert "4 results" in out[1]
+        written = [p for p in server_tmp.rglob("*") if p.is_file()]
+        assert [p for p in written if p.name == "results.csv"], written  # the export, before the end
+        assert list(server_tmp.glob("moco-results-*"))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, (tmp_path / "serve.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not list(server_tmp.glob("moco-results-*"))
+    left = [p for p in server_tmp.rglob("*") if p.is_file()]
+    assert not [p for p in left if p.name.startswith("results.") or p.suffix in (".jpg", ".png")], left
