@@ -122,7 +122,7 @@ def test_negatives_from_the_index_match_a_hand_computation(setup):
     app = SearchApp(index, emb, None)
     img = Image.open(_query(setup)).convert("RGB")
     view = app.negatives_source.compute(img, n=5, seed=1)
-    assert view.source == "index" and "centred backbone space" in view.space
+    assert view.source == "index" and "the index's space (" in view.space
     assert any("query image itself" in n for n in view.notes)  # the query is in the index: left out
     ids, vecs = index.catalog.vectors()
     clean = emb.embed(img)[0]
