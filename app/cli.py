@@ -318,6 +318,13 @@ def _setup_logging(verbose: bool) -> None:
     logging.basicConfig(level=level, format=fmt, stream=sys.stderr, force=True)
 
 
+def _printable_paths() -> None:
+    """Paths print as their own bytes (as ``ls`` prints them), even those that are not UTF-8, where stdout would
+    refuse them (a UTF-8 locale other than C.UTF-8: errors="strict"); stderr already escapes them."""
+    if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="surrogateescape")
+
+
 def _name(args: argparse.Namespace) -> str:
     sub = getattr(args, "index_command", None)
     return f"{args.command} {sub}" if sub else args.command
@@ -327,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit code (0 ok, 2 bad input, 1 other error)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    _printable_paths()
     _setup_logging(args.verbose)
     from tqdm.contrib.logging import logging_redirect_tqdm
 

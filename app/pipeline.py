@@ -8,6 +8,7 @@ Every step reuses what an earlier run left in the work directory:
     WORK/index/                    updated (only new or changed photos embedded); rebuilt only when the
                                    backbone changed, into index.new/ first, so the old one keeps serving
     WORK/sample_photos/            the generated collection, when no PHOTOS are given
+    WORK/.moco.lock                held while a run works here (a second run on WORK refuses, naming its PID)
 
 With PHOTOS and no model given, ``pretrained`` (the CLI: moco_v2_800ep) is used as is when it is cached or can
 be downloaded; otherwise training starts from scratch, and the output says why. The sample never fetches anything.
@@ -183,7 +184,10 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
     to use as is when no model is given, if it is cached or can be downloaded (else: training from scratch).
     ``status``: told each stage and every message (still printed through ``say``); on an error its stage is
     "failed" (the error re-raised); its ``index_ready`` is set once the index is written.
+    ``work`` is locked meanwhile (:func:`moco.checkpoint.lock_dir`): a second run on it refuses, naming this one.
     """
+    from moco.checkpoint import lock_dir
+
     status = status if status is not None else RunStatus(work)
 
     def tell(message: str) -> None:
@@ -191,7 +195,9 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
         status.say(message)
 
     try:
-        return _run(photos, work, checkpoint, init, minutes, train_overrides, tell, progress, pretrained, status)
+        Path(work).mkdir(parents=True, exist_ok=True)
+        with lock_dir(work, "--work"):
+            return _run(photos, work, checkpoint, init, minutes, train_overrides, tell, progress, pretrained, status)
     except BaseException as e:
         status.fail(str(e) or type(e).__name__)
         raise
@@ -203,7 +209,6 @@ def _run(photos: str | Path | None, work: str | Path, checkpoint: str | Path | N
     if checkpoint and init:
         raise UserError("give CHECKPOINT (use it as is) or INIT (continue training from it), not both")
     work = Path(work)
-    work.mkdir(parents=True, exist_ok=True)
     status.run_dir = work / "run"
     status.stage("photos", "generating a sample collection" if photos is None else str(photos))
     if photos is None:

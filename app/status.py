@@ -11,7 +11,6 @@ last poll; a file truncated or rewritten by a resumed run is read again from its
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -19,6 +18,8 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from moco.curves import parse_metrics
 
 __all__ = ["STAGES", "RunStatus", "eta_seconds", "loss_frame", "status_markdown"]
 
@@ -60,6 +61,7 @@ class _MetricsTail:
 
     def _reset(self) -> None:
         self.offset = 0
+        self.lines = 0  # the lines read, up to ``offset``
         self.last_line = b""  # the last complete line read, ending at ``offset``: a rewritten file will differ
         self.loss: list[tuple[int, float]] = []
         self.knn: list[tuple[int, float]] = []
@@ -90,16 +92,12 @@ class _MetricsTail:
         end = chunk.rfind(b"\n") + 1
         if not end:
             return
-        lines = chunk[:end].splitlines(keepends=True)
+        records = parse_metrics(chunk[:end], self.path, self.lines + 1)  # a damaged line is named, then skipped
+        self.lines += chunk.count(b"\n", 0, end)
         self.offset += end
-        self.last_line = lines[-1]
-        for line in lines:
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict) and isinstance(record.get("step"), int):
-                self._add(record)
+        self.last_line = chunk[:end].splitlines(keepends=True)[-1]
+        for record in records:
+            self._add(record)
 
     def _add(self, record: dict[str, Any]) -> None:
         step = record["step"]

@@ -1,12 +1,14 @@
-"""Training checkpoints: atomic save, ``weights_only`` load, the last N kept."""
+"""Training checkpoints: atomic save, ``weights_only`` load, the last N kept; the run directory's lock."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
 import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +16,15 @@ import torch
 
 from moco.errors import UserError, storage_error
 
-__all__ = ["FORMAT", "VERSION", "save_checkpoint", "load_checkpoint", "atomic_write", "file_mode"]
+__all__ = ["FORMAT", "LOCK_FILE", "VERSION", "save_checkpoint", "load_checkpoint", "atomic_write", "file_mode",
+           "lock_dir"]
 
 logger = logging.getLogger(__name__)
 
 FORMAT = "moco-retrieval/checkpoint"
 VERSION = 1
 _UMASK_LOCK = threading.Lock()
+LOCK_FILE = ".moco.lock"  # in a run or work directory while a moco process uses it: the holder's PID
 
 
 def _umask() -> int:
@@ -135,3 +139,35 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise UserError(
             f"cannot read checkpoint {path}: {msg[:300]}; the file may be truncated or not a PyTorch file"
         ) from None
+
+
+@contextlib.contextmanager
+def lock_dir(directory: str | Path, flag: str) -> Iterator[None]:
+    """Hold ``directory/.moco.lock`` (an exclusive ``fcntl.flock``) while the block runs; a second process that
+    asks for it meanwhile gets a :class:`UserError` naming the holder's PID and ``flag`` (the option that picks
+    another directory). The OS releases the lock when its process ends, however it ends (SIGKILL too), so a
+    killed run never leaves a stale lock; the file stays, with the PID of its last holder (unlinking it races).
+    """
+    path = Path(directory) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise storage_error(e, path) from e
+    try:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no cross-process lock
+            logger.debug("no fcntl here: %s is not locked against other processes", directory)
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise UserError(f"{directory} is in use by another moco run (PID {pid}): wait for it to end, or use "
+                            f"another {flag}") from None  # fmt: skip
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)

@@ -1,25 +1,61 @@
-"""Plot a run's ``metrics.jsonl`` (loss, and kNN accuracy when monitored) into ``curves.png``."""
+"""A run's ``metrics.jsonl``: read it (the one reader, for training, the Status tab, the benchmarks), and plot it
+(loss, and kNN accuracy when monitored) into ``curves.png``."""
 
 from __future__ import annotations
 
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
-__all__ = ["plot_curves", "read_metrics"]
+__all__ = ["parse_metrics", "plot_curves", "read_metrics"]
 
 logger = logging.getLogger(__name__)
 
+_SHOWN = 5  # damaged line numbers named in the warning
 
-def read_metrics(path: str | Path) -> list[dict]:
-    """The records of a ``metrics.jsonl`` file (an unfinished last line is ignored)."""
-    records = []
-    for line in Path(path).read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
+
+def parse_metrics(data: bytes, path: str | Path, first_line: int = 1) -> list[dict[str, Any]]:
+    """The records in ``data``, the bytes of ``path`` (a ``metrics.jsonl``) from line ``first_line`` on: the one
+    reader of that file. A line that is not a record (a JSON object with an integer ``step``) is skipped, and one
+    warning names the file and the lines: a damaged line by its number; a last line without its newline as torn
+    (cut off by a kill while it was written). A reader following a live run passes complete lines only."""
+    lines = data.split(b"\n")
+    torn = lines.pop() if lines else b""  # what follows the last newline: empty when the file ends with one
+    records, damaged = [], []
+    for number, line in enumerate(lines, first_line):
+        record = _record(line)
+        if record is not None:
+            records.append(record)
+        elif line.strip():
+            damaged.append(number)
+    last = _record(torn) if torn.strip() else None
+    if last is not None:  # whole, only its newline missing
+        records.append(last)
+    problems = []
+    if damaged:
+        more = f" and {len(damaged) - _SHOWN} more" if len(damaged) > _SHOWN else ""
+        numbers = ", ".join(map(str, damaged[:_SHOWN])) + more
+        problems.append(f"damaged line{'s' if len(damaged) > 1 else ''} {numbers} (not a JSON record)")
+    if torn.strip() and last is None:
+        problems.append(f"a torn last line {first_line + len(lines)} (cut off while it was written: a killed run)")
+    if problems:
+        logger.warning("%s: skipped %s; %d records read", path, " and ".join(problems), len(records))
     return records
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except ValueError:  # not JSON, or not UTF-8
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return record if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl`` file (:func:`parse_metrics`: damaged and torn lines skipped, named)."""
+    return parse_metrics(Path(path).read_bytes(), path)
 
 
 def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path | None:
@@ -64,7 +100,8 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path | None:
         ax2.set_ylabel("kNN top-1 (%)")
         ax2.legend(loc="upper right")
     ax.legend(loc="upper left" if knn else "best")
-    ax.set_title(f"{metrics_path.parent.name}: {len(steps)} steps")
+    name = metrics_path.parent.name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    ax.set_title(f"{name}: {len(steps)} steps")  # a name's bytes that are not UTF-8 shown escaped, as \xe9
     fig.tight_layout()
     out_path = Path(out_path)
     fig.savefig(out_path)

@@ -30,9 +30,10 @@ from torch import nn
 
 from moco.augment import two_views
 from moco.backbones import build_backbone, is_vit
-from moco.checkpoint import atomic_write, load_checkpoint, save_checkpoint
+from moco.checkpoint import atomic_write, load_checkpoint, lock_dir, save_checkpoint
 from moco.config import TrainConfig, backbone_kwargs, default_workers, from_plain, to_plain, validate
-from moco.data import ImageCache, build_cache
+from moco.curves import read_metrics
+from moco.data import ImageCache, build_cache, write_skipped
 from moco.device import autocast_for, init_distributed, resolve_device, resolve_precision
 from moco.errors import StorageError, UserError
 from moco.model import MoCo, momentum_schedule
@@ -218,8 +219,15 @@ def train(
     ``stop_after``: checkpoint and return once the run reaches this step, as if interrupted there
     (the schedule still spans the whole run), e.g. to split training into sessions.
     ``tensorboard``: also write the metrics.jsonl records as TensorBoard scalars to ``cfg.out/tensorboard``.
-    The resolved config is written to ``cfg.out/config.json`` before training starts.
+    The resolved config is written to ``cfg.out/config.json`` before training starts. While the run lasts it holds
+    ``cfg.out``'s lock (:func:`moco.checkpoint.lock_dir`): a second run on that directory refuses, naming it.
     """
+    with contextlib.ExitStack() as held:  # the run directory's lock, once taken
+        return _train(cfg, resume, progress, stop_after, tensorboard, held)
+
+
+def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | None, tensorboard: bool,
+           held: contextlib.ExitStack) -> dict[str, Any]:  # fmt: skip
     writer_class = _summary_writer_class() if tensorboard else None  # missing tensorboard: fail before any work
     d = _init_distributed(cfg.device)
     cfg = replace(cfg, bn_splits=_bn_splits(cfg, d.world))  # auto resolved for this run; the checkpoint keeps it
@@ -233,6 +241,7 @@ def train(
     precision = _safe_precision(cfg, device, resolve_precision(cfg.precision, device))
     if d.main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        held.enter_context(lock_dir(run_dir, "--out"))  # a second run on this directory refuses here
         config_json = (json.dumps(to_plain(cfg), indent=2) + "\n").encode()
         atomic_write(run_dir / "config.json", lambda f: f.write(config_json))
     torch.manual_seed(cfg.seed)
@@ -540,7 +549,8 @@ def _load_data(cfg: TrainConfig, run_dir: Path, ckpt: dict | None, d: _Dist, pro
     kwargs = dict(files=files, workers=default_workers(cfg.workers), strict=ckpt is not None)
     if d.main:
         cache = build_cache(cfg.data_dir, size, run_dir / "cache", progress=progress, **kwargs)
-        (run_dir / "skipped.txt").write_text("".join(f"{p}\t{r}\n" for p, r in cache.skipped))
+        if ckpt is None:  # a resumed run decodes only the files recorded: the first run's list stays
+            write_skipped(run_dir / "skipped.txt", cache.skipped)
     if d.world > 1:
         dist.barrier()
         if not d.main:
@@ -714,18 +724,19 @@ def _fit_whitening(backbone: nn.Module, cache: ImageCache, cfg: TrainConfig, dev
 
 
 class _MetricsLog:
-    """``metrics.jsonl``: one JSON line per step; on resume, lines past the checkpoint are dropped.
+    """``metrics.jsonl``: one JSON line per step; on resume, lines past the checkpoint are dropped, and so are lines
+    a kill cut off or damaged (each named in a warning, :func:`moco.curves.parse_metrics`).
 
     With a ``writer_class`` (TensorBoard's SummaryWriter) every numeric field but ``step`` is also written as a
     scalar to ``RUN_DIR/tensorboard``, events past the checkpoint purged on resume.
     """
 
     def __init__(self, path: Path, from_step: int, writer_class: Any = None) -> None:
-        lines = path.read_text().splitlines() if path.exists() and from_step > 0 else []
-        kept = [line for line in lines if line.strip() and json.loads(line).get("step", 0) <= from_step]
-        path.write_text("".join(line + "\n" for line in kept))
+        records = read_metrics(path) if path.exists() and from_step > 0 else []  # damaged and torn lines named
+        records = [r for r in records if r["step"] <= from_step]
+        text = "".join(json.dumps(r) + "\n" for r in records).encode()
+        atomic_write(path, lambda f: f.write(text))  # written back whole
         self._f = path.open("a")
-        records = [json.loads(line) for line in kept]
         losses = [r["loss"] for r in records if "loss" in r]
         self.last_loss: float | None = losses[-1] if losses else None
         self.last_eval = max((r["step"] for r in records if "knn_top1" in r), default=-1)  # the last kNN's step
