@@ -334,7 +334,8 @@ class SearchApp:
             writer.writerows({key: _csv_cell(value) for key, value in row.items()} for row in rows)
         json_path = csv_path.with_name("results.json")
         meta = {"query": state["label"], "folder": display_path(state["folder"] or ""), "k": state["k"],
-                "score": "centred cosine" + (" (whitened on the collection)" if self.index and self.index.whitened else ""),
+                "score": "centred cosine" + (" (whitened on the collection)" if self.index and self.index.whitened
+                                             else ""),
                 "weak_below": weak}  # fmt: skip
         json_path.write_text(json.dumps({**meta, "results": rows}, indent=1, ensure_ascii=False))
         self._keep(csv_path)
