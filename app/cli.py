@@ -1,6 +1,7 @@
 """The `moco` command line: one small parser function per subcommand, handlers are plain functions.
 
-Exit codes: 0 success, 2 bad input (message on stderr naming the file/value and the fix), 1 other errors.
+Exit codes: 0 success, 2 bad input (message on stderr naming the file/value and the fix), 1 other errors (storage,
+network), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from pathlib import Path
 
 from moco import __version__
-from moco.errors import StorageError, UserError, storage_error
+from moco.errors import UserError, storage_error
 
 __all__ = ["main", "build_parser"]
 
@@ -347,9 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - the CLI reports, the traceback goes to --verbose
         if isinstance(e, OSError) and e.errno in _STORAGE_ERRNOS:  # a write of ours failed under us
             e = storage_error(e, e.filename or "?", "using")
-        if isinstance(e, UserError):  # StorageError (disk full, read-only) exits 1: not bad input
+        if isinstance(e, UserError):  # StorageError, NetworkError (disk full, offline) exit 1: not bad input
             print(f"moco {_name(args)}: error: {e}", file=sys.stderr)
-            return 1 if isinstance(e, StorageError) else 2
+            return e.exit_code
         if args.verbose:
             raise
         print(f"moco {_name(args)}: error: {type(e).__name__}: {e} (run with -v for the traceback)", file=sys.stderr)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
+import re
+import reprlib
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
@@ -254,29 +257,50 @@ def backbone_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     return {"num_heads": cfg.num_heads} if cfg.num_heads else {}
 
 
+# The bounds of one field's value alone, the same for flags and --config files (validate, load_config_file):
+# the test and the fix. Checks between fields follow in validate.
+LIMITS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "image_size": (lambda v: v >= 16, "use 16 or more pixels (32 for tiny photos, 224 for the paper setting)"),
+    "min_image_size": (lambda v: v == 0 or v >= 16, "use 0 (off) or a size from 16 to --image-size"),
+    "std": (lambda v: min(v) > 0, "each value must be positive (pixels are divided by it), e.g. 0.229,0.224,0.225"),
+    "crop_min": (lambda v: 0.0 <= v <= 1.0, "use 0 (the recipe's) or an area fraction in (0, 1], e.g. 0.08"),
+    "dim": (lambda v: v >= 1, "use a positive dimension, e.g. 128"),
+    "num_heads": (lambda v: v >= 0, "use 0 (the model's own) or a positive number of heads, e.g. 12"),
+    "queue_size": (lambda v: v >= 0, "use a positive queue size, e.g. 65536"),
+    "temperature": (lambda v: v > 0, "use a positive temperature, e.g. 0.2"),
+    "momentum": (lambda v: 0.0 <= v <= 1.0, "use a value in [0, 1], e.g. 0.999"),
+    "bn_splits": (lambda v: v >= 0, "use 0 (auto), 1 (off) or more"),
+    "decorrelation": (lambda v: v >= 0, "use 0 (off) or a positive weight, e.g. 0.1"),
+    "batch_size": (lambda v: v >= 2, "use 2 or more: contrastive learning needs other images in the batch"),
+    "epochs": (lambda v: v >= 1, "use 1 or more"),
+    "max_steps": (lambda v: v >= 0, "use 0 (from epochs) or a positive number"),
+    "time_budget": (lambda v: v >= 0, "use 0 (none) or a positive number of minutes"),
+    "lr": (lambda v: v > 0, "use a positive learning rate, e.g. 0.03 for v2"),
+    "weight_decay": (lambda v: v >= 0, "use 0 or a positive value"),
+}
+
+
+def _problem(name: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for field ``name`` on its own ("X is out of range: fix"), or None."""
+    if name in CHOICES and value not in CHOICES[name]:
+        return f"{_short(value)} is not valid: use one of {', '.join(CHOICES[name])}"
+    test, fix = LIMITS.get(name, (None, ""))
+    numbers = value if isinstance(value, tuple) else (value,) if isinstance(value, float) else ()
+    if not all(math.isfinite(v) for v in numbers):
+        return f"{_show(value)} is not a finite number: {fix or 'e.g. ' + _show(getattr(TrainConfig, name))}"
+    if test is not None and not test(value):
+        return f"{_show(value)} is out of range: {fix}"
+    return None
+
+
 def validate(cfg: TrainConfig, world_size: int = 1) -> None:
     """Raise UserError naming the first bad field value and how to fix it."""
-    for name, options in CHOICES.items():
-        if getattr(cfg, name) not in options:
-            raise UserError(f"--{_flag(name)} {getattr(cfg, name)!r} is not valid: use one of {', '.join(options)}")
+    for f in fields(TrainConfig):
+        if problem := _problem(f.name, getattr(cfg, f.name)):
+            raise UserError(f"--{_flag(f.name)} {problem}")
     checks = [
-        (cfg.image_size >= 16, "image-size", "use 16 or more pixels (32 for tiny photos, 224 for the paper setting)"),
-        (cfg.batch_size >= 2, "batch-size", "use 2 or more: contrastive learning needs other images in the batch"),
-        (cfg.bn_splits >= 0, "bn-splits", "use 0 (auto), 1 (off) or more"),
-        (cfg.epochs >= 1, "epochs", "use 1 or more"),
-        (cfg.max_steps >= 0, "max-steps", "use 0 (from epochs) or a positive number"),
-        (cfg.time_budget >= 0, "time-budget", "use 0 (none) or a positive number of minutes"),
-        (cfg.lr > 0, "lr", "use a positive learning rate, e.g. 0.03 for v2"),
-        (cfg.temperature > 0, "temperature", "use a positive temperature, e.g. 0.2"),
-        (0.0 <= cfg.momentum <= 1.0, "momentum", "use a value in [0, 1], e.g. 0.999"),
-        (cfg.dim >= 1, "dim", "use a positive dimension, e.g. 128"),
-        (cfg.queue_size >= 0, "queue-size", "use a positive queue size, e.g. 65536"),
-        (cfg.weight_decay >= 0, "weight-decay", "use 0 or a positive value"),
-        (cfg.num_heads >= 0, "num-heads", "use 0 (the model's own) or a positive number of heads, e.g. 12"),
-        (cfg.min_image_size == 0 or 16 <= cfg.min_image_size <= cfg.image_size, "min-image-size",
+        (cfg.min_image_size <= cfg.image_size, "min-image-size",
          f"use 0 (off) or a size from 16 to --image-size {cfg.image_size}"),
-        (0.0 <= cfg.crop_min <= 1.0, "crop-min", "use 0 (the recipe's) or an area fraction in (0, 1], e.g. 0.08"),
-        (cfg.decorrelation >= 0, "decorrelation", "use 0 (off) or a positive weight, e.g. 0.1"),
         (cfg.decorrelation > 0 or not cfg.decorrelation_decay, "decorrelation",
          "--decorrelation-decay scales the term's weight: set one, e.g. --decorrelation 0.1, or drop the decay"),
     ]
@@ -332,7 +356,7 @@ def add_config_arguments(
         if f.type in ("bool", bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         elif str(f.type).startswith("tuple"):  # mean, std: one value per channel
-            rgb = _rgb_type(flag, positive=f.name == "std")
+            rgb = _rgb_type(flag, f.name)
             parser.add_argument(flag, type=rgb, default=None, help=help_text, metavar="R,G,B")
         else:
             kind = {"int": int, "float": float, "str": str}[str(f.type)]
@@ -377,7 +401,7 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise UserError(f"--config {path}: reading YAML needs PyYAML: pip install pyyaml, or write the config "
                             "as JSON (a .json file)") from e  # fmt: skip
         try:
-            data = yaml.safe_load(text)
+            data = _load_yaml(text, path)
         except yaml.YAMLError as e:
             raise UserError(f"--config {path} is not valid YAML: {e}") from e
     elif str(path).lower().endswith(".json"):
@@ -401,9 +425,81 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
             raise UserError(f"--config {path}: unknown key {key!r}: {hint}valid keys are the TrainConfig fields "
                             f"({', '.join(known)})")  # fmt: skip
         out[key] = _config_value(path, key, str(known[key].type), value)
+        if key != "preset" and (problem := _problem(key, out[key])):  # the flags' own checks, naming the file
+            raise UserError(f"--config {path}: {key} = {problem}")
     if "preset" in out and out["preset"] not in PRESETS:
         raise UserError(f"--config {path}: preset {out['preset']!r} is unknown: use one of {', '.join(PRESETS)}")
     return out
+
+
+MAX_YAML_NODES = 10_000  # a config is ~70 values; an alias bomb ("billion laughs") expands 400 bytes to billions
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    """PyYAML's SafeLoader that also reads 3e-2 and 1.0e5 as floats (YAML 1.1 wants a dot and a signed exponent)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    exponent = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", exponent, list("-+.0123456789"))
+    return Loader
+
+
+def _load_yaml(text: str, path: str | os.PathLike[str]) -> Any:
+    """The document in ``text``, refused before it is built when its aliases expand it past ``MAX_YAML_NODES``."""
+    loader = _yaml_loader()(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise UserError(f"--config {path} nests lists or mappings too deeply: a config is a flat mapping of "
+                            "field names to values") from None  # fmt: skip
+        if node is None:
+            return None
+        size = _expanded_size(node, MAX_YAML_NODES)
+        if size is None:
+            raise UserError(f"--config {path}: an alias (*name) refers to itself: a config is a flat mapping of "
+                            "field names to values; write the values out")  # fmt: skip
+        if size > MAX_YAML_NODES:
+            raise UserError(f"--config {path}: its aliases (*name) expand it to more than {MAX_YAML_NODES} values "
+                            "(an alias bomb?): a config is a flat mapping of field names to values; write the values "
+                            "out")  # fmt: skip
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: Any, limit: int) -> int | None:
+    """Nodes under ``node`` with every alias expanded (counting stops past ``limit``); None for a cycle."""
+    import yaml
+
+    sizes: dict[int, int] = {}  # id(node) -> its expanded size: each distinct node is walked once
+    open_: set[int] = set()
+
+    def size(n: Any) -> int | None:
+        if id(n) in sizes:
+            return sizes[id(n)]
+        if id(n) in open_:
+            return None  # an alias inside its own anchor
+        open_.add(id(n))
+        children = (n.value if isinstance(n, yaml.SequenceNode)
+                    else [x for pair in n.value for x in pair] if isinstance(n, yaml.MappingNode) else [])  # fmt: skip
+        total = 1
+        for child in children:
+            sub = size(child)
+            if sub is None:
+                return None
+            total += sub
+            if total > limit:
+                break
+        open_.discard(id(n))
+        sizes[id(n)] = total
+        return total
+
+    return size(node)
 
 
 def _read_config_text(path: str | os.PathLike[str]) -> str:
@@ -418,7 +514,7 @@ def _read_config_text(path: str | os.PathLike[str]) -> str:
 
 def _config_value(path: str | os.PathLike[str], key: str, kind: str, value: Any) -> Any:
     """``value`` of field ``key`` (annotated ``kind``) from a config file, checked (ints accepted for floats)."""
-    wrong = f"--config {path}: {key} = {value!r} is not"
+    wrong = f"--config {path}: {key} = {_short(value)} is not"
     if kind == "bool":
         if not isinstance(value, bool):
             raise UserError(f"{wrong} true or false")
@@ -442,6 +538,15 @@ def _flag(name: str) -> str:
     return name.replace("_", "-")
 
 
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxlist, _repr.maxdict, _repr.maxstring, _repr.maxother = 2, 4, 4, 60, 60
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, shortened: a value from a file can be huge (or refer to itself)."""
+    return _repr.repr(value)
+
+
 def _show(value: Any) -> str:
     """A default as a user types it: on/off, R,G,B, none for an empty path."""
     if isinstance(value, bool):
@@ -459,20 +564,20 @@ def _default_text(name: str, default: Any) -> str:
     return f"(default: {_show(default)}; preset {', '.join(own)})" if own else f"(default: {_show(default)})"
 
 
-def _rgb_type(flag: str, positive: bool) -> Callable[[str], tuple[float, float, float]]:
-    """The argparse type of --mean/--std: 'R,G,B' -> a tuple of three finite floats (positive ones for --std)."""
+def _rgb_type(flag: str, name: str) -> Callable[[str], tuple[float, float, float]]:
+    """The argparse type of --mean/--std: 'R,G,B' -> a tuple of three floats, within the field's bounds (the same
+    check as ``validate``'s, which a --config file's values pass too)."""
 
     def parse(text: str) -> tuple[float, float, float]:
-        example = ",".join(map(str, IMAGENET_STD if positive else IMAGENET_MEAN))
+        example = _show(getattr(TrainConfig, name))
         try:
             values = tuple(float(v) for v in text.split(","))
         except ValueError:
             values = ()
-        if len(values) != 3 or not all(math.isfinite(v) for v in values):
+        if len(values) != 3:
             raise argparse.ArgumentTypeError(f"{text!r}: give three numbers, one per channel, e.g. {flag} {example}")
-        if positive and min(values) <= 0:
-            raise argparse.ArgumentTypeError(f"{text!r}: each value must be positive (pixels are divided by it), "
-                                             f"e.g. {flag} {example}")  # fmt: skip
+        if problem := _problem(name, values):
+            raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
         return values  # type: ignore[return-value]
 
     return parse

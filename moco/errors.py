@@ -1,11 +1,14 @@
-"""The exception types that carry a message for the user: bad input, and storage that failed under us."""
+"""The exception types that carry a message for the user: bad input, and storage or a download that failed under us.
+
+Each has the CLI's ``exit_code``: 2 for bad input, 1 for a failure that is not the user's input.
+"""
 
 from __future__ import annotations
 
 import errno
 import os
 
-__all__ = ["UserError", "StorageError", "storage_error"]
+__all__ = ["UserError", "StorageError", "NetworkError", "storage_error"]
 
 
 class UserError(ValueError):
@@ -15,12 +18,23 @@ class UserError(ValueError):
     caller can fix (a path, a flag, a file), never for internal invariants.
     """
 
+    exit_code = 2
+
 
 class StorageError(UserError):
     """Our own write failed (disk full, read-only, I/O error): the message names the path, the cause and the fix.
 
     The CLI prints it and exits 1 (not bad input); what was committed before the failure is kept.
     """
+
+    exit_code = 1
+
+
+class NetworkError(UserError):
+    """A download failed (offline, refused, an HTTP error, a damaged or incomplete file): the message names the URL,
+    the path and the fix. The CLI prints it and exits 1 (not bad input)."""
+
+    exit_code = 1
 
 
 def storage_error(err: OSError, path: str | os.PathLike[str], doing: str = "writing") -> StorageError:

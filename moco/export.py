@@ -362,17 +362,15 @@ def exported_whitening(state: dict[str, torch.Tensor], meta: dict[str, str], pat
 
 def _write_safetensors(backbone: nn.Module, meta: dict[str, str], out: Path,
                        whitening: Whitening | None = None) -> None:  # fmt: skip
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from moco.checkpoint import atomic_write
 
     state = {k: v.detach().contiguous().cpu() for k, v in backbone.state_dict().items()}
     if whitening is not None:  # beside the backbone's tensors; build_exported leaves them to the Embedder
         state.update({f"whitening.{k}": v for k, v in whitening.state().items() if isinstance(v, torch.Tensor)})
-    tmp = out.with_name(f".{out.name}.part")
-    save_file(state, str(tmp), metadata=meta)
-    atomic_write(out, lambda f: f.write(tmp.read_bytes()))
-    tmp.unlink()
+    data = save(state, metadata=meta)  # in memory: our own write reports a full or read-only disk, naming `out`
+    atomic_write(out, lambda f: f.write(data))
 
 
 def _example(meta: dict[str, str], n: int = 2) -> torch.Tensor:
@@ -533,7 +531,77 @@ def load_exported(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, 
     if meta.get("format") != BACKBONE_FORMAT:
         raise UserError(f"{path} is a safetensors file but not a moco-retrieval backbone (no metadata): "
                         "export it with `moco export`")  # fmt: skip
-    return state, meta
+    return state, _checked_meta(meta, path)
+
+
+# The metadata a backbone file may carry: it is data from anywhere, so only these keys pass, each checked before
+# anything is built from it. Bounds: 16 px is the smallest crop training takes, 4096 px 18x the papers' 224 (no
+# backbone we export is fed more; one such image is already 200 MB in float32); the resize is at least the crop
+# and at most twice it (we write the crop or crop * 8/7; timm's crop_pct stays above 0.5), so a decoded photo is
+# at most 4x the crop's pixels; widths up to 65536 (the widest timm backbones give a few thousand features).
+_META_TEXT = ("format", "format_version", "arch", "crop", "interpolation", "source_file", "source_sha256",
+              "source_format", "moco_version")  # fmt: skip
+_META_INTS = {"image_size": (16, 4096), "embed_dim": (1, 65536), "backbone_dim": (1, 65536)}
+_META_JSON = {"small_stem": bool, "mean": list, "std": list, "arch_kwargs": dict, "whitening": dict, "output": dict,
+              "dropped": dict, "training": dict}  # fmt: skip
+_META_REQUIRED = ("arch", "small_stem", "embed_dim", "image_size", "resize", "mean", "std")
+_NOT_JSON = object()
+
+
+def _checked_meta(meta: dict[str, str], path: Path) -> dict[str, str]:
+    """The known keys of ``meta`` (read from ``path``), each checked (a missing one, a wrong type, a value out of
+    bounds: a UserError naming the file, the key and the fix); unknown keys are dropped, with a warning."""
+
+    def bad(key: str, why: str) -> UserError:
+        return UserError(f"{path}: its metadata {key!r} {why}: export the backbone again with `moco export "
+                         f"CHECKPOINT -o {path}`")  # fmt: skip
+
+    for key in _META_REQUIRED:
+        if key not in meta:
+            raise bad(key, "is missing")
+    known = {*_META_TEXT, *_META_INTS, *_META_JSON, "resize"}
+    if unknown := sorted(set(meta) - known):
+        logger.warning("%s: ignoring metadata %s (not known to this version)", path, ", ".join(map(repr, unknown)))
+    if not meta["arch"].strip():
+        raise bad("arch", "is empty")
+    bounds = dict(_META_INTS)
+    for key in (*_META_INTS, "resize"):  # image_size first: the resize's bounds follow from it
+        if key not in meta:
+            continue
+        try:
+            value = int(meta[key])
+        except ValueError:
+            raise bad(key, f"= {meta[key][:40]!r} is not a whole number") from None
+        lo, hi = bounds[key]
+        if not lo <= value <= hi:
+            raise bad(key, f"= {value} is outside {lo}..{hi}")
+        if key == "image_size":
+            bounds["resize"] = (value, 2 * value)
+    for key, kind in _META_JSON.items():
+        if key not in meta:
+            continue
+        try:
+            value = json.loads(meta[key])
+        except (ValueError, RecursionError):
+            value = _NOT_JSON  # said below, as the key's own kind where it has one
+        if key == "small_stem" and not isinstance(value, bool):
+            raise bad(key, f"= {meta[key][:40]!r} is not true or false")
+        if value is _NOT_JSON:
+            raise bad(key, f"= {meta[key][:40]!r} is not valid JSON")
+        if key in ("mean", "std") and not (isinstance(value, list) and len(value) == 3 and all(
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in value)):
+            raise bad(key, f"= {meta[key][:40]} is not three finite numbers, one per channel")  # fmt: skip
+        if key == "std" and min(value) <= 0:
+            raise bad(key, f"= {meta[key][:40]} is not positive (pixels are divided by it)")
+        if not isinstance(value, kind):
+            raise bad(key, f"= {meta[key][:40]!r} is not a JSON object")
+        if key == "output" and not (isinstance(value.get("width"), int) and 1 <= value["width"] <= 65536):
+            raise bad(key, f"width = {str(value.get('width'))[:20]!r} is not a width from 1 to 65536")
+        stages = (value.get("stages") or []) if key == "whitening" else []
+        if not (isinstance(stages, list) and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+                                                 and isinstance(p[1], int) and p[1] > 0 for p in stages)):  # fmt: skip
+            raise bad(key, "stages are not [name, channels] pairs")
+    return {k: v for k, v in meta.items() if k in known}
 
 
 def build_exported(state: dict[str, torch.Tensor], meta: dict[str, str]) -> nn.Module:

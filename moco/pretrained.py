@@ -7,8 +7,10 @@ Names (top-1: ImageNet linear probe, as the official READMEs report it):
     vit-s-300ep, vit-b-300ep                        the sha256 is recorded on first download and checked after
 
 A name is fetched only when asked for, once: into ``FILE.part`` (an interrupted download resumes with an HTTP
-Range request), verified, then renamed; every later use checks the cached file again. A path that exists always
-wins over a name. ``MOCO_PRETRAINED_URL`` replaces the download host (a mirror, or a test server), and
+Range request), verified, then renamed; every later use checks the cached file again. A file without a published
+checksum has its sha256 recorded only once it proves whole (its zip checks pass, or it loads). Several processes
+asking at once: one downloads, the others say who holds the lock and wait, as long as its file grows. A path that
+exists always wins over a name. ``MOCO_PRETRAINED_URL`` replaces the download host (a mirror, or a test server), and
 ``REGISTRY`` takes more entries.
 """
 
@@ -16,10 +18,13 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import hashlib
 import http.client
 import logging
 import os
+import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from moco.errors import UserError, storage_error
+from moco.errors import NetworkError, UserError, storage_error
 
 __all__ = ["Pretrained", "REGISTRY", "DEFAULT", "FetchError", "moco_home", "url_for", "cache_path", "fetch",
            "resolve", "listing"]  # fmt: skip
@@ -38,6 +43,11 @@ BASE_URL = "https://dl.fbaipublicfiles.com"
 TIMEOUT_S = 30.0  # a connection silent for this long is offline (a message), never a hang
 ATTEMPTS = 3  # connections per fetch while each one makes progress; each resumes where the last one stopped
 CHUNK = 1 << 20
+LOCK_POLL_S = 1.0  # how often a process waiting for another one's download tries its lock
+LOCK_SAY_S = 30.0  # ... and says it is still waiting
+LOCK_STALL_S = 300.0  # ... and gives up when that download's file has not grown for this long (its connections give
+# up after TIMEOUT_S without data, ATTEMPTS times: a holder silent for longer is stuck, not downloading)
+_clock, _sleep = time.monotonic, time.sleep  # tests put a synthetic clock here
 
 
 @dataclass(frozen=True)
@@ -81,8 +91,10 @@ REGISTRY: dict[str, Pretrained] = {
 DEFAULT = "moco_v2_800ep"  # what `moco run PHOTOS` starts from when it can
 
 
-class FetchError(UserError):
-    """A named checkpoint could not be downloaded or verified; the message names the URL, the path and the fix."""
+class FetchError(NetworkError):
+    """A named checkpoint could not be downloaded or verified; the message names the URL, the path and the fix.
+
+    Not bad input: the CLI exits 1."""
 
 
 def moco_home() -> Path:
@@ -130,7 +142,7 @@ def fetch(name: str, progress: bool = True) -> Path:
     """The cached file of ``name``, downloaded first when missing; its checksum is verified before it is returned."""
     entry = _entry(name)
     path = cache_path(entry)
-    with _locked(path):  # several processes (torchrun ranks) asking at once: one downloads, the others wait
+    with _locked(path, name):  # several processes (torchrun ranks) asking at once: one downloads, the others wait
         if path.is_file():
             _verify(entry, path, url_for(entry))
         else:
@@ -165,23 +177,81 @@ def _size(path: Path) -> int:
         return 0
 
 
+def _cache_unusable(err: OSError, folder: Path) -> UserError:
+    """The error for a checkpoint cache ``folder`` that cannot be created or opened: a MOCO_HOME that is not a folder
+    is bad input (named, with the fix); a full or read-only disk is a storage error."""
+    if err.errno not in (errno.ENOTDIR, errno.EEXIST, errno.ENOENT):
+        return storage_error(err, folder, "creating the checkpoint cache")
+    where = f"MOCO_HOME={os.environ['MOCO_HOME']}" if os.environ.get("MOCO_HOME") else f"the checkpoint cache {folder}"
+    return UserError(f"{where} is not a usable folder ({err.strerror}: {err.filename}): set MOCO_HOME to a folder you "
+                     "can write, e.g. export MOCO_HOME=~/.cache/moco-retrieval, or unset it for that default")
+
+
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def _locked(path: Path, name: str) -> Iterator[None]:
+    """Hold ``path``'s download lock (waiting for another process's download: said, and bounded); the lock file
+    says who holds it (pid, host, since when, which name)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path.with_name(f".{path.name}.lock"), "a")  # closed below; kept (unlinking a lock races)
+        lock = open(path.with_name(f".{path.name}.lock"), "a+")  # closed below; kept (unlinking a lock races)
     except OSError as e:
-        raise storage_error(e, path.parent, "creating the checkpoint cache") from e
+        raise _cache_unusable(e, path.parent) from e
     try:
+        _acquire(lock, path)
+        with contextlib.suppress(OSError):  # who holds it: a courtesy to waiting processes
+            lock.truncate(0)
+            lock.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}, "
+                       f"fetching {name}\n")  # fmt: skip
+            lock.flush()
         try:
-            import fcntl
-
-            fcntl.flock(lock, fcntl.LOCK_EX)
-        except ImportError:  # not POSIX: no cross-process lock
-            logger.debug("no fcntl here: %s is not locked against other processes", path)
-        yield
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                lock.truncate(0)  # nobody holds it now
     finally:
         lock.close()
+
+
+def _acquire(lock: Any, path: Path) -> None:
+    """Take ``lock`` (where file locks exist); while another process holds it, say who, every ``LOCK_SAY_S``,
+    and wait as long as its download grows (a FetchError once ``path.part`` has not grown for ``LOCK_STALL_S``)."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX: no cross-process lock
+        logger.debug("no fcntl here: %s is not locked against other processes", path)
+        return
+
+    def try_lock() -> bool:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+
+    def holder() -> str:
+        lock.seek(0)
+        return lock.read().strip() or "another process"
+
+    if try_lock():
+        return
+    part = path.with_name(path.name + ".part")
+    logger.warning("%s is being fetched by %s: waiting for it (lock file %s; up to %.0f s without progress)", path,
+                   holder(), lock.name, LOCK_STALL_S)  # fmt: skip
+    size, grew = _size(part), _clock()
+    said = grew
+    while not try_lock():
+        _sleep(LOCK_POLL_S)
+        now = _clock()
+        if _size(part) != size:
+            size, grew = _size(part), now
+        if now - grew >= LOCK_STALL_S:
+            raise FetchError(f"{path} is being fetched by {holder()}, but {part} has not grown for {now - grew:.0f} "
+                             f"s: wait for that process to finish, or stop it and run the same command (the lock "
+                             f"{lock.name} is free once it exits)")  # fmt: skip
+        if now - said >= LOCK_SAY_S:
+            logger.warning("still waiting for %s (%d bytes of %s so far)", holder(), size, part.name)
+            said = now
+    logger.info("%s: the other process is done; going on", path)
 
 
 def _download(entry: Pretrained, path: Path, progress: bool) -> None:
@@ -258,6 +328,30 @@ def _digests(path: Path) -> tuple[str, str]:
     return md5.hexdigest(), sha.hexdigest()
 
 
+def _incomplete(path: Path) -> str:
+    """Why ``path`` is not a whole checkpoint, or "": a zip (torch.save since PyTorch 1.6) must pass its CRC checks,
+    an older pickle file must load (a file refused only for needing pickled code is whole: its reader says so)."""
+    import zipfile
+
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as z:
+                bad = z.testzip()
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
+            return str(e)
+        return f"its member {bad} fails its CRC check" if bad else ""
+    import torch
+
+    try:
+        torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure to read it means a broken file
+        text = str(e)
+        if "Weights only load failed" in text or "Unsupported global" in text:
+            return ""
+        return (text.splitlines() or [type(e).__name__])[0][:200]
+    return ""
+
+
 def _verify(entry: Pretrained, path: Path, url: str, final: Path | None = None) -> None:
     """Check ``path`` against the published md5 prefix, else against the sha256 recorded on first download.
 
@@ -272,6 +366,10 @@ def _verify(entry: Pretrained, path: Path, url: str, final: Path | None = None) 
         bad = f"its md5 starts {md5[:8]}, the official README publishes {entry.md5}"
     elif known and known != sha:
         bad = f"its sha256 {sha} differs from the one recorded in {record} at its first download"
+    elif not entry.md5 and not known and (why := _incomplete(path)):  # never record a broken file's sha256
+        path.unlink(missing_ok=True)
+        raise FetchError(f"{entry.name}: {path} is incomplete or damaged ({why}); the file was deleted. Run the same "
+                         f"command to download it again from {url}, or put a good copy at {final}")  # fmt: skip
     else:
         if not known:
             from moco.checkpoint import atomic_write

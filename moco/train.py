@@ -35,7 +35,7 @@ from moco.config import TrainConfig, backbone_kwargs, default_workers, from_plai
 from moco.curves import read_metrics
 from moco.data import ImageCache, build_cache, write_skipped
 from moco.device import autocast_for, init_distributed, resolve_device, resolve_precision
-from moco.errors import StorageError, UserError
+from moco.errors import UserError
 from moco.model import MoCo, momentum_schedule
 from moco.optim import BudgetFit, build_optimizer, crop_size_at, lr_at, lr_decay, step_cost
 from moco.sync_bn import convert_sync_bn
@@ -251,11 +251,16 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
     n = len(cache)
     global_batch = cfg.batch_size * d.world
     if global_batch > n:
-        raise UserError(
-            f"the batch of {global_batch} images is larger than the {n} readable images in {cfg.data_dir}: "
-            f"use --batch-size {max(2, n // d.world // cfg.bn_splits * cfg.bn_splits)} or smaller"
-            + (f" (a multiple of --bn-splits {cfg.bn_splits})" if cfg.bn_splits > 1 else "")
-        )
+        per, splits = n // d.world, max(1, cfg.bn_splits)  # a batch: a multiple of the splits, 2 images in each
+        if per < 2:
+            each = f"{d.world} processes x a batch of 2" if d.world > 1 else "a batch of 2"
+            raise UserError(f"{cfg.data_dir} has {n} readable photo{'s' * (n != 1)}: training needs at least "
+                            f"{2 * d.world} ({each}): add photos to it")  # fmt: skip
+        fix = (f"--batch-size {per // splits * splits} or smaller (a multiple of --bn-splits {splits})"
+               if per >= 2 * splits and splits > 1 else f"--batch-size {per} or smaller" if splits == 1
+               else f"--batch-size {per} --bn-splits 1")  # fmt: skip
+        raise UserError(f"the batch of {global_batch} images is larger than the {n} readable images in "
+                        f"{cfg.data_dir}: use {fix}")  # fmt: skip
     if cfg.queue_size > n:
         logger.warning(
             "queue of K=%d keys is larger than the collection (%d images): each image sits in the queue "
@@ -887,9 +892,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with logging_redirect_tqdm():
             summary = train_from_args(args)
-    except UserError as e:  # StorageError (disk full, read-only) exits 1: not bad input
+    except UserError as e:  # StorageError, NetworkError (disk full, offline) exit 1: not bad input
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 1 if isinstance(e, StorageError) else 2
+        return e.exit_code
     if rank == 0:
         print(summary_line(summary, Path(args.out)))
     return 128 + summary["signal"] if summary["signal"] else 0

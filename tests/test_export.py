@@ -283,3 +283,79 @@ def test_timm_format_refuses_the_small_stem(tmp_path):
     with pytest.raises(UserError, match="small stem.*--format safetensors"):
         export_backbone(tmp_path / "small.pth", tmp_path / "timm", fmt="timm")
     assert not (tmp_path / "timm").exists()
+
+
+# ------------------------------------------------------------------------------- full disks, damaged metadata
+@pytest.mark.parametrize("case", ["full", "read-only"])
+def test_export_onto_a_full_or_read_only_disk_names_the_path(tmp_path, capsys, case):
+    from tests.mounts import remount_ro, tmpfs
+
+    torch.save(_resnet18().state_dict(), tmp_path / "tv.pth")  # a 45 MB backbone
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        if case == "read-only":
+            remount_ro(disk)
+        out = disk / "B.safetensors"
+        assert main(["export", str(tmp_path / "tv.pth"), "-o", str(out)]) == 1  # storage: not bad input
+        err = capsys.readouterr().err
+        assert str(out) in err and ("no space left" if case == "full" else "read-only") in err
+        assert "SafetensorError" not in err and "run the same command" in err
+        assert list(disk.iterdir()) == []  # nothing half written left behind
+
+
+def _with_meta(src, dst, change) -> None:
+    """Copy the safetensors file ``src`` to ``dst`` with ``change(metadata)`` applied."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(src), framework="pt") as f:
+        meta, state = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    change(meta)
+    save_file(state, str(dst), metadata=meta)
+
+
+@pytest.mark.parametrize(
+    "key, value, needle",
+    [
+        ("arch", None, "is missing"),
+        ("embed_dim", None, "is missing"),
+        ("resize", "100000", "100000"),  # decoding one photo at that size would take 30 GB
+        ("resize", "16", "16"),  # smaller than the crop
+        ("image_size", "0", "0"),
+        ("image_size", "abc", "whole number"),
+        ("embed_dim", "-3", "-3"),
+        ("mean", "[0.5, 0.5]", "three finite numbers"),
+        ("mean", "[NaN, 0, 0]", "three finite numbers"),
+        ("std", "[0, 0.2, 0.2]", "positive"),
+        ("small_stem", "maybe", "true or false"),
+        ("arch", "", "empty"),
+        ("arch_kwargs", "[1, 2]", "JSON object"),
+        ("output", "{broken", "JSON"),
+        ("output", '{"width": 0}', "width"),
+        ("whitening", '{"stages": [["layer3", "x"]]}', "stages"),
+        ("training", "[" * 100000, "JSON"),  # nested past the parser's recursion limit
+    ],
+)
+def test_damaged_backbone_metadata_names_the_file_and_the_key(backbone, tmp_path, key, value, needle):
+    bad = tmp_path / "bad.safetensors"
+    _with_meta(backbone, bad, lambda m: m.pop(key) if value is None else m.__setitem__(key, value))
+    with pytest.raises(UserError) as e:
+        load_exported(bad)
+    msg = str(e.value)
+    assert str(bad) in msg and repr(key) in msg and needle in msg and "moco export" in msg and len(msg) < 400
+
+
+def test_backbone_metadata_is_an_allow_list(backbone, tmp_path, caplog):
+    odd = tmp_path / "odd.safetensors"
+    _with_meta(backbone, odd, lambda m: m.update(evil="x", other="y"))
+    with caplog.at_level("WARNING"):
+        _, meta = load_exported(odd)
+    assert meta == load_exported(backbone)[1]  # unknown keys are dropped, and said
+    assert "'evil', 'other'" in caplog.text and str(odd) in caplog.text
+
+
+def test_cli_on_a_backbone_without_its_arch_exits_2_naming_it(backbone, sample_photos, tmp_path, capsys):
+    bad = tmp_path / "bad.safetensors"
+    _with_meta(backbone, bad, lambda m: m.pop("arch"))
+    assert main(["index", "build", str(sample_photos), "--backbone", str(bad), "-o", str(tmp_path / "idx")]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "'arch'" in err and "KeyError" not in err

@@ -45,7 +45,8 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self.send_response(200)
         body = data[start:]
-        self.send_header("Content-Length", str(len(body)))
+        if not srv.no_length:
+            self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if srv.drop_after is not None:  # send part of the file, then drop the connection
             n, srv.drop_after = srv.drop_after, None
@@ -64,7 +65,7 @@ class _Server:
     """http.server in a thread: serves ``files``, records (path, Range) of each request, can drop mid-file."""
 
     def __init__(self, files: dict[str, bytes]) -> None:
-        self.files, self.requests, self.drop_after = files, [], None
+        self.files, self.requests, self.drop_after, self.no_length = files, [], None, False
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
         self.httpd.owner = self  # type: ignore[attr-defined]
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
@@ -171,14 +172,103 @@ def test_no_published_checksum_records_sha256_and_checks_it(data, home, caplog):
     assert _cached(home) == []
 
 
+def test_a_truncated_file_without_a_published_checksum_is_never_recorded(data, home):
+    cached = home / "checkpoints" / "nosum.pth.tar"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(data[: len(data) // 2])  # put there by hand, or a download cut short without a length
+    with pytest.raises(UserError, match="incomplete.*was deleted") as e:
+        pretrained.fetch("test_nosum", progress=False)
+    assert str(cached) in str(e.value) and _cached(home) == []  # no sha256 recorded from the broken file
+    path = pretrained.fetch("test_nosum", progress=False)  # the next good download is accepted
+    assert path.read_bytes() == data
+    assert (home / "checkpoints" / "nosum.pth.tar.sha256").read_text().split()[0] == hashlib.sha256(data).hexdigest()
+
+
+def test_a_download_cut_short_without_a_length_is_not_recorded(server, data, home):
+    server.no_length, server.drop_after = True, len(data) // 2  # the connection closes early; no Content-Length
+    try:
+        with pytest.raises(UserError, match="incomplete"):
+            pretrained.fetch("test_nosum", progress=False)
+    finally:
+        server.no_length = False
+    assert _cached(home) == []
+    assert pretrained.fetch("test_nosum", progress=False).read_bytes() == data
+
+
+class _SyntheticClock:
+    """time.monotonic and time.sleep for moco.pretrained: sleeping advances the clock at once; ``on_sleep`` runs
+    after each sleep (a holder releasing its lock)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.now, self.sleeps, self.on_sleep = 0.0, 0, None
+        monkeypatch.setattr(pretrained, "_clock", lambda: self.now)
+        monkeypatch.setattr(pretrained, "_sleep", self.sleep)
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+        self.sleeps += 1
+        if self.on_sleep is not None:
+            self.on_sleep()
+
+
+def test_a_held_download_lock_is_waited_for_visibly_and_with_a_bound(monkeypatch, home, caplog):
+    import os
+
+    clock = _SyntheticClock(monkeypatch)
+    path = home / "checkpoints" / "r18_pretrain.pth.tar"
+    with pretrained._locked(path, "test_r18"), caplog.at_level("INFO"):  # another process's download (flock: per open)
+        with pytest.raises(UserError, match="has not grown") as e:
+            pretrained.fetch("test_r18", progress=False)
+    assert f"pid {os.getpid()}" in str(e.value) and str(path) in str(e.value)
+    assert clock.now >= pretrained.LOCK_STALL_S and clock.now < pretrained.LOCK_STALL_S + 60
+    waiting = [r.getMessage() for r in caplog.records if "waiting" in r.getMessage()]
+    assert waiting and f"pid {os.getpid()}" in waiting[0] and "test_r18" in waiting[0]
+    assert len(waiting) < 30  # said now and then, not on every poll
+
+
+def test_a_download_lock_released_while_waiting_is_taken(monkeypatch, server, data, home, caplog):
+    import contextlib
+
+    clock = _SyntheticClock(monkeypatch)
+    path = home / "checkpoints" / "r18_pretrain.pth.tar"
+    holder = contextlib.ExitStack()
+    holder.enter_context(pretrained._locked(path, "test_r18"))
+    part = path.with_name(path.name + ".part")
+
+    def other_process_progresses() -> None:
+        if clock.now < pretrained.LOCK_STALL_S + 60:  # its .part grows for longer than the bound on no progress ...
+            with part.open("ab") as f:
+                f.write(data[len(part.read_bytes()):][:100])
+        else:  # ... then it stops: its lock is free
+            holder.close()
+
+    clock.on_sleep = other_process_progresses
+    with caplog.at_level("INFO"):
+        assert pretrained.fetch("test_r18", progress=False).read_bytes() == data  # resumed from the other's .part
+    assert clock.now >= pretrained.LOCK_STALL_S + 60
+    assert any("waiting" in r.getMessage() for r in caplog.records)
+
+
+def test_moco_home_that_is_not_a_folder_says_so(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("MOCO_HOME", "/dev/null/x")
+    assert main(["export", "test_r18", "-o", str(tmp_path / "b.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "MOCO_HOME=/dev/null/x" in err and "not a usable folder" in err and "check the disk" not in err
+
+
 def test_server_down_is_one_clear_message(monkeypatch, home, tmp_path, capsys):
     url = _refused_url()
     monkeypatch.setenv("MOCO_PRETRAINED_URL", url)
-    assert main(["export", "test_r18", "-o", str(tmp_path / "b.safetensors")]) == 2
+    assert main(["export", "test_r18", "-o", str(tmp_path / "b.safetensors")]) == 1  # a network failure: not bad input
     err = capsys.readouterr().err
     assert f"{url}/{FILE}" in err and str(home / "checkpoints" / "r18_pretrain.pth.tar") in err
     assert "by hand" in err and err.count("error:") == 1
     assert _cached(home) == [] and not (tmp_path / "b.safetensors").exists()
+    from moco.train import main as train_main  # python -m moco.train (torchrun's entry point) says the same
+
+    assert train_main([str(tmp_path), "--out", str(tmp_path / "run"), "--preset", "v3", "--arch",
+                       "vit_small_patch16_224", "--init", "test_r18"]) == 1  # fmt: skip
+    assert f"{url}/{FILE}" in capsys.readouterr().err
 
 
 def test_pretrained_lists_names_cached_or_not(data, capsys):
@@ -261,7 +351,7 @@ def test_embedder_load_by_name(data):
 def test_serve_checkpoint_name_is_fetched_first(monkeypatch, tmp_path, capsys):
     url = _refused_url()
     monkeypatch.setenv("MOCO_PRETRAINED_URL", url)
-    assert main(["serve", str(tmp_path / "idx"), "--checkpoint", "test_r18"]) == 2
+    assert main(["serve", str(tmp_path / "idx"), "--checkpoint", "test_r18"]) == 1
     assert f"{url}/{FILE}" in capsys.readouterr().err
 
 

@@ -126,6 +126,13 @@ def test_preset_flag_overrides_the_files_preset(sample_photos, tmp_path):
         ({"mean": [0.5, 0.5]}, ["mean", "three numbers"]),
         ({"preset": "v9"}, ["v9", "v1, v2, v3"]),
         (["arch", "resnet18"], ["mapping"]),
+        # What the flags refuse, a file refuses too, at once and naming the file (not late, not as a flag).
+        ({"std": [0, 0, 0]}, ["std", "positive"]),
+        ({"mean": [0.5, float("nan"), 0.5]}, ["mean", "finite"]),
+        ({"lr": -1}, ["lr", "positive learning rate"]),
+        ({"crop_min": 1.5}, ["crop_min", "area fraction"]),
+        ({"optimizer": "adam"}, ["optimizer", "sgd, lars, adamw"]),
+        ({"temperature": float("inf")}, ["temperature", "finite"]),
     ],
 )
 def test_bad_config_file_exits_2_naming_the_key(sample_photos, tmp_path, capsys, content, needles):
@@ -159,6 +166,63 @@ def test_unreadable_config_files_exit_2(sample_photos, tmp_path, capsys, monkeyp
     assert _train(str(sample_photos), "--out", run, "--config", str(yml)) == 2
     err = capsys.readouterr().err
     assert "pip install pyyaml" in err and "JSON" in err
+
+
+def _alias_bomb(levels: int) -> str:
+    """"Billion laughs": each level an anchored list of nine aliases of the level below (9**levels strings)."""
+    parts = ["&a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    parts += [f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return f"arch: [{', '.join(parts)}]\n"
+
+
+@pytest.mark.parametrize("levels", [5, 9])  # 9: the 434-byte file that took 2.7 GB and 28 s before a MemoryError
+def test_yaml_alias_bomb_is_refused_naming_the_file(tmp_path, levels):
+    from moco.config import load_config_file
+    from moco.errors import UserError
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(_alias_bomb(levels))
+    with pytest.raises(UserError, match="aliases") as e:
+        load_config_file(path)
+    assert str(path) in str(e.value) and len(str(e.value)) < 400
+
+
+def test_yaml_recursive_alias_and_a_long_value_are_short_messages(tmp_path):
+    from moco.config import load_config_file
+    from moco.errors import UserError
+
+    path = tmp_path / "loop.yaml"
+    path.write_text("arch: &a [x, *a]\n")
+    with pytest.raises(UserError, match="refers to itself") as e:
+        load_config_file(path)
+    assert str(path) in str(e.value)
+    path.write_text(f"arch: [{', '.join(['x'] * 5000)}]\n")  # no alias: a plain long value, shown shortened
+    with pytest.raises(UserError, match="arch") as e:
+        load_config_file(path)
+    assert len(str(e.value)) < 400
+
+
+def test_yaml_reads_every_float_a_person_writes(tmp_path):
+    from moco.config import load_config_file
+
+    path = tmp_path / "floats.yaml"  # YAML 1.1 reads 3e-2 and 1.0e5 (exponent without a dot or sign) as strings
+    path.write_text("lr: 3e-2\nweight_decay: 1e-4\nmomentum: 9.99E-1\ntemperature: 2.0e-1\ntime_budget: 1e1\n"
+                    "crop_min: .8e-1\nepochs: 100\n")  # fmt: skip
+    assert load_config_file(path) == {"lr": 0.03, "weight_decay": 1e-4, "momentum": 0.999, "temperature": 0.2,
+                                      "time_budget": 10.0, "crop_min": 0.08, "epochs": 100}  # fmt: skip
+    path.write_text("epochs: 1e2\n")  # an int field still wants an int
+    from moco.errors import UserError
+
+    with pytest.raises(UserError, match="epochs = 100.0 is not an int"):
+        load_config_file(path)
+
+
+@pytest.mark.parametrize("flag, value", [("--temperature", "inf"), ("--lr", "nan"), ("--time-budget", "inf")])
+def test_flags_and_files_share_one_validation(sample_photos, tmp_path, capsys, flag, value):
+    run = tmp_path / "run"
+    assert _train(str(sample_photos), "--out", str(run), *TINY_CLI, flag, value) == 2
+    err = capsys.readouterr().err
+    assert f"{flag} {value} is not a finite number" in err and not run.exists()
 
 
 # ------------------------------------------------------------------------------------------ tensorboard

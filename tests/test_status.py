@@ -115,6 +115,27 @@ def test_snapshot_rereads_a_truncated_or_rewritten_file(tmp_path):
     assert status.snapshot()["loss"] == []
 
 
+def test_records_with_wrong_types_are_ignored_and_said_once(tmp_path, caplog):
+    status = RunStatus(tmp_path, clock=FakeClock())
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    good = _records([0.5] * 4)
+    odd = [{"step": 5, "loss": "abc", "elapsed_s": "x", "img_s": None, "total_steps": "100"},  # valid JSON, wrong types
+           {"step": 6, "epoch": 1.0, "knn_top1": "high", "knn_pixels": [0.1]}, {"step": 7, "loss": True}]  # fmt: skip
+    metrics.write_text(_lines(good + odd))
+    with caplog.at_level("WARNING"):
+        snap = status.snapshot()
+        with metrics.open("a") as f:
+            f.write(_lines([{"step": 8, "loss": {"a": 1}}]))
+        snap = status.snapshot()
+    assert [s for s, _ in snap["loss"]] == [1, 2, 3, 4] and snap["knn"] == [] and snap["knn_pixels"] is None
+    assert snap["step"] == 4 and snap["eta_s"] == pytest.approx(96 * 0.5)  # from the good records
+    assert "**Training** step 4 / 100" in status_markdown({**snap, "stage": "training"})
+    assert len(loss_frame(snap)) == 4
+    said = [r.getMessage() for r in caplog.records if "metrics.jsonl" in r.getMessage()]
+    assert len(said) == 1 and "'loss'" in said[0] and "'abc'" in said[0] and "step 5" in said[0]
+
+
 def test_stages_messages_and_clock(tmp_path):
     clock = FakeClock()
     status = RunStatus(tmp_path, clock=clock)

@@ -226,6 +226,26 @@ def test_cli_empty_and_unreadable_folders_exit_2(tmp_path, capsys):
     assert main(["train", str(tmp_path / "missing"), "--out", str(tmp_path / "r3"), "--quiet"]) == 2
 
 
+@pytest.mark.parametrize(
+    "photos, flags, needles",
+    [
+        (1, ["--batch-size", "2", "--bn-splits", "1"], ["has 1 readable photo", "needs at least 2"]),
+        (3, ["--batch-size", "8", "--bn-splits", "2"], ["--batch-size 3 --bn-splits 1"]),  # 2 / 2 splits: too few
+    ],
+)
+def test_too_few_photos_for_the_batch_says_what_works(tmp_path, capsys, photos, flags, needles):
+    from PIL import Image
+
+    folder = tmp_path / "few"
+    folder.mkdir()
+    for i in range(photos):
+        Image.new("RGB", (40, 40), (40 * i, 90, 200)).save(folder / f"{i}.png")
+    assert main(["train", str(folder), "--out", str(tmp_path / "r"), *TINY_CLI, *flags, "--max-steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert all(n in err for n in needles), err
+    assert "--batch-size 2 or smaller" not in err
+
+
 @pytest.mark.slow
 def test_sigterm_checkpoints_and_resume_continues(sample_photos, tmp_path):
     run = tmp_path / "run"
