@@ -865,7 +865,7 @@ def main(argv: list[str] | None = None) -> int:
         return a.run(args, update)
     except UserError as e:  # StorageError (disk full, read-only) exits 1: not bad input
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 1 if isinstance(e, StorageError) else 2
+        return e.exit_code
 
 
 if __name__ == "__main__":

@@ -105,7 +105,8 @@ def load_store(index_dir: Path, use_gpu: str = "auto") -> VectorStore:
     if not path.is_file():
         raise UserError(f"{path} is missing: finish the index with `moco index update {index_dir}`")
     try:
-        cpu = faiss.read_index(str(path))
+        with open(path, "rb") as f:  # through Python: FAISS's own open refuses a path that is not UTF-8
+            cpu = faiss.read_index(faiss.PyCallbackIOReader(f.read))
     except RuntimeError as e:
         raise UserError(f"{path} is not a readable FAISS index: `moco index update {index_dir}` rewrites it "
                         f"from {CATALOG_FILE}") from e  # fmt: skip

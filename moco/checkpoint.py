@@ -17,7 +17,7 @@ import torch
 from moco.errors import UserError, storage_error
 
 __all__ = ["FORMAT", "LOCK_FILE", "VERSION", "save_checkpoint", "load_checkpoint", "atomic_write", "file_mode",
-           "lock_dir"]
+           "lock_dir", "read_safetensors"]
 
 logger = logging.getLogger(__name__)
 
@@ -171,3 +171,24 @@ def lock_dir(directory: str | Path, flag: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def read_safetensors(path: str | Path, framework: str = "pt") -> tuple[dict[str, Any], dict[str, str]]:
+    """Tensors and metadata of a ``.safetensors`` file, read through Python's own ``open`` (safetensors' loader
+    refuses a path that is not UTF-8, which a folder name may be); ValueError on a damaged file."""
+    import json
+    import struct
+
+    data = Path(path).read_bytes()
+    if len(data) < 8:
+        raise ValueError("shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > len(data) - 8:
+        raise ValueError(f"its header claims {n} bytes, the file has {len(data) - 8}")
+    header = json.loads(data[8 : 8 + n])
+    meta = (header.get("__metadata__") or {}) if isinstance(header, dict) else {}
+    if framework == "pt":
+        from safetensors.torch import load
+    else:
+        from safetensors.numpy import load
+    return load(data), {str(k): str(v) for k, v in meta.items()}

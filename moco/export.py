@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -225,7 +226,7 @@ def export_backbone(
         "interpolation": "bicubic",
         "mean": json.dumps(list(cfg.get("mean", IMAGENET_MEAN))),
         "std": json.dumps(list(cfg.get("std", IMAGENET_STD))),
-        "source_file": checkpoint.name,
+        "source_file": os.fsencode(checkpoint.name).decode("utf-8", "backslashreplace"),  # any bytes: text
         "source_sha256": _sha256(checkpoint),
         "source_format": split.format,
         "moco_version": _moco_version(split),
@@ -517,15 +518,13 @@ def _write_onnx(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
 
 def load_exported(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """Tensors and metadata of an exported ``.safetensors`` backbone (checked to be ours)."""
-    from safetensors import safe_open
+    from moco.checkpoint import read_safetensors
 
     path = Path(path)
     if not path.is_file():
         raise UserError(f"backbone file {path} does not exist: create it with `moco export CHECKPOINT -o {path}`")
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            state = {k: f.get_tensor(k) for k in f.keys()}
+        state, meta = read_safetensors(path)
     except Exception as e:  # noqa: BLE001 - any parse failure means an unusable file
         raise UserError(f"cannot read {path} as safetensors ({e}); export it again with `moco export`") from None
     if meta.get("format") != BACKBONE_FORMAT:

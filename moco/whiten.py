@@ -307,13 +307,11 @@ def load_space(path: str | Path) -> tuple[Whitening, dict[str, str]]:
     """The space :func:`save_space` wrote, and the file's metadata; ValueError naming the file when it is not one."""
     import json
 
-    from safetensors import safe_open
+    from moco.checkpoint import read_safetensors
 
     path = Path(path)
     try:
-        with safe_open(str(path), framework="np") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        tensors, meta = read_safetensors(path, framework="np")
         if meta.get("format") != "moco-retrieval/space":
             raise ValueError("not a moco-retrieval space file")
         info = json.loads(meta["space"])

@@ -159,3 +159,20 @@ def test_a_second_run_on_one_directory_refuses_naming_the_first(sample_photos, t
             proc.wait()
     assert main(["train", str(sample_photos), "--out", str(run), *TINY_CLI, "--max-steps", "2"]) == 0
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]
+
+
+def test_a_backbone_and_an_index_in_a_non_utf8_folder_load(backbone, sample_photos, tmp_path):
+    """safetensors' own loader refuses such a path: ours reads the bytes through Python (issue 29, 1)."""
+    from index.build import build_index
+    from index.image_index import ImageIndex
+    from moco.embed import Embedder
+    from moco.whiten import SPACE_FILE, load_space
+
+    odd = tmp_path / os.fsdecode(b"caf\xe9")
+    odd.mkdir()
+    shutil.copy(backbone, odd / "b.safetensors")
+    emb = Embedder.load(odd / "b.safetensors", device="cpu")
+    build_index(sample_photos, odd / "b.safetensors", odd / "idx", progress=False, device="cpu")
+    space, meta = load_space(odd / "idx" / SPACE_FILE)
+    assert meta["backbone_sha256"] == emb.sha256 and space.dim == emb.dim
+    assert ImageIndex.open(odd / "idx").load_embedder(device="cpu").sha256 == emb.sha256
