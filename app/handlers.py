@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import datetime
+import html
 import json
 import logging
 import os
@@ -30,7 +31,7 @@ from index.image_index import ImageIndex
 from moco.data import load_rgb, open_regular
 from moco.errors import UserError
 
-__all__ = ["SearchApp", "MAX_RESULTS", "ALL_FOLDERS", "VIEW_PX", "MAX_ORIGINAL_BYTES"]
+__all__ = ["SearchApp", "MAX_RESULTS", "ALL_FOLDERS", "VIEW_PX", "MAX_ORIGINAL_BYTES", "score_text"]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,16 @@ def _csv_cell(value: Any) -> Any:
     return "'" + value if isinstance(value, str) and value.startswith(_FORMULA_START) else value
 
 
+def score_text(score: float) -> str:
+    """A score as the page shows it: 3 decimals, and one that rounds to zero reads 0.000 (never -0.000)."""
+    return f"{round(float(score), 3) + 0.0:.3f}"  # + 0.0 turns -0.0 into 0.0
+
+
+def _path_html(path: str) -> str:
+    """A path for the page with each name kept whole: a line breaks only after a "/" (see .name in app.ui's CSS)."""
+    return "<code>" + "/<wbr>".join(f'<span class="name">{html.escape(n)}</span>' for n in path.split("/")) + "</code>"
+
+
 def _folder_bytes(folder: Path) -> int:
     try:
         return sum(f.stat().st_size for f in folder.iterdir())
@@ -63,6 +74,11 @@ def _folder_bytes(folder: Path) -> int:
 
 def _bytes(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
+def _query_md(state: dict[str, Any]) -> str:
+    """The query in the results' heading: an indexed photo's path as code, else the label as it is."""
+    return f"`{state['label']}`" if state.get("source") else state["label"]
 
 
 class SearchApp:
@@ -125,10 +141,10 @@ class SearchApp:
         return self.index
 
     def title(self) -> str:
-        """The page heading: the index and its size, or what is being prepared."""
+        """The page heading: the photo folder searched and its size, or what is being prepared."""
         if self.index is None:
             return "## moco-retrieval · preparing the index (see Status)"
-        return f"## moco-retrieval · `{self.index.dir.name}` · {len(self.index)} images"
+        return f"## moco-retrieval · `{display_path(self.index.root.name)}` · {len(self.index)} images"
 
     # ---------------------------------------------------------------------------------- search
     def folders(self) -> list[str]:
@@ -156,7 +172,7 @@ class SearchApp:
         """A result's caption: rank, centred cosine (3 decimals), weak-match marker, the full path."""
         index = self._index()
         weak = " · weak match" if index.weak_below is not None and score < index.weak_below else ""
-        return f"#{rank} · {score:.3f}{weak} · {display_path(path)}"
+        return f"#{rank} · {score_text(score)}{weak} · {display_path(path)}"
 
     def _gallery(self, state: dict[str, Any]) -> list[tuple[str | None, str]]:
         return [(thumb, self.caption(r, score, path))
@@ -185,12 +201,12 @@ class SearchApp:
                  "scores": [float(s) for s in hits.scores[0][: len(rows)]],
                  "thumbs": [str(index.thumb_path(r)) if r.thumb else None for r in rows]}  # fmt: skip
         where = f" in `{display_path(folder)}/`" if folder else ""
-        info = (f"**{len(rows)} results** for {label}{where} · embed {embed_ms:.0f} ms · search {search_ms:.1f} ms · "
-                f"{len(index)} images")  # fmt: skip
+        info = (f"**{len(rows)} results** for {_query_md(state)}{where} · embed {embed_ms:.0f} ms · search "
+                f"{search_ms:.1f} ms · {len(index)} images")  # fmt: skip
         weak = index.weak_below
         if weak is not None and state["scores"] and state["scores"][0] < weak:
-            info += (f" · **no close match in the collection** (the best scores {state['scores'][0]:.3f}, under "
-                     f"{weak:.3f}, what unrelated photos of the collection reach)")  # fmt: skip
+            info += (f" · **no close match in the collection** (the best scores {score_text(state['scores'][0])}, "
+                     f"under {score_text(weak)}, what unrelated photos of the collection reach)")  # fmt: skip
         return self._gallery(state), info, state
 
     def search(self, image: Any, k: int = 12, folder: str | None = None) -> tuple:
@@ -220,7 +236,7 @@ class SearchApp:
         state["paths"] = state["paths"] + hits.paths[0]
         state["scores"] = state["scores"] + [float(s) for s in hits.scores[0][: len(rows)]]
         state["thumbs"] = state["thumbs"] + [str(index.thumb_path(r)) if r.thumb else None for r in rows]
-        info = (f"**{len(state['ids'])} results** for {state['label']} · search "
+        info = (f"**{len(state['ids'])} results** for {_query_md(state)} · search "
                 f"{(time.perf_counter() - t0) * 1000:.1f} ms" + ("" if rows else " · no more results"))  # fmt: skip
         return self._gallery(state), info, state
 
@@ -239,8 +255,7 @@ class SearchApp:
         index = self._index()
         vector = index.vectors(np.array([image_id]))[0]  # D
         assert state is not None
-        return self._run(vector, state["k"], state["folder"], f"`{display_path(path)}`", 0.0,
-                         {"id": image_id, "path": path})  # fmt: skip
+        return self._run(vector, state["k"], state["folder"], display_path(path), 0.0, {"id": image_id, "path": path})
 
     def details(self, image_id: int) -> dict[str, Any]:
         """An indexed photo for the details panel: full path, thumbnail, size, date, dimensions when readable."""
@@ -250,7 +265,7 @@ class SearchApp:
             raise UserError(f"photo id {image_id} is no longer in the index: search again")
         when = datetime.datetime.fromtimestamp(row.mtime_ns / 1e9).strftime("%Y-%m-%d %H:%M")
         thumb = index.thumb_path(row)
-        text = f"**`{display_path(row.path)}`**\n\n{_bytes(row.size)} · modified {when}"
+        text = f"**{_path_html(display_path(row.path))}**\n\n{_bytes(row.size)} · modified {when}"
         preview: Any = str(thumb) if thumb else None
         try:  # a larger preview than the thumbnail, from the original (decoded reduced)
             with open_regular(index.root / row.path) as f, Image.open(f) as im:
@@ -320,23 +335,27 @@ class SearchApp:
         return str(out)
 
     def export(self, state: dict[str, Any] | None) -> tuple[str, str]:
-        """The results shown, as CSV and JSON files (rank, path, score, weak, id): their paths."""
+        """The results shown, as CSV and JSON files (rank, path, score, weak, id): their paths.
+
+        Scores as the page shows them (3 decimals), ``weak_match`` as true/false in both files.
+        """
         if not state or not state.get("ids"):
             raise UserError("search first: there are no results to export")
         weak = self.index.weak_below if self.index is not None else None
-        rows = [{"rank": r, "path": display_path(p), "score": round(s, 4),
+        rows = [{"rank": r, "path": display_path(p), "score": float(score_text(s)),
                  "weak_match": weak is not None and s < weak, "id": i}
                 for r, (i, p, s) in enumerate(zip(state["ids"], state["paths"], state["scores"]), 1)]  # fmt: skip
         csv_path = self._new_file("results.csv")
         with open(csv_path, "w", newline="", encoding="utf-8") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
             writer.writeheader()
-            writer.writerows({key: _csv_cell(value) for key, value in row.items()} for row in rows)
+            writer.writerows({**{key: _csv_cell(value) for key, value in row.items()},  # text cells: never a formula
+                              "score": score_text(row["score"]), "weak_match": str(row["weak_match"]).lower()}
+                             for row in rows)  # fmt: skip
         json_path = csv_path.with_name("results.json")
+        whitened = " (whitened on the collection)" if self.index and self.index.whitened else ""
         meta = {"query": state["label"], "folder": display_path(state["folder"] or ""), "k": state["k"],
-                "score": "centred cosine" + (" (whitened on the collection)" if self.index and self.index.whitened
-                                             else ""),
-                "weak_below": weak}  # fmt: skip
+                "score": "centred cosine" + whitened, "weak_below": None if weak is None else float(score_text(weak))}
         json_path.write_text(json.dumps({**meta, "results": rows}, indent=1, ensure_ascii=False))
         self._keep(csv_path)
         return str(csv_path), str(json_path)

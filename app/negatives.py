@@ -495,8 +495,12 @@ class QueueNegatives:
         train_id = self._train_id(index_id) if index_id is not None else None
         same = ids == train_id if train_id is not None else np.zeros(len(ids), bool)  # K
         if train_id is not None:
-            notes.append(f"the query is training image #{train_id} ({self.files[train_id]}): its {int(same.sum())} "
-                         "key(s) in the queue are the same photo")  # fmt: skip
+            note, keys = f"the query is training image #{train_id} ({self.files[train_id]})", int(same.sum())
+            if keys == 1:
+                note += ": its key in the queue is the same photo"
+            elif keys > 1:
+                note += f": its {keys} keys in the queue are the same photo"
+            notes.append(note)
         elif index_id is not None:
             notes.append(f"the query is indexed photo #{index_id}, not one of the training images of {self.name}")
         duplicate = np.zeros(len(ids), bool)  # K

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from app.handlers import ALL_FOLDERS, MAX_RESULTS, VIEW_PX, SearchApp
+from app.handlers import ALL_FOLDERS, MAX_RESULTS, VIEW_PX, SearchApp, score_text
 from app.negatives import NegativesView
 from app.uploads import MAX_UPLOAD_MB, QueryImage, size_check_js
 from index.catalog import display_path
@@ -35,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 MAX_UPLOAD = f"{MAX_UPLOAD_MB}mb"
 STATUS_EVERY_S = 2.0  # the Status tab's refresh period
+READY_HINT = "Upload a photo and press Search."  # the Search tab before a first search, search on ...
+PENDING_HINT = "Search turns on by itself when the index is ready (see Status)."  # ... and off
 # Gradio's copies of what the page hands out (thumbnails, uploads, exports, originals) live in its own cache:
 # every GRADIO_CACHE_S[0] seconds it removes those older than GRADIO_CACHE_S[1], and all of them when it stops.
 GRADIO_CACHE_S = (3600, 86400)
@@ -60,7 +62,27 @@ CSS = """
 .dup-thumbs figure { margin: 0; } .dup-thumbs img { width: 100%; aspect-ratio: 1 / 1; object-fit: cover; }
 .dup-thumbs figcaption { font-size: 12px; overflow-wrap: anywhere; }
 .dup-thumbs figure.dup-rep img { outline: 3px solid var(--color-accent); }
-#negatives-table table { table-layout: auto; } #negatives-table td { white-space: normal; overflow-wrap: anywhere; }
+/* galleries: the label above the first row, not over it */
+.results > label.float, #views > label.float { position: static !important; margin-bottom: 4px; }
+/* a path in the details panel breaks after a "/", never inside a name (unless one name is wider than the panel) */
+#detail-info code { display: inline !important; white-space: normal !important; word-break: normal !important; }
+#detail-info code .name { display: inline-block; max-width: 100%; overflow-wrap: anywhere; }
+/* the Negatives table: every column in the width (each a share of it), headers and cells wrapped, no inner scroll */
+#negatives-table { overflow: visible !important; }
+#negatives-table .virtual-table-viewport, #negatives-table .table-wrap { overflow-x: hidden !important; }
+#negatives-table .cell-wrap, #negatives-table .text.wrap { white-space: normal !important;
+  overflow-wrap: anywhere !important; }
+@media (max-width: 480px) {  /* a phone: a smaller proportional font, narrow padding, no column menus */
+  #negatives-table .body-cell, #negatives-table th, #negatives-table td { font-size: 12px;
+    font-family: var(--font) !important; }
+  #negatives-table th { font-size: 10px; font-weight: 600 !important; }
+  #negatives-table th * { font-weight: 600 !important; }
+  #negatives-table .cell-wrap, #negatives-table .body-cell, #negatives-table th, #negatives-table td {
+    padding-left: 1px !important; padding-right: 1px !important; }
+  #negatives-table .cell-menu-button { display: none !important; }
+}
+/* the Status tab's log: lines wrap, no inner scroll box */
+.status-log { white-space: pre-wrap !important; overflow-wrap: anywhere; overflow-x: visible !important; }
 """
 
 
@@ -75,7 +97,8 @@ def _error_text(e: BaseException) -> str:
 def _safe(n_outputs: int, message_at: int) -> Callable:
     """Turn any exception into a readable message in output ``message_at`` (never a stack trace).
 
-    The other outputs are left as they are (``gr.skip()``), so an error never wipes the results shown.
+    The other outputs are left as they are (``gr.skip()``), so an error never wipes the results shown, nor
+    their heading: the Search tab's errors have a place of their own.
     """
 
     def wrap(fn: Callable) -> Callable:
@@ -114,13 +137,13 @@ def negatives_outputs(v: NegativesView, note: str = "") -> tuple:
     Cosines have 3 decimals, softmax shares are percentages; counts come from all the negatives.
     """
     views = [(_view_image(v.view_q), "query view (q)"),
-             (_view_image(v.view_k), f"positive key view (k+) · cos {v.positive:.3f}")]  # fmt: skip
+             (_view_image(v.view_k), f"positive key view (k+) · cos {score_text(v.positive)}")]  # fmt: skip
     source = "saved MoCo queue" if v.source == "queue" else "the index"
     lines = [
         f"**Source:** {source} — {v.space}.",
-        f"**Positive:** cos {v.positive:.3f} · logit {v.positive / v.temperature:.2f} · share {v.positive_share:.1%} · "
-        f"**InfoNCE loss** {v.loss:.3f} (T = {v.temperature}) · **rank of the positive** {v.positive_rank} of "
-        f"{v.count + 1}",
+        f"**Positive:** cos {score_text(v.positive)} · logit {v.positive / v.temperature:.2f} · share "
+        f"{v.positive_share:.1%} · **InfoNCE loss** {v.loss:.3f} (T = {v.temperature}) · **rank of the positive** "
+        f"{v.positive_rank} of {v.count + 1}",
         f"**{v.above_positive} of {v.count} negatives** score at or above the positive.",
     ]
     if any(v.flagged.values()):
@@ -137,8 +160,9 @@ def negatives_outputs(v: NegativesView, note: str = "") -> tuple:
         flag = f"⚠ {neg.reason} · " if neg.reason else ""
         if neg.thumb is not None:
             thumb = str(neg.thumb) if isinstance(neg.thumb, Path) else neg.thumb
-            gallery.append((thumb, f"{flag}#{r} · cos {neg.similarity:.3f} · {neg.share:.1%} · {shown}{repeat}"))
-        table.append([r, shown + repeat, f"{neg.similarity:.3f}", f"{neg.logit:.2f}", f"{neg.share:.2%}",
+            cos = score_text(neg.similarity)
+            gallery.append((thumb, f"{flag}#{r} · cos {cos} · {neg.share:.1%} · {shown}{repeat}"))
+        table.append([r, shown + repeat, score_text(neg.similarity), f"{neg.logit:.2f}", f"{neg.share:.2%}",
                       neg.reason or ""])  # fmt: skip
     return views, "\n\n".join(lines), gallery, table
 
@@ -156,10 +180,12 @@ def groups_html(groups: list[dict[str, Any]], index: ImageIndex, limit: int = 50
             row = index.catalog.row_by_path(m["path"])
             thumb = index.thumb_path(row) if row is not None else None
             img = f'<img src="gradio_api/file={html.escape(str(thumb))}" alt="">' if thumb else ""
-            label = "representative" if m["id"] == rep else f"cos {m.get('similarity', m['best_similarity']):.3f}"
+            cos = score_text(m.get("similarity", m["best_similarity"]))
+            label = "representative" if m["id"] == rep else f"cos {cos}"
             figures.append(f'<figure{" class=dup-rep" if m["id"] == rep else ""}>{img}<figcaption>{label} · '
                            f"{html.escape(display_path(m['path']))}</figcaption></figure>")  # fmt: skip
-        spread = f" · cos {group['loosest']:.3f}–{group['tightest']:.3f} to the first" if "loosest" in group else ""
+        spread = (f" · cos {score_text(group['loosest'])}–{score_text(group['tightest'])} to the first"
+                  if "loosest" in group else "")  # fmt: skip
         parts.append(f'<div class="dup-group"><h4>Group {g} · {group["size"]} photos{spread}</h4>'
                      f'<div class="dup-thumbs">{"".join(figures)}</div></div>')  # fmt: skip
     more = f"<p>{len(groups) - limit} more groups in dedup.json</p>" if len(groups) > limit else ""
@@ -168,7 +194,7 @@ def groups_html(groups: list[dict[str, Any]], index: ImageIndex, limit: int = 50
 
 def _status_outputs(app: SearchApp, was_ready: bool) -> tuple:
     """Status refresh: (status markdown, loss plot, kNN plot, title, 4 buttons, folders, collection x2, the
-    near-duplicate threshold, ready flag)."""
+    near-duplicate threshold, the Search tab's hint, ready flag)."""
     import gradio as gr
 
     if app.status is None:
@@ -191,9 +217,10 @@ def _status_outputs(app: SearchApp, was_ready: bool) -> tuple:
         stats, groups = app.collection()
         assert app.index is not None
         ready = (app.title(), on, on, on, on, gr.Dropdown(choices=app.folder_choices(), value=""), stats,
-                 groups_html(groups, app.index), gr.Slider(value=app.index.dedup_threshold), True)  # fmt: skip
+                 groups_html(groups, app.index), gr.Slider(value=app.index.dedup_threshold), READY_HINT,
+                 True)  # fmt: skip
     else:
-        ready = (gr.skip(),) * 9 + (was_ready,)
+        ready = (gr.skip(),) * 10 + (was_ready,)
     return (text, loss, knn, *ready)
 
 
@@ -215,16 +242,15 @@ def build_ui(app: SearchApp) -> Any:
                                              label="Folder", elem_id="folder")  # fmt: skip
                         go = gr.Button("Search", variant="primary", elem_id="search-btn", interactive=ready)
                     with gr.Column(scale=3, min_width=300):
-                        info = gr.Markdown("Upload a photo and press Search." if ready else
-                                           "Search turns on by itself when the index is ready (see Status).",
-                                           elem_id="search-info")  # fmt: skip
+                        error = gr.Markdown(elem_id="search-error")  # what went wrong, apart from the results
+                        info = gr.Markdown(READY_HINT if ready else PENDING_HINT, elem_id="search-info")
                         gallery = gr.Gallery(label="Nearest neighbours (click one to search with it)", columns=6,
                                              height="auto", allow_preview=False, elem_id="results",
                                              elem_classes=["results"])  # fmt: skip
                         with gr.Row():
                             more = gr.Button("More results", elem_id="more-btn", interactive=ready)
-                            csv_btn = gr.DownloadButton("Export CSV", elem_id="export-csv", value=None)
-                            json_btn = gr.DownloadButton("Export JSON", elem_id="export-json", value=None)
+                            csv_btn = gr.DownloadButton("Export CSV", elem_id="export-csv", interactive=False)
+                            json_btn = gr.DownloadButton("Export JSON", elem_id="export-json", interactive=False)
                         with gr.Column(visible=False, elem_id="details") as details:
                             gr.Markdown("### Selected photo")
                             with gr.Row():
@@ -233,7 +259,7 @@ def build_ui(app: SearchApp) -> Any:
                                 with gr.Column():
                                     detail_md = gr.Markdown(elem_id="detail-info")
                                     path_box = gr.Textbox(label="Full path", interactive=False, buttons=["copy"],
-                                                          elem_id="detail-path")  # fmt: skip
+                                                          max_lines=1, elem_id="detail-path")  # one line: whole names
                                     with gr.Row():
                                         open_btn = gr.Button("Open original", elem_id="open-original")
                                         inspect_btn = gr.Button("Inspect negatives", elem_id="inspect-btn")
@@ -241,39 +267,41 @@ def build_ui(app: SearchApp) -> Any:
                 state = gr.State(None)
                 picked = gr.State(None)  # the id of the photo in the details panel
 
-                def export_buttons(st: dict[str, Any] | None) -> tuple:
-                    return app.export(st) if st and st.get("ids") else (None, None)
+                def export_buttons(st: dict[str, Any] | None) -> tuple:  # on only with results to export
+                    files = app.export(st) if st and st.get("ids") else (None, None)
+                    return tuple(gr.DownloadButton(value=f, interactive=f is not None) for f in files)
 
                 def do_search(image: Any, k_: int, folder_: str) -> tuple:
                     out = app.search(image, k_, folder_)
-                    return (*out, *export_buttons(out[2]))
+                    return (*out, *export_buttons(out[2]), "")
 
                 def do_rerun(st: dict[str, Any] | None, k_: int, folder_: str) -> tuple:
                     if not st:
-                        return (gr.skip(),) * 5
+                        return (gr.skip(),) * 6
                     out = app.rerun(st, k_, folder_)
-                    return (*out, *export_buttons(out[2]))
+                    return (*out, *export_buttons(out[2]), "")
 
                 def do_more(st: dict[str, Any] | None) -> tuple:
                     out = app.more(st)
-                    return (out[0], out[1], out[2], *export_buttons(out[2]))
+                    return (out[0], out[1], out[2], *export_buttons(out[2]), "")
 
                 def do_select(st: dict[str, Any] | None, evt: gr.SelectData) -> tuple:
                     out = app.select(st, evt.index)
                     d = app.details(out[2]["source"]["id"])
-                    return (gr.Gallery(value=out[0], selected_index=None), out[1], out[2], *export_buttons(out[2]),
+                    return (gr.Gallery(value=out[0], selected_index=None), out[1], out[2], *export_buttons(out[2]), "",
                             d["thumb"], gr.Column(visible=True), d["preview"], d["markdown"], d["full_path"], d["id"],
                             gr.File(value=None, visible=False))  # fmt: skip
 
                 do_select.__annotations__["evt"] = gr.SelectData  # resolvable without `from __future__` strings
-                results = [gallery, info, state, csv_btn, json_btn]
-                go.click(_safe(5, 1)(do_search), [query, k, folder], results, api_name="search",
+                # an error goes to `error`: the results shown stay, and so does their heading (`info`)
+                results = [gallery, info, state, csv_btn, json_btn, error]
+                go.click(_safe(6, 5)(do_search), [query, k, folder], results, api_name="search",
                          concurrency_id="model")  # fmt: skip
-                k.release(_safe(5, 1)(do_rerun), [state, k, folder], results, api_name=False, concurrency_id="model")
-                folder.input(_safe(5, 1)(do_rerun), [state, k, folder], results, api_name=False,
+                k.release(_safe(6, 5)(do_rerun), [state, k, folder], results, api_name=False, concurrency_id="model")
+                folder.input(_safe(6, 5)(do_rerun), [state, k, folder], results, api_name=False,
                              concurrency_id="model")  # fmt: skip
-                more.click(_safe(5, 1)(do_more), [state], results, api_name="more", concurrency_id="model")
-                gallery.select(_safe(11, 1)(do_select), [state],
+                more.click(_safe(6, 5)(do_more), [state], results, api_name="more", concurrency_id="model")
+                gallery.select(_safe(12, 5)(do_select), [state],
                                [*results, query, details, preview, detail_md, path_box, picked, original],
                                api_name=False, concurrency_id="model").then(  # fmt: skip
                     None, None, None, js="() => { if (document.activeElement) document.activeElement.blur(); }")
@@ -305,7 +333,7 @@ def build_ui(app: SearchApp) -> Any:
                         table = gr.Dataframe(headers=["rank", "photo", "cosine", "logit (cos/T)", "softmax share",
                                                       "likely false negative (evidence)"],
                                              interactive=False, wrap=True, elem_id="negatives-table", max_height=4000,
-                                             column_widths=["64px", "34%", "80px", "90px", "90px", "26%"])  # fmt: skip
+                                             column_widths=["10%", "25%", "13%", "14%", "16%", "22%"])  # fmt: skip
 
                 def do_negatives(image: Any, n_: int, seed_: int) -> tuple:
                     views_, text, gal, rows = negatives_outputs(app.negatives(image, n_, seed_), app.negatives_note)
@@ -348,7 +376,7 @@ def build_ui(app: SearchApp) -> Any:
         was_ready = gr.State(ready)
         timer = gr.Timer(STATUS_EVERY_S)
         status_outs = [status_md, loss_plot, knn_plot, title, go, more, neg_go, dedup, folder, stats, dups, threshold,
-                       was_ready]  # fmt: skip
+                       info, was_ready]  # fmt: skip
         timer.tick(lambda r: _status_outputs(app, r), [was_ready], status_outs, api_name=False,
                    show_progress="hidden", queue=False)  # fmt: skip
         def on_load(was: bool) -> tuple:  # a page opened once search is on shows the Search tab

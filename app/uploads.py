@@ -3,26 +3,31 @@
 Gradio's ``Image`` opens an upload with PIL before any handler runs, so a text file named ``.jpg`` or an
 empty file ends as a bare red "Error" with a traceback in the server log. ``QueryImage`` passes the
 uploaded file's path through untouched; ``read_upload`` then decodes it with the same decoder as the index
-and turns every failure into one line naming the file and the fix. Files over the size cap never reach
-the server: Gradio refuses them in the browser, and ``SIZE_CHECK_JS`` writes our message on the page.
+and turns every failure into one line naming the file and the fix: an image with too many pixels (from its
+header, never decoded) or too few to search with (under MIN_SIDE_PX on a side) included. Files over the size
+cap never reach the server: Gradio refuses them in the browser, and ``SIZE_CHECK_JS`` writes our message on
+the page.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import types
+import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from PIL import Image
 
-from moco.data import ImageDecodeError, load_rgb
+from moco.data import DEFAULT_MAX_PIXELS, ImageDecodeError, load_rgb, open_regular
 from moco.errors import UserError
 
-__all__ = ["MAX_UPLOAD_MB", "QueryImage", "read_upload", "size_check_js"]
+__all__ = ["MAX_UPLOAD_MB", "MIN_SIDE_PX", "QueryImage", "read_upload", "size_check_js"]
 
 MAX_UPLOAD_MB = 25  # per uploaded file; Gradio enforces it before the upload, read_upload again after
+MIN_SIDE_PX = 16  # a query image smaller than this on a side has too little in it to search with
 FORMATS = "JPEG, PNG, WebP, GIF, BMP or TIFF"
 
 
@@ -43,15 +48,46 @@ def QueryImage(**kwargs: Any) -> Any:  # noqa: N802 - reads as the component it 
     return image
 
 
+def _header_size(path: str | Path) -> tuple[int, int] | None:
+    """(width, height) from the file's header, nothing decoded; None when PIL cannot tell (load_rgb says why).
+
+    PIL refuses to open an image of more than twice its pixel limit: that one is returned as (0, 0).
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            with open_regular(path) as f, Image.open(f) as im:
+                return im.size
+        except Image.DecompressionBombError:
+            return (0, 0)
+        except Exception:  # noqa: BLE001 - unreadable or not an image: load_rgb explains
+            return None
+
+
+def _check_size(name: str, size: tuple[int, int]) -> None:
+    """UserError for too many pixels (to decode safely) or too few (to search with), naming both numbers."""
+    limit = DEFAULT_MAX_PIXELS
+    if limit is not None and (size == (0, 0) or size[0] * size[1] > limit):
+        # the image's count rounded up and the limit's down, so the one always reads above the other
+        count = f"{math.ceil(size[0] * size[1] / 1e6)}" if size != (0, 0) else f"over {2 * limit // 10**6}"
+        raise UserError(f"{name}: too many pixels ({count} megapixels, the limit is {limit // 10**6}): downscale it "
+                        "(for example to 4000 px on its long side) and upload it again")  # fmt: skip
+    if min(size) < MIN_SIDE_PX:
+        raise UserError(f"{name} is {size[0]} x {size[1]} pixels: too small to search with (at least {MIN_SIDE_PX} px "
+                        "on each side): upload a larger photo")  # fmt: skip
+
+
 def read_upload(image: Any, min_short: int | None = None) -> Image.Image:
     """An uploaded image as RGB (decoded reduced to twice ``min_short``), or UserError naming the file and the fix."""
     if image is None:
         raise UserError("no image: upload, paste or take a photo first")
     if isinstance(image, Image.Image):
+        _check_size("the image", image.size)
         return image.convert("RGB")
     if isinstance(image, np.ndarray):
         if image.dtype != np.uint8 or image.ndim not in (2, 3):
             raise UserError(f"expected an RGB image, got an array of {image.dtype} {image.shape}")
+        _check_size("the image", (image.shape[1], image.shape[0]))
         return Image.fromarray(image).convert("RGB")
     if not isinstance(image, (str, Path)):
         raise UserError("no image: upload, paste or take a photo first")
@@ -63,6 +99,9 @@ def read_upload(image: Any, min_short: int | None = None) -> Image.Image:
     if size > MAX_UPLOAD_MB * 1024 * 1024:
         raise UserError(f"{name} is {size / 1e6:.1f} MB, over the {MAX_UPLOAD_MB} MB upload limit: upload a smaller "
                         "copy (for example exported at 4000 px on its long side)")  # fmt: skip
+    header = _header_size(image)
+    if header is not None:
+        _check_size(name, header)
     try:
         return load_rgb(image, min_short=min_short)
     except ImageDecodeError as e:
@@ -73,7 +112,7 @@ def size_check_js() -> str:
     """Page script: a file over the cap, picked or dropped on an upload box, gets our message beside it."""
     return f"""() => {{
   const cap = {MAX_UPLOAD_MB} * 1024 * 1024;
-  const boxes = {{"query": "#search-info", "neg-query": "#neg-summary"}};
+  const boxes = {{"query": "#search-error", "neg-query": "#neg-summary"}};
   const check = (files, target) => {{
     const host = target && target.closest ? target.closest("#query, #neg-query") : null;
     if (!host || !files) return;

@@ -2,7 +2,8 @@
 
 Each test drives the real server (a subprocess whose log is read back) through Playwright: results readable
 and reachable, clicking a result, k and folder re-running the search, exports, our messages for bad
-uploads, and the Negatives tab opened from a result.
+uploads, and the Negatives tab opened from a result. The page `moco run` serves before its index exists
+(``serve_pending``, in this process) is checked for what it says before and after search turns on.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
 
 from .conftest import trained_index
 from .live import ARGS, CHROMIUM, free_port, wait_served
@@ -59,21 +61,56 @@ def browser() -> Iterator[Any]:
         b.close()
 
 
-@pytest.fixture(params=list(VIEWPORTS))
-def page(request, browser, served) -> Iterator[Any]:
-    """A fresh page at one viewport; fails the test on uncaught page errors or console errors."""
-    context = browser.new_context(viewport=VIEWPORTS[request.param], accept_downloads=True)
+# a line of the Status tab's log as `moco run` writes them, long enough to need two lines on a desktop
+LONG_MESSAGE = ("generating a sample collection (240 photos in 4 families, 60 each) in /home/someone/Pictures/"
+                "a-folder-with-a-long-name/and-another-level-below-it/yet-another-one/sample_photos ...")
+
+
+@pytest.fixture(scope="module")
+def pending(served) -> Iterator[dict[str, Any]]:
+    """The page `moco run` serves before its index exists (``serve_pending``, in this process), over the served
+    index's folders; ``app.attach`` turns its search on (once, for the rest of the module)."""
+    from app.status import RunStatus
+    from app.ui import serve_pending
+
+    status = RunStatus(served["tmp"] / "pending")
+    status.stage("indexing", "the sample photos")
+    status.say(LONG_MESSAGE)
+    port = free_port()
+    demo, app = serve_pending(served["idx"], served["photos"], status, port=port)
+    try:
+        yield {"url": f"http://127.0.0.1:{port}/", "app": app, "idx": served["idx"], "photos": served["photos"]}
+    finally:
+        demo.close()
+        app.close()
+
+
+def _new_page(browser: Any, url: str, viewport: str, shown: str = "#query") -> Any:
+    """A page of its own context at ``viewport`` once ``shown`` is, collecting uncaught page and console errors."""
+    context = browser.new_context(viewport=VIEWPORTS[viewport], accept_downloads=True)
     p = context.new_page()
     p.errors = []
     p.on("pageerror", lambda e: p.errors.append(f"page error: {e}"))
     p.on("console", lambda m: p.errors.append(f"console {m.text}") if m.type == "error" else None)
-    p.viewport_name = request.param
-    p.goto(served["url"])
-    p.wait_for_selector("#query")
-    yield p
+    p.viewport_name = viewport
+    p.goto(url)
+    p.wait_for_selector(shown)
+    return p
+
+
+def _close(p: Any) -> None:
+    """Close the page's context; fails on the errors it collected (unless the test expected some)."""
     errors = [e for e in p.errors if not getattr(p, "expect_errors", False)]
-    context.close()
+    p.context.close()
     assert not errors, errors
+
+
+@pytest.fixture(params=list(VIEWPORTS))
+def page(request, browser, served) -> Iterator[Any]:
+    """A fresh page of `moco serve` at one viewport; fails the test on uncaught page errors or console errors."""
+    p = _new_page(browser, served["url"], request.param)
+    yield p
+    _close(p)
 
 
 def _query(served) -> Path:
@@ -116,6 +153,52 @@ def _in_viewport(page: Any, selector: str) -> bool:
     return box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width + 1 and box["width"] > 0
 
 
+def _overflowing(page: Any, selector: str) -> list[str]:
+    """Shown elements in ``selector`` (itself included) whose content is wider than their box: an inner scroll
+    box, or something cut off."""
+    return page.evaluate("""(sel) => { const root = document.querySelector(sel);
+        return [root, ...root.querySelectorAll('*')].filter(e => e.getClientRects().length > 0 &&
+            e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1)
+            .map(e => `${e.tagName}.${e.className} ${e.scrollWidth} > ${e.clientWidth}`);
+    }""", selector)  # fmt: skip
+
+
+def _label_clear_of_first_item(page: Any, gallery: str) -> None:
+    """The gallery's label ends above its first item (it does not cover the first row)."""
+    label, first = page.evaluate(f"""[document.querySelector('{gallery} label[data-testid=block-label]'),
+        document.querySelector('{gallery} button.thumbnail-item')].map(e => e.getBoundingClientRect())
+        .map(r => [r.top, r.bottom])""")  # fmt: skip
+    assert label[1] <= first[0] + 0.5, (gallery, label, first)
+
+
+def _breaks_only_after_a_slash(page: Any, box: str, path: str) -> None:
+    """Made just wide enough for the longest name in it (and a "/"), the ``box`` breaks the ``path`` in it (a
+    monospace path) only after a "/", never inside a name, and nothing sticks out."""
+    out = page.evaluate("""([boxSel, pathSel]) => {
+        const box = document.querySelector(boxSel), el = box.querySelector(pathSel), text = el.textContent;
+        const longest = Math.max(...text.split('/').map(n => n.length)) + 1;
+        const whole = [...el.getClientRects()].reduce((w, r) => w + r.width, 0);
+        box.style.width = `${Math.ceil(whole * longest / text.length) + 8}px`;
+        const chars = [], walker = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+        for (let n = walker.nextNode(); n; n = walker.nextNode()) for (let i = 0; i < n.length; i++) {
+            const r = document.createRange(); r.setStart(n, i); r.setEnd(n, i + 1);
+            const b = r.getBoundingClientRect(); if (b.width > 0) chars.push([n.data[i], b.top, b.right]); }
+        const right = box.getBoundingClientRect().right;
+        box.style.width = '';
+        const before = [];  // the character before each line break
+        chars.forEach((c, i) => { if (i > 0 && c[1] > chars[i - 1][1] + 2) before.push(chars[i - 1][0]); });
+        return {text, before, out: chars.filter(c => c[2] > right + 1).map(c => c[0])}; }""", [box, path])
+    assert out["before"], out  # the test means something: the path did not fit on one line
+    assert set(out["before"]) == {"/"} and not out["out"], out
+
+
+def _turns_enabled(locator: Any) -> None:
+    """The element is enabled now or within Playwright's expect timeout (5 s)."""
+    from playwright.sync_api import expect
+
+    expect(locator).to_be_enabled()
+
+
 def _captions(page: Any) -> list[dict[str, Any]]:
     return page.evaluate(f"""[...document.querySelectorAll('{RESULTS} .caption-label')].map(c => {{
         const r = c.getBoundingClientRect();
@@ -124,7 +207,10 @@ def _captions(page: Any) -> list[dict[str, Any]]:
 
 
 def test_results_are_readable_on_desktop_and_phone(page, served):
+    title = page.locator("#title").inner_text()
+    assert f" · {served['photos'].name} · " in title and served["idx"].name not in title  # the photos, not the index
     _search(page, _query(served), k=12)
+    _label_clear_of_first_item(page, "#results")
     caps = _captions(page)
     assert len(caps) == 12
     ranked = [c["text"].split(" · ")[-1] for c in caps]
@@ -159,9 +245,15 @@ def test_click_replaces_query_details_copy_open_and_search_uses_it(page, served)
                            f"document.querySelector('#query img').src != {json.dumps(before)}")  # fmt: skip
     assert _in_viewport(page, "#details")
     full = str(served["photos"] / third)
-    assert page.locator("#detail-path textarea, #detail-path input").first.input_value() == full
+    field = page.locator("#detail-path textarea, #detail-path input").first
+    assert field.input_value() == full
+    assert field.evaluate("e => e.tagName") == "INPUT"  # one line: the full path never wraps inside a name
     detail = page.locator("#detail-info").inner_text()
     assert third in detail and "modified" in detail
+    _breaks_only_after_a_slash(page, "#detail-info", "code")
+    with page.expect_download() as dl:  # the export names the query as the path it is, no Markdown
+        page.locator("#export-json").click()
+    assert json.loads(Path(dl.value.path()).read_text())["query"] == third
     preview = page.locator("#detail-preview img").first
     assert preview.bounding_box()["width"] >= 160
     assert page.locator("#detail-path button[aria-label*='opy'], #detail-path button[title*='opy']").count() >= 1
@@ -178,7 +270,11 @@ def test_click_replaces_query_details_copy_open_and_search_uses_it(page, served)
 
 
 def test_k_and_folder_rerun_and_export(page, served, tmp_path):
+    exports = page.locator("#export-csv, #export-json")
+    assert exports.count() == 2 and all(exports.nth(i).is_disabled() for i in range(2))  # nothing to export yet
     _search(page, _query(served), k=10)
+    for i in range(2):
+        _turns_enabled(exports.nth(i))  # with the results (the same update, maybe a frame later)
     _set_k(page, 4)
     family = _query(served).parent.name
     page.locator("#folder input").click()
@@ -188,12 +284,14 @@ def test_k_and_folder_rerun_and_export(page, served, tmp_path):
     _wait_results(page, 4)
     shown = [c["text"].split(" · ")[-1] for c in _captions(page)]
     assert all(s.startswith(family + "/") for s in shown)
-    scores = [float(c["text"].split(" · ")[1]) for c in _captions(page)]
+    scores = [c["text"].split(" · ")[1] for c in _captions(page)]
     with page.expect_download() as dl:
         page.locator("#export-csv").click()
     rows = list(csv.DictReader(io.StringIO(Path(dl.value.path()).read_text())))
     assert [r["path"] for r in rows] == shown and [int(r["rank"]) for r in rows] == [1, 2, 3, 4]
-    assert [float(r["score"]) for r in rows] == pytest.approx(scores, abs=6e-4)
+    assert [r["score"] for r in rows] == scores  # the page's text, to the digit
+    weak = ["weak match" in c["text"] for c in _captions(page)]
+    assert [r["weak_match"] for r in rows] == [str(w).lower() for w in weak]  # true/false, not Python's True
     with page.expect_download() as dl:
         page.locator("#export-json").click()
     data = json.loads(Path(dl.value.path()).read_text())
@@ -204,10 +302,13 @@ BAD = {
     "notes.jpg": (lambda p: p.write_text("this is a text file, not a photo"), "notes.jpg: not an image"),
     "empty.jpg": (lambda p: p.write_bytes(b""), "empty.jpg: empty file"),
     "cut.jpg": (None, "cut.jpg: truncated or corrupt"),
+    "tiny.png": (lambda p: Image.new("RGB", (1, 1)).save(p), "tiny.png is 1 x 1 pixels: too small to search with"),
 }
 
 
 def test_bad_uploads_get_our_message_and_one_log_line(page, served, tmp_path):
+    _search(page, _query(served), k=6)  # results on screen: a bad upload must not leave them under its message
+    heading = page.locator("#search-info").inner_text()
     good = _query(served).read_bytes()
     start = served["log"].stat().st_size  # this test's part of the server log
     for name, (make, words) in BAD.items():
@@ -216,17 +317,20 @@ def test_bad_uploads_get_our_message_and_one_log_line(page, served, tmp_path):
         page.locator("#query input[type=file]").set_input_files(str(path))
         page.wait_for_timeout(300)
         page.locator("#search-btn").click()
-        page.wait_for_function(f"document.querySelector('#search-info').innerText.includes({json.dumps(words)})",
+        page.wait_for_function(f"document.querySelector('#search-error').innerText.includes({json.dumps(words)})",
                                timeout=30_000)  # fmt: skip
-        assert _in_viewport(page, "#search-info")
-        assert "upload a photo" in page.locator("#search-info").inner_text()
+        assert _in_viewport(page, "#search-error")
+        assert "upload a" in page.locator("#search-error").inner_text()
+        assert page.locator("#search-info").inner_text() == heading  # the results shown, still said as they are
+        assert page.locator(RESULTS).count() == 6
     big = tmp_path / "huge.jpg"
     big.write_bytes(good + b"\0" * (26 * 1024 * 1024))
     page.expect_errors = True  # Gradio itself logs the refused upload in the console
     page.locator("#query input[type=file]").set_input_files(str(big))
-    page.wait_for_function("document.querySelector('#search-info').innerText.includes('over the 25 MB upload limit')",
+    page.wait_for_function("document.querySelector('#search-error').innerText.includes('over the 25 MB upload limit')",
                            timeout=30_000)  # fmt: skip
-    assert "huge.jpg is 27" in page.locator("#search-info").inner_text()
+    assert "huge.jpg is 27" in page.locator("#search-error").inner_text()
+    assert page.locator("#search-info").inner_text() == heading
     log = served["log"].read_bytes()[start:].decode()
     assert "Traceback" not in log
     for name, (_, words) in BAD.items():
@@ -245,11 +349,59 @@ def test_inspect_negatives_from_a_result(page, served):
                            timeout=60_000)  # fmt: skip
     summary = page.locator("#neg-summary").inner_text()
     assert "negatives score at or above the positive" in summary and "%" in summary
+    assert "0 key" not in summary and "key(s)" not in summary
     assert _in_viewport(page, "#neg-summary")
     sizes = page.evaluate("[...document.querySelectorAll('#views img')].map(i => i.getBoundingClientRect().width)")
     assert len(sizes) == 2 and min(sizes) >= 160, sizes  # the augmentation is visible
-    cut = page.evaluate("""[...document.querySelectorAll('#negatives-table td, #negatives-table th')]
-        .filter(c => c.offsetParent !== null && c.scrollWidth > c.clientWidth + 1).map(c => c.innerText)""")
-    assert not cut, cut  # no column cut off
+    _label_clear_of_first_item(page, "#negatives")
     table = page.locator("#negatives-table").inner_text()
     assert "%" in table and "softmax share" in table and _in_viewport(page, "#negatives-table")
+    assert not _overflowing(page, "#negatives-table")  # no inner scroll box, no column cut off
+    heads = page.evaluate("""[...document.querySelectorAll('#negatives-table th')].map(h => {
+        const r = h.getBoundingClientRect(); return [h.innerText.trim(), r.left, r.right]; })""")
+    width = page.viewport_size["width"]
+    assert [h[0] for h in heads] == ["rank", "photo", "cosine", "logit (cos/T)", "softmax share",
+                                     "likely false negative (evidence)"]  # fmt: skip
+    assert all(0 <= left and right <= width + 1 for _, left, right in heads), heads  # every column on screen
+
+
+@pytest.mark.parametrize("viewport", list(VIEWPORTS))
+def test_the_status_log_wraps_its_lines(browser, pending, viewport):
+    page = _new_page(browser, pending["url"], viewport, "#title")
+    page.get_by_role("tab", name="Status").click()
+    page.wait_for_function("document.querySelector('#status-info .status-log') && "
+                           "document.querySelector('#status-info .status-log').innerText.includes('sample_photos')",
+                           timeout=30_000)  # fmt: skip
+    assert _in_viewport(page, "#status-info .status-log")
+    assert not _overflowing(page, "#status-info")  # every line whole on screen, no inner scroll box
+    log = page.locator("#status-info .status-log").inner_text()
+    assert " ".join(log.split()) == LONG_MESSAGE  # wrapped, nothing cut
+    _close(page)
+
+
+HINT = "#search-info"
+HINT_TEXT = f"document.querySelector('{HINT}') && document.querySelector('{HINT}').innerText"
+
+
+def test_the_search_hint_and_buttons_follow_the_index(browser, pending):
+    """Before the index: search and exports off, the hint says search turns on by itself; once it is on, the
+    open page and any page opened later say so."""
+    before = _new_page(browser, pending["url"], "desktop", "#title")
+    before.get_by_role("tab", name="Search").click()
+    assert "turns on by itself when the index is ready" in before.locator(HINT).inner_text()
+    for button in ("#search-btn", "#export-csv", "#export-json"):
+        assert before.locator(button).is_disabled(), button
+    pending["app"].attach(pending["idx"], device="cpu")
+    before.wait_for_function(f"{HINT_TEXT}.includes('Upload a photo and press Search')", timeout=30_000)
+    _turns_enabled(before.locator("#search-btn"))
+    after = _new_page(browser, pending["url"], "desktop", "#title")  # a page opened once search is on
+    after.wait_for_function("document.querySelector('#search-btn') && !document.querySelector('#search-btn').disabled",
+                            timeout=30_000)  # it opens on the Search tab  # fmt: skip
+    after.wait_for_function(f"{HINT_TEXT}.includes('Upload a photo and press Search')", timeout=30_000)
+    for page in (before, after):
+        assert "turns on by itself" not in page.locator(HINT).inner_text()
+        assert page.locator("#export-csv").is_disabled() and page.locator("#export-json").is_disabled()  # no results
+    _search(after, _query(pending), k=4)
+    _turns_enabled(after.locator("#export-csv"))
+    _close(before)
+    _close(after)

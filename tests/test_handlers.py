@@ -10,10 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import app.handlers as handlers
-from app.handlers import ALL_FOLDERS, SearchApp
-from app.uploads import MAX_UPLOAD_MB, read_upload
+from app.handlers import ALL_FOLDERS, SearchApp, score_text
+from app.uploads import MAX_UPLOAD_MB, MIN_SIDE_PX, read_upload
 from index.build import build_index
 from index.image_index import ImageIndex
 from moco.errors import UserError
@@ -58,6 +59,47 @@ def test_upload_over_the_cap_is_refused_from_its_size(tmp_path):
         read_upload(None)
 
 
+def test_an_image_with_too_many_pixels_is_refused_in_plain_words(tmp_path):
+    huge = tmp_path / "huge.png"
+    Image.new("1", (12000, 12000)).save(huge)  # 144 megapixels in a small file
+    with pytest.raises(UserError) as e:
+        read_upload(str(huge))
+    msg = str(e.value)
+    assert msg.startswith("huge.png: too many pixels (144 megapixels, the limit is 89): downscale it"), msg
+    assert "bomb" not in msg and "89478485" not in msg and "upload a photo" not in msg
+    huger = tmp_path / "huger.png"
+    Image.new("1", (20000, 10000)).save(huger)  # over twice the limit: PIL will not even open it
+    with pytest.raises(UserError, match=r"huger.png: too many pixels \(over 178 megapixels, the limit is 89\)"):
+        read_upload(str(huger))
+
+
+@pytest.mark.parametrize("size", [(1, 1), (MIN_SIDE_PX - 1, 300), (300, MIN_SIDE_PX - 1)])
+def test_an_image_too_small_to_search_with_is_refused_naming_its_size(app, tmp_path, size):
+    tiny = tmp_path / "tiny.png"
+    Image.new("RGB", size, (200, 40, 40)).save(tiny)
+    words = f"tiny.png is {size[0]} x {size[1]} pixels: too small to search with (at least {MIN_SIDE_PX} px"
+    with pytest.raises(UserError, match=words.replace("(", r"\(")):
+        read_upload(str(tiny))
+    with pytest.raises(UserError, match=f"{size[0]} x {size[1]} pixels"):
+        app.search(str(tiny), k=3)  # no meaningless results
+    with pytest.raises(UserError, match="too small"):
+        read_upload(Image.new("RGB", size))
+    Image.new("RGB", (MIN_SIDE_PX, MIN_SIDE_PX)).save(tiny)
+    assert read_upload(str(tiny)).size == (MIN_SIDE_PX, MIN_SIDE_PX)  # the minimum itself is searchable
+
+
+def test_scores_read_as_on_the_page_and_never_minus_zero(app):
+    for score, text in [(-0.0004, "0.000"), (-0.0, "0.000"), (0.0004, "0.000"), (-0.0006, "-0.001"), (0.9996, "1.000"),
+                        (0.25, "0.250")]:  # fmt: skip
+        assert score_text(score) == text
+        assert app.caption(1, score, "a/b.jpg").startswith(f"#1 · {text} · ")
+
+
+def test_the_title_names_the_photo_folder(app):
+    assert f"`{app.index.root.name}` · {len(app.index)} images" in app.title()
+    assert f"`{app.index.dir.name}`" not in app.title()
+
+
 def test_rerun_folder_and_export_match_the_index(app, tmp_path):
     _, _, state = app.search(str(_photo(app)), k=6, folder="")
     ref = app.index.search(app.embedder.embed(_photo(app)), k=6)
@@ -70,11 +112,18 @@ def test_rerun_folder_and_export_match_the_index(app, tmp_path):
     csv_path, json_path = app.export(only)
     rows = list(csv.DictReader(open(csv_path, encoding="utf-8")))
     assert [r["path"] for r in rows] == only["paths"] and [int(r["rank"]) for r in rows] == list(range(1, 5))
-    assert [float(r["score"]) for r in rows] == pytest.approx(only["scores"], abs=1e-4)
+    assert [r["score"] for r in rows] == [score_text(s) for s in only["scores"]]  # as the page shows them
+    weak = app.index.weak_below
+    assert [r["weak_match"] for r in rows] == [str(s < weak).lower() for s in only["scores"]]  # true/false
     data = json.loads(Path(json_path).read_text())
     assert [r["id"] for r in data["results"]] == only["ids"] and data["score"] == "centred cosine"
-    weak = app.index.weak_below
+    assert [r["score"] for r in data["results"]] == [float(score_text(s)) for s in only["scores"]]
     assert [r["weak_match"] for r in data["results"]] == [s < weak for s in only["scores"]]
+    assert '"weak_match": true' in Path(json_path).read_text() or '"weak_match": false' in Path(json_path).read_text()
+    assert data["query"] == "the uploaded image"
+    _, _, picked = app.select(only, 1)  # a search with a result: the query is its path, as text
+    data = json.loads(Path(app.export(picked)[1]).read_text())
+    assert data["query"] == only["paths"][1] and "`" not in data["query"]
     with pytest.raises(UserError, match="search first"):
         app.export(None)
     with pytest.raises(UserError, match="Search first"):

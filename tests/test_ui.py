@@ -116,6 +116,20 @@ def test_negatives_from_the_saved_queue_match_a_hand_computation(app, setup):
     assert all(row[4].endswith("%") and len(row[2].split(".")[1]) == 3 for row in table)
 
 
+def test_the_queue_note_counts_the_photos_own_keys_and_says_nothing_of_none(app, setup):
+    ckpt = load_checkpoint(setup["ckpt"])
+    ids, files = ckpt["model"]["queue_ids"][0].tolist(), ckpt["files"]
+    keys = {i: ids.count(i) for i in range(len(files))}
+    assert 0 in keys.values()  # more photos than queue slots: some have no key in the queue
+    for count in sorted(set(keys.values())):  # one photo of each count
+        train_id = min(i for i, c in keys.items() if c == count)
+        row = app.index.catalog.row_by_path(files[train_id])
+        note = next(n for n in app.negatives_for(row.id, n=2).notes if n.startswith("the query is training image"))
+        end = {0: f"({files[train_id]})", 1: ": its key in the queue is the same photo"}.get(
+            count, f": its {count} keys in the queue are the same photo")
+        assert note.endswith(end) and "key(s)" not in note, note
+
+
 def test_negatives_from_the_index_match_a_hand_computation(setup):
     index = ImageIndex.open(setup["idx"])
     emb = index.load_embedder(device="cpu")
