@@ -2,11 +2,14 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# torch comes first, pinned (CPU build here; on a CUDA machine set TORCH_SPEC to the CUDA build you want).
+# torch comes first, pinned. pip's default torch wheel on Linux is the CUDA build (it runs on a CPU too): torch and
+# its nvidia-* wheels take about 4.4 GB, the whole venv about 6.3 GB. For the smaller CPU build, point pip at a
+# wheel index that carries it: PIP_EXTRA_INDEX_URL=THAT_INDEX make install (or set TORCH_SPEC).
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 STAMP  := $(VENV)/.installed
 
-# make run: photos -> train -> export -> index -> serve (see README). Re-running reuses what exists.
+# make run: photos -> train -> export -> index -> serve (see README). Each photo folder has its own directory in
+# WORK (the sample: WORK/sample); re-running on the same folder reuses what exists there.
 #   PHOTOS=~/Pictures      your photos (default: a generated sample collection)
 #   CHECKPOINT=file|NAME   use this pretrained MoCo model as is (no training); NAME: see `moco pretrained`
 #   INIT=file|NAME         continue MoCo training from it on your photos
@@ -42,17 +45,28 @@ endif
 
 install: $(STAMP)
 
+# The command, echoed as one line: the optional flags only when set.
+RUN_CMD = $(strip $(BIN)/moco run $(PHOTOS) --work $(WORK) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) \
+	$(if $(INIT),--init $(INIT)) $(if $(PRETRAINED),--pretrained $(PRETRAINED)) \
+	$(if $(MINUTES),--minutes $(MINUTES)) --host $(HOST) --port $(PORT) $(RUN_FLAGS))
+
 run: install
-	$(BIN)/moco run $(PHOTOS) --work $(WORK) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) \
-		$(if $(INIT),--init $(INIT)) $(if $(PRETRAINED),--pretrained $(PRETRAINED)) \
-		$(if $(MINUTES),--minutes $(MINUTES)) --host $(HOST) --port $(PORT) $(RUN_FLAGS)
+	$(RUN_CMD)
 
 # The browser test drives Debian's chromium through Playwright (never `playwright install`).
 CHROMIUM ?= /usr/bin/chromium
+# Only chromium and what it lacks are installed, nothing already installed is upgraded: the package lists are
+# updated only when apt does not know chromium, and an install that would upgrade a package stops and says so.
+APT_INSTALL := apt-get install -y -qq --no-upgrade chromium
 $(CHROMIUM):
-	@echo "installing chromium for the browser test (apt-get)"
-	@if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium; \
-	else sudo apt-get update -qq && sudo apt-get install -y -qq chromium; fi
+	@echo "chromium is missing: installing it for the browser test ($(APT_INSTALL), nothing else upgraded)"
+	@SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	apt-cache show chromium >/dev/null 2>&1 || { echo "apt does not know chromium yet: apt-get update first"; \
+		$$SUDO apt-get update -qq; }; \
+	upgrades=$$(apt-get -s install --no-upgrade chromium | sed -n 's/^Inst \([^ ]*\) \[.*/\1/p' | tr '\n' ' '); \
+	if [ -n "$$upgrades" ]; then echo "installing chromium would upgrade $$upgrades: not done; install chromium" \
+		"yourself, or set CHROMIUM=/path/to/chromium" >&2; exit 1; fi; \
+	$$SUDO $(APT_INSTALL)
 
 test: install $(CHROMIUM)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -228,7 +228,8 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
         "training, skips an up-to-date export, updates the index).",
     )
     p.add_argument("photos", metavar="PHOTOS", nargs="?", help="folder of photos (default: a generated sample)")
-    p.add_argument("--work", default="runs/default", help="work directory (default: runs/default)")
+    p.add_argument("--work", default="runs/default", help="work directory (default: runs/default); each photo "
+                   "folder gets its own directory in it (the sample: WORK/sample), never another's")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--checkpoint", default=None, metavar="CKPT", help="use this model as is (an official NAME, "
                        "see `moco pretrained`; official MoCo .pth.tar or any supported checkpoint): no training")
@@ -249,7 +250,7 @@ def _add_run(sub: argparse._SubParsersAction) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`moco run`: serve the page at once (its Status tab follows the work), train/export/index, turn search on."""
-    from app.pipeline import run_pipeline
+    from app.pipeline import collection_dir, run_pipeline
     from index.store import require_faiss
 
     require_faiss() if args.no_serve else _require_ui()  # before any training: the pipeline ends with them
@@ -264,9 +265,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         from app.ui import serve_pending
 
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # as in cmd_serve (training installs its own)
-        status = RunStatus(args.work)
-        photos = Path(args.photos).expanduser() if args.photos else Path(args.work) / "sample_photos"
-        demo, app = serve_pending(Path(args.work) / "index", photos, status, args.host, args.port, auth,
+        work = collection_dir(args.work, args.photos)  # this photo folder's own run, backbone and index
+        status = RunStatus(work)
+        photos = Path(args.photos).expanduser() if args.photos else work / "photos"
+        demo, app = serve_pending(work / "index", photos, status, args.host, args.port, auth,
                                   args.trusted_proxy)  # fmt: skip
         _announce(args)
         print("the page's Status tab follows training and indexing; search turns on when the index is ready",

@@ -1,14 +1,19 @@
 """`moco run`: photos -> trained (or given) model -> exported backbone -> index -> served UI, in one command.
 
-Every step reuses what an earlier run left in the work directory:
+A run's state belongs to its photo folder: each folder gets its own directory under WORK (``collection_dir``),
+so another folder never reuses, nor overwrites, its training, export or index:
 
-    WORK/run/checkpoint.pt         training (resumed while its schedule is unfinished, or only its whitening
+    WORK/sample/                   the generated sample collection (photos/), when no PHOTOS are given
+    WORK/NAME-HASH/                a photo folder: NAME its last component, HASH 8 hex digits of its resolved path
+
+Within that directory every step reuses what an earlier run of the same folder left:
+
+    run/checkpoint.pt              training (resumed while its schedule is unfinished, or only its whitening
                                    fitted when that was interrupted; skipped when done)
-    WORK/backbone.safetensors      re-exported only when the checkpoint's bytes changed
-    WORK/index/                    updated (only new or changed photos embedded); rebuilt only when the
+    backbone.safetensors           re-exported only when the checkpoint's bytes changed
+    index/                         updated (only new or changed photos embedded); rebuilt only when the
                                    backbone changed, into index.new/ first, so the old one keeps serving
-    WORK/sample_photos/            the generated collection, when no PHOTOS are given
-    WORK/.moco.lock                held while a run works here (a second run on WORK refuses, naming its PID)
+    .moco.lock                     held while a run works here (a second run of the folder refuses, naming its PID)
 
 With PHOTOS and no model given, ``pretrained`` (the CLI: moco_v2_800ep) is used as is when it is cached or can
 be downloaded; otherwise training starts from scratch, and the output says why. The sample never fetches anything.
@@ -16,8 +21,11 @@ be downloaded; otherwise training starts from scratch, and the output says why. 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import os
+import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -26,11 +34,31 @@ from typing import Any
 from app.status import RunStatus
 from moco.errors import UserError
 
-__all__ = ["run_pipeline", "training_overrides"]
+__all__ = ["collection_dir", "run_pipeline", "training_overrides"]
 
 logger = logging.getLogger(__name__)
 
 CPU_MINUTES = 10.0  # default CPU training budget: a useful model, quickly
+SAMPLE = "sample"  # WORK/sample: the generated collection (photos/) and its run, backbone and index
+STATE = ("run", "backbone.safetensors", "index")  # what a run leaves in its folder's directory
+LEGACY = (*STATE, "sample_photos")  # what earlier versions kept at the top of WORK, for whichever folder ran last
+
+
+def collection_dir(work: str | Path, photos: str | Path | None) -> Path:
+    """The directory under ``work`` that holds the run, backbone and index of ``photos`` (None: the sample).
+
+    The sample gets ``work/sample`` (its photos in ``work/sample/photos``); a folder gets ``work/NAME-HASH``, NAME
+    its last component (made safe for a file name), HASH the first 8 hex digits of the sha256 of its resolved
+    path: two folders, even of the same name, never share one.
+    """
+    work = Path(work)
+    if photos is None:
+        return work / SAMPLE
+    folder = Path(photos).expanduser().resolve()
+    if folder == (work / SAMPLE / "photos").resolve():  # the sample, named explicitly
+        return work / SAMPLE
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", folder.name)[:40].strip("._") or "photos"
+    return work / f"{name}-{hashlib.sha256(os.fsencode(folder)).hexdigest()[:8]}"
 
 
 def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float | None,
@@ -39,8 +67,10 @@ def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float |
 
     GPU: the full MoCo v2 recipe (ResNet-50, 224 px, batch 256, 200 epochs) unless ``minutes`` caps it.
     CPU: the ``cpu`` preset (the short-run recipe, its network) under a time budget, its crop fitted to the
-    photos (``cpu_image_size``); batch and queue shrink for a small collection. With ``init`` the
-    architecture comes from that checkpoint.
+    photos (``cpu_image_size``); batch and queue shrink for a small collection (the batch to about half of it,
+    16 at least), and Shuffle BN keeps 16 images per batch-norm group where the batch allows, 2 groups of
+    batch / 2 below 32 (a smaller collection has no larger batch to give). With ``init`` the architecture
+    comes from that checkpoint.
     """
     from moco.config import PRESETS, cpu_image_size
     from moco.data import short_sides
@@ -60,9 +90,10 @@ def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float |
     out["image_size"] = cpu_image_size(short_sides(photos))
     if init and out["small_stem"]:
         out["image_size"] = min(out["image_size"], guess.image_size)
-    batch = min(PRESETS["cpu"]["batch_size"], max(8, 2 ** int(math.log2(max(2, n_images // 2)))))
+    batch = min(PRESETS["cpu"]["batch_size"], max(16, 2 ** int(math.log2(max(2, n_images // 2)))))
+    splits = min(8, max(2, batch // 16))  # Shuffle BN over at least 2 groups, of 16 images where the batch allows
     queue = min(PRESETS["cpu"]["queue_size"], max(batch, 2 ** int(math.log2(max(2, n_images)))))
-    out.update(batch_size=batch, queue_size=queue, time_budget=float(minutes or CPU_MINUTES))
+    out.update(batch_size=batch, bn_splits=splits, queue_size=queue, time_budget=float(minutes or CPU_MINUTES))
     return out
 
 
@@ -173,18 +204,33 @@ def _pretrained(name: str, say: Callable[[str], None], progress: bool) -> Path |
         return None
 
 
+def _say_where(root: Path, work: Path, photos: Path, say: Callable[[str], None]) -> None:
+    """Which directory this run uses, whether it reuses anything there, and an earlier version's layout if any."""
+    if any((work / name).exists() for name in STATE):
+        say(f"work: {work}, for {photos} alone: reusing what an earlier run of this folder left there")
+    else:
+        say(f"work: {work}, for {photos} alone (new: nothing of another photo folder's run is reused)")
+    legacy = [str(root / name) for name in LEGACY if (root / name).exists()]
+    if legacy:
+        say(f"work: {', '.join(legacy)} were left by an earlier version (one photo folder per WORK): not reused "
+            f"and left as they are, since each photo folder now has its own directory in {root}; delete them to "
+            "free the space")  # fmt: skip
+
+
 def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | Path | None = None,
                  init: str | Path | None = None, minutes: float | None = None, train_overrides: dict | None = None,
                  say: Callable[[str], None] = print, progress: bool = True,
                  pretrained: str | None = None, status: RunStatus | None = None) -> dict[str, Any]:  # fmt: skip
     """Train (or take ``checkpoint``), export, index; returns the paths and the index summary.
 
-    ``photos`` None: a generated sample collection in ``work/sample_photos`` (nothing is downloaded).
+    Everything is written in ``collection_dir(work, photos)``, this photo folder's own directory under ``work``.
+    ``photos`` None: a generated sample collection in ``work/sample/photos`` (nothing is downloaded).
     ``checkpoint``/``init``: a file or an official name (``moco pretrained``). ``pretrained``: an official name
     to use as is when no model is given, if it is cached or can be downloaded (else: training from scratch).
     ``status``: told each stage and every message (still printed through ``say``); on an error its stage is
     "failed" (the error re-raised); its ``index_ready`` is set once the index is written.
-    ``work`` is locked meanwhile (:func:`moco.checkpoint.lock_dir`): a second run on it refuses, naming this one.
+    That directory is locked meanwhile (:func:`moco.checkpoint.lock_dir`): a second run of the same folder
+    refuses, naming this one; runs of other folders under the same ``work`` go on.
     """
     from moco.checkpoint import lock_dir
 
@@ -195,8 +241,9 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
         status.say(message)
 
     try:
-        Path(work).mkdir(parents=True, exist_ok=True)
-        with lock_dir(work, "--work"):
+        own = collection_dir(work, photos)
+        own.mkdir(parents=True, exist_ok=True)
+        with lock_dir(own, "--work"):
             return _run(photos, work, checkpoint, init, minutes, train_overrides, tell, progress, pretrained, status)
     except BaseException as e:
         status.fail(str(e) or type(e).__name__)
@@ -208,20 +255,23 @@ def _run(photos: str | Path | None, work: str | Path, checkpoint: str | Path | N
          pretrained: str | None, status: RunStatus) -> dict[str, Any]:  # fmt: skip
     if checkpoint and init:
         raise UserError("give CHECKPOINT (use it as is) or INIT (continue training from it), not both")
-    work = Path(work)
+    root = Path(work)
+    work = collection_dir(root, photos)  # this folder's own: its run, backbone and index
     status.run_dir = work / "run"
     status.stage("photos", "generating a sample collection" if photos is None else str(photos))
     if photos is None:
         from moco.sample import make_sample_collection
 
         pretrained = None  # the sample stays offline
-        photos = work / "sample_photos"
+        photos = work / "photos"
         if not photos.is_dir():
             say(f"photos: none given, generating a sample collection in {photos}")
             make_sample_collection(photos, per_family=40, size=96, seed=0)
     photos = Path(photos).expanduser().resolve()
     if not photos.is_dir():
         raise UserError(f"photo folder not found: {photos} (PHOTOS=... must be a folder)")
+    _say_where(root, work, photos, say)
+    work.mkdir(parents=True, exist_ok=True)
     from moco.pretrained import resolve
 
     if checkpoint or init:

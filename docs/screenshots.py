@@ -1,6 +1,6 @@
 """Take the README's screenshots from a running search page (the one `make run` serves).
 
-    python docs/screenshots.py http://127.0.0.1:7860 runs/default/sample_photos/mountains/mountains_003.jpg
+    python docs/screenshots.py http://127.0.0.1:7860 runs/default/sample/photos/mountains/mountains_003.jpg
 
 Writes docs/screenshot.png (desktop, 1280x800) and docs/screenshot-phone.png (390x844): a search, then a
 click on the third result (details panel). Uses Debian's chromium through Playwright (never `playwright install`).

@@ -110,7 +110,8 @@ def _bn_splits(cfg: TrainConfig, world: int) -> int:
 
 
 def _warn_small_bn_groups(cfg: TrainConfig, world: int, sync_bn: bool) -> None:
-    """A warning when batch norm normalises over fewer than 16 images (noisy statistics)."""
+    """A warning when batch norm normalises over fewer than 16 images (noisy statistics). `moco train` gives it,
+    about its flags; `moco run` chooses its own settings (app.pipeline.training_overrides) and says them."""
     group = cfg.batch_size * world if sync_bn else cfg.batch_size // cfg.bn_splits
     if group >= 16:
         return
@@ -279,8 +280,6 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
     if sync_bn:  # as the official v3: every BN (momentum encoder too) normalises over all processes' batches
         model = convert_sync_bn(model, device)
     model = model.to(device)
-    if d.main:
-        _warn_small_bn_groups(cfg, d.world, sync_bn)
     cnn = _channels_last(cfg)
     if cnn:
         model = model.to(memory_format=torch.channels_last)
@@ -858,6 +857,9 @@ def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
                 logger.info("small photos: the cpu preset trains at %d px, their own size (--image-size to choose)",
                             overrides["image_size"])  # fmt: skip
         cfg = resolve_config(preset, data_dir=data_dir, out=args.out, **overrides)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if int(os.environ.get("RANK", "0")) == 0 and cfg.bn_splits >= 0:  # the flags' user is told, not train()'s callers
+        _warn_small_bn_groups(replace(cfg, bn_splits=_bn_splits(cfg, world)), world, cfg.head == "v3" and world > 1)
     return train(cfg, resume=args.resume, progress=not args.quiet, stop_after=args.stop_after,
                  tensorboard=args.tensorboard)
 

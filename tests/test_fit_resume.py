@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from app.cli import main
+from app.pipeline import collection_dir
 from moco.checkpoint import load_checkpoint, save_checkpoint
 from moco.embed import Embedder
 from moco.train import resume_config, run_state, train
@@ -28,15 +29,16 @@ IN_THE_FIT = "whitening: 48 photos are too few"  # logged as the fit starts (--w
 
 
 def _moco_run(photos: Path, work: Path, capsys) -> str:
-    assert main(["run", str(photos), "--work", str(work), *RUN]) == 0
+    """`moco run` of ``photos`` whose folder directory is ``work`` (``--work`` its parent)."""
+    assert main(["run", str(photos), "--work", str(work.parent), *RUN]) == 0
     return capsys.readouterr().out
 
 
 @pytest.fixture(scope="module")
 def straight(sample_photos, tmp_path_factory) -> Path:
-    """The work directory of an uninterrupted `moco run`: the reference space."""
-    work = tmp_path_factory.mktemp("straight") / "work"
-    assert main(["run", str(sample_photos), "--work", str(work), *RUN]) == 0
+    """The folder directory of an uninterrupted `moco run`: the reference space."""
+    work = collection_dir(tmp_path_factory.mktemp("straight") / "work", sample_photos)
+    assert main(["run", str(sample_photos), "--work", str(work.parent), *RUN]) == 0
     assert run_state(load_checkpoint(work / "run" / "checkpoint.pt")) == "done"
     return work
 
@@ -67,7 +69,7 @@ def _assert_same_space(work: Path, ref: Path, photos: Path, exact: bool) -> None
 def test_a_run_killed_in_its_fit_fits_it_alone_on_the_next_run(straight, sample_photos, tmp_path, capsys):
     """The state a kill during the fit leaves (exactly the checkpoint of the last step, saved before the fit,
     without the whitening) is refitted, saved and exported: the same space as the uninterrupted run's."""
-    work = tmp_path / "work"
+    work = collection_dir(tmp_path / "work", sample_photos)  # the folder's own directory
     shutil.copytree(straight / "run", work / "run")
     ckpt = load_checkpoint(work / "run" / "checkpoint.pt")
     save_checkpoint({k: v for k, v in ckpt.items() if k not in ("format", "version", "whitening")}, work / "run",
@@ -86,7 +88,7 @@ def test_a_run_killed_in_its_fit_fits_it_alone_on_the_next_run(straight, sample_
 
 def _killed_in_the_fit(photos: Path, work: Path, sig: int) -> tuple[int, str]:
     """A real `moco run` subprocess sent ``sig`` as its end-of-run fit starts; its exit code and output."""
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "run", str(photos), "--work", str(work), *RUN],
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "run", str(photos), "--work", str(work.parent), *RUN],
                             env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
     lines = []
@@ -109,7 +111,7 @@ def _killed_in_the_fit(photos: Path, work: Path, sig: int) -> tuple[int, str]:
 
 @pytest.mark.slow
 def test_sigkill_during_the_fit_then_the_next_run_ends_in_the_same_space(straight, sample_photos, tmp_path, capsys):
-    work = tmp_path / "work"
+    work = collection_dir(tmp_path / "work", sample_photos)  # the folder's own directory
     code, text = _killed_in_the_fit(sample_photos, work, signal.SIGKILL)
     assert code == -signal.SIGKILL
     state = run_state(load_checkpoint(work / "run" / "checkpoint.pt"))
@@ -124,7 +126,7 @@ def test_sigkill_during_the_fit_then_the_next_run_ends_in_the_same_space(straigh
 @pytest.mark.slow
 def test_sigterm_during_the_fit_stops_before_export_and_the_next_run_fits_it(straight, sample_photos, tmp_path,
                                                                               capsys):  # fmt: skip
-    work = tmp_path / "work"
+    work = collection_dir(tmp_path / "work", sample_photos)  # the folder's own directory
     code, text = _killed_in_the_fit(sample_photos, work, signal.SIGTERM)
     assert code == 130, text[-3000:]  # stopped by the signal, not killed by it: the pipeline ends there
     assert "stopped by SIGTERM at step 3/3" in text and not (work / "backbone.safetensors").exists()
@@ -142,8 +144,9 @@ def test_sigterm_during_the_fit_stops_before_export_and_the_next_run_fits_it(str
 def test_a_run_ended_by_its_time_budget_is_finished_and_reused(sample_photos, tmp_path, capsys):
     """Issue 29: a budget spent before the schedule's fit (step 10) left step 3 of the 2,200 planned, and every
     rerun trained one more step. Whatever step the budget ends at, the run is finished there."""
-    work = tmp_path / "work"
-    assert main(["run", str(sample_photos), "--work", str(work), "--no-serve", "--quiet", "--minutes", "0.001"]) == 0
+    work = collection_dir(tmp_path / "work", sample_photos)  # the folder's own directory
+    assert main(["run", str(sample_photos), "--work", str(work.parent), "--no-serve", "--quiet", "--minutes",
+                 "0.001"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     ckpt_path = work / "run" / "checkpoint.pt"
     ckpt = load_checkpoint(ckpt_path)

@@ -189,4 +189,47 @@ def test_run_without_its_extras_says_so_before_training(sample_photos, tmp_path,
              "--quiet", *flags)  # fmt: skip
     assert r.returncode == 2, r.stderr
     assert f'pip install "moco-retrieval[{extra}]"' in r.stderr and "Traceback" not in r.stderr
-    assert not (work / "run" / "checkpoint.pt").exists()  # nothing was trained first
+    assert not list(work.rglob("checkpoint.pt"))  # nothing was trained first
+
+
+# ------------------------------------------------------------------------------------------ the Makefile
+def test_make_run_echoes_its_command_on_one_line(tmp_path):
+    r = subprocess.run(["make", "-n", "run", f"VENV={tmp_path / 'venv'}", "PHOTOS=/photos", "MINUTES=3"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    command = f"{tmp_path / 'venv'}/bin/moco run /photos --work runs/default --minutes 3 --host 127.0.0.1 --port 7860"
+    assert command in r.stdout.splitlines(), r.stdout  # one line, as it runs
+    assert "\\\n" not in r.stdout
+
+
+APT = """#!/bin/sh
+echo "$(basename "$0") $*" >> "$LOG"
+case "$(basename "$0") $*" in
+  "apt-cache show chromium") exit "$KNOWN" ;;
+  "apt-get -s install"*) printf 'Inst chromium (1 Debian)\\n%b' "$UPGRADES" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize(("known", "upgrades"), [(0, ""), (1, ""), (0, "Inst libc6 [2.36-9] (2.36-10 Debian)\n")])
+def test_make_test_installs_chromium_alone_and_upgrades_nothing(tmp_path, known, upgrades):
+    """The chromium rule, run by make with apt-get/apt-cache stand-ins that record their calls (as root: no sudo)."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    for tool in ("apt-get", "apt-cache"):
+        (bin_dir / tool).write_text(APT)
+        (bin_dir / tool).chmod(0o755)
+    (bin_dir / "id").write_text("#!/bin/sh\necho 0\n")
+    (bin_dir / "id").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log), "KNOWN": str(known), "UPGRADES": upgrades}
+    r = subprocess.run(["make", str(tmp_path / "chromium"), f"CHROMIUM={tmp_path / 'chromium'}"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=60)  # fmt: skip
+    calls = log.read_text().splitlines()
+    assert "chromium is missing: installing it" in r.stdout.splitlines()[0]  # said before anything is done
+    assert ("apt-get update -qq" in calls) == bool(known)  # the lists updated only when chromium is unknown
+    if upgrades:
+        assert r.returncode != 0 and "would upgrade libc6" in r.stderr and "CHROMIUM=" in r.stderr
+        assert not [c for c in calls if c.startswith("apt-get install")]
+    else:
+        assert r.returncode == 0, r.stderr
+        assert [c for c in calls if c.startswith("apt-get install")] == ["apt-get install -y -qq --no-upgrade chromium"]

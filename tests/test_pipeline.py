@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
+from app.pipeline import collection_dir, training_overrides
 from index.image_index import ImageIndex
 from moco.sample import make_sample_collection
 
@@ -25,19 +26,84 @@ def work(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("pipeline")
     photos = tmp / "photos"
     make_sample_collection(photos, per_family=8, size=48, seed=4)
-    return {"photos": photos, "work": tmp / "work", "tmp": tmp}
+    return {"photos": photos, "work": tmp / "work", "tmp": tmp, "own": collection_dir(tmp / "work", photos)}
 
 
 def _run(work: dict[str, Path], capsys, *extra: str) -> str:
     code = main(["run", str(work["photos"]), "--work", str(work["work"]), "--no-serve", "--quiet", *extra])
     assert code == 0
-    return capsys.readouterr().out
+    out = capsys.readouterr()
+    assert "batch-norm group" not in out.err, out.err  # `moco run` chose its settings: nothing to act on
+    return out.out
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_each_photo_folder_gets_its_own_directory(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    a, b = tmp_path / "a" / "Pictures", tmp_path / "b" / "Pictures"
+    a.mkdir(parents=True)
+    b.mkdir(parents=True)
+    (tmp_path / "link").symlink_to(a)
+    own = collection_dir(work, a)
+    assert own.parent == work and own.name.startswith("Pictures-") and collection_dir(work, b) != own  # same name
+    monkeypatch.chdir(tmp_path)
+    assert collection_dir(work, "a/Pictures/") == collection_dir(work, tmp_path / "link") == own  # one folder
+    assert collection_dir(work, None) == collection_dir(work, work / "sample" / "photos") == work / "sample"
+    assert collection_dir(work, tmp_path / "my photos: 2024").name.startswith("my_photos_2024-")
+
+
+@pytest.mark.parametrize("n", [16, 31, 60, 64, 100, 300, 5000])
+def test_run_picks_a_batch_its_bn_groups_suit(sample_photos, n):
+    """Shuffle BN over at least 2 groups, of 16 images where the batch allows (never a setting it warns about)."""
+    o = training_overrides(sample_photos, n, cuda=False, minutes=None, init=None)
+    batch, splits = o["batch_size"], o["bn_splits"]
+    assert 16 <= batch <= n and splits >= 2 and batch % splits == 0
+    assert batch // splits == (16 if batch >= 32 else batch // 2)
+
+
+@pytest.mark.slow
+def test_the_sample_and_another_folder_keep_their_own_model_and_index(tmp_path, capsys):
+    """Issue 30: after the sample, another folder was indexed with the sample's model, over the sample's index."""
+    work = tmp_path / "work"
+    make_sample_collection(work / "sample" / "photos", per_family=3, size=32, seed=1)  # a small sample, made ahead
+    (work / "run").mkdir(parents=True)
+    (work / "run" / "checkpoint.pt").write_bytes(b"an earlier version's run")  # its layout: one folder per WORK
+    other = tmp_path / "Pictures"
+    make_sample_collection(other, per_family=4, size=32, seed=5)
+
+    def run(*photos: Path) -> str:
+        assert main(["run", *map(str, photos), "--work", str(work), "--no-serve", "--quiet", "--max-steps", "2"]) == 0
+        out = capsys.readouterr()
+        assert "batch-norm group" not in out.err, out.err
+        return out.out
+
+    sample, mine = collection_dir(work, None), collection_dir(work, other)
+    first = run()
+    assert f"work: {sample}, for {sample / 'photos'} alone (new" in first and "MoCo cpu on 18 photos" in first
+    assert f"{work / 'run'} were left by an earlier version" in first
+    kept = _files(sample)
+    second = run(other)
+    assert f"work: {mine}, for {other} alone (new" in second and "training: MoCo cpu on 24 photos" in second
+    assert "done earlier" not in second and "up to date" not in second and "24 photos searchable" in second
+    assert _files(sample) == kept  # nothing of the sample's run, backbone or index overwritten
+    assert _files(mine / "run") != _files(sample / "run")
+    assert (work / "run" / "checkpoint.pt").read_bytes() == b"an earlier version's run"  # left as it was
+    third = run()
+    assert f"work: {sample}, for {sample / 'photos'} alone: reusing what an earlier run of this folder left" in third
+    assert "training: done earlier (2/2 steps)" in third and "up to date" in third
+    assert "(0 new, 0 changed, 0 removed, 18 unchanged; 18 searchable)" in third
+    assert (mine / "run" / "checkpoint.pt").read_bytes() != (sample / "run" / "checkpoint.pt").read_bytes()
+    for own, n in ((sample, 18), (mine, 24)):
+        assert len(ImageIndex.open(own / "index")) == n
 
 
 @pytest.mark.slow
 def test_pipeline_then_reuse(work, capsys):
     out = _run(work, capsys, "--max-steps", "2")
-    w = work["work"]
+    w = work["own"]  # the photo folder's own directory in WORK
     for artifact in ("run/checkpoint.pt", "backbone.safetensors", "index/index.faiss", "index/index.json",
                      "index/catalog.sqlite"):  # fmt: skip
         assert (w / artifact).is_file(), artifact
@@ -54,13 +120,13 @@ def test_pipeline_then_reuse(work, capsys):
 
 @pytest.mark.slow
 def test_checkpoint_and_init_paths(work, capsys):
-    ckpt = work["work"] / "run" / "checkpoint.pt"
+    ckpt = work["own"] / "run" / "checkpoint.pt"
     if not ckpt.is_file():
         _run(work, capsys, "--max-steps", "2")
     out = main(["run", str(work["photos"]), "--work", str(work["tmp"] / "given"), "--checkpoint", str(ckpt),
                 "--no-serve", "--quiet"])  # fmt: skip
     assert out == 0 and "training: skipped" in capsys.readouterr().out
-    assert len(ImageIndex.open(work["tmp"] / "given" / "index")) == 48
+    assert len(ImageIndex.open(collection_dir(work["tmp"] / "given", work["photos"]) / "index")) == 48
     assert main(["run", str(work["photos"]), "--work", str(work["tmp"] / "init"), "--init", str(ckpt),
                  "--max-steps", "2", "--no-serve", "--quiet"]) == 0  # fmt: skip
     assert "init=" in capsys.readouterr().out
@@ -69,7 +135,7 @@ def test_checkpoint_and_init_paths(work, capsys):
 
 @pytest.mark.slow
 def test_run_reaches_a_served_page(work, capsys):
-    if not (work["work"] / "index" / "index.json").is_file():
+    if not (work["own"] / "index" / "index.json").is_file():
         _run(work, capsys, "--max-steps", "2")
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")

@@ -367,13 +367,15 @@ def few_photos(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_run_uses_the_default_pretrained_model_and_names_as_checkpoints(server, few_photos, tmp_path, capsys):
+    from app.pipeline import collection_dir
     from index.image_index import ImageIndex
 
     work = tmp_path / "w"
     assert main(["run", str(few_photos), "--work", str(work), "--no-serve", "--quiet", "--pretrained", "test_r18"]) == 0
     out = capsys.readouterr().out
     assert "model: test_r18 (official MoCo v2, resnet18" in out and "training: skipped, using" in out
-    assert not (work / "run").exists() and len(ImageIndex.open(work / "index")) == 18
+    own = collection_dir(work, few_photos)  # the folder's own directory in WORK
+    assert not (own / "run").exists() and len(ImageIndex.open(own / "index")) == 18
     assert [p for p, _ in server.requests] == [f"/{FILE}"]
     # --checkpoint NAME: the cached file, no second download.
     assert main(["run", str(few_photos), "--work", str(tmp_path / "c"), "--no-serve", "--quiet", "--checkpoint",
@@ -383,7 +385,7 @@ def test_run_uses_the_default_pretrained_model_and_names_as_checkpoints(server, 
 
 @pytest.mark.slow
 def test_run_offline_falls_back_to_training_and_says_why(monkeypatch, few_photos, tmp_path):
-    from app.pipeline import run_pipeline
+    from app.pipeline import collection_dir, run_pipeline
 
     url = _refused_url()
     monkeypatch.setenv("MOCO_PRETRAINED_URL", url)
@@ -392,7 +394,7 @@ def test_run_offline_falls_back_to_training_and_says_why(monkeypatch, few_photos
                        pretrained="test_r18")  # fmt: skip
     text = "\n".join(said)
     assert "training from scratch instead" in text and url in text and "training: MoCo cpu on 18 photos" in text
-    assert out["trained"] and (tmp_path / "w" / "run" / "checkpoint.pt").is_file()
+    assert out["trained"] and (collection_dir(tmp_path / "w", few_photos) / "run" / "checkpoint.pt").is_file()
 
 
 @pytest.mark.slow
@@ -411,7 +413,7 @@ def test_run_init_name_and_no_fetch_without_photos_or_when_training_is_asked(ser
                  "--pretrained", "test_r18"]) == 0  # fmt: skip
     assert "training: MoCo cpu on 18 photos" in capsys.readouterr().out and server.requests == []
     # No PHOTOS (the sample, here a small one already generated): never fetched.
-    shutil.copytree(few_photos, tmp_path / "s" / "sample_photos")
+    shutil.copytree(few_photos, tmp_path / "s" / "sample" / "photos")
     said: list[str] = []
     run_pipeline(None, tmp_path / "s", train_overrides={"max_steps": 1}, say=said.append, progress=False,
                  pretrained="test_r18")  # fmt: skip

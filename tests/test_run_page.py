@@ -34,6 +34,7 @@ def test_status_while_training_then_search_turns_on(tmp_path):
 
     work, port, log = tmp_path / "work", free_port(), tmp_path / "run.log"
     proc = _moco_run(work, port, 12, log)
+    work = work / "sample"  # the sample's own directory in WORK
     try:
         wait_served(f"http://127.0.0.1:{port}/", proc, timeout=120)
         assert not (work / "index").exists()  # the page answers before any index exists
@@ -59,7 +60,7 @@ def test_status_while_training_then_search_turns_on(tmp_path):
             page.wait_for_function("document.querySelector('#title').innerText.includes('240 images')",
                                    timeout=30_000)  # fmt: skip
             page.get_by_role("tab", name="Search").click()  # the same page, never reloaded
-            photo = sorted((work / "sample_photos").rglob("*.jpg"))[0]
+            photo = sorted((work / "photos").rglob("*.jpg"))[0]
             page.locator("#query input[type=file]").set_input_files(str(photo))
             page.wait_for_timeout(300)
             page.locator("#search-btn").click()
@@ -76,6 +77,7 @@ def test_status_while_training_then_search_turns_on(tmp_path):
 def test_sigterm_during_training_stops_the_run_before_export(tmp_path):
     work, port, log = tmp_path / "work", free_port(), tmp_path / "run.log"
     proc = _moco_run(work, port, 10_000, log)
+    work = work / "sample"
     try:
         wait_served(f"http://127.0.0.1:{port}/", proc, timeout=120)
         metrics = work / "run" / "metrics.jsonl"
