@@ -142,17 +142,21 @@ def _hold(directory: Path) -> subprocess.Popen:
 
 
 def test_a_second_run_on_one_directory_refuses_naming_the_first(sample_photos, tmp_path, capsys):
+    from app.pipeline import collection_dir
+
     work, run = tmp_path / "work", tmp_path / "run"
-    holders = [_hold(work), _hold(run)]
+    own = collection_dir(work, sample_photos)  # the lock is the photo folder's own directory's
+    own.mkdir(parents=True)
+    holders = [_hold(own), _hold(run)]
     try:
         assert main(["run", str(sample_photos), "--work", str(work), "--max-steps", "2", "--no-serve",
                      "--quiet"]) == 2  # fmt: skip
         err = capsys.readouterr().err
-        assert f"{work} is in use by another moco run (PID {holders[0].pid})" in err and "--work" in err, err
+        assert f"{own} is in use by another moco run (PID {holders[0].pid})" in err and "--work" in err, err
         assert main(["train", str(sample_photos), "--out", str(run), *TINY_CLI, "--max-steps", "2"]) == 2
         err = capsys.readouterr().err
         assert f"{run} is in use by another moco run (PID {holders[1].pid})" in err and "--out" in err, err
-        assert not (run / "metrics.jsonl").exists() and not (work / "run").exists()
+        assert not (run / "metrics.jsonl").exists() and not (own / "run").exists()
     finally:
         for proc in holders:
             proc.send_signal(signal.SIGKILL)  # the OS releases a killed holder's lock: nothing stale is left
