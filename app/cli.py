@@ -78,6 +78,53 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_embed(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "embed",
+        help="a folder of photos to a file of vectors, for your own vector store",
+        description="Embed every photo under PHOTOS (recursively) into FILE.npy (N x D float32) with FILE.paths.txt "
+        "beside it (one path per line, relative to PHOTOS, in the rows' order; read it with errors="
+        "'surrogateescape'), or FILE.parquet with pyarrow. The vectors are the index's: by default in the export's "
+        "own space (Embedder.load(B)); --space IDX: that index's space, the vectors its search compares; "
+        "--features: the raw features an index stores. Resumable: photos are embedded in chunks kept in "
+        "FILE.npy.parts/; after an interruption the same command continues where it stopped (finished chunks are "
+        "not embedded again), and the folder goes once the output is written.",
+    )
+    p.add_argument("photos", metavar="PHOTOS", help="folder of photos")
+    p.add_argument("--backbone", required=True, metavar="B", help="a backbone made by `moco export`, a checkpoint or "
+                   "an official NAME (`moco pretrained`)")  # fmt: skip
+    p.add_argument("-o", "--out", required=True, metavar="FILE", help="FILE.npy (vectors; paths in FILE.paths.txt) "
+                   "or FILE.parquet (columns path, vector; needs pyarrow)")  # fmt: skip
+    space = p.add_mutually_exclusive_group()
+    space.add_argument("--space", default=None, metavar="IDX", help="vectors in the space of this index (made "
+                       "with the same backbone): equal to its stored vectors")  # fmt: skip
+    space.add_argument("--features", action="store_true", help="the raw features (L2-normalized), as an index "
+                       "stores them before mapping them into its space")  # fmt: skip
+    p.add_argument("--chunk-size", type=int, default=1024, metavar="N",
+                   help="photos per resumable chunk (default: 1024)")  # fmt: skip
+    p.add_argument("--batch-size", type=int, default=64, metavar="N", help="photos per forward pass (default: 64)")
+    p.add_argument("--workers", type=int, default=None, metavar="N", help="decoding threads (default: up to 8)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(handler=cmd_embed)
+
+
+def cmd_embed(args: argparse.Namespace) -> int:
+    """`moco embed`: photos -> FILE.npy + FILE.paths.txt (or FILE.parquet), resuming an interrupted run."""
+    from app.embed_file import embed_to_file
+
+    s = embed_to_file(args.photos, args.backbone, args.out, space=args.space, features=args.features,
+                      chunk_size=args.chunk_size, batch_size=args.batch_size, workers=args.workers,
+                      device=args.device, progress=not args.quiet)  # fmt: skip
+    skipped = f"; skipped {s['skipped']} unreadable (e.g. {s['skipped_examples'][0]})" if s["skipped"] else ""
+    resumed = (f"; {s['resumed_chunks']} of {s['chunks']} chunks came from the interrupted run"
+               if s["resumed_chunks"] else "")  # fmt: skip
+    where = f", paths in {s['paths']}" if s["paths"] else ""
+    print(f"embedded {s['rows']} photos into {s['out']} ({s['rows']} x {s['dim']} float32, {s['space']}){where}"
+          f"{skipped}{resumed}")  # fmt: skip
+    return 0
+
+
 def _add_pretrained(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "pretrained",
@@ -299,6 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_train(sub)
     _add_export(sub)
+    _add_embed(sub)
     _add_pretrained(sub)
     _add_sample(sub)
     from app.cli_index import add_index

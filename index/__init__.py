@@ -8,7 +8,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports each name when first used
+    from index.build import build_index, update_index
+    from index.dedup import find_duplicates
+    from index.image_index import ImageIndex, SearchResult
+    from index.store import VectorStore
 
 __all__ = ["ImageIndex", "SearchResult", "build_index", "update_index", "find_duplicates", "VectorStore"]
 

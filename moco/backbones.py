@@ -27,20 +27,23 @@ def is_vit(arch: str) -> bool:
 
 
 def build_backbone(
-    arch: str, small_stem: bool = False, image_size: int = 224, zero_init_residual: bool = False, **timm_kwargs: Any
-) -> tuple[nn.Module, int]:
+    arch: str, small_stem: bool = False, image_size: int = 224, zero_init_residual: bool = False, *,
+    moco_v3_vit: bool = False, **timm_kwargs: Any,
+) -> tuple[nn.Module, int]:  # fmt: skip
     """Return ``(backbone, num_features)`` for ``arch``, randomly initialized.
 
     ``arch`` is a torchvision ResNet name (``resnet18``, ``resnet50``, ``wide_resnet50_2``,
     ``resnext50_32x4d``...) or any timm model name (``timm/`` prefix forces timm). ``small_stem``
     replaces the 7x7/2 conv and max-pool by a 3x3/1 conv, for 32-96 px images. ``zero_init_residual``
     zeroes the last BN gamma of each torchvision residual block (MoCo v3; timm ResNets do it by default).
+    ``moco_v3_vit``: a ViT becomes MoCo v3's (vits.py: its init, fixed sin-cos positions, frozen patch
+    projection), as the official code trains from scratch; else timm's ViT, every weight learnable.
     ``timm_kwargs`` go to ``timm.create_model`` (e.g. ``num_heads=12`` for MoCo v3's ViT-S).
     """
     name = arch.removeprefix("timm/")
     if not arch.startswith("timm/") and _is_torchvision_resnet(name) and not timm_kwargs:
         return _torchvision_resnet(name, small_stem, zero_init_residual)
-    return _timm_model(name, small_stem, image_size, timm_kwargs)
+    return _timm_model(name, small_stem, image_size, timm_kwargs, moco_v3_vit)
 
 
 def _is_torchvision_resnet(name: str) -> bool:
@@ -61,7 +64,8 @@ def _torchvision_resnet(name: str, small_stem: bool, zero_init_residual: bool = 
     return model, width
 
 
-def _timm_model(name: str, small_stem: bool, image_size: int, extra: dict[str, Any]) -> tuple[nn.Module, int]:
+def _timm_model(name: str, small_stem: bool, image_size: int, extra: dict[str, Any],
+                moco_v3_vit: bool = False) -> tuple[nn.Module, int]:  # fmt: skip
     import timm
 
     if not timm.is_model(name):
@@ -82,7 +86,7 @@ def _timm_model(name: str, small_stem: bool, image_size: int, extra: dict[str, A
         settings = ", ".join(f"{k}={v}" for k, v in extra.items())
         raise UserError(f"{name} cannot be built with {settings} ({e}): choose values the model allows, e.g. "
                         "--num-heads 6 or 12 for a 384-wide ViT-S") from None  # fmt: skip
-    if is_vit(name):
+    if moco_v3_vit and is_vit(name):
         _moco_v3_vit(model)
     if small_stem:
         conv = getattr(model, "conv1", None)

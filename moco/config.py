@@ -19,7 +19,7 @@ from moco.backbones import is_vit
 from moco.errors import UserError
 
 __all__ = ["TrainConfig", "PRESETS", "default_preset", "cpu_image_size", "resolve_config", "add_config_arguments",
-           "config_overrides", "backbone_kwargs", "load_config_file"]
+           "config_overrides", "backbone_kwargs", "uses_v3_vit", "load_config_file"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -59,6 +59,9 @@ class TrainConfig:
     predictor_last_bn: bool = _field(False, "v3: an affine-free BN ends the predictor (official: ViT yes, ResNet no)")
     zero_init_residual: bool = _field(False, "torchvision ResNets: zero the last BN gamma of each residual block")
     num_heads: int = _field(0, "ViT attention heads (0: the timm model's; 12 for MoCo v3's ViT-S and its checkpoints)")
+    vit_v3_tweaks: str = _field("auto", "ViT: MoCo v3's fixed 2-D sin-cos positions, frozen patch projection and "
+                                "init (vits.py): auto (the v3 preset without --init, as the official code trains "
+                                "from scratch; else timm's learnable ones) | on | off")
     queue_size: int = _field(65536, "K negatives in the queue (0: no queue, v3)")
     temperature: float = _field(0.2, "T of the softmax")
     momentum: float = _field(0.999, "m of the key encoder (v3: m0 of the cosine schedule to 1)")
@@ -193,6 +196,7 @@ CHOICES = {
     "device": ("auto", "cpu", "cuda"),
     "memory_format": ("auto", "channels_last", "contiguous"),
     "whiten_stages": ("auto", "on", "off"),
+    "vit_v3_tweaks": ("auto", "on", "off"),
 }
 
 
@@ -250,6 +254,14 @@ def _init_heads(init: str) -> dict[str, int]:
 
     heads = checkpoint_num_heads(read_checkpoint(init))
     return {} if heads is None else {"num_heads": heads}
+
+
+def uses_v3_vit(cfg: TrainConfig) -> bool:
+    """Whether ``cfg`` trains MoCo v3's ViT (fixed sin-cos positions, frozen patch projection): ``vit_v3_tweaks``,
+    where auto means the v3 preset from scratch (with --init the weights' own positions and projection learn on)."""
+    if not is_vit(cfg.arch) or cfg.vit_v3_tweaks == "off":
+        return False
+    return cfg.vit_v3_tweaks == "on" or (cfg.preset == "v3" and not cfg.init)
 
 
 def backbone_kwargs(cfg: TrainConfig) -> dict[str, Any]:
@@ -310,6 +322,8 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
     if cfg.min_image_size and is_vit(cfg.arch):
         raise UserError(f"--min-image-size {cfg.min_image_size}: progressive resolution is for CNNs (a ViT's position "
                         f"embedding is fixed to --image-size); drop it for --arch {cfg.arch}")  # fmt: skip
+    if cfg.vit_v3_tweaks == "on" and not is_vit(cfg.arch):
+        raise UserError(f"--vit-v3-tweaks on applies to ViT backbones; --arch {cfg.arch} is not one: drop it")
     if cfg.num_heads and not is_vit(cfg.arch):
         raise UserError(f"--num-heads {cfg.num_heads} applies to ViT backbones; --arch {cfg.arch} is not one: "
                         "drop --num-heads")  # fmt: skip
@@ -384,6 +398,7 @@ def from_plain(d: dict[str, Any]) -> TrainConfig:
     """Inverse of ``to_plain``; unknown keys from newer versions are ignored, missing ones defaulted."""
     known = {f.name: f for f in fields(TrainConfig)}
     kw = {k: tuple(v) if isinstance(v, list) else v for k, v in d.items() if k in known}
+    kw.setdefault("vit_v3_tweaks", "on")  # saved before the field existed: every ViT was built with them
     return TrainConfig(**kw)
 
 

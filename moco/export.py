@@ -428,6 +428,10 @@ def _timm_config(backbone: nn.Module, meta: dict[str, str]) -> dict[str, Any]:
     crop_pct = size / resize
     while math.floor(size / crop_pct) < resize:  # timm resizes to floor(size / crop_pct): keep it exactly `resize`
         crop_pct = math.nextafter(crop_pct, 0.0)
+    # timm's own names of the layers it adapts: create_model(..., num_classes=N) drops `classifier` (ours has none)
+    # and builds a fresh N-way head; in_chans=1 adapts `first_conv`; a fixed input size (ViTs) comes from input_size
+    own = {k: probe.pretrained_cfg[k] for k in ("classifier", "first_conv", "fixed_input_size")
+           if probe.pretrained_cfg.get(k)}  # fmt: skip
     return {
         "architecture": arch,
         "num_classes": 0,
@@ -441,6 +445,7 @@ def _timm_config(backbone: nn.Module, meta: dict[str, str]) -> dict[str, Any]:
             "crop_pct": crop_pct,
             "crop_mode": meta["crop"],
             "num_classes": 0,
+            **own,
         },
     }
 

@@ -98,8 +98,14 @@ class FetchError(NetworkError):
 
 
 def moco_home() -> Path:
-    """``$MOCO_HOME``, default ``~/.cache/moco-retrieval``."""
-    return Path(os.environ.get("MOCO_HOME") or "~/.cache/moco-retrieval").expanduser()
+    """Where checkpoints and exports are cached, the first of: ``$MOCO_HOME``; ``$XDG_CACHE_HOME/moco-retrieval``;
+    ``~/.cache/moco-retrieval``. An empty variable counts as unset; a relative ``$XDG_CACHE_HOME`` is ignored, as
+    the XDG Base Directory specification asks."""
+    if os.environ.get("MOCO_HOME"):
+        return Path(os.environ["MOCO_HOME"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    cache = Path(xdg) if os.path.isabs(xdg) else Path("~/.cache").expanduser()
+    return cache / "moco-retrieval"
 
 
 def url_for(entry: Pretrained) -> str:

@@ -31,7 +31,7 @@ from torch import nn
 from moco.augment import two_views
 from moco.backbones import build_backbone, is_vit
 from moco.checkpoint import atomic_write, load_checkpoint, lock_dir, save_checkpoint
-from moco.config import TrainConfig, backbone_kwargs, default_workers, from_plain, to_plain, validate
+from moco.config import TrainConfig, backbone_kwargs, default_workers, from_plain, to_plain, uses_v3_vit, validate
 from moco.curves import read_metrics
 from moco.data import ImageCache, build_cache, write_skipped
 from moco.device import autocast_for, init_distributed, resolve_device, resolve_precision
@@ -77,7 +77,7 @@ RESUMABLE_OVERRIDES = (
 def build_model(cfg: TrainConfig) -> MoCo:
     """The MoCo module described by ``cfg`` (random init), with split BN for this process (``_bn_splits``)."""
     backbone, width = build_backbone(cfg.arch, cfg.small_stem, cfg.image_size, cfg.zero_init_residual,
-                                     **backbone_kwargs(cfg))  # fmt: skip
+                                     moco_v3_vit=uses_v3_vit(cfg), **backbone_kwargs(cfg))  # fmt: skip
     return MoCo(
         backbone,
         width,
@@ -828,7 +828,8 @@ def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
     from moco.data import short_sides
 
     from_file = load_config_file(args.config) if args.config else {}
-    data_dir = args.data_dir or from_file.pop("data_dir", "")
+    data_dir = args.data_dir or from_file.get("data_dir", "")  # DATA_DIR overrides the file's, as any flag does
+    from_file.pop("data_dir", None)
     from_file.pop("out", None)  # --out is required and always wins
     file_preset = from_file.pop("preset", None)
     preset = args.preset or file_preset

@@ -28,9 +28,11 @@ UPDATE_FLAGS = ["--backbone", "--root", "--kind", "--batch-size", "--workers", "
 
 # The pages of `moco` (DESIGN.md's CLI contract) and what each must list.
 PAGES = {
-    "": ["train", "export", "sample", "index", "serve", "run", "--version", "--verbose"],
+    "": ["train", "export", "embed", "sample", "index", "serve", "run", "--version", "--verbose"],
     "train": ["DATA_DIR", "--resume", "--quiet", "--stop-after", *TRAIN_FLAGS],
     "export": ["CHECKPOINT", "--out", "--arch", "--format", "--image-size"],
+    "embed": ["PHOTOS", "--backbone", "--out", "-o", "--space", "--features", "--chunk-size", "--batch-size",
+              "--workers", "--device", "--quiet"],
     "sample": ["OUT_DIR", "--per-family", "--size", "--seed"],
     "index": ["build", "update", "search", "stats", "dedup"],
     "index build": ["PHOTOS", *BUILD_FLAGS],

@@ -276,6 +276,36 @@ def test_timm_format_loads_in_timm_with_its_preprocessing(tmp_path, kind):
     assert Embedder.load(tmp_path / "timm" / "model.safetensors", device="cpu").config == meta
 
 
+@pytest.mark.parametrize(("arch", "size"), [("resnet18", 64), ("vit_tiny_patch16_224", 32)])
+def test_timm_format_fine_tunes_with_a_fresh_head(tmp_path, arch, size):
+    """What a timm user does first: create_model(num_classes=10) on our export loads every backbone tensor as
+    exported and gives a new 10-way head (timm drops the `classifier` the config names)."""
+    import timm
+
+    torch.manual_seed(0)
+    if arch == "resnet18":
+        torch.save(_randomized_bn(_resnet18()).state_dict(), tmp_path / "ckpt.pth")
+    else:  # an official MoCo v3 layout
+        vit = timm.create_model(arch, pretrained=False, img_size=size, num_classes=0)
+        torch.save({"state_dict": {f"module.base_encoder.{k}": v for k, v in vit.state_dict().items()}},
+                   tmp_path / "ckpt.pth")  # fmt: skip
+    export_backbone(tmp_path / "ckpt.pth", tmp_path / "timm", fmt="timm", image_size=size)
+    exported, _ = load_exported(tmp_path / "timm" / "model.safetensors")
+
+    model = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True, num_classes=10)
+    head = "fc" if arch == "resnet18" else "head"
+    state = model.state_dict()
+    assert set(state) - set(exported) == {f"{head}.weight", f"{head}.bias"}  # only the new head is not ours
+    assert all(torch.equal(state[k], exported[k]) for k in exported)  # every backbone tensor exactly
+    assert model.get_classifier().out_features == 10 and model.num_classes == 10
+    with torch.no_grad():
+        assert model.eval()(torch.randn(2, 3, size, size)).shape == (2, 10)
+    # grayscale fine-tuning: timm sums the first conv over the colour channels (it knows which conv is first)
+    gray = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True, num_classes=10, in_chans=1)
+    first = "conv1" if arch == "resnet18" else "patch_embed.proj"
+    assert torch.allclose(gray.state_dict()[f"{first}.weight"], exported[f"{first}.weight"].sum(1, keepdim=True))
+
+
 def test_timm_format_refuses_the_small_stem(tmp_path):
     net = _resnet18()
     net.conv1 = nn.Conv2d(3, 64, 3, 1, 1, bias=False)

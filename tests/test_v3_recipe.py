@@ -88,7 +88,7 @@ def _uniform_std(bound: float) -> float:
 
 def test_vit_init_follows_vits_py():
     torch.manual_seed(0)
-    net, _ = build_backbone("vit_small_patch16_224", image_size=64, depth=2)
+    net, _ = build_backbone("vit_small_patch16_224", image_size=64, depth=2, moco_v3_vit=True)
     d = net.embed_dim
     linears = [(n, m) for n, m in net.named_modules() if isinstance(m, nn.Linear)]
     assert len(linears) == 8
