@@ -131,7 +131,7 @@ def _add_pretrained(sub: argparse._SubParsersAction) -> None:
         help="official MoCo checkpoints by name, cached or not",
         description="The official MoCo v1/v2/v3 checkpoints known by NAME. A NAME goes wherever a checkpoint does "
         "(moco export NAME, --init NAME, moco run --checkpoint NAME); it is downloaded once into $MOCO_HOME "
-        "(default ~/.cache/moco-retrieval), verified, then read like any file.",
+        "(else $XDG_CACHE_HOME/moco-retrieval, else ~/.cache/moco-retrieval), verified, then read like any file.",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(handler=cmd_pretrained)

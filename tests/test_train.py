@@ -110,7 +110,7 @@ def test_resume_is_bit_exact(sample_photos, tmp_path, preset, precision):
     fp16 on a CPU: torch's fp16 convolution backward has no fast CPU kernel (15 s a step for the tiny
     ResNet here), so that case trains a tiny ViT, whose frozen patch projection needs no convolution backward.
     """
-    # 6 steps with 48 images and batch 8: the split at step 4 falls inside the first epoch's second pass
+    # 10 steps, split after step 4: the second run resumes mid-schedule, its data order and RNG state restored
     kw = dict(max_steps=10, precision=precision, symmetric=preset == "v2")
     if precision == "fp16":
         kw.update(arch="vit_tiny_patch16_224", small_stem=False, image_size=32)
