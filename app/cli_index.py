@@ -55,13 +55,13 @@ def add_index(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from index.cli_args import run
+    from index.build import run_cli as run
 
     return run(args, update=False)
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    from index.cli_args import run
+    from index.build import run_cli as run
 
     return run(args, update=True)
 

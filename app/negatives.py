@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from app.uploads import read_upload
-from index.build import chance_level
+from index.sync_store import chance_level
 from moco.augment import two_views
 from moco.data import load_rgb, square_u8
 from moco.errors import UserError

@@ -142,9 +142,10 @@ def _stop_on_signal(summary: dict[str, Any], ckpt_path: Path, say: Callable[[str
 
 
 def _export(source: Path, out: Path, say: Callable[[str], None]) -> Path:
-    from moco.export import _sha256, embedding_dim, export_backbone, load_exported
+    from moco.checkpoint import sha256_file
+    from moco.export import embedding_dim, export_backbone, load_exported
 
-    digest = _sha256(source)
+    digest = sha256_file(source)
     if out.is_file():
         _, meta = load_exported(out)
         if meta.get("source_sha256") == digest:
@@ -158,15 +159,15 @@ def _export(source: Path, out: Path, say: Callable[[str], None]) -> Path:
 
 
 def _index(photos: Path, backbone: Path, index_dir: Path, say: Callable[[str], None], progress: bool) -> Any:
-    from index.build import build_index, catalog_meta, update_index
-    from index.catalog import Catalog
-    from moco.export import _sha256
+    from index.build import build_index, update_index
+    from index.catalog import Catalog, catalog_meta
+    from moco.checkpoint import sha256_file
 
     if (index_dir / "catalog.sqlite").is_file():
         cat = Catalog(index_dir / "catalog.sqlite")
         meta = catalog_meta(cat)
         cat.close()
-        if meta["backbone_sha256"] == _sha256(backbone) and Path(meta["root"] or "") == photos.resolve():
+        if meta["backbone_sha256"] == sha256_file(backbone) and Path(meta["root"] or "") == photos.resolve():
             s = update_index(index_dir, backbone=backbone, progress=progress)
             say(f"index: updated {index_dir} ({s.embedded} new, {s.reembedded} changed, {s.removed} removed, "
                 f"{s.unchanged} unchanged; {s.vectors} searchable)")  # fmt: skip

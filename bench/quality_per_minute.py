@@ -45,7 +45,7 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "resnet10t_b128": dict(arch="resnet10t", batch_size=128),  # the two single winners of the 5-minute screen
     "resnet10t_b128_lr012": dict(arch="resnet10t", batch_size=128, lr=0.12),
     "resnet10t_b64_lr012": dict(arch="resnet10t", batch_size=64, lr=0.12),
-    # resnet10t has no small stem, and bf16 needs crops of 32 px or more on it (moco.train._safe_precision), so
+    # resnet10t has no small stem, and bf16 needs crops of 32 px or more on it (moco.run_setup.safe_precision), so
     # progressive resolution is measured at 64 px (kNN at 64 px too): 32 -> 64 against 64 throughout
     "resnet10t_b128_64px": dict(arch="resnet10t", batch_size=128, image_size=64),
     "resnet10t_b128_64px_prog32": dict(arch="resnet10t", batch_size=128, image_size=64, min_image_size=32),

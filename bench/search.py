@@ -17,7 +17,7 @@ Measured, top-10 by cosine, all on the CPU:
   that load from elsewhere on the machine hits all alike, each turn after 0.2 s of quiet and one
   untimed query (see ``measure``); Flat's top-10 checked against numpy's (ties: scores within 1e-5);
 - approximate: the kind ``choose_kind(N, D, budget)`` picks (ivf when ``auto`` would say flat), built
-  as index/build.py builds a new index: 500 database vectors held out, train on a sample of
+  as index/sync_store.py builds a new index: 500 database vectors held out, train on a sample of
   max(64 nlist, 10,000) of the others, add the others, ``tune`` nprobe to recall@10 >= 0.95 on the
   held-out ones, add them; then recall@10 on the fresh queries against exact, latency, QPS and
   speedup vs Flat;
@@ -53,11 +53,11 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from index.build import sample_ids  # noqa: E402
+from index.plan import sample_ids  # noqa: E402
 from index.store import VectorStore, choose_kind, recall_at  # noqa: E402
 
 K = 10
-TUNE_QUERIES, TARGET = 500, 0.95  # as index/build.py: database vectors held out of training and tuning
+TUNE_QUERIES, TARGET = 500, 0.95  # as index/sync_store.py: database vectors held out of training and tuning
 CHUNK = 1 << 16  # rows generated and added at a time
 PAUSE, BLOCK = 0.2, 5  # timing: seconds of quiet before each method's turn, single queries per turn
 
@@ -202,7 +202,7 @@ def bench(dist: str, dim: int, n: int, args: argparse.Namespace) -> dict:
     x = stored_vectors(flat)  # N x D view
     log("data")
 
-    # approximate: built and tuned as index/build.py builds a new index (_sync_store, _fresh_store)
+    # approximate: built and tuned as index/sync_store.py builds a new index (sync_store, _fresh_store)
     kind = choose_kind(n, dim, int(args.memory_budget_gb * 2**30))
     forced = kind == "flat"
     kind = "ivf" if forced else kind

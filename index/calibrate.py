@@ -12,7 +12,7 @@ Where the copies' low end does not clear the closest other photo, their median s
 sample whose nearest other photo scores at least as close as the median copy is one of the collection's own
 near-duplicates, not another photo: it is left out of ``others_max`` and counted (``sample_duplicates``); where
 every photo is, the threshold is the copies' 10th percentile (``others_max`` None). Under
-:data:`MIN_PHOTOS` decodable photos there is no calibration, and :func:`index.dedup.dedup_threshold` keeps the
+:data:`MIN_PHOTOS` decodable photos there is no calibration, and :func:`dedup_threshold` keeps the
 defaults of the backbone's kind.
 
 The sample is a few dozen photos, so the closest other photo of the whole collection is usually closer than
@@ -25,16 +25,20 @@ import io
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from PIL import Image
 
-from index.build import sample_ids
 from index.catalog import Catalog, Row
-from moco.data import ImageDecodeError, load_rgb, square_u8
+from index.plan import sample_ids
+from moco.photos import ImageDecodeError, load_rgb, square_u8
 
-__all__ = ["calibrate_dedup", "calibrate_index", "CALIBRATION_SAMPLE", "MIN_PHOTOS", "RECIPE"]
+if TYPE_CHECKING:
+    from index.image_index import ImageIndex
+
+__all__ = ["calibrate_dedup", "calibrate_index", "dedup_threshold", "threshold_source", "CALIBRATION_SAMPLE",
+           "MIN_PHOTOS", "RECIPE", "DEDUP_THRESHOLD", "WHITENED_DEDUP_THRESHOLD", "STAGED_DEDUP_THRESHOLD"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +47,60 @@ MIN_PHOTOS = 8  # fewer decodable photos: no calibration (the backbone kind's de
 RECIPE = "resize 75% + JPEG q60; centre crop 90%"
 SCALE, QUALITY, CROP = 0.75, 60, 0.9
 LOW, HIGH = 0.5, 0.99  # the calibrated threshold stays in this range
+
+
+# The defaults of an index without a calibration (built before it, or of fewer than 8 photos). Centred cosine (see
+# ImageIndex.center). Measured on the sample collection (240 photos) with the model `make run` trains (ResNet-18,
+# 64 px, 10 minutes): resized (75%) and JPEG q=60 copies score 0.955-0.999 with their photo,
+# 90%-cropped ones 0.86-0.99 (median 0.97), while the nearest other photo of a family scores 0.55-0.97 (median
+# 0.72-0.92 by family; only the near-uniform "stars" family reaches 0.97-0.99). At 0.9 whole families merged
+# (12 groups of 114 photos); at 0.95, 4 groups of 44, 35 of them the stars.
+DEDUP_THRESHOLD = 0.95
+# The same for an index of whitened embeddings (a backbone trained with --whiten, as the cpu preset): whitening
+# spreads every photo apart, copies included. Measured as above (the cpu preset, 64 px, 5 minutes, its whitening
+# fitted on the 240 photos): resized+JPEG copies score 0.70-0.99 (median 0.96) with their photo, 90%-crops 0.76-0.97
+# (median 0.935), the nearest other photo at most 0.745 (median 0.18; the stars family included). At 0.8: 96.7% of
+# the JPEG copies and 95.4% of the crops linked, no two different photos (at 0.95: 57% / 35%); centred, at 0.95:
+# 97.9% / 96.3%, and 0.8% of the photos linked to another one.
+WHITENED_DEDUP_THRESHOLD = 0.8
+# Whitened embeddings with the pooled earlier stages (--whiten-stages, the cpu preset's since the ninth round): the
+# fine maps of layer1-2 see JPEG artefacts and resampling, so copies spread further. Measured as above on one
+# model (the cpu preset, 64 px, 200 steps on the 240 photos, mirror image included; the stages forced with
+# --whiten-stages on, as auto pools them only from 1,920 photos up for resnet10t), centred cosines with and
+# without the stages: resized+JPEG copies median 0.936 / 0.961, 90%-crops 0.953 / 0.974, the nearest other photo
+# at most 0.663 / 0.751. At 0.7 with the stages: 91.7% of the JPEG copies and 100% of the crops linked, no two
+# different photos (at 0.8: 83.8% / 96.7%); without them at 0.8: 94.2% / 100%, none.
+STAGED_DEDUP_THRESHOLD = 0.7
+
+
+def _calibration(index: ImageIndex) -> dict[str, Any] | None:
+    value = index.meta.get("dedup_calibration")
+    return value if isinstance(value, dict) and isinstance(value.get("threshold"), (int, float)) else None
+
+
+def dedup_threshold(index: ImageIndex) -> float:
+    """The near-duplicate threshold for ``index``'s scores: the one calibrated on its collection (``index.json``'s
+    ``dedup_calibration``, :mod:`index.calibrate`); without it :data:`STAGED_DEDUP_THRESHOLD` where its backbone
+    whitens embeddings with pooled stages, :data:`WHITENED_DEDUP_THRESHOLD` where it whitens its last stage's
+    features, else :data:`DEDUP_THRESHOLD`."""
+    calibration = _calibration(index)
+    if calibration is not None:
+        return float(calibration["threshold"])
+    if not index.whitened:
+        return DEDUP_THRESHOLD
+    return STAGED_DEDUP_THRESHOLD if index.pooled_stages else WHITENED_DEDUP_THRESHOLD
+
+
+def threshold_source(index: ImageIndex) -> str:
+    """Where :func:`dedup_threshold` comes from, in words (for ``stats`` and the page)."""
+    calibration = _calibration(index)
+    if calibration is not None:
+        return (f"calibrated on {calibration.get('photos')} photos of the collection: copies score "
+                f"{calibration.get('copies_p10')} (10th percentile), the closest other photo "
+                f"{calibration.get('others_max')}")  # fmt: skip
+    kind = "backbone" if not index.whitened else "whitened backbone" + (" with pooled stages" if index.pooled_stages
+                                                                          else "")  # fmt: skip
+    return f"the default for a {kind} (no dedup_calibration in index.json: an older index, or under 8 photos)"
 
 
 def _copies(img: Image.Image) -> list[Image.Image]:

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import numpy as np
@@ -346,3 +347,20 @@ class Catalog:
         """(path, reason) of every file that could not be indexed."""
         return [(_os_path(p), e or "") for p, e in self.db.execute(
             "SELECT path, error FROM images WHERE status = 'error' AND deleted = 0 ORDER BY path")]  # fmt: skip
+
+
+def catalog_meta(catalog: Catalog) -> dict[str, Any]:
+    """The build settings the catalog records: root, backbone path/sha256/metadata, dim, kind, memory budget."""
+    import json
+
+    return {k: json.loads(catalog.get_meta(k) or "null") for k in
+            ("root", "backbone_path", "backbone_sha256", "backbone", "dim", "kind", "memory_budget",
+             "flat_until", "features", "vectors")}  # fmt: skip
+
+
+def set_catalog_meta(catalog: Catalog, **values: Any) -> None:
+    import json
+
+    with catalog.transaction():
+        for k, v in values.items():
+            catalog.set_meta(k, json.dumps(v))

@@ -1,4 +1,4 @@
-"""`moco index build|update` as flags, a run and a printed summary: declared here so that
+"""`moco index build|update` as flags and a printed summary: declared here so that
 `python -m index.build` (torchrun) is the same command without importing app/."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from index.catalog import display_path
 from index.store import KINDS
 
 __all__ = ["BUILD_HELP", "BUILD_DESCRIPTION", "UPDATE_HELP", "UPDATE_DESCRIPTION", "add_build_arguments",
-           "add_update_arguments", "memory_budget", "run", "print_summary"]  # fmt: skip
+           "add_update_arguments", "memory_budget", "print_summary"]  # fmt: skip
 
 BUILD_HELP = "index a photo folder"
 BUILD_DESCRIPTION = (
@@ -64,21 +64,6 @@ def add_update_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", default=None, help="the collection's new place, if it moved")
     p.add_argument("--kind", default=None, choices=KINDS, help="switch the index kind (rebuilds the FAISS index)")
     _common(p)
-
-
-def run(args: argparse.Namespace, update: bool) -> int:
-    """Build or update as the parsed ``args`` say, print the summary (rank 0) and return 0."""
-    from index.build import build_index, update_index
-
-    common = dict(batch_size=args.batch_size, workers=args.workers, progress=not args.quiet, device=args.device,
-                  use_gpu=args.gpu)  # fmt: skip
-    if update:
-        s = update_index(args.index_dir, backbone=args.backbone, root=args.root, kind=args.kind, **common)
-    else:
-        s = build_index(args.photos, args.backbone, args.out, kind=args.kind, memory_budget=args.memory_budget,
-                        **common)  # fmt: skip
-    print_summary(s, args.json, args.index_dir if update else args.out)
-    return 0
 
 
 def print_summary(s: Any, as_json: bool, index_dir: str) -> None:

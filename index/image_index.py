@@ -291,8 +291,8 @@ class ImageIndex:
 
     @property
     def dedup_threshold(self) -> float:
-        """The near-duplicate threshold for this index's scores (:func:`index.dedup.dedup_threshold`)."""
-        from index.dedup import dedup_threshold
+        """The near-duplicate threshold for this index's scores (:func:`index.calibrate.dedup_threshold`)."""
+        from index.calibrate import dedup_threshold
 
         return dedup_threshold(self)
 
@@ -415,7 +415,7 @@ class ImageIndex:
     def stats(self) -> dict[str, Any]:
         """Counts, kind, recall, backbone, size on disk, the centring (mean count, weak-match threshold), the
         augmentation level and the near-duplicate threshold with where it comes from (and its calibration)."""
-        from index.dedup import threshold_source
+        from index.calibrate import threshold_source
 
         counts = self.catalog.counts()
         size = sum(f.stat().st_size for f in self.dir.rglob("*") if f.is_file())

@@ -14,11 +14,14 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from index.catalog import Catalog, Row
-from moco.data import open_regular, scan_images
+from moco.photos import open_regular, scan_images
 
-__all__ = ["Plan", "make_plan", "file_hash", "Stat"]
+__all__ = ["Plan", "make_plan", "file_hash", "Stat", "sample_ids", "Summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -126,3 +129,35 @@ def make_plan(root: Path, catalog: Catalog, workers: int = 4) -> Plan:
                 len(plan.embed), plan.unchanged, len(plan.touch), len(plan.moves), len(plan.copies),
                 len(plan.gone))  # fmt: skip
     return plan
+
+
+def sample_ids(ids: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` of ``ids`` at random, sorted (all of them when there are no more)."""
+    return ids if len(ids) <= n else np.sort(rng.choice(ids, n, replace=False))
+
+
+@dataclass
+class Summary:
+    """What a build/update did."""
+
+    embedded: int = 0
+    reembedded: int = 0
+    moved: int = 0
+    copied: int = 0
+    touched: int = 0
+    unchanged: int = 0
+    removed: int = 0
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+    vectors: int = 0
+    kind: str = ""
+    recall_at_10: float | None = None
+    params: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def images_per_s(self) -> float:
+        return (self.embedded + self.reembedded) / self.seconds if self.seconds else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**{k: v for k, v in self.__dict__.items() if k != "errors"}, "images_per_s": self.images_per_s,
+                "errors": [{"path": p, "reason": r} for p, r in self.errors]}  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
@@ -192,3 +193,12 @@ def read_safetensors(path: str | Path, framework: str = "pt") -> tuple[dict[str,
     else:
         from safetensors.numpy import load
     return load(data), {str(k): str(v) for k, v in meta.items()}
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 hex digest of the file at ``path``, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

@@ -249,8 +249,7 @@ def _init_heads(init: str) -> dict[str, int]:
     init = str(resolve(init))  # an official NAME: fetched (once) before its file is read
     if not os.path.isfile(init):
         return {}  # training reports a missing file when it loads it
-    from moco.export import checkpoint_num_heads
-    from moco.formats import read_checkpoint
+    from moco.formats import checkpoint_num_heads, read_checkpoint
 
     heads = checkpoint_num_heads(read_checkpoint(init))
     return {} if heads is None else {"num_heads": heads}

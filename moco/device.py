@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import os
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from moco.errors import UserError
 
-__all__ = ["resolve_device", "resolve_precision", "autocast_for"]
+__all__ = ["resolve_device", "resolve_precision", "autocast_for", "init_distributed", "Dist"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,3 +71,15 @@ def init_distributed(device_name: str = "auto") -> tuple[int, int]:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("nccl" if use_cuda else "gloo")
     return dist.get_rank(), dist.get_world_size()
+
+
+@dataclass
+class Dist:
+    """This process's rank among ``world`` processes (one process: rank 0 of 1)."""
+
+    rank: int = 0
+    world: int = 1
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0

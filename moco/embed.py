@@ -32,9 +32,9 @@ from torch import nn
 
 from moco.augment import center_view
 from moco.backbones import is_vit
-from moco.data import ImageDecodeError, load_square_u8, read_image_bytes, scan_images, square_u8
 from moco.device import autocast_for, resolve_device, resolve_precision
 from moco.errors import UserError
+from moco.photos import ImageDecodeError, load_square_u8, read_image_bytes, scan_images, square_u8
 from moco.whiten import Whitening, embedding_features, whiten_features
 
 __all__ = ["Embedder", "center"]
@@ -60,12 +60,12 @@ def center(vectors: np.ndarray, mean: np.ndarray | None) -> np.ndarray:
 
 def _cached_digest(path: Path) -> str:
     """sha256 of a file, remembered by (path, size, mtime, inode): loading one file twice hashes it once."""
-    from moco.export import _sha256
+    from moco.checkpoint import sha256_file
 
     st = path.stat()
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
     if key not in _DIGESTS:
-        _DIGESTS[key] = _sha256(path)
+        _DIGESTS[key] = sha256_file(path)
     return _DIGESTS[key]
 
 
@@ -201,7 +201,8 @@ class Embedder:
         ``"features"``: the file's features (mirror image, stages) L2-normalized, no space (what an index stores).
         ``whiten`` False: the backbone's features as they are, one view per image, no space.
         """
-        from moco.export import build_exported, export_backbone, exported_whitening, load_exported
+        from moco.export import export_backbone
+        from moco.exported import build_exported, exported_whitening, load_exported
         from moco.pretrained import resolve
 
         path = resolve(path)
@@ -276,7 +277,7 @@ class Embedder:
         if f.shape[1] != self.dim:
             raise UserError(f"the backbone's features are {f.shape[1]}-d, its space's {self.dim}-d: export it again")
         if self._white is not None:
-            f = whiten_features(f, *self._white)  # N x D
+            f = whiten_features(F.normalize(f, dim=1), *self._white)  # N x D
         return (F.normalize(f, dim=1) if normalize else f).cpu().numpy()
 
     def embed(self, images: Sequence[ImageLike] | ImageLike, batch_size: int = 64, normalize: bool = True,

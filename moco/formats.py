@@ -252,3 +252,17 @@ def load_init(model: nn.Module, path: str | Path) -> dict[str, list[str]]:
             "; ".join(report["ignored"][:20]) + (" ..." if len(report["ignored"]) > 20 else ""),
         )
     return report
+
+
+def checkpoint_num_heads(split: SplitCheckpoint) -> int | None:
+    """The ViT attention heads a checkpoint's layout fixes: its weights have the same shapes for any count.
+
+    Official MoCo v3 ViT-S: 12 (vits.py; timm's vit_small has 6); our runs: their config's (0: the timm
+    model's own); None where the file does not tell.
+    """
+    if split.format == "moco-retrieval":
+        return int((split.meta.get("config") or {}).get("num_heads", 0))
+    pos = split.backbone.get("pos_embed")
+    if split.format.startswith("moco-v3") and pos is not None and pos.shape[-1] == 384:
+        return 12
+    return None

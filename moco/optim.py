@@ -1,9 +1,12 @@
-"""Optimizers (SGD, LARS, AdamW) and the learning-rate schedule as a pure function of the step."""
+"""Optimizers (SGD, LARS, AdamW), the learning-rate schedule as a pure function of the step, and the time budget:
+its clock (:class:`BudgetClock`) and the schedule's length fitted to it (:class:`BudgetFit`)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -131,6 +134,37 @@ def step_cost(cfg: TrainConfig) -> Callable[[np.ndarray, int], np.ndarray] | Non
     if not cfg.min_image_size or cfg.min_image_size >= cfg.image_size:
         return None
     return lambda steps, total: (_crop_sizes(steps, cfg, total) / cfg.image_size) ** 2
+
+
+class BudgetClock:
+    """Training seconds so far, against a time budget of ``budget_s`` seconds (0: none). ``elapsed``: those of
+    earlier sessions (a resumed run); time inside :meth:`paused` (evaluations) does not count. ``now``: the
+    monotonic clock (a test passes its own)."""
+
+    def __init__(self, elapsed: float, budget_s: float, now: Callable[[], float] = time.monotonic) -> None:
+        self.now, self.budget_s = now, budget_s
+        self._start = now() - elapsed
+
+    def at(self, t: float) -> float:
+        """Training seconds at the clock's time ``t``."""
+        return t - self._start
+
+    def seconds(self) -> float:
+        """Training seconds now."""
+        return self.at(self.now())
+
+    def spent(self, t: float) -> bool:
+        """Whether the budget (if any) is spent at the clock's time ``t``."""
+        return bool(self.budget_s) and self.at(t) >= self.budget_s
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The time spent in this block is not training time."""
+        t = self.now()
+        try:
+            yield
+        finally:
+            self._start += self.now() - t
 
 
 class BudgetFit:

@@ -46,11 +46,10 @@ MAX_MATRIX_ENTRY = 1e6  # a fitted matrix with larger entries divides by a varia
 logger = logging.getLogger(__name__)
 
 
-def whiten_features(f: torch.Tensor, mean: torch.Tensor, matrix: torch.Tensor | None) -> torch.Tensor:
-    """``(normalize(f) - mean) @ matrix`` of pooled features ``f`` (N x D), not normalized again (``matrix`` None:
-    centring only): what :class:`Whitening` computes in numpy, on ``f``'s device (``mean``: D, ``matrix``: D x D).
-    A row within :data:`SAME_AS_MEAN` of the mean keeps ``normalize(f)``: no vector is ever zero."""
-    v = torch.nn.functional.normalize(f, dim=1)  # N x D
+def whiten_features(v: torch.Tensor, mean: torch.Tensor, matrix: torch.Tensor | None) -> torch.Tensor:
+    """``(v - mean) @ matrix`` of L2-normalized features ``v`` (N x D), not normalized again (``matrix`` None:
+    centring only): what :class:`Whitening` computes in numpy, with the same input, on ``v``'s device (``mean``: D,
+    ``matrix``: D x D). A row within :data:`SAME_AS_MEAN` of the mean keeps ``v``: no vector is ever zero."""
     c = v - mean  # N x D
     w = c if matrix is None else c @ matrix  # N x D
     same = c.norm(dim=1, keepdim=True) < SAME_AS_MEAN  # N x 1
@@ -335,4 +334,5 @@ def apply_space(model: torch.nn.Module, x: torch.Tensor, space: str | Path | Whi
     with torch.no_grad():
         f = w.features(model.eval(), x)  # N x D'
         mat = None if w.matrix is None else torch.from_numpy(w.matrix).to(f.device)
-        return torch.nn.functional.normalize(whiten_features(f, torch.from_numpy(w.mean).to(f.device), mat), dim=1)
+        v = torch.nn.functional.normalize(f, dim=1)  # N x D'
+        return torch.nn.functional.normalize(whiten_features(v, torch.from_numpy(w.mean).to(f.device), mat), dim=1)

@@ -200,7 +200,7 @@ def test_page_marks_weak_matches_by_the_collections_threshold(built, sample_phot
 
 def test_chance_level_is_robust_to_related_pairs():
     """weak_below reads the unrelated pairs: related ones move a percentile, hardly median + 3 MAD."""
-    from index.build import chance_level
+    from index.sync_store import chance_level
 
     rng = np.random.default_rng(1)
     unrelated = rng.normal(0.0, 0.2, 50_000)

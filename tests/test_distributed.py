@@ -80,7 +80,8 @@ def test_two_process_training_queues_agree_and_resume_is_exact(sample_photos, tm
     q = a["model"]["queue"]
     assert sums[0][0] == pytest.approx(q.double().sum().item(), rel=1e-12)
     # the queue ids are exactly the sampler's ids of both ranks, rank 0's then rank 1's, FIFO with wrap-around
-    from moco.train import _batch_ids, _Dist
+    from moco.device import Dist as _Dist
+    from moco.train import _batch_ids
 
     expected, ptr = [-1] * 40, 0
     for step in range(8):

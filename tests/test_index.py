@@ -225,8 +225,8 @@ def test_dedup_finds_planted_duplicates(photos, backbone, tmp_path, capsys):
 def test_auto_falls_back_to_flat_when_vectors_do_not_cluster(tmp_path, monkeypatch):
     """auto picks IVF above EXACT_UP_TO; on uniform noise IVF must scan most lists, so flat is kept instead."""
     from index import store as store_mod
-    from index.build import _sync_store, catalog_meta
-    from index.catalog import Catalog, Row
+    from index.catalog import Catalog, Row, catalog_meta
+    from index.sync_store import sync_store as _sync_store
 
     monkeypatch.setattr(store_mod, "EXACT_UP_TO", 1000)
     out = tmp_path / "idx"

@@ -180,14 +180,14 @@ def test_old_error_rows_of_our_own_failures_are_retried(photos, backbone, tmp_pa
     (None, False),
 ])  # fmt: skip
 def test_which_error_reasons_are_ours(reason, ours):
-    from index.build import is_our_failure
+    from index.prepare import is_our_failure
 
     assert is_our_failure(reason) is ours
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.ENOTDIR])
 def test_write_failure_messages_name_the_path_and_the_fix(tmp_path, code):
-    from index.build import write_failed
+    from index.prepare import write_failed
 
     err = write_failed(OSError(code, "boom"), tmp_path / "thumbs" / "3.jpg")
     assert isinstance(err, UserError) and str(tmp_path / "thumbs" / "3.jpg") in str(err)

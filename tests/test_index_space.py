@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from index.build import DRIFT_REFIT, build_index, space_drift, space_rule, update_index
+from index.build import build_index, update_index
 from index.image_index import ImageIndex
+from index.sync_store import DRIFT_REFIT, space_drift, space_rule
 from moco.sample import make_sample_collection
 
 
 def test_space_rule_by_size():
-    from index.build import WHITEN_FROM, WHITEN_PER_DIM
+    from index.sync_store import WHITEN_FROM, WHITEN_PER_DIM
 
     assert space_rule(WHITEN_FROM, 960) == "whitened" and space_rule(WHITEN_FROM - 1, 960) == "centred"
     wide = WHITEN_PER_DIM * 2048  # wider features need more photos per dimension
@@ -102,8 +103,7 @@ def test_an_index_of_an_older_version_is_embedded_again_as_features(tmp_path, sa
     photos = tmp_path / "photos"
     shutil.copytree(sample_photos, photos)
     build_index(photos, tmp_path / "b.safetensors", tmp_path / "idx", progress=False, device="cpu")
-    from index.build import set_catalog_meta
-    from index.catalog import Catalog
+    from index.catalog import Catalog, set_catalog_meta
     from index.image_index import read_meta, write_meta
 
     cat = Catalog(tmp_path / "idx" / "catalog.sqlite")

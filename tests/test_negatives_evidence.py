@@ -15,8 +15,9 @@ from PIL import Image
 
 from app.negatives import REASONS, IndexNegatives, QueueNegatives, info_nce_numbers
 from app.ui import negatives_outputs
-from index.build import build_index, sample_ids, update_index
+from index.build import build_index, update_index
 from index.image_index import ImageIndex
+from index.plan import sample_ids
 from moco.augment import two_views
 from moco.data import load_rgb, square_u8
 from moco.embed import center

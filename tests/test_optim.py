@@ -132,3 +132,19 @@ def test_budget_fit_with_progressive_resolution_fills_the_budget():
         assert step == total and 99.0 <= spent <= 100.1, (overhead, step, total, spent)  # annealed, on time
     plain = BudgetFit(100.0, planned=100_000)  # what the plain fit would do: plan by the cheap steps' speed
     assert plain.update(10, 10 * 0.09 / 4) > 2 * 100.0 / 0.09
+
+
+def test_the_budget_clock_counts_training_time_only():
+    """A synthetic clock: earlier sessions' seconds count, time inside paused() (evaluations) does not."""
+    from moco.optim import BudgetClock
+
+    t = [100.0]
+    clock = BudgetClock(elapsed=30.0, budget_s=60.0, now=lambda: t[0])
+    assert clock.seconds() == 30.0 and not clock.spent(t[0])
+    t[0] += 20.0
+    with clock.paused():
+        t[0] += 500.0  # a long evaluation
+    assert clock.seconds() == 50.0 and not clock.spent(t[0])
+    t[0] += 10.0
+    assert clock.seconds() == 60.0 and clock.spent(t[0]) and clock.at(t[0] - 5.0) == 55.0
+    assert not BudgetClock(elapsed=1e9, budget_s=0.0, now=lambda: 0.0).spent(0.0)  # no budget: never spent

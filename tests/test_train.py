@@ -322,7 +322,7 @@ def test_time_budget_fits_the_schedule_to_the_budget(sample_photos, tmp_path):
     ("v2", 32, 8, 1), ("v1", 256, 2, 1), ("v3", 256, 1, 1),
 ])  # fmt: skip
 def test_auto_bn_splits_keeps_16_images_per_group_on_one_process(preset, batch, world, splits):
-    from moco.train import _bn_splits
+    from moco.run_setup import bn_splits_for as _bn_splits
 
     queue = {} if preset == "v3" else {"queue_size": max(256, batch * world)}
     cfg = resolve_config(preset, batch_size=batch, **queue)

@@ -264,3 +264,24 @@ def test_a_whitening_with_stages_checks_and_keeps_them():
     other = replace(w, stages=(("layer1", 4), ("layer2", 6)))  # claims fewer stages than it was fitted on
     with pytest.raises(ValueError, match="15-d, the whitening's 23-d"):
         other.features(net, x)
+
+
+def test_both_whitening_entry_points_take_the_same_input():
+    """Whitening.__call__ (numpy) and whiten_features (torch, inside programs) on one L2-normalized input agree,
+    also for a row at the mean (which keeps its own direction in both)."""
+    import torch
+
+    from moco.whiten import Whitening, fit_whitening, whiten_features
+
+    rng = np.random.default_rng(0)
+    feats = rng.normal(size=(300, 16)).astype(np.float32)
+    v = feats / np.linalg.norm(feats, axis=1, keepdims=True)  # 300 x 16
+    w = fit_whitening(v)
+    v[0] = w.mean / np.linalg.norm(w.mean)  # not at the mean exactly: normalized; the next row is
+    v[1] = w.mean
+    got = torch.nn.functional.normalize(whiten_features(torch.from_numpy(v), torch.from_numpy(w.mean),
+                                                        torch.from_numpy(w.matrix)), dim=1).numpy()  # fmt: skip
+    np.testing.assert_allclose(got, w(v), atol=1e-5)
+    centred = Whitening(w.mean, None, w.shrinkage, w.count)  # centring only: matrix None on both sides
+    got = torch.nn.functional.normalize(whiten_features(torch.from_numpy(v), torch.from_numpy(w.mean), None), dim=1)
+    np.testing.assert_allclose(got.numpy(), centred(v), atol=1e-5)
