@@ -206,6 +206,29 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="a reverse proxy in front of this server (address or network; repeat or separate with "
                    "commas): its X-Forwarded-For names the client, for login throttling. Default: none, the "
                    "client is the connecting address")  # fmt: skip
+    api = p.add_argument_group("JSON API", "served beside the page at /api/v1 (docs: /api/v1/docs), with the "
+                               "page's --auth")  # fmt: skip
+    api.add_argument("--api-token", default=os.environ.get("MOCO_API_TOKEN"), metavar="TOKEN",
+                     help="programs may also call the API with `Authorization: Bearer TOKEN` (at least 16 "
+                     "characters; default: $MOCO_API_TOKEN). With it the API needs a token or the page's login "
+                     "even without --auth")  # fmt: skip
+    api.add_argument("--max-batch", type=int, default=16, metavar="N",
+                     help="searches embedded together at most (default: 16)")  # fmt: skip
+    api.add_argument("--batch-window-ms", type=float, default=2.0, metavar="MS",
+                     help="how long a search waits for others to batch with (default: 2)")  # fmt: skip
+    api.add_argument("--max-pending", type=int, default=32, metavar="N",
+                     help="API searches in flight at most; more get 503 with Retry-After (default: 32)")  # fmt: skip
+
+
+def _api_settings(args: argparse.Namespace) -> object:
+    """The JSON API's settings from the flags (checked)."""
+    from app.api import ApiSettings, check_api_token
+
+    if args.max_batch < 1 or args.max_pending < 1 or not 0 <= args.batch_window_ms <= 1000:
+        raise UserError(f"--max-batch {args.max_batch}, --max-pending {args.max_pending}, --batch-window-ms "
+                        f"{args.batch_window_ms}: the limits must be at least 1, the window 0 to 1000 ms")  # fmt: skip
+    return ApiSettings(token=check_api_token(args.api_token), window_ms=args.batch_window_ms,
+                       max_batch=args.max_batch, max_pending=args.max_pending)  # fmt: skip
 
 
 def _check_serve_arguments(args: argparse.Namespace) -> tuple[str, str] | None:
@@ -227,7 +250,8 @@ def _announce(args: argparse.Namespace) -> None:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not args.auth:
         print(f"WARNING: serving on {args.host} without --auth: anyone who can reach this machine can search your "
               "photos; add --auth USER:PASS", file=sys.stderr)  # fmt: skip
-    print(f"serving on {_url(args)} (Ctrl+C to stop)", flush=True)
+    print(f"serving on {_url(args)} (Ctrl+C to stop); JSON API: {_url(args)}/api/v1 (docs: {_url(args)}/api/v1/docs)",
+          flush=True)  # fmt: skip
 
 
 def _url(args: argparse.Namespace) -> str:
@@ -259,11 +283,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from moco.pretrained import resolve
 
     auth = _check_serve_arguments(args)
+    api = _api_settings(args)
     checkpoint = resolve(args.checkpoint) if args.checkpoint else None  # an official NAME: fetched first
     _announce(args)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl+C: the server's temp files go
     serve(args.index_dir, checkpoint, args.host, args.port, auth, args.backbone, args.device,
-          trusted_proxies=args.trusted_proxy)  # fmt: skip
+          trusted_proxies=args.trusted_proxy, api=api)  # fmt: skip
     return 0
 
 
@@ -302,6 +327,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     require_faiss() if args.no_serve else _require_ui()  # before any training: the pipeline ends with them
     auth = _check_serve_arguments(args)
+    api = None if args.no_serve else _api_settings(args)
     extra = {"max_steps": args.max_steps} if args.max_steps else {}
     # Asking for training (--minutes, --max-steps) or for the sample (no PHOTOS) never fetches a default model.
     asked_training = args.minutes is not None or args.max_steps is not None
@@ -316,7 +342,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         status = RunStatus(work)
         photos = Path(args.photos).expanduser() if args.photos else work / "photos"
         demo, app = serve_pending(work / "index", photos, status, args.host, args.port, auth,
-                                  args.trusted_proxy)  # fmt: skip
+                                  args.trusted_proxy, api)  # fmt: skip
         _announce(args)
         print("the page's Status tab follows training and indexing; search turns on when the index is ready",
               flush=True)  # fmt: skip

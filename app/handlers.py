@@ -27,7 +27,7 @@ from app.negatives import IndexNegatives, NegativesView, QueueNegatives
 from app.uploads import read_upload
 from index.catalog import display_path
 from index.dedup import find_duplicates, load_duplicates
-from index.image_index import ImageIndex
+from index.image_index import ImageIndex, SearchResult
 from moco.data import load_rgb, open_regular
 from moco.errors import UserError
 
@@ -178,8 +178,8 @@ class SearchApp:
         return [(thumb, self.caption(r, score, path))
                 for r, (path, score, thumb) in enumerate(zip(state["paths"], state["scores"], state["thumbs"]), 1)]
 
-    def _run(self, vector: np.ndarray, k: int, folder: str | None, label: str, embed_ms: float,
-             source: dict[str, Any] | None = None) -> tuple:  # fmt: skip
+    def _query(self, k: int, folder: str | None) -> tuple[ImageIndex, int, str | None]:
+        """(index, k capped to 1..MAX_RESULTS, the folder on disk or None) for a search, after checking both."""
         index = self._index()
         k = int(max(1, min(int(k), MAX_RESULTS)))
         index.refresh()  # `moco index update` may have replaced the files meanwhile
@@ -192,6 +192,18 @@ class SearchApp:
         folder = self._folder_names.get(folder, folder) if folder else None
         if len(index) == 0:
             raise UserError("the index is empty: add photos and run `moco index update`")
+        return index, k, folder
+
+    def search_vectors(self, vectors: np.ndarray, k: int = 12, folder: str | None = None,
+                       offset: int = 0) -> SearchResult:  # fmt: skip
+        """Q query vectors (what the embedder gives) -> the page's ranking of each: the same checks of ``k`` and
+        ``folder``, the same scores. The JSON API searches through this, many queries at once."""
+        index, k, folder = self._query(k, folder)
+        return index.search(vectors, k=k, folder=folder, offset=max(0, int(offset)))
+
+    def _run(self, vector: np.ndarray, k: int, folder: str | None, label: str, embed_ms: float,
+             source: dict[str, Any] | None = None) -> tuple:  # fmt: skip
+        index, k, folder = self._query(k, folder)
         t0 = time.perf_counter()
         hits = index.search(vector[None], k=k, folder=folder)
         search_ms = (time.perf_counter() - t0) * 1000

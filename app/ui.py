@@ -407,13 +407,16 @@ def _blocked_paths(index_dir: Path, root: Path) -> list[str]:
 
 
 def launch_kwargs(index: ImageIndex | Path, host: str, port: int, auth: tuple[str, str] | None,
-                  root: Path | None = None, trusted_proxies: Sequence[str] = ()) -> dict[str, Any]:  # fmt: skip
+                  root: Path | None = None, trusted_proxies: Sequence[str] = (),
+                  api: Any = None) -> dict[str, Any]:  # fmt: skip
     """``demo.launch`` settings: only thumbs/ is served; the catalog, index files and originals never are.
 
     ``index``: an open index, or the directory an index will be built in (then ``root``: its photo folder).
     With ``auth``, failed logins are throttled per address and per account (:mod:`app.throttle`). The client
     address is the socket peer, or what ``X-Forwarded-For`` says only when the peer is in ``trusted_proxies``:
-    this sets ``$FORWARDED_ALLOW_IPS``, which uvicorn reads when ``demo.launch`` starts it.
+    this sets ``$FORWARDED_ALLOW_IPS``, which uvicorn reads when ``demo.launch`` starts it. ``api``: an
+    :class:`app.api.SearchService`: its JSON API is served beside the page (``/api/v1``), sharing the login
+    throttle, with its request bodies capped.
     """
     from starlette.middleware import Middleware
 
@@ -422,10 +425,16 @@ def launch_kwargs(index: ImageIndex | Path, host: str, port: int, auth: tuple[st
     os.environ.update(trusted_proxy_env(trusted_proxies))
 
     index_dir, root = (index.dir, index.root) if isinstance(index, ImageIndex) else (Path(index), Path(root or index))
+    app_kwargs: dict[str, Any] = {"middleware": [Middleware(LoginThrottleMiddleware)]}
+    if api is not None:
+        from app.api import BodyCapMiddleware, api_routes
+
+        app_kwargs = {"routes": api_routes(api), "middleware": [
+            Middleware(LoginThrottleMiddleware, throttle=api.settings.throttle), Middleware(BodyCapMiddleware)]}
     return {"server_name": host, "server_port": port, "auth": auth, "allowed_paths": [str(index_dir / THUMBS_DIR)],
             "blocked_paths": _blocked_paths(index_dir, root), "max_file_size": MAX_UPLOAD, "show_error": False,
             "quiet": True, "footer_links": ["api"], "css": CSS, "js": size_check_js(),
-            "app_kwargs": {"middleware": [Middleware(LoginThrottleMiddleware)]}}  # fmt: skip
+            "app_kwargs": app_kwargs}  # fmt: skip
 
 
 def _queued(demo: Any) -> Any:
@@ -444,33 +453,49 @@ def make_demo(index_dir: str | Path, checkpoint: str | Path | None = None, backb
     return _queued(build_ui(app)), app
 
 
+def _service(app: SearchApp, auth: tuple[str, str] | None, api: Any) -> Any:
+    """The JSON API's SearchService over ``app`` (``api``: an :class:`app.api.ApiSettings`, or None: defaults)."""
+    from app.api import ApiSettings, SearchService
+
+    settings = api or ApiSettings()
+    settings.auth = auth
+    return SearchService(app, settings)
+
+
 def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str = "127.0.0.1", port: int = 7860,
           auth: tuple[str, str] | None = None, backbone: str | Path | None = None, device: str = "auto",
-          block: bool = True, trusted_proxies: Sequence[str] = ()) -> Any:  # fmt: skip
-    """Launch the UI; returns the running Blocks when ``block`` is False.
+          block: bool = True, trusted_proxies: Sequence[str] = (), api: Any = None) -> Any:  # fmt: skip
+    """Launch the UI and the JSON API (``api``: :class:`app.api.ApiSettings`); returns the running Blocks when
+    ``block`` is False.
 
     Blocking, it returns once interrupted (Ctrl+C, or SIGTERM where the CLI maps it so), the server and its
     temporary files gone.
     """
     logging.getLogger("httpx").setLevel(logging.WARNING)
     demo, app = make_demo(index_dir, checkpoint, backbone, device)
+    service = _service(app, auth, api)
+    demo.api_service = service  # for close(), and for tests
     try:
         demo.launch(prevent_thread_lock=not block, **launch_kwargs(app.index, host, port, auth,
-                                                                  trusted_proxies=trusted_proxies))  # fmt: skip
+                                                                  trusted_proxies=trusted_proxies, api=service))
     finally:
         if block:
             demo.close()
+            service.close()
             app.close()
     return demo
 
 
 def serve_pending(index_dir: str | Path, photos: str | Path, status: Any, host: str = "127.0.0.1", port: int = 7860,
-                  auth: tuple[str, str] | None = None, trusted_proxies: Sequence[str] = ()) -> tuple[Any, SearchApp]:
-    """Launch the page before the index exists (never blocks): Status shows ``status``; ``app.attach`` adds search."""
+                  auth: tuple[str, str] | None = None, trusted_proxies: Sequence[str] = (),
+                  api: Any = None) -> tuple[Any, SearchApp]:  # fmt: skip
+    """Launch the page (and the JSON API) before the index exists (never blocks): Status shows ``status``;
+    ``app.attach`` adds search."""
     logging.getLogger("httpx").setLevel(logging.WARNING)
     app = SearchApp(status=status)
     demo = _queued(build_ui(app))
+    service = _service(app, auth, api)
+    demo.api_service = service
     demo.launch(prevent_thread_lock=True, **launch_kwargs(Path(index_dir), host, port, auth, Path(photos),
-                                                          trusted_proxies))  # fmt: skip
+                                                          trusted_proxies, api=service))  # fmt: skip
     return demo, app
-

@@ -1,0 +1,628 @@
+"""The JSON API beside the page: ``/api/v1/...`` on the FastAPI app Gradio runs on, same port, same process.
+
+Routes (typed request and response models; the schema at ``/api/v1/openapi.json``, a docs page at ``/api/v1/docs``
+that needs nothing from the internet):
+
+    POST /api/v1/search                    multipart: image (a file), k, folder, offset
+    POST /api/v1/search/base64             JSON: {"image_base64", "filename", "k", "folder", "offset"}
+    GET  /api/v1/photos/{id}/similar       an indexed photo as the query (its stored vector): k, folder, offset
+    GET  /api/v1/photos/{id}/thumbnail     the thumbnail the page shows (JPEG)
+    GET  /api/v1/photos/{id}/original      the original, under the page's rules (indexed, inside the collection,
+                                           a regular file, at most MAX_ORIGINAL_BYTES)
+    GET  /api/v1/stats                     the collection's counts, index, backbone and thresholds
+    GET  /api/v1/duplicates                the near-duplicate groups last saved (`moco index dedup` or the page)
+
+Searches run through :meth:`SearchApp.search_vectors`, the page's own code (the same checks of ``k`` and
+``folder``, the same scores and weak-match threshold as the page and ``moco index search --json``). Concurrent
+searches share the model: uploads are decoded in a small thread pool, then embedded and searched in batches
+(:mod:`app.batcher`); past ``max_pending`` requests in flight the API answers 503 with ``Retry-After``.
+
+Errors are JSON ``{"detail": "one line"}``, the page's own messages. Access is the page's: with ``--auth`` a
+request needs the page's login cookie, HTTP Basic with the same USER:PASS, or ``Authorization: Bearer TOKEN``
+with ``--api-token``; failed attempts are throttled as page logins are (:mod:`app.throttle`, one shared count).
+Request bodies are capped (the page's upload cap, in base64 too); no CORS headers are added for other origins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import concurrent.futures
+import hmac
+import html
+import logging
+import mimetypes
+import shutil
+import tempfile
+import time
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fastapi import APIRouter, File, Form, HTTPException, Query, Request, UploadFile
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, Field
+
+from app.batcher import Batcher, Overloaded
+from app.handlers import MAX_RESULTS, SearchApp
+from app.throttle import LoginThrottle
+from app.uploads import MAX_UPLOAD_MB, read_upload
+from index.catalog import display_path
+from index.dedup import load_duplicates
+from moco.errors import UserError
+
+__all__ = ["API_PREFIX", "ApiSettings", "SearchService", "BodyCapMiddleware", "api_routes", "check_api_token",
+           "Hit", "SearchResponse", "Base64Query", "Stats", "Duplicates", "MAX_BODY_BYTES"]  # fmt: skip
+
+logger = logging.getLogger(__name__)
+
+API_PREFIX = "/api/v1"
+# An upload at the page's cap, base64-encoded (4/3), with room for the form or JSON around it.
+MAX_BODY_BYTES = MAX_UPLOAD_MB * 1024 * 1024 * 4 // 3 + 64 * 1024
+DECODE_WORKERS = 2  # uploads decoded at once (the rest wait for a thread; all count against max_pending)
+MIN_TOKEN_CHARS = 16
+
+
+# ------------------------------------------------------------------------------------------------ models
+class Hit(BaseModel):
+    """One result: the page's rank, id, path (relative to the collection root), score and weak-match flag."""
+
+    rank: int = Field(description="1 for the best match; continues after `offset`")
+    id: int = Field(description="the photo's id in the index (for /photos/{id}/...)")
+    path: str = Field(description="the photo's path relative to the collection root")
+    score: float = Field(description="centred cosine similarity in the index's space, as the page shows it")
+    weak: bool = Field(description="under the collection's weak-match threshold: no close match")
+
+
+class SearchResponse(BaseModel):
+    """A page of results for one query."""
+
+    results: list[Hit]
+    k: int = Field(description=f"results asked for (capped at the index's size and at {MAX_RESULTS})")
+    offset: int = Field(description="results skipped before the first one")
+    folder: str | None = Field(description="the sub-folder searched, or null for the whole collection")
+    next_offset: int | None = Field(description="`offset` of the next page, or null when this one was the last")
+    weak_below: float | None = Field(description="scores under this are weak matches (null: an older index)")
+    images: int = Field(description="photos in the index")
+    took_ms: float = Field(description="time in the server, decoding and queueing included")
+
+
+class Base64Query(BaseModel):
+    """A search by an image sent as base64 in JSON."""
+
+    image_base64: str = Field(description="the image file's bytes, base64 (standard alphabet)")
+    filename: str = Field("upload", description="a name for the image in messages")
+    k: int = Field(12, ge=1, le=MAX_RESULTS, description="results per page")
+    folder: str = Field("", description="only photos under this sub-folder of the collection ('': all)")
+    offset: int = Field(0, ge=0, description="results to skip (the next page: `next_offset`)")
+
+
+class Stats(BaseModel):
+    """The collection and its index."""
+
+    images: int = Field(description="searchable photos")
+    unreadable: int
+    pending: int = Field(description="embedded, not yet searchable")
+    kind: str = Field(description="FAISS index kind: flat, ivf, ivfpq or hnsw")
+    dim: int
+    weak_below: float | None
+    dedup_threshold: float
+    backbone_arch: str | None
+    backbone_sha256: str
+    space: str = Field(description="what the index's vectors are")
+    updated: str | None
+    folders: list[str] = Field(description="the folder filter's choices")
+
+
+class Member(BaseModel):
+    id: int
+    path: str
+    score: float = Field(description="centred cosine to the group's representative")
+
+
+class Group(BaseModel):
+    size: int
+    representative: Member | None
+    members: list[Member]
+
+
+class Duplicates(BaseModel):
+    """Near-duplicate groups (every member within the threshold of its representative), largest first."""
+
+    threshold: float
+    created: str | None
+    groups: list[Group]
+
+
+class ErrorResponse(BaseModel):
+    detail: str = Field(description="what went wrong and what to do, in one line (the page's message)")
+
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": what} for code, what in [
+        (400, "bad input (an image that cannot be used, an unknown folder)"), (401, "login or token needed"),
+        (404, "no such photo"), (413, "the request is over the upload cap"), (429, "too many failed logins"),
+        (503, "busy (shed with Retry-After) or the index is not ready yet")]}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------- settings
+@dataclass
+class ApiSettings:
+    """Who may call the API and how searches are batched.
+
+    ``auth``: the page's USER:PASS (None: the page is open); ``token``: a bearer token for programs (None: none);
+    ``throttle``: the page's login throttle, shared. Batching: ``window_ms``, ``max_batch``; ``max_pending``:
+    searches admitted at once before 503.
+    """
+
+    auth: tuple[str, str] | None = None
+    token: str | None = None
+    throttle: LoginThrottle = field(default_factory=LoginThrottle)
+    window_ms: float = 2.0
+    max_batch: int = 16
+    max_pending: int = 32
+
+
+def check_api_token(token: str | None) -> str | None:
+    """``--api-token`` checked: at least MIN_TOKEN_CHARS characters, no spaces."""
+    if not token:
+        return None
+    spaces = any(c.isspace() for c in token)
+    if len(token) < MIN_TOKEN_CHARS or spaces:
+        raise UserError(f"--api-token: {len(token)} characters{' with spaces' if spaces else ''}"
+                        f"; use at least {MIN_TOKEN_CHARS} without spaces, e.g. the output of "
+                        "python -c 'import secrets; print(secrets.token_urlsafe())'")  # fmt: skip
+    return token
+
+
+class NotFound(UserError):
+    """A photo id the index does not hold (HTTP 404)."""
+
+
+class NotReady(UserError):
+    """The index is not there yet (``moco run`` still training or indexing; HTTP 503)."""
+
+
+# ------------------------------------------------------------------------------------------- the service
+@dataclass
+class _Query:
+    k: int
+    folder: str
+    offset: int
+    image: Any = None  # a decoded PIL image, or ...
+    image_id: int | None = None  # ... an indexed photo's id
+
+
+class SearchService:
+    """The API's searches over a :class:`SearchApp`: a decode pool and a batcher around its model and index."""
+
+    def __init__(self, app: SearchApp, settings: ApiSettings | None = None) -> None:
+        self.app, self.settings = app, settings or ApiSettings()
+        s = self.settings
+        self.batcher: Batcher[_Query, SearchResponse] = Batcher(self._batch, s.window_ms, s.max_batch, s.max_pending)
+        self._decode = concurrent.futures.ThreadPoolExecutor(DECODE_WORKERS, thread_name_prefix="decode")
+        self._tmp = Path(tempfile.mkdtemp(prefix="moco-api-"))  # uploads on their way to the decoder (0700)
+        self._remove_tmp = weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop the worker threads and remove the uploads folder."""
+        self.batcher.close()
+        self._decode.shutdown(wait=False, cancel_futures=True)
+        self._remove_tmp()
+
+    def _ready(self) -> None:
+        if not self.app.ready:
+            try:
+                self.app._index()
+            except UserError as e:
+                raise NotReady(str(e)) from None
+
+    def _read(self, data: bytes, name: str) -> Any:
+        """Decode an upload with the page's decoder (the same caps and messages): through a file, as Gradio does."""
+        folder = Path(tempfile.mkdtemp(dir=self._tmp))
+        try:
+            path = folder / name
+            path.write_bytes(data)
+            return read_upload(str(path), self.app.embedder.resize)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    async def search_image(self, data: bytes, name: str, k: int, folder: str, offset: int) -> SearchResponse:
+        """An uploaded image's results (decoded in the pool, embedded and searched in a batch)."""
+        self._ready()
+        t0 = time.perf_counter()
+        async with self.batcher.admit():
+            image = await asyncio.get_running_loop().run_in_executor(self._decode, self._read, data, _safe_name(name))
+            out = await self.batcher.submit(_Query(k, folder, offset, image=image))
+        return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
+
+    async def search_id(self, image_id: int, k: int, folder: str, offset: int) -> SearchResponse:
+        """An indexed photo's results, from its stored vector (nothing decoded or embedded)."""
+        self._ready()
+        t0 = time.perf_counter()
+        async with self.batcher.admit():
+            out = await self.batcher.submit(_Query(k, folder, offset, image_id=image_id))
+        return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
+
+    def _vector(self, image_id: int) -> np.ndarray:
+        index = self.app._index()
+        row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
+        if row is None or row.deleted or row.status != "ok":
+            raise NotFound(f"photo id {image_id} is not an indexed photo: search again for current ids")
+        return index.vectors(np.array([int(image_id)]))[0]  # D
+
+    def _batch(self, queries: list[_Query]) -> list[SearchResponse | BaseException]:
+        """One batch (in the batcher's thread): embed every upload in one call, then one search per (k, folder,
+        offset) group."""
+        out: list[SearchResponse | BaseException | None] = [None] * len(queries)
+        vectors: list[np.ndarray | None] = [None] * len(queries)
+        uploads = [i for i, q in enumerate(queries) if q.image is not None]
+        if uploads:
+            for i, v in zip(uploads, self.app.embedder.embed([queries[i].image for i in uploads])):  # B x D
+                vectors[i] = v
+        for i, q in enumerate(queries):
+            if q.image_id is not None:
+                try:
+                    vectors[i] = self._vector(q.image_id)
+                except (UserError, KeyError) as e:
+                    out[i] = e if isinstance(e, UserError) else NotFound(f"photo id {q.image_id} has no vector: "
+                                                                          "search again for current ids")  # fmt: skip
+        groups: dict[tuple[int, str, int], list[int]] = {}
+        for i, q in enumerate(queries):
+            if out[i] is None:
+                groups.setdefault((q.k, q.folder, q.offset), []).append(i)
+        for (k, folder, offset), members in groups.items():
+            try:
+                hits = self.app.search_vectors(np.stack([vectors[i] for i in members]), k, folder, offset)  # Q x D
+                responses = [self._response(hits, n, k, folder, offset) for n in range(len(members))]
+            except Exception as e:  # noqa: BLE001 - the group's requests get it (UserError: their 400)
+                responses = [e] * len(members)
+            for i, r in zip(members, responses):
+                out[i] = r
+        return out  # type: ignore[return-value]
+
+    def _response(self, hits: Any, n: int, k: int, folder: str, offset: int) -> SearchResponse:
+        index = self.app._index()
+        weak = index.weak_below
+        k = max(1, min(int(k), MAX_RESULTS))
+        results = [Hit(rank=offset + r + 1, id=int(i), path=_json_path(p), score=float(s),
+                       weak=weak is not None and float(s) < weak)
+                   for r, (i, s, p) in enumerate(zip(hits.ids[n], hits.scores[n], hits.paths[n]))]  # fmt: skip
+        last = len(results) < k or offset + len(results) >= len(index)
+        return SearchResponse(results=results, k=k, offset=offset, folder=folder.strip("/") or None,
+                              next_offset=None if last else offset + len(results), weak_below=weak,
+                              images=len(index), took_ms=0.0)  # fmt: skip
+
+
+def _safe_name(name: str | None) -> str:
+    """A client's file name as a plain name for messages and the temporary file ("upload" when it has none)."""
+    base = Path(str(name or "")).name.replace("\x00", "")
+    base = "".join(c for c in base if c.isprintable())[:120].strip(". ")
+    return base or "upload"
+
+
+def _json_path(path: str) -> str:
+    """A catalog path as JSON text: itself, or escaped as the page shows it when it is not valid UTF-8."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        return display_path(path)
+
+
+# ------------------------------------------------------------------------------------------------ access
+def _client(request: Request) -> str:
+    return str(request.client.host if request.client else "unknown")[:200]
+
+
+def _same(a: str, b: str) -> bool:
+    return hmac.compare_digest(a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass"))
+
+
+def _check_access(request: Request, settings: ApiSettings) -> None:
+    """Let the request through, or HTTPException 401/429 (see the module docstring)."""
+    if settings.auth is None and settings.token is None:
+        return
+    app = request.app
+    cookie_id = getattr(app, "cookie_id", None)
+    if cookie_id is not None and settings.auth is not None:  # logged in on the page
+        cookie = request.cookies.get(f"access-token-{cookie_id}") or request.cookies.get(
+            f"access-token-unsecure-{cookie_id}")  # fmt: skip
+        if cookie and cookie in getattr(app, "tokens", {}):
+            return
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    scheme, credentials = scheme.lower(), credentials.strip()
+    if scheme == "bearer" and settings.token is not None:
+        account, ok = "(api token)", _same(credentials, settings.token)
+    elif scheme == "basic" and settings.auth is not None:
+        try:
+            user, _, password = base64.b64decode(credentials, validate=True).decode("utf-8").partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            user, password = "", ""
+        account = user.strip()[:200]
+        ok = _same(user, settings.auth[0]) & _same(password, settings.auth[1])
+    else:
+        ways = ["`Authorization: Bearer TOKEN` (the server's --api-token)" if settings.token else "",
+                "HTTP Basic with the page's login (--auth)" if settings.auth else ""]
+        how = " or ".join(w for w in ways if w)
+        raise HTTPException(401, f"this server needs a login: send {how}",
+                            headers={"WWW-Authenticate": "Bearer" if settings.token else "Basic"})  # fmt: skip
+    address = _client(request)
+    wait = settings.throttle.wait(address, account)
+    if wait > 0:
+        raise HTTPException(429, f"too many failed logins from {address} or for this account: try again in "
+                            f"{wait:.0f} s", headers={"Retry-After": str(int(wait) + 1)})  # fmt: skip
+    settings.throttle.record(address, account, ok=ok)
+    if not ok:
+        what, flag = ("token", "--api-token") if scheme == "bearer" else ("user name or password", "--auth")
+        raise HTTPException(401, f"wrong {what}: check the server's {flag}",
+                            headers={"WWW-Authenticate": scheme.title()})  # fmt: skip
+
+
+def _one_line(e: RequestValidationError) -> str:
+    """FastAPI's validation errors as one line: ``k: Input should be less than or equal to 500 (got 501)``."""
+    parts = []
+    for err in e.errors():
+        where = ".".join(str(x) for x in err.get("loc", ()) if x not in ("body", "query", "path", "form"))
+        got = err.get("input")
+        shown = f" (got {got!r})" if isinstance(got, (int, float, str)) and len(repr(got)) < 40 else ""
+        parts.append(f"{where or 'request'}: {err.get('msg', 'invalid')}{shown}")
+    return "; ".join(parts) + ": see /api/v1/docs for the expected fields"
+
+
+def _error(code: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=code, headers=headers)
+
+
+# ------------------------------------------------------------------------------------------------ routes
+def api_routes(service: SearchService) -> list[Any]:
+    """The API's routes (to put in the FastAPI app's routes), the schema and the docs page among them."""
+    settings = service.settings
+
+    class _Route(APIRoute):
+        """Every API route: access checked first; errors become JSON with one line."""
+
+        def get_route_handler(self) -> Any:
+            handler = super().get_route_handler()
+
+            async def guarded(request: Request) -> Response:
+                try:
+                    _check_access(request, settings)
+                    return await handler(request)
+                except HTTPException as e:
+                    return _error(e.status_code, str(e.detail), e.headers)
+                except RequestValidationError as e:
+                    return _error(400, _one_line(e))
+                except Overloaded as e:
+                    return _error(503, str(e), {"Retry-After": str(e.retry_after)})
+                except NotReady as e:
+                    return _error(503, str(e), {"Retry-After": "10"})
+                except NotFound as e:
+                    return _error(404, str(e))
+                except UserError as e:
+                    logger.warning("%s", e)  # one line in the log, as the page's errors
+                    return _error(400, str(e))
+                except Exception as e:  # noqa: BLE001 - a message, never a traceback; the log has it
+                    logger.exception("API request failed")
+                    return _error(500, f"{type(e).__name__}: {e}. The server is still running; details are in its "
+                                  "log.")  # fmt: skip
+
+            return guarded
+
+    router = APIRouter(prefix=API_PREFIX, route_class=_Route, tags=["search"])
+    app = service.app
+
+    @router.post("/search", response_model=SearchResponse, responses=ERRORS, summary="Search by an uploaded image")
+    async def search(image: UploadFile = File(description="the query photo (JPEG, PNG, WebP, GIF, BMP or TIFF)"),
+                     k: int = Form(12, ge=1, le=MAX_RESULTS), folder: str = Form(""),
+                     offset: int = Form(0, ge=0)) -> SearchResponse:  # fmt: skip
+        """The nearest photos to an uploaded image (multipart/form-data), ranked by score."""
+        data = await image.read()
+        return await service.search_image(data, image.filename or "upload", k, folder, offset)
+
+    @router.post("/search/base64", response_model=SearchResponse, responses=ERRORS,
+                 summary="Search by an image sent as base64 in JSON")  # fmt: skip
+    async def search_base64(query: Base64Query) -> SearchResponse:
+        """The same search with the image's bytes as base64 in a JSON body."""
+        try:
+            data = base64.b64decode(query.image_base64, validate=True)
+        except (binascii.Error, ValueError):
+            raise UserError(f"{_safe_name(query.filename)}: image_base64 is not base64 (standard alphabet, padded): "
+                            "encode the file's bytes, e.g. base64.b64encode(open(path, 'rb').read()).decode()"
+                            ) from None
+        return await service.search_image(data, query.filename, query.k, query.folder, query.offset)
+
+    @router.get("/photos/{photo_id}/similar", response_model=SearchResponse, responses=ERRORS,
+                summary="Search by an indexed photo")  # fmt: skip
+    async def similar(photo_id: int = PathParam(ge=0), k: int = Query(12, ge=1, le=MAX_RESULTS),
+                      folder: str = Query(""), offset: int = Query(0, ge=0)) -> SearchResponse:  # fmt: skip
+        """The nearest photos to a photo of the index (its stored vector: the page's click on a result)."""
+        return await service.search_id(photo_id, k, folder, offset)
+
+    @router.get("/photos/{photo_id}/thumbnail", responses={**ERRORS, 200: {"content": {"image/jpeg": {}}}},
+                response_class=FileResponse, summary="A photo's thumbnail")  # fmt: skip
+    def thumbnail(photo_id: int = PathParam(ge=0)) -> FileResponse:
+        """The thumbnail the page shows (JPEG, about 256 px), from the index's thumbs/ folder only."""
+        service._ready()
+        index = app._index()
+        row = index.catalog.rows_by_id([photo_id]).get(photo_id)
+        thumb = index.thumb_path(row) if row is not None and not row.deleted else None
+        thumbs = (index.dir / "thumbs").resolve()
+        if thumb is None or thumbs not in thumb.resolve().parents or not thumb.is_file():
+            raise NotFound(f"photo id {photo_id} has no thumbnail: search again for current ids")
+        return FileResponse(thumb, media_type="image/jpeg")
+
+    @router.get("/photos/{photo_id}/original", responses={**ERRORS, 200: {"content": {"image/*": {}}}},
+                response_class=FileResponse, summary="A photo's original file")  # fmt: skip
+    def original(photo_id: int = PathParam(ge=0)) -> FileResponse:
+        """The original file under the page's rules: an indexed photo, inside the collection, a regular file of at
+        most 64 MB."""
+        service._ready()
+        index = app._index()
+        row = index.catalog.rows_by_id([photo_id]).get(photo_id)
+        if row is None or row.deleted or row.status != "ok":
+            raise NotFound(f"photo id {photo_id} is not an indexed photo: search again for current ids")
+        copy = app.original(photo_id)
+        kind = mimetypes.guess_type(copy)[0] or "application/octet-stream"
+        return FileResponse(copy, media_type=kind, filename=Path(copy).name)
+
+    @router.get("/stats", response_model=Stats, responses=ERRORS, summary="The collection and its index")
+    def stats() -> Stats:
+        """Counts, index kind, backbone, thresholds and the folder filter's choices."""
+        service._ready()
+        index = app._index()
+        index.refresh()
+        st = index.stats()
+        return Stats(images=st["vectors"], unreadable=st["error"], pending=st["pending"], kind=st["kind"],
+                     dim=st["dim"], weak_below=st["weak_below"], dedup_threshold=st["dedup_threshold"],
+                     backbone_arch=st["backbone_arch"], backbone_sha256=st["backbone_sha256"],
+                     space=st["space_description"], updated=st["updated"], folders=app.folders())  # fmt: skip
+
+    @router.get("/duplicates", response_model=Duplicates, responses=ERRORS, summary="Near-duplicate groups")
+    def duplicates() -> Duplicates:
+        """The groups last saved by `moco index dedup` or the page's Collection tab, largest first."""
+        service._ready()
+        index = app._index()
+        dup = load_duplicates(index.dir)
+        if dup is None:
+            raise NotFound(f"no near-duplicate search yet: run `moco index dedup {index.dir}` or press Find "
+                           "near-duplicates in the page's Collection tab")  # fmt: skip
+
+        def member(m: dict[str, Any]) -> Member:
+            return Member(id=int(m["id"]), path=_json_path(m["path"]),
+                          score=float(m.get("similarity", m.get("best_similarity", 1.0))))  # fmt: skip
+
+        groups = []
+        for g in dup.get("groups", []):
+            rep = g.get("representative")
+            rep_m = next((m for m in g["members"] if rep and m["id"] == rep.get("id")), None)
+            groups.append(Group(size=int(g["size"]), representative=member(rep_m) if rep_m else None,
+                                members=[member(m) for m in g["members"]]))  # fmt: skip
+        return Duplicates(threshold=float(dup["threshold"]), created=dup.get("created"), groups=groups)
+
+    routes = list(router.routes)
+    schema: dict[str, Any] = {}
+
+    def openapi_schema() -> dict[str, Any]:
+        if not schema:
+            schema.update(get_openapi(title="moco-retrieval search API", version="1", routes=routes,
+                                      description="Search a photo collection by image or by photo; the same "
+                                      "results and scores as the page."))  # fmt: skip
+        return schema
+
+    @router.get("/openapi.json", include_in_schema=False)
+    def openapi() -> JSONResponse:
+        return JSONResponse(openapi_schema())
+
+    @router.get("/docs", include_in_schema=False, response_class=HTMLResponse)
+    def docs() -> HTMLResponse:
+        return HTMLResponse(docs_html(openapi_schema()))
+
+    return list(router.routes)
+
+
+def docs_html(schema: dict[str, Any]) -> str:
+    """A self-contained docs page for the schema (no script, nothing fetched from elsewhere)."""
+    title, about = html.escape(schema["info"]["title"]), html.escape(schema["info"].get("description", ""))
+    out = [f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+           "<style>body{font-family:sans-serif;max-width:60em;margin:2em auto;padding:0 1em}"
+           "code,pre{background:#f4f4f4}h3{margin-bottom:.2em}table{border-collapse:collapse}"
+           "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}</style></head><body>",
+           f"<h1>{title}</h1><p>{about}</p>",
+           f"<p>The machine-readable schema: <a href='{API_PREFIX}/openapi.json'><code>{API_PREFIX}/openapi.json"
+           "</code></a>. Errors are JSON <code>{\"detail\": \"...\"}</code>.</p>"]  # fmt: skip
+    for path, ops in schema.get("paths", {}).items():
+        for method, op in ops.items():
+            out.append(f"<h3><code>{method.upper()} {html.escape(path)}</code> — {html.escape(op.get('summary', ''))}"
+                       f"</h3><p>{html.escape(op.get('description', ''))}</p>")  # fmt: skip
+            rows = [(p["name"], p["in"], _type(p.get("schema", {})), p.get("required", False),
+                     p.get("description", "")) for p in op.get("parameters", [])]  # fmt: skip
+            for kind, body in op.get("requestBody", {}).get("content", {}).items():
+                ref = body.get("schema", {}).get("$ref", "")
+                model = schema.get("components", {}).get("schemas", {}).get(ref.rsplit("/", 1)[-1], {})
+                need = model.get("required", [])
+                rows += [(name, kind, _type(prop), name in need, prop.get("description", ""))
+                         for name, prop in model.get("properties", {}).items()]
+            if rows:
+                out.append("<table><tr><th>field</th><th>in</th><th>type</th><th>required</th><th></th></tr>")
+                out += [f"<tr><td><code>{html.escape(n)}</code></td><td>{html.escape(w)}</td><td>{html.escape(t)}</td>"
+                        f"<td>{'yes' if r else ''}</td><td>{html.escape(str(d))}</td></tr>" for n, w, t, r, d in rows]
+                out.append("</table>")
+            codes = ", ".join(f"{c} {html.escape(v.get('description', ''))}"
+                              for c, v in op.get("responses", {}).items())
+            out.append(f"<p><small>Responses: {codes}</small></p>")
+    return "".join(out) + "</body></html>"
+
+
+def _type(prop: dict[str, Any]) -> str:
+    if "anyOf" in prop:
+        return " or ".join(_type(p) for p in prop["anyOf"])
+    if "$ref" in prop:
+        return prop["$ref"].rsplit("/", 1)[-1]
+    if prop.get("format") == "binary" or prop.get("contentMediaType"):
+        return "file"
+    return str(prop.get("type", "any"))
+
+
+# ------------------------------------------------------------------------------------------ body cap
+class BodyCapMiddleware:
+    """ASGI middleware: a request to the API whose body is over ``limit`` bytes gets 413, read no further."""
+
+    def __init__(self, app: Any, limit: int = MAX_BODY_BYTES) -> None:
+        self.app, self.limit = app, limit
+
+    def _message(self, size: int) -> str:
+        return (f"the request is {size / 1e6:.1f} MB, over the {MAX_UPLOAD_MB} MB upload limit: upload a smaller copy "
+                "(for example exported at 4000 px on its long side)")  # fmt: skip
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(API_PREFIX + "/"):
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await _send_json(send, 413, self._message(int(length)))
+            return
+        seen, over, started = 0, False, False
+
+        async def capped() -> dict[str, Any]:
+            nonlocal seen, over
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    over = True
+                    raise _TooLarge
+            return message
+
+        async def guarded(message: dict[str, Any]) -> None:
+            nonlocal started
+            if over:  # the route's own answer to the cut body is replaced by ours
+                return
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, capped, guarded)
+        except _TooLarge:
+            pass
+        if over and not started:
+            await _send_json(send, 413, self._message(seen))
+
+
+class _TooLarge(Exception):
+    pass
+
+
+async def _send_json(send: Any, code: int, detail: str) -> None:
+    import json
+
+    await send({"type": "http.response.start", "status": code, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": json.dumps({"detail": detail}).encode()})
