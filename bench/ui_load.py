@@ -1,17 +1,21 @@
-"""Load on the running search UI: 16 concurrent clients x 25 searches on a 10,000-image index.
+"""Load on the running server, the JSON API and the page side by side, on a 10,000-image index.
 
     python bench/ui_load.py                       # generates the photos and the index under .bench_data/
-    python bench/ui_load.py --clients 16 --searches 25 --images 10000
+    python bench/ui_load.py --clients 16 --searches 25 --api-searches 100 --overload-clients 64 --soak-s 600
 
-Starts `moco serve` in its own process (as a user would), then drives it over HTTP with
-``gradio_client`` from N threads, each uploading a different photo of the collection per search.
-Reports errors, p50/p99/max latency and searches/s, next to the same handler called in-process
-(no HTTP, no queue) as the baseline: the difference is the web stack and the queue.
+Starts `moco serve` in its own process (as a user would) pinned to CPU 0, and pins this process (the load
+generator) to CPU 1 (on a machine with at least 2 CPUs). Then, one phase after another against the same server:
+the JSON API (``POST /api/v1/search``, N asyncio clients, each uploading a different photo of the collection per
+search), the page (``gradio_client`` from N threads, the same uploads), the API under overload (M clients: 503s
+with Retry-After counted apart from other errors; a client told to wait waits), and a soak of the API (the
+server's RSS at its start and end). Beside them: the page's handler called in-process one at a time (no HTTP, no
+queue), the ceiling of one search at a time.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import concurrent.futures
 import contextlib
 import json
@@ -65,7 +69,7 @@ def _wait(url: str, proc: subprocess.Popen, timeout: float = 300) -> None:
     t0 = time.time()
     while time.time() - t0 < timeout:
         if proc.poll() is not None:
-            raise RuntimeError(f"moco serve exited: {proc.stderr.read()[-2000:]}")
+            raise RuntimeError(f"moco serve exited: {(DATA / 'serve.log').read_text()[-2000:]}")
         with contextlib.suppress(httpx.HTTPError):  # not listening yet
             if httpx.get(url, timeout=2).status_code == 200:
                 return
@@ -90,23 +94,102 @@ def _client_run(url: str, files: list[Path], k: int) -> tuple[list[float], list[
     return lat, errors
 
 
+async def _api_load(url: str, picks: list[list[Path]], k: int, until: float | None = None) -> dict:
+    """N concurrent API clients (one per list of photos), each uploading its photos one after another (again and
+    again until ``until``, a perf_counter time, when given). 503s are counted apart; the client waits Retry-After."""
+    import httpx
+
+    data = {f: f.read_bytes() for fs in picks for f in fs}
+    lat: list[float] = []
+    shed, errors = 0, []
+
+    async def client(files: list[Path], http: httpx.AsyncClient) -> None:
+        nonlocal shed
+        n = 0
+        while True:
+            f = files[n % len(files)]
+            n += 1
+            t0 = time.perf_counter()
+            try:
+                r = await http.post(url + "api/v1/search", files={"image": (f.name, data[f])}, data={"k": str(k)})
+                if r.status_code == 503:
+                    shed += 1
+                    await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+                elif r.status_code != 200 or len(r.json()["results"]) != k:
+                    errors.append(f"{f.name}: {r.status_code} {r.text[:200]}")
+                else:
+                    lat.append(time.perf_counter() - t0)
+            except Exception as e:  # noqa: BLE001 - counted, reported
+                errors.append(f"{f.name}: {type(e).__name__}: {e}")
+            if (until is None and n >= len(files)) or (until is not None and time.perf_counter() >= until):
+                return
+
+    limits = httpx.Limits(max_connections=len(picks) + 8, max_keepalive_connections=len(picks) + 8)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(fs, http) for fs in picks))
+        wall = time.perf_counter() - t0
+    return _summary(lat, errors, wall, shed=shed)
+
+
+def _summary(lat: list[float], errors: list[str], wall: float, shed: int = 0) -> dict:
+    ms = np.array(lat) * 1000 if lat else np.array([np.nan])
+    return {"searches": len(lat), "errors": len(errors), "error_samples": errors[:5], "shed_503": shed,
+            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max()),
+            "searches_per_s": len(lat) / wall, "wall_s": wall}  # fmt: skip
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _cpu_model() -> str:
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines():
+            if line.startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def _pins() -> tuple[set[int] | None, set[int] | None]:
+    """(server CPUs, load generator CPUs): the first CPU and the second, or (None, None) on one CPU."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return ({cpus[0]}, {cpus[1]}) if len(cpus) >= 2 else (None, None)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=10_000)
     ap.add_argument("--clients", type=int, default=16)
-    ap.add_argument("--searches", type=int, default=25, help="per client")
+    ap.add_argument("--searches", type=int, default=25, help="per page client")
+    ap.add_argument("--api-searches", type=int, default=100, help="per API client")
+    ap.add_argument("--overload-clients", type=int, default=64)
+    ap.add_argument("--overload-s", type=float, default=20.0, help="length of the overload phase")
+    ap.add_argument("--soak-s", type=float, default=0.0, help="length of the API soak (0: none)")
     ap.add_argument("-k", type=int, default=12)
+    ap.add_argument("--out", default="ui_load.json", help="file name under bench/results/")
     args = ap.parse_args()
 
     photos, idx = _prepare(args.images)
     files = sorted(p for p in photos.rglob("*") if p.is_file())
     rng = np.random.default_rng(0)
     picks = [[files[i] for i in rng.choice(len(files), args.searches)] for _ in range(args.clients)]
+    api_picks = [[files[i] for i in rng.choice(len(files), args.api_searches)] for _ in range(args.clients)]
+    over_picks = [[files[i] for i in rng.choice(len(files), 50)] for _ in range(args.overload_clients)]
+    server_cpus, load_cpus = _pins()
+    if load_cpus:
+        os.sched_setaffinity(0, load_cpus)  # the ceiling and the load generator: one CPU, the server's is the other
 
-    # baseline: the same handler in-process, one at a time
+    # the ceiling: the page's handler in-process, one search at a time, on one CPU
+    import torch
+
     from app.ui import SearchApp
     from index.image_index import ImageIndex
 
+    torch.set_num_threads(1)
     index = ImageIndex.open(idx)
     app = SearchApp(index, index.load_embedder(device="cpu"))
     base = []
@@ -114,42 +197,59 @@ def main() -> None:
         t0 = time.perf_counter()
         app.search(str(f), k=args.k)
         base.append(time.perf_counter() - t0)
+    app.close()
     del app, index
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}/"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(idx), "--port", str(port), "--device",
-                             "cpu"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "app.cli", "serve", str(idx), "--port", str(port), "--device", "cpu"]
+    pin = (lambda: os.sched_setaffinity(0, server_cpus)) if server_cpus else None
+    log = open(DATA / "serve.log", "w")  # noqa: SIM115 - a file, never a pipe nobody reads (it would fill and block)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True, preexec_fn=pin)
+    out: dict = {}
     try:
         _wait(url, proc)
+        asyncio.run(_api_load(url, [fs[:3] for fs in api_picks], args.k))  # warm-up
+        out["api"] = asyncio.run(_api_load(url, api_picks, args.k))
         t0 = time.perf_counter()
         with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
             results = list(pool.map(lambda fs: _client_run(url, fs, args.k), picks))
-        wall = time.perf_counter() - t0
+        out["page"] = _summary([x for r, _ in results for x in r], [e for _, errs in results for e in errs],
+                               time.perf_counter() - t0)  # fmt: skip
+        out["overload"] = asyncio.run(_api_load(url, over_picks, args.k, time.perf_counter() + args.overload_s))
+        out["overload"]["clients"] = args.overload_clients
+        if args.soak_s > 0:
+            rss0 = _rss_mb(proc.pid)
+            soak = asyncio.run(_api_load(url, api_picks, args.k, time.perf_counter() + args.soak_s))
+            out["soak"] = {**soak, "seconds": args.soak_s, "rss_start_mb": rss0, "rss_end_mb": _rss_mb(proc.pid)}
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    lat = np.array([x for r, _ in results for x in r]) * 1000
-    errors = [e for _, errs in results for e in errs]
+        log.close()
     base_ms = np.array(base) * 1000
-    out = {
+    out.update({
         "command": "python bench/ui_load.py " + " ".join(sys.argv[1:]), "images": args.images,
-        "clients": args.clients, "searches": int(lat.size), "errors": len(errors), "error_samples": errors[:5],
-        "p50_ms": float(np.percentile(lat, 50)), "p99_ms": float(np.percentile(lat, 99)), "max_ms": float(lat.max()),
-        "searches_per_s": lat.size / wall, "wall_s": wall, "in_process_p50_ms": float(np.percentile(base_ms, 50)),
-        "in_process_searches_per_s": 1000 / float(base_ms.mean()), "cpus": os.cpu_count(),
-        "machine": platform.processor() or platform.machine(),
-    }  # fmt: skip
-    print(f"{args.clients} clients x {args.searches} searches on {args.images} images, k={args.k}")
-    print(f"{'':24}{'p50 ms':>10}{'p99 ms':>10}{'searches/s':>12}")
-    print(f"{'served (HTTP + queue)':24}{out['p50_ms']:>10.0f}{out['p99_ms']:>10.0f}{out['searches_per_s']:>12.1f}")
-    base_rate = out["in_process_searches_per_s"]
-    print(f"{'in-process handler':24}{out['in_process_p50_ms']:>10.0f}{'':>10}{base_rate:>12.1f}")
-    print(f"errors: {len(errors)}; served throughput = {out['searches_per_s'] / out['in_process_searches_per_s']:.2f}"
-          " x the in-process handler")  # fmt: skip
+        "clients": args.clients, "k": args.k, "in_process_p50_ms": float(np.percentile(base_ms, 50)),
+        "in_process_searches_per_s": 1000 / float(base_ms.mean()), "cpus": os.cpu_count(), "cpu_model": _cpu_model(),
+        "pinned": {"server": sorted(server_cpus or []), "load": sorted(load_cpus or [])},
+    })  # fmt: skip
+    print(f"{args.clients} clients on {args.images} images, k={args.k}; {out['cpu_model']}; server on CPU "
+          f"{out['pinned']['server']}, load generator on CPU {out['pinned']['load']}")
+    print(f"{'':30}{'p50 ms':>10}{'p99 ms':>10}{'searches/s':>12}{'errors':>8}{'503s':>8}")
+    for name, key in [("JSON API", "api"), ("page (gradio_client)", "page"),
+                      (f"API overload, {args.overload_clients} clients", "overload"), ("API soak", "soak")]:
+        if key in out:
+            d = out[key]
+            print(f"{name:30}{d['p50_ms']:>10.0f}{d['p99_ms']:>10.0f}{d['searches_per_s']:>12.1f}{d['errors']:>8}"
+                  f"{d['shed_503']:>8}")
+    print(f"{'in-process handler, 1 at a time':30}{out['in_process_p50_ms']:>10.0f}{'':>10}"
+          f"{out['in_process_searches_per_s']:>12.1f}")
+    if "soak" in out:
+        soak = out["soak"]
+        print(f"soak {args.soak_s:.0f} s: server RSS {soak['rss_start_mb']:.0f} -> {soak['rss_end_mb']:.0f} MB")
     (ROOT / "bench" / "results").mkdir(exist_ok=True)
-    (ROOT / "bench" / "results" / "ui_load.json").write_text(json.dumps(out, indent=1) + "\n")
+    (ROOT / "bench" / "results" / args.out).write_text(json.dumps(out, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100", OMP_NUM_THREADS="1")
 TRAIN_FLAGS = [f"--{f.name.replace('_', '-')}" for f in fields(TrainConfig) if f.name != "data_dir"]
 BUILD_FLAGS = ["--backbone", "--out", "-o", "--kind", "--memory-budget", "--batch-size", "--workers", "--device",
                "--gpu", "--quiet", "--json"]  # fmt: skip
+API_FLAGS = ["--api-token", "--max-batch", "--batch-window-ms", "--max-pending", "JSON API"]  # the serving flags
 UPDATE_FLAGS = ["--backbone", "--root", "--kind", "--batch-size", "--workers", "--device", "--gpu", "--json"]
 
 # The pages of `moco` (DESIGN.md's CLI contract) and what each must list.
@@ -40,9 +41,10 @@ PAGES = {
     "index search": ["IDX", "IMAGE", "-k", "--folder", "--backbone", "--json"],
     "index stats": ["IDX", "--json"],
     "index dedup": ["IDX", "--threshold", "--json"],
-    "serve": ["IDX", "--checkpoint", "--backbone", "--host", "--port", "--auth", "--device", "--trusted-proxy"],
+    "serve": ["IDX", "--checkpoint", "--backbone", "--host", "--port", "--auth", "--device", "--trusted-proxy",
+              *API_FLAGS],
     "run": ["PHOTOS", "--work", "--checkpoint", "--init", "--minutes", "--max-steps", "--no-serve", "--host",
-            "--trusted-proxy"],
+            "--trusted-proxy", *API_FLAGS],
 }
 
 # One process walks the whole parser tree (so a new subcommand, e.g. `moco pretrained`, is covered too) and runs

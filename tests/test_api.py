@@ -1,0 +1,335 @@
+"""The JSON API (app.api) on a real server over real HTTP: agreement with the page and `moco index search --json`,
+pagination and folders, the page's error messages, caps, auth (login, Basic, token, throttle), 503 shedding, the
+schema and docs page, the README example; and two `moco serve` processes on one index during `moco index update`."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from PIL import Image
+
+from app.api import MAX_BODY_BYTES, ApiSettings
+from app.ui import _safe, serve
+from index.build import build_index
+from index.dedup import find_duplicates, load_duplicates
+from index.image_index import ImageIndex
+from moco.sample import make_sample_collection
+
+from .live import free_port, wait_served
+
+ROOT = Path(__file__).resolve().parents[1]
+TOKEN = "test-token-0123456789abcdef"
+AUTH = ("alice", "right-pass-123")
+
+
+@pytest.fixture(scope="module")
+def idx(sample_photos, backbone, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("api") / "idx"
+    build_index(sample_photos, backbone, out, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(idx):
+    """A live server with the page's --auth and an --api-token: (base url, its SearchApp)."""
+    port = free_port()
+    demo = serve(idx, port=port, auth=AUTH, device="cpu", block=False, api=ApiSettings(token=TOKEN))
+    try:
+        yield f"http://127.0.0.1:{port}", demo.api_service.app
+    finally:
+        demo.close()
+        demo.api_service.close()
+
+
+@pytest.fixture()
+def http(server):
+    with httpx.Client(base_url=server[0] + "/api/v1", headers={"Authorization": f"Bearer {TOKEN}"},
+                      timeout=60) as client:  # fmt: skip
+        yield client
+
+
+def _query(sample_photos: Path, n: int = 3) -> Path:
+    return sorted(sample_photos.rglob("*.jpg"))[n]
+
+
+def _upload(http: httpx.Client, path: Path, name: str | None = None, **form) -> httpx.Response:
+    return http.post("/search", files={"image": (name or path.name, path.read_bytes())},
+                     data={k: str(v) for k, v in form.items()})  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------- agreement
+def test_api_results_equal_the_page_and_the_cli(http, server, idx, sample_photos, capsys):
+    from app.cli import main
+
+    q = _query(sample_photos)
+    by_upload = _upload(http, q, k=8).json()
+    by_b64 = http.post("/search/base64", json={"image_base64": base64.b64encode(q.read_bytes()).decode(),
+                                                "filename": q.name, "k": 8}).json()  # fmt: skip
+    assert main(["index", "search", str(idx), str(q), "-k", "8", "--json"]) == 0
+    cli = json.loads(capsys.readouterr().out)
+    _, _, page = server[1].search(str(q), k=8)  # the page's handler
+    weak = ImageIndex.open(idx).weak_below
+    for got in (by_upload["results"], by_b64["results"]):
+        assert [h["id"] for h in got] == [h["id"] for h in cli] == page["ids"]
+        assert [h["path"] for h in got] == [h["path"] for h in cli] == page["paths"]
+        assert [h["rank"] for h in got] == [h["rank"] for h in cli] == list(range(1, 9))
+        assert [h["weak"] for h in got] == [h["weak"] for h in cli] == [s < weak for s in page["scores"]]
+        assert [h["score"] for h in got] == pytest.approx([h["score"] for h in cli], abs=1e-5)
+        assert [h["score"] for h in got] == pytest.approx(page["scores"], abs=1e-6)
+    first = by_upload["results"][0]
+    similar = http.get(f"/photos/{first['id']}/similar", params={"k": 8}).json()  # the page's click on a result
+    _, _, clicked = server[1].select(page, 0)
+    assert [h["id"] for h in similar["results"]] == clicked["ids"]
+    assert [h["score"] for h in similar["results"]] == pytest.approx(clicked["scores"], abs=1e-6)
+
+
+def test_concurrent_uploads_are_batched_and_each_gets_its_own_results(http, server, sample_photos):
+    photos = sorted(sample_photos.rglob("*.jpg"))[:12]
+    with concurrent.futures.ThreadPoolExecutor(12) as pool:
+        got = list(pool.map(lambda p: _upload(http, p, k=5).json(), photos))
+    for p, g in zip(photos, got):
+        _, _, page = server[1].search(str(p), k=5)
+        assert [h["id"] for h in g["results"]] == page["ids"]
+        assert [h["score"] for h in g["results"]] == pytest.approx(page["scores"], abs=1e-5)
+
+
+def test_pages_and_folders(http, sample_photos):
+    q = _query(sample_photos)
+    ten = _upload(http, q, k=10).json()
+    second = _upload(http, q, k=5, offset=5).json()
+    assert [h["id"] for h in second["results"]] == [h["id"] for h in ten["results"][5:]]
+    assert [h["rank"] for h in second["results"]] == [6, 7, 8, 9, 10] and second["offset"] == 5
+    assert ten["next_offset"] == 10 and ten["images"] == len(list(sample_photos.rglob("*.*")))
+    last = _upload(http, q, k=10, offset=ten["images"] - 3).json()
+    assert len(last["results"]) == 3 and last["next_offset"] is None
+    family = ten["results"][0]["path"].split("/")[0]
+    only = _upload(http, q, k=50, folder=family).json()
+    assert only["results"] and all(h["path"].startswith(family + "/") for h in only["results"])
+    assert only["folder"] == family
+    assert family in http.get("/stats").json()["folders"]
+
+
+# ---------------------------------------------------------------------------------------------- errors
+def test_errors_are_the_pages_one_line_messages(http, server, sample_photos, tmp_path):
+    page = _safe(3, 1)(server[1].search)
+    bad = tmp_path / "upload.jpg"
+    bad.write_bytes(b"\xff\xd8\xff not an image")
+    tiny = tmp_path / "tiny.png"
+    Image.new("RGB", (8, 8)).save(tiny)
+    for path, folder, words in [(bad, "", "upload.jpg"), (tiny, "", "too small"),
+                                (_query(sample_photos), "../etc", "no sub-folder")]:  # fmt: skip
+        r = _upload(http, path, k=5, folder=folder)
+        assert r.status_code == 400 and words in r.json()["detail"]
+        assert page(str(path), 5, folder)[1] == "**Error:** " + r.json()["detail"]  # word for word
+    r = _upload(http, tiny, k=0)
+    assert r.status_code == 400 and r.json()["detail"].startswith("k: Input should be greater than or equal to 1")
+    r = http.post("/search/base64", json={"image_base64": "not base64!", "k": 3})
+    assert r.status_code == 400 and "image_base64 is not base64" in r.json()["detail"]
+    r = http.get("/photos/999999/similar")
+    assert r.status_code == 404 and "photo id 999999 is not an indexed photo" in r.json()["detail"]
+    assert http.get("/photos/999999/thumbnail").status_code == 404
+    assert http.get("/photos/999999/original").status_code == 404
+
+
+def test_uploads_over_the_cap_get_413_or_the_pages_message(http, tmp_path):
+    r = http.post("/search", content=b"x" * (MAX_BODY_BYTES + 1),
+                  headers={"content-type": "multipart/form-data; boundary=zz"})  # fmt: skip
+    assert r.status_code == 413 and "over the 25 MB upload limit" in r.json()["detail"]
+    big = tmp_path / "big.jpg"
+    big.write_bytes(b"\xff\xd8\xff" + b"\0" * (26 * 1024 * 1024))  # over the page's cap, under the body cap
+    r = _upload(http, big, k=3)
+    assert r.status_code == 400
+    assert r.json()["detail"].startswith("big.jpg is 27.3 MB, over the 25 MB upload limit: upload a smaller copy")
+
+
+# ------------------------------------------------------------------------------------ files and stats
+def test_thumbnail_original_stats_and_duplicates(http, server, idx, sample_photos):
+    index = ImageIndex.open(idx)
+    row = next(r for r in index.catalog.rows_by_id(list(range(1, 40))).values() if r.thumb)
+    r = http.get(f"/photos/{row.id}/thumbnail")
+    assert r.status_code == 200 and r.headers["content-type"] == "image/jpeg"
+    assert r.content == (idx / row.thumb).read_bytes()
+    r = http.get(f"/photos/{row.id}/original")
+    assert r.status_code == 200 and r.content == (sample_photos / row.path).read_bytes()
+    st = http.get("/stats").json()
+    assert st["images"] == len(index) and st["weak_below"] == index.weak_below and st["kind"] == "flat"
+    assert http.get("/duplicates").status_code in (200, 404)
+    find_duplicates(index, 0.5)
+    dup = http.get("/duplicates").json()
+    saved = load_duplicates(idx)
+    assert dup["threshold"] == saved["threshold"] and len(dup["groups"]) == len(saved["groups"])
+    assert [[m["id"] for m in g["members"]] for g in dup["groups"]] == \
+        [[m["id"] for m in g["members"]] for g in saved["groups"]]  # fmt: skip
+
+
+def test_schema_and_docs_page_work_offline(http):
+    schema = http.get("/openapi.json").json()
+    assert {"/api/v1/search", "/api/v1/search/base64", "/api/v1/photos/{photo_id}/similar", "/api/v1/stats",
+            "/api/v1/duplicates", "/api/v1/photos/{photo_id}/thumbnail",
+            "/api/v1/photos/{photo_id}/original"} <= set(schema["paths"])  # fmt: skip
+    hit = schema["components"]["schemas"]["Hit"]["properties"]
+    assert set(hit) == {"rank", "id", "path", "score", "weak"}
+    assert "multipart/form-data" in schema["paths"]["/api/v1/search"]["post"]["requestBody"]["content"]
+    docs = http.get("/docs")
+    assert docs.status_code == 200 and "POST /api/v1/search" in docs.text and "image_base64" in docs.text
+    assert "<script" not in docs.text and "://" not in docs.text.replace("http://", "")  # nothing fetched
+
+
+# ----------------------------------------------------------------------------------------------- access
+def test_access_needs_the_token_the_basic_login_or_the_page_cookie(server):
+    url = server[0] + "/api/v1/stats"
+    with httpx.Client(timeout=30) as c:
+        r = c.get(url)
+        assert r.status_code == 401 and "needs a login" in r.json()["detail"] and "www-authenticate" in r.headers
+        assert c.get(url, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
+        assert c.get(url, auth=AUTH).status_code == 200  # HTTP Basic with the page's login
+        assert c.get(url, headers={"Origin": "http://evil.example", "Authorization": f"Bearer {TOKEN}"}
+                     ).headers.get("access-control-allow-origin") is None  # no CORS  # fmt: skip
+        assert c.post(server[0] + "/login", data={"username": AUTH[0], "password": AUTH[1]}).status_code == 200
+        assert c.get(url).status_code == 200  # the page's login cookie
+
+
+@pytest.mark.slow
+def test_wrong_tokens_are_throttled_like_page_logins(idx):
+    port = free_port()
+    demo = serve(idx, port=port, device="cpu", block=False, api=ApiSettings(token=TOKEN))  # no --auth: token only
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}/api/v1", timeout=30) as c:
+            codes = [c.get("/stats", headers={"Authorization": f"Bearer wrong-{i}"}).status_code for i in range(8)]
+            assert codes == [401] * 5 + [429] * 3, codes
+            locked = c.get("/stats", headers={"Authorization": f"Bearer {TOKEN}"})  # even the right one waits
+            assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
+            assert "too many failed logins" in locked.json()["detail"]
+    finally:
+        demo.close()
+        demo.api_service.close()
+
+
+@pytest.mark.slow
+def test_overload_is_shed_with_503_and_retry_after(idx, sample_photos):
+    port = free_port()
+    demo = serve(idx, port=port, device="cpu", block=False, api=ApiSettings(max_pending=1, max_batch=1))
+    photo = _query(sample_photos).read_bytes()
+    try:
+        def one(_: int) -> httpx.Response:
+            return httpx.post(f"http://127.0.0.1:{port}/api/v1/search", files={"image": ("q.jpg", photo)},
+                              data={"k": "3"}, timeout=60)  # fmt: skip
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            replies = list(pool.map(one, range(32)))
+        codes = [r.status_code for r in replies]
+        assert set(codes) <= {200, 503} and 200 in codes and 503 in codes, codes
+        shed = next(r for r in replies if r.status_code == 503)
+        assert int(shed.headers["retry-after"]) >= 1 and "the server is busy" in shed.json()["detail"]
+    finally:
+        demo.close()
+        demo.api_service.close()
+
+
+def test_token_flag_is_checked(capsys):
+    from app.cli import main
+
+    assert main(["serve", "no-such-idx", "--api-token", "short"]) == 2
+    assert "--api-token: 5 characters; use at least 16" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ the README
+def _doc_example() -> str:
+    text = (ROOT / "docs" / "api.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 1, "docs/api.md has one Python example"
+    return blocks[0]
+
+
+def test_the_docs_example_runs_against_a_live_server(server, sample_photos, tmp_path):
+    shutil.copy(_query(sample_photos), tmp_path / "query.jpg")
+    (tmp_path / "example.py").write_text(_doc_example())
+    env = dict(os.environ, MOCO_URL=server[0], MOCO_API_TOKEN=TOKEN, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 5 and lines[0].startswith("1 1.000 ") and lines[0].split()[2].endswith(".jpg")
+    r = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env={**env, "MOCO_API_TOKEN": "wrong-token"},
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 1 and "401: wrong token" in r.stderr
+
+
+# --------------------------------------------------------------------------------- two servers, one index
+@pytest.mark.slow
+def test_two_servers_on_one_index_keep_answering_through_an_update(backbone, tmp_path):
+    photos = tmp_path / "photos"
+    make_sample_collection(photos, per_family=5, size=48, seed=4)
+    idx = tmp_path / "idx"
+    build_index(photos, backbone, idx, progress=False)
+    before = len(ImageIndex.open(idx))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    ports = [free_port(), free_port()]
+    procs = [subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(idx), "--port", str(p), "--device",
+                               "cpu"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             for p in ports]  # fmt: skip
+    query = sorted(photos.rglob("*.jpg"))[0].read_bytes()
+    failures: list[str] = []
+    answered = [0, 0]
+    stop = threading.Event()
+
+    def hammer(n: int) -> None:
+        with httpx.Client(base_url=f"http://127.0.0.1:{ports[n]}/api/v1", timeout=60) as c:
+            while not stop.is_set():
+                try:
+                    r = c.post("/search", files={"image": ("q.jpg", query)}, data={"k": "3"})
+                    if r.status_code != 200 or len(r.json()["results"]) != 3:
+                        failures.append(f"server {n}: {r.status_code} {r.text[:200]}")
+                    answered[n] += 1
+                except httpx.HTTPError as e:
+                    failures.append(f"server {n}: {type(e).__name__}: {e}")
+
+    try:
+        for p, proc in zip(ports, procs):
+            wait_served(f"http://127.0.0.1:{p}/api/v1/stats", proc)
+        threads = [threading.Thread(target=hammer, args=(n,)) for n in (0, 1)]
+        for t in threads:
+            t.start()
+        make_sample_collection(photos / "new", per_family=2, size=48, seed=9)  # 12 more photos
+        for f in sorted(photos.rglob("*.*"))[:3]:
+            if "new" not in f.parts:
+                f.unlink()  # and 3 fewer
+        seen = list(answered)
+        r = subprocess.run([sys.executable, "-m", "app.cli", "index", "update", str(idx), "--device", "cpu"],
+                           env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        after = len(ImageIndex.open(idx))
+        assert after == before + 12 - 3
+        new = sorted((photos / "new").rglob("*.jpg"))[0]
+        deadline = time.time() + 60
+        switched = [False, False]
+        while time.time() < deadline and not all(switched):
+            for n, p in enumerate(ports):
+                hits = httpx.post(f"http://127.0.0.1:{p}/api/v1/search", files={"image": (new.name, new.read_bytes())},
+                                  data={"k": "1"}, timeout=60).json()["results"]  # fmt: skip
+                switched[n] = hits[0]["path"] == str(new.relative_to(photos)) and httpx.get(
+                    f"http://127.0.0.1:{p}/api/v1/stats", timeout=60).json()["images"] == after  # fmt: skip
+            time.sleep(0.2)
+        time.sleep(1.0)  # a while on the new index too
+    finally:
+        stop.set()
+        for t in threads if "threads" in locals() else []:
+            t.join(60)
+        for proc in procs:
+            proc.terminate()
+            proc.wait(30)
+    assert switched == [True, True]
+    assert not failures, failures[:5]
+    assert all(a > s for a, s in zip(answered, seen)), (answered, seen)  # both answered during the update
