@@ -29,7 +29,6 @@ import asyncio
 import base64
 import binascii
 import concurrent.futures
-import hmac
 import html
 import logging
 import mimetypes
@@ -37,7 +36,7 @@ import shutil
 import tempfile
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,12 +47,19 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
-from pydantic import BaseModel, Field
 
+from app.api_access import (
+    API_PREFIX,
+    MAX_BODY_BYTES,
+    ApiSettings,
+    BodyCapMiddleware,
+    check_access,
+    check_api_token,
+)
+from app.api_models import Base64Query, Duplicates, ErrorResponse, Group, Hit, Member, SearchResponse, Stats
 from app.batcher import Batcher, Overloaded
 from app.handlers import MAX_RESULTS, SearchApp
-from app.throttle import LoginThrottle
-from app.uploads import MAX_UPLOAD_MB, read_upload
+from app.uploads import read_upload
 from index.catalog import display_path
 from index.dedup import load_duplicates
 from moco.errors import UserError
@@ -63,88 +69,8 @@ __all__ = ["API_PREFIX", "ApiSettings", "SearchService", "BodyCapMiddleware", "a
 
 logger = logging.getLogger(__name__)
 
-API_PREFIX = "/api/v1"
-# An upload at the page's cap, base64-encoded (4/3), with room for the form or JSON around it.
-MAX_BODY_BYTES = MAX_UPLOAD_MB * 1024 * 1024 * 4 // 3 + 64 * 1024
 DECODE_WORKERS = 2  # uploads decoded at once (the rest wait for a thread; all count against max_pending)
-MIN_TOKEN_CHARS = 16
-
-
 # ------------------------------------------------------------------------------------------------ models
-class Hit(BaseModel):
-    """One result: the page's rank, id, path (relative to the collection root), score and weak-match flag."""
-
-    rank: int = Field(description="1 for the best match; continues after `offset`")
-    id: int = Field(description="the photo's id in the index (for /photos/{id}/...)")
-    path: str = Field(description="the photo's path relative to the collection root")
-    score: float = Field(description="centred cosine similarity in the index's space, as the page shows it")
-    weak: bool = Field(description="under the collection's weak-match threshold: no close match")
-
-
-class SearchResponse(BaseModel):
-    """A page of results for one query."""
-
-    results: list[Hit]
-    k: int = Field(description=f"results asked for (capped at the index's size and at {MAX_RESULTS})")
-    offset: int = Field(description="results skipped before the first one")
-    folder: str | None = Field(description="the sub-folder searched, or null for the whole collection")
-    next_offset: int | None = Field(description="`offset` of the next page, or null when this one was the last")
-    weak_below: float | None = Field(description="scores under this are weak matches (null: an older index)")
-    images: int = Field(description="photos in the index")
-    took_ms: float = Field(description="time in the server, decoding and queueing included")
-
-
-class Base64Query(BaseModel):
-    """A search by an image sent as base64 in JSON."""
-
-    image_base64: str = Field(description="the image file's bytes, base64 (standard alphabet)")
-    filename: str = Field("upload", description="a name for the image in messages")
-    k: int = Field(12, ge=1, le=MAX_RESULTS, description="results per page")
-    folder: str = Field("", description="only photos under this sub-folder of the collection ('': all)")
-    offset: int = Field(0, ge=0, description="results to skip (the next page: `next_offset`)")
-
-
-class Stats(BaseModel):
-    """The collection and its index."""
-
-    images: int = Field(description="searchable photos")
-    unreadable: int
-    pending: int = Field(description="embedded, not yet searchable")
-    kind: str = Field(description="FAISS index kind: flat, ivf, ivfpq or hnsw")
-    dim: int
-    weak_below: float | None
-    dedup_threshold: float
-    backbone_arch: str | None
-    backbone_sha256: str
-    space: str = Field(description="what the index's vectors are")
-    updated: str | None
-    folders: list[str] = Field(description="the folder filter's choices")
-
-
-class Member(BaseModel):
-    id: int
-    path: str
-    score: float = Field(description="centred cosine to the group's representative")
-
-
-class Group(BaseModel):
-    size: int
-    representative: Member | None
-    members: list[Member]
-
-
-class Duplicates(BaseModel):
-    """Near-duplicate groups (every member within the threshold of its representative), largest first."""
-
-    threshold: float
-    created: str | None
-    groups: list[Group]
-
-
-class ErrorResponse(BaseModel):
-    detail: str = Field(description="what went wrong and what to do, in one line (the page's message)")
-
-
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": what} for code, what in [
         (400, "bad input (an image that cannot be used, an unknown folder)"), (401, "login or token needed"),
@@ -153,35 +79,6 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 # ------------------------------------------------------------------------------------------- settings
-@dataclass
-class ApiSettings:
-    """Who may call the API and how searches are batched.
-
-    ``auth``: the page's USER:PASS (None: the page is open); ``token``: a bearer token for programs (None: none);
-    ``throttle``: the page's login throttle, shared. Batching: ``window_ms``, ``max_batch``; ``max_pending``:
-    searches admitted at once before 503.
-    """
-
-    auth: tuple[str, str] | None = None
-    token: str | None = None
-    throttle: LoginThrottle = field(default_factory=LoginThrottle)
-    window_ms: float = 2.0
-    max_batch: int = 16
-    max_pending: int = 32
-
-
-def check_api_token(token: str | None) -> str | None:
-    """``--api-token`` checked: at least MIN_TOKEN_CHARS characters, no spaces."""
-    if not token:
-        return None
-    spaces = any(c.isspace() for c in token)
-    if len(token) < MIN_TOKEN_CHARS or spaces:
-        raise UserError(f"--api-token: {len(token)} characters{' with spaces' if spaces else ''}"
-                        f"; use at least {MIN_TOKEN_CHARS} without spaces, e.g. the output of "
-                        "python -c 'import secrets; print(secrets.token_urlsafe())'")  # fmt: skip
-    return token
-
-
 class NotFound(UserError):
     """A photo id the index does not hold (HTTP 404)."""
 
@@ -318,54 +215,6 @@ def _json_path(path: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ access
-def _client(request: Request) -> str:
-    return str(request.client.host if request.client else "unknown")[:200]
-
-
-def _same(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass"))
-
-
-def _check_access(request: Request, settings: ApiSettings) -> None:
-    """Let the request through, or HTTPException 401/429 (see the module docstring)."""
-    if settings.auth is None and settings.token is None:
-        return
-    app = request.app
-    cookie_id = getattr(app, "cookie_id", None)
-    if cookie_id is not None and settings.auth is not None:  # logged in on the page
-        cookie = request.cookies.get(f"access-token-{cookie_id}") or request.cookies.get(
-            f"access-token-unsecure-{cookie_id}")  # fmt: skip
-        if cookie and cookie in getattr(app, "tokens", {}):
-            return
-    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
-    scheme, credentials = scheme.lower(), credentials.strip()
-    if scheme == "bearer" and settings.token is not None:
-        account, ok = "(api token)", _same(credentials, settings.token)
-    elif scheme == "basic" and settings.auth is not None:
-        try:
-            user, _, password = base64.b64decode(credentials, validate=True).decode("utf-8").partition(":")
-        except (binascii.Error, UnicodeDecodeError):
-            user, password = "", ""
-        account = user.strip()[:200]
-        ok = _same(user, settings.auth[0]) & _same(password, settings.auth[1])
-    else:
-        ways = ["`Authorization: Bearer TOKEN` (the server's --api-token)" if settings.token else "",
-                "HTTP Basic with the page's login (--auth)" if settings.auth else ""]
-        how = " or ".join(w for w in ways if w)
-        raise HTTPException(401, f"this server needs a login: send {how}",
-                            headers={"WWW-Authenticate": "Bearer" if settings.token else "Basic"})  # fmt: skip
-    address = _client(request)
-    wait = settings.throttle.wait(address, account)
-    if wait > 0:
-        raise HTTPException(429, f"too many failed logins from {address} or for this account: try again in "
-                            f"{wait:.0f} s", headers={"Retry-After": str(int(wait) + 1)})  # fmt: skip
-    settings.throttle.record(address, account, ok=ok)
-    if not ok:
-        what, flag = ("token", "--api-token") if scheme == "bearer" else ("user name or password", "--auth")
-        raise HTTPException(401, f"wrong {what}: check the server's {flag}",
-                            headers={"WWW-Authenticate": scheme.title()})  # fmt: skip
-
-
 def _one_line(e: RequestValidationError) -> str:
     """FastAPI's validation errors as one line: ``k: Input should be less than or equal to 500 (got 501)``."""
     parts = []
@@ -394,7 +243,7 @@ def api_routes(service: SearchService) -> list[Any]:
 
             async def guarded(request: Request) -> Response:
                 try:
-                    _check_access(request, settings)
+                    check_access(request, settings)
                     return await handler(request)
                 except HTTPException as e:
                     return _error(e.status_code, str(e.detail), e.headers)
@@ -572,57 +421,3 @@ def _type(prop: dict[str, Any]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ body cap
-class BodyCapMiddleware:
-    """ASGI middleware: a request to the API whose body is over ``limit`` bytes gets 413, read no further."""
-
-    def __init__(self, app: Any, limit: int = MAX_BODY_BYTES) -> None:
-        self.app, self.limit = app, limit
-
-    def _message(self, size: int) -> str:
-        return (f"the request is {size / 1e6:.1f} MB, over the {MAX_UPLOAD_MB} MB upload limit: upload a smaller copy "
-                "(for example exported at 4000 px on its long side)")  # fmt: skip
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith(API_PREFIX + "/"):
-            await self.app(scope, receive, send)
-            return
-        length = dict(scope.get("headers") or []).get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.limit:
-            await _send_json(send, 413, self._message(int(length)))
-            return
-        seen, over, started = 0, False, False
-
-        async def capped() -> dict[str, Any]:
-            nonlocal seen, over
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    over = True
-                    raise _TooLarge
-            return message
-
-        async def guarded(message: dict[str, Any]) -> None:
-            nonlocal started
-            if over:  # the route's own answer to the cut body is replaced by ours
-                return
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, capped, guarded)
-        except _TooLarge:
-            pass
-        if over and not started:
-            await _send_json(send, 413, self._message(seen))
-
-
-class _TooLarge(Exception):
-    pass
-
-
-async def _send_json(send: Any, code: int, detail: str) -> None:
-    import json
-
-    await send({"type": "http.response.start", "status": code, "headers": [(b"content-type", b"application/json")]})
-    await send({"type": "http.response.body", "body": json.dumps({"detail": detail}).encode()})

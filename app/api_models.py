@@ -1,0 +1,83 @@
+"""The JSON API's request and response models: the OpenAPI schema and the docs page are generated from them."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from app.handlers import MAX_RESULTS
+
+__all__ = ["Hit", "SearchResponse", "Base64Query", "Stats", "Member", "Group", "Duplicates", "ErrorResponse"]
+
+
+class Hit(BaseModel):
+    """One result: the page's rank, id, path (relative to the collection root), score and weak-match flag."""
+
+    rank: int = Field(description="1 for the best match; continues after `offset`")
+    id: int = Field(description="the photo's id in the index (for /photos/{id}/...)")
+    path: str = Field(description="the photo's path relative to the collection root")
+    score: float = Field(description="centred cosine similarity in the index's space, as the page shows it")
+    weak: bool = Field(description="under the collection's weak-match threshold: no close match")
+
+
+class SearchResponse(BaseModel):
+    """A page of results for one query."""
+
+    results: list[Hit]
+    k: int = Field(description=f"results asked for (capped at the index's size and at {MAX_RESULTS})")
+    offset: int = Field(description="results skipped before the first one")
+    folder: str | None = Field(description="the sub-folder searched, or null for the whole collection")
+    next_offset: int | None = Field(description="`offset` of the next page, or null when this one was the last")
+    weak_below: float | None = Field(description="scores under this are weak matches (null: an older index)")
+    images: int = Field(description="photos in the index")
+    took_ms: float = Field(description="time in the server, decoding and queueing included")
+
+
+class Base64Query(BaseModel):
+    """A search by an image sent as base64 in JSON."""
+
+    image_base64: str = Field(description="the image file's bytes, base64 (standard alphabet)")
+    filename: str = Field("upload", description="a name for the image in messages")
+    k: int = Field(12, ge=1, le=MAX_RESULTS, description="results per page")
+    folder: str = Field("", description="only photos under this sub-folder of the collection ('': all)")
+    offset: int = Field(0, ge=0, description="results to skip (the next page: `next_offset`)")
+
+
+class Stats(BaseModel):
+    """The collection and its index."""
+
+    images: int = Field(description="searchable photos")
+    unreadable: int
+    pending: int = Field(description="embedded, not yet searchable")
+    kind: str = Field(description="FAISS index kind: flat, ivf, ivfpq or hnsw")
+    dim: int
+    weak_below: float | None
+    dedup_threshold: float
+    backbone_arch: str | None
+    backbone_sha256: str
+    space: str = Field(description="what the index's vectors are")
+    updated: str | None
+    folders: list[str] = Field(description="the folder filter's choices")
+
+
+class Member(BaseModel):
+    id: int
+    path: str
+    score: float = Field(description="centred cosine to the group's representative")
+
+
+class Group(BaseModel):
+    size: int
+    representative: Member | None
+    members: list[Member]
+
+
+class Duplicates(BaseModel):
+    """Near-duplicate groups (every member within the threshold of its representative), largest first."""
+
+    threshold: float
+    created: str | None
+    groups: list[Group]
+
+
+class ErrorResponse(BaseModel):
+    detail: str = Field(description="what went wrong and what to do, in one line (the page's message)")
