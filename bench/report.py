@@ -22,15 +22,15 @@ def _load(name: str) -> Any:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def _head(title: str, command: str) -> list[str]:
-    """A section's title and the command that produced its figures."""
-    return [f"## {title}", "", "```", command, "```", ""]
+def _head(title: str, command: str, level: int = 2) -> list[str]:
+    """A section's title (a heading of ``level``) and the command that produced its figures."""
+    return [f"{'#' * level} {title}", "", "```", command, "```", ""]
 
 
-def _section(result: str, title: str, command: str) -> tuple[Any, list[str]]:
+def _section(result: str, title: str, command: str, level: int = 2) -> tuple[Any, list[str]]:
     """A section's result (None when its script has not run) and its first lines ("_not run_" then)."""
     d = _load(result)
-    out = _head(title, d.get("command", command) if isinstance(d, dict) else command)
+    out = _head(title, d.get("command", command) if isinstance(d, dict) else command, level)
     return d, out if d is not None else [*out, "_not run_", ""]
 
 
@@ -96,7 +96,7 @@ def _layout() -> list[str]:
 
 
 def _fashion() -> list[str]:
-    title, command = "Quality in fixed time: Fashion-MNIST", "python bench/fashion_mnist.py --minutes 20"
+    title, command = "MoCo v2 and lightly in 20 minutes", "python bench/fashion_mnist.py --minutes 20"
     d, out = _section("fashion_mnist.json", title, command)
     if d is None:
         return out
@@ -242,22 +242,107 @@ def _setup_text(r: dict[str, Any], base: dict[str, Any]) -> str:
     return preset + (", ".join(f"{k} {v}" for k, v in changed.items()) or "—")
 
 
-def _quality() -> list[str]:
+def _quality(level: int = 2) -> list[str]:
+    """Every 20-minute comparison (one table per result file and protocol), the kNN spaces and the 5-minute
+    screens: the record of every round, headings at ``level``."""
     out: list[str] = []
     for ds, what in DATASETS.items():
         extra = sorted(p.name for p in RESULTS.glob(f"quality_per_minute_{ds}_20min_*.json"))  # other protocols
         for name in [f"quality_per_minute_{ds}_20min.json", *extra]:
-            out += _quality_table(ds, what, name)
-    return out + _spaces() + _screens()
+            out += _quality_table(ds, what, name, level)
+    return out + _spaces(level) + _screens(level)
 
 
-def _quality_table(ds: str, what: str, name: str) -> list[str]:
+# The runs of the cpu preset as it is today (the ninth round: stages in the whitened embedding), per set.
+CURRENT = {"fashion": ["quality_per_minute_fashion_20min_2threads_stages.json",
+                       "quality_per_minute_fashion_20min_2threads_stages_seed1.json"],
+           "photos": ["quality_per_minute_photos_20min_stages.json"]}  # fmt: skip
+CURRENT_TITLE = "The cpu preset after 20 minutes, as exported"
+
+
+def _pct(v: float | None) -> str:
+    return "" if v is None else f"{100 * v:.2f}%"
+
+
+def _current_cpu() -> list[str]:
+    """One table: what the cpu preset's export embeds after 20 minutes, on every set it was last measured on."""
+    out = [f"## {CURRENT_TITLE}", "",
+           "kNN top-1 (k=200, T=0.1) of the `cpu` preset's runs as they are today: the network's features at 5, 10 "
+           "and 20 minutes, and what the export embeds after the budget (the run's whitening with mirror images and "
+           "the pooled layer1-3 outputs; `--whiten`, `--whiten-stages`). Each run's own table, with its command, is "
+           "under [Older rounds](#older-rounds).", "",
+           "| set | threads | run | steps | img/s | " + " | ".join(f"{m} min" for m in CHECKPOINTS)
+           + " | as exported | centred pixels |", "|---|---|---|---|---|" + "---|" * len(CHECKPOINTS) + "---|---|"]
+    machines: list[str] = []
+    for ds, names in CURRENT.items():
+        for name in names:
+            d = _load(name)
+            if d is None:
+                continue
+            for r in d["rows"]:
+                if r.get("knn_exported") is None:
+                    continue
+                machines += [] if d["cpu"] in machines else [d["cpu"]]
+                pixels = next((x["pixels"] for x in d["rows"] if x.get("pixels") is not None), None)
+                cells = " | ".join(_pct(_run_at(r, m, d["minutes"])) for m in CHECKPOINTS)
+                out.append(f"| {DATASETS[ds].split(' (')[0]} | {d.get('threads', 2)} | {r['name']} | {r['steps']} | "
+                           f"{r['img_s']:.0f} | {cells} | **{_pct(r['knn_exported'])}** | {_pct(pixels)} |")
+    return [*out, "", f"Machine: {', '.join(machines)}.", ""] if machines else [*out[:2], "_not run_", ""]
+
+
+def _summary() -> list[str]:
+    """The current figure of each question, one line each, with the section that holds it."""
+    rows = []
+    for ds, names in CURRENT.items():
+        runs = [(r, d) for d in map(_load, names) if d for r in d["rows"] if r.get("knn_exported") is not None]
+        if runs:
+            figures = " / ".join(_pct(r["knn_exported"]) for r, _ in runs)
+            pixels = next((x["pixels"] for _, d in runs for x in d["rows"] if x.get("pixels") is not None), None)
+            rows.append(f"| the `cpu` preset, 20 min, as exported: {DATASETS[ds].split(' (')[0]} "
+                        f"({runs[0][1].get('threads', 2)} thread(s); {len(runs)} seed(s)) | {figures} | centred pixels "
+                        f"{_pct(pixels)} | [{CURRENT_TITLE}](#the-cpu-preset-after-20-minutes-as-exported) |")
+    f = _load("fashion_mnist.json")
+    if f:
+        by = {r["name"].split(" ")[0]: r["knn_top1"] for r in f["rows"]}
+        rows.append(f"| MoCo v2, 20 min, ResNet-18 32 px: Fashion-MNIST | {_pct(by.get('ours'))} | lightly "
+                    f"{_pct(by.get('lightly'))}, raw pixels {_pct(by.get('raw'))} | "
+                    "[MoCo v2 and lightly](#moco-v2-and-lightly-in-20-minutes) |")
+    runs = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("train_throughput*.json"))]
+    if runs:
+        def mean(key: str) -> float:
+            return sum(next(r["img_s"] for r in run["rows"] if key in r["name"]) for run in runs) / len(runs)
+        ours, fp32 = mean("ours"), mean("fp32")
+        rows.append(f"| training throughput, ResNet-18 small stem 32 px (mean of {len(runs)} runs) | {ours:.1f} img/s "
+                    f"| lightly fp32 {fp32:.1f} img/s ({ours / fp32:.2f}x) | [Training throughput]"
+                    "(#training-throughput) |")  # fmt: skip
+    e = _load("embed_throughput.json")
+    if e:
+        r = e["img_s"]
+        rows.append(f"| embedding {e['images']:,} JPEGs, {e['arch']} | {r['ours']:.1f} img/s | plain loop "
+                    f"{r['plain']:.1f} img/s ({r['ours'] / r['plain']:.2f}x) | [Embedding throughput]"
+                    "(#embedding-throughput) |")
+    s = _load("search_clustered_128.json")
+    if s and s.get("approx"):
+        a = s["approx"]
+        rows.append(f"| tuned approximate search, {s['n']:,} x {s['dim']} clustered | {a['single_ms_median']:.2f} ms, "
+                    f"{a['qps']:,.0f} QPS at recall@10 {a['recall']:.3f} | Flat {s['flat']['single_ms_median']:.1f} ms,"
+                    f" {s['flat']['qps']:,.0f} QPS | [Vector search](#vector-search) |")
+    u = _load("ui_load.json")
+    if u and "api" in u:
+        a, pg = u["api"], u["page"]
+        rows.append(f"| the JSON API, {u['clients']} clients, {u['images']:,} photos | p99 {a['p99_ms']:.0f} ms, "
+                    f"{a['searches_per_s']:.1f} searches/s, {a['errors']} errors | the page: p99 {pg['p99_ms']:.0f} ms, "
+                    f"{pg['searches_per_s']:.1f} searches/s | [Search UI under load](#search-ui-under-load) |")  # fmt: skip
+    return ["## Current figures", "", "| question | ours | against | section |", "|---|---|---|---|", *rows, ""]
+
+
+def _quality_table(ds: str, what: str, name: str, level: int = 2) -> list[str]:
     """One 20-minute comparison: each run's kNN top-1 at 5, 10 and 20 minutes, and the target line."""
     protocol = name.removesuffix(".json").split("_20min")[1].strip("_")  # e.g. "2threads_whitened"
     protocol = protocol.replace("threads", " threads per run").replace("_", ", ")
     title = f"Quality per CPU minute: {what.split(' (')[0]}" + (f" ({protocol})" if protocol else "")
     command = f"python bench/quality_per_minute.py --dataset {ds} --minutes 20 --only cpu,default,lightly --evals 20"
-    d, out = _section(name, title, command)
+    d, out = _section(name, title, command, level)
     if d is None:
         return out
     rows = {r["name"]: r for r in d["rows"]}
@@ -325,12 +410,12 @@ def _target(rows: dict[str, dict[str, Any]], budget: float, space: str = "") -> 
             f"{_verdict(wins)}."]
 
 
-def _spaces() -> list[str]:
+def _spaces(level: int = 2) -> list[str]:
     """kNN of one model and of the pixels, as they are, centred and whitened (``bench/knn_spaces.py``)."""
     paths = sorted(RESULTS.glob("knn_spaces_*.json"))
     if not paths:
         return []
-    out = ["## kNN in three spaces: as they are, centred, whitened", "",
+    out = [f"{'#' * level} kNN in three spaces: as they are, centred, whitened", "",
            "One trained model per row (how it was trained: the last column), read by `bench/knn_spaces.py`: kNN top-1 "
            "(k=200, T=0.1) of its features as they are (the monitor's figure), centred on the collection (what the "
            "index searches today) and whitened (`moco.whiten`: Ledoit-Wolf shrinkage, what the monitor reports as "
@@ -351,8 +436,8 @@ def _spaces() -> list[str]:
     return out + ["", d["cpu"] + ".", "", "```", *commands, "```", ""]
 
 
-def _screens() -> list[str]:
-    out = ["## Quality per CPU minute: 5-minute screens", "",
+def _screens(level: int = 2) -> list[str]:
+    out = [f"{'#' * level} Quality per CPU minute: 5-minute screens", "",
            "Every candidate measured for the cpu preset, including the losers: kNN top-1 at the end of a 5-minute "
            "budget. Each file is one protocol (machine, threads per run); compare rows within a table only.",
            ""]  # fmt: skip
@@ -412,7 +497,7 @@ def _embedding_space() -> list[str]:
                 f"in fp32 (vectors; scores for the CLI and the page). {d['cpu']}.", "",
                 "| door | largest difference |", "|---|---|"]  # fmt: skip
         out += [f"| {k} | {v:.2e} |" for k, v in d["doors"].items()] + [""]
-    return (["## The embedding space (issue 28)", ""] + out) if out else []
+    return (["## The embedding space", ""] + out) if out else []
 
 
 def main() -> None:
@@ -421,7 +506,12 @@ def main() -> None:
             "`bench/results/*.json`. Every figure comes from a script that runs ours and the peer side by side in "
             "the same run on the same machine. Machine: 2 CPU cores (avx512_bf16), 24 GiB RAM, no GPU.",
             ""]  # fmt: skip
-    body = head + _embedding_space() + _train() + _layout() + _fashion() + _quality() + _embed() + _search() + _ui()
+    current = _summary() + _current_cpu() + _fashion() + _embedding_space() + _train() + _layout() + _embed()
+    older = ["## Older rounds", "",
+             "Every 20-minute comparison and 5-minute screen of the rounds that chose the `cpu` preset, one table per "
+             "result file, kept as measured (earlier rounds' presets, other protocols); how each came about is in "
+             "the notes below.", "", *_quality(level=3)]  # fmt: skip
+    body = head + current + _search() + _ui() + older
     notes = ROOT / "bench" / "NOTES.md"
     if notes.is_file():
         body += ["## Notes", "", notes.read_text().strip(), ""]

@@ -128,3 +128,20 @@ def test_a_run_that_fitted_its_whitening_gets_an_as_exported_column_with_the_fit
     assert "mirror_features`), with the pooled outputs of layer1-3 beside the last stage's" in text
     plain = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min.json": {**d, "rows": rows[1:]}})
     assert "as exported" not in plain.split("(exported)")[0]  # tables without such a run keep their columns
+
+
+def test_current_figures_come_first_and_older_rounds_last(tmp_path, monkeypatch):
+    """The cpu preset's current runs get one table (and a summary line) before every older round's table."""
+    cpu = {**_row("cpu", [[0, 0.5], [5, 0.8], [10, 0.85], [20, 0.9]], preset="cpu", **BASE), "knn_exported": 0.9345}
+    d = {"minutes": 20, "cpu": "Test CPU", "threads": 2, "base": BASE, "dataset": "fashion", "rows": [cpu]}
+    (tmp_path / report.CURRENT["fashion"][0]).write_text(json.dumps(d))
+    (tmp_path / "quality_per_minute_fashion_20min.json").write_text(json.dumps({**d, "rows": [_row(
+        "default", [[0, 0.5], [20, 0.8]], preset="v2", **BASE)]}))  # fmt: skip
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+    report.main()
+    text = (tmp_path / "BENCHMARKS.md").read_text()
+    assert "| Fashion-MNIST | 2 | cpu | 10 | 100 | 80.00% | 85.00% | 90.00% | **93.45%** | 50.00% |" in text
+    assert "Fashion-MNIST (2 thread(s); 1 seed(s)) | 93.45% | centred pixels 50.00%" in text
+    assert text.index("## Current figures") < text.index("## The cpu preset after 20 minutes, as exported") \
+        < text.index("## Older rounds") < text.index("### Quality per CPU minute: Fashion-MNIST")
