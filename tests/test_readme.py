@@ -320,7 +320,7 @@ def test_a_broken_example_fails(tmp_path):
     assert "no runner for 'frobnicate'" in failures[1] and "no_such_function" in failures[2]
 
 
-@pytest.mark.slow  # every example of the README, in order: about a minute and a half on 2 cores
+@pytest.mark.slow  # every example of the README, in order: about two minutes on 2 cores (make test runs it)
 def test_every_readme_example_runs(tmp_path):
     ws = make_workspace(tmp_path)
     examples = readme_examples(README.read_text())
