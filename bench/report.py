@@ -331,8 +331,9 @@ def _summary() -> list[str]:
     if u and "api" in u:
         a, pg = u["api"], u["page"]
         rows.append(f"| the JSON API, {u['clients']} clients, {u['images']:,} photos | p99 {a['p99_ms']:.0f} ms, "
-                    f"{a['searches_per_s']:.1f} searches/s, {a['errors']} errors | the page: p99 {pg['p99_ms']:.0f} ms, "
-                    f"{pg['searches_per_s']:.1f} searches/s | [Search UI under load](#search-ui-under-load) |")  # fmt: skip
+                    f"{a['searches_per_s']:.1f} searches/s, {a['errors']} errors | the page: p99 "
+                    f"{pg['p99_ms']:.0f} ms, {pg['searches_per_s']:.1f} searches/s | "
+                    "[Search UI under load](#search-ui-under-load) |")  # fmt: skip
     return ["## Current figures", "", "| question | ours | against | section |", "|---|---|---|---|", *rows, ""]
 
 

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,8 +223,9 @@ def start_server(words: list[str], ws: Workspace) -> tuple[subprocess.Popen, int
     return proc, port
 
 
-def wait_for_page(proc: subprocess.Popen, port: int, timeout: float = 240) -> tuple[int, str]:
-    """0 once the page answers on ``port``; the server is stopped either way."""
+def wait_for_page(proc: subprocess.Popen, port: int, timeout: float = 240,
+                  while_up: Callable[[int], None] | None = None) -> tuple[int, str]:  # fmt: skip
+    """0 once the page answers on ``port`` (then ``while_up(port)`` runs); the server is stopped either way."""
     deadline, answer = time.monotonic() + timeout, None
     while time.monotonic() < deadline and proc.poll() is None and answer is None:
         try:
@@ -231,6 +233,8 @@ def wait_for_page(proc: subprocess.Popen, port: int, timeout: float = 240) -> tu
                 answer = r.status
         except OSError:
             time.sleep(0.5)
+    if answer == 200 and while_up is not None:
+        while_up(port)
     proc.terminate()
     try:
         out = proc.communicate(timeout=30)[0]
@@ -240,14 +244,14 @@ def wait_for_page(proc: subprocess.Popen, port: int, timeout: float = 240) -> tu
     return (0 if answer == 200 else 1), f"page answered {answer}; {out[-2500:]}"
 
 
-def run_example(example: Example, ws: Workspace) -> tuple[int, str]:
+def run_example(example: Example, ws: Workspace, env: dict[str, str] | None = None) -> tuple[int, str]:
     """Run one example as SUBSTITUTIONS says: (exit status, output tail). Servers are left to `run_all`."""
     if example.kind == "python":
         code = example.text
         for old, new in PYTHON_SUBSTITUTIONS.items():
             code = code.replace(old, new)
-        proc = subprocess.run([sys.executable, "-c", code], cwd=ws.root, env=ws.env, capture_output=True, text=True,
-                              timeout=600)  # fmt: skip
+        proc = subprocess.run([sys.executable, "-c", code], cwd=ws.root, env=env or ws.env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
         return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
     words = _words(example, ws)
     if words[:2] == ["make", "run"]:
@@ -259,11 +263,17 @@ def run_example(example: Example, ws: Workspace) -> tuple[int, str]:
     return 1, f"no runner for {words[0]!r}: run it here, or list it in EXCEPTIONS with the reason"
 
 
+def _api_client(ex: Example) -> bool:
+    """A python example that calls the JSON API of a running server (at ``$MOCO_URL``)."""
+    return ex.kind == "python" and "MOCO_URL" in ex.text
+
+
 def run_all(examples: list[Example], ws: Workspace) -> list[str]:
-    """Every example not excepted, in order (servers together at the end): the failures, described."""
-    failures, servers = [], []
+    """Every example not excepted, in order (servers together at the end, the JSON API's clients against the first
+    of them while it serves): the failures, described."""
+    failures, servers, clients = [], [], [ex for ex in examples if _api_client(ex)]
     for ex in examples:
-        if ex.kind == "shell" and ex.text in EXCEPTIONS:
+        if ex.kind == "shell" and ex.text in EXCEPTIONS or _api_client(ex):
             continue
         if ex.kind == "shell" and ex.text.startswith("moco serve "):
             servers.append((ex, *start_server(_words(ex, ws), ws)))
@@ -273,10 +283,20 @@ def run_all(examples: list[Example], ws: Workspace) -> list[str]:
         print(f"README.md:{ex.line}: {time.monotonic() - started:.1f} s, exit {code}")
         if code:
             failures.append(f"README.md:{ex.line} ({time.monotonic() - started:.0f} s, exit {code}): {ex.text}\n{out}")
+    def call_api(port: int) -> None:
+        for client in clients:
+            code, out = run_example(client, ws, dict(ws.env, MOCO_URL=f"http://127.0.0.1:{port}"))
+            print(f"README.md:{client.line}: the JSON API, exit {code}")
+            if code or not re.search(r"^1 \S+ ", out, re.M):  # a result of rank 1 printed
+                failures.append(f"README.md:{client.line} (exit {code}, against {port}): {client.text}\n{out}")
+        clients.clear()  # against one server
+
     for ex, proc, port in servers:
-        code, out = wait_for_page(proc, port)
+        code, out = wait_for_page(proc, port, while_up=call_api)
         if code:
             failures.append(f"README.md:{ex.line} (exit {code}): {ex.text}\n{out}")
+    if clients:
+        failures.append(f"README.md:{clients[0].line}: no `moco serve` example for the JSON API's client to call")
     return failures
 
 
