@@ -154,10 +154,12 @@ def sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gpu
                 embedder: Any | None = None) -> VectorStore:  # fmt: skip
     """Bring ``index.faiss`` in line with the catalog, tune it, write it and ``index.json``.
 
-    The catalog keeps raw vectors; ``index.faiss`` holds them centred on the collection's mean embedding
-    (:func:`moco.embed.center`), which ``index.json`` records with the count it was computed from. The mean
-    is recomputed, and every vector re-added, on a new ``index.faiss``, for an index without one, and when
-    the collection has grown by half since. With ``embedder``, the same-photo augmentation level
+    The catalog keeps the backbone's features; ``index.faiss`` holds them in the collection's own space: centred on
+    its mean, and whitened by its covariance where :func:`space_rule` says the collection is large enough, the
+    space recorded in ``index.json`` and ``space.safetensors`` with the count it was fitted on. The space is fitted
+    again, and every vector re-added, on a new ``index.faiss``, for an index without one, when the collection has
+    grown by half (:data:`MEAN_REFRESH`) or drifted (:func:`space_drift` over :data:`DRIFT_REFIT`) since, and when
+    the rule's choice changes. With ``embedder``, the same-photo augmentation level
     (:func:`_augment_level`) and the near-duplicate threshold (:func:`index.calibrate.calibrate_index`) are
     measured again whenever the mean is, or when ``index.json`` lacks them.
     """

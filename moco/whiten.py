@@ -320,8 +320,11 @@ def load_space(path: str | Path) -> tuple[Whitening, dict[str, str]]:
                  "source": info.get("fitted_on") or "collection"}  # fmt: skip
         return Whitening.from_state(state, int(info["width"]) - sum(c for _, c in stages), str(path)), meta
     except (OSError, KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path} is not a readable embedding space ({e}): `moco index update` writes an index's "
-                         "again, `moco export --format timm` a timm folder's") from None
+        missing = isinstance(e, FileNotFoundError)
+        raise ValueError(f"{path} {'does not exist' if missing else f'is not a readable embedding space ({e})'}: "
+                         "`moco index update IDX` writes an index's again; a timm folder has one when its export "
+                         "had a space: `moco export CHECKPOINT --format timm --space IDX` gives it the space of "
+                         "index IDX (a run fitted with --whiten carries its own)") from None  # fmt: skip
 
 
 def apply_space(model: torch.nn.Module, x: torch.Tensor, space: str | Path | Whitening) -> torch.Tensor:
