@@ -272,7 +272,8 @@ def _current_cpu() -> list[str]:
            "the pooled layer1-3 outputs; `--whiten`, `--whiten-stages`). Each run's own table, with its command, is "
            "under [Older rounds](#older-rounds).", "",
            "| set | threads | run | steps | img/s | " + " | ".join(f"{m} min" for m in CHECKPOINTS)
-           + " | as exported | centred pixels |", "|---|---|---|---|---|" + "---|" * len(CHECKPOINTS) + "---|---|"]
+           + " | as exported | centred pixels | whitened pixels |",
+           "|---|---|---|---|---|" + "---|" * len(CHECKPOINTS) + "---|---|---|"]
     machines: list[str] = []
     for ds, names in CURRENT.items():
         for name in names:
@@ -284,9 +285,11 @@ def _current_cpu() -> list[str]:
                     continue
                 machines += [] if d["cpu"] in machines else [d["cpu"]]
                 pixels = next((x["pixels"] for x in d["rows"] if x.get("pixels") is not None), None)
+                white = next((x["pixels_whitened"] for x in d["rows"] if x.get("pixels_whitened") is not None), None)
                 cells = " | ".join(_pct(_run_at(r, m, d["minutes"])) for m in CHECKPOINTS)
                 out.append(f"| {DATASETS[ds].split(' (')[0]} | {d.get('threads', 2)} | {r['name']} | {r['steps']} | "
-                           f"{r['img_s']:.0f} | {cells} | **{_pct(r['knn_exported'])}** | {_pct(pixels)} |")
+                           f"{r['img_s']:.0f} | {cells} | **{_pct(r['knn_exported'])}** | {_pct(pixels)} | "
+                           f"{_pct(white)} |")
     return [*out, "", f"Machine: {', '.join(machines)}.", ""] if machines else [*out[:2], "_not run_", ""]
 
 
@@ -298,9 +301,12 @@ def _summary() -> list[str]:
         if runs:
             figures = " / ".join(_pct(r["knn_exported"]) for r, _ in runs)
             pixels = next((x["pixels"] for _, d in runs for x in d["rows"] if x.get("pixels") is not None), None)
+            white = next((x["pixels_whitened"] for _, d in runs for x in d["rows"]
+                          if x.get("pixels_whitened") is not None), None)  # fmt: skip
             rows.append(f"| the `cpu` preset, 20 min, as exported: {DATASETS[ds].split(' (')[0]} "
-                        f"({runs[0][1].get('threads', 2)} thread(s); {len(runs)} seed(s)) | {figures} | centred pixels "
-                        f"{_pct(pixels)} | [{CURRENT_TITLE}](#the-cpu-preset-after-20-minutes-as-exported) |")
+                        f"({runs[0][1].get('threads', 2)} thread(s); {len(runs)} seed(s)) | {figures} | pixels "
+                        f"whitened the same way {_pct(white)}, centred {_pct(pixels)} | "
+                        f"[{CURRENT_TITLE}](#the-cpu-preset-after-20-minutes-as-exported) |")
     f = _load("fashion_mnist.json")
     if f:
         by = {r["name"].split(" ")[0]: r["knn_top1"] for r in f["rows"]}
