@@ -132,7 +132,8 @@ def test_a_run_that_fitted_its_whitening_gets_an_as_exported_column_with_the_fit
 
 def test_current_figures_come_first_and_older_rounds_last(tmp_path, monkeypatch):
     """The cpu preset's current runs get one table (and a summary line) before every older round's table."""
-    cpu = {**_row("cpu", [[0, 0.5], [5, 0.8], [10, 0.85], [20, 0.9]], preset="cpu", **BASE), "knn_exported": 0.9345}
+    cpu = {**_row("cpu", [[0, 0.5], [5, 0.8], [10, 0.85], [20, 0.9]], preset="cpu", **BASE), "knn_exported": 0.9345,
+           "pixels_whitened": 0.6}  # the strongest simple floor, beside the centred pixels
     d = {"minutes": 20, "cpu": "Test CPU", "threads": 2, "base": BASE, "dataset": "fashion", "rows": [cpu]}
     (tmp_path / report.CURRENT["fashion"][0]).write_text(json.dumps(d))
     (tmp_path / "quality_per_minute_fashion_20min.json").write_text(json.dumps({**d, "rows": [_row(
@@ -141,7 +142,8 @@ def test_current_figures_come_first_and_older_rounds_last(tmp_path, monkeypatch)
     monkeypatch.setattr(report, "ROOT", tmp_path)
     report.main()
     text = (tmp_path / "BENCHMARKS.md").read_text()
-    assert "| Fashion-MNIST | 2 | cpu | 10 | 100 | 80.00% | 85.00% | 90.00% | **93.45%** | 50.00% |" in text
-    assert "Fashion-MNIST (2 thread(s); 1 seed(s)) | 93.45% | centred pixels 50.00%" in text
+    assert "| Fashion-MNIST | 2 | cpu | 10 | 100 | 80.00% | 85.00% | 90.00% | **93.45%** | 50.00% | 60.00% |" in text
+    floors = "pixels whitened the same way 60.00%, centred 50.00%"
+    assert f"Fashion-MNIST (2 thread(s); 1 seed(s)) | 93.45% | {floors}" in text
     assert text.index("## Current figures") < text.index("## The cpu preset after 20 minutes, as exported") \
         < text.index("## Older rounds") < text.index("### Quality per CPU minute: Fashion-MNIST")
