@@ -51,10 +51,13 @@ def test_run_with_a_non_utf8_name_succeeds_twice_and_names_it(odd_photos, tmp_pa
         proc = _moco("run", str(odd_photos), "--work", str(work), "--max-steps", "2", "--no-serve", "--quiet")
         assert proc.returncode == 0, (attempt, proc.stderr.decode(errors="replace")[-3000:])
     assert b"done earlier" in proc.stdout
-    skipped = read_skipped(work / "run" / "skipped.txt")
+    from app.pipeline import collection_dir
+
+    run = collection_dir(work, odd_photos) / "run"  # the photo folder's own directory under WORK
+    skipped = read_skipped(run / "skipped.txt")
     assert [p for p, _ in skipped] == [os.fsdecode(BROKEN)]
-    assert BROKEN in (work / "run" / "skipped.txt").read_bytes()  # the name's own bytes
-    assert os.fsdecode(GOOD) in load_checkpoint(work / "run" / "checkpoint.pt")["files"]
+    assert BROKEN in (run / "skipped.txt").read_bytes()  # the name's own bytes
+    assert os.fsdecode(GOOD) in load_checkpoint(run / "checkpoint.pt")["files"]
 
 
 def test_resume_reads_back_the_same_non_utf8_names(odd_photos, tmp_path):
