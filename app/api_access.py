@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hmac
 from dataclasses import dataclass, field
 from typing import Any
@@ -141,16 +142,14 @@ class BodyCapMiddleware:
             started = started or message["type"] == "http.response.start"
             await send(message)
 
-        try:
+        with contextlib.suppress(_TooLarge):  # the body was cut at the cap: the 413 below answers
             await self.app(scope, capped, guarded)
-        except _TooLarge:
-            pass
         if over and not started:
             await _send_json(send, 413, self._message(seen))
 
 
 class _TooLarge(Exception):
-    pass
+    """Raised into the route when the body passes the cap, so that it stops reading."""
 
 
 async def _send_json(send: Any, code: int, detail: str) -> None:
