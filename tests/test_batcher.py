@@ -84,7 +84,7 @@ def test_past_max_pending_requests_are_shed_with_a_retry_after():
         assert b.pending == 2
         with pytest.raises(Overloaded) as shed:
             async with b.admit():
-                pass
+                raise AssertionError("admitted past max_pending")  # admit() must refuse before the body runs
         gate.set()
         done = await asyncio.gather(*held)
         return done, shed.value, await one(3)  # a place is free again
