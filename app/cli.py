@@ -26,7 +26,7 @@ DEFAULT_PRETRAINED = "moco_v2_800ep"  # moco.pretrained.DEFAULT, without importi
 
 
 def _add_train(sub: argparse._SubParsersAction) -> None:
-    from moco.train import DESCRIPTION, add_train_arguments
+    from moco.train_args import DESCRIPTION, add_train_arguments
 
     p = sub.add_parser("train", help="train MoCo on a folder of photos", description=DESCRIPTION)
     add_train_arguments(p)
@@ -35,7 +35,8 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     """`moco train`: resolve the config (preset <- flags, or the checkpoint's on --resume) and train."""
-    from moco.train import summary_line, train_from_args
+    from moco.train import train_from_args
+    from moco.train_args import summary_line
 
     summary = train_from_args(args)
     if int(os.environ.get("RANK", "0")) == 0:
@@ -44,7 +45,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
-    from moco.export import FORMATS
+    from moco.names import FORMATS
 
     p = sub.add_parser(
         "export",

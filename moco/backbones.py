@@ -14,16 +14,11 @@ import torch
 from torch import nn
 
 from moco.errors import UserError
+from moco.names import is_vit  # torch-free (the CLI's parser needs it)
 
 __all__ = ["build_backbone", "SplitBatchNorm", "convert_split_bn", "is_vit", "sincos_2d"]
 
 logger = logging.getLogger(__name__)
-
-
-def is_vit(arch: str) -> bool:
-    """True for the Vision Transformer family (timm ``vit_*`` / ``deit*``), which v3 trains with AdamW."""
-    name = arch.removeprefix("timm/").lower()
-    return name.startswith(("vit_", "deit"))
 
 
 def build_backbone(

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from moco.backbones import is_vit
 from moco.errors import UserError
+from moco.names import is_vit
 
 __all__ = ["TrainConfig", "PRESETS", "default_preset", "cpu_image_size", "resolve_config", "add_config_arguments",
            "config_overrides", "backbone_kwargs", "uses_v3_vit", "load_config_file"]

@@ -41,6 +41,7 @@ from moco.formats import (
     read_checkpoint,
     sequential_names,
 )
+from moco.names import FORMATS
 from moco.whiten import Whitening
 
 # the command here; what it calls, re-exported for the callers of this module
@@ -50,7 +51,6 @@ __all__ = ["BACKBONE_FORMAT", "FORMATS", "ArchGuess", "detect_arch", "checkpoint
 logger = logging.getLogger(__name__)
 
 
-FORMATS = ("safetensors", "timm", "onnx", "pt2")
 
 
 def export_backbone(

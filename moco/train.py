@@ -27,13 +27,13 @@ import torch
 import torch.distributed as dist
 
 from moco.augment import two_views
-from moco.backbones import is_vit
 from moco.checkpoint import atomic_write, load_checkpoint, lock_dir
 from moco.config import TrainConfig, from_plain, to_plain, validate
 from moco.data import ImageCache, cache_size_for
 from moco.device import Dist, init_distributed, resolve_device, resolve_precision
 from moco.errors import UserError
 from moco.model import momentum_schedule
+from moco.names import is_vit
 from moco.optim import BudgetClock, BudgetFit, crop_size_at, lr_at, lr_decay, step_cost
 from moco.run_checkpoint import Checkpoints, check_resumable, resume_config, run_state
 from moco.run_log import MetricsLog, progress_bar, shown_total, summary_writer_class
@@ -50,6 +50,7 @@ from moco.run_setup import (
 )
 from moco.run_whitening import STAGE_ROWS_PER_DIM, end_of_run_fit, whitening_stages, whitening_summary
 from moco.stop import StopFlag
+from moco.train_args import DESCRIPTION, add_train_arguments, summary_line
 from moco.whiten import Whitening
 
 __all__ = ["train", "run_state", "resume_config", "build_model", "cache_size_for", "shown_total", "whitening_stages",
@@ -311,40 +312,6 @@ def _all_reduce(value: float, op: str, d: Dist, device: torch.device) -> float:
     return float(t.item())
 
 
-DESCRIPTION = (
-    "Train MoCo v1/v2/v3 on a folder of unlabeled photos (recursive). Writes RUN_DIR/checkpoint.pt, config.json, "
-    "metrics.jsonl, skipped.txt and curves.png. Flags override the --config file's values, which override the "
-    "preset's."
-)
-
-
-def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    """The flags of ``moco train`` and ``python -m moco.train``: DATA_DIR, --out, run control, one per config field."""
-    from moco.config import PRESETS, add_config_arguments
-
-    p.add_argument("data_dir", metavar="DATA_DIR", nargs="?", help="folder of photos (optional with --resume)")
-    p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory")
-    p.add_argument("--preset", choices=tuple(PRESETS), default=None,
-                   help="recipe to start from: v1 | v2 | v3 (the papers) | cpu (short CPU runs; see the README) "
-                   "(default: cpu for a --time-budget run on a CPU, else v2)")
-    p.add_argument("--resume", action="store_true", help="continue RUN_DIR/checkpoint.pt exactly where it stopped")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--config", default=None, metavar="FILE",
-                   help="JSON or YAML file of config fields (e.g. a run's config.json): preset <- file <- flags")
-    p.add_argument("--tensorboard", action="store_true",
-                   help="also write the metrics as TensorBoard scalars to RUN_DIR/tensorboard (needs the "
-                   "tensorboard extra)")
-    p.add_argument(
-        "--stop-after",
-        type=int,
-        default=None,
-        metavar="STEP",
-        help="checkpoint and exit at this step, as if interrupted (the schedule still spans the whole "
-        "run): to split training over job slots; continue with --resume",
-    )
-    add_config_arguments(p)
-
-
 def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Resolve the config (preset <- --config file <- flags, or the checkpoint's on --resume) and train; returns
     train()'s summary."""
@@ -389,26 +356,10 @@ def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
                  tensorboard=args.tensorboard)
 
 
-def summary_line(summary: dict[str, Any], run_dir: Path) -> str:
-    """One line about a finished (or stopped) run, for the console."""
-    how = f" (stopped by {summary['stopped_by']}; continue with --resume)" if summary["stopped_by"] else ""
-    if summary["stopped_by"] == "time budget":  # finished
-        how = " (its time budget is spent)"
-    loss, white = summary["final_loss"], summary.get("whitening")
-    mirror = " and their mirror images" if white and white.get("mirror") else ""
-    stages = f", {white['dim']}-d with the pooled {'/'.join(white['stages'])}" if white and white.get("stages") else ""
-    fitted = (f"; whitening fitted on {white['rows']} photos{mirror}{stages} in {white['seconds']:.1f} s"
-              if white else "")  # fmt: skip
-    return (
-        f"trained {summary['steps']}/{summary['total_steps']} steps on {summary['images']} images "
-        f"({summary['skipped']} skipped) on {summary['device']} {summary['precision']}{how}; "
-        f"final loss {loss if loss is None else round(loss, 4)}{fitted}; checkpoint {run_dir / 'checkpoint.pt'}"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     """``python -m moco.train`` (the entry point for torchrun): the flags of ``moco train``; 2 on bad input."""
     from tqdm.contrib.logging import logging_redirect_tqdm
+
 
     parser = argparse.ArgumentParser(prog="python -m moco.train", description=DESCRIPTION)
     add_train_arguments(parser)

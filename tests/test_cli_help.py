@@ -121,6 +121,16 @@ def test_train_help_in_a_real_process_lists_every_config_field():
     assert "60% and 80%" in proc.stdout  # a % in a field's help is text, not a format directive
 
 
+def test_the_parser_and_help_load_no_torch():
+    """`moco --help`, `moco index stats` and every page's parser start without torch (it takes seconds to load):
+    the trainer, the exporter and the index load it when a command runs."""
+    code = ("import sys; from app.cli import build_parser; build_parser(); "
+            "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'torchvision', 'timm', 'gradio'}); "
+            "print(heavy); sys.exit(bool(heavy))")  # fmt: skip
+    proc = _python("-c", code)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
+
+
 def test_version():
     import moco
 

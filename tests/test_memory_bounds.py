@@ -111,10 +111,12 @@ def _old_square_u8(img: Image.Image, size: int) -> np.ndarray:
 def _photo(size: tuple[int, int]) -> Image.Image:
     """Smooth gradients plus noise: closer to a photo than a solid colour."""
     w, h = size
-    x, y = np.meshgrid(np.linspace(0, 1, w), np.linspace(0, 1, h))
-    noise = np.random.default_rng(0).normal(0, 12, (h, w, 3))
-    base = np.stack([255 * x, 255 * y, 127 + 100 * np.sin(8 * x + 5 * y)], axis=2)
-    return Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8))
+    x, y = np.linspace(0, 1, w, dtype=np.float32)[None, :], np.linspace(0, 1, h, dtype=np.float32)[:, None]
+    pixels = 12 * np.random.default_rng(0).standard_normal((h, w, 3), dtype=np.float32)  # H x W x 3 noise
+    pixels[..., 0] += 255 * x  # float32 and in place: a 12 MP photo in a second, not in 13
+    pixels[..., 1] += 255 * y
+    pixels[..., 2] += 127 + 100 * np.sin(8 * x + 5 * y)
+    return Image.fromarray(np.clip(pixels, 0, 255, out=pixels).astype(np.uint8))
 
 
 @pytest.mark.parametrize("size", [(640, 480), (480, 640), (1200, 800), (333, 1000), (257, 256), (100, 60),

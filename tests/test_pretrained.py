@@ -238,7 +238,8 @@ def test_a_download_lock_released_while_waiting_is_taken(monkeypatch, server, da
     def other_process_progresses() -> None:
         if clock.now < pretrained.LOCK_STALL_S + 60:  # its .part grows for longer than the bound on no progress ...
             with part.open("ab") as f:
-                f.write(data[len(part.read_bytes()):][:100])
+                done = f.tell()  # the bytes it has so far (read whole, a 100 MB file per poll took 20 s)
+                f.write(data[done:done + 100])
         else:  # ... then it stops: its lock is free
             holder.close()
 

@@ -191,7 +191,7 @@ def test_a_run_without_it_has_none_and_can_fit_it_when_resumed_to_its_end(sample
     again = resume_config(tmp_path / "r", {"whiten": True, "max_steps": 3})
     summary = train(replace(again), resume=True, progress=False)
     assert summary["steps"] == 3 and summary["whitening"]["rows"] == 48 and summary["whitening"]["seconds"] >= 0
-    from moco.train import summary_line
+    from moco.train_args import summary_line
 
     # the preset's --whiten-stages auto: 48 photos are too few to whiten 960-d features (2 x 960 needed)
     assert "whitening fitted on 48 photos and their mirror images in " in summary_line(summary, tmp_path / "r")

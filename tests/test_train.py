@@ -254,9 +254,15 @@ def test_sigterm_checkpoints_and_resume_continues(sample_photos, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics = run / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+    # the signal goes only once the loop (which holds the handler) has logged 3 steps: on a loaded machine the
+    # start-up alone can take minutes, and a signal before the loop is not what this test is about
+    deadline = time.monotonic() + 600
+    while proc.poll() is None and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
+        if time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the run logged under 3 steps in 10 minutes: {proc.communicate()[1]}")
         time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()[1]  # still training: 100000 steps
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 128 + signal.SIGTERM, err
