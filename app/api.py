@@ -95,6 +95,7 @@ class _Query:
     offset: int
     image: Any = None  # a decoded PIL image, or ...
     image_id: int | None = None  # ... an indexed photo's id
+    page: bool = False  # the page's search: its result is the page's (gallery, info, state), not a SearchResponse
 
 
 class SearchService:
@@ -140,6 +141,15 @@ class SearchService:
             out = await self.batcher.submit(_Query(k, folder, offset, image=image))
         return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
 
+    async def search_page(self, image: Any, k: int, folder: str | None) -> tuple:
+        """The page's Search (an upload Gradio saved): ``SearchApp.search``'s (gallery, info, state), its upload
+        decoded in the pool and embedded in a batch with whatever else arrives, the page's and the API's alike."""
+        self._ready()
+        async with self.batcher.admit():
+            decoded = await asyncio.get_running_loop().run_in_executor(self._decode, read_upload, image,
+                                                                       self.app.embedder.resize)  # fmt: skip
+            return await self.batcher.submit(_Query(int(k), folder or "", 0, image=decoded, page=True))
+
     async def search_id(self, image_id: int, k: int, folder: str, offset: int) -> SearchResponse:
         """An indexed photo's results, from its stored vector (nothing decoded or embedded)."""
         self._ready()
@@ -161,9 +171,17 @@ class SearchService:
         out: list[SearchResponse | BaseException | None] = [None] * len(queries)
         vectors: list[np.ndarray | None] = [None] * len(queries)
         uploads = [i for i, q in enumerate(queries) if q.image is not None]
+        t0 = time.perf_counter()
         if uploads:
             for i, v in zip(uploads, self.app.embedder.embed([queries[i].image for i in uploads])):  # B x D
                 vectors[i] = v
+        embed_ms = (time.perf_counter() - t0) * 1000
+        for i, q in enumerate(queries):
+            if q.page:  # the page's own result, from the batch's vector
+                try:
+                    out[i] = self.app.from_vector(vectors[i], q.k, q.folder or None, "the uploaded image", embed_ms)
+                except Exception as e:  # noqa: BLE001 - that search's caller gets it (the page shows it)
+                    out[i] = e
         for i, q in enumerate(queries):
             if q.image_id is not None:
                 try:

@@ -201,8 +201,10 @@ class SearchApp:
         index, k, folder = self._query(k, folder)
         return index.search(vectors, k=k, folder=folder, offset=max(0, int(offset)))
 
-    def _run(self, vector: np.ndarray, k: int, folder: str | None, label: str, embed_ms: float,
-             source: dict[str, Any] | None = None) -> tuple:  # fmt: skip
+    def from_vector(self, vector: np.ndarray, k: int, folder: str | None, label: str, embed_ms: float,
+                    source: dict[str, Any] | None = None) -> tuple:  # fmt: skip
+        """The page's (gallery, info, state) for a query vector (D) labelled ``label``: every search of the page
+        ends here, and so does the page's Search batched by the JSON API's service."""
         index, k, folder = self._query(k, folder)
         t0 = time.perf_counter()
         hits = index.search(vector[None], k=k, folder=folder)
@@ -227,13 +229,13 @@ class SearchApp:
         img = read_upload(image, self.embedder.resize)
         t0 = time.perf_counter()
         vector = self.embedder.embed(img)[0]  # D
-        return self._run(vector, k, folder, "the uploaded image", (time.perf_counter() - t0) * 1000)
+        return self.from_vector(vector, k, folder, "the uploaded image", (time.perf_counter() - t0) * 1000)
 
     def rerun(self, state: dict[str, Any] | None, k: int, folder: str | None) -> tuple:
         """The same query again with a new ``k`` or folder (nothing to do before a first search)."""
         if not state:
             raise UserError("upload a photo and press Search first")
-        return self._run(state["vector"], k, folder, state["label"], 0.0, state.get("source"))
+        return self.from_vector(state["vector"], k, folder, state["label"], 0.0, state.get("source"))
 
     def more(self, state: dict[str, Any] | None) -> tuple:
         """The next ``k`` results after those shown."""
@@ -267,7 +269,8 @@ class SearchApp:
         index = self._index()
         vector = index.vectors(np.array([image_id]))[0]  # D
         assert state is not None
-        return self._run(vector, state["k"], state["folder"], display_path(path), 0.0, {"id": image_id, "path": path})
+        return self.from_vector(vector, state["k"], state["folder"], display_path(path), 0.0,
+                                {"id": image_id, "path": path})
 
     def details(self, image_id: int) -> dict[str, Any]:
         """An indexed photo for the details panel: full path, thumbnail, size, date, dimensions when readable."""

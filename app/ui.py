@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import html
+import inspect
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -101,15 +102,29 @@ def _safe(n_outputs: int, message_at: int) -> Callable:
     their heading: the Search tab's errors have a place of their own.
     """
 
+    def failed(e: Exception) -> tuple:
+        out: list[Any] = [_skip()] * n_outputs
+        out[message_at] = _error_text(e)
+        return tuple(out)
+
     def wrap(fn: Callable) -> Callable:
+        if inspect.iscoroutinefunction(fn):  # the batched Search: Gradio awaits it on its event loop
+
+            @functools.wraps(fn)
+            async def async_inner(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return await fn(*args, **kwargs)
+                except Exception as e:  # noqa: BLE001 - shown on the page, logged (UserError: one line)
+                    return failed(e)
+
+            return async_inner
+
         @functools.wraps(fn)
         def inner(*args: Any, **kwargs: Any) -> Any:
             try:
                 return fn(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - shown on the page, logged (UserError: one line)
-                out: list[Any] = [_skip()] * n_outputs
-                out[message_at] = _error_text(e)
-                return tuple(out)
+                return failed(e)
 
         return inner
 
@@ -224,8 +239,9 @@ def _status_outputs(app: SearchApp, was_ready: bool) -> tuple:
     return (text, loss, knn, *ready)
 
 
-def build_ui(app: SearchApp) -> Any:
-    """The Gradio Blocks of the four tabs."""
+def build_ui(app: SearchApp, service: Any = None) -> Any:
+    """The Gradio Blocks of the four tabs. With ``service`` (the JSON API's :class:`app.api.SearchService`), Search
+    goes through its batcher: uploads decoded in its pool and embedded together, the page's and the API's alike."""
     import gradio as gr
 
     sources = ["upload", "clipboard", "webcam"]
@@ -269,10 +285,14 @@ def build_ui(app: SearchApp) -> Any:
 
                 def export_buttons(st: dict[str, Any] | None) -> tuple:  # on only with results to export
                     files = app.export(st) if st and st.get("ids") else (None, None)
-                    return tuple(gr.DownloadButton(value=f, interactive=f is not None) for f in files)
+                    return tuple(gr.update(value=f, interactive=f is not None) for f in files)  # no new components
 
                 def do_search(image: Any, k_: int, folder_: str) -> tuple:
                     out = app.search(image, k_, folder_)
+                    return (*out, *export_buttons(out[2]), "")
+
+                async def do_batched_search(image: Any, k_: int, folder_: str) -> tuple:
+                    out = await service.search_page(image, k_, folder_)
                     return (*out, *export_buttons(out[2]), "")
 
                 def do_rerun(st: dict[str, Any] | None, k_: int, folder_: str) -> tuple:
@@ -295,8 +315,12 @@ def build_ui(app: SearchApp) -> Any:
                 do_select.__annotations__["evt"] = gr.SelectData  # resolvable without `from __future__` strings
                 # an error goes to `error`: the results shown stay, and so does their heading (`info`)
                 results = [gallery, info, state, csv_btn, json_btn, error]
-                go.click(_safe(6, 5)(do_search), [query, k, folder], results, api_name="search",
-                         concurrency_id="model")  # fmt: skip
+                if service is None:
+                    go.click(_safe(6, 5)(do_search), [query, k, folder], results, api_name="search",
+                             concurrency_id="model")  # fmt: skip
+                else:  # searches run together (the batcher holds the model); more wait in Gradio's queue
+                    go.click(_safe(6, 5)(do_batched_search), [query, k, folder], results, api_name="search",
+                             concurrency_id="search", concurrency_limit=service.settings.max_batch)  # fmt: skip
                 k.release(_safe(6, 5)(do_rerun), [state, k, folder], results, api_name=False, concurrency_id="model")
                 folder.input(_safe(6, 5)(do_rerun), [state, k, folder], results, api_name=False,
                              concurrency_id="model")  # fmt: skip
@@ -418,6 +442,7 @@ def launch_kwargs(index: ImageIndex | Path, host: str, port: int, auth: tuple[st
     :class:`app.api.SearchService`: its JSON API is served beside the page (``/api/v1``), sharing the login
     throttle, with its request bodies capped.
     """
+    import gradio as gr
     from starlette.middleware import Middleware
 
     from app.throttle import LoginThrottleMiddleware, trusted_proxy_env
@@ -425,6 +450,10 @@ def launch_kwargs(index: ImageIndex | Path, host: str, port: int, auth: tuple[st
     os.environ.update(trusted_proxy_env(trusted_proxies))
 
     index_dir, root = (index.dir, index.root) if isinstance(index, ImageIndex) else (Path(index), Path(root or index))
+    # thumbnails are served from thumbs/ as they are: without this Gradio checks, hashes and copies each one of a
+    # gallery into its cache on every search, two thirds of a page search's time (bench/ui_load.py). Served to
+    # the same logged-in users as before (thumbs/ is the one allowed path either way); global to the process.
+    gr.set_static_paths([str(index_dir / THUMBS_DIR)])
     app_kwargs: dict[str, Any] = {"middleware": [Middleware(LoginThrottleMiddleware)]}
     if api is not None:
         from app.api import BodyCapMiddleware, api_routes
@@ -446,11 +475,16 @@ def _queued(demo: Any) -> Any:
 
 
 def make_demo(index_dir: str | Path, checkpoint: str | Path | None = None, backbone: str | Path | None = None,
-              device: str = "auto") -> tuple[Any, SearchApp]:  # fmt: skip
-    """Open the index, load its backbone (sha-checked) and build the queued Blocks."""
+              device: str = "auto",
+              service: Callable[[SearchApp], Any] | None = None) -> tuple[Any, SearchApp]:  # fmt: skip
+    """Open the index, load its backbone (sha-checked) and build the queued Blocks; ``service(app)`` makes the
+    JSON API's :class:`app.api.SearchService` (``demo.api_service``), which the page's Search then shares."""
     index = ImageIndex.open(index_dir)
     app = SearchApp(index, index.load_embedder(backbone, device=device), checkpoint)
-    return _queued(build_ui(app)), app
+    api_service = service(app) if service is not None else None
+    demo = _queued(build_ui(app, api_service))
+    demo.api_service = api_service
+    return demo, app
 
 
 def _service(app: SearchApp, auth: tuple[str, str] | None, api: Any) -> Any:
@@ -472,9 +506,8 @@ def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str
     temporary files gone.
     """
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    demo, app = make_demo(index_dir, checkpoint, backbone, device)
-    service = _service(app, auth, api)
-    demo.api_service = service  # for close(), and for tests
+    demo, app = make_demo(index_dir, checkpoint, backbone, device, lambda app: _service(app, auth, api))
+    service = demo.api_service  # for close(), and for tests
     try:
         demo.launch(prevent_thread_lock=not block, **launch_kwargs(app.index, host, port, auth,
                                                                   trusted_proxies=trusted_proxies, api=service))
@@ -493,8 +526,8 @@ def serve_pending(index_dir: str | Path, photos: str | Path, status: Any, host: 
     ``app.attach`` adds search."""
     logging.getLogger("httpx").setLevel(logging.WARNING)
     app = SearchApp(status=status)
-    demo = _queued(build_ui(app))
     service = _service(app, auth, api)
+    demo = _queued(build_ui(app, service))
     demo.api_service = service
     demo.launch(prevent_thread_lock=True, **launch_kwargs(Path(index_dir), host, port, auth, Path(photos),
                                                           trusted_proxies, api=service))  # fmt: skip

@@ -6,7 +6,9 @@
 Starts `moco serve` in its own process (as a user would) pinned to CPU 0, and pins this process (the load
 generator) to CPU 1 (on a machine with at least 2 CPUs). Then, one phase after another against the same server:
 the JSON API (``POST /api/v1/search``, N asyncio clients, each uploading a different photo of the collection per
-search), the page (``gradio_client`` from N threads, the same uploads), the API under overload (M clients: 503s
+search), the page (N asyncio users speaking the browser's protocol: upload, join the queue, read the event's
+stream; then again from N ``gradio_client`` threads, whose own CPU saturates the load generator's core first: its
+CPU seconds are recorded), the API under overload (M clients: 503s
 with Retry-After counted apart from other errors; a client told to wait waits), and a soak of the API (the
 server's RSS at its start and end). Beside them: the page's handler called in-process one at a time (no HTTP, no
 queue), the ceiling of one search at a time.
@@ -92,6 +94,60 @@ def _client_run(url: str, files: list[Path], k: int) -> tuple[list[float], list[
             errors.append(f"{f.name}: {type(e).__name__}: {e}")
         lat.append(time.perf_counter() - t0)
     return lat, errors
+
+
+async def _page_load(url: str, picks: list[list[Path]], k: int) -> dict:
+    """N concurrent page users (one per list of photos), each searching its photos one after another as the browser
+    does it: upload the photo, join the queue with the search event, read the event's stream until its result. One
+    asyncio process: what is measured is the server, not a client's threads (gradio_client takes ~100 ms of CPU per
+    search, and 16 of them saturate the load generator's core first)."""
+    import uuid
+
+    import httpx
+
+    config = httpx.get(url + "config", timeout=60).json()
+    prefix = url + config.get("api_prefix", "/gradio_api").lstrip("/") + "/"
+    search = next(d for d in config["dependencies"] if d.get("api_name") == "search")
+    data = {f: f.read_bytes() for fs in picks for f in fs}
+    lat: list[float] = []
+    errors: list[str] = []
+
+    async def one(f: Path, http: httpx.AsyncClient, session: str) -> None:
+        up = await http.post(prefix + "upload", files={"files": (f.name, data[f])})
+        up.raise_for_status()
+        image = {"path": up.json()[0], "orig_name": f.name, "meta": {"_type": "gradio.FileData"}}
+        join = await http.post(prefix + "queue/join", json={
+            "data": [image, k, ""], "fn_index": search["id"], "trigger_id": search["targets"][0][0],
+            "session_hash": session, "event_data": None})  # fmt: skip
+        join.raise_for_status()
+        async with http.stream("GET", prefix + "queue/data", params={"session_hash": session}) as r:
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                msg = json.loads(line[5:])
+                if msg.get("msg") == "process_completed":
+                    out = (msg.get("output") or {}).get("data") or []
+                    if not msg.get("success") or len(out) < 2 or not out[0] or "Error" in str(out[1]):
+                        errors.append(f"{f.name}: {str(msg)[:200]}")
+                    return
+        errors.append(f"{f.name}: the event's stream ended without its result")
+
+    async def client(files: list[Path], http: httpx.AsyncClient) -> None:
+        session = uuid.uuid4().hex
+        for f in files:
+            t0 = time.perf_counter()
+            try:
+                await one(f, http, session)
+            except Exception as e:  # noqa: BLE001 - counted, reported
+                errors.append(f"{f.name}: {type(e).__name__}: {e}")
+            lat.append(time.perf_counter() - t0)
+
+    limits = httpx.Limits(max_connections=2 * len(picks) + 8, max_keepalive_connections=2 * len(picks) + 8)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(fs, http) for fs in picks))
+        wall = time.perf_counter() - t0
+    return _summary(lat, errors, wall)
 
 
 async def _api_load(url: str, picks: list[list[Path]], k: int, until: float | None = None) -> dict:
@@ -212,11 +268,15 @@ def main() -> None:
         _wait(url, proc)
         asyncio.run(_api_load(url, [fs[:3] for fs in api_picks], args.k))  # warm-up
         out["api"] = asyncio.run(_api_load(url, api_picks, args.k))
-        t0 = time.perf_counter()
+        c0 = time.process_time()
+        out["page"] = asyncio.run(_page_load(url, picks, args.k))  # as the browser does it
+        out["page"]["load_generator_cpu_s"] = time.process_time() - c0
+        t0, c0 = time.perf_counter(), time.process_time()
         with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
             results = list(pool.map(lambda fs: _client_run(url, fs, args.k), picks))
-        out["page"] = _summary([x for r, _ in results for x in r], [e for _, errs in results for e in errs],
-                               time.perf_counter() - t0)  # fmt: skip
+        out["page_gradio_client"] = _summary([x for r, _ in results for x in r],
+                                             [e for _, errs in results for e in errs], time.perf_counter() - t0)
+        out["page_gradio_client"]["load_generator_cpu_s"] = time.process_time() - c0  # its core saturates first
         out["overload"] = asyncio.run(_api_load(url, over_picks, args.k, time.perf_counter() + args.overload_s))
         out["overload"]["clients"] = args.overload_clients
         if args.soak_s > 0:
@@ -237,7 +297,8 @@ def main() -> None:
     print(f"{args.clients} clients on {args.images} images, k={args.k}; {out['cpu_model']}; server on CPU "
           f"{out['pinned']['server']}, load generator on CPU {out['pinned']['load']}")
     print(f"{'':30}{'p50 ms':>10}{'p99 ms':>10}{'searches/s':>12}{'errors':>8}{'503s':>8}")
-    for name, key in [("JSON API", "api"), ("page (gradio_client)", "page"),
+    for name, key in [("JSON API", "api"), ("page (browser protocol)", "page"),
+                      ("page (16 gradio_client threads)", "page_gradio_client"),
                       (f"API overload, {args.overload_clients} clients", "overload"), ("API soak", "soak")]:
         if key in out:
             d = out[key]

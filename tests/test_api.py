@@ -47,7 +47,7 @@ def server(idx):
     port = free_port()
     demo = serve(idx, port=port, auth=AUTH, device="cpu", block=False, api=ApiSettings(token=TOKEN))
     try:
-        yield f"http://127.0.0.1:{port}", demo.api_service.app
+        yield f"http://127.0.0.1:{port}", demo.api_service.app, demo.api_service
     finally:
         demo.close()
         demo.api_service.close()
@@ -93,6 +93,21 @@ def test_api_results_equal_the_page_and_the_cli(http, server, idx, sample_photos
     _, _, clicked = server[1].select(page, 0)
     assert [h["id"] for h in similar["results"]] == clicked["ids"]
     assert [h["score"] for h in similar["results"]] == pytest.approx(clicked["scores"], abs=1e-6)
+
+
+def test_the_page_search_goes_through_the_batcher_and_equals_the_handler(server, sample_photos):
+    from gradio_client import Client, handle_file
+
+    url, app, service = server
+    q = _query(sample_photos)
+    before = len(service.batcher.batch_sizes)
+    client = Client(url, auth=AUTH, verbose=False, download_files=False)
+    gallery, info, *_ = client.predict(handle_file(str(q)), 6, "", api_name="/search")
+    assert len(service.batcher.batch_sizes) == before + 1  # the page's Search ran as a batch of the service
+    want, want_info, _ = app.search(str(q), k=6)  # the handler, unbatched
+    assert "6 results" in info and "6 results" in want_info
+    assert [g["caption"] for g in gallery] == [caption for _, caption in want]  # ranks, names, scores
+    assert all(g["image"]["url"] for g in gallery)  # thumbnails served (from thumbs/ as they are)
 
 
 def test_concurrent_uploads_are_batched_and_each_gets_its_own_results(http, server, sample_photos):
