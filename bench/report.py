@@ -185,9 +185,15 @@ def _ui() -> list[str]:
     out += [f"`moco serve` on a {d['images']:,}-image index, {d['clients']} concurrent clients each uploading a photo "
             f"of the collection per search (k={d.get('k', 12)}); {d['cpu_model']}, {d['cpus']} CPUs, {where}.", "",
             "| | clients | p50 ms | p99 ms | searches/s | errors | 503 (shed) |", "|---|---|---|---|---|---|---|"]
+    browser = "page_gradio_client" in d  # since the page's load is driven as the browser does it
     rows = [("JSON API, `POST /api/v1/search`", d["api"], d["clients"]),
-            ("the page, `gradio_client`", d["page"], d["clients"]),
-            ("JSON API under overload", d["overload"], d["overload"].get("clients"))]
+            ("the page, as the browser does it (upload, queue, stream)" if browser else "the page, `gradio_client`",
+             d["page"], d["clients"])]  # fmt: skip
+    if browser:
+        g = d["page_gradio_client"]
+        rows.append((f"the page, `gradio_client` threads (their own CPU: {g['load_generator_cpu_s']:.0f} s of "
+                     f"{g['wall_s']:.0f} s)", g, d["clients"]))  # fmt: skip
+    rows.append(("JSON API under overload", d["overload"], d["overload"].get("clients")))
     if "soak" in d:
         rows.append((f"JSON API, {d['soak']['seconds'] / 60:.0f}-minute soak", d["soak"], d["clients"]))
     for name, r, n in rows:
