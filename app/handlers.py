@@ -6,12 +6,14 @@ indexing still run): every search then says the index is not ready, and ``attach
 
 from __future__ import annotations
 
+import collections
 import csv
 import datetime
 import html
 import json
 import logging
 import os
+import secrets
 import shutil
 import tempfile
 import threading
@@ -42,10 +44,14 @@ PREVIEW_PX = 640  # the details panel's preview of a result (long side)
 MAX_ORIGINAL_BYTES = 64 * 1024 * 1024  # "Open original" serves files up to this size
 # Result files handed to the browser (CSV/JSON exports, copies of originals) go to a folder of this SearchApp's
 # own (``moco-results-*`` in the temporary directory, 0700), removed by ``close()``, at exit (SIGTERM included
-# under the CLI) or when the app is collected. While it runs, the oldest are removed past _KEEP_EXPORTS
-# results or _KEEP_BYTES bytes (the newest is always kept).
-_KEEP_EXPORTS = 32
+# under the CLI) or when the app is collected. The page serves them from there (a static path of Gradio's, behind
+# the same login), each in a folder of its own with an unguessable name. While it runs, the oldest are removed past
+# _KEEP_EXPORTS results, _KEEP_BYTES bytes or _KEEP_S seconds (the newest is always kept): a download link stays
+# good as long as Gradio's own cached files do (app.ui's GRADIO_CACHE_S), short of those caps.
+_KEEP_EXPORTS = 10_000
 _KEEP_BYTES = 256 * 1024 * 1024
+_KEEP_S = 86_400.0
+_clock = time.monotonic  # the age of result files (tests put a synthetic clock here)
 # A CSV cell starting with one of these is a formula to a spreadsheet (OWASP "CSV injection"): it gets a "'".
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")
 
@@ -102,7 +108,8 @@ class SearchApp:
         self._folder_names: dict[str, str] = {}
         self._files = Path(tempfile.mkdtemp(prefix="moco-results-"))  # exports and originals handed to the browser
         self._remove_files = weakref.finalize(self, shutil.rmtree, self._files, ignore_errors=True)  # also at exit
-        self._serial = 0
+        self._kept: collections.deque[tuple[Path, int, float]] = collections.deque()  # (folder, bytes, made at)
+        self._kept_bytes = 0
         self._lock = threading.Lock()
         if index is not None:
             self._attach(index, embedder, checkpoint)
@@ -300,24 +307,28 @@ class SearchApp:
         """Remove the folder of result files (also done at exit, and when the app is collected)."""
         self._remove_files()
 
+    @property
+    def files_dir(self) -> Path:
+        """The folder of the result files handed to the browser (see ``_KEEP_EXPORTS``)."""
+        return self._files
+
     def _new_file(self, name: str) -> Path:
-        with self._lock:
-            self._serial += 1
-            folder = self._files / f"{self._serial:06d}"
-            folder.mkdir()
+        folder = self._files / secrets.token_hex(8)  # served as it is: a name nobody else can guess
+        folder.mkdir()
         return folder / name
 
     def _keep(self, newest: Path) -> None:
-        """Remove the oldest result folders past _KEEP_EXPORTS folders or _KEEP_BYTES bytes, never ``newest``."""
+        """Remove the oldest result folders past _KEEP_EXPORTS folders, _KEEP_BYTES bytes or _KEEP_S seconds, never
+        ``newest``'s (each search pays for its own folder only, whatever the number kept)."""
+        size, now = _folder_bytes(newest.parent), _clock()
         with self._lock:
-            folders = sorted(p for p in self._files.iterdir() if p != newest.parent)
-            sizes = [_folder_bytes(p) for p in folders]
-            total = sum(sizes) + _folder_bytes(newest.parent)
-            for old, size in zip(folders, sizes):
-                if len(folders) < _KEEP_EXPORTS and total <= _KEEP_BYTES:
-                    break
+            self._kept.append((newest.parent, size, now))
+            self._kept_bytes += size
+            while len(self._kept) > 1 and (len(self._kept) > _KEEP_EXPORTS or self._kept_bytes > _KEEP_BYTES
+                                           or now - self._kept[0][2] > _KEEP_S):  # fmt: skip
+                old, old_size, _ = self._kept.popleft()
+                self._kept_bytes -= old_size
                 shutil.rmtree(old, ignore_errors=True)
-                folders, total = folders[1:], total - size
 
     def original(self, image_id: int) -> str:
         """A copy of an indexed photo's original file for the browser (the originals folder itself is never served).

@@ -246,6 +246,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
 
     sources = ["upload", "clipboard", "webcam"]
     ready = app.ready
+    gr.set_static_paths([str(app.files_dir)])  # result files served as they are: no check, hash and copy per search
     with gr.Blocks(title="moco-retrieval", analytics_enabled=False, delete_cache=GRADIO_CACHE_S) as demo:
         title = gr.Markdown(app.title(), elem_id="title")
         with gr.Tabs(selected="search" if ready else "status") as tabs:

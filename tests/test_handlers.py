@@ -210,10 +210,28 @@ def test_export_csv_cells_never_start_a_formula(hostile_export, start):
     assert all(float(r["score"]) == pytest.approx(j["score"]) for r, j in zip(rows, data["results"]))
 
 
+def test_result_files_expire_by_age_and_are_named_unguessably(app, monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(handlers, "_clock", lambda: now[0])
+    mine = SearchApp(app.index, app.embedder)
+    _, _, state = mine.search(str(_photo(app, 5)), k=4)
+    first, _ = mine.export(state)
+    now[0] += handlers._KEEP_S / 2
+    second, _ = mine.export(state)
+    assert Path(first).is_file() and Path(second).is_file()  # both younger than _KEEP_S
+    now[0] += handlers._KEEP_S / 2 + 1
+    third, _ = mine.export(state)
+    assert not Path(first).exists() and Path(second).is_file() and Path(third).is_file()  # only the first too old
+    names = [Path(f).parent.name for f in (second, third)]
+    assert all(len(n) == 16 and int(n, 16) >= 0 for n in names) and names[0] != names[1]  # 64 random bits each
+    mine.close()
+
+
 def test_result_files_stay_under_the_cap_and_go_with_the_app(app, monkeypatch):
     photo = _photo(app, 5)
     row = app.index.catalog.row_by_path(photo.relative_to(app.index.root).as_posix())
     monkeypatch.setattr(handlers, "_KEEP_BYTES", 3 * photo.stat().st_size + 1)
+    monkeypatch.setattr(handlers, "_KEEP_EXPORTS", 32)  # the count cap, at a size a test can reach
     mine = SearchApp(app.index, app.embedder)
     files = mine._files
     assert files.is_dir() and files.name.startswith("moco-results-") and os.stat(files).st_mode & 0o777 == 0o700
