@@ -9,6 +9,7 @@ training and indexing, and search turns on by itself when ``SearchApp.attach`` i
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import html
 import inspect
@@ -294,7 +295,8 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
 
                 async def do_batched_search(image: Any, k_: int, folder_: str) -> tuple:
                     out = await service.search_page(image, k_, folder_)
-                    return (*out, *export_buttons(out[2]), "")
+                    buttons = await asyncio.to_thread(export_buttons, out[2])  # file writes: off the event loop
+                    return (*out, *buttons, "")
 
                 def do_rerun(st: dict[str, Any] | None, k_: int, folder_: str) -> tuple:
                     if not st:

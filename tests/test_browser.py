@@ -271,6 +271,7 @@ def test_click_replaces_query_details_copy_open_and_search_uses_it(page, served)
 
 def test_k_and_folder_rerun_and_export(page, served, tmp_path):
     exports = page.locator("#export-csv, #export-json")
+    page.locator("#export-json").wait_for(state="attached")  # the page renders in parts: #query may come first
     assert exports.count() == 2 and all(exports.nth(i).is_disabled() for i in range(2))  # nothing to export yet
     _search(page, _query(served), k=10)
     for i in range(2):
