@@ -110,6 +110,45 @@ def test_the_page_search_goes_through_the_batcher_and_equals_the_handler(server,
     assert all(g["image"]["url"] for g in gallery)  # thumbnails served (from thumbs/ as they are)
 
 
+def _browser_search(url: str, photo: Path, k: int) -> tuple[httpx.Client, list[dict]]:
+    """The page's Search as a browser makes it (log in, upload, join the queue, read the event's stream): the
+    logged-in client and the gallery's items."""
+    http = httpx.Client(base_url=url, timeout=60)
+    http.post("/login", data={"username": AUTH[0], "password": AUTH[1]}).raise_for_status()
+    config = http.get("/config").json()
+    search = next(d for d in config["dependencies"] if d.get("api_name") == "search")
+    up = http.post("/gradio_api/upload", files={"files": (photo.name, photo.read_bytes())}).json()
+    image = {"path": up[0], "orig_name": photo.name, "meta": {"_type": "gradio.FileData"}}
+    http.post("/gradio_api/queue/join", json={"data": [image, k, ""], "fn_index": search["id"],
+                                              "trigger_id": search["targets"][0][0], "session_hash": "b0",
+                                              "event_data": None}).raise_for_status()  # fmt: skip
+    with http.stream("GET", "/gradio_api/queue/data", params={"session_hash": "b0"}) as r:
+        for line in r.iter_lines():
+            msg = json.loads(line[5:]) if line.startswith("data:") else {}
+            if msg.get("msg") == "process_completed":
+                assert msg["success"], msg
+                return http, msg["output"]["data"][0]
+    raise AssertionError("the event's stream ended without its result")
+
+
+def test_a_browser_gets_thumbnails_as_file_route_urls_that_serve_them(server, idx, sample_photos):
+    """A browser's gallery carries absolute URLs of the file route (Gradio checks nothing per search, the route
+    checks each fetch); Gradio's own clients get the paths they download (the test above)."""
+    url, app, _ = server
+    q = _query(sample_photos)
+    http, gallery = _browser_search(url, q, 6)
+    _, _, want = app.search(str(q), k=6)
+    assert [g["caption"] for g in gallery] == [c for _, c in app._gallery(want)]
+    for item, thumb in zip(gallery, want["thumbs"]):
+        assert item["image"]["url"].startswith(f"{url}/gradio_api/file=")
+        assert item["image"]["path"] == item["image"]["url"]  # sent as a URL: not resolved against static paths
+        got = http.get(item["image"]["url"])
+        assert got.status_code == 200 and got.content == Path(thumb).read_bytes()
+    assert httpx.get(gallery[0]["image"]["url"]).status_code in (401, 403)  # not without the login
+    blocked = http.get(gallery[0]["image"]["url"].replace(Path(want["thumbs"][0]).name, "../catalog.sqlite"))
+    assert blocked.status_code in (403, 404)  # the route's checks still hold for what a URL names
+
+
 def test_concurrent_uploads_are_batched_and_each_gets_its_own_results(http, server, sample_photos):
     photos = sorted(sample_photos.rglob("*.jpg"))[:12]
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
