@@ -1,4 +1,4 @@
-"""What the search page does, as plain methods (tests call them directly; :mod:`app.ui` wires them to Gradio).
+"""What the search page does, as plain methods (tests call them directly; :mod:`app.page` wires them to Gradio).
 
 ``SearchApp`` serves one index. It can start without one (``moco run`` serves the page while training and
 indexing still run): every search then says the index is not ready, and ``attach`` turns search on.
@@ -47,7 +47,7 @@ MAX_ORIGINAL_BYTES = 64 * 1024 * 1024  # "Open original" serves files up to this
 # under the CLI) or when the app is collected. The page serves them from there (a static path of Gradio's, behind
 # the same login), each in a folder of its own with an unguessable name. While it runs, the oldest are removed past
 # _KEEP_EXPORTS results, _KEEP_BYTES bytes or _KEEP_S seconds (the newest is always kept): a download link stays
-# good as long as Gradio's own cached files do (app.ui's GRADIO_CACHE_S), short of those caps.
+# good as long as Gradio's own cached files do (app.page's GRADIO_CACHE_S), short of those caps.
 _KEEP_EXPORTS = 10_000
 _KEEP_BYTES = 256 * 1024 * 1024
 _KEEP_S = 86_400.0
@@ -67,7 +67,7 @@ def score_text(score: float) -> str:
 
 
 def _path_html(path: str) -> str:
-    """A path for the page with each name kept whole: a line breaks only after a "/" (see .name in app.ui's CSS)."""
+    """A path for the page with each name kept whole: a line breaks only after a "/" (see .name in app.page's CSS)."""
     return "<code>" + "/<wbr>".join(f'<span class="name">{html.escape(n)}</span>' for n in path.split("/")) + "</code>"
 
 

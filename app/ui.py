@@ -1,442 +1,35 @@
-"""The Gradio search page: Search, Negatives (the InfoNCE view), Collection and Status tabs.
-
-``SearchApp`` (:mod:`app.handlers`) holds the handlers; ``build_ui`` wires them to Gradio components;
-``serve`` launches it with the safety settings: bound to 127.0.0.1 unless told otherwise, only the index's
-``thumbs/`` folder served (originals only as copies of indexed files), upload size capped, one search at a
-time. ``serve_pending`` starts the page before the index exists (``moco run``): the Status tab follows
-training and indexing, and search turns on by itself when ``SearchApp.attach`` is called.
+"""Launching the search page: ``serve`` (an index that exists), ``serve_pending`` (``moco run``: the page before
+the index exists; the Status tab follows training and indexing, and search turns on by itself when
+``SearchApp.attach`` is called) and the safety settings of both: bound to 127.0.0.1 unless told otherwise, only
+the index's ``thumbs/`` folder served (originals only as copies of indexed files), upload size capped, one search
+at a time per device. The Blocks themselves are in :mod:`app.page`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
-import html
-import inspect
 import logging
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from PIL import Image
-
-from app.handlers import ALL_FOLDERS, MAX_RESULTS, VIEW_PX, SearchApp, score_text
-from app.negatives import NegativesView
-from app.uploads import MAX_UPLOAD_MB, QueryImage, size_check_js
-from index.catalog import display_path
-from index.dedup import DEDUP_THRESHOLD
+from app.handlers import ALL_FOLDERS, MAX_RESULTS, SearchApp
+from app.page import CSS, build_ui
+from app.page_views import groups_html, negatives_outputs
+from app.uploads import MAX_UPLOAD_MB, size_check_js
 from index.image_index import CATALOG_FILE, DEDUP_FILE, INDEX_FILE, META_FILE, THUMBS_DIR, ImageIndex
-from moco.errors import UserError
 
 __all__ = ["SearchApp", "build_ui", "serve", "serve_pending", "make_demo", "launch_kwargs", "negatives_outputs",
-           "MAX_UPLOAD", "ALL_FOLDERS", "MAX_RESULTS"]  # fmt: skip
+           "groups_html", "MAX_UPLOAD", "ALL_FOLDERS", "MAX_RESULTS"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
 MAX_UPLOAD = f"{MAX_UPLOAD_MB}mb"
-STATUS_EVERY_S = 2.0  # the Status tab's refresh period
-READY_HINT = "Upload a photo and press Search."  # the Search tab before a first search, search on ...
-PENDING_HINT = "Search turns on by itself when the index is ready (see Status)."  # ... and off
-# Gradio's copies of what the page hands out (thumbnails, uploads, exports, originals) live in its own cache:
-# every GRADIO_CACHE_S[0] seconds it removes those older than GRADIO_CACHE_S[1], and all of them when it stops.
-GRADIO_CACHE_S = (3600, 86400)
-
-CSS = """
-/* results: a responsive grid (2-3 columns on a phone), captions in full, no inner scroll box */
-.results .grid-wrap, .results .gallery-container { height: auto !important; max-height: none !important;
-  overflow: visible !important; }
-.results .grid-container { grid-template-columns: repeat(auto-fill, minmax(150px, 1fr)) !important;
-  grid-auto-rows: auto !important; height: auto !important; }
-@media (max-width: 480px) { .results .grid-container { grid-template-columns: repeat(2, 1fr) !important; } }
-.results .thumbnail-item { height: auto !important; aspect-ratio: auto !important; flex-direction: column; }
-.results .thumbnail-item img { aspect-ratio: 1 / 1; object-fit: cover; width: 100%; }
-.results .caption-label { position: static !important; white-space: normal !important; overflow: visible !important;
-  text-overflow: clip !important; overflow-wrap: anywhere; max-width: none !important; font-size: 12px;
-  line-height: 1.3; padding: 4px; text-align: left; background: none !important; color: var(--body-text-color); }
-#views .grid-wrap, #views .gallery-container { height: auto !important; max-height: none !important;
-  overflow: visible !important; min-height: 0 !important; }
-#views .grid-container { grid-template-columns: repeat(2, minmax(180px, 240px)) !important; height: auto !important; }
-@media (max-width: 480px) { #views .grid-container { grid-template-columns: minmax(180px, 1fr) !important; } }
-.dup-group { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 8px; margin: 8px 0; }
-.dup-thumbs { display: grid; grid-template-columns: repeat(auto-fill, minmax(120px, 1fr)); gap: 8px; }
-.dup-thumbs figure { margin: 0; } .dup-thumbs img { width: 100%; aspect-ratio: 1 / 1; object-fit: cover; }
-.dup-thumbs figcaption { font-size: 12px; overflow-wrap: anywhere; }
-.dup-thumbs figure.dup-rep img { outline: 3px solid var(--color-accent); }
-/* galleries: the label above the first row, not over it */
-.results > label.float, #views > label.float { position: static !important; margin-bottom: 4px; }
-/* a path in the details panel breaks after a "/", never inside a name (unless one name is wider than the panel) */
-#detail-info code { display: inline !important; white-space: normal !important; word-break: normal !important; }
-#detail-info code .name { display: inline-block; max-width: 100%; overflow-wrap: anywhere; }
-/* the Negatives table: every column in the width (each a share of it), headers and cells wrapped, no inner scroll */
-#negatives-table { overflow: visible !important; }
-#negatives-table .virtual-table-viewport, #negatives-table .table-wrap { overflow-x: hidden !important; }
-#negatives-table .cell-wrap, #negatives-table .text.wrap { white-space: normal !important;
-  overflow-wrap: anywhere !important; }
-@media (max-width: 480px) {  /* a phone: a smaller proportional font, narrow padding, no column menus */
-  #negatives-table .body-cell, #negatives-table th, #negatives-table td { font-size: 12px;
-    font-family: var(--font) !important; }
-  #negatives-table th { font-size: 10px; font-weight: 600 !important; }
-  #negatives-table th * { font-weight: 600 !important; }
-  #negatives-table .cell-wrap, #negatives-table .body-cell, #negatives-table th, #negatives-table td {
-    padding-left: 1px !important; padding-right: 1px !important; }
-  #negatives-table .cell-menu-button { display: none !important; }
-}
-/* the Status tab's log: lines wrap, no inner scroll box */
-.status-log { white-space: pre-wrap !important; overflow-wrap: anywhere; overflow-x: visible !important; }
-"""
-
-
-def _error_text(e: BaseException) -> str:
-    if isinstance(e, UserError):
-        logger.warning("%s", e)  # one line in the server log, no traceback: the page says the same
-        return f"**Error:** {e}"
-    logger.exception("handler failed")
-    return f"**Error:** {type(e).__name__}: {e}. The server is still running; details are in its log."
-
-
-def _safe(n_outputs: int, message_at: int) -> Callable:
-    """Turn any exception into a readable message in output ``message_at`` (never a stack trace).
-
-    The other outputs are left as they are (``gr.skip()``), so an error never wipes the results shown, nor
-    their heading: the Search tab's errors have a place of their own.
-    """
-
-    def failed(e: Exception) -> tuple:
-        out: list[Any] = [_skip()] * n_outputs
-        out[message_at] = _error_text(e)
-        return tuple(out)
-
-    def wrap(fn: Callable) -> Callable:
-        if inspect.iscoroutinefunction(fn):  # the batched Search: Gradio awaits it on its event loop
-
-            @functools.wraps(fn)
-            async def async_inner(*args: Any, **kwargs: Any) -> Any:
-                try:
-                    return await fn(*args, **kwargs)
-                except Exception as e:  # noqa: BLE001 - shown on the page, logged (UserError: one line)
-                    return failed(e)
-
-            return async_inner
-
-        @functools.wraps(fn)
-        def inner(*args: Any, **kwargs: Any) -> Any:
-            try:
-                return fn(*args, **kwargs)
-            except Exception as e:  # noqa: BLE001 - shown on the page, logged (UserError: one line)
-                return failed(e)
-
-        return inner
-
-    return wrap
-
-
-def _file_urls(gallery: list[tuple[str | None, str]], request: Any) -> list[tuple[str | None, str]]:
-    """Gallery items with their thumbnails as absolute URLs of Gradio's file route (what the browser is sent anyway).
-
-    Gradio passes an http URL through as it is, where a path is resolved against every static path on every
-    search (two ``realpath`` calls per file and path: 12 ms of a page search's 43 ms of server CPU). The file route
-    still checks each thumbnail when the browser fetches it (allowed paths, login). Without a request (a direct
-    call) and for Gradio's own API clients (``gradio_client`` and MCP mark their requests with ``x-gradio-user``;
-    they download a path through the file route, not a URL), the paths are kept.
-    """
-    from gradio import route_utils
-    from gradio_client.utils import encode_file_path
-
-    req = getattr(request, "request", None)
-    if req is None or req.headers.get("x-gradio-user"):
-        return gallery
-    try:
-        root = route_utils.get_root_url(request=req, route_path=route_utils.get_api_call_path(request=req),
-                                        root_path=getattr(req.app, "root_path", None) or None)  # fmt: skip
-    except ValueError:  # not an event's request (Gradio knows no root for it): the paths, checked as before
-        return gallery
-    return [(f"{root}/gradio_api/file={encode_file_path(t)}" if t else t, caption) for t, caption in gallery]
-
-
-def _skip() -> Any:
-    try:
-        import gradio as gr
-    except ModuleNotFoundError:
-        return None
-    return gr.skip()
-
-
-def _view_image(view: np.ndarray) -> Image.Image:
-    """A training view (s x s x 3 uint8) enlarged to at least VIEW_PX with square pixels (no smoothing)."""
-    img = Image.fromarray(view)
-    scale = max(1, -(-VIEW_PX // max(1, min(img.size))))
-    return img.resize((img.size[0] * scale, img.size[1] * scale), Image.Resampling.NEAREST)
-
-
-def negatives_outputs(v: NegativesView, note: str = "") -> tuple:
-    """(views gallery, summary markdown, negatives gallery, table rows) for one InfoNCE view.
-
-    Cosines have 3 decimals, softmax shares are percentages; counts come from all the negatives.
-    """
-    views = [(_view_image(v.view_q), "query view (q)"),
-             (_view_image(v.view_k), f"positive key view (k+) · cos {score_text(v.positive)}")]  # fmt: skip
-    source = "saved MoCo queue" if v.source == "queue" else "the index"
-    lines = [
-        f"**Source:** {source} — {v.space}.",
-        f"**Positive:** cos {score_text(v.positive)} · logit {v.positive / v.temperature:.2f} · share "
-        f"{v.positive_share:.1%} · **InfoNCE loss** {v.loss:.3f} (T = {v.temperature}) · **rank of the positive** "
-        f"{v.positive_rank} of {v.count + 1}",
-        f"**{v.above_positive} of {v.count} negatives** score at or above the positive.",
-    ]
-    if any(v.flagged.values()):
-        reasons = ", ".join(f"{count} {reason}" for reason, count in v.flagged.items() if count)
-        lines.append(f"**Likely false negatives, on evidence:** {reasons} (of all {v.count}).")
-    else:
-        lines.append("**No likely false negatives:** no negative is the same photo, a near-duplicate, or as close as "
-                     "two views of one photo.")  # fmt: skip
-    lines += [f"_{n}_" for n in [*v.notes, note] if n]
-    gallery, table = [], []
-    for r, neg in enumerate(v.negatives, 1):
-        shown = display_path(neg.path) if neg.path else f"id {neg.id}"
-        repeat = f" · key {neg.key_number} of {neg.keys_of_photo} of this photo" if neg.keys_of_photo > 1 else ""
-        flag = f"⚠ {neg.reason} · " if neg.reason else ""
-        if neg.thumb is not None:
-            thumb = str(neg.thumb) if isinstance(neg.thumb, Path) else neg.thumb
-            cos = score_text(neg.similarity)
-            gallery.append((thumb, f"{flag}#{r} · cos {cos} · {neg.share:.1%} · {shown}{repeat}"))
-        table.append([r, shown + repeat, score_text(neg.similarity), f"{neg.logit:.2f}", f"{neg.share:.2%}",
-                      neg.reason or ""])  # fmt: skip
-    return views, "\n\n".join(lines), gallery, table
-
-
-def groups_html(groups: list[dict[str, Any]], index: ImageIndex, limit: int = 50) -> str:
-    """Near-duplicate groups, each in its own panel, largest first: its size, the range of its members' cosines to
-    its representative (shown first, marked) and every path with its cosine."""
-    if not groups:
-        return ""
-    parts = []
-    for g, group in enumerate(groups[:limit], 1):
-        figures = []
-        rep = (group.get("representative") or {}).get("id")  # a dedup.json from before representatives has none
-        for m in group["members"]:
-            row = index.catalog.row_by_path(m["path"])
-            thumb = index.thumb_path(row) if row is not None else None
-            img = f'<img src="gradio_api/file={html.escape(str(thumb))}" alt="">' if thumb else ""
-            cos = score_text(m.get("similarity", m["best_similarity"]))
-            label = "representative" if m["id"] == rep else f"cos {cos}"
-            figures.append(f'<figure{" class=dup-rep" if m["id"] == rep else ""}>{img}<figcaption>{label} · '
-                           f"{html.escape(display_path(m['path']))}</figcaption></figure>")  # fmt: skip
-        spread = (f" · cos {score_text(group['loosest'])}–{score_text(group['tightest'])} to the first"
-                  if "loosest" in group else "")  # fmt: skip
-        parts.append(f'<div class="dup-group"><h4>Group {g} · {group["size"]} photos{spread}</h4>'
-                     f'<div class="dup-thumbs">{"".join(figures)}</div></div>')  # fmt: skip
-    more = f"<p>{len(groups) - limit} more groups in dedup.json</p>" if len(groups) > limit else ""
-    return "".join(parts) + more
-
-
-def _status_outputs(app: SearchApp, was_ready: bool) -> tuple:
-    """Status refresh: (status markdown, loss plot, kNN plot, title, 4 buttons, folders, collection x2, the
-    near-duplicate threshold, the Search tab's hint, ready flag)."""
-    import gradio as gr
-
-    if app.status is None:
-        text, frame = "Serving a finished index.", None
-    else:
-        from app.status import loss_frame, status_markdown
-
-        snap = app.status.snapshot()
-        text, frame = status_markdown(snap), loss_frame(snap)
-        if snap.get("messages"):
-            log = "\n".join(html.escape(m) for m in snap["messages"][-6:])
-            text += f"\n\n<pre class='status-log'>{log}</pre>"
-    loss = knn = gr.skip()
-    if frame is not None:
-        loss_rows, knn_rows = frame[frame["series"] == "loss"], frame[frame["series"] != "loss"]
-        loss = gr.LinePlot(value=loss_rows, visible=len(loss_rows) > 0)
-        knn = gr.LinePlot(value=knn_rows, visible=len(knn_rows) > 0)
-    if app.ready and not was_ready:  # the index just arrived: turn search on
-        on = gr.Button(interactive=True)
-        stats, groups = app.collection()
-        assert app.index is not None
-        ready = (app.title(), on, on, on, on, gr.Dropdown(choices=app.folder_choices(), value=""), stats,
-                 groups_html(groups, app.index), gr.Slider(value=app.index.dedup_threshold), READY_HINT,
-                 True)  # fmt: skip
-    else:
-        ready = (gr.skip(),) * 10 + (was_ready,)
-    return (text, loss, knn, *ready)
-
-
-def build_ui(app: SearchApp, service: Any = None) -> Any:
-    """The Gradio Blocks of the four tabs. With ``service`` (the JSON API's :class:`app.api.SearchService`), Search
-    goes through its batcher: uploads decoded in its pool and embedded together, the page's and the API's alike."""
-    import gradio as gr
-
-    sources = ["upload", "clipboard", "webcam"]
-    ready = app.ready
-    gr.set_static_paths([str(app.files_dir)])  # result files served as they are: no check, hash and copy per search
-    with gr.Blocks(title="moco-retrieval", analytics_enabled=False, delete_cache=GRADIO_CACHE_S) as demo:
-        title = gr.Markdown(app.title(), elem_id="title")
-        with gr.Tabs(selected="search" if ready else "status") as tabs:
-            with gr.Tab("Search", id="search"):
-                with gr.Row():
-                    with gr.Column(scale=1, min_width=280):
-                        query = QueryImage(sources=sources, label="Query photo", elem_id="query")
-                        k = gr.Slider(1, 100, value=12, step=1, label="k (results)", elem_id="k")
-                        folder = gr.Dropdown(app.folder_choices(), value="", allow_custom_value=True,
-                                             label="Folder", elem_id="folder")  # fmt: skip
-                        go = gr.Button("Search", variant="primary", elem_id="search-btn", interactive=ready)
-                    with gr.Column(scale=3, min_width=300):
-                        error = gr.Markdown(elem_id="search-error")  # what went wrong, apart from the results
-                        info = gr.Markdown(READY_HINT if ready else PENDING_HINT, elem_id="search-info")
-                        gallery = gr.Gallery(label="Nearest neighbours (click one to search with it)", columns=6,
-                                             height="auto", allow_preview=False, elem_id="results",
-                                             elem_classes=["results"])  # fmt: skip
-                        with gr.Row():
-                            more = gr.Button("More results", elem_id="more-btn", interactive=ready)
-                            csv_btn = gr.DownloadButton("Export CSV", elem_id="export-csv", interactive=False)
-                            json_btn = gr.DownloadButton("Export JSON", elem_id="export-json", interactive=False)
-                        with gr.Column(visible=False, elem_id="details") as details:
-                            gr.Markdown("### Selected photo")
-                            with gr.Row():
-                                preview = gr.Image(label="Preview", height=320, interactive=False,
-                                                   elem_id="detail-preview", buttons=[])  # fmt: skip
-                                with gr.Column():
-                                    detail_md = gr.Markdown(elem_id="detail-info")
-                                    path_box = gr.Textbox(label="Full path", interactive=False, buttons=["copy"],
-                                                          max_lines=1, elem_id="detail-path")  # one line: whole names
-                                    with gr.Row():
-                                        open_btn = gr.Button("Open original", elem_id="open-original")
-                                        inspect_btn = gr.Button("Inspect negatives", elem_id="inspect-btn")
-                                    original = gr.File(label="Original", visible=False, elem_id="original-file")
-                state = gr.State(None)
-                picked = gr.State(None)  # the id of the photo in the details panel
-
-                def export_buttons(st: dict[str, Any] | None) -> tuple:  # on only with results to export
-                    files = app.export(st) if st and st.get("ids") else (None, None)
-                    return tuple(gr.update(value=f, interactive=f is not None) for f in files)  # no new components
-
-                def do_search(image: Any, k_: int, folder_: str, request: gr.Request) -> tuple:
-                    gal, *out = app.search(image, k_, folder_)
-                    return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
-
-                async def do_batched_search(image: Any, k_: int, folder_: str, request: gr.Request) -> tuple:
-                    gal, *out = await service.search_page(image, k_, folder_)
-                    buttons = await asyncio.to_thread(export_buttons, out[1])  # file writes: off the event loop
-                    return (_file_urls(gal, request), *out, *buttons, "")
-
-                def do_rerun(st: dict[str, Any] | None, k_: int, folder_: str, request: gr.Request) -> tuple:
-                    if not st:
-                        return (gr.skip(),) * 6
-                    gal, *out = app.rerun(st, k_, folder_)
-                    return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
-
-                def do_more(st: dict[str, Any] | None, request: gr.Request) -> tuple:
-                    gal, *out = app.more(st)
-                    return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
-
-                def do_select(st: dict[str, Any] | None, evt: gr.SelectData, request: gr.Request) -> tuple:
-                    out = app.select(st, evt.index)
-                    d = app.details(out[2]["source"]["id"])
-                    return (gr.Gallery(value=_file_urls(out[0], request), selected_index=None), out[1], out[2],
-                            *export_buttons(out[2]), "",
-                            d["thumb"], gr.Column(visible=True), d["preview"], d["markdown"], d["full_path"], d["id"],
-                            gr.File(value=None, visible=False))  # fmt: skip
-
-                for fn in (do_search, do_batched_search, do_rerun, do_more, do_select):  # resolvable without
-                    fn.__annotations__["request"] = gr.Request  # `from __future__` strings
-                do_select.__annotations__["evt"] = gr.SelectData
-                # an error goes to `error`: the results shown stay, and so does their heading (`info`)
-                results = [gallery, info, state, csv_btn, json_btn, error]
-                if service is None:
-                    go.click(_safe(6, 5)(do_search), [query, k, folder], results, api_name="search",
-                             concurrency_id="model")  # fmt: skip
-                else:  # searches run together (the batcher holds the model); more wait in Gradio's queue
-                    go.click(_safe(6, 5)(do_batched_search), [query, k, folder], results, api_name="search",
-                             concurrency_id="search", concurrency_limit=service.settings.max_batch)  # fmt: skip
-                k.release(_safe(6, 5)(do_rerun), [state, k, folder], results, api_name=False, concurrency_id="model")
-                folder.input(_safe(6, 5)(do_rerun), [state, k, folder], results, api_name=False,
-                             concurrency_id="model")  # fmt: skip
-                more.click(_safe(6, 5)(do_more), [state], results, api_name="more", concurrency_id="model")
-                gallery.select(_safe(12, 5)(do_select), [state],
-                               [*results, query, details, preview, detail_md, path_box, picked, original],
-                               api_name=False, concurrency_id="model").then(  # fmt: skip
-                    None, None, None, js="() => { if (document.activeElement) document.activeElement.blur(); }")
-
-                def do_open(image_id: int | None) -> Any:
-                    if image_id is None:
-                        raise UserError("click a result first")
-                    return gr.File(value=app.original(image_id), visible=True)
-
-                open_btn.click(_safe(2, 1)(lambda i: (do_open(i), gr.skip())), [picked], [original, detail_md],
-                               api_name=False).then(  # fmt: skip
-                    None, [original], None, js="(f) => { if (f && f.url) window.open(f.url, '_blank'); }")
-            with gr.Tab("Negatives", id="negatives"):
-                gr.Markdown("The InfoNCE view: the two training views of a photo, and the negatives closest to its "
-                            "query embedding, with their logits and share of the softmax over [positive + negatives]. "
-                            "⚠ marks a likely false negative, with its evidence.")  # fmt: skip
-                with gr.Row():
-                    with gr.Column(scale=1, min_width=280):
-                        neg_image = QueryImage(sources=sources, label="Photo", elem_id="neg-query")
-                        n = gr.Slider(1, 64, value=12, step=1, label="closest negatives to show")
-                        seed = gr.Number(0, precision=0, label="augmentation seed")
-                        neg_go = gr.Button("Inspect negatives", variant="primary", elem_id="neg-btn", interactive=ready)
-                    with gr.Column(scale=3, min_width=300):
-                        summary = gr.Markdown(elem_id="neg-summary")
-                        views = gr.Gallery(label="query view · positive key view", columns=2, height="auto",
-                                           allow_preview=False, elem_id="views", object_fit="contain")  # fmt: skip
-                        negs = gr.Gallery(label="closest negatives", columns=6, height="auto", allow_preview=False,
-                                          elem_id="negatives", elem_classes=["results"])  # fmt: skip
-                        table = gr.Dataframe(headers=["rank", "photo", "cosine", "logit (cos/T)", "softmax share",
-                                                      "likely false negative (evidence)"],
-                                             interactive=False, wrap=True, elem_id="negatives-table", max_height=4000,
-                                             column_widths=["10%", "25%", "13%", "14%", "16%", "22%"])  # fmt: skip
-
-                def do_negatives(image: Any, n_: int, seed_: int) -> tuple:
-                    views_, text, gal, rows = negatives_outputs(app.negatives(image, n_, seed_), app.negatives_note)
-                    return views_, text, gal, rows
-
-                def do_inspect(image_id: int | None, n_: int, seed_: int) -> tuple:
-                    if image_id is None:
-                        raise UserError("click a result first")
-                    out = negatives_outputs(app.negatives_for(image_id, n_, seed_), app.negatives_note)
-                    return (*out, gr.Tabs(selected="negatives"))
-
-                neg_go.click(_safe(4, 1)(do_negatives), [neg_image, n, seed], [views, summary, negs, table],
-                             api_name="negatives", concurrency_id="model")  # fmt: skip
-                inspect_btn.click(_safe(5, 1)(do_inspect), [picked, n, seed], [views, summary, negs, table, tabs],
-                                  api_name=False, concurrency_id="model")  # fmt: skip
-            with gr.Tab("Collection", id="collection"):
-                stats = gr.Markdown(elem_id="collection-stats")
-                with gr.Row():
-                    start = app.index.dedup_threshold if ready and app.index is not None else DEDUP_THRESHOLD
-                    threshold = gr.Slider(0.5, 1.0, value=start, step=0.005,
-                                          label="near-duplicate threshold (centred cosine)")  # fmt: skip
-                    dedup = gr.Button("Find near-duplicates", elem_id="dedup-btn", interactive=ready)
-                dups = gr.HTML(elem_id="dup-groups")
-
-                def do_collection(threshold_: float | None = None) -> tuple:
-                    text, groups = app.collection(threshold_)
-                    assert app.index is not None
-                    return text, groups_html(groups, app.index)
-
-                collection_fn = _safe(2, 0)(do_collection)
-                demo.load(lambda: collection_fn() if app.ready else (gr.skip(), gr.skip()), None, [stats, dups],
-                          api_name="collection")  # fmt: skip
-                dedup.click(collection_fn, [threshold], [stats, dups], api_name="dedup", concurrency_id="model")
-            with gr.Tab("Status", id="status"):
-                status_md = gr.Markdown(elem_id="status-info")
-                loss_plot = gr.LinePlot(x="step", y="value", title="training loss", height=260, elem_id="loss-plot",
-                                        visible=False)  # fmt: skip
-                knn_plot = gr.LinePlot(x="step", y="value", title="kNN top-1 (val set)", height=220,
-                                       elem_id="knn-plot", visible=False)  # fmt: skip
-        was_ready = gr.State(ready)
-        timer = gr.Timer(STATUS_EVERY_S)
-        status_outs = [status_md, loss_plot, knn_plot, title, go, more, neg_go, dedup, folder, stats, dups, threshold,
-                       info, was_ready]  # fmt: skip
-        timer.tick(lambda r: _status_outputs(app, r), [was_ready], status_outs, api_name=False,
-                   show_progress="hidden", queue=False)  # fmt: skip
-        def on_load(was: bool) -> tuple:  # a page opened once search is on shows the Search tab
-            return (*_status_outputs(app, was), gr.Tabs(selected="search") if app.ready and not was else gr.skip())
-
-        demo.load(on_load, [was_ready], [*status_outs, tabs], api_name="status", queue=False)
-    return demo
+# An idle keep-alive connection is kept this long (uvicorn's default: 5 s). Longer than a client's or a reverse
+# proxy's own idle timeout (httpx 5 s, nginx's upstream keepalive 60 s), so the client or the proxy closes it first:
+# otherwise one may send a request on a connection the server is closing at that moment, and that request fails
+# (seen once under a 64-client overload).
+KEEP_ALIVE_S = 75
 
 
 def _blocked_paths(index_dir: Path, root: Path) -> list[str]:
@@ -538,8 +131,9 @@ def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str
     demo, app = make_demo(index_dir, checkpoint, backbone, device, lambda app: _service(app, auth, api))
     service = demo.api_service  # for close(), and for tests
     try:
-        demo.launch(prevent_thread_lock=not block, **launch_kwargs(app.index, host, port, auth,
-                                                                  trusted_proxies=trusted_proxies, api=service))
+        _launch(demo, launch_kwargs(app.index, host, port, auth, trusted_proxies=trusted_proxies, api=service))
+        if block:
+            demo.block_thread()
     finally:
         if block:
             demo.close()
@@ -558,6 +152,11 @@ def serve_pending(index_dir: str | Path, photos: str | Path, status: Any, host: 
     service = _service(app, auth, api)
     demo = _queued(build_ui(app, service))
     demo.api_service = service
-    demo.launch(prevent_thread_lock=True, **launch_kwargs(Path(index_dir), host, port, auth, Path(photos),
-                                                          trusted_proxies, api=service))  # fmt: skip
+    _launch(demo, launch_kwargs(Path(index_dir), host, port, auth, Path(photos), trusted_proxies, api=service))
     return demo, app
+
+
+def _launch(demo: Any, kwargs: dict[str, Any]) -> None:
+    """Start the server (never blocks), its idle connections kept KEEP_ALIVE_S (read per new connection)."""
+    demo.launch(prevent_thread_lock=True, **kwargs)
+    demo.server.config.timeout_keep_alive = KEEP_ALIVE_S

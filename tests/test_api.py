@@ -21,7 +21,8 @@ import pytest
 from PIL import Image
 
 from app.api import MAX_BODY_BYTES, ApiSettings
-from app.ui import _safe, serve
+from app.page import _safe
+from app.ui import serve
 from index.build import build_index
 from index.dedup import find_duplicates, load_duplicates
 from index.image_index import ImageIndex
@@ -147,6 +148,32 @@ def test_a_browser_gets_thumbnails_as_file_route_urls_that_serve_them(server, id
     assert httpx.get(gallery[0]["image"]["url"]).status_code in (401, 403)  # not without the login
     blocked = http.get(gallery[0]["image"]["url"].replace(Path(want["thumbs"][0]).name, "../catalog.sqlite"))
     assert blocked.status_code in (403, 404)  # the route's checks still hold for what a URL names
+
+
+def test_an_idle_keep_alive_connection_outlives_uvicorns_default(server):
+    """A connection idle past uvicorn's default 5 s still answers: clients and proxies close theirs first."""
+    import socket
+
+    host, port = server[0].removeprefix("http://").split(":")
+    request = f"GET /api/v1/openapi.json HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {TOKEN}\r\n\r\n".encode()
+
+    def answer(sock: socket.socket) -> bytes:
+        sock.sendall(request)
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = sock.recv(65536)
+            assert chunk, "the server closed the connection"
+            head += chunk
+        length = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))
+        body = head.split(b"\r\n\r\n", 1)[1]
+        while len(body) < length:
+            body += sock.recv(65536)
+        return head.split(b"\r\n", 1)[0]
+
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        assert answer(sock) == b"HTTP/1.1 200 OK"
+        time.sleep(6)  # past uvicorn's 5 s
+        assert answer(sock) == b"HTTP/1.1 200 OK"
 
 
 def test_concurrent_uploads_are_batched_and_each_gets_its_own_results(http, server, sample_photos):

@@ -1,14 +1,17 @@
 """Memory is bounded by the output, not by the input: odd aspect ratios, huge images, huge k.
 
-Each measurement runs in a fresh interpreter: it imports, warms up, then reads its peak resident
-set (VmHWM) right before and right after the call under test. An address-space limit a few GiB
-above the warmed-up process turns a runaway allocation into a MemoryError instead of a machine-wide
+Each measurement runs in a process of its own, forked from one that imported torch and our modules once
+(multiprocessing's forkserver: the imports are not paid again per measurement). It warms up, resets its peak
+resident set to what it uses now (``/proc/self/clear_refs``), then reads the peak (VmHWM) after the call under
+test: what the call added on top of the warmed-up process, whatever happened before. An address-space limit a few
+GiB above the warmed-up process turns a runaway allocation into a MemoryError instead of a machine-wide
 out-of-memory kill.
 """
 
 from __future__ import annotations
 
-import json
+import concurrent.futures
+import multiprocessing
 import subprocess
 import sys
 import textwrap
@@ -34,21 +37,32 @@ def _status(key):
 def measure(call):
     vm = _status("VmSize") * 1024 + (3 << 30)
     resource.setrlimit(resource.RLIMIT_AS, (vm, vm))  # never take the machine's memory, fail instead
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak so far (the warm-up's, the forkserver's) := the resident set now
     base = _status("VmHWM")
     try:
         result = call()
     except MemoryError:
         result = "MemoryError"
-    print(json.dumps({"peak_mb": (_status("VmHWM") - base) / 1024, "result": result}))
+    return json.loads(json.dumps({"peak_mb": (_status("VmHWM") - base) / 1024, "result": result}))
 """
+_PRELOAD = ["torch", "PIL.Image", "moco.embed", "moco.data", "app.cli", "index.image_index"]
+
+
+def _run(code: str) -> dict:
+    """In the forked process: run ``code``, which leaves its measurement in ``_measured``."""
+    scope: dict = {}
+    exec(compile(code, "<measure>", "exec"), scope)  # noqa: S102 - this file's own measurement code
+    return scope["_measured"]
 
 
 def _measure(setup: str, call: str) -> dict:
-    """Run ``setup`` (imports, warm-up), then ``measure(lambda: CALL)`` in a fresh interpreter."""
-    code = _MEASURE + textwrap.dedent(setup) + f"\nmeasure(lambda: {call})\n"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    """Run ``setup`` (imports, warm-up), then ``measure(lambda: CALL)`` in a process of its own."""
+    code = _MEASURE + textwrap.dedent(setup) + f"\n_measured = measure(lambda: {call})\n"
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(_PRELOAD)  # read when the forkserver starts: the first measurement
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx, max_tasks_per_child=1) as pool:
+        return pool.submit(_run, code).result(timeout=600)
 
 
 @pytest.fixture(scope="module")

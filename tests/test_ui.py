@@ -61,7 +61,7 @@ def test_search_handlers_equal_image_index(app, setup):
 
 
 def test_errors_are_messages_not_tracebacks(app, setup, tmp_path):
-    from app.ui import _safe
+    from app.page import _safe
 
     search = _safe(3, 1)(app.search)
     bad = tmp_path / "upload.jpg"
@@ -225,7 +225,7 @@ def test_file_route_refuses_everything_but_thumbs(server, setup):
 
 
 def test_empty_index_and_rebuilt_with_another_backbone_are_messages(setup, tmp_path):
-    from app.ui import _safe
+    from app.page import _safe
 
     empty_photos = tmp_path / "empty"
     empty_photos.mkdir()
