@@ -1,14 +1,13 @@
-"""TrainConfig: one dataclass with a help text per field, the v1/v2/v3 presets, and the CLI made from it."""
+"""TrainConfig: one dataclass with a help text per field, the v1/v2/v3 presets, and the checks of its values.
+
+Its command-line flags: :mod:`moco.config_flags`; a ``--config`` file of its fields: :mod:`moco.config_file`.
+"""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import functools
-import json
 import math
 import os
-import re
 import reprlib
 import statistics
 from collections.abc import Callable, Sequence
@@ -18,8 +17,8 @@ from typing import Any
 from moco.errors import UserError
 from moco.names import is_vit
 
-__all__ = ["TrainConfig", "PRESETS", "default_preset", "cpu_image_size", "resolve_config", "add_config_arguments",
-           "config_overrides", "backbone_kwargs", "uses_v3_vit", "load_config_file"]
+__all__ = ["TrainConfig", "PRESETS", "default_preset", "cpu_image_size", "resolve_config", "backbone_kwargs",
+           "uses_v3_vit"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -268,7 +267,7 @@ def backbone_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     return {"num_heads": cfg.num_heads} if cfg.num_heads else {}
 
 
-# The bounds of one field's value alone, the same for flags and --config files (validate, load_config_file):
+# The bounds of one field's value alone, the same for flags and --config files (validate, moco.config_file):
 # the test and the fix. Checks between fields follow in validate.
 LIMITS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "image_size": (lambda v: v >= 16, "use 16 or more pixels (32 for tiny photos, 224 for the paper setting)"),
@@ -291,24 +290,24 @@ LIMITS: dict[str, tuple[Callable[[Any], bool], str]] = {
 }
 
 
-def _problem(name: str, value: Any) -> str | None:
+def field_problem(name: str, value: Any) -> str | None:
     """What is wrong with ``value`` for field ``name`` on its own ("X is out of range: fix"), or None."""
     if name in CHOICES and value not in CHOICES[name]:
-        return f"{_short(value)} is not valid: use one of {', '.join(CHOICES[name])}"
+        return f"{short_repr(value)} is not valid: use one of {', '.join(CHOICES[name])}"
     test, fix = LIMITS.get(name, (None, ""))
     numbers = value if isinstance(value, tuple) else (value,) if isinstance(value, float) else ()
     if not all(math.isfinite(v) for v in numbers):
-        return f"{_show(value)} is not a finite number: {fix or 'e.g. ' + _show(getattr(TrainConfig, name))}"
+        return f"{show_value(value)} is not a finite number: {fix or 'e.g. ' + show_value(getattr(TrainConfig, name))}"
     if test is not None and not test(value):
-        return f"{_show(value)} is out of range: {fix}"
+        return f"{show_value(value)} is out of range: {fix}"
     return None
 
 
 def validate(cfg: TrainConfig, world_size: int = 1) -> None:
     """Raise UserError naming the first bad field value and how to fix it."""
     for f in fields(TrainConfig):
-        if problem := _problem(f.name, getattr(cfg, f.name)):
-            raise UserError(f"--{_flag(f.name)} {problem}")
+        if problem := field_problem(f.name, getattr(cfg, f.name)):
+            raise UserError(f"--{flag_name(f.name)} {problem}")
     checks = [
         (cfg.min_image_size <= cfg.image_size, "min-image-size",
          f"use 0 (off) or a size from 16 to --image-size {cfg.image_size}"),
@@ -347,42 +346,6 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
             )
 
 
-def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
-    """The config fields the user set on the command line (flags left at None are not set)."""
-    out = {}
-    for f in fields(TrainConfig):
-        value = getattr(args, f.name, None)
-        if value is not None and f.name not in ("data_dir", "out", "preset"):
-            out[f.name] = value
-    return out
-
-
-def add_config_arguments(
-    parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("data_dir", "out", "preset")
-) -> None:
-    """Add one ``--flag`` per TrainConfig field with the field's help and default; flags default to None (unset)."""
-    for f in fields(TrainConfig):
-        if f.name in skip:
-            continue
-        help_text = f"{f.metadata.get('help', '')} {_default_text(f.name, f.default)}".replace("%", "%%")
-        flag = f"--{_flag(f.name)}"
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        elif str(f.type).startswith("tuple"):  # mean, std: one value per channel
-            rgb = _rgb_type(flag, f.name)
-            parser.add_argument(flag, type=rgb, default=None, help=help_text, metavar="R,G,B")
-        else:
-            kind = {"int": int, "float": float, "str": str}[str(f.type)]
-            parser.add_argument(
-                flag,
-                type=kind,
-                default=None,
-                choices=CHOICES.get(f.name),
-                help=help_text,
-                metavar=None if f.name in CHOICES else f.name.upper(),
-            )
-
-
 def default_workers(workers: int) -> int:
     """-1 means one decoding process per CPU core."""
     return (os.cpu_count() or 1) if workers < 0 else workers
@@ -401,154 +364,8 @@ def from_plain(d: dict[str, Any]) -> TrainConfig:
     return TrainConfig(**kw)
 
 
-def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The TrainConfig fields set in a JSON or YAML file (``--config``), type-checked; UserError names key and fix.
-
-    The file is a mapping of field names (as in a run's ``config.json``) to values; ``preset`` picks the recipe
-    whose defaults the other keys override. Lists become tuples (``mean``, ``std``).
-    """
-    text = _read_config_text(path)
-    if str(path).lower().endswith((".yaml", ".yml")):
-        try:
-            import yaml
-        except ImportError as e:
-            raise UserError(f"--config {path}: reading YAML needs PyYAML: pip install pyyaml, or write the config "
-                            "as JSON (a .json file)") from e  # fmt: skip
-        try:
-            data = _load_yaml(text, path)
-        except yaml.YAMLError as e:
-            raise UserError(f"--config {path} is not valid YAML: {e}") from e
-    elif str(path).lower().endswith(".json"):
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise UserError(f"--config {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from e
-    else:
-        raise UserError(f"--config {path}: give a .json, .yaml or .yml file (a run's config.json works as is)")
-    if not isinstance(data, dict):
-        raise UserError(f"--config {path} must hold a mapping of config fields to values, e.g. "
-                        '{"arch": "resnet18", "epochs": 100}')  # fmt: skip
-    known = {f.name: f for f in fields(TrainConfig)}
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if key not in known:
-            import difflib
-
-            close = difflib.get_close_matches(str(key), known, n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            raise UserError(f"--config {path}: unknown key {key!r}: {hint}valid keys are the TrainConfig fields "
-                            f"({', '.join(known)})")  # fmt: skip
-        out[key] = _config_value(path, key, str(known[key].type), value)
-        if key != "preset" and (problem := _problem(key, out[key])):  # the flags' own checks, naming the file
-            raise UserError(f"--config {path}: {key} = {problem}")
-    if "preset" in out and out["preset"] not in PRESETS:
-        raise UserError(f"--config {path}: preset {out['preset']!r} is unknown: use one of {', '.join(PRESETS)}")
-    return out
-
-
-MAX_YAML_NODES = 10_000  # a config is ~70 values; an alias bomb ("billion laughs") expands 400 bytes to billions
-
-
-@functools.cache
-def _yaml_loader() -> type:
-    """PyYAML's SafeLoader that also reads 3e-2 and 1.0e5 as floats (YAML 1.1 wants a dot and a signed exponent)."""
-    import yaml
-
-    class Loader(yaml.SafeLoader):
-        pass
-
-    exponent = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
-    Loader.add_implicit_resolver("tag:yaml.org,2002:float", exponent, list("-+.0123456789"))
-    return Loader
-
-
-def _load_yaml(text: str, path: str | os.PathLike[str]) -> Any:
-    """The document in ``text``, refused before it is built when its aliases expand it past ``MAX_YAML_NODES``."""
-    loader = _yaml_loader()(text)
-    try:
-        try:
-            node = loader.get_single_node()
-        except RecursionError:
-            raise UserError(f"--config {path} nests lists or mappings too deeply: a config is a flat mapping of "
-                            "field names to values") from None  # fmt: skip
-        if node is None:
-            return None
-        size = _expanded_size(node, MAX_YAML_NODES)
-        if size is None:
-            raise UserError(f"--config {path}: an alias (*name) refers to itself: a config is a flat mapping of "
-                            "field names to values; write the values out")  # fmt: skip
-        if size > MAX_YAML_NODES:
-            raise UserError(f"--config {path}: its aliases (*name) expand it to more than {MAX_YAML_NODES} values "
-                            "(an alias bomb?): a config is a flat mapping of field names to values; write the values "
-                            "out")  # fmt: skip
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
-
-
-def _expanded_size(node: Any, limit: int) -> int | None:
-    """Nodes under ``node`` with every alias expanded (counting stops past ``limit``); None for a cycle."""
-    import yaml
-
-    sizes: dict[int, int] = {}  # id(node) -> its expanded size: each distinct node is walked once
-    open_: set[int] = set()
-
-    def size(n: Any) -> int | None:
-        if id(n) in sizes:
-            return sizes[id(n)]
-        if id(n) in open_:
-            return None  # an alias inside its own anchor
-        open_.add(id(n))
-        children = (n.value if isinstance(n, yaml.SequenceNode)
-                    else [x for pair in n.value for x in pair] if isinstance(n, yaml.MappingNode) else [])  # fmt: skip
-        total = 1
-        for child in children:
-            sub = size(child)
-            if sub is None:
-                return None
-            total += sub
-            if total > limit:
-                break
-        open_.discard(id(n))
-        sizes[id(n)] = total
-        return total
-
-    return size(node)
-
-
-def _read_config_text(path: str | os.PathLike[str]) -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except FileNotFoundError as e:
-        raise UserError(f"--config {path}: file not found") from e
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"--config {path} cannot be read ({e}): give a readable UTF-8 JSON or YAML file") from e
-
-
-def _config_value(path: str | os.PathLike[str], key: str, kind: str, value: Any) -> Any:
-    """``value`` of field ``key`` (annotated ``kind``) from a config file, checked (ints accepted for floats)."""
-    wrong = f"--config {path}: {key} = {_short(value)} is not"
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise UserError(f"{wrong} true or false")
-        return value
-    if kind.startswith("tuple"):
-        if not (isinstance(value, list | tuple) and len(value) == 3
-                and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)):  # fmt: skip
-            raise UserError(f"{wrong} three numbers, one per channel, e.g. [0.485, 0.456, 0.406]")
-        return tuple(float(v) for v in value)
-    if kind == "float" and isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    if kind == "str" and isinstance(value, str):
-        return value
-    example = _show(getattr(TrainConfig, key))
-    raise UserError(f"{wrong} a{'n' if kind == 'int' else ''} {kind}: write e.g. {key}: {example}")
-
-
-def _flag(name: str) -> str:
+def flag_name(name: str) -> str:
+    """Field ``name`` as its command-line flag, less the leading dashes: ``batch_size`` -> ``batch-size``."""
     return name.replace("_", "-")
 
 
@@ -556,42 +373,15 @@ _repr = reprlib.Repr()
 _repr.maxlevel, _repr.maxlist, _repr.maxdict, _repr.maxstring, _repr.maxother = 2, 4, 4, 60, 60
 
 
-def _short(value: Any) -> str:
+def short_repr(value: Any) -> str:
     """``repr(value)``, shortened: a value from a file can be huge (or refer to itself)."""
     return _repr.repr(value)
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     """A default as a user types it: on/off, R,G,B, none for an empty path."""
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, tuple):
         return ",".join(str(v) for v in value)
     return str(value) if value != "" else "none"
-
-
-def _default_text(name: str, default: Any) -> str:
-    """'(default: X)', followed by the presets' own values where they differ from X."""
-    own = [f"{p}: {_show(v[name])}" for p, v in PRESETS.items() if v.get(name, default) != default]
-    if name in VIT_V3 and VIT_V3[name] != PRESETS["v3"].get(name, default):
-        own.append(f"v3 with a ViT: {_show(VIT_V3[name])}")
-    return f"(default: {_show(default)}; preset {', '.join(own)})" if own else f"(default: {_show(default)})"
-
-
-def _rgb_type(flag: str, name: str) -> Callable[[str], tuple[float, float, float]]:
-    """The argparse type of --mean/--std: 'R,G,B' -> a tuple of three floats, within the field's bounds (the same
-    check as ``validate``'s, which a --config file's values pass too)."""
-
-    def parse(text: str) -> tuple[float, float, float]:
-        example = _show(getattr(TrainConfig, name))
-        try:
-            values = tuple(float(v) for v in text.split(","))
-        except ValueError:
-            values = ()
-        if len(values) != 3:
-            raise argparse.ArgumentTypeError(f"{text!r}: give three numbers, one per channel, e.g. {flag} {example}")
-        if problem := _problem(name, values):
-            raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
-        return values  # type: ignore[return-value]
-
-    return parse

@@ -1,9 +1,9 @@
-"""A photo folder decoded once into a square uint8 cache on disk (:func:`build_cache`), and the list of the files
-it skipped (``skipped.txt``).
+"""A photo folder decoded once into a square uint8 cache on disk (:func:`build_cache`).
 
 The cache is a raw ``N x size x size x 3`` uint8 file plus a JSON manifest next to it; later runs
 reuse it as long as the folder's files (names, byte sizes, mtimes) are unchanged. What one photo's decoding is:
-:mod:`moco.photos` (its names are re-exported here).
+:mod:`moco.photos`; the list of the files a run skipped (``skipped.txt``): :mod:`moco.skipped_file` (the names
+of both are re-exported here).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ import json
 import logging
 import multiprocessing
 import os
-import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -41,6 +40,7 @@ from moco.photos import (
     short_sides,
     square_u8,
 )
+from moco.skipped_file import read_skipped, write_skipped
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
@@ -239,40 +239,6 @@ def _try_reuse(
         return None
     logger.info("reusing image cache %s (%d images, %d skipped)", data_path, len(files), len(skipped))
     return ImageCache(root=root, size=size, files=files, skipped=skipped, array=array)
-
-
-_ESCAPE = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
-_UNESCAPE = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r"}
-_ESCAPED = re.compile(r"\\(.)", re.DOTALL)
-
-
-def _escape(text: str) -> bytes:
-    text = "".join(_ESCAPE.get(c, c) for c in text)
-    try:
-        return text.encode("utf-8", "surrogateescape")  # a name's bytes that are not UTF-8: written as they are
-    except UnicodeEncodeError:  # a lone surrogate that no file name decodes to: shown escaped
-        return text.encode("utf-8", "backslashreplace")
-
-
-def _unescape(text: str) -> str:
-    return _ESCAPED.sub(lambda m: _UNESCAPE.get(m[1], m[0]), text)
-
-
-def write_skipped(path: str | Path, skipped: Sequence[tuple[str, str]]) -> None:
-    r"""Write the files a run skipped to ``path`` (``RUN/skipped.txt``): one ``PATH<tab>REASON`` line each.
-
-    UTF-8, except that the bytes of a name that are not UTF-8 are written as they are (the name as ``ls`` shows
-    it); a backslash, tab, carriage return or newline in a name or reason is written ``\\``, ``\t``, ``\r``,
-    ``\n``. :func:`read_skipped` reads back exactly the names given (``os.fsdecode`` of their bytes).
-    """
-    Path(path).write_bytes(b"".join(_escape(p) + b"\t" + _escape(r) + b"\n" for p, r in skipped))
-
-
-def read_skipped(path: str | Path) -> list[tuple[str, str]]:
-    """The (path, reason) pairs of a ``skipped.txt`` written by :func:`write_skipped`."""
-    text = Path(path).read_bytes().decode("utf-8", "surrogateescape")
-    lines = text.split("\n")  # not splitlines(): a name may hold U+0085 or U+2028
-    return [(_unescape(p), _unescape(r)) for p, _, r in (line.partition("\t") for line in lines if line)]
 
 
 def _list_problems(skipped: list[tuple[str, str]]) -> str:

@@ -15,12 +15,13 @@ from torch import nn
 
 from moco.backbones import build_backbone, is_vit
 from moco.config import TrainConfig, backbone_kwargs, default_workers, from_plain, uses_v3_vit
-from moco.data import ImageCache, build_cache, cache_size_for, write_skipped
+from moco.data import ImageCache, build_cache, cache_size_for
 from moco.device import Dist, autocast_for
 from moco.errors import UserError
 from moco.model import MoCo
 from moco.optim import build_optimizer
 from moco.run_checkpoint import set_rng_state
+from moco.skipped_file import write_skipped
 from moco.sync_bn import convert_sync_bn
 
 __all__ = ["build_model", "bn_splits_for", "warn_small_bn_groups", "Setup", "check_collection", "setup", "load_data",

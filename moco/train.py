@@ -315,7 +315,9 @@ def _all_reduce(value: float, op: str, d: Dist, device: torch.device) -> float:
 def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Resolve the config (preset <- --config file <- flags, or the checkpoint's on --resume) and train; returns
     train()'s summary."""
-    from moco.config import PRESETS, config_overrides, cpu_image_size, default_preset, load_config_file, resolve_config
+    from moco.config import PRESETS, cpu_image_size, default_preset, resolve_config
+    from moco.config_file import load_config_file
+    from moco.config_flags import config_overrides
     from moco.photos import short_sides
 
     from_file = load_config_file(args.config) if args.config else {}

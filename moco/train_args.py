@@ -18,7 +18,8 @@ DESCRIPTION = (
 
 def add_train_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of ``moco train`` and ``python -m moco.train``: DATA_DIR, --out, run control, one per config field."""
-    from moco.config import PRESETS, add_config_arguments
+    from moco.config import PRESETS
+    from moco.config_flags import add_config_arguments
 
     p.add_argument("data_dir", metavar="DATA_DIR", nargs="?", help="folder of photos (optional with --resume)")
     p.add_argument("--out", required=True, metavar="RUN_DIR", help="run directory")

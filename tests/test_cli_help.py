@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from moco.config import TrainConfig, add_config_arguments, config_overrides, resolve_config
+from moco.config import TrainConfig, resolve_config
+from moco.config_flags import add_config_arguments, config_overrides
 from tests.conftest import TINY_CLI
 
 ROOT = Path(__file__).resolve().parents[1]

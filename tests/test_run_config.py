@@ -177,7 +177,7 @@ def _alias_bomb(levels: int) -> str:
 
 @pytest.mark.parametrize("levels", [5, 9])  # 9: the 434-byte file that took 2.7 GB and 28 s before a MemoryError
 def test_yaml_alias_bomb_is_refused_naming_the_file(tmp_path, levels):
-    from moco.config import load_config_file
+    from moco.config_file import load_config_file
     from moco.errors import UserError
 
     path = tmp_path / "bomb.yaml"
@@ -188,7 +188,7 @@ def test_yaml_alias_bomb_is_refused_naming_the_file(tmp_path, levels):
 
 
 def test_yaml_recursive_alias_and_a_long_value_are_short_messages(tmp_path):
-    from moco.config import load_config_file
+    from moco.config_file import load_config_file
     from moco.errors import UserError
 
     path = tmp_path / "loop.yaml"
@@ -203,7 +203,7 @@ def test_yaml_recursive_alias_and_a_long_value_are_short_messages(tmp_path):
 
 
 def test_yaml_reads_every_float_a_person_writes(tmp_path):
-    from moco.config import load_config_file
+    from moco.config_file import load_config_file
 
     path = tmp_path / "floats.yaml"  # YAML 1.1 reads 3e-2 and 1.0e5 (exponent without a dot or sign) as strings
     path.write_text("lr: 3e-2\nweight_decay: 1e-4\nmomentum: 9.99E-1\ntemperature: 2.0e-1\ntime_budget: 1e1\n"
