@@ -27,7 +27,8 @@ from app.negatives import NegativesView
 from app.uploads import MAX_UPLOAD_MB, QueryImage, size_check_js
 from index.catalog import display_path
 from index.dedup import DEDUP_THRESHOLD
-from index.image_index import CATALOG_FILE, DEDUP_FILE, INDEX_FILE, META_FILE, THUMBS_DIR, ImageIndex
+from index.image_index import ImageIndex
+from index.index_dir import CATALOG_FILE, DEDUP_FILE, INDEX_FILE, META_FILE, THUMBS_DIR
 from moco.errors import UserError
 
 __all__ = ["SearchApp", "build_ui", "serve", "serve_pending", "make_demo", "launch_kwargs", "negatives_outputs",
