@@ -17,7 +17,8 @@ from app.handlers import ALL_FOLDERS, MAX_RESULTS, SearchApp
 from app.page import CSS, build_ui
 from app.page_views import groups_html, negatives_outputs
 from app.uploads import MAX_UPLOAD_MB, size_check_js
-from index.image_index import CATALOG_FILE, DEDUP_FILE, INDEX_FILE, META_FILE, THUMBS_DIR, ImageIndex
+from index.image_index import ImageIndex
+from index.index_dir import CATALOG_FILE, DEDUP_FILE, INDEX_FILE, META_FILE, THUMBS_DIR
 
 __all__ = ["SearchApp", "build_ui", "serve", "serve_pending", "make_demo", "launch_kwargs", "negatives_outputs",
            "groups_html", "MAX_UPLOAD", "ALL_FOLDERS", "MAX_RESULTS"]  # fmt: skip

@@ -53,8 +53,9 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from index.exact import recall_at  # noqa: E402
 from index.plan import sample_ids  # noqa: E402
-from index.store import VectorStore, choose_kind, recall_at  # noqa: E402
+from index.store import VectorStore, choose_kind  # noqa: E402
 
 K = 10
 TUNE_QUERIES, TARGET = 500, 0.95  # as index/sync_store.py: database vectors held out of training and tuning

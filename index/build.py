@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from index.catalog import Catalog, catalog_meta, set_catalog_meta
-from index.image_index import (
+from index.index_dir import (
     CATALOG_FILE,
     INDEX_FILE,
     META_FILE,

@@ -29,7 +29,8 @@ from index.calibrate import (  # the threshold: re-exported here, where its user
     dedup_threshold,
     threshold_source,
 )
-from index.image_index import DEDUP_FILE, ImageIndex
+from index.image_index import ImageIndex
+from index.index_dir import DEDUP_FILE
 from moco.checkpoint import atomic_write
 from moco.errors import UserError
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from index.catalog import Catalog, Row
-from index.image_index import (
+from index.index_dir import (
     THUMBS_DIR,
 )
 from index.plan import Plan, Stat, Summary, file_hash

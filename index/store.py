@@ -15,7 +15,8 @@ hnsw      ``IDMap2,HNSW32``                        graph; tuned efSearch; remova
 ``auto`` picks flat below ``EXACT_UP_TO`` vectors, ivf when D float32s per vector fit the memory
 budget, and ivfpq otherwise. Approximate kinds are tuned on held-out queries (sampled vectors left
 out of training, their own id removed from the answers) to the smallest search parameter that
-reaches the target recall@10 against exact search.
+reaches the target recall@10 against exact search (:mod:`index.tuning`). The file's trailer (index id,
+the space's mean and matrix) is :mod:`index.trailer`'s; exact search in numpy, :mod:`index.exact`'s.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from index.exact import exact_topk, few_topk, recall_at
+from index.trailer import mean_digest, read_index_id, read_mean, read_space_arrays, trailer_bytes
+from index.tuning import Tuning, tune_store
 from moco.errors import UserError
 
 try:
@@ -39,7 +42,8 @@ except ModuleNotFoundError as _e:  # the `index` extra is missing: this module s
     faiss = None
 
 __all__ = ["VectorStore", "choose_kind", "factory_for", "read_index_id", "require_faiss", "KINDS", "EXACT_UP_TO",
-           "gpu_count", "mean_digest", "read_mean", "read_space_arrays"]  # fmt: skip
+           "gpu_count", "mean_digest", "read_mean", "read_space_arrays", "exact_topk", "recall_at",
+           "Tuning"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
@@ -54,17 +58,10 @@ def require_faiss() -> Any:
 KINDS = ("auto", "flat", "ivf", "ivfpq", "hnsw")
 EXACT_UP_TO = 50_000  # below this, exact search answers a query in a few ms: no reason to approximate
 REFINE_K_FACTOR = 16  # 4-bit PQ alone ranks poorly; re-ranking 16 x k candidates with SQ8 restores recall
-_PARAM = {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "efSearch"}
 
 
 _FEW_QUERIES = 20  # below this many queries FAISS scans on one thread (distance_compute_blas_threshold)
 _SHARD_FROM = 20_000  # below this, FAISS's own scan is as fast
-_ID_TAG = b"\nmoco-retrieval-index-id:"  # index.faiss ends with this, 32 hex digits and a newline
-_ID_TRAILER = len(_ID_TAG) + 32 + 1
-_MEAN_TAG = b"\nmoco-retrieval-mean:"  # before the id trailer: a digest of the mean the vectors are centred on
-_MEAN_TRAILER = len(_MEAN_TAG) + 16 + 1
-_MATRIX_TAG = b"\nmoco-retrieval-matrix:"  # before the mean: the whitening matrix of the index's space, if any
-_MATRIX_TRAILER = len(_MATRIX_TAG) + 16 + 1
 
 
 def gpu_count() -> int:
@@ -78,81 +75,6 @@ def choose_kind(n: int, dim: int, memory_budget: int) -> str:
     if n <= EXACT_UP_TO:
         return "flat"
     return "ivf" if n * dim * 4 <= memory_budget else "ivfpq"
-
-
-def mean_digest(mean: np.ndarray | list[float] | None) -> str | None:
-    """16 hex digits that identify a mean embedding (None for an uncentred index)."""
-    if mean is None:
-        return None
-    import hashlib
-
-    return hashlib.blake2b(np.asarray(mean, "<f4").tobytes(), digest_size=8).hexdigest()
-
-
-def read_mean(path: str | Path, dim: int) -> np.ndarray | None:
-    """The mean embedding (D float32) an ``index.faiss`` is centred on, from its trailer; None if uncentred."""
-    return read_space_arrays(path, dim)[0]
-
-
-def read_space_arrays(path: str | Path, dim: int) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """The mean (D float32) and whitening matrix (D x D float32, None: centring only) of the space an
-    ``index.faiss``'s vectors are in, from its trailer; (None, None) for an uncentred index.
-
-    They travel inside the file (see :meth:`VectorStore.save`), so the vectors and their space are replaced
-    together, atomically: a kill between writing ``index.faiss`` and ``index.json`` cannot pair them wrongly.
-    """
-    mean = _read_mean(path, dim)
-    if mean is None:
-        return None, None
-    with open(path, "rb") as f:
-        size = f.seek(0, 2)
-        start = size - _ID_TRAILER - _MEAN_TRAILER - 4 * dim - _MATRIX_TRAILER
-        if start - 4 * dim * dim < 0:
-            return mean, None
-        f.seek(start)
-        tail = f.read(_MATRIX_TRAILER)
-        if not tail.startswith(_MATRIX_TAG):
-            return mean, None
-        f.seek(start - 4 * dim * dim)
-        matrix = np.frombuffer(f.read(4 * dim * dim), "<f4").astype(np.float32).reshape(dim, dim)  # D x D
-    if mean_digest(matrix) != tail[len(_MATRIX_TAG) : -1].decode("ascii", "replace"):
-        raise UserError(f"{path} is damaged (its whitening matrix does not match its digest): rebuild it with "
-                        f"`moco index update {Path(path).parent}`")  # fmt: skip
-    return mean, matrix
-
-
-def _read_mean(path: str | Path, dim: int) -> np.ndarray | None:
-    with open(path, "rb") as f:
-        size = f.seek(0, 2)
-        start = size - _ID_TRAILER - _MEAN_TRAILER
-        if start - 4 * dim < 0:
-            return None
-        f.seek(start)
-        tail = f.read(_MEAN_TRAILER)
-        if not tail.startswith(_MEAN_TAG):
-            return None
-        f.seek(start - 4 * dim)
-        mean = np.frombuffer(f.read(4 * dim), "<f4").astype(np.float32)  # D
-    if mean_digest(mean) != tail[len(_MEAN_TAG) : -1].decode("ascii", "replace"):
-        raise UserError(f"{path} is damaged (its mean embedding does not match its digest): rebuild it with "
-                        f"`moco index update {Path(path).parent}`")  # fmt: skip
-    return mean
-
-
-def read_index_id(path: str | Path) -> str | None:
-    """The index id in the trailer of an ``index.faiss`` (see :meth:`VectorStore.save`); None when it has none."""
-    with open(path, "rb") as f:
-        size = f.seek(0, 2)
-        if size < _ID_TRAILER:
-            return None
-        f.seek(size - _ID_TRAILER)
-        tail = f.read(_ID_TRAILER)
-    hex_id = tail[len(_ID_TAG) : -1].decode("ascii", "replace")
-    return hex_id if tail.startswith(_ID_TAG) and tail.endswith(b"\n") and _is_index_id(hex_id) else None
-
-
-def _is_index_id(s: str) -> bool:
-    return len(s) == 32 and all(c in "0123456789abcdef" for c in s)
 
 
 def _nlist(n: int) -> int:
@@ -180,16 +102,6 @@ def factory_for(kind: str, n: int, dim: int) -> str:
     if kind == "hnsw":
         return "IDMap2,HNSW32"
     raise UserError(f"index kind {kind!r} is not one of {', '.join(KINDS)}")
-
-
-@dataclass
-class Tuning:
-    """Outcome of tuning: the search parameter, its value, and the recall@k it measured."""
-
-    param: str | None
-    value: int | None
-    recall: float
-    queries: int
 
 
 class VectorStore:
@@ -241,7 +153,8 @@ class VectorStore:
 
     def save(self, path: str | Path, index_id: str | None = None, mean: np.ndarray | None = None,
              matrix: np.ndarray | None = None) -> None:  # fmt: skip
-        """Write the CPU form atomically (temporary file, fsync, rename).
+        """Write the CPU form and its trailer (:func:`index.trailer.trailer_bytes`) atomically (temporary file, fsync,
+        rename).
 
         ``index_id`` (32 hex digits) is appended after the FAISS bytes as a fixed-size trailer, which
         ``faiss.read_index`` never reads; :func:`read_index_id` gets it back. ``mean`` (D floats, the
@@ -250,15 +163,7 @@ class VectorStore:
         """
         from moco.checkpoint import atomic_write
 
-        if index_id is not None and not _is_index_id(index_id):
-            raise ValueError(f"index id must be 32 lowercase hex digits, got {index_id!r}")
-        trailer = _ID_TAG + index_id.encode() + b"\n" if index_id else b""
-        if mean is not None and index_id:
-            m = np.asarray(mean, "<f4")  # D
-            trailer = m.tobytes() + _MEAN_TAG + mean_digest(m).encode() + b"\n" + trailer
-            if matrix is not None:
-                w = np.ascontiguousarray(matrix, "<f4")  # D x D
-                trailer = w.tobytes() + _MATRIX_TAG + mean_digest(w).encode() + b"\n" + trailer
+        trailer = trailer_bytes(index_id, mean, matrix)
 
         def write(f: Any) -> None:
             faiss.write_index(cpu, faiss.PyCallbackIOWriter(f.write))
@@ -353,29 +258,16 @@ class VectorStore:
         return scores, ids
 
     def _flat_few(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Exact search of a few queries: one BLAS product over the stored vectors, then an exact top-k.
+        """Exact search of a few queries (Q x D) on the stored vectors in place (:func:`index.exact.few_topk`).
 
-        FAISS scans on one thread below 20 queries; BLAS reads the vectors with every core. The top-k
-        avoids a full partition of N scores: the k-th best score of a strided sample is a lower bound
-        of the true k-th best (a subset's k-th largest never exceeds the whole set's), so every true
-        top-k score is at or above it, and only those few candidates are sorted.
+        FAISS scans on one thread below 20 queries; BLAS reads the vectors with every core.
         """
         idmap = faiss.downcast_index(self._cpu)
         flat = faiss.downcast_index(idmap.index)
         n = flat.ntotal
         xb = faiss.rev_swig_ptr(flat.get_xb(), n * self.dim).reshape(n, self.dim)  # N x D, no copy
         labels = faiss.rev_swig_ptr(idmap.id_map.data(), n)  # N, no copy
-        scores = q @ xb.T  # Q x N
-        out_s = np.empty((len(q), k), np.float32)
-        out_i = np.empty((len(q), k), np.int64)
-        step = 16 if n >= 16 * 64 * k else 1  # a 1/16 sample: its k-th best bounds the top ~16k
-        for r, row in enumerate(scores):
-            sample = row[::step]
-            bound = np.partition(sample, len(sample) - k)[len(sample) - k] if len(sample) >= k else -np.inf
-            cand = np.flatnonzero(row >= bound)  # includes the true top-k
-            best = cand[np.lexsort((cand, -row[cand]))[:k]]  # by score, ties by position
-            out_s[r], out_i[r] = row[best], labels[best]
-        return out_s, out_i
+        return few_topk(q, xb, labels, k)
 
     def range_search(self, queries: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """All stored vectors with cosine >= ``threshold``: (lims Q+1, scores, ids) as in FAISS."""
@@ -386,83 +278,12 @@ class VectorStore:
     # ------------------------------------------------------------------------------------ tune
     def tune(self, vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, query_ids: np.ndarray,
              k: int = 10, target: float = 0.95, held_out: bool = True) -> Tuning:  # fmt: skip
-        """Smallest nprobe/efSearch whose recall@k on ``queries`` reaches ``target``, and that recall.
-
-        ``vectors``/``ids``: the whole collection (ground truth by exact search in numpy, each query's
-        own id left out). ``held_out``: the queries are not in the index yet (the honest measure, used
-        when building); otherwise they are, and their own id is dropped from the answers.
-        """
-        param = _PARAM.get(self.kind)
-        if len(queries) == 0 or self.ntotal < 2:
-            return Tuning(None, None, 1.0, 0)
-        order = np.argsort(ids)  # positions by id (no copy of the vectors: they may be most of the RAM)
-        sorted_ids = ids[order]
-        exclude = query_ids if held_out else None  # held-out queries are not in the index: not in the truth
-        truth = exact_topk(vectors, ids, queries, query_ids, k, exclude)  # Q x k ids
-        kth = np.einsum("qd,qkd->qk", queries, vectors[order[np.searchsorted(sorted_ids, truth)]]).min(1)  # Q
-
-        def measure() -> float:
-            found = self.search(queries, k if held_out else k + 1)[1]
-            found = found if held_out else _drop_self(found, query_ids, k)
-            # tie-aware: a result scoring at least the true k-th score counts, whichever tied id it is
-            pos = np.clip(np.searchsorted(sorted_ids, found), 0, len(sorted_ids) - 1)  # Q x k
-            score = np.einsum("qd,qkd->qk", queries, vectors[order[pos]])
-            good = (found >= 0) & (sorted_ids[pos] == found) & (score >= kth[:, None] - 1e-5)
-            return float(good.sum(1).clip(max=k).mean() / k)
-
-        if param is None:
-            return Tuning(None, None, measure(), len(queries))
-        limit = self._param_limit()
-        value = min(limit, 1 if param == "nprobe" else k)
-        while True:
-            self.set_param(param, value)
-            recall = measure()
-            logger.info("tuning %s=%d: recall@%d %.4f", param, value, k, recall)
-            if recall >= target or value >= limit:
-                break
-            value = min(value * 2, limit)
-        if recall < target:
-            logger.warning("%s reaches recall@%d %.3f at most (%s=%d), below the target %.2f: consider --kind flat",
-                           self.kind, k, recall, param, value, target)  # fmt: skip
-        return Tuning(param, value, recall, len(queries))
+        """Smallest nprobe/efSearch whose recall@k on ``queries`` reaches ``target``, and that recall
+        (:func:`index.tuning.tune_store`)."""
+        return tune_store(self, vectors, ids, queries, query_ids, k, target, held_out)
 
     def _param_limit(self) -> int:
         if self.kind == "hnsw":
             return 4096
         return int(faiss.extract_index_ivf(self._cpu).nlist)
 
-
-def _drop_self(found: np.ndarray, self_ids: np.ndarray, k: int) -> np.ndarray:
-    """Remove each row's own id, keeping the first ``k`` of the rest."""
-    out = np.full((len(found), k), -1, np.int64)
-    for i, (row, own) in enumerate(zip(found, self_ids)):
-        rest = row[row != own][:k]
-        out[i, : len(rest)] = rest
-    return out
-
-
-def exact_topk(vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, query_ids: np.ndarray,
-               k: int, exclude: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
-    """Ground truth: each query's top-``k`` ids by inner product (numpy, chunked), own id excluded.
-
-    ``exclude``: ids left out for every query (e.g. all the held-out queries).
-    """
-    gone = np.isin(ids, exclude) if exclude is not None and len(exclude) else None  # N
-    out = []
-    for start in range(0, len(queries), 64):
-        q = queries[start : start + 64]
-        scores = q @ vectors.T  # q x N
-        own = query_ids[start : start + 64]
-        scores[ids[None, :] == own[:, None]] = -np.inf
-        if gone is not None:
-            scores[:, gone] = -np.inf
-        kk = min(k, scores.shape[1])
-        top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]  # q x k, unordered
-        out.append(ids[top])
-    return np.concatenate(out)
-
-
-def recall_at(found: np.ndarray, truth: np.ndarray) -> float:
-    """Mean fraction of each row of ``truth`` present in the same row of ``found``."""
-    hits = [len(np.intersect1d(f[f >= 0], t)) / max(1, len(t)) for f, t in zip(found, truth)]
-    return float(np.mean(hits)) if hits else 1.0

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from index.catalog import Catalog, Row, set_catalog_meta
-from index.image_index import (
+from index.index_dir import (
     CATALOG_FILE,
     FORMAT,
     INDEX_FILE,
@@ -27,7 +27,8 @@ from index.image_index import (
 )
 from index.plan import sample_ids
 from index.prepare import THUMB_SIZE
-from index.store import VectorStore, choose_kind, read_index_id, read_space_arrays
+from index.store import VectorStore, choose_kind
+from index.trailer import read_index_id, read_space_arrays
 from moco.errors import UserError
 from moco.photos import ImageDecodeError, load_rgb, square_u8
 from moco.whiten import SPACE_FILE, Whitening, fit_space, save_space
