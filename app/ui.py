@@ -149,12 +149,29 @@ def serve_pending(index_dir: str | Path, photos: str | Path, status: Any, host: 
     """Launch the page (and the JSON API) before the index exists (never blocks): Status shows ``status``;
     ``app.attach`` adds search."""
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    _pyplot_first()
     app = SearchApp(status=status)
     service = _service(app, auth, api)
     demo = _queued(build_ui(app, service))
     demo.api_service = service
     _launch(demo, launch_kwargs(Path(index_dir), host, port, auth, Path(photos), trusted_proxies, api=service))
     return demo, app
+
+
+def _pyplot_first() -> None:
+    """Import matplotlib's pyplot (Agg) before the page serves while training runs beside it.
+
+    Gradio switches matplotlib's backend around every event, in the event's thread; the run writes its curves
+    (``moco.curves``) from its own. The first import of pyplot in one thread while the other switches the backend
+    failed the event ("partially initialized module 'matplotlib.pyplot'"), and the Status tab's timer stopped with it.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("agg")
+        import matplotlib.pyplot  # noqa: F401 - imported whole, here, once
+    except ModuleNotFoundError:  # no matplotlib: neither Gradio nor the curves use it
+        pass
 
 
 def _launch(demo: Any, kwargs: dict[str, Any]) -> None:

@@ -2,11 +2,34 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+import sys
 
-import pytest
+# `make test` runs the files on two workers (pytest-xdist, --dist loadfile): one thread each, as the two cores are
+# theirs (two threads each would oversubscribe them). Set before torch or numpy (OpenBLAS) start their thread pools,
+# so this process computes as the test's subprocesses do, which inherit it (a whitening fitted in one and compared
+# with the other's must come from the same arithmetic).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    assert not {"numpy", "torch"} & set(sys.modules), "a thread pool started before its size was set"
 
-from moco.sample import make_sample_collection
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from moco.sample import make_sample_collection  # noqa: E402
+
+# The longest files first: a worker that picks one up late would be left running it alone at the end. Only the order
+# of the files changes; the tests inside a file keep theirs.
+LONG_FIRST = ["test_readme", "test_train", "test_distributed", "test_browser", "test_api", "test_pipeline",
+              "test_index_crash", "test_run_page", "test_memory_bounds", "test_cli_help", "test_pretrained",
+              "test_install", "test_export", "test_special_files", "test_run_recovery", "test_ui", "test_fit_resume",
+              "test_embed_cli", "test_reliability", "test_run_whitening", "test_status", "test_doors"]  # fmt: skip
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 import urllib.parse
 from pathlib import Path
 
@@ -292,3 +295,17 @@ def test_upload_size_is_capped(server):
     big = b"\xff\xd8" + b"\0" * (26 * 1024 * 1024)
     r = httpx.post(url + "/gradio_api/upload", files={"files": ("big.jpg", big, "image/jpeg")}, timeout=60)
     assert r.status_code == 413, r.status_code
+
+
+def test_the_page_served_beside_training_has_pyplot_imported_before_its_first_event(tmp_path):
+    """`moco run`'s page imports pyplot (Agg) before serving: Gradio switching the backend in an event's thread
+    while the run's curves import pyplot in another failed the event and stopped the Status timer."""
+    code = ("import sys\nfrom app.status import RunStatus\nfrom app.ui import serve_pending\n"
+            f"demo, _ = serve_pending({str(tmp_path / 'idx')!r}, {str(tmp_path / 'photos')!r}, "
+            f"RunStatus({str(tmp_path / 'work')!r}), port={free_port()})\n"
+            "import matplotlib\nprint('matplotlib.pyplot' in sys.modules, matplotlib.get_backend().lower())\n"
+            "demo.close()\n")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="tkagg"))  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "True agg" in out.stdout.splitlines(), out.stdout
