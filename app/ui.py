@@ -7,6 +7,7 @@ at a time per device. The Blocks themselves are in :mod:`app.page`.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -165,13 +166,11 @@ def _pyplot_first() -> None:
     (``moco.curves``) from its own. The first import of pyplot in one thread while the other switches the backend
     failed the event ("partially initialized module 'matplotlib.pyplot'"), and the Status tab's timer stopped with it.
     """
-    try:
+    with contextlib.suppress(ModuleNotFoundError):  # no matplotlib: neither Gradio nor the curves use it
         import matplotlib
 
         matplotlib.use("agg")
         import matplotlib.pyplot  # noqa: F401 - imported whole, here, once
-    except ModuleNotFoundError:  # no matplotlib: neither Gradio nor the curves use it
-        pass
 
 
 def _launch(demo: Any, kwargs: dict[str, Any]) -> None:
