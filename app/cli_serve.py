@@ -197,5 +197,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             demo.close()
         raise
     print(f"search is on: {_url(args)}", flush=True)
+    from app import heap
+
+    heap.freeze()  # training and indexing are over: what is left lives as long as the server (app/heap.py)
     demo.block_thread()
     return 0

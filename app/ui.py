@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from app import heap
 from app.handlers import ALL_FOLDERS, MAX_RESULTS, SearchApp
 from app.page import CSS, build_ui
 from app.page_views import groups_html, negatives_outputs
@@ -134,7 +135,8 @@ def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str
     service = demo.api_service  # for close(), and for tests
     try:
         _launch(demo, launch_kwargs(app.index, host, port, auth, trusted_proxies=trusted_proxies, api=service))
-        if block:
+        if block:  # the process is this server's from now on: its startup heap stays out of collections
+            heap.freeze()
             demo.block_thread()
     finally:
         if block:

@@ -2,6 +2,8 @@
 
     python bench/ui_load.py                       # generates the photos and the index under .bench_data/
     python bench/ui_load.py --clients 16 --searches 25 --api-searches 100 --overload-clients 64 --soak-s 600
+    python bench/ui_load.py --phases api                          # one phase (to compare two versions of the server)
+    python bench/ui_load.py --serve-args "--max-batch 8"          # the server's own settings
 
 Starts `moco serve` in its own process (as a user would) pinned to CPU 0, and pins this process (the load
 generator) to CPU 1 (on a machine with at least 2 CPUs). Then, one phase after another against the same server:
@@ -34,6 +36,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 DATA = ROOT / ".bench_data" / "ui_load"
+PHASES = ("api", "page", "gradio_client", "overload", "soak")  # in the order they run
 
 
 def _prepare(images: int) -> tuple[Path, Path]:
@@ -226,8 +229,17 @@ def main() -> None:
     ap.add_argument("--overload-s", type=float, default=20.0, help="length of the overload phase")
     ap.add_argument("--soak-s", type=float, default=0.0, help="length of the API soak (0: none)")
     ap.add_argument("-k", type=int, default=12)
-    ap.add_argument("--out", default="ui_load.json", help="file name under bench/results/")
+    ap.add_argument("--out", default=None, help="file name under bench/results/ (default: ui_load.json for all the "
+                    "phases, which BENCHMARKS.md reports; ui_load_PHASES.json for some)")
+    ap.add_argument("--phases", default=",".join(PHASES),
+                    help=f"comma-separated, of {','.join(PHASES)} (e.g. api alone, to compare two versions)")
+    ap.add_argument("--serve-args", default="", help="more `moco serve` flags, e.g. '--max-batch 8'")
     args = ap.parse_args()
+    phases = set(args.phases.split(","))
+    if not phases or phases - set(PHASES):
+        ap.error(f"--phases {args.phases!r}: choose among {','.join(PHASES)}")
+    if args.out is None:  # a partial run never replaces the full run's figures
+        args.out = "ui_load.json" if phases == set(PHASES) else f"ui_load_{'_'.join(p for p in PHASES if p in phases)}.json"
 
     photos, idx = _prepare(args.images)
     files = sorted(p for p in photos.rglob("*") if p.is_file())
@@ -259,7 +271,8 @@ def main() -> None:
     port = _free_port()
     url = f"http://127.0.0.1:{port}/"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "app.cli", "serve", str(idx), "--port", str(port), "--device", "cpu"]
+    cmd = [sys.executable, "-m", "app.cli", "serve", str(idx), "--port", str(port), "--device", "cpu",
+           *args.serve_args.split()]
     pin = (lambda: os.sched_setaffinity(0, server_cpus)) if server_cpus else None
     log = open(DATA / "serve.log", "w")  # noqa: SIM115 - a file, never a pipe nobody reads (it would fill and block)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True, preexec_fn=pin)
@@ -267,20 +280,24 @@ def main() -> None:
     try:
         _wait(url, proc)
         asyncio.run(_api_load(url, [fs[:3] for fs in api_picks], args.k))  # warm-up
-        out["api"] = asyncio.run(_api_load(url, api_picks, args.k))
-        asyncio.run(_page_load(url, [fs[:2] for fs in picks], args.k))  # warm-up, as for the API
-        c0 = time.process_time()
-        out["page"] = asyncio.run(_page_load(url, picks, args.k))  # as the browser does it
-        out["page"]["load_generator_cpu_s"] = time.process_time() - c0
-        t0, c0 = time.perf_counter(), time.process_time()
-        with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
-            results = list(pool.map(lambda fs: _client_run(url, fs, args.k), picks))
-        out["page_gradio_client"] = _summary([x for r, _ in results for x in r],
-                                             [e for _, errs in results for e in errs], time.perf_counter() - t0)
-        out["page_gradio_client"]["load_generator_cpu_s"] = time.process_time() - c0  # its core saturates first
-        out["overload"] = asyncio.run(_api_load(url, over_picks, args.k, time.perf_counter() + args.overload_s))
-        out["overload"]["clients"] = args.overload_clients
-        if args.soak_s > 0:
+        if "api" in phases:
+            out["api"] = asyncio.run(_api_load(url, api_picks, args.k))
+        if "page" in phases:
+            asyncio.run(_page_load(url, [fs[:2] for fs in picks], args.k))  # warm-up, as for the API
+            c0 = time.process_time()
+            out["page"] = asyncio.run(_page_load(url, picks, args.k))  # as the browser does it
+            out["page"]["load_generator_cpu_s"] = time.process_time() - c0
+        if "gradio_client" in phases:
+            t0, c0 = time.perf_counter(), time.process_time()
+            with concurrent.futures.ThreadPoolExecutor(args.clients) as pool:
+                results = list(pool.map(lambda fs: _client_run(url, fs, args.k), picks))
+            out["page_gradio_client"] = _summary([x for r, _ in results for x in r],
+                                                 [e for _, errs in results for e in errs], time.perf_counter() - t0)
+            out["page_gradio_client"]["load_generator_cpu_s"] = time.process_time() - c0  # its core saturates first
+        if "overload" in phases:
+            out["overload"] = asyncio.run(_api_load(url, over_picks, args.k, time.perf_counter() + args.overload_s))
+            out["overload"]["clients"] = args.overload_clients
+        if "soak" in phases and args.soak_s > 0:
             rss0 = _rss_mb(proc.pid)
             soak = asyncio.run(_api_load(url, api_picks, args.k, time.perf_counter() + args.soak_s))
             out["soak"] = {**soak, "seconds": args.soak_s, "rss_start_mb": rss0, "rss_end_mb": _rss_mb(proc.pid)}

@@ -358,9 +358,12 @@ def test_two_servers_on_one_index_keep_answering_through_an_update(backbone, tmp
     before = len(ImageIndex.open(idx))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     ports = [free_port(), free_port()]
-    procs = [subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(idx), "--port", str(p), "--device",
-                               "cpu"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-             for p in ports]  # fmt: skip
+    logs = [tmp_path / "serve0.log", tmp_path / "serve1.log"]
+    procs = []
+    for p, log in zip(ports, logs):
+        with log.open("w") as err:  # the child keeps its own copy of the file
+            procs.append(subprocess.Popen([sys.executable, "-m", "app.cli", "--verbose", "serve", str(idx), "--port",
+                                           str(p), "--device", "cpu"], env=env, stdout=subprocess.DEVNULL, stderr=err))
     query = sorted(photos.rglob("*.jpg"))[0].read_bytes()
     failures: list[str] = []
     answered = [0, 0]
@@ -414,3 +417,5 @@ def test_two_servers_on_one_index_keep_answering_through_an_update(backbone, tmp
     assert switched == [True, True]
     assert not failures, failures[:5]
     assert all(a > s for a, s in zip(answered, seen)), (answered, seen)  # both answered during the update
+    for log in logs:  # each server's startup heap was out of the collector's way (app/heap.py) while it served
+        assert "app.heap: heap frozen: " in log.read_text(), log.read_text()[-2000:]

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,10 +18,11 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _moco_run(work: Path, port: int, steps: int, log: Path) -> subprocess.Popen:
+def _moco_run(work: Path, port: int, steps: int, log: Path, verbose: bool = False) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="2")
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "app.cli", "run", "--work", str(work), "--max-steps",
+        return subprocess.Popen([sys.executable, "-m", "app.cli", *(["--verbose"] if verbose else []), "run",
+                                 "--work", str(work), "--max-steps",
                                  str(steps), "--port", str(port), "--device", "cpu", "--quiet"], env=env,
                                 stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
 
@@ -33,7 +35,7 @@ def test_status_while_training_then_search_turns_on(tmp_path):
     from playwright.sync_api import sync_playwright
 
     work, port, log = tmp_path / "work", free_port(), tmp_path / "run.log"
-    proc = _moco_run(work, port, 12, log)
+    proc = _moco_run(work, port, 12, log, verbose=True)
     work = work / "sample"  # the sample's own directory in WORK
     try:
         wait_served(f"http://127.0.0.1:{port}/", proc, timeout=120)
@@ -69,6 +71,11 @@ def test_status_while_training_then_search_turns_on(tmp_path):
             assert "12 results" in page.locator("#search-info").inner_text()
             browser.close()
         assert not errors, errors
+        deadline = time.monotonic() + 60  # serving only from "search is on": the heap left then is frozen (app/heap.py)
+        while "app.heap: heap frozen" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        text = log.read_text()
+        assert "search is on" in text and "app.heap: heap frozen: " in text.split("search is on", 1)[1], text[-2000:]
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -81,8 +88,6 @@ def test_sigterm_during_training_stops_the_run_before_export(tmp_path):
     try:
         wait_served(f"http://127.0.0.1:{port}/", proc, timeout=120)
         metrics = work / "run" / "metrics.jsonl"
-        import time
-
         while not (metrics.is_file() and metrics.read_text().count("\n") >= 1):
             assert proc.poll() is None, log.read_text()[-2000:]
             time.sleep(0.5)
