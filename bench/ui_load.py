@@ -239,7 +239,8 @@ def main() -> None:
     if not phases or phases - set(PHASES):
         ap.error(f"--phases {args.phases!r}: choose among {','.join(PHASES)}")
     if args.out is None:  # a partial run never replaces the full run's figures
-        args.out = "ui_load.json" if phases == set(PHASES) else f"ui_load_{'_'.join(p for p in PHASES if p in phases)}.json"
+        some = "_".join(p for p in PHASES if p in phases)
+        args.out = "ui_load.json" if phases == set(PHASES) else f"ui_load_{some}.json"
 
     photos, idx = _prepare(args.images)
     files = sorted(p for p in photos.rglob("*") if p.is_file())
