@@ -20,6 +20,7 @@ from moco.errors import UserError
 API_PREFIX = "/api/v1"
 
 __all__ = ["API_PREFIX", "ApiSettings", "BodyCapMiddleware", "check_access", "check_api_token", "client_address",
+           "send_json",
            "MAX_BODY_BYTES", "MIN_TOKEN_CHARS"]  # fmt: skip
 
 
@@ -33,8 +34,9 @@ class ApiSettings:
     """Who may call the API and how searches are batched.
 
     ``auth``: the page's USER:PASS (None: the page is open); ``token``: a bearer token for programs (None: none);
-    ``throttle``: the page's login throttle, shared. Batching: ``window_ms``, ``max_batch``; ``max_pending``:
-    searches admitted at once before 503.
+    ``throttle``: the page's login throttle, shared; ``cors_origins``: web pages (``scheme://host[:port]``) that may
+    call it from a browser besides the server's own (:mod:`app.api_cors`). Batching: ``window_ms``, ``max_batch``;
+    ``max_pending``: searches admitted at once before 503.
     """
 
     auth: tuple[str, str] | None = None
@@ -43,6 +45,7 @@ class ApiSettings:
     window_ms: float = 2.0
     max_batch: int = 16
     max_pending: int = 32
+    cors_origins: tuple[str, ...] = ()
 
 
 def check_api_token(token: str | None) -> str | None:
@@ -121,7 +124,7 @@ class BodyCapMiddleware:
             return
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
-            await _send_json(send, 413, self._message(int(length)))
+            await send_json(send, 413, self._message(int(length)))
             return
         seen, over, started = 0, False, False
 
@@ -145,14 +148,15 @@ class BodyCapMiddleware:
         with contextlib.suppress(_TooLarge):  # the body was cut at the cap: the 413 below answers
             await self.app(scope, capped, guarded)
         if over and not started:
-            await _send_json(send, 413, self._message(seen))
+            await send_json(send, 413, self._message(seen))
 
 
 class _TooLarge(Exception):
     """Raised into the route when the body passes the cap, so that it stops reading."""
 
 
-async def _send_json(send: Any, code: int, detail: str) -> None:
+async def send_json(send: Any, code: int, detail: str) -> None:
+    """An ASGI answer: ``code`` with the JSON ``{"detail": detail}`` the API's errors have."""
     import json
 
     await send({"type": "http.response.start", "status": code, "headers": [(b"content-type", b"application/json")]})

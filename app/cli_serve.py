@@ -48,6 +48,10 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
                      help="programs may also call the API with `Authorization: Bearer TOKEN` (at least 16 "
                      "characters; default: $MOCO_API_TOKEN). With it the API needs a token or the page's login "
                      "even without --auth")  # fmt: skip
+    api.add_argument("--api-cors-origin", action="append", default=[], metavar="ORIGIN",
+                     help="a web page that may call the API from a browser, as scheme://host[:port] (repeat or "
+                     "separate with commas). Default: none, only the server's own pages; programs are not browsers "
+                     "and need none")  # fmt: skip
     api.add_argument("--max-batch", type=int, default=16, metavar="N",
                      help="searches embedded together at most (default: 16)")  # fmt: skip
     api.add_argument("--batch-window-ms", type=float, default=2.0, metavar="MS",
@@ -59,12 +63,14 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
 def _api_settings(args: argparse.Namespace) -> object:
     """The JSON API's settings from the flags (checked)."""
     from app.api import ApiSettings, check_api_token
+    from app.api_cors import check_cors_origins
 
     if args.max_batch < 1 or args.max_pending < 1 or not 0 <= args.batch_window_ms <= 1000:
         raise UserError(f"--max-batch {args.max_batch}, --max-pending {args.max_pending}, --batch-window-ms "
                         f"{args.batch_window_ms}: the limits must be at least 1, the window 0 to 1000 ms")  # fmt: skip
     return ApiSettings(token=check_api_token(args.api_token), window_ms=args.batch_window_ms,
-                       max_batch=args.max_batch, max_pending=args.max_pending)  # fmt: skip
+                       max_batch=args.max_batch, max_pending=args.max_pending,
+                       cors_origins=check_cors_origins(args.api_cors_origin))  # fmt: skip
 
 
 def _check_serve_arguments(args: argparse.Namespace) -> tuple[str, str] | None:

@@ -82,8 +82,10 @@ def launch_kwargs(index: ImageIndex | Path, host: str, port: int, auth: tuple[st
     app_kwargs: dict[str, Any] = {"middleware": [Middleware(LoginThrottleMiddleware)]}
     if api is not None:
         from app.api import BodyCapMiddleware, api_routes
+        from app.api_cors import OriginGuardMiddleware
 
-        app_kwargs = {"routes": api_routes(api), "middleware": [
+        app_kwargs = {"routes": api_routes(api), "middleware": [  # the first is the outermost
+            Middleware(OriginGuardMiddleware, allowed=api.settings.cors_origins),
             Middleware(LoginThrottleMiddleware, throttle=api.settings.throttle), Middleware(BodyCapMiddleware)]}
     return {"server_name": host, "server_port": port, "auth": auth, "allowed_paths": [str(index_dir / THUMBS_DIR)],
             "blocked_paths": _blocked_paths(index_dir, root), "max_file_size": MAX_UPLOAD, "show_error": False,
@@ -176,6 +178,12 @@ def _pyplot_first() -> None:
 
 
 def _launch(demo: Any, kwargs: dict[str, Any]) -> None:
-    """Start the server (never blocks), its idle connections kept KEEP_ALIVE_S (read per new connection)."""
+    """Start the server (never blocks), its idle connections kept KEEP_ALIVE_S (read per new connection), the JSON
+    API's CORS preflights answered before Gradio's (:mod:`app.api_cors`)."""
+    from app.api_cors import answer_preflights
+
     demo.launch(prevent_thread_lock=True, **kwargs)
     demo.server.config.timeout_keep_alive = KEEP_ALIVE_S
+    service = getattr(demo, "api_service", None)
+    if service is not None:
+        answer_preflights(demo.server_app, service.settings.cors_origins)

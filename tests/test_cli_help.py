@@ -25,7 +25,8 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100", OMP_NUM_THREADS="1")
 TRAIN_FLAGS = [f"--{f.name.replace('_', '-')}" for f in fields(TrainConfig) if f.name != "data_dir"]
 BUILD_FLAGS = ["--backbone", "--out", "-o", "--kind", "--memory-budget", "--batch-size", "--workers", "--device",
                "--gpu", "--quiet", "--json"]  # fmt: skip
-API_FLAGS = ["--api-token", "--max-batch", "--batch-window-ms", "--max-pending", "JSON API"]  # the serving flags
+API_FLAGS = ["--api-cors-origin", "--api-token", "--max-batch", "--batch-window-ms", "--max-pending",
+             "JSON API"]  # the serving flags
 UPDATE_FLAGS = ["--backbone", "--root", "--kind", "--batch-size", "--workers", "--device", "--gpu", "--json"]
 
 # The pages of `moco` (DESIGN.md's CLI contract) and what each must list.

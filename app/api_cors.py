@@ -1,0 +1,180 @@
+"""Which web pages may call the JSON API from a browser: its own, and the origins named with ``--api-cors-origin``.
+
+A browser sends ``Origin`` with a request another site's script makes. Gradio's own CORS middleware, which sits
+outside ours, answers such requests with ``Access-Control-Allow-Origin: <that origin>`` and
+``Access-Control-Allow-Credentials: true`` whenever the server is reached under a name other than localhost (a
+LAN address, a domain behind a reverse proxy), and its login cookie is ``SameSite=None``: any site a logged-in user
+visits could read the API's answers (searches, originals) with the user's login. So the API refuses, with 403, a
+request whose ``Origin`` is neither the server's own (the ``Host`` it was called by) nor named by the user: the
+page's answer never reaches the other site's script, whatever headers wrap it.
+
+A named origin gets the CORS headers it needs, on the answer (:class:`OriginGuardMiddleware`, inside Gradio's)
+and on the browser's preflight (:func:`answer_preflights`, outside it, installed once the server started: Gradio
+answers preflights itself, and without the origin when the server is reached as localhost). A foreign preflight
+gets 403 there; before that layer is in place (the first moments of a server) Gradio answers it, which is harmless:
+the request that follows is refused all the same.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from app.api_access import API_PREFIX, send_json
+from moco.errors import UserError
+
+__all__ = ["OriginGuardMiddleware", "answer_preflights", "check_cors_origins"]
+
+_ORIGIN = re.compile(r"^https?://[^/\s?#@]+$")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+ALLOW_METHODS = "GET, POST, OPTIONS"
+ALLOW_HEADERS = "Authorization, Content-Type"
+EXPOSE_HEADERS = "Retry-After"  # a script told 503 may read how long to wait
+
+
+def check_cors_origins(values: Sequence[str]) -> tuple[str, ...]:
+    """``--api-cors-origin`` values (repeated or comma-separated) as origins ``scheme://host[:port]``, lower case."""
+    out: list[str] = []
+    for value in (v.strip() for item in values for v in item.split(",")):
+        if not value:
+            continue
+        if value == "*":
+            raise UserError("--api-cors-origin '*': name each web page's origin (e.g. --api-cors-origin "
+                            "https://app.example): '*' would let any site read your photos with a visitor's "
+                            "login")  # fmt: skip
+        origin = value.rstrip("/").lower()
+        if not _ORIGIN.match(origin):
+            raise UserError(f"--api-cors-origin {value!r}: expected an origin, scheme://host[:port] with no path, "
+                            "e.g. https://app.example or http://localhost:3000")  # fmt: skip
+        out.append(_canonical(origin))
+    return tuple(dict.fromkeys(out))
+
+
+def _canonical(origin: str) -> str:
+    """A flag's origin as browsers send it (``scheme://host[:port]``, no default port); UserError for a bad port."""
+    out = _origin(origin)
+    if out is None:
+        raise UserError(f"--api-cors-origin {origin!r}: its port is not a number from 0 to 65535")
+    return out
+
+
+def _origin(value: str) -> str | None:
+    """``value`` (an ``Origin`` header, lower case) as ``scheme://host[:port]`` without a default port; None when it
+    is not one (``null``, a path, a bad port)."""
+    if not _ORIGIN.match(value):
+        return None
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    keep = port is not None and port != _DEFAULT_PORTS[parts.scheme]
+    return f"{parts.scheme}://{host}{f':{port}' if keep else ''}"
+
+
+def _same_origin(origin: str | None, host: str) -> bool:
+    """Whether ``origin`` (canonical) names the server itself: its host[:port] is the request's ``Host``."""
+    if origin is None or not host:
+        return False
+    scheme, _, want = origin.partition("://")
+    host = host.lower()
+    return host == want or host == f"{want}:{_DEFAULT_PORTS[scheme]}"
+
+
+def _request_origin(headers: dict[bytes, bytes]) -> tuple[str, str | None, bool]:
+    """(the ``Origin`` as sent, lower case ("" when none); its canonical form or None; whether it is the server's)."""
+    sent = headers.get(b"origin", b"").decode("latin-1").strip().lower()
+    origin = _origin(sent) if sent else None
+    return sent, origin, _same_origin(origin, headers.get(b"host", b"").decode("latin-1"))
+
+
+def _headers(scope: dict[str, Any]) -> dict[bytes, bytes]:
+    return dict(scope.get("headers") or [])
+
+
+def _is_api(scope: dict[str, Any]) -> bool:
+    return scope["type"] == "http" and (scope["path"] == API_PREFIX or scope["path"].startswith(API_PREFIX + "/"))
+
+
+class OriginGuardMiddleware:
+    """ASGI middleware for the API's paths: a foreign ``Origin`` not in ``allowed`` gets 403; an allowed one gets
+    ``Access-Control-Allow-Origin`` on the answer; no ``Origin`` (a program, a navigation) or the server's own
+    passes as it is."""
+
+    def __init__(self, app: Any, allowed: Sequence[str] = ()) -> None:
+        self.app, self.allowed = app, frozenset(allowed)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if not _is_api(scope):
+            await self.app(scope, receive, send)
+            return
+        sent, origin, own = _request_origin(_headers(scope))
+        if not sent or own:
+            await self.app(scope, receive, send)
+            return
+        if origin not in self.allowed:
+            await _refuse(send, sent, origin)
+            return
+
+        async def with_cors(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*_drop_cors(message.get("headers") or []), *_cors(origin)]}
+            await send(message)
+
+        await self.app(scope, receive, with_cors)
+
+
+async def _refuse(send: Any, sent: str, origin: str | None) -> None:
+    """403 for a page from ``origin`` (canonical; None: ``sent``, the header, names no origin, e.g. ``null``)."""
+    if origin is None:
+        detail = (f"a web page with Origin {sent[:100]!r} may not call this API: only pages from origins named with "
+                  "--api-cors-origin (scheme://host[:port]) may")  # fmt: skip
+    else:
+        detail = f"a web page from {origin} may not call this API: start the server with --api-cors-origin {origin} "
+        detail += "to allow that page"
+    await send_json(send, 403, detail)
+
+
+def _cors(origin: str) -> list[tuple[bytes, bytes]]:
+    return [(b"access-control-allow-origin", origin.encode()), (b"vary", b"Origin"),
+            (b"access-control-expose-headers", EXPOSE_HEADERS.encode())]  # fmt: skip
+
+
+def _drop_cors(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in headers if not k.lower().startswith(b"access-control-")]
+
+
+async def _preflight(send: Any, origin: str) -> None:
+    headers = [*_cors(origin), (b"access-control-allow-methods", ALLOW_METHODS.encode()),
+               (b"access-control-allow-headers", ALLOW_HEADERS.encode()), (b"access-control-max-age", b"600"),
+               (b"content-length", b"0")]  # fmt: skip
+    await send({"type": "http.response.start", "status": 204, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
+
+
+class _Preflights:
+    """Outermost ASGI layer: the API's CORS preflights answered here, before Gradio's middleware; the rest passes."""
+
+    def __init__(self, app: Any, allowed: Sequence[str]) -> None:
+        self.app, self.allowed = app, frozenset(allowed)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if _is_api(scope) and scope["method"] == "OPTIONS":
+            headers = _headers(scope)
+            sent, origin, own = _request_origin(headers)
+            if sent and not own and b"access-control-request-method" in headers:
+                await (_preflight(send, origin) if origin in self.allowed else _refuse(send, sent, origin))
+                return
+        await self.app(scope, receive, send)
+
+
+def answer_preflights(app: Any, allowed: Sequence[str]) -> None:
+    """Put the API's preflight answers in front of ``app``'s (a started Starlette app's) middleware stack."""
+    if app.middleware_stack is None:
+        app.middleware_stack = app.build_middleware_stack()
+    app.middleware_stack = _Preflights(app.middleware_stack, allowed)

@@ -1,0 +1,115 @@
+"""Which web pages may call the JSON API from a browser (app/api_cors.py), on a real server over real HTTP: the
+server's own and the ``--api-cors-origin`` ones; any other origin gets 403, whichever name the server is reached by
+(Gradio's own middleware would let it read the answers with the visitor's login when that name is not localhost)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.api import ApiSettings
+from app.api_cors import check_cors_origins
+from app.ui import serve
+from index.build import build_index
+from moco.errors import UserError
+
+from .live import free_port
+
+TOKEN = "cors-token-0123456789abcdef"
+ALLOWED = "https://app.example"
+EVIL = "https://evil.example"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture(scope="module")
+def server(sample_photos, backbone, tmp_path_factory):
+    """A live server whose API names one other origin: (base url, port)."""
+    idx = tmp_path_factory.mktemp("cors") / "idx"
+    build_index(sample_photos, backbone, idx, progress=False)
+    port = free_port()
+    demo = serve(idx, port=port, device="cpu", block=False,
+                 api=ApiSettings(token=TOKEN, cors_origins=check_cors_origins([f"{ALLOWED}/"])))  # fmt: skip
+    try:
+        yield f"http://127.0.0.1:{port}", port
+    finally:
+        demo.close()
+        demo.api_service.close()
+
+
+# The server reached as localhost, and under another name (a LAN address, a domain behind a reverse proxy).
+HOSTS = ["localhost", "photos.example"]
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_another_sites_page_is_refused_with_403_and_no_answer(server, host):
+    url, port = server
+    with httpx.Client(base_url=url, timeout=60, headers={"Host": f"{host}:{port}"}) as c:
+        r = c.get("/api/v1/stats", headers={**BEARER, "Origin": EVIL})
+        assert r.status_code == 403, r.text
+        assert r.json() == {"detail": f"a web page from {EVIL} may not call this API: start the server with "
+                                      f"--api-cors-origin {EVIL} to allow that page"}  # fmt: skip
+        pre = c.options("/api/v1/search", headers={"Origin": EVIL, "Access-Control-Request-Method": "POST",
+                                                   "Access-Control-Request-Headers": "authorization"})  # fmt: skip
+        assert pre.status_code == 403 and "access-control-allow-origin" not in pre.headers
+        r = c.get("/api/v1/stats", headers={**BEARER, "Origin": "null"})  # a sandboxed frame, a file:// page
+        assert r.status_code == 403 and "Origin 'null' may not call this API" in r.json()["detail"]
+
+
+@pytest.mark.parametrize("host", HOSTS)
+def test_a_named_origin_gets_the_preflight_and_the_answer(server, sample_photos: Path, host):
+    url, port = server
+    photo = sorted(sample_photos.rglob("*.jpg"))[0]
+    with httpx.Client(base_url=url, timeout=60, headers={"Host": f"{host}:{port}"}) as c:
+        pre = c.options("/api/v1/search", headers={"Origin": ALLOWED, "Access-Control-Request-Method": "POST",
+                                                   "Access-Control-Request-Headers": "authorization"})  # fmt: skip
+        assert pre.status_code == 204
+        assert pre.headers["access-control-allow-origin"] == ALLOWED
+        assert "POST" in pre.headers["access-control-allow-methods"]
+        assert "authorization" in pre.headers["access-control-allow-headers"].lower()
+        r = c.post("/api/v1/search", headers={**BEARER, "Origin": ALLOWED},
+                   files={"image": (photo.name, photo.read_bytes())}, data={"k": "3"})  # fmt: skip
+        assert r.status_code == 200 and len(r.json()["results"]) == 3
+        assert r.headers["access-control-allow-origin"] == ALLOWED
+        assert "retry-after" in r.headers["access-control-expose-headers"].lower()
+        assert c.get("/api/v1/stats", headers={"Origin": ALLOWED}).status_code == 401  # still needs the login
+
+
+def test_the_servers_own_pages_and_programs_pass(server):
+    url, port = server
+    for host, origin in [(f"127.0.0.1:{port}", f"http://127.0.0.1:{port}"),
+                         ("photos.example", "https://photos.example"), ("photos.example:443", "https://photos.example"),
+                         (f"photos.example:{port}", None)]:  # fmt: skip
+        headers = {**BEARER, "Host": host, **({"Origin": origin} if origin else {})}
+        r = httpx.get(url + "/api/v1/stats", headers=headers, timeout=60)
+        assert r.status_code == 200 and r.json()["images"] > 0, (host, origin, r.text)
+        assert "access-control-allow-origin" not in r.headers or r.headers["access-control-allow-origin"] == origin
+    # the same name on another port or scheme is another origin
+    r = httpx.get(url + "/api/v1/stats", headers={**BEARER, "Host": "photos.example", "Origin": "http://photos.example:8080"},
+                  timeout=60)  # fmt: skip
+    assert r.status_code == 403
+
+
+def test_the_page_itself_is_left_to_gradio(server):
+    url, port = server
+    r = httpx.get(url + "/config", headers={"Origin": EVIL, "Host": f"localhost:{port}"}, timeout=60)
+    assert r.status_code == 200  # not ours to refuse: Gradio's page routes keep Gradio's own rules
+
+
+def test_origins_are_checked_and_written_as_browsers_send_them():
+    assert check_cors_origins(["HTTPS://App.Example:443/", "http://localhost:3000,http://[::1]:80"]) == (
+        "https://app.example", "http://localhost:3000", "http://[::1]")
+    assert check_cors_origins([]) == ()
+    for bad, words in [("*", "name each web page's origin"), ("https://app.example/path", "no path"),
+                       ("app.example", "scheme://host[:port]"), ("ftp://app.example", "scheme://host[:port]"),
+                       ("https://app.example:99999", "port")]:  # fmt: skip
+        with pytest.raises(UserError, match=words.replace("[", r"\[").replace("]", r"\]")):
+            check_cors_origins([bad])
+
+
+def test_the_flag_is_checked_before_serving(capsys):
+    from app.cli import main
+
+    assert main(["serve", "no-such-idx", "--api-cors-origin", "*"]) == 2
+    assert "--api-cors-origin '*'" in capsys.readouterr().err
