@@ -1,4 +1,4 @@
-"""Which web pages may call the JSON API from a browser: its own, and the origins named with ``--api-cors-origin``.
+"""Which web pages may call the server from a browser: its own, and the origins named with ``--api-cors-origin``.
 
 A browser sends ``Origin`` with a request another site's script makes. Gradio's own CORS middleware, which sits
 outside ours, answers such requests with ``Access-Control-Allow-Origin: <that origin>`` and
@@ -6,13 +6,15 @@ outside ours, answers such requests with ``Access-Control-Allow-Origin: <that or
 LAN address, a domain behind a reverse proxy), and its login cookie is ``SameSite=None``: any site a logged-in user
 visits could read the API's answers (searches, originals) with the user's login. So the API refuses, with 403, a
 request whose ``Origin`` is neither the server's own (the ``Host`` it was called by) nor named by the user: the
-page's answer never reaches the other site's script, whatever headers wrap it.
+API's answer never reaches the other site's script, whatever headers wrap it.
 
 A named origin gets the CORS headers it needs, on the answer (:class:`OriginGuardMiddleware`, inside Gradio's)
-and on the browser's preflight (:func:`answer_preflights`, outside it, installed once the server started: Gradio
-answers preflights itself, and without the origin when the server is reached as localhost). A foreign preflight
-gets 403 there; before that layer is in place (the first moments of a server) Gradio answers it, which is harmless:
-the request that follows is refused all the same.
+and on the browser's preflight (:func:`guard_page_origins`, outside it, installed once the server started: Gradio
+answers preflights itself, and without the origin when the server is reached as localhost). That outer layer also
+takes Gradio's CORS headers off the page's own routes (uploads, the queue, thumbnails) for a foreign origin: the page
+itself calls them from its own origin and never needs them, and no other site's script can then read what they
+answer. In the first moments of a server, before that layer is in place, Gradio's rules apply to the page's routes
+and to preflights; the API's answers are refused from the start.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from urllib.parse import urlsplit
 from app.api_access import API_PREFIX, send_json
 from moco.errors import UserError
 
-__all__ = ["OriginGuardMiddleware", "answer_preflights", "check_cors_origins"]
+__all__ = ["OriginGuardMiddleware", "guard_page_origins", "check_cors_origins"]
 
 _ORIGIN = re.compile(r"^https?://[^/\s?#@]+$")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
@@ -157,24 +159,40 @@ async def _preflight(send: Any, origin: str) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
-class _Preflights:
-    """Outermost ASGI layer: the API's CORS preflights answered here, before Gradio's middleware; the rest passes."""
+class _OuterLayer:
+    """Outermost ASGI layer, around Gradio's CORS middleware: the API's preflights answered here; the page's routes
+    answer a foreign origin without CORS headers (Gradio's would let its script read them with the visitor's login);
+    the rest passes."""
 
     def __init__(self, app: Any, allowed: Sequence[str]) -> None:
         self.app, self.allowed = app, frozenset(allowed)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if _is_api(scope) and scope["method"] == "OPTIONS":
-            headers = _headers(scope)
-            sent, origin, own = _request_origin(headers)
-            if sent and not own and b"access-control-request-method" in headers:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = _headers(scope)
+        sent, origin, own = _request_origin(headers)
+        if not sent or own or (origin in self.allowed and not _is_api(scope)):
+            await self.app(scope, receive, send)  # the page's routes and a named origin: Gradio's own rules
+            return
+        if _is_api(scope):
+            if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
                 await (_preflight(send, origin) if origin in self.allowed else _refuse(send, sent, origin))
-                return
-        await self.app(scope, receive, send)
+            else:
+                await self.app(scope, receive, send)  # OriginGuardMiddleware answers it
+            return
+
+        async def without_cors(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": _drop_cors(message.get("headers") or [])}
+            await send(message)
+
+        await self.app(scope, receive, without_cors)
 
 
-def answer_preflights(app: Any, allowed: Sequence[str]) -> None:
-    """Put the API's preflight answers in front of ``app``'s (a started Starlette app's) middleware stack."""
+def guard_page_origins(app: Any, allowed: Sequence[str]) -> None:
+    """Put :class:`_OuterLayer` in front of ``app``'s (a started Starlette app's) middleware stack."""
     if app.middleware_stack is None:
         app.middleware_stack = app.build_middleware_stack()
-    app.middleware_stack = _Preflights(app.middleware_stack, allowed)
+    app.middleware_stack = _OuterLayer(app.middleware_stack, allowed)

@@ -178,12 +178,11 @@ def _pyplot_first() -> None:
 
 
 def _launch(demo: Any, kwargs: dict[str, Any]) -> None:
-    """Start the server (never blocks), its idle connections kept KEEP_ALIVE_S (read per new connection), the JSON
-    API's CORS preflights answered before Gradio's (:mod:`app.api_cors`)."""
-    from app.api_cors import answer_preflights
+    """Start the server (never blocks), its idle connections kept KEEP_ALIVE_S (read per new connection), other
+    sites' pages kept from reading it (:mod:`app.api_cors`)."""
+    from app.api_cors import guard_page_origins
 
     demo.launch(prevent_thread_lock=True, **kwargs)
     demo.server.config.timeout_keep_alive = KEEP_ALIVE_S
     service = getattr(demo, "api_service", None)
-    if service is not None:
-        answer_preflights(demo.server_app, service.settings.cors_origins)
+    guard_page_origins(demo.server_app, service.settings.cors_origins if service is not None else ())

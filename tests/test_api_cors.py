@@ -4,6 +4,8 @@ server's own and the ``--api-cors-origin`` ones; any other origin gets 403, whic
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -15,7 +17,7 @@ from app.ui import serve
 from index.build import build_index
 from moco.errors import UserError
 
-from .live import free_port
+from .live import ARGS, CHROMIUM, free_port, wait_served
 
 TOKEN = "cors-token-0123456789abcdef"
 ALLOWED = "https://app.example"
@@ -23,14 +25,18 @@ EVIL = "https://evil.example"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 
 
+SITE_PORT = free_port()  # the port of the web apps in the browser test: the named one, then another site
+SITE = f"http://app.example:{SITE_PORT}"
+
+
 @pytest.fixture(scope="module")
 def server(sample_photos, backbone, tmp_path_factory):
-    """A live server whose API names one other origin: (base url, port)."""
+    """A live server whose API names two other origins: (base url, port)."""
     idx = tmp_path_factory.mktemp("cors") / "idx"
     build_index(sample_photos, backbone, idx, progress=False)
     port = free_port()
     demo = serve(idx, port=port, device="cpu", block=False,
-                 api=ApiSettings(token=TOKEN, cors_origins=check_cors_origins([f"{ALLOWED}/"])))  # fmt: skip
+                 api=ApiSettings(token=TOKEN, cors_origins=check_cors_origins([f"{ALLOWED}/,{SITE}"])))  # fmt: skip
     try:
         yield f"http://127.0.0.1:{port}", port
     finally:
@@ -91,10 +97,24 @@ def test_the_servers_own_pages_and_programs_pass(server):
     assert r.status_code == 403
 
 
-def test_the_page_itself_is_left_to_gradio(server):
+def test_the_pages_routes_answer_another_site_without_cors_headers(server, sample_photos: Path):
+    """Gradio's middleware reflects any origin, with credentials, for a server reached as photos.example: the outer
+    layer takes that off for a foreign origin (the page's own script needs none); a named origin keeps Gradio's."""
     url, port = server
-    r = httpx.get(url + "/config", headers={"Origin": EVIL, "Host": f"localhost:{port}"}, timeout=60)
-    assert r.status_code == 200  # not ours to refuse: Gradio's page routes keep Gradio's own rules
+    for path in ["/config", "/gradio_api/info"]:
+        for host in HOSTS:
+            r = httpx.get(url + path, headers={"Origin": EVIL, "Host": f"{host}:{port}"}, timeout=60)
+            assert r.status_code == 200 and "access-control-allow-origin" not in r.headers, (path, host, r.headers)
+            assert "access-control-allow-credentials" not in r.headers
+        pre = httpx.options(url + path, headers={"Origin": EVIL, "Host": f"photos.example:{port}",
+                                                 "Access-Control-Request-Method": "POST"}, timeout=60)  # fmt: skip
+        assert "access-control-allow-origin" not in pre.headers
+        r = httpx.get(url + path, headers={"Origin": ALLOWED, "Host": f"photos.example:{port}"}, timeout=60)
+        assert r.headers["access-control-allow-origin"] == ALLOWED  # Gradio's own answer, left as it is
+    photo = sorted(sample_photos.rglob("*.jpg"))[0]  # the page's upload, from its own origin: works as before
+    r = httpx.post(url + "/gradio_api/upload", files={"files": (photo.name, photo.read_bytes())},
+                   headers={"Origin": "https://photos.example", "Host": "photos.example"}, timeout=60)  # fmt: skip
+    assert r.status_code == 200 and r.json()[0].endswith(photo.name)
 
 
 def test_origins_are_checked_and_written_as_browsers_send_them():
@@ -113,3 +133,45 @@ def test_the_flag_is_checked_before_serving(capsys):
 
     assert main(["serve", "no-such-idx", "--api-cors-origin", "*"]) == 2
     assert "--api-cors-origin '*'" in capsys.readouterr().err
+
+
+FETCH = """async ([api, token]) => {
+  try {
+    const stats = await fetch(api + "/api/v1/stats", {headers: {Authorization: "Bearer " + token}});
+    const page = await fetch(api + "/config", {credentials: "include"});
+    return "read " + stats.status + " " + (await stats.json()).images + " " + (await page.json()).version.length;
+  } catch (e) {
+    return "blocked: " + e;
+  }
+}"""
+
+
+@pytest.mark.slow
+def test_a_browser_reads_the_api_only_from_a_named_origin(server, tmp_path):
+    """Real chromium, the server reached as photos.example (where Gradio alone would let any origin read it), and
+    two web apps on the same port under two names: app.example (named) reads the API; evil.example reads neither
+    the API nor the page's routes."""
+    from playwright.sync_api import sync_playwright
+
+    _, port = server
+    (tmp_path / "index.html").write_text("<!doctype html><title>a web app</title>")
+    site = subprocess.Popen([sys.executable, "-m", "http.server", str(SITE_PORT), "--bind", "127.0.0.1", "--directory",
+                             str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    try:
+        wait_served(f"http://127.0.0.1:{SITE_PORT}/", site, timeout=30)
+        rules = "MAP photos.example 127.0.0.1, MAP app.example 127.0.0.1, MAP evil.example 127.0.0.1"
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=[*ARGS, f"--host-resolver-rules={rules}"])
+            try:
+                answers = {}
+                for name in ["app.example", "evil.example"]:
+                    page = browser.new_page()
+                    page.goto(f"http://{name}:{SITE_PORT}/")
+                    answers[name] = page.evaluate(FETCH, [f"http://photos.example:{port}", TOKEN])
+            finally:
+                browser.close()
+    finally:
+        site.terminate()
+        site.wait(30)
+    assert answers["app.example"].startswith("read 200 48 "), answers
+    assert answers["evil.example"].startswith("blocked: TypeError: Failed to fetch"), answers
