@@ -20,8 +20,7 @@ from moco.errors import UserError
 API_PREFIX = "/api/v1"
 
 __all__ = ["API_PREFIX", "ApiSettings", "BodyCapMiddleware", "check_access", "check_api_token", "client_address",
-           "send_json",
-           "MAX_BODY_BYTES", "MIN_TOKEN_CHARS"]  # fmt: skip
+           "send_json", "MAX_BODY_BYTES", "MIN_TOKEN_CHARS"]  # fmt: skip
 
 
 # An upload at the page's cap, base64-encoded (4/3), with room for the form or JSON around it.

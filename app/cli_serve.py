@@ -49,9 +49,9 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
                      "characters; default: $MOCO_API_TOKEN). With it the API needs a token or the page's login "
                      "even without --auth")  # fmt: skip
     api.add_argument("--api-cors-origin", action="append", default=[], metavar="ORIGIN",
-                     help="a web page that may call the API from a browser, as scheme://host[:port] (repeat or "
-                     "separate with commas). Default: none, only the server's own pages; programs are not browsers "
-                     "and need none")  # fmt: skip
+                     help="another site's web page that may call this server (the API, the page's routes) from a "
+                     "browser, as scheme://host[:port] (repeat or separate with commas). Default: none, only the "
+                     "server's own page; programs are not browsers and need none")  # fmt: skip
     api.add_argument("--max-batch", type=int, default=16, metavar="N",
                      help="searches embedded together at most (default: 16)")  # fmt: skip
     api.add_argument("--batch-window-ms", type=float, default=2.0, metavar="MS",
