@@ -19,27 +19,17 @@ import gc
 import logging
 import time
 
-__all__ = ["freeze", "frozen"]
+__all__ = ["freeze"]
 
 logger = logging.getLogger(__name__)
-
-_frozen = False
-
-
-def frozen() -> bool:
-    """Whether this process froze its heap (:func:`freeze`)."""
-    return _frozen
 
 
 def freeze() -> int:
     """Collect, then freeze every object alive out of later collections; how many objects are frozen."""
-    global _frozen
     t0 = time.perf_counter()
     gc.collect()
     gc.freeze()
-    _frozen = True
     count = gc.get_freeze_count()
     logger.debug("heap frozen: %d long-lived objects left out of garbage collection (%.0f ms)", count,
                 (time.perf_counter() - t0) * 1000)  # fmt: skip
     return count
-
