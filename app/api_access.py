@@ -1,6 +1,14 @@
-"""Who may call the JSON API, and how much they may send: the page's login (its cookie, or HTTP Basic with the same
-USER:PASS), a bearer token for programs (``--api-token``), failed attempts throttled with the page's logins, and
-request bodies capped at the page's upload limit (:class:`BodyCapMiddleware`)."""
+"""Who may call the server, and how much they may send: one access rule for every route of the port (the page,
+Gradio's own API, queue, file and upload routes, the JSON API), whatever the server is given.
+
+With ``--auth USER:PASS``, ``--api-token TOKEN`` or both, a request needs one of: the page's login cookie (its login
+form takes USER:PASS, or the user name ``token`` with TOKEN as the password), ``Authorization: Bearer TOKEN``, or
+HTTP Basic with either pair. :class:`AccessMiddleware` checks it before any route runs; an anonymous request reaches
+only the login form (``GET /`` answers 401 with a small form of its own: Gradio's page would name the collection's
+folders in its API description) and Gradio's packaged frontend files. Failed attempts, from the page's form and from
+``Authorization`` alike, count in one :class:`app.throttle.LoginThrottle` per address and account (the account of a
+token is ``token``). Request bodies to the API are capped at the page's upload limit (:class:`BodyCapMiddleware`).
+"""
 
 from __future__ import annotations
 
@@ -8,34 +16,45 @@ import base64
 import binascii
 import contextlib
 import hmac
+import html
+import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import HTTPException, Request
+from fastapi import HTTPException
+from starlette.requests import HTTPConnection
 
-from app.throttle import LoginThrottle
+from app.throttle import NAME_CHARS, LoginThrottle
 from app.uploads import MAX_UPLOAD_MB
 from moco.errors import UserError
 
 API_PREFIX = "/api/v1"
 
-__all__ = ["API_PREFIX", "ApiSettings", "BodyCapMiddleware", "check_access", "check_api_token", "client_address",
-           "send_json", "MAX_BODY_BYTES", "MIN_TOKEN_CHARS"]  # fmt: skip
+__all__ = ["API_PREFIX", "ApiSettings", "AccessMiddleware", "BodyCapMiddleware", "check_access", "check_api_token",
+           "client_address", "login_ok", "page_login", "send_json", "MAX_BODY_BYTES", "MIN_TOKEN_CHARS",
+           "PUBLIC_PREFIXES", "TOKEN_USER"]  # fmt: skip
 
 
 # An upload at the page's cap, base64-encoded (4/3), with room for the form or JSON around it.
 MAX_BODY_BYTES = MAX_UPLOAD_MB * 1024 * 1024 * 4 // 3 + 64 * 1024
 MIN_TOKEN_CHARS = 16
+TOKEN_USER = "token"  # the user name that logs in with the token (the page's form, HTTP Basic); its throttle account
+# Served to anyone: Gradio's packaged frontend files (the same for every Gradio app, nothing of the collection), and
+# the route Gradio's launch calls once without a login (it runs the startup events, once, and answers true or false).
+PUBLIC_PREFIXES = ("/assets/", "/static/", "/svelte/", "/favicon.ico", "/manifest.json", "/robots.txt",
+                   "/gradio_api/startup-events")
 
 
 @dataclass
 class ApiSettings:
     """Who may call the API and how searches are batched.
 
-    ``auth``: the page's USER:PASS (None: the page is open); ``token``: a bearer token for programs (None: none);
-    ``throttle``: the page's login throttle, shared; ``cors_origins``: web pages (``scheme://host[:port]``) that may
-    call it from a browser besides the server's own (:mod:`app.api_cors`). Batching: ``window_ms``, ``max_batch``;
-    ``max_pending``: searches admitted at once before 503.
+    ``auth``: the page's USER:PASS (None: none); ``token``: a bearer token for programs (None: none); with neither
+    the server is open. ``throttle``: the failed-login count of every door; ``cors_origins``: web pages
+    (``scheme://host[:port]``) that may call it from a browser besides the server's own; ``allowed_hosts``: names
+    it answers to besides localhost and its own address (:mod:`app.api_cors`). Batching: ``window_ms``,
+    ``max_batch``; ``max_pending``: searches admitted at once before 503.
     """
 
     auth: tuple[str, str] | None = None
@@ -45,6 +64,7 @@ class ApiSettings:
     max_batch: int = 16
     max_pending: int = 32
     cors_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
 
 
 def check_api_token(token: str | None) -> str | None:
@@ -59,36 +79,56 @@ def check_api_token(token: str | None) -> str | None:
     return token
 
 
-def client_address(request: Request) -> str:
-    return str(request.client.host if request.client else "unknown")[:200]
+def client_address(request: HTTPConnection) -> str:
+    return str(request.client.host if request.client else "unknown")[:NAME_CHARS]
 
 
 def _same(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode("utf-8", "surrogatepass"), b.encode("utf-8", "surrogatepass"))
 
 
-def check_access(request: Request, settings: ApiSettings) -> None:
-    """Let the request through, or HTTPException 401/429 (see the module docstring)."""
+def login_ok(settings: ApiSettings, user: str, password: str) -> bool:
+    """Whether USER:PASS is ``--auth``'s pair, or ``token`` with the ``--api-token`` (the page's form and Basic)."""
+    user = user.strip()
+    ok = settings.auth is not None and _same(user, settings.auth[0]) & _same(password, settings.auth[1])
+    return ok or (settings.token is not None and _same(user, TOKEN_USER) & _same(password, settings.token))
+
+
+def page_login(settings: ApiSettings) -> Callable[[str, str], bool] | None:
+    """The ``auth`` of Gradio's ``launch``: :func:`login_ok` (None when the server is open)."""
     if settings.auth is None and settings.token is None:
-        return
+        return None
+    return lambda user, password: login_ok(settings, user, password)
+
+
+def _page_cookie(request: HTTPConnection) -> bool:
+    """Whether the request carries a login of the page (a session Gradio's ``/login`` handed out)."""
     app = request.app
     cookie_id = getattr(app, "cookie_id", None)
-    if cookie_id is not None and settings.auth is not None:  # logged in on the page
-        cookie = request.cookies.get(f"access-token-{cookie_id}") or request.cookies.get(
-            f"access-token-unsecure-{cookie_id}")  # fmt: skip
-        if cookie and cookie in getattr(app, "tokens", {}):
-            return
+    if cookie_id is None:
+        return False
+    cookie = request.cookies.get(f"access-token-{cookie_id}") or request.cookies.get(
+        f"access-token-unsecure-{cookie_id}")  # fmt: skip
+    return bool(cookie) and cookie in getattr(app, "tokens", {})
+
+
+def check_access(request: HTTPConnection, settings: ApiSettings) -> str | None:
+    """Let the request through, or HTTPException 401/429 (see the module docstring).
+
+    Returns the account an ``Authorization`` header proved (None: an open server, or the page's cookie).
+    """
+    if (settings.auth is None and settings.token is None) or _page_cookie(request):
+        return None
     scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
     scheme, credentials = scheme.lower(), credentials.strip()
     if scheme == "bearer" and settings.token is not None:
-        account, ok = "(api token)", _same(credentials, settings.token)
-    elif scheme == "basic" and settings.auth is not None:
+        account, ok = TOKEN_USER, _same(credentials, settings.token)
+    elif scheme == "basic":
         try:
             user, _, password = base64.b64decode(credentials, validate=True).decode("utf-8").partition(":")
         except (binascii.Error, UnicodeDecodeError):
             user, password = "", ""
-        account = user.strip()[:200]
-        ok = _same(user, settings.auth[0]) & _same(password, settings.auth[1])
+        account, ok = user.strip()[:NAME_CHARS], login_ok(settings, user, password)
     else:
         ways = ["`Authorization: Bearer TOKEN` (the server's --api-token)" if settings.token else "",
                 "HTTP Basic with the page's login (--auth)" if settings.auth else ""]
@@ -105,6 +145,104 @@ def check_access(request: Request, settings: ApiSettings) -> None:
         what, flag = ("token", "--api-token") if scheme == "bearer" else ("user name or password", "--auth")
         raise HTTPException(401, f"wrong {what}: check the server's {flag}",
                             headers={"WWW-Authenticate": scheme.title()})  # fmt: skip
+    return account
+
+
+class AccessMiddleware:
+    """ASGI middleware, before every route: :func:`check_access` (the module's rule).
+
+    An anonymous request may only post the login form (``/login``, throttled by
+    :class:`app.throttle.LoginThrottleMiddleware`) and fetch :data:`PUBLIC_PREFIXES`; ``GET /`` answers 401 with
+    the login form. A page route called with ``Authorization`` gets a page session for its account (one per
+    account, kept in Gradio's own table): Gradio's routes check only their cookie.
+    """
+
+    def __init__(self, app: Any, settings: ApiSettings) -> None:
+        self.app, self.settings = app, settings
+        self._sessions: dict[str, str] = {}  # account -> the page session handed to its Authorization requests
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        s = self.settings
+        if scope["type"] not in ("http", "websocket") or (s.auth is None and s.token is None):
+            await self.app(scope, receive, send)
+            return
+        request = HTTPConnection(scope)
+        path, method = scope["path"], scope.get("method", "GET")
+        api = path == API_PREFIX or path.startswith(API_PREFIX + "/")
+        if not api and "authorization" not in request.headers and not _page_cookie(request):
+            if (method == "POST" and path.rstrip("/") == "/login") or (
+                    method in ("GET", "HEAD") and path.startswith(PUBLIC_PREFIXES)):
+                await self.app(scope, receive, send)
+            elif scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+            elif path == "/" and method in ("GET", "HEAD"):
+                await _send_login_page(send, s)
+            else:
+                await send_json(send, 401, _needs_login(s))
+            return
+        try:
+            account = check_access(request, s)
+        except HTTPException as e:
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+            else:
+                await send_json(send, e.status_code, str(e.detail), e.headers)
+            return
+        if account is not None and not api:
+            scope = self._with_session(scope, request.app, account)
+        await self.app(scope, receive, send)
+
+    def _with_session(self, scope: dict[str, Any], app: Any, account: str) -> dict[str, Any]:
+        """``scope`` with the page session of ``account`` as its only cookie (minted once, again after a logout)."""
+        cookie_id, tokens = getattr(app, "cookie_id", None), getattr(app, "tokens", None)
+        if cookie_id is None or tokens is None:
+            return scope
+        session = self._sessions.get(account)
+        if session is None or tokens.get(session) != account:
+            session = self._sessions[account] = secrets.token_urlsafe(16)
+            tokens[session] = account
+        cookie = f"access-token-{cookie_id}={session}; access-token-unsecure-{cookie_id}={session}".encode()
+        return {**scope, "headers": [*[(k, v) for k, v in scope["headers"] if k != b"cookie"], (b"cookie", cookie)]}
+
+
+def _needs_login(settings: ApiSettings) -> str:
+    ways = ["`Authorization: Bearer TOKEN` (--api-token)" if settings.token else "",
+            "HTTP Basic (--auth)" if settings.auth else ""]
+    return f"this server needs a login: log in on its page (/), or send {' or '.join(w for w in ways if w)}"
+
+
+_LOGIN_PAGE = """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<title>Log in</title><style>body{{font:16px system-ui,sans-serif;max-width:24rem;margin:4rem auto;padding:0 1rem}}
+label,input,button{{display:block;width:100%;box-sizing:border-box;margin:.4rem 0}}input,button{{padding:.5rem}}
+#error{{color:#b00020}}</style></head>
+<body><h1>Photo search</h1><p>{how}</p>
+<form id="login"><label>User name <input name="username" value="{user}" autocomplete="username" required></label>
+<label>Password <input name="password" type="password" autocomplete="current-password" required autofocus></label>
+<button type="submit">Log in</button></form><p id="error" role="alert"></p>
+<script>
+document.getElementById("login").addEventListener("submit", async (event) => {{
+  event.preventDefault();
+  const r = await fetch("login", {{method: "POST", body: new URLSearchParams(new FormData(event.target))}});
+  if (r.ok) {{ location.reload(); return; }}
+  let detail = "";
+  try {{ detail = (await r.json()).detail; }} catch (e) {{}}
+  document.getElementById("error").textContent = r.status === 400 ? "Wrong user name or password." : String(detail);
+}});
+</script></body></html>
+"""
+
+
+async def _send_login_page(send: Any, settings: ApiSettings) -> None:
+    """401 with a login form that posts to Gradio's ``/login`` (and reloads the page once logged in)."""
+    ways = ["the user name and password of the server's --auth" if settings.auth else "",
+            f"the user name {TOKEN_USER} and the server's --api-token as the password" if settings.token else ""]
+    how = "Log in with " + " or with ".join(w for w in ways if w) + "."
+    body = _LOGIN_PAGE.format(how=html.escape(how), user=TOKEN_USER if settings.auth is None else "").encode()
+    headers = [(b"content-type", b"text/html; charset=utf-8"), (b"cache-control", b"no-store"),
+               (b"content-security-policy", b"frame-ancestors 'none'"), (b"content-length", b"%d" % len(body))]
+    await send({"type": "http.response.start", "status": 401, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 class BodyCapMiddleware:
@@ -154,9 +292,11 @@ class _TooLarge(Exception):
     """Raised into the route when the body passes the cap, so that it stops reading."""
 
 
-async def send_json(send: Any, code: int, detail: str) -> None:
-    """An ASGI answer: ``code`` with the JSON ``{"detail": detail}`` the API's errors have."""
+async def send_json(send: Any, code: int, detail: str, headers: dict[str, str] | None = None) -> None:
+    """An ASGI answer: ``code`` with the JSON ``{"detail": detail}`` the API's errors have (and ``headers``)."""
     import json
 
-    await send({"type": "http.response.start", "status": code, "headers": [(b"content-type", b"application/json")]})
+    extra = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": code,
+                "headers": [(b"content-type", b"application/json"), *extra]})
     await send({"type": "http.response.body", "body": json.dumps({"detail": detail}).encode()})

@@ -15,10 +15,19 @@ takes Gradio's CORS headers off the page's own routes (uploads, the queue, thumb
 itself calls them from its own origin and never needs them, and no other site's script can then read what they
 answer. In the first moments of a server, before that layer is in place, Gradio's rules apply to the page's routes
 and to preflights; the API's answers are refused from the start.
+
+The ``Host`` header is checked too, on every route (:class:`HostGuardMiddleware`, from the server's first request):
+a page whose own name its DNS later points at this machine (DNS rebinding) calls the server as its own origin, with
+``Host`` and ``Origin`` both its name, which no origin check can tell from the server's own page. So the server
+answers only to the names it has: localhost (and ``*.localhost``), any IP address (a rebinding page has a name),
+the ``--host`` name, and names given with ``--allowed-host`` (``*``: any, for a proxy that checks names itself);
+other names get 403, as Jupyter refuses non-local ``Host`` names. This holds whatever address it is bound to:
+reached by a name on the LAN or behind a reverse proxy, name it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -27,9 +36,11 @@ from urllib.parse import urlsplit
 from app.api_access import API_PREFIX, send_json
 from moco.errors import UserError
 
-__all__ = ["OriginGuardMiddleware", "guard_page_origins", "check_cors_origins"]
+__all__ = ["OriginGuardMiddleware", "HostGuardMiddleware", "guard_page_origins", "check_cors_origins",
+           "check_allowed_hosts", "host_allowed"]
 
 _ORIGIN = re.compile(r"^https?://[^/\s?#@]+$")
+_NAME = re.compile(r"^[a-z0-9_-]+(\.[a-z0-9_-]+)*$")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 ALLOW_METHODS = "GET, POST, OPTIONS"
 ALLOW_HEADERS = "Authorization, Content-Type"
@@ -52,6 +63,60 @@ def check_cors_origins(values: Sequence[str]) -> tuple[str, ...]:
                             "e.g. https://app.example or http://localhost:3000")  # fmt: skip
         out.append(_canonical(origin))
     return tuple(dict.fromkeys(out))
+
+
+def check_allowed_hosts(values: Sequence[str]) -> tuple[str, ...]:
+    """``--allowed-host`` values (repeated or comma-separated) as host names, lower case; ``*``: any name."""
+    out: list[str] = []
+    for value in (v.strip() for item in values for v in item.split(",")):
+        name = value.lower().rstrip(".")
+        if value and name != "*" and not _NAME.match(name):
+            raise UserError(f"--allowed-host {value!r}: expected a host name as the address bar shows it, without "
+                            "scheme, port or path, e.g. --allowed-host photos.example")
+        out += [name] if value else []
+    return tuple(dict.fromkeys(out))
+
+
+def _host_name(host: str) -> str:
+    """A ``Host`` header's name, lower case, without its port, brackets or final dot."""
+    host = host.strip().lower()
+    if host.startswith("[") and "]" in host:
+        return host[1 : host.index("]")]
+    name, sep, port = host.rpartition(":")
+    return (name if sep and port.isdigit() and ":" not in name else host).rstrip(".")
+
+
+def host_allowed(host: str, bind: str = "127.0.0.1", names: Sequence[str] = ()) -> bool:
+    """Whether a request's ``Host`` names this server (the module's rule): empty, an IP address, localhost or
+    ``*.localhost``, the ``bind`` name, or one of ``names`` (``*``: any)."""
+    name = _host_name(host)
+    if not name or "*" in names or name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return name in names or name == bind.strip().lower().rstrip(".")
+
+
+class HostGuardMiddleware:
+    """ASGI middleware for every route: a ``Host`` that does not name this server (:func:`host_allowed`) gets 403."""
+
+    def __init__(self, app: Any, bind: str = "127.0.0.1", names: Sequence[str] = ()) -> None:
+        self.app, self.bind, self.names = app, bind, tuple(names)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        host = _headers(scope).get(b"host", b"").decode("latin-1") if scope["type"] in ("http", "websocket") else ""
+        if host_allowed(host, self.bind, self.names):
+            await self.app(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+        else:
+            name = _host_name(host)[:100]
+            fix = f"--allowed-host {name}" if _NAME.match(name) else "--allowed-host NAME"
+            await send_json(send, 403, f"this server does not answer to the name {name!r} (the request's Host): "
+                            f"start it with {fix} if that is its name; other names are refused against DNS "
+                            "rebinding")
 
 
 def _canonical(origin: str) -> str:
@@ -191,8 +256,10 @@ class _OuterLayer:
         await self.app(scope, receive, without_cors)
 
 
-def guard_page_origins(app: Any, allowed: Sequence[str]) -> None:
-    """Put :class:`_OuterLayer` in front of ``app``'s (a started Starlette app's) middleware stack."""
+def guard_page_origins(app: Any, allowed: Sequence[str], bind: str = "127.0.0.1", names: Sequence[str] = ()) -> None:
+    """Put :class:`_OuterLayer` in front of ``app``'s (a started Starlette app's) middleware stack, and the ``Host``
+    check in front of it (it is inside Gradio's CORS layer too, from the first request: out here its refusals carry
+    no CORS header that layer would add)."""
     if app.middleware_stack is None:
         app.middleware_stack = app.build_middleware_stack()
-    app.middleware_stack = _OuterLayer(app.middleware_stack, allowed)
+    app.middleware_stack = HostGuardMiddleware(_OuterLayer(app.middleware_stack, allowed), bind, names)

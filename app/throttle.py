@@ -1,8 +1,10 @@
-"""Login throttling for ``moco serve --auth``: after a few wrong passwords, attempts wait, longer each time.
+"""Login throttling for ``moco serve --auth`` / ``--api-token``: after a few wrong passwords, attempts wait, longer
+each time.
 
 The rule. A login attempt comes from an *address* (the socket peer; behind a reverse proxy named with
 ``--trusted-proxy``, the client that proxy reports in ``X-Forwarded-For``, see ``trusted_proxy_env``) for an
-*account* (the username typed). Two counts of wrong passwords are kept:
+*account* (the username typed; ``token`` for a bearer token). One throttle counts the attempts of every door: the
+page's login form here, ``Authorization`` headers in :mod:`app.api_access`. Two counts of wrong passwords are kept:
 
 - per (address, account): ``free`` (5) failures, then that address waits before trying that account again:
   ``base_s`` (1 s), doubling with each further failure up to ``max_s`` (5 min). Other accounts from the same
@@ -30,14 +32,14 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["LoginThrottle", "LoginThrottleMiddleware", "FREE", "ACCOUNT_FREE", "parse_trusted_proxies",
-           "trusted_proxy_env"]  # fmt: skip
+           "trusted_proxy_env", "NAME_CHARS"]  # fmt: skip
 
 FREE = 5  # wrong passwords from one address for one account before it waits
 ACCOUNT_FREE = 20  # wrong passwords for one account, from all addresses, before it waits
 KNOWN_ADDRESSES = 16  # addresses remembered per account after a successful login
 KNOWN_ACCOUNTS = 1000  # accounts whose addresses are remembered (the latest to log in)
 MAX_FORM_BYTES = 64 * 1024  # a login form larger than this is refused (413) before anything is checked
-_NAME_CHARS = 256  # usernames and addresses are kept to this length (memory per record stays bounded)
+NAME_CHARS = 256  # usernames and addresses are kept to this length (memory per record stays bounded)
 
 
 @dataclass
@@ -155,13 +157,14 @@ class LoginThrottleMiddleware:
     """
 
     def __init__(self, app: Any, throttle: LoginThrottle | None = None) -> None:
-        self.app, self.throttle = app, throttle or LoginThrottle()
+        # `is None`, not `or`: an empty LoginThrottle has len() 0, and the API's shared one would be replaced
+        self.app, self.throttle = app, throttle if throttle is not None else LoginThrottle()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST" or not scope["path"].rstrip("/").endswith("/login"):
             await self.app(scope, receive, send)
             return
-        address = str((scope.get("client") or ("unknown",))[0])[:_NAME_CHARS]
+        address = str((scope.get("client") or ("unknown",))[0])[:NAME_CHARS]
         body = await _read_body(receive)
         if body is None:
             await _reply(send, 413, f"a login form is at most {MAX_FORM_BYTES // 1024} kB: send only the username "
@@ -218,7 +221,7 @@ async def _username(scope: dict[str, Any], body: bytes) -> str:
         name = (await Request(scope, once).form(max_files=0, max_fields=16)).get("username")
     except Exception:  # noqa: BLE001 - a malformed form is Gradio's to refuse; it is still an attempt, for ""
         name = None
-    return name.strip()[:_NAME_CHARS] if isinstance(name, str) else ""
+    return name.strip()[:NAME_CHARS] if isinstance(name, str) else ""
 
 
 async def _reply(send: Any, code: int, detail: str, retry_after: int | None = None) -> None:

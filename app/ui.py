@@ -61,15 +61,18 @@ def launch_kwargs(index: ImageIndex | Path, host: str, port: int, auth: tuple[st
     """``demo.launch`` settings: only thumbs/ is served; the catalog, index files and originals never are.
 
     ``index``: an open index, or the directory an index will be built in (then ``root``: its photo folder).
-    With ``auth``, failed logins are throttled per address and per account (:mod:`app.throttle`). The client
-    address is the socket peer, or what ``X-Forwarded-For`` says only when the peer is in ``trusted_proxies``:
-    this sets ``$FORWARDED_ALLOW_IPS``, which uvicorn reads when ``demo.launch`` starts it. ``api``: an
-    :class:`app.api.SearchService`: its JSON API is served beside the page (``/api/v1``), sharing the login
-    throttle, with its request bodies capped.
+    Every route asks for the login or the token when the server has one (:mod:`app.api_access`) and answers only
+    to its own names (:mod:`app.api_cors`); failed logins are throttled per address and per account, one count
+    for the page and the API (:mod:`app.throttle`). The client address is the socket peer, or what
+    ``X-Forwarded-For`` says only when the peer is in ``trusted_proxies``: this sets ``$FORWARDED_ALLOW_IPS``,
+    which uvicorn reads when ``demo.launch`` starts it. ``api``: an :class:`app.api.SearchService`: its JSON API is
+    served beside the page (``/api/v1``), under its settings, with its request bodies capped.
     """
     import gradio as gr
     from starlette.middleware import Middleware
 
+    from app.api_access import AccessMiddleware, ApiSettings, page_login
+    from app.api_cors import HostGuardMiddleware, OriginGuardMiddleware
     from app.throttle import LoginThrottleMiddleware, trusted_proxy_env
 
     os.environ.update(trusted_proxy_env(trusted_proxies))
@@ -79,15 +82,19 @@ def launch_kwargs(index: ImageIndex | Path, host: str, port: int, auth: tuple[st
     # gallery into its cache on every search, two thirds of a page search's time (bench/ui_load.py). Served to
     # the same logged-in users as before (thumbs/ is the one allowed path either way); global to the process.
     gr.set_static_paths([str(index_dir / THUMBS_DIR)])
-    app_kwargs: dict[str, Any] = {"middleware": [Middleware(LoginThrottleMiddleware)]}
+    settings = api.settings if api is not None else ApiSettings(auth=auth)
+    middleware = [  # the first is the outermost
+        Middleware(HostGuardMiddleware, bind=host, names=settings.allowed_hosts),
+        Middleware(OriginGuardMiddleware, allowed=settings.cors_origins),
+        Middleware(AccessMiddleware, settings=settings),
+        Middleware(LoginThrottleMiddleware, throttle=settings.throttle)]
+    app_kwargs: dict[str, Any] = {"middleware": middleware}
     if api is not None:
         from app.api import BodyCapMiddleware, api_routes
-        from app.api_cors import OriginGuardMiddleware
 
-        app_kwargs = {"routes": api_routes(api), "middleware": [  # the first is the outermost
-            Middleware(OriginGuardMiddleware, allowed=api.settings.cors_origins),
-            Middleware(LoginThrottleMiddleware, throttle=api.settings.throttle), Middleware(BodyCapMiddleware)]}
-    return {"server_name": host, "server_port": port, "auth": auth, "allowed_paths": [str(index_dir / THUMBS_DIR)],
+        app_kwargs = {"routes": api_routes(api), "middleware": [*middleware, Middleware(BodyCapMiddleware)]}
+    return {"server_name": host, "server_port": port, "auth": page_login(settings),
+            "allowed_paths": [str(index_dir / THUMBS_DIR)],
             "blocked_paths": _blocked_paths(index_dir, root), "max_file_size": MAX_UPLOAD, "show_error": False,
             "quiet": True, "footer_links": ["api"], "css": CSS, "js": size_check_js(),
             "app_kwargs": app_kwargs}  # fmt: skip
@@ -184,5 +191,6 @@ def _launch(demo: Any, kwargs: dict[str, Any]) -> None:
 
     demo.launch(prevent_thread_lock=True, **kwargs)
     demo.server.config.timeout_keep_alive = KEEP_ALIVE_S
-    service = getattr(demo, "api_service", None)
-    guard_page_origins(demo.server_app, service.settings.cors_origins if service is not None else ())
+    settings = getattr(getattr(demo, "api_service", None), "settings", None)
+    origins, names = (settings.cors_origins, settings.allowed_hosts) if settings is not None else ((), ())
+    guard_page_origins(demo.server_app, origins, kwargs["server_name"], names)

@@ -1,0 +1,249 @@
+"""One access rule for every route of the server (issue 39), on real servers over real HTTP: whatever a server is
+given (``--auth``, ``--api-token`` or both), every route of its app (walked from the app itself: the JSON API,
+Gradio's page, API, queue, file and upload routes) refuses an anonymous request, and takes the right credential;
+the ``Host`` header is checked on every route (DNS rebinding); one failed-login count for the page and the API."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from app.api import ApiSettings
+from app.throttle import LoginThrottle
+from app.ui import serve
+from index.build import build_index
+
+from .live import free_port
+
+TOKEN = "access-token-0123456789abcdef"
+AUTH = ("alice", "right-pass-123")
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+MODES = ["token", "login", "both"]
+# What an anonymous request may reach: the login form (POST /login, throttled; GET / answers 401 with a form that
+# posts to it), Gradio's packaged frontend files, the same for every Gradio app, and the route Gradio's own launch
+# calls (it answers true or false). Nothing else.
+PUBLIC = {("POST", "/login"), ("POST", "/login/")}
+PUBLIC_PREFIXES = ("/assets/", "/static/", "/svelte/", "/favicon.ico", "/manifest.json", "/robots.txt",
+                   "/gradio_api/startup-events")
+
+
+class _Clock:
+    """A synthetic clock for the servers' login throttles: a lockout lasts until the test moves it on."""
+
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture(scope="module")
+def idx(sample_photos, backbone, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("access") / "idx"
+    build_index(sample_photos, backbone, out, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module", params=MODES)
+def server(request, idx) -> Any:
+    """A live server given the token, the login or both: a namespace with url, port, mode, clock, demo."""
+    mode, port, clock = request.param, free_port(), _Clock()
+    settings = ApiSettings(token=TOKEN if mode != "login" else None, throttle=LoginThrottle(clock=clock))
+    if mode == "token":  # the rebinding checks hold with a named origin too
+        settings.cors_origins = (f"http://evil.example:{port}",)
+    demo = serve(idx, port=port, auth=AUTH if mode != "token" else None, device="cpu", block=False, api=settings)
+    try:
+        yield type("Server", (), dict(url=f"http://127.0.0.1:{port}", port=port, mode=mode, clock=clock, demo=demo))
+    finally:
+        demo.close()
+        demo.api_service.close()
+
+
+def _routes(app: Any) -> list[tuple[str, str]]:
+    """Every (method, path) the app answers, walked from its routes: mounts and included routers too."""
+    out: list[tuple[str, str]] = []
+
+    def walk(routes: list[Any], prefix: str) -> None:
+        for r in routes:
+            if hasattr(r, "original_router"):  # FastAPI's included router (Gradio's /gradio_api)
+                walk(r.original_router.routes, prefix + r.include_context.prefix)
+            elif hasattr(r, "routes"):  # a mount
+                walk(r.routes, prefix + r.path)
+            else:
+                out.extend((m, prefix + r.path) for m in sorted(getattr(r, "methods", None) or ["WEBSOCKET"]))
+
+    walk(app.routes, "")
+    return out
+
+
+def _concrete(path: str) -> str:
+    return re.sub(r"\{[^}]*\}", "1", path)
+
+
+def _collection_names(idx: Path, sample_photos: Path) -> list[str]:
+    return [p.name for p in sample_photos.iterdir()] + [str(idx), "thumbs"]
+
+
+def _status(http: httpx.Client, method: str, path: str, body: bool = False) -> tuple[int, str]:
+    """The status and, for a refusal or with ``body``, the first 64 kB of the answer (a stream is not read)."""
+    try:
+        with http.stream(method, _concrete(path), timeout=5) as r:
+            if not body and r.status_code not in (401, 403):
+                return r.status_code, ""
+            body = b""
+            for chunk in r.iter_bytes():
+                body += chunk
+                if len(body) > 65536:
+                    break
+            return r.status_code, body.decode("utf-8", "replace")
+    except httpx.ReadTimeout:
+        return -1, "(a stream left open)"
+    except httpx.RemoteProtocolError:  # Gradio's own stream routes, for an unknown event id
+        return -2, "(the connection closed mid-answer)"
+
+
+@contextmanager
+def _logged_in(server: Any) -> Iterator[httpx.Client]:
+    """A client logged in with the page's login form (a token-only server: user name ``token``, the token)."""
+    user, password = ("token", TOKEN) if server.mode == "token" else AUTH
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        r = http.post("/login", data={"username": user, "password": password})
+        assert r.status_code == 200, r.text
+        yield http
+
+
+def test_every_route_refuses_an_anonymous_request(server, idx, sample_photos):
+    routes = _routes(server.demo.server_app)
+    assert len(routes) > 60 and ("POST", "/api/v1/search") in routes and ("POST", "/gradio_api/queue/join") in routes
+    names = _collection_names(idx, sample_photos)
+    answered = []
+    with httpx.Client(base_url=server.url) as http:
+        for method, path in routes:
+            if method == "WEBSOCKET":
+                continue
+            public = (method, path) in PUBLIC or (method in ("GET", "HEAD") and path.startswith(PUBLIC_PREFIXES))
+            code, body = _status(http, method, path, body=public)
+            if public:
+                assert not [n for n in names if n in body], (method, path, body[:300])
+            elif code not in (401, 403):
+                answered.append((method, path, code, body[:80]))
+    assert not answered, f"{server.mode}: answered without a login: {answered}"
+
+
+def test_the_page_answers_an_anonymous_browser_with_a_login_form_and_nothing_else(server, idx, sample_photos):
+    r = httpx.get(server.url + "/")
+    assert r.status_code == 401 and r.headers["content-type"].startswith("text/html")
+    assert "www-authenticate" not in r.headers  # no browser prompt: the form below
+    assert '<form' in r.text and 'name="password"' in r.text
+    assert not [n for n in _collection_names(idx, sample_photos) if n in r.text]  # Gradio's page names the folders
+    assert ("--api-token" in r.text) == (server.mode != "login") and ("--auth" in r.text) == (server.mode != "token")
+
+
+def test_every_route_takes_the_right_credential(server):
+    """Logged in on the page (the login form; with a token-only server: user name ``token``, the token as the
+    password), no route refuses; the JSON API also takes Bearer or Basic, and so do the page's routes."""
+    routes = [r for r in _routes(server.demo.server_app) if r[0] != "WEBSOCKET" and r[1] != "/logout"]
+    with _logged_in(server) as http:
+        refused = [(m, p) for m, p in routes if _refused(*_status(http, m, p))]
+        assert not refused, f"{server.mode}: refused with the login: {refused}"
+        assert http.get("/config").status_code == 200 and "Search" in http.get("/").text
+    others = [BEARER] if server.mode != "login" else []
+    if server.mode != "token":
+        others.append({"Authorization": "Basic " + base64.b64encode(":".join(AUTH).encode()).decode()})
+    for headers in others:
+        with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
+            for path in ["/api/v1/stats", "/config", "/gradio_api/info", "/"]:
+                assert http.get(path).status_code == 200, (path, headers)
+
+
+def _refused(code: int, body: str) -> bool:
+    """Refused by the access rule (Gradio's run-history routes answer 401 for a missing Hugging Face login)."""
+    return code in (401, 403) and ("login" in body.lower() or "not authenticated" in body.lower()) and (
+        "run history" not in body)  # fmt: skip
+
+
+def _gradio_search(http: httpx.Client, photo: Path) -> dict:
+    """A search through Gradio's own API (upload, call, the event's stream): the gallery of its result."""
+    up = http.post("/gradio_api/upload", files={"files": (photo.name, photo.read_bytes())})
+    assert up.status_code == 200, up.text
+    image = {"path": up.json()[0], "orig_name": photo.name, "meta": {"_type": "gradio.FileData"}}
+    call = http.post("/gradio_api/call/search", json={"data": [image, 4, ""]})
+    assert call.status_code == 200, call.text
+    with http.stream("GET", f"/gradio_api/call/search/{call.json()['event_id']}") as r:
+        lines = [line for line in r.iter_lines() if line.startswith("data:")]
+    return json.loads(lines[-1][5:])[0]
+
+
+def test_a_search_through_gradios_api_needs_the_credential_and_so_do_its_thumbnails(server, sample_photos):
+    """The issue's case: with the token only, Gradio's API listed its endpoints and searched without it."""
+    photo = sorted(sample_photos.rglob("*.jpg"))[3]
+    with httpx.Client(base_url=server.url, timeout=60) as anonymous:
+        assert anonymous.get("/gradio_api/info").status_code == 401
+        assert anonymous.post("/gradio_api/upload", files={"files": (photo.name, photo.read_bytes())}
+                              ).status_code == 401  # fmt: skip
+        assert anonymous.post("/gradio_api/call/search", json={"data": [None, 4, ""]}).status_code == 401
+        with _logged_in(server) as http:
+            gallery = _gradio_search(http, photo)
+            assert len(gallery) == 4
+            url = gallery[0]["image"]["url"]
+            assert http.get(url).status_code == 200
+            assert anonymous.get(url).status_code == 401
+            first = http.get("/api/v1/stats")  # the page's login cookie opens the JSON API too
+            assert first.status_code == 200 and first.json()["images"] > 0
+
+
+# ------------------------------------------------------------------------------------------ DNS rebinding
+def test_a_rebinding_pages_host_is_refused_on_every_door(server):
+    """What a page on evil.example sends once its name resolves to 127.0.0.1: Host and Origin are its own. With
+    a named --api-cors-origin for it (the token server) too."""
+    evil = f"evil.example:{server.port}"
+    headers = {"Host": evil, "Origin": f"http://{evil}"}
+    with httpx.Client(base_url=server.url, timeout=30) as http:
+        for path, extra in [("/api/v1/stats", BEARER), ("/", {}), ("/config", {}), ("/gradio_api/info", {})]:
+            r = http.get(path, headers={**headers, **extra})
+            assert r.status_code == 403, (path, r.status_code, r.text[:200])
+            assert "evil.example" in r.json()["detail"] and "--allowed-host" in r.json()["detail"]
+            assert "access-control-allow-origin" not in r.headers
+        r = http.post("/login", headers=headers, data={"username": "token", "password": TOKEN})
+        assert r.status_code == 403
+        for host in ["localhost", f"localhost:{server.port}", f"127.0.0.1:{server.port}", f"[::1]:{server.port}"]:
+            assert http.get("/api/v1/openapi.json", headers={"Host": host}).status_code != 403, host
+
+
+# --------------------------------------------------------------------------- one failed-login count
+def _page_login(url: str, user: str, password: str) -> int:
+    return httpx.post(url + "/login", data={"username": user, "password": password}, timeout=30).status_code
+
+
+def _api_login(url: str, headers: dict[str, str]) -> int:
+    return httpx.get(url + "/api/v1/stats", headers=headers, timeout=30).status_code
+
+
+def _basic(user: str, password: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+def test_wrong_api_logins_lock_the_pages_login_and_the_reverse(server):
+    if server.mode == "token":
+        api_wrong, page_account, right = {"Authorization": "Bearer wrong-0123456789abcdef"}, "token", TOKEN
+        api_right = BEARER
+    else:
+        api_wrong, page_account, right = _basic(AUTH[0], "wrong"), AUTH[0], AUTH[1]
+        api_right = _basic(*AUTH)
+    try:
+        assert [_api_login(server.url, api_wrong) for _ in range(5)] == [401] * 5
+        assert _page_login(server.url, page_account, right) == 429  # the page's login waits too, even when right
+        server.clock.t += 3600  # the lockout is over
+        assert [_page_login(server.url, page_account, f"wrong{i}") for i in range(5)] == [400] * 5
+        assert _api_login(server.url, api_right) == 429  # and the reverse
+    finally:
+        server.clock.t += 3600
+    assert _api_login(server.url, api_right) == 200 and _page_login(server.url, page_account, right) == 200
