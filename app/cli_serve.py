@@ -34,6 +34,10 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
 
 def _serve_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    p.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                   help="a name this server is reached by, e.g. photos.example behind a reverse proxy or a LAN name "
+                   "(repeat or separate with commas; '*': any). Default: localhost, IP addresses and the --host "
+                   "name; a request for another name gets 403 (against DNS rebinding)")
     p.add_argument("--port", type=int, default=7860)
     p.add_argument("--auth", default=os.environ.get("MOCO_AUTH"), metavar="USER:PASS",
                    help="require this login (default: $MOCO_AUTH)")
@@ -45,9 +49,10 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
     api = p.add_argument_group("JSON API", "served beside the page at /api/v1 (docs: /api/v1/docs), with the "
                                "page's --auth")  # fmt: skip
     api.add_argument("--api-token", default=os.environ.get("MOCO_API_TOKEN"), metavar="TOKEN",
-                     help="programs may also call the API with `Authorization: Bearer TOKEN` (at least 16 "
-                     "characters; default: $MOCO_API_TOKEN). With it the API needs a token or the page's login "
-                     "even without --auth")  # fmt: skip
+                     help="programs may also call the server with `Authorization: Bearer TOKEN` (at least 16 "
+                     "characters; default: $MOCO_API_TOKEN). With it every route (the page too) needs the token or "
+                     "the --auth login, even without --auth: browsers log in with the user name `token` and TOKEN "
+                     "as the password")  # fmt: skip
     api.add_argument("--api-cors-origin", action="append", default=[], metavar="ORIGIN",
                      help="another site's web page that may call this server (the API, the page's routes) from a "
                      "browser, as scheme://host[:port] (repeat or separate with commas). Default: none, only the "
@@ -63,14 +68,15 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
 def _api_settings(args: argparse.Namespace) -> object:
     """The JSON API's settings from the flags (checked)."""
     from app.api import ApiSettings, check_api_token
-    from app.api_cors import check_cors_origins
+    from app.api_cors import check_allowed_hosts, check_cors_origins
 
     if args.max_batch < 1 or args.max_pending < 1 or not 0 <= args.batch_window_ms <= 1000:
         raise UserError(f"--max-batch {args.max_batch}, --max-pending {args.max_pending}, --batch-window-ms "
                         f"{args.batch_window_ms}: the limits must be at least 1, the window 0 to 1000 ms")  # fmt: skip
     return ApiSettings(token=check_api_token(args.api_token), window_ms=args.batch_window_ms,
                        max_batch=args.max_batch, max_pending=args.max_pending,
-                       cors_origins=check_cors_origins(args.api_cors_origin))  # fmt: skip
+                       cors_origins=check_cors_origins(args.api_cors_origin),
+                       allowed_hosts=check_allowed_hosts(args.allowed_host))  # fmt: skip
 
 
 def _check_serve_arguments(args: argparse.Namespace) -> tuple[str, str] | None:
@@ -89,9 +95,9 @@ def _check_serve_arguments(args: argparse.Namespace) -> tuple[str, str] | None:
 
 
 def _announce(args: argparse.Namespace) -> None:
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.auth:
-        print(f"WARNING: serving on {args.host} without --auth: anyone who can reach this machine can search your "
-              "photos; add --auth USER:PASS", file=sys.stderr)  # fmt: skip
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not args.auth and not args.api_token:
+        print(f"WARNING: serving on {args.host} without --auth or --api-token: anyone who can reach this machine can "
+              "search your photos; add --auth USER:PASS", file=sys.stderr)  # fmt: skip
     print(f"serving on {_url(args)} (Ctrl+C to stop); JSON API: {_url(args)}/api/v1 (docs: {_url(args)}/api/v1/docs)",
           flush=True)  # fmt: skip
 

@@ -20,6 +20,7 @@ from app.api import ApiSettings
 from app.throttle import LoginThrottle
 from app.ui import serve
 from index.build import build_index
+from moco.errors import UserError
 
 from .live import free_port
 
@@ -247,3 +248,54 @@ def test_wrong_api_logins_lock_the_pages_login_and_the_reverse(server):
     finally:
         server.clock.t += 3600
     assert _api_login(server.url, api_right) == 200 and _page_login(server.url, page_account, right) == 200
+
+
+def test_the_names_a_server_answers_to():
+    from app.api_cors import check_allowed_hosts, host_allowed
+
+    for host in ["", "localhost", "LOCALHOST:7860", "app.localhost:80", "127.0.0.1:7860", "[::1]:7860", "10.0.0.7",
+                 "192.168.1.5:7860", "[fe80::1]"]:  # fmt: skip
+        assert host_allowed(host), host
+    for host in ["evil.example", "evil.example:7860", "localhost.evil.example", "127.0.0.1.nip.io", "evil.example:x"]:
+        assert not host_allowed(host), host
+    assert host_allowed("photos.example.:443", names=("photos.example",))
+    assert host_allowed("myhost.lan:7860", bind="myhost.lan") and not host_allowed("myhost.lan", bind="0.0.0.0")
+    assert host_allowed("anything.example", names=("*",))
+    assert check_allowed_hosts(["Photos.Example.,nas.local", "", "nas.local"]) == ("photos.example", "nas.local")
+    for bad in ["http://photos.example", "photos.example:443", "photos.example/x", "a b"]:
+        with pytest.raises(UserError, match="--allowed-host"):
+            check_allowed_hosts([bad])
+
+
+def test_the_allowed_host_flag_is_checked_before_serving(capsys):
+    from app.cli import main
+
+    assert main(["serve", "no-such-idx", "--allowed-host", "https://photos.example/"]) == 2
+    assert "--allowed-host 'https://photos.example/': expected a host name" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_browser_logs_into_a_token_only_server_with_the_token(idx, sample_photos):
+    """The page of a token-only server in chromium: the login form, a wrong token refused, the right one opens
+    the page (user name ``token``), which then searches as usual, its thumbnails loaded with the login."""
+    from .live import chromium_page, search_in_page
+
+    port = free_port()
+    demo = serve(idx, port=port, device="cpu", block=False, api=ApiSettings(token=TOKEN))
+    try:
+        with chromium_page(f"http://127.0.0.1:{port}/") as page:
+            assert page.locator("input[name=username]").input_value() == "token"
+            page.fill("input[name=password]", "wrong-token-0123456789")
+            page.click("button[type=submit]")
+            page.wait_for_function("document.getElementById('error').textContent.length > 0")
+            assert "Wrong user name or password" in page.inner_text("#error")
+            page.fill("input[name=password]", TOKEN)
+            page.click("button[type=submit]")
+            page.wait_for_selector("#search-btn", timeout=60_000)  # Gradio's page, logged in
+            cookies = {c["name"]: c for c in page.context.cookies()}
+            assert any(name.startswith("access-token-") and c["httpOnly"] for name, c in cookies.items())
+            search_in_page(page, sorted(sample_photos.rglob("*.jpg"))[3], 4)
+            page.wait_for_function("[...document.querySelectorAll('#results img')].every(i => i.naturalWidth > 0)")
+    finally:
+        demo.close()
+        demo.api_service.close()

@@ -36,7 +36,8 @@ def server(sample_photos, backbone, tmp_path_factory):
     build_index(sample_photos, backbone, idx, progress=False)
     port = free_port()
     demo = serve(idx, port=port, device="cpu", block=False,
-                 api=ApiSettings(token=TOKEN, cors_origins=check_cors_origins([f"{ALLOWED}/,{SITE}"])))  # fmt: skip
+                 api=ApiSettings(token=TOKEN, cors_origins=check_cors_origins([f"{ALLOWED}/,{SITE}"]),
+                                 allowed_hosts=("photos.example",)))  # fmt: skip
     try:
         yield f"http://127.0.0.1:{port}", port
     finally:
@@ -103,17 +104,18 @@ def test_the_pages_routes_answer_another_site_without_cors_headers(server, sampl
     url, port = server
     for path in ["/config", "/gradio_api/info"]:
         for host in HOSTS:
-            r = httpx.get(url + path, headers={"Origin": EVIL, "Host": f"{host}:{port}"}, timeout=60)
+            r = httpx.get(url + path, headers={**BEARER, "Origin": EVIL, "Host": f"{host}:{port}"}, timeout=60)
             assert r.status_code == 200 and "access-control-allow-origin" not in r.headers, (path, host, r.headers)
             assert "access-control-allow-credentials" not in r.headers
         pre = httpx.options(url + path, headers={"Origin": EVIL, "Host": f"photos.example:{port}",
                                                  "Access-Control-Request-Method": "POST"}, timeout=60)  # fmt: skip
         assert "access-control-allow-origin" not in pre.headers
-        r = httpx.get(url + path, headers={"Origin": ALLOWED, "Host": f"photos.example:{port}"}, timeout=60)
+        r = httpx.get(url + path, headers={**BEARER, "Origin": ALLOWED, "Host": f"photos.example:{port}"}, timeout=60)
         assert r.headers["access-control-allow-origin"] == ALLOWED  # Gradio's own answer, left as it is
     photo = sorted(sample_photos.rglob("*.jpg"))[0]  # the page's upload, from its own origin: works as before
     r = httpx.post(url + "/gradio_api/upload", files={"files": (photo.name, photo.read_bytes())},
-                   headers={"Origin": "https://photos.example", "Host": "photos.example"}, timeout=60)  # fmt: skip
+                   headers={**BEARER, "Origin": "https://photos.example", "Host": "photos.example"},
+                   timeout=60)  # fmt: skip
     assert r.status_code == 200 and r.json()[0].endswith(photo.name)
 
 
@@ -138,7 +140,7 @@ def test_the_flag_is_checked_before_serving(capsys):
 FETCH = """async ([api, token]) => {
   try {
     const stats = await fetch(api + "/api/v1/stats", {headers: {Authorization: "Bearer " + token}});
-    const page = await fetch(api + "/config", {credentials: "include"});
+    const page = await fetch(api + "/config", {credentials: "include", headers: {Authorization: "Bearer " + token}});
     return "read " + stats.status + " " + (await stats.json()).images + " " + (await page.json()).version.length;
   } catch (e) {
     return "blocked: " + e;

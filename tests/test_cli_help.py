@@ -44,9 +44,9 @@ PAGES = {
     "index stats": ["IDX", "--json"],
     "index dedup": ["IDX", "--threshold", "--json"],
     "serve": ["IDX", "--checkpoint", "--backbone", "--host", "--port", "--auth", "--device", "--trusted-proxy",
-              *API_FLAGS],
+              "--allowed-host", *API_FLAGS],
     "run": ["PHOTOS", "--work", "--checkpoint", "--init", "--minutes", "--max-steps", "--no-serve", "--host",
-            "--trusted-proxy", *API_FLAGS],
+            "--trusted-proxy", "--allowed-host", *API_FLAGS],
 }
 
 # One process walks the whole parser tree (so a new subcommand, e.g. `moco pretrained`, is covered too) and runs
