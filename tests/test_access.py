@@ -199,6 +199,12 @@ def test_a_search_through_gradios_api_needs_the_credential_and_so_do_its_thumbna
             assert anonymous.get(url).status_code == 401
             first = http.get("/api/v1/stats")  # the page's login cookie opens the JSON API too
             assert first.status_code == 200 and first.json()["images"] > 0
+    if server.mode == "token":  # Gradio's own client logs in with the token as docs/api.md says
+        from gradio_client import Client, handle_file
+
+        client = Client(server.url, auth=("token", TOKEN), verbose=False, download_files=False)
+        gallery, info, *_ = client.predict(handle_file(str(photo)), 4, "", api_name="/search")
+        assert "4 results" in info and len(gallery) == 4
 
 
 # ------------------------------------------------------------------------------------------ DNS rebinding
