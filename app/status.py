@@ -30,9 +30,6 @@ MAX_MESSAGES = 50
 RECENT = 20  # per-step records the rate (ETA, img/s) is measured over
 FIRST_FIT_STEP = 10  # moco.optim.BudgetFit's first fit (not imported: that would load torch)
 MAX_PLOT_POINTS = 2000
-# The fields of a metrics.jsonl record this tab reads, and their kinds; one of another type is ignored (said once).
-NUMBERS = {"loss": float, "knn_top1": float, "knn_pixels": float, "elapsed_s": float, "img_s": float,
-           "total_steps": int}  # fmt: skip
 
 
 def eta_seconds(records: Sequence[dict[str, Any]], window: int = RECENT) -> float | None:
@@ -60,7 +57,7 @@ class _MetricsTail:
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.warned = False  # a record with a field of the wrong type was said (once per file)
+        self.said: set[str] = set()  # what parse_metrics said once for this file (values of the wrong type)
         self._reset()
 
     def _reset(self) -> None:
@@ -96,25 +93,14 @@ class _MetricsTail:
         end = chunk.rfind(b"\n") + 1
         if not end:
             return
-        records = parse_metrics(chunk[:end], self.path, self.lines + 1)  # a damaged line is named, then skipped
+        # a damaged line is named, then skipped; a value of the wrong type dropped (said once)
+        records = parse_metrics(chunk[:end], self.path, self.lines + 1, self.said)
         self.lines += chunk.count(b"\n", 0, end)
         self.offset += end
         self.last_line = chunk[:end].splitlines(keepends=True)[-1]
         for record in records:
             if isinstance(record, dict) and isinstance(record.get("step"), int):
-                self._add(self._typed(record))
-
-    def _typed(self, record: dict[str, Any]) -> dict[str, Any]:
-        """``record`` without its fields of the wrong type (valid JSON written by something else), said once."""
-        wrong = [k for k, kind in NUMBERS.items() if k in record and not _is_number(record[k], kind)]
-        if not wrong:
-            return record
-        if not self.warned:
-            self.warned = True
-            shown = ", ".join(f"{k!r} = {str(record[k])[:20]!r}" for k in wrong)
-            logger.warning("%s: step %d has %s, not %s: such fields are ignored (said once)", self.path,
-                           record["step"], shown, "numbers" if len(wrong) > 1 else "a number")  # fmt: skip
-        return {k: v for k, v in record.items() if k not in wrong}
+                self._add(record)
 
     def _add(self, record: dict[str, Any]) -> None:
         step = record["step"]
@@ -127,10 +113,6 @@ class _MetricsTail:
             _append(self.knn, step, record["knn_top1"])
         if "knn_pixels" in record:
             self.knn_pixels = float(record["knn_pixels"])
-
-
-def _is_number(value: Any, kind: type) -> bool:
-    return isinstance(value, int if kind is int else int | float) and not isinstance(value, bool)
 
 
 def _append(series: list[tuple[int, float]], step: int, value: float) -> None:

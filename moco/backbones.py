@@ -16,7 +16,8 @@ from torch import nn
 from moco.errors import UserError
 from moco.names import is_vit  # torch-free (the CLI's parser needs it)
 
-__all__ = ["build_backbone", "SplitBatchNorm", "convert_split_bn", "is_vit", "sincos_2d"]
+__all__ = ["build_backbone", "SplitBatchNorm", "convert_split_bn", "is_vit", "sincos_2d", "is_known_arch",
+           "ARCH_KWARGS"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,16 @@ def build_backbone(
     if not arch.startswith("timm/") and _is_torchvision_resnet(name) and not timm_kwargs:
         return _torchvision_resnet(name, small_stem, zero_init_residual)
     return _timm_model(name, small_stem, image_size, timm_kwargs, moco_v3_vit)
+
+
+def is_known_arch(arch: str) -> bool:
+    """Whether :func:`build_backbone` builds ``arch``: a torchvision ResNet or a model of the installed timm."""
+    name = arch.removeprefix("timm/")
+    if not arch.startswith("timm/") and _is_torchvision_resnet(name):
+        return True
+    import timm
+
+    return bool(timm.is_model(name))
 
 
 def _is_torchvision_resnet(name: str) -> bool:

@@ -10,7 +10,7 @@ import math
 import os
 import reprlib
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -24,9 +24,31 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def _field(default: Any, help: str) -> Any:
-    """A TrainConfig field: its default and its one-line help, which `moco train --help` shows as written."""
-    return field(default=default, metadata={"help": help})
+@dataclass(frozen=True)
+class Bounds:
+    """What a numeric field can mean: a value from ``lo`` to ``hi`` (each value, for mean and std), or ``off`` (the
+    value that means off or auto); ``fix`` tells the user so. The flags and ``--config`` files are checked by it."""
+
+    lo: float
+    hi: float
+    fix: str
+    off: float | None = None
+
+    def holds(self, value: Any) -> bool:
+        """Whether ``value`` (a number, or a tuple of them) is within these bounds."""
+        return all(v == self.off or self.lo <= v <= self.hi for v in (value if isinstance(value, tuple) else (value,)))
+
+
+def _field(default: Any, help: str, bounds: Bounds | None = None) -> Any:
+    """A TrainConfig field: its default, its one-line help (`moco train --help` shows it as written) and, for a
+    number, the bounds of what it can mean."""
+    return field(default=default, metadata={"help": help, "bounds": bounds})
+
+
+# Sizes: 16 px is the smallest crop a stride-16/32 backbone takes, 4096 px 18x the papers' 224 (one such crop is
+# 200 MB in float32, as an export's metadata allows, moco.exported); widths and depths far beyond any published.
+_PIXELS = Bounds(16, 4096, "use 16 to 4096 pixels (32 for tiny photos, 224 for the paper setting)")
+_MAX_COUNT = 10**9  # steps, evaluations: a billion steps is centuries of training
 
 
 @dataclass
@@ -35,42 +57,57 @@ class TrainConfig:
     data_dir: str = _field("", "folder of photos, scanned recursively (jpg png webp bmp tiff gif)")
     out: str = _field("runs/moco", "run directory: checkpoint.pt, metrics.jsonl, skipped.txt, curves.png")
     preset: str = _field("v2", "the recipe this config starts from: v1 | v2 | v3 (the papers) | cpu (short CPU runs)")
-    image_size: int = _field(224, "training crop size in pixels")
+    image_size: int = _field(224, "training crop size in pixels", _PIXELS)
     min_image_size: int = _field(
-        0, "progressive resolution: crops start at this size and grow to image_size by 75% of training (0: off)"
+        0, "progressive resolution: crops start at this size and grow to image_size by 75% of training (0: off)",
+        Bounds(16, 4096, "use 0 (off) or a size from 16 to --image-size", off=0),
     )
-    cache_size: int = _field(0, "side of the decoded uint8 cache (0: image_size below 96 px, else image_size*8/7)")
-    mean: tuple[float, float, float] = _field(IMAGENET_MEAN, "per-channel normalization mean")
-    std: tuple[float, float, float] = _field(IMAGENET_STD, "per-channel normalization std")
+    cache_size: int = _field(0, "side of the decoded uint8 cache (0: image_size below 96 px, else image_size*8/7)",
+                             Bounds(16, 8192, "use 0 (from --image-size) or a side from 16 to 8192 pixels, e.g. 256 "
+                                    "for 224-px crops", off=0))
+    mean: tuple[float, float, float] = _field(IMAGENET_MEAN, "per-channel normalization mean", Bounds(
+        0, 1, "each value is the mean of a channel of pixels scaled to 0..1, so from 0 to 1, e.g. 0.485,0.456,0.406"))
+    std: tuple[float, float, float] = _field(IMAGENET_STD, "per-channel normalization std", Bounds(
+        1e-3, 1, "each value must be positive (pixels are divided by it), the spread of a channel of pixels scaled "
+        "to 0..1: from 0.001 to 1, e.g. 0.229,0.224,0.225"))
     augment: str = _field("v2", "two-view recipe: v1 | v2 (aug+) | v3 (asymmetric blur/solarize) | v3-vit (crop >= 8%)")
     crop_min: float = _field(0.0, "smallest area fraction of the random resized crop, both views (0: the recipe's, "
-                             "0.2 or v3-vit's 0.08; official moco-v3's --crop-min)")
+                             "0.2 or v3-vit's 0.08; official moco-v3's --crop-min)",
+                             Bounds(0, 1, "use 0 (the recipe's) or an area fraction in (0, 1], e.g. 0.08"))
     # ---- model
     arch: str = _field("resnet50", "torchvision ResNet name or any timm model name")
     small_stem: bool = _field(False, "3x3 stride-1 first conv and no max-pool, for 32-96 px images")
     head: str = _field("mlp", "projection head: linear (v1) | mlp (v2) | v3 (projector + predictor)")
-    dim: int = _field(128, "output dimension C of the projection")
-    mlp_hidden: int = _field(0, "hidden width of the MLP heads (0: the backbone width)")
+    dim: int = _field(128, "output dimension C of the projection",
+                      Bounds(1, 65536, "use a positive dimension up to 65536, e.g. 128"))
+    mlp_hidden: int = _field(0, "hidden width of the MLP heads (0: the backbone width)",
+                             Bounds(1, 65536, "use 0 (the backbone's width) or a width up to 65536, e.g. 2048", off=0))
     head_bn: bool = _field(False, "v2 head: batch norm after its hidden layer (Linear-BN-ReLU-Linear, as MoCo v3's "
                            "and SimCLR's projectors; off in v2 as published)")
-    projector_layers: int = _field(3, "v3 projector depth")
-    predictor_layers: int = _field(2, "v3 predictor depth")
+    projector_layers: int = _field(3, "v3 projector depth", Bounds(1, 16, "use 1 to 16 layers, e.g. 3"))
+    predictor_layers: int = _field(2, "v3 predictor depth", Bounds(1, 16, "use 1 to 16 layers, e.g. 2"))
     predictor_last_bn: bool = _field(False, "v3: an affine-free BN ends the predictor (official: ViT yes, ResNet no)")
     zero_init_residual: bool = _field(False, "torchvision ResNets: zero the last BN gamma of each residual block")
-    num_heads: int = _field(0, "ViT attention heads (0: the timm model's; 12 for MoCo v3's ViT-S and its checkpoints)")
+    num_heads: int = _field(0, "ViT attention heads (0: the timm model's; 12 for MoCo v3's ViT-S and its checkpoints)",
+                            Bounds(1, 1024, "use 0 (the model's own) or a positive number of heads, e.g. 12", off=0))
     vit_v3_tweaks: str = _field("auto", "ViT: MoCo v3's fixed 2-D sin-cos positions, frozen patch projection and "
                                 "init (vits.py): auto (the v3 preset without --init, as the official code trains "
                                 "from scratch; else timm's learnable ones) | on | off")
-    queue_size: int = _field(65536, "K negatives in the queue (0: no queue, v3)")
-    temperature: float = _field(0.2, "T of the softmax")
-    momentum: float = _field(0.999, "m of the key encoder (v3: m0 of the cosine schedule to 1)")
+    queue_size: int = _field(65536, "K negatives in the queue (0: no queue, v3)", Bounds(
+        0, 2**24, "use 0 (v3: no queue) or a queue of up to 16777216 keys (256x the papers'), e.g. 65536"))
+    temperature: float = _field(0.2, "T of the softmax",
+                                Bounds(1e-3, 100, "use a positive temperature from 0.001 to 100, e.g. 0.2"))
+    momentum: float = _field(0.999, "m of the key encoder (v3: m0 of the cosine schedule to 1)",
+                             Bounds(0, 1, "use a value in [0, 1], e.g. 0.999"))
     momentum_cosine: bool = _field(False, "raise m from its start value to 1 with a cosine schedule (v3)")
     symmetric: bool = _field(False, "v2: both views as queries, one queue per view")
     bn_splits: int = _field(0, "Shuffle BN: split batch norm over this many virtual devices per process "
-                                "(0: auto, 8 on one device, 1 per process under torchrun and for v3)")
+                                "(0: auto, 8 on one device, 1 per process under torchrun and for v3)",
+                          Bounds(0, 32768, "use 0 (auto), 1 (off) or more, at most half --batch-size"))
     mask_own_keys: bool = _field(True, "a queue key of the query's own image (from an earlier step) is no negative")
     decorrelation: float = _field(0.0, "weight of a penalty on correlated backbone features, added to the loss "
-                                  "(0: off, as the papers; the cpu preset: 0.1)")
+                                  "(0: off, as the papers; the cpu preset: 0.1)",
+                                  Bounds(0, 100, "use 0 (off) or a positive weight up to 100, e.g. 0.1"))
     decorrelation_decay: bool = _field(False, "after the warm-up, scale the decorrelation weight with the learning "
                                        "rate's decay (weight x lr / peak lr: full early, 0 at the end)")
     whiten: bool = _field(False, "at the end, fit a whitening of the backbone's features on (up to 5,000 of) the "
@@ -79,40 +116,55 @@ class TrainConfig:
                                 "beside the last stage's: on | off | auto (on when the whitening is fitted on at "
                                 "least twice as many photos as those features have dimensions; the cpu preset)")
     # ---- optimization
-    batch_size: int = _field(256, "images per step on each device")
-    epochs: int = _field(200, "passes over the photos")
-    max_steps: int = _field(0, "stop after this many steps (0: epochs x steps per epoch)")
+    batch_size: int = _field(256, "images per step on each device", Bounds(
+        2, 65536, "use 2 or more: contrastive learning needs other images in the batch (at most 65536), e.g. 256"))
+    epochs: int = _field(200, "passes over the photos", Bounds(1, 10**6, "use 1 or more (at most 1000000), e.g. 200"))
+    max_steps: int = _field(0, "stop after this many steps (0: epochs x steps per epoch)",
+                            Bounds(0, _MAX_COUNT, "use 0 (from epochs) or a positive number up to 10^9"))
     time_budget: float = _field(
-        0.0, "minutes of training (kNN evaluations not counted); the schedule is fitted to it (0: none)"
+        0.0, "minutes of training (kNN evaluations not counted); the schedule is fitted to it (0: none)",
+        Bounds(0, 10**6, "use 0 (none) or a positive number of minutes, at most 1000000 (two years)"),
     )
     optimizer: str = _field("sgd", "sgd (v1/v2) | lars (v3 ResNet) | adamw (ViT)")
-    lr: float = _field(0.03, "learning rate for a batch of 256, scaled linearly with the global batch")
+    lr: float = _field(0.03, "learning rate for a batch of 256, scaled linearly with the global batch",
+                       Bounds(1e-8, 100, "use a positive learning rate from 1e-8 to 100, e.g. 0.03 for v2"))
     lr_schedule: str = _field("cosine", "cosine | step (x0.1 at 60% and 80% of training)")
-    warmup_epochs: float = _field(0.0, "linear warm-up length in epochs")
-    weight_decay: float = _field(1e-4, "L2 penalty (v3: not on norms and biases)")
-    sgd_momentum: float = _field(0.9, "momentum of SGD / LARS, beta1 of AdamW")
+    warmup_epochs: float = _field(0.0, "linear warm-up length in epochs",
+                                  Bounds(0, 10**6, "use 0 (none) or a positive number of epochs, e.g. 10"))
+    weight_decay: float = _field(1e-4, "L2 penalty (v3: not on norms and biases)",
+                                 Bounds(0, 10, "use 0 or a positive value up to 10, e.g. 1e-4 (SGD), 0.1 (AdamW)"))
+    sgd_momentum: float = _field(0.9, "momentum of SGD / LARS, beta1 of AdamW",
+                                 Bounds(0, 0.999, "use a value from 0 to 0.999 (AdamW divides by 1 - it), e.g. 0.9"))
     # ---- evaluation
     val_dir: str = _field("", "labeled folder (one sub-folder per class) for the kNN monitor")
     knn_train_dir: str = _field("", "labeled bank for the kNN monitor (empty: leave-one-out on val_dir)")
-    knn_k: int = _field(200, "neighbours of the kNN monitor")
-    knn_t: float = _field(0.1, "temperature of the kNN monitor's weights")
-    knn_every: int = _field(0, "steps between kNN evaluations (0: at the end of every epoch)")
+    knn_k: int = _field(200, "neighbours of the kNN monitor",
+                        Bounds(1, 10**6, "use 1 to 1000000 neighbours, e.g. 200"))
+    knn_t: float = _field(0.1, "temperature of the kNN monitor's weights",
+                          Bounds(1e-3, 100, "use a positive temperature from 0.001 to 100, e.g. 0.1"))
+    knn_every: int = _field(0, "steps between kNN evaluations (0: at the end of every epoch)",
+                            Bounds(0, _MAX_COUNT, "use 0 (every epoch) or a positive number of steps"))
     # ---- start
     init: str = _field("", "start from these weights (our checkpoint, official MoCo .pth.tar or NAME: see `moco "
                        "pretrained`, torchvision/timm)")
     # ---- runtime
     precision: str = _field("auto", "auto | bf16 | fp16 | fp32 (auto: bf16 where the hardware runs it fast)")
     device: str = _field("auto", "auto | cpu | cuda")
-    workers: int = _field(-1, "processes decoding photos (-1: one per CPU core)")
-    seed: int = _field(0, "seed of initialization, sampling and augmentation")
+    workers: int = _field(-1, "processes decoding photos (-1: one per CPU core)", Bounds(
+        0, 1024, "use -1 (one per CPU core), 0 (decode in this process) or up to 1024 processes", off=-1))
+    seed: int = _field(0, "seed of initialization, sampling and augmentation",
+                       Bounds(0, 2**32 - 1, "use a whole number from 0 to 4294967295, e.g. 0"))
     memory_format: str = _field(
         "auto", "CNN layout: auto (channels_last for CNNs, contiguous for ViTs) | channels_last | contiguous"
     )
     compile: bool = _field(False, "torch.compile the model")
     save_every_minutes: float = _field(
-        10.0, "checkpoint period in minutes (always also at the end and on SIGINT/SIGTERM)"
+        10.0, "checkpoint period in minutes (always also at the end and on SIGINT/SIGTERM)",
+        Bounds(0, 1e9, "use 0 (every step) or a positive number of minutes (1e9: only at the end and on a signal), "
+               "e.g. 10"),
     )
-    keep_checkpoints: int = _field(2, "step-numbered checkpoint copies kept besides checkpoint.pt")
+    keep_checkpoints: int = _field(2, "step-numbered checkpoint copies kept besides checkpoint.pt",
+                                   Bounds(0, 1000, "use 0 to 1000 copies, e.g. 2"))
 
 
 _V2: dict[str, Any] = dict(
@@ -267,38 +319,20 @@ def backbone_kwargs(cfg: TrainConfig) -> dict[str, Any]:
     return {"num_heads": cfg.num_heads} if cfg.num_heads else {}
 
 
-# The bounds of one field's value alone, the same for flags and --config files (validate, moco.config_file):
-# the test and the fix. Checks between fields follow in validate.
-LIMITS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "image_size": (lambda v: v >= 16, "use 16 or more pixels (32 for tiny photos, 224 for the paper setting)"),
-    "min_image_size": (lambda v: v == 0 or v >= 16, "use 0 (off) or a size from 16 to --image-size"),
-    "std": (lambda v: min(v) > 0, "each value must be positive (pixels are divided by it), e.g. 0.229,0.224,0.225"),
-    "crop_min": (lambda v: 0.0 <= v <= 1.0, "use 0 (the recipe's) or an area fraction in (0, 1], e.g. 0.08"),
-    "dim": (lambda v: v >= 1, "use a positive dimension, e.g. 128"),
-    "num_heads": (lambda v: v >= 0, "use 0 (the model's own) or a positive number of heads, e.g. 12"),
-    "queue_size": (lambda v: v >= 0, "use a positive queue size, e.g. 65536"),
-    "temperature": (lambda v: v > 0, "use a positive temperature, e.g. 0.2"),
-    "momentum": (lambda v: 0.0 <= v <= 1.0, "use a value in [0, 1], e.g. 0.999"),
-    "bn_splits": (lambda v: v >= 0, "use 0 (auto), 1 (off) or more"),
-    "decorrelation": (lambda v: v >= 0, "use 0 (off) or a positive weight, e.g. 0.1"),
-    "batch_size": (lambda v: v >= 2, "use 2 or more: contrastive learning needs other images in the batch"),
-    "epochs": (lambda v: v >= 1, "use 1 or more"),
-    "max_steps": (lambda v: v >= 0, "use 0 (from epochs) or a positive number"),
-    "time_budget": (lambda v: v >= 0, "use 0 (none) or a positive number of minutes"),
-    "lr": (lambda v: v > 0, "use a positive learning rate, e.g. 0.03 for v2"),
-    "weight_decay": (lambda v: v >= 0, "use 0 or a positive value"),
-}
+# The bounds each numeric field declares (the one table of them: flags, --config files and validate read it).
+_BOUNDS: dict[str, Bounds] = {f.name: f.metadata["bounds"] for f in fields(TrainConfig) if f.metadata.get("bounds")}
 
 
 def field_problem(name: str, value: Any) -> str | None:
     """What is wrong with ``value`` for field ``name`` on its own ("X is out of range: fix"), or None."""
     if name in CHOICES and value not in CHOICES[name]:
         return f"{short_repr(value)} is not valid: use one of {', '.join(CHOICES[name])}"
-    test, fix = LIMITS.get(name, (None, ""))
+    bounds = _BOUNDS.get(name)
+    fix = bounds.fix if bounds else ""
     numbers = value if isinstance(value, tuple) else (value,) if isinstance(value, float) else ()
     if not all(math.isfinite(v) for v in numbers):
         return f"{show_value(value)} is not a finite number: {fix or 'e.g. ' + show_value(getattr(TrainConfig, name))}"
-    if test is not None and not test(value):
+    if bounds is not None and not bounds.holds(value):
         return f"{show_value(value)} is out of range: {fix}"
     return None
 

@@ -35,7 +35,7 @@ def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
         try:
             data = _load_yaml(text, path)
         except yaml.YAMLError as e:
-            raise UserError(f"--config {path} is not valid YAML: {e}") from e
+            raise UserError(f"--config {path} is not valid YAML: {_yaml_problem(e)}") from None
     elif str(path).lower().endswith(".json"):
         try:
             data = json.loads(text)
@@ -102,6 +102,17 @@ def _load_yaml(text: str, path: str | os.PathLike[str]) -> Any:
         return loader.construct_document(node)
     finally:
         loader.dispose()
+
+
+def _yaml_problem(err: Any) -> str:
+    """PyYAML's error ``err`` in one line, where it is (its own message quotes the file in several lines)."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+    if "unhashable key" in problem:
+        return (f"a key{where} is a list or a mapping: a config's keys are field names, one per line, e.g. "
+                "arch: resnet18")  # fmt: skip
+    return f"{problem[:200]}{where}"
 
 
 def _expanded_size(node: Any, limit: int) -> int | None:

@@ -8,30 +8,46 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from moco.config import short_repr
+
 __all__ = ["parse_metrics", "plot_curves", "read_metrics"]
 
 logger = logging.getLogger(__name__)
 
 _SHOWN = 5  # damaged line numbers named in the warning
 
+# The fields of a record that training writes and its readers use, and their kinds (an int is a float too). A value of
+# another type (valid JSON, written by something else) is dropped from its record, named in the warning; None is the
+# kNN monitor's "not measured" where it may be.
+NUMBERS: dict[str, type] = {
+    "epoch": float, "loss": float, "lr": float, "m": float, "img_s": float, "data_ms": float, "step_ms": float,
+    "pos_sim": float, "elapsed_s": float, "total_steps": int, "crop": int, "decorrelation": float,
+    "decorrelation_weight": float, "knn_top1": float, "knn_pixels": float, "knn_whitened": float,
+    "knn_pixels_whitened": float, "knn_exported": float,
+}  # fmt: skip
+_MAY_BE_NONE = ("knn_whitened", "knn_pixels_whitened")
 
-def parse_metrics(data: bytes, path: str | Path, first_line: int = 1) -> list[dict[str, Any]]:
+
+def parse_metrics(data: bytes, path: str | Path, first_line: int = 1, said: set[str] | None = None,
+                  ) -> list[dict[str, Any]]:  # fmt: skip
     """The records in ``data``, the bytes of ``path`` (a ``metrics.jsonl``) from line ``first_line`` on: the one
     reader of that file. A line that is not a record (a JSON object with an integer ``step``) is skipped, and one
-    warning names the file and the lines: a damaged line by its number; a last line without its newline as torn
-    (cut off by a kill while it was written). A reader following a live run passes complete lines only."""
+    warning names the file and the lines: a damaged line by its number (nested too deeply for JSON too); a last line
+    without its newline as torn (cut off by a kill while it was written); a value of the wrong type for its field
+    (``NUMBERS``) is dropped from its record. A reader following a live run passes complete lines only, and a
+    ``said`` set of its own: values of the wrong type are then named once for the file, not at every read."""
     lines = data.split(b"\n")
     torn = lines.pop() if lines else b""  # what follows the last newline: empty when the file ends with one
-    records, damaged = [], []
+    records, damaged, wrong = [], [], []
     for number, line in enumerate(lines, first_line):
         record = _record(line)
         if record is not None:
-            records.append(record)
+            records.append(_typed(record, number, wrong))
         elif line.strip():
             damaged.append(number)
     last = _record(torn) if torn.strip() else None
     if last is not None:  # whole, only its newline missing
-        records.append(last)
+        records.append(_typed(last, first_line + len(lines), wrong))
     problems = []
     if damaged:
         more = f" and {len(damaged) - _SHOWN} more" if len(damaged) > _SHOWN else ""
@@ -39,6 +55,11 @@ def parse_metrics(data: bytes, path: str | Path, first_line: int = 1) -> list[di
         problems.append(f"damaged line{'s' if len(damaged) > 1 else ''} {numbers} (not a JSON record)")
     if torn.strip() and last is None:
         problems.append(f"a torn last line {first_line + len(lines)} (cut off while it was written: a killed run)")
+    if wrong and "types" not in (said if said is not None else set()):
+        shown = "; ".join(wrong[:_SHOWN]) + (f"; and {len(wrong) - _SHOWN} more lines" if len(wrong) > _SHOWN else "")
+        problems.append(f"values of the wrong type ({shown}){' (said once)' if said is not None else ''}")
+        if said is not None:
+            said.add("types")
     if problems:
         logger.warning("%s: skipped %s; %d records read", path, " and ".join(problems), len(records))
     return records
@@ -47,10 +68,25 @@ def parse_metrics(data: bytes, path: str | Path, first_line: int = 1) -> list[di
 def _record(line: bytes) -> dict[str, Any] | None:
     try:
         record = json.loads(line)
-    except ValueError:  # not JSON, or not UTF-8
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past what the parser takes
         return None
     step = record.get("step") if isinstance(record, dict) else None
     return record if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _typed(record: dict[str, Any], number: int, wrong: list[str]) -> dict[str, Any]:
+    """``record`` (line ``number``) without its values of the wrong type, each described in ``wrong``."""
+    bad = [k for k, kind in NUMBERS.items() if k in record and not _is_number(record[k], kind)
+           and not (record[k] is None and k in _MAY_BE_NONE)]  # fmt: skip
+    if not bad:
+        return record
+    values = ", ".join(f"{k!r} = {short_repr(record[k])}" for k in bad)
+    wrong.append(f"line {number} (step {record['step']}): {values}, not {'numbers' if len(bad) > 1 else 'a number'}")
+    return {k: v for k, v in record.items() if k not in bad}
+
+
+def _is_number(value: Any, kind: type) -> bool:
+    return isinstance(value, int if kind is int else int | float) and not isinstance(value, bool)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

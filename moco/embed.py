@@ -228,7 +228,7 @@ class Embedder:
             emb_space = None
         elif space is not None:
             emb_space = _read_space(Path(space), digest, path)
-        return cls(build_exported(state, meta), meta, device, precision, digest, emb_space, features=own)
+        return cls(build_exported(state, meta, path), meta, device, precision, digest, emb_space, features=own)
 
     # --------------------------------------------------------------------------------- inputs
     def _to_square(self, item: ImageLike) -> np.ndarray:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moco.backbones import build_backbone
+from moco.backbones import ARCH_KWARGS, build_backbone, is_known_arch
 from moco.errors import UserError
 from moco.whiten import Whitening, embedding_features, whiten_features
 
@@ -79,7 +79,9 @@ def load_exported(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, 
     if meta.get("format") != BACKBONE_FORMAT:
         raise UserError(f"{path} is a safetensors file but not a moco-retrieval backbone (no metadata): "
                         "export it with `moco export`")  # fmt: skip
-    return state, _checked_meta(meta, path)
+    meta = _checked_meta(meta, path)
+    _check_output(state, meta, path)
+    return state, meta
 
 
 # The metadata a backbone file may carry: it is data from anywhere, so only these keys pass, each checked before
@@ -120,6 +122,10 @@ def _checked_meta(meta: dict[str, str], path: Path) -> dict[str, str]:
         logger.warning("%s: ignoring metadata %s (not known to this version)", path, ", ".join(map(repr, unknown)))
     if not meta["arch"].strip():
         raise bad("arch", "is empty")
+    if not is_known_arch(meta["arch"]):
+        raise UserError(f"{path}: its metadata 'arch' = {meta['arch'][:60]!r} is not a backbone this version builds "
+                        "(a torchvision ResNet or a model of the installed timm): install the timm it was exported "
+                        f"with, or export the backbone again with `moco export CHECKPOINT -o {path}`")  # fmt: skip
     bounds = dict(_META_INTS)
     for key in (*_META_INTS, "resize"):  # image_size first: the resize's bounds follow from it
         if key not in meta:
@@ -151,6 +157,8 @@ def _checked_meta(meta: dict[str, str], path: Path) -> dict[str, str]:
             raise bad(key, f"= {meta[key][:40]} is not positive (pixels are divided by it)")
         if not isinstance(value, kind):
             raise bad(key, f"= {meta[key][:40]!r} is not a JSON object")
+        if key == "arch_kwargs":
+            _check_arch_kwargs(value, path)
         if key == "output" and not (isinstance(value.get("width"), int) and 1 <= value["width"] <= 65536):
             raise bad(key, f"width = {str(value.get('width'))[:20]!r} is not a width from 1 to 65536")
         stages = (value.get("stages") or []) if key == "whitening" else []
@@ -160,11 +168,57 @@ def _checked_meta(meta: dict[str, str], path: Path) -> dict[str, str]:
     return {k: v for k, v in meta.items() if k in known}
 
 
-def build_exported(state: dict[str, torch.Tensor], meta: dict[str, str]) -> nn.Module:
-    """The backbone module described by exported ``meta``, with ``state`` loaded exactly."""
+_KWARG_MAX = 65536  # an architecture setting's integer (heads, depth, width, patch): beyond any model's
+
+
+def _check_arch_kwargs(kwargs: dict, path: Path) -> None:
+    """Refuse a setting of ``arch_kwargs`` that :data:`moco.backbones.ARCH_KWARGS` does not allow, or a value of
+    the wrong type or out of bounds, naming the file, the setting and the fix (nothing else reaches timm)."""
+    for key, value in kwargs.items():
+        types = ARCH_KWARGS.get(key)
+        shown = f"{str(key)[:40]!r} = {str(value)[:40]!r}"
+        if types is None:
+            why = f"is not an architecture setting this version passes on (allowed: {', '.join(sorted(ARCH_KWARGS))})"
+        elif not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            why = f"is not {' or '.join(t.__name__ for t in types)}"
+        elif isinstance(value, int | float) and not isinstance(value, bool) and not 0 < value <= _KWARG_MAX:
+            why = f"is outside 1..{_KWARG_MAX}"
+        else:
+            continue
+        raise UserError(f"{path}: its metadata 'arch_kwargs' has {shown}, which {why}: re-export the backbone with "
+                        f"`moco export CHECKPOINT -o {path}`")  # fmt: skip
+
+
+def _check_output(state: dict[str, torch.Tensor], meta: dict[str, str], path: Path) -> None:
+    """Refuse a declared ``output`` width other than what the weights give: the whitening's width where the file
+    carries one, else the backbone's features (``embed_dim``, checked against the built backbone by
+    :func:`build_exported`) with the pooled stages of its whitening."""
+    if not meta.get("output"):
+        return
+    declared = json.loads(meta["output"])["width"]
+    stages = json.loads(meta.get("whitening") or "{}").get("stages") or []
+    features = int(meta["embed_dim"]) + sum(int(c) for _, c in stages)
+    mean = state.get("whitening.mean")
+    width = int(mean.numel()) if mean is not None else features
+    if declared != width:
+        what = "its whitening" if mean is not None else f"the {meta['embed_dim']}-d features of {meta['arch'][:60]}"
+        raise UserError(f"{path}: its metadata 'output' declares width {declared}, but its weights give {width}-d "
+                        f"vectors ({what}{' with the pooled stages' if stages and mean is None else ''}): export "
+                        f"the backbone again with `moco export CHECKPOINT -o {path}`")  # fmt: skip
+
+
+def build_exported(state: dict[str, torch.Tensor], meta: dict[str, str], path: str | Path = "the backbone file",
+                   ) -> nn.Module:  # fmt: skip
+    """The backbone module described by exported ``meta`` (read from ``path``), with ``state`` loaded exactly."""
     backbone, dim = build_backbone(meta["arch"], json.loads(meta["small_stem"]), int(meta["image_size"]),
                                    **json.loads(meta.get("arch_kwargs", "{}")))  # fmt: skip
-    backbone.load_state_dict({k: v for k, v in state.items() if not k.startswith("whitening.")}, strict=True)
+    try:
+        backbone.load_state_dict({k: v for k, v in state.items() if not k.startswith("whitening.")}, strict=True)
+    except RuntimeError as e:  # missing, unexpected or differently shaped tensors: the weights of another model
+        why = " ".join(str(e).split())[:160]
+        raise UserError(f"{path}: its weights are not those of its metadata 'arch' = {meta['arch'][:60]!r} ({why}): "
+                        f"export the backbone again with `moco export CHECKPOINT -o {path}`") from None  # fmt: skip
     if dim != int(meta["embed_dim"]):
-        raise UserError(f"backbone metadata says {meta['embed_dim']}-d features but {meta['arch']} gives {dim}")
+        raise UserError(f"{path}: its metadata 'embed_dim' says {meta['embed_dim']}-d features but its {meta['arch']} "
+                        f"gives {dim}: export the backbone again with `moco export CHECKPOINT -o {path}`")  # fmt: skip
     return backbone.eval()

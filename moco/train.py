@@ -37,6 +37,7 @@ from moco.names import is_vit
 from moco.optim import BudgetClock, BudgetFit, crop_size_at, lr_at, lr_decay, step_cost
 from moco.run_checkpoint import Checkpoints, check_resumable, resume_config, run_state
 from moco.run_log import MetricsLog, progress_bar, shown_total, summary_writer_class
+from moco.run_memory import check_memory
 from moco.run_setup import (
     Setup,
     bn_splits_for,
@@ -112,6 +113,7 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
     validate(cfg, d.world)
     device = resolve_device(cfg.device)
     precision = safe_precision(cfg, device, resolve_precision(cfg.precision, device))
+    check_memory(cfg, device.type, device.index or 0)  # a run that cannot fit is refused before it allocates
     if d.main:
         run_dir.mkdir(parents=True, exist_ok=True)
         held.enter_context(lock_dir(run_dir, "--out"))  # a second run on this directory refuses here

@@ -389,3 +389,35 @@ def test_cli_on_a_backbone_without_its_arch_exits_2_naming_it(backbone, sample_p
     assert main(["index", "build", str(sample_photos), "--backbone", str(bad), "-o", str(tmp_path / "idx")]) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and "'arch'" in err and "KeyError" not in err
+
+
+@pytest.mark.parametrize(
+    "key, value, needles",
+    [
+        ("arch", "no_such_net", ["'no_such_net' is not a backbone this version builds", "timm"]),
+        ("arch_kwargs", '{"evil": 1}', ["'evil' = '1'", "not an architecture setting", "num_heads"]),
+        ("arch_kwargs", '{"depth": 1000000000}', ["'depth' = '1000000000'", "outside 1..65536"]),
+        ("arch_kwargs", '{"num_heads": "12"}', ["'num_heads' = '12'", "is not int"]),
+        ("output", '{"width": 7}', ["declares width 7", "give 512-d vectors", "resnet18"]),  # the weights: 512
+        ("embed_dim", "256", ["'embed_dim' says 256-d", "gives 512"]),  # output and features declared alike
+        ("arch", "resnet50", ["weights are not those of", "'resnet50'"]),  # a known arch, other weights
+    ],
+)
+def test_backbone_metadata_that_contradicts_the_weights_names_the_file_the_key_and_the_fix(
+        backbone, tmp_path, key, value, needles):  # fmt: skip
+    bad = tmp_path / "bad.safetensors"
+    change = {key: value, **({"output": json.dumps({"width": 256})} if key == "embed_dim" else {})}
+    _with_meta(backbone, bad, lambda m: m.update(change))
+    with pytest.raises(UserError) as e:
+        Embedder.load(bad, device="cpu")
+    msg = str(e.value)
+    assert msg.startswith(f"{bad}: its ") and f"'{key}'" in msg and "moco export" in msg and len(msg) < 500, msg
+    assert all(n in msg for n in needles), msg
+
+
+def test_cli_on_a_backbone_of_an_unknown_arch_exits_2_naming_the_file(backbone, sample_photos, tmp_path, capsys):
+    bad = tmp_path / "bad.safetensors"
+    _with_meta(backbone, bad, lambda m: m.update(arch="no_such_net"))
+    assert main(["index", "build", str(sample_photos), "--backbone", str(bad), "-o", str(tmp_path / "idx")]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "'arch' = 'no_such_net'" in err and "moco export" in err

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import re
 import sys
 
 import numpy as np
@@ -295,3 +297,110 @@ def test_embed_progress_bar_on_stderr(embedder, capsys):
     embedder.embed(_images(5), batch_size=2, progress=True)
     err = capsys.readouterr().err
     assert "embedding" in err and "5/5" in err
+
+
+# ------------------------------------------------------------------------------------------ bounds and memory
+@pytest.mark.parametrize("content, needles", [
+    ("queue_size: 1000000000000\n", ["queue_size = 1000000000000 is out of range", "16777216"]),  # the allocator
+    ("image_size: 1000000\n", ["image_size = 1000000 is out of range", "4096 pixels"]),  # killed for memory
+    ("mean: [1e300, 0, 0]\n", ["mean = 1e+300,0.0,0.0 is out of range", "from 0 to 1"]),  # trained into NaN
+    ("std: [1e-300, 1, 1]\n", ["std = 1e-300,1.0,1.0 is out of range", "from 0.001 to 1"]),  # a bare ValueError
+    ("? [a, b]\n: 1\n", ["a key at line 1 column 3 is a list or a mapping", "field names"]),  # YAML's traceback
+    ("{[1]: 2}\n", ["a key at line 1 column 2 is a list or a mapping", "field names"]),
+])  # fmt: skip
+def test_config_values_no_machine_can_hold_are_refused_at_once(sample_photos, tmp_path, capsys, content, needles):
+    path = tmp_path / "c.yaml"
+    path.write_text(content)
+    run = tmp_path / "run"
+    assert _train(str(sample_photos), "--out", str(run), "--config", str(path)) == 2
+    err = capsys.readouterr().err
+    line = next(x for x in err.splitlines() if "error:" in x)
+    assert str(path) in line and all(n in line for n in needles), err
+    assert "^" not in err and "Traceback" not in err and "<unicode string>" not in err  # no fragment of YAML's own
+    assert not run.exists()  # refused before anything started
+
+
+@pytest.mark.parametrize("flag, value, needle", [
+    ("--queue-size", str(10**12), "16777216"),
+    ("--image-size", str(10**6), "4096 pixels"),
+    ("--std", "1e-300,1,1", "from 0.001 to 1"),
+    ("--seed", "-1", "from 0 to 4294967295"),
+    ("--knn-k", "0", "1 to 1000000"),
+    ("--sgd-momentum", "1", "0.999"),
+    ("--workers", "-2", "-1 (one per CPU core)"),
+])  # fmt: skip
+def test_flags_no_machine_can_hold_are_refused_at_once(sample_photos, tmp_path, capsys, flag, value, needle):
+    run = tmp_path / "run"
+    with contextlib.suppress(SystemExit):  # --mean/--std are parsed by argparse, which exits 2 itself
+        assert _train(str(sample_photos), "--out", str(run), *TINY_CLI, "--max-steps", "1", flag, value) == 2
+    err = capsys.readouterr().err
+    assert flag in err and value in err and needle in err, err
+    assert not run.exists()
+
+
+def test_every_numeric_field_declares_its_bounds_and_files_and_flags_keep_them(tmp_path):
+    from dataclasses import fields
+
+    from moco.config import PRESETS, Bounds, TrainConfig, field_problem, flag_name
+    from moco.config_file import load_config_file
+    from moco.errors import UserError
+
+    numeric = [f for f in fields(TrainConfig) if f.type in ("int", "float") or str(f.type).startswith("tuple")]
+    assert len(numeric) > 25
+    for f in numeric:
+        bounds = f.metadata.get("bounds")
+        assert isinstance(bounds, Bounds), f"{f.name} declares no bounds"
+        assert all(field_problem(f.name, p.get(f.name, f.default)) is None for p in PRESETS.values()), f.name
+        big = int(bounds.hi) * 2 + 1 if f.type == "int" else bounds.hi * 2 + 1.0
+        value = (big, 0.5, 0.5) if str(f.type).startswith("tuple") else big
+        with pytest.raises(UserError, match=f"--{flag_name(f.name)} ") as e:  # a flag, or resolve_config's caller
+            resolve_config("v2", **{f.name: value})
+        assert "out of range" in str(e.value) and bounds.fix in str(e.value)
+        path = tmp_path / "c.json"
+        path.write_text(json.dumps({f.name: list(value) if isinstance(value, tuple) else value}))
+        with pytest.raises(UserError, match=f"{path}: {f.name} = ") as e:  # a --config file: the same rule
+            load_config_file(path)
+        assert bounds.fix in str(e.value)
+
+
+def test_a_run_no_machine_can_hold_is_refused_before_it_allocates(sample_photos, tmp_path, capsys):
+    run = tmp_path / "run"
+    flags = ["--arch", "resnet18", "--small-stem", "--workers", "0", "--bn-splits", "2", "--cache-size", "16"]
+    assert _train(str(sample_photos), "--out", str(run), *flags, "--image-size", "4096", "--batch-size", "4096",
+                  "--queue-size", "4096", "--max-steps", "1") == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert "--batch-size 4096, --image-size 4096: the run needs at least" in err and "TiB of memory" in err, err
+    assert "or less" in err and "decoding photos" not in err
+    assert not run.exists()  # refused before the run folder, the cache or the model
+
+
+def test_the_memory_estimate_says_the_part_the_flag_and_a_value_that_fits():
+    from dataclasses import replace
+
+    from moco.errors import UserError
+    from moco.run_memory import check_memory, estimate_memory, machine_memory
+
+    eight = {"host": (8 * 2**30, "a test machine's memory")}
+    for cfg in (resolve_config("cpu"), resolve_config("v2"), resolve_config("v3")):  # the presets fit in 8 GiB
+        check_memory(cfg, memory=eight)
+    big = resolve_config("v2", image_size=1024)  # 256 x 2 views of 1024 px, with activations
+    with pytest.raises(UserError) as e:
+        check_memory(big, memory=eight)
+    msg = str(e.value)
+    assert msg.startswith("--batch-size 256, --image-size 1024: the run needs at least") and "(8.0 GiB)" in msg
+    for flag in ("batch_size", "image_size"):  # each fix named fits
+        value = int(re.search(rf"--{flag.replace('_', '-')} (\d+) or less", msg)[1])
+        check_memory(replace(big, **{flag: value}), memory=eight)
+        with pytest.raises(UserError):
+            check_memory(replace(big, **{flag: value * 2}), memory=eight)
+    queue = resolve_config("v2", queue_size=2**24, dim=4096, symmetric=True)  # one queue per view
+    part = next(p for p in estimate_memory(queue) if p.what.startswith("the queue"))
+    assert part.nbytes == 2 * 2**24 * (4096 * 4 + 8) and part.fields == ("queue_size", "dim")
+    with pytest.raises(UserError, match=r"^--queue-size 16777216, --dim 4096: .* for the queue of 16777216 keys"):
+        check_memory(queue, memory=eight)
+    # on a GPU its memory holds the batch, the machine's the photos being decoded
+    check_memory(big, "cuda", memory={"device": (141 * 2**30, "the GPU's memory"), **eight})
+    with pytest.raises(UserError, match="more than the GPU's memory"):
+        check_memory(big, "cuda", memory={"device": (16 * 2**30, "the GPU's memory"), **eight})
+    total, name = machine_memory()
+    assert total > 2**28 and "memory" in name

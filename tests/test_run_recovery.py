@@ -183,3 +183,34 @@ def test_a_backbone_and_an_index_in_a_non_utf8_folder_load(backbone, sample_phot
     space, meta = load_space(odd / "idx" / SPACE_FILE)
     assert meta["backbone_sha256"] == emb.sha256 and space.dim == emb.dim
     assert ImageIndex.open(odd / "idx").load_embedder(device="cpu").sha256 == emb.sha256
+
+
+def test_resume_of_a_finished_run_ignores_values_of_the_wrong_type(sample_photos, tmp_path, capfd):
+    run = tmp_path / "run"
+    assert main(["train", str(sample_photos), "--out", str(run), *TINY_CLI, "--max-steps", "2"]) == 0
+    metrics = run / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    records[-1].update(loss="abc", lr=[1], total_steps="2")  # valid JSON, at the checkpoint's step, wrong types
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records))
+    capfd.readouterr()
+    assert main(["train", "--out", str(run), "--resume", "--quiet"]) == 0  # was: TypeError in round()
+    out, err = capfd.readouterr()
+    assert f"trained 2/2 steps on 48 images (0 skipped) on cpu fp32; final loss {round(records[0]['loss'], 4)};" in out
+    warned = [line for line in err.splitlines() if str(metrics) in line]
+    assert len(warned) == 1 and "line 2 (step 2)" in warned[0] and "'loss' = 'abc'" in warned[0], warned
+    assert read_metrics(metrics) == [records[0], {k: v for k, v in records[1].items()
+                                                  if k not in ("loss", "lr", "total_steps")}]  # fmt: skip
+
+
+def test_a_deeply_nested_line_is_a_damaged_line_for_every_reader(tmp_path, caplog):
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    metrics.parent.mkdir()
+    good = [json.dumps({"step": s, "loss": 1.0 / s}) for s in (1, 2)]
+    metrics.write_text(good[0] + "\n" + "[" * 100000 + "\n" + good[1] + "\n")  # past the JSON parser's recursion
+    caplog.set_level(logging.WARNING)
+    assert [r["step"] for r in read_metrics(metrics)] == [1, 2]
+    assert any("damaged line 2" in m and str(metrics) in m for m in caplog.messages), caplog.messages
+    caplog.clear()
+    snap = RunStatus(tmp_path).snapshot()  # the Status tab: was RecursionError
+    assert [s for s, _ in snap["loss"]] == [1, 2]
+    assert sum("damaged line 2" in m and str(metrics) in m for m in caplog.messages) == 1, caplog.messages
