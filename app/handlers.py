@@ -20,7 +20,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from PIL import Image
@@ -31,9 +31,9 @@ from index.catalog import display_path
 from index.dedup import find_duplicates, load_duplicates
 from index.image_index import ImageIndex, SearchResult
 from moco.data import load_rgb, open_regular
-from moco.errors import UserError
+from moco.errors import UserError, quoted
 
-__all__ = ["SearchApp", "MAX_RESULTS", "ALL_FOLDERS", "VIEW_PX", "MAX_ORIGINAL_BYTES", "score_text"]
+__all__ = ["SearchApp", "NoSuchFolder", "MAX_RESULTS", "ALL_FOLDERS", "VIEW_PX", "MAX_ORIGINAL_BYTES", "score_text"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +85,11 @@ def _bytes(n: int) -> str:
 def _query_md(state: dict[str, Any]) -> str:
     """The query in the results' heading: an indexed photo's path as code, else the label as it is."""
     return f"`{state['label']}`" if state.get("source") else state["label"]
+
+
+class NoSuchFolder(UserError):
+    """A folder filter that names no sub-folder of the collection (a well-formed name: the JSON API's 404; one with
+    ``..``, an empty part or a control character is bad input, 400)."""
 
 
 class SearchApp:
@@ -195,7 +200,9 @@ class SearchApp:
         if folder == ALL_FOLDERS:
             folder = None
         if folder and folder not in self.folders():
-            raise UserError(f"no sub-folder {folder!r} in the collection: pick one from the list, or {ALL_FOLDERS}")
+            bad_name = any(part in ("", ".", "..") for part in folder.split("/")) or not folder.isprintable()
+            raise (UserError if bad_name else NoSuchFolder)(f"no sub-folder {quoted(folder)} in the collection: pick "
+                                                             f"one from the list, or {ALL_FOLDERS}")  # fmt: skip
         folder = self._folder_names.get(folder, folder) if folder else None
         if len(index) == 0:
             raise UserError("the index is empty: add photos and run `moco index update`")
@@ -330,10 +337,11 @@ class SearchApp:
                 self._kept_bytes -= old_size
                 shutil.rmtree(old, ignore_errors=True)
 
-    def original(self, image_id: int) -> str:
-        """A copy of an indexed photo's original file for the browser (the originals folder itself is never served).
+    def open_original(self, image_id: int) -> tuple[BinaryIO, int, str]:
+        """An indexed photo's original file, opened: (file, size in bytes, its name); the caller closes the file.
 
-        Only files of the index, inside its root, regular and at most MAX_ORIGINAL_BYTES are handed out.
+        Only files of the index, inside its root, regular and at most MAX_ORIGINAL_BYTES are opened (the file is
+        checked once open, so what is served is what was checked). The JSON API streams it from there.
         """
         index = self._index()
         row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
@@ -345,19 +353,29 @@ class SearchApp:
             raise UserError(f"{display_path(row.path)} links outside the collection ({display_path(str(root))}): "
                             "not served")  # fmt: skip
         try:
-            with open_regular(source) as f:
-                size = os.fstat(f.fileno()).st_size
-                if size > MAX_ORIGINAL_BYTES:
-                    cap = _bytes(MAX_ORIGINAL_BYTES)
-                    raise UserError(f"{display_path(row.path)} is {_bytes(size)}, over the {cap} served by the page: "
-                                    "open it from its folder")  # fmt: skip
-                out = self._new_file(Path(row.path).name.encode("utf-8", "replace").decode() or "photo")
+            f = open_regular(source)
+        except OSError as e:
+            raise UserError(f"{display_path(row.path)} cannot be read now ({e.strerror or e}): run "
+                            "`moco index update`") from None  # fmt: skip
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_ORIGINAL_BYTES:
+            f.close()
+            raise UserError(f"{display_path(row.path)} is {_bytes(size)}, over the {_bytes(MAX_ORIGINAL_BYTES)} served "
+                            "by the page: open it from its folder")  # fmt: skip
+        return f, size, Path(row.path).name.encode("utf-8", "replace").decode() or "photo"
+
+    def original(self, image_id: int) -> str:
+        """A copy of an indexed photo's original file for the page (the originals folder itself is never served),
+        under :meth:`open_original`'s rules. Gradio copies it into its own cache before the page is answered."""
+        f, _, name = self.open_original(image_id)
+        try:
+            with f:
+                out = self._new_file(name)
                 with open(out, "wb") as dst:
                     shutil.copyfileobj(f, dst, 1 << 20)
             self._keep(out)
         except OSError as e:
-            raise UserError(f"{display_path(row.path)} cannot be read now ({e.strerror or e}): run "
-                            "`moco index update`") from None  # fmt: skip
+            raise UserError(f"{name} cannot be read now ({e.strerror or e}): run `moco index update`") from None
         return str(out)
 
     def export(self, state: dict[str, Any] | None) -> tuple[str, str]:
