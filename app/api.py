@@ -59,7 +59,18 @@ from app.api_access import (
     check_api_token,
 )
 from app.api_docs import docs_html
-from app.api_models import Base64Query, Duplicates, ErrorResponse, Group, Hit, Member, SearchResponse, Stats
+from app.api_models import (
+    FOLDER_FIELD,
+    IMAGE_TYPES,
+    Base64Query,
+    Duplicates,
+    ErrorResponse,
+    Group,
+    Hit,
+    Member,
+    SearchResponse,
+    Stats,
+)
 from app.batcher import Batcher, Overloaded
 from app.handlers import MAX_RESULTS, NoSuchFolder, SearchApp
 from app.uploads import read_upload, upload_suffix
@@ -364,9 +375,12 @@ def api_routes(service: SearchService) -> list[Any]:
     router = APIRouter(prefix=API_PREFIX, route_class=_Route, tags=["search"])
     app = service.app
 
-    @router.post("/search", response_model=SearchResponse, responses=ERRORS, summary="Search by an uploaded image")
-    async def search(image: UploadFile = File(description="the query photo (JPEG, PNG, WebP, GIF, BMP or TIFF)"),
-                     k: int = Form(12, ge=1, le=MAX_RESULTS), folder: str = Form(""),
+    @router.post("/search", response_model=SearchResponse, responses=ERRORS, summary="Search by an uploaded image",
+                 openapi_extra={"requestBody": {"content": {"multipart/form-data": {
+                     "encoding": {"image": {"contentType": IMAGE_TYPES}}}}}})  # fmt: skip
+    async def search(image: UploadFile = File(description="the query photo (JPEG, PNG, WebP, GIF, BMP or TIFF)",
+                                              json_schema_extra={"minLength": 1}),
+                     k: int = Form(12, ge=1, le=MAX_RESULTS), folder: str = Form("", **FOLDER_FIELD),
                      offset: int = Form(0, ge=0)) -> SearchResponse:  # fmt: skip
         """The nearest photos to an uploaded image (multipart/form-data), ranked by score."""
         data = await image.read()
@@ -387,7 +401,7 @@ def api_routes(service: SearchService) -> list[Any]:
     @router.get("/photos/{photo_id}/similar", response_model=SearchResponse, responses=ERRORS,
                 summary="Search by an indexed photo")  # fmt: skip
     async def similar(photo_id: int = PathParam(ge=0, le=MAX_ID), k: int = Query(12, ge=1, le=MAX_RESULTS),
-                      folder: str = Query(""), offset: int = Query(0, ge=0)) -> SearchResponse:  # fmt: skip
+                      folder: str = Query("", **FOLDER_FIELD), offset: int = Query(0, ge=0)) -> SearchResponse:
         """The nearest photos to a photo of the index (its stored vector: the page's click on a result)."""
         return await service.search_id(photo_id, k, folder, offset)
 

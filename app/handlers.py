@@ -13,6 +13,7 @@ import html
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -33,7 +34,8 @@ from index.image_index import ImageIndex, SearchResult
 from moco.data import load_rgb, open_regular
 from moco.errors import UserError, quoted
 
-__all__ = ["SearchApp", "NoSuchFolder", "MAX_RESULTS", "ALL_FOLDERS", "VIEW_PX", "MAX_ORIGINAL_BYTES", "score_text"]
+__all__ = ["SearchApp", "NoSuchFolder", "FOLDER_PATTERN",
+           "MAX_RESULTS", "ALL_FOLDERS", "VIEW_PX", "MAX_ORIGINAL_BYTES", "score_text"]
 
 logger = logging.getLogger(__name__)
 
@@ -87,9 +89,16 @@ def _query_md(state: dict[str, Any]) -> str:
     return f"`{state['label']}`" if state.get("source") else state["label"]
 
 
+# A folder filter as it may be written: parts between "/" none of which is "." or "..", no control character. One
+# that is not is bad input (the JSON API's 400, its schema's pattern); one that is but names no sub-folder of the
+# collection is NoSuchFolder (404).
+_NAME = r"[^/\x00-\x1f\x7f-\x9f]"  # a character of a part
+_PART = rf"[^./\x00-\x1f\x7f-\x9f]{_NAME}*|\.[^./\x00-\x1f\x7f-\x9f]{_NAME}*|\.\.{_NAME}+"  # not "." nor ".."
+FOLDER_PATTERN = rf"^(?:(?:{_PART})?(?:/(?:{_PART})?)*)$"
+
+
 class NoSuchFolder(UserError):
-    """A folder filter that names no sub-folder of the collection (a well-formed name: the JSON API's 404; one with
-    ``..``, an empty part or a control character is bad input, 400)."""
+    """A folder filter written as FOLDER_PATTERN says that names no sub-folder of the collection (the API's 404)."""
 
 
 class SearchApp:
@@ -196,11 +205,12 @@ class SearchApp:
         k = int(max(1, min(int(k), MAX_RESULTS)))
         index.refresh()  # `moco index update` may have replaced the files meanwhile
         index.check_embedder(self.embedder)  # ... or rebuilt them with another model
-        folder = (folder or "").strip().strip("/") or None
+        given = folder or ""
+        folder = given.strip().strip("/") or None
         if folder == ALL_FOLDERS:
             folder = None
         if folder and folder not in self.folders():
-            bad_name = any(part in ("", ".", "..") for part in folder.split("/")) or not folder.isprintable()
+            bad_name = re.fullmatch(FOLDER_PATTERN, given) is None
             raise (UserError if bad_name else NoSuchFolder)(f"no sub-folder {quoted(folder)} in the collection: pick "
                                                              f"one from the list, or {ALL_FOLDERS}")  # fmt: skip
         folder = self._folder_names.get(folder, folder) if folder else None
