@@ -46,8 +46,8 @@ class SearchResponse(BaseModel):
 class Base64Query(BaseModel):
     """A search by an image sent as base64 in JSON."""
 
-    image_base64: str = Field(min_length=4, pattern=BASE64_PATTERN,
-                              description="the image file's bytes, base64 (standard alphabet, padded)")
+    image_base64: str = Field(description="the image file's bytes, base64 (standard alphabet, padded)",
+                              json_schema_extra={"minLength": 4, "pattern": BASE64_PATTERN})  # checked by the route
     filename: str = Field("upload", description="a name for the image in messages")
     k: int = Field(12, ge=1, le=MAX_RESULTS, description="results per page")
     folder: str = Field("", **FOLDER_FIELD)  # type: ignore[arg-type]

@@ -54,12 +54,12 @@ def _available_files() -> int | None:
     return max(0, soft - in_use)
 
 
-def default_max_connections() -> int:
-    """Connections at most by default: half the files the process may still open (the rest for connections
-    accepted before they are counted, the index, uploads, thumbnails and Gradio's files), at most MAX_CONNECTIONS,
-    at least 16."""
+def default_max_connections(connections: int = 0) -> int:
+    """Connections at most by default: half the files the process may still open, its ``connections`` open now
+    counted as free (the other half for connections accepted before they are counted, the index, uploads,
+    thumbnails and Gradio's files), at most MAX_CONNECTIONS, at least 16."""
     available = _available_files()
-    return MAX_CONNECTIONS if available is None else max(16, min(MAX_CONNECTIONS, available // 2))
+    return MAX_CONNECTIONS if available is None else max(16, min(MAX_CONNECTIONS, (available + connections) // 2))
 
 
 def _backlog(max_connections: int) -> int:
@@ -88,9 +88,9 @@ class ConnectionLimits:
 class _Open:
     """The guarded connections of one server, and the sweep that closes those whose request is overdue."""
 
-    def __init__(self, limits: ConnectionLimits, clock: Callable[[], float]) -> None:
+    def __init__(self, limits: ConnectionLimits, clock: Callable[[], float], already: int = 0) -> None:
         self.timeout = limits.request_timeout_s
-        self.max = limits.max_connections or default_max_connections()
+        self.max = limits.max_connections or default_max_connections(already)
         self.clock = clock
         self.connections: set[_Guarded] = set()
         self.sweeping = False
@@ -192,6 +192,27 @@ class _Guarded(H11Protocol):
         self.transport.close()
 
 
+def _snapshot(connections: set[Any]) -> list[Any]:
+    """A copy of a set the server's thread may change meanwhile."""
+    for _ in range(100):
+        try:
+            return list(connections)
+        except RuntimeError:  # changed size during the copy: again
+            continue
+    return []
+
+
+def _adopt(conn: H11Protocol, guarded: type[_Guarded]) -> None:
+    """Guard a connection accepted before the guard was installed (in the server's loop, as its callbacks)."""
+    if conn.transport.is_closing():
+        return
+    conn.__class__ = guarded  # the same object, with the guard's methods: nothing else changes
+    conn.fresh = conn.cycle is None
+    conn.head_since = conn.last_data = guarded.open.clock()
+    if not guarded.open.add(conn):
+        conn.close_late()
+
+
 def _answer(code: int, reason: str, text: str) -> bytes:
     body = (text + "\n").encode()
     return (f"HTTP/1.1 {code} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
@@ -205,13 +226,21 @@ def guard_connections(server: Any, limits: ConnectionLimits | None = None,
     uvicorn reads its protocol class for every new connection, so this works on a server already started.
     Returns the connections' registry (its ``closed_late`` and ``closed_full`` counts, for tests and logs).
     """
-    opened = _Open((limits or ConnectionLimits()).check(), clock)
+    state = getattr(server, "server_state", None)
+
+    def unguarded() -> list[Any]:  # connections accepted before the guard: plain H11Protocol
+        return [c for c in _snapshot(getattr(state, "connections", set())) if type(c) is H11Protocol]
+
+    opened = _Open((limits or ConnectionLimits()).check(), clock, len(unguarded()))
+    guarded = type("GuardedH11Protocol", (_Guarded,), {"open": opened})
+    server.config.http_protocol_class = guarded
     backlog = _backlog(opened.max)
     for listening in getattr(server, "servers", []):
         for sock in listening.sockets:
             with contextlib.closing(sock.dup()) as same:  # the same socket: its queue shortened
                 same.listen(backlog)
+    for conn in unguarded():  # adopted: from now on timed and counted as the new ones
+        conn.loop.call_soon_threadsafe(_adopt, conn, guarded)
     logger.info("connections: at most %d open (%d waiting to be accepted); a request must arrive within %g s",
                 opened.max, backlog, opened.timeout)  # fmt: skip
-    server.config.http_protocol_class = type("GuardedH11Protocol", (_Guarded,), {"open": opened})
     return opened

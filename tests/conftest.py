@@ -22,7 +22,8 @@ from moco.sample import make_sample_collection  # noqa: E402
 LONG_FIRST = ["test_readme", "test_train", "test_distributed", "test_browser", "test_api", "test_pipeline",
               "test_index_crash", "test_run_page", "test_memory_bounds", "test_cli_help", "test_pretrained",
               "test_install", "test_export", "test_special_files", "test_run_recovery", "test_ui", "test_fit_resume",
-              "test_embed_cli", "test_reliability", "test_run_whitening", "test_status", "test_doors"]  # fmt: skip
+              "test_embed_cli", "test_reliability", "test_run_whitening", "test_status", "test_doors",
+              "test_isolation"]  # fmt: skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
