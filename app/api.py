@@ -34,18 +34,21 @@ import mimetypes
 import shutil
 import tempfile
 import time
+import urllib.parse
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+import anyio
 import numpy as np
-from fastapi import APIRouter, File, Form, HTTPException, Query, Request, UploadFile
+from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api_access import (
     API_PREFIX,
@@ -56,13 +59,24 @@ from app.api_access import (
     check_api_token,
 )
 from app.api_docs import docs_html
-from app.api_models import Base64Query, Duplicates, ErrorResponse, Group, Hit, Member, SearchResponse, Stats
+from app.api_models import (
+    FOLDER_FIELD,
+    IMAGE_TYPES,
+    Base64Query,
+    Duplicates,
+    ErrorResponse,
+    Group,
+    Hit,
+    Member,
+    SearchResponse,
+    Stats,
+)
 from app.batcher import Batcher, Overloaded
-from app.handlers import MAX_RESULTS, SearchApp
-from app.uploads import read_upload
-from index.catalog import display_path
+from app.handlers import MAX_RESULTS, NoSuchFolder, SearchApp
+from app.uploads import read_upload, upload_suffix
+from index.catalog import MAX_ID, display_path
 from index.dedup import load_duplicates
-from moco.errors import UserError
+from moco.errors import UserError, clipped, quoted
 
 __all__ = ["API_PREFIX", "ApiSettings", "SearchService", "BodyCapMiddleware", "api_routes", "check_api_token",
            "Hit", "SearchResponse", "Base64Query", "Stats", "Duplicates", "MAX_BODY_BYTES"]  # fmt: skip
@@ -70,11 +84,14 @@ __all__ = ["API_PREFIX", "ApiSettings", "SearchService", "BodyCapMiddleware", "a
 logger = logging.getLogger(__name__)
 
 DECODE_WORKERS = 2  # uploads decoded at once (the rest wait for a thread; all count against max_pending)
+MAX_DETAIL = 1000  # characters of an error's one line at most (what it quotes of the request: far fewer)
 # ------------------------------------------------------------------------------------------------ models
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": what} for code, what in [
-        (400, "bad input (an image that cannot be used, an unknown folder)"), (401, "login or token needed"),
-        (404, "no such photo"), (413, "the request is over the upload cap"), (429, "too many failed logins"),
+        (400, "bad input: an image that cannot be used (empty, not an image, too small or too large), a folder name "
+              "with `..`, a body that is not the JSON or form described"), (401, "login or token needed"),
+        (404, "no such photo, no such folder in the collection, or no near-duplicate groups saved"),
+        (413, "the request is over the upload cap"), (429, "too many failed logins"),
         (503, "busy (shed with Retry-After) or the index is not ready yet")]}  # fmt: skip
 
 
@@ -123,18 +140,22 @@ class SearchService:
                 raise NotReady(str(e)) from None
 
     def _read(self, data: bytes, name: str) -> Any:
-        """Decode an upload with the page's decoder (the same caps and messages): through a file, as Gradio does."""
+        """Decode an upload with the page's decoder (the same caps and messages): through a file, as Gradio does.
+
+        The file is named by us (``upload`` and the name's suffix when it is a plain one), never by the client: a
+        name too long for the file system, or one that means something to it, never reaches it."""
         folder = Path(tempfile.mkdtemp(dir=self._tmp))
         try:
-            path = folder / name
+            path = folder / ("upload" + upload_suffix(name))
             path.write_bytes(data)
-            return read_upload(str(path), self.app.embedder.resize)
+            return read_upload(str(path), self.app.embedder.resize, name=name)
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
     async def search_image(self, data: bytes, name: str, k: int, folder: str, offset: int) -> SearchResponse:
         """An uploaded image's results (decoded in the pool, embedded and searched in a batch)."""
         self._ready()
+        self._check(k, folder)
         t0 = time.perf_counter()
         async with self.batcher.admit():
             image = await asyncio.get_running_loop().run_in_executor(self._decode, self._read, data, _safe_name(name))
@@ -153,17 +174,27 @@ class SearchService:
     async def search_id(self, image_id: int, k: int, folder: str, offset: int) -> SearchResponse:
         """An indexed photo's results, from its stored vector (nothing decoded or embedded)."""
         self._ready()
+        self._check(k, folder)
+        self._vector(image_id)  # an unknown id: its 404 now, before it joins a batch
         t0 = time.perf_counter()
         async with self.batcher.admit():
             out = await self.batcher.submit(_Query(k, folder, offset, image_id=image_id))
         return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
 
+    def _check(self, k: int, folder: str) -> None:
+        """A search's ``k`` and ``folder`` checked before it joins a batch (the page's checks: its 400, or
+        :class:`NoSuchFolder`'s 404), so that a batch holds only requests that can be answered."""
+        self.app._query(k, folder)
+
     def _vector(self, image_id: int) -> np.ndarray:
         index = self.app._index()
         row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
         if row is None or row.deleted or row.status != "ok":
-            raise NotFound(f"photo id {image_id} is not an indexed photo: search again for current ids")
-        return index.vectors(np.array([int(image_id)]))[0]  # D
+            raise NotFound(f"photo id {quoted(image_id)} is not an indexed photo: search again for current ids")
+        try:
+            return index.vectors(np.array([int(image_id)], np.int64))[0]  # D
+        except KeyError:  # removed since its row was read
+            raise NotFound(f"photo id {image_id} has no vector: search again for current ids") from None
 
     def _batch(self, queries: list[_Query]) -> list[SearchResponse | BaseException]:
         """One batch (in the batcher's thread): embed every upload in one call, then one search per (k, folder,
@@ -186,9 +217,8 @@ class SearchService:
             if q.image_id is not None:
                 try:
                     vectors[i] = self._vector(q.image_id)
-                except (UserError, KeyError) as e:
-                    out[i] = e if isinstance(e, UserError) else NotFound(f"photo id {q.image_id} has no vector: "
-                                                                          "search again for current ids")  # fmt: skip
+                except Exception as e:  # noqa: BLE001 - that search's own error (NotFound: its 404)
+                    out[i] = e
         groups: dict[tuple[int, str, int], list[int]] = {}
         for i, q in enumerate(queries):
             if out[i] is None:
@@ -197,11 +227,18 @@ class SearchService:
             try:
                 hits = self.app.search_vectors(np.stack([vectors[i] for i in members]), k, folder, offset)  # Q x D
                 responses = [self._response(hits, n, k, folder, offset) for n in range(len(members))]
-            except Exception as e:  # noqa: BLE001 - the group's requests get it (UserError: their 400)
-                responses = [e] * len(members)
+            except Exception:  # noqa: BLE001 - one query may fail the group's search: each one alone, its own error
+                responses = [self._alone(vectors[i], k, folder, offset) for i in members]
             for i, r in zip(members, responses):
                 out[i] = r
         return out  # type: ignore[return-value]
+
+    def _alone(self, vector: np.ndarray, k: int, folder: str, offset: int) -> SearchResponse | BaseException:
+        """One query's search by itself (its group's search failed): its response, or its own error."""
+        try:
+            return self._response(self.app.search_vectors(vector[None], k, folder, offset), 0, k, folder, offset)
+        except Exception as e:  # noqa: BLE001 - this request's caller gets it, no other
+            return e
 
     def _response(self, hits: Any, n: int, k: int, folder: str, offset: int) -> SearchResponse:
         index = self.app._index()
@@ -216,11 +253,45 @@ class SearchService:
                               images=len(index), took_ms=0.0)  # fmt: skip
 
 
+class OriginalResponse(Response):
+    """A file already opened (and checked) streamed in chunks with its size as ``Content-Length``, closed at the end
+    whatever happens (a client that leaves included). Nothing is copied, so nothing can be evicted before it is sent."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, f: BinaryIO, size: int, name: str, media_type: str) -> None:
+        super().__init__(media_type=media_type, headers={"content-disposition": _attachment(name)})
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        self.raw_headers.append((b"content-length", str(size).encode()))
+        self.file, self.size = f, size
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            left = self.size
+            while left > 0:  # exactly the size announced, even if the file grew meanwhile
+                chunk = await anyio.to_thread.run_sync(self.file.read, min(self.CHUNK, left))
+                if not chunk:  # shrunk meanwhile: the client sees a short body, as announced nowhere else
+                    break
+                left -= len(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": left > 0})
+            if left > 0:
+                raise OSError(f"{self.size - left} of {self.size} bytes read: the file shrank while it was sent")
+        finally:
+            self.file.close()
+
+
+def _attachment(name: str) -> str:
+    """``Content-Disposition`` for a download named ``name``, as Starlette's FileResponse writes it."""
+    quoted_name = urllib.parse.quote(name)
+    return f"attachment; filename*=utf-8''{quoted_name}" if quoted_name != name else f'attachment; filename="{name}"'
+
+
 def _safe_name(name: str | None) -> str:
     """A client's file name as a plain name for messages and the temporary file ("upload" when it has none)."""
     base = Path(str(name or "")).name.replace("\x00", "")
     base = "".join(c for c in base if c.isprintable())[:120].strip(". ")
-    return base or "upload"
+    return base or "upload"  # a name for messages only: the temporary file is named by SearchService._read
 
 
 def _json_path(path: str) -> str:
@@ -245,7 +316,25 @@ def _one_line(e: RequestValidationError) -> str:
 
 
 def _error(code: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=code, headers=headers)
+    """The API's error: ``{"detail": one line}``, at most MAX_DETAIL characters whatever the request held."""
+    return JSONResponse({"detail": clipped(detail, MAX_DETAIL)}, status_code=code, headers=headers)
+
+
+# Starlette's words for a body it cannot parse, and ours (naming what to send instead).
+_BODY_ERRORS = {
+    "There was an error parsing the body": "the request body cannot be parsed: send UTF-8 JSON of the documented "
+    "fields (or a multipart form for /search); see /api/v1/docs",
+}
+
+
+def _http_detail(e: StarletteHTTPException) -> str:
+    """An HTTPException's detail as the API's one line (a form with too many fields, a body that does not parse)."""
+    detail = str(e.detail)
+    if e.status_code == 400:
+        detail = _BODY_ERRORS.get(detail, detail)
+        if detail.startswith(("Too many fields", "Too many files", "Part exceeded maximum size")):
+            detail = f"the form is not what /search takes ({detail.rstrip('.')}): send image, k, folder and offset"
+    return detail
 
 
 # ------------------------------------------------------------------------------------------------ routes
@@ -263,32 +352,35 @@ def api_routes(service: SearchService) -> list[Any]:
                 try:
                     check_access(request, settings)
                     return await handler(request)
-                except HTTPException as e:
-                    return _error(e.status_code, str(e.detail), e.headers)
+                except StarletteHTTPException as e:  # FastAPI's, and Starlette's for a body that does not parse
+                    return _error(e.status_code, _http_detail(e), e.headers)
                 except RequestValidationError as e:
                     return _error(400, _one_line(e))
                 except Overloaded as e:
                     return _error(503, str(e), {"Retry-After": str(e.retry_after)})
                 except NotReady as e:
                     return _error(503, str(e), {"Retry-After": "10"})
-                except NotFound as e:
+                except (NotFound, NoSuchFolder) as e:
                     return _error(404, str(e))
                 except UserError as e:
-                    logger.warning("%s", e)  # one line in the log, as the page's errors
+                    logger.warning("%s", clipped(str(e), MAX_DETAIL))  # one line in the log, as the page's errors
                     return _error(400, str(e))
                 except Exception as e:  # noqa: BLE001 - a message, never a traceback; the log has it
                     logger.exception("API request failed")
-                    return _error(500, f"{type(e).__name__}: {e}. The server is still running; details are in its "
-                                  "log.")  # fmt: skip
+                    return _error(500, f"{type(e).__name__}: {clipped(str(e))}. The server is still running; details "
+                                  "are in its log.")  # fmt: skip
 
             return guarded
 
     router = APIRouter(prefix=API_PREFIX, route_class=_Route, tags=["search"])
     app = service.app
 
-    @router.post("/search", response_model=SearchResponse, responses=ERRORS, summary="Search by an uploaded image")
-    async def search(image: UploadFile = File(description="the query photo (JPEG, PNG, WebP, GIF, BMP or TIFF)"),
-                     k: int = Form(12, ge=1, le=MAX_RESULTS), folder: str = Form(""),
+    @router.post("/search", response_model=SearchResponse, responses=ERRORS, summary="Search by an uploaded image",
+                 openapi_extra={"requestBody": {"content": {"multipart/form-data": {
+                     "encoding": {"image": {"contentType": IMAGE_TYPES}}}}}})  # fmt: skip
+    async def search(image: UploadFile = File(description="the query photo (JPEG, PNG, WebP, GIF, BMP or TIFF)",
+                                              json_schema_extra={"minLength": 1}),
+                     k: int = Form(12, ge=1, le=MAX_RESULTS), folder: str = Form("", **FOLDER_FIELD),
                      offset: int = Form(0, ge=0)) -> SearchResponse:  # fmt: skip
         """The nearest photos to an uploaded image (multipart/form-data), ranked by score."""
         data = await image.read()
@@ -308,14 +400,14 @@ def api_routes(service: SearchService) -> list[Any]:
 
     @router.get("/photos/{photo_id}/similar", response_model=SearchResponse, responses=ERRORS,
                 summary="Search by an indexed photo")  # fmt: skip
-    async def similar(photo_id: int = PathParam(ge=0), k: int = Query(12, ge=1, le=MAX_RESULTS),
-                      folder: str = Query(""), offset: int = Query(0, ge=0)) -> SearchResponse:  # fmt: skip
+    async def similar(photo_id: int = PathParam(ge=0, le=MAX_ID), k: int = Query(12, ge=1, le=MAX_RESULTS),
+                      folder: str = Query("", **FOLDER_FIELD), offset: int = Query(0, ge=0)) -> SearchResponse:
         """The nearest photos to a photo of the index (its stored vector: the page's click on a result)."""
         return await service.search_id(photo_id, k, folder, offset)
 
     @router.get("/photos/{photo_id}/thumbnail", responses={**ERRORS, 200: {"content": {"image/jpeg": {}}}},
                 response_class=FileResponse, summary="A photo's thumbnail")  # fmt: skip
-    def thumbnail(photo_id: int = PathParam(ge=0)) -> FileResponse:
+    def thumbnail(photo_id: int = PathParam(ge=0, le=MAX_ID)) -> FileResponse:
         """The thumbnail the page shows (JPEG, about 256 px), from the index's thumbs/ folder only."""
         service._ready()
         index = app._index()
@@ -328,17 +420,16 @@ def api_routes(service: SearchService) -> list[Any]:
 
     @router.get("/photos/{photo_id}/original", responses={**ERRORS, 200: {"content": {"image/*": {}}}},
                 response_class=FileResponse, summary="A photo's original file")  # fmt: skip
-    def original(photo_id: int = PathParam(ge=0)) -> FileResponse:
+    def original(photo_id: int = PathParam(ge=0, le=MAX_ID)) -> Response:
         """The original file under the page's rules: an indexed photo, inside the collection, a regular file of at
-        most 64 MB."""
+        most 64 MB; streamed from the file itself (opened once, checked, sent with its size), never from a copy."""
         service._ready()
         index = app._index()
         row = index.catalog.rows_by_id([photo_id]).get(photo_id)
         if row is None or row.deleted or row.status != "ok":
             raise NotFound(f"photo id {photo_id} is not an indexed photo: search again for current ids")
-        copy = app.original(photo_id)
-        kind = mimetypes.guess_type(copy)[0] or "application/octet-stream"
-        return FileResponse(copy, media_type=kind, filename=Path(copy).name)
+        f, size, name = app.open_original(photo_id)
+        return OriginalResponse(f, size, name, mimetypes.guess_type(name)[0] or "application/octet-stream")
 
     @router.get("/stats", response_model=Stats, responses=ERRORS, summary="The collection and its index")
     def stats() -> Stats:
@@ -357,7 +448,10 @@ def api_routes(service: SearchService) -> list[Any]:
         """The groups last saved by `moco index dedup` or the page's Collection tab, largest first."""
         service._ready()
         index = app._index()
-        dup = load_duplicates(index.dir)
+        try:
+            dup = load_duplicates(index.dir)
+        except UserError as e:  # a damaged dedup.json: no groups to give (not the request's fault: not 400)
+            raise NotFound(str(e)) from None
         if dup is None:
             raise NotFound(f"no near-duplicate search yet: run `moco index dedup {index.dir}` or press Find "
                            "near-duplicates in the page's Collection tab")  # fmt: skip
@@ -367,7 +461,7 @@ def api_routes(service: SearchService) -> list[Any]:
                           score=float(m.get("similarity", m.get("best_similarity", 1.0))))  # fmt: skip
 
         groups = []
-        for g in dup.get("groups", []):
+        for g in dup["groups"]:
             rep = g.get("representative")
             rep_m = next((m for m in g["members"] if rep and m["id"] == rep.get("id")), None)
             groups.append(Group(size=int(g["size"]), representative=member(rep_m) if rep_m else None,

@@ -4,9 +4,20 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from app.handlers import MAX_RESULTS
+from app.handlers import FOLDER_PATTERN, MAX_RESULTS
 
-__all__ = ["Hit", "SearchResponse", "Base64Query", "Stats", "Member", "Group", "Duplicates", "ErrorResponse"]
+__all__ = ["FOLDER_FIELD", "IMAGE_TYPES", "BASE64_PATTERN",
+           "Hit", "SearchResponse", "Base64Query", "Stats", "Member", "Group", "Duplicates", "ErrorResponse"]
+
+
+# The folder filter's field, everywhere: '' or a sub-folder written as FOLDER_PATTERN says (else 400; one that is
+# not in the collection: 404). Only described in the schema: the page's own check answers, with the page's message.
+FOLDER_FIELD = {"description": "only photos under this sub-folder of the collection ('': all); no `.` or `..` part, "
+                "no control character", "json_schema_extra": {"pattern": FOLDER_PATTERN}}
+IMAGE_TYPES = "image/jpeg, image/png, image/webp, image/gif, image/bmp, image/tiff"  # what an upload may be
+
+# Padded standard base64 of at least one byte: what `image_base64` must be (anything else is a 400).
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)$"
 
 
 class Hit(BaseModel):
@@ -35,10 +46,11 @@ class SearchResponse(BaseModel):
 class Base64Query(BaseModel):
     """A search by an image sent as base64 in JSON."""
 
-    image_base64: str = Field(description="the image file's bytes, base64 (standard alphabet)")
+    image_base64: str = Field(description="the image file's bytes, base64 (standard alphabet, padded)",
+                              json_schema_extra={"minLength": 4, "pattern": BASE64_PATTERN})  # checked by the route
     filename: str = Field("upload", description="a name for the image in messages")
     k: int = Field(12, ge=1, le=MAX_RESULTS, description="results per page")
-    folder: str = Field("", description="only photos under this sub-folder of the collection ('': all)")
+    folder: str = Field("", **FOLDER_FIELD)  # type: ignore[arg-type]
     offset: int = Field(0, ge=0, description="results to skip (the next page: `next_offset`)")
 
 

@@ -8,8 +8,9 @@ a batch): one more gets :class:`Overloaded` at once (the API answers 503 with ``
 shed instead of queued without bound.
 
 ``fn`` takes a list of items and returns one result per item, in order; a result that is an exception is raised
-to that item's caller only. An exception from ``fn`` itself fails the whole batch, and the next batch runs as
-usual.
+to that item's caller only. One request's failure is its own: when ``fn`` itself raises for a batch of several
+items (one bad item can poison a whole call), each of them is run again alone, so only the items that fail alone
+get an exception (each its own); the next batch runs as usual.
 """
 
 from __future__ import annotations
@@ -118,13 +119,7 @@ class Batcher(Generic[T, R]):
             if not batch:
                 continue
             t0 = time.perf_counter()
-            try:
-                results = await loop.run_in_executor(self._worker, self.fn, [item for item, _ in batch])
-                if len(results) != len(batch):
-                    raise RuntimeError(f"the batch function returned {len(results)} results for {len(batch)} items")
-            except Exception as e:  # noqa: BLE001 - the batch's callers get it; the collector goes on
-                logger.exception("a batch of %d failed", len(batch))
-                results = [e] * len(batch)
+            results = await loop.run_in_executor(self._worker, self._run, [item for item, _ in batch])
             self._last_s = time.perf_counter() - t0
             self.batch_sizes = [*self.batch_sizes[-999:], len(batch)]
             for (_, fut), result in zip(batch, results):
@@ -134,6 +129,31 @@ class Batcher(Generic[T, R]):
                     fut.set_exception(result)
                 else:
                     fut.set_result(result)
+
+    def _run(self, items: list[T]) -> list[R | BaseException]:
+        """``fn`` over ``items`` (in the worker thread); when it raises for several items, each item alone."""
+        try:
+            return self._checked(items)
+        except Exception as e:  # noqa: BLE001 - the collector goes on; the items are tried one by one
+            if len(items) == 1:
+                logger.exception("a search failed")
+                return [e]
+            logger.warning("a batch of %d failed (%s: %s): running its items one by one", len(items),
+                           type(e).__name__, str(e)[:200])  # fmt: skip
+        out: list[R | BaseException] = []
+        for item in items:
+            try:
+                out += self._checked([item])
+            except Exception as e:  # noqa: BLE001 - this item's caller gets it, and no other
+                logger.exception("a search failed")
+                out.append(e)
+        return out
+
+    def _checked(self, items: list[T]) -> list[R | BaseException]:
+        results = list(self.fn(items))
+        if len(results) != len(items):
+            raise RuntimeError(f"the batch function returned {len(results)} results for {len(items)} items")
+        return results
 
     def close(self) -> None:
         """Stop the collector and the worker thread (a batch running finishes first)."""

@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from app import log_limits
 from moco import __version__
 from moco.errors import UserError, storage_error
 
@@ -234,6 +235,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         with logging_redirect_tqdm():
+            log_limits.install()  # on the handlers tqdm's redirect put in place
             return args.handler(args)
     except KeyboardInterrupt:
         print(f"moco {_name(args)}: interrupted", file=sys.stderr)

@@ -46,6 +46,12 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
                    help="a reverse proxy in front of this server (address or network; repeat or separate with "
                    "commas): its X-Forwarded-For names the client, for login throttling. Default: none, the "
                    "client is the connecting address")  # fmt: skip
+    p.add_argument("--request-timeout", type=float, default=30.0, metavar="S",
+                   help="a request must arrive within S seconds (its body may pause at most as long); slower ones "
+                   "get 408 and are closed (default: 30)")  # fmt: skip
+    p.add_argument("--max-connections", type=int, default=None, metavar="N",
+                   help="connections open at once at most; one more closes the slowest half-sent request first "
+                   "(default: three quarters of the open-files limit, at most 1000)")  # fmt: skip
     api = p.add_argument_group("JSON API", "served beside the page at /api/v1 (docs: /api/v1/docs), with the "
                                "page's --auth")  # fmt: skip
     api.add_argument("--api-token", default=os.environ.get("MOCO_API_TOKEN"), metavar="TOKEN",
@@ -77,6 +83,16 @@ def _api_settings(args: argparse.Namespace) -> object:
                        max_batch=args.max_batch, max_pending=args.max_pending,
                        cors_origins=check_cors_origins(args.api_cors_origin),
                        allowed_hosts=check_allowed_hosts(args.allowed_host))  # fmt: skip
+
+
+def _limits(args: argparse.Namespace) -> object:
+    """The connections' limits from the flags (checked)."""
+    from app.connections import ConnectionLimits
+
+    if not 0 < args.request_timeout <= 3600 or (args.max_connections is not None and args.max_connections < 1):
+        raise UserError(f"--request-timeout {args.request_timeout}, --max-connections {args.max_connections}: the "
+                        "timeout must be more than 0 and at most 3600 s, the count at least 1")  # fmt: skip
+    return ConnectionLimits(args.request_timeout, args.max_connections)
 
 
 def _check_serve_arguments(args: argparse.Namespace) -> tuple[str, str] | None:
@@ -132,11 +148,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     auth = _check_serve_arguments(args)
     api = _api_settings(args)
+    limits = _limits(args)
     checkpoint = resolve(args.checkpoint) if args.checkpoint else None  # an official NAME: fetched first
     _announce(args)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl+C: the server's temp files go
     serve(args.index_dir, checkpoint, args.host, args.port, auth, args.backbone, args.device,
-          trusted_proxies=args.trusted_proxy, api=api)  # fmt: skip
+          trusted_proxies=args.trusted_proxy, api=api, limits=limits)  # fmt: skip
     return 0
 
 
@@ -177,6 +194,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     require_faiss() if args.no_serve else _require_ui()  # before any training: the pipeline ends with them
     auth = _check_serve_arguments(args)
     api = None if args.no_serve else _api_settings(args)
+    limits = None if args.no_serve else _limits(args)
     extra = {"max_steps": args.max_steps} if args.max_steps else {}
     # Asking for training (--minutes, --max-steps) or for the sample (no PHOTOS) never fetches a default model.
     asked_training = args.minutes is not None or args.max_steps is not None
@@ -191,7 +209,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         status = RunStatus(work)
         photos = Path(args.photos).expanduser() if args.photos else work / "photos"
         demo, app = serve_pending(work / "index", photos, status, args.host, args.port, auth,
-                                  args.trusted_proxy, api)  # fmt: skip
+                                  args.trusted_proxy, api, limits)  # fmt: skip
         _announce(args)
         print("the page's Status tab follows training and indexing; search turns on when the index is ready",
               flush=True)  # fmt: skip

@@ -13,6 +13,7 @@ import html
 import json
 import logging
 import os
+import re
 import secrets
 import shutil
 import tempfile
@@ -20,7 +21,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from PIL import Image
@@ -31,9 +32,10 @@ from index.catalog import display_path
 from index.dedup import find_duplicates, load_duplicates
 from index.image_index import ImageIndex, SearchResult
 from moco.data import load_rgb, open_regular
-from moco.errors import UserError
+from moco.errors import UserError, quoted
 
-__all__ = ["SearchApp", "MAX_RESULTS", "ALL_FOLDERS", "VIEW_PX", "MAX_ORIGINAL_BYTES", "score_text"]
+__all__ = ["SearchApp", "NoSuchFolder", "FOLDER_PATTERN",
+           "MAX_RESULTS", "ALL_FOLDERS", "VIEW_PX", "MAX_ORIGINAL_BYTES", "score_text"]
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +87,18 @@ def _bytes(n: int) -> str:
 def _query_md(state: dict[str, Any]) -> str:
     """The query in the results' heading: an indexed photo's path as code, else the label as it is."""
     return f"`{state['label']}`" if state.get("source") else state["label"]
+
+
+# A folder filter as it may be written: parts between "/" none of which is "." or "..", no control character. One
+# that is not is bad input (the JSON API's 400, its schema's pattern); one that is but names no sub-folder of the
+# collection is NoSuchFolder (404).
+_NAME = r"[^/\x00-\x1f\x7f-\x9f]"  # a character of a part
+_PART = rf"[^./\x00-\x1f\x7f-\x9f]{_NAME}*|\.[^./\x00-\x1f\x7f-\x9f]{_NAME}*|\.\.{_NAME}+"  # not "." nor ".."
+FOLDER_PATTERN = rf"^(?:(?:{_PART})?(?:/(?:{_PART})?)*)$"
+
+
+class NoSuchFolder(UserError):
+    """A folder filter written as FOLDER_PATTERN says that names no sub-folder of the collection (the API's 404)."""
 
 
 class SearchApp:
@@ -191,11 +205,14 @@ class SearchApp:
         k = int(max(1, min(int(k), MAX_RESULTS)))
         index.refresh()  # `moco index update` may have replaced the files meanwhile
         index.check_embedder(self.embedder)  # ... or rebuilt them with another model
-        folder = (folder or "").strip().strip("/") or None
+        given = folder or ""
+        folder = given.strip().strip("/") or None
         if folder == ALL_FOLDERS:
             folder = None
         if folder and folder not in self.folders():
-            raise UserError(f"no sub-folder {folder!r} in the collection: pick one from the list, or {ALL_FOLDERS}")
+            bad_name = re.fullmatch(FOLDER_PATTERN, given) is None
+            raise (UserError if bad_name else NoSuchFolder)(f"no sub-folder {quoted(folder)} in the collection: pick "
+                                                             f"one from the list, or {ALL_FOLDERS}")  # fmt: skip
         folder = self._folder_names.get(folder, folder) if folder else None
         if len(index) == 0:
             raise UserError("the index is empty: add photos and run `moco index update`")
@@ -330,10 +347,11 @@ class SearchApp:
                 self._kept_bytes -= old_size
                 shutil.rmtree(old, ignore_errors=True)
 
-    def original(self, image_id: int) -> str:
-        """A copy of an indexed photo's original file for the browser (the originals folder itself is never served).
+    def open_original(self, image_id: int) -> tuple[BinaryIO, int, str]:
+        """An indexed photo's original file, opened: (file, size in bytes, its name); the caller closes the file.
 
-        Only files of the index, inside its root, regular and at most MAX_ORIGINAL_BYTES are handed out.
+        Only files of the index, inside its root, regular and at most MAX_ORIGINAL_BYTES are opened (the file is
+        checked once open, so what is served is what was checked). The JSON API streams it from there.
         """
         index = self._index()
         row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
@@ -345,19 +363,29 @@ class SearchApp:
             raise UserError(f"{display_path(row.path)} links outside the collection ({display_path(str(root))}): "
                             "not served")  # fmt: skip
         try:
-            with open_regular(source) as f:
-                size = os.fstat(f.fileno()).st_size
-                if size > MAX_ORIGINAL_BYTES:
-                    cap = _bytes(MAX_ORIGINAL_BYTES)
-                    raise UserError(f"{display_path(row.path)} is {_bytes(size)}, over the {cap} served by the page: "
-                                    "open it from its folder")  # fmt: skip
-                out = self._new_file(Path(row.path).name.encode("utf-8", "replace").decode() or "photo")
+            f = open_regular(source)
+        except OSError as e:
+            raise UserError(f"{display_path(row.path)} cannot be read now ({e.strerror or e}): run "
+                            "`moco index update`") from None  # fmt: skip
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_ORIGINAL_BYTES:
+            f.close()
+            raise UserError(f"{display_path(row.path)} is {_bytes(size)}, over the {_bytes(MAX_ORIGINAL_BYTES)} served "
+                            "by the page: open it from its folder")  # fmt: skip
+        return f, size, Path(row.path).name.encode("utf-8", "replace").decode() or "photo"
+
+    def original(self, image_id: int) -> str:
+        """A copy of an indexed photo's original file for the page (the originals folder itself is never served),
+        under :meth:`open_original`'s rules. Gradio copies it into its own cache before the page is answered."""
+        f, _, name = self.open_original(image_id)
+        try:
+            with f:
+                out = self._new_file(name)
                 with open(out, "wb") as dst:
                     shutil.copyfileobj(f, dst, 1 << 20)
             self._keep(out)
         except OSError as e:
-            raise UserError(f"{display_path(row.path)} cannot be read now ({e.strerror or e}): run "
-                            "`moco index update`") from None  # fmt: skip
+            raise UserError(f"{name} cannot be read now ({e.strerror or e}): run `moco index update`") from None
         return str(out)
 
     def export(self, state: dict[str, Any] | None) -> tuple[str, str]:

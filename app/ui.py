@@ -132,9 +132,10 @@ def _service(app: SearchApp, auth: tuple[str, str] | None, api: Any) -> Any:
 
 def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str = "127.0.0.1", port: int = 7860,
           auth: tuple[str, str] | None = None, backbone: str | Path | None = None, device: str = "auto",
-          block: bool = True, trusted_proxies: Sequence[str] = (), api: Any = None) -> Any:  # fmt: skip
-    """Launch the UI and the JSON API (``api``: :class:`app.api.ApiSettings`); returns the running Blocks when
-    ``block`` is False.
+          block: bool = True, trusted_proxies: Sequence[str] = (), api: Any = None,
+          limits: Any = None) -> Any:  # fmt: skip
+    """Launch the UI and the JSON API (``api``: :class:`app.api.ApiSettings`; ``limits``: the connections'
+    :class:`app.connections.ConnectionLimits`); returns the running Blocks when ``block`` is False.
 
     Blocking, it returns once interrupted (Ctrl+C, or SIGTERM where the CLI maps it so), the server and its
     temporary files gone.
@@ -143,7 +144,7 @@ def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str
     demo, app = make_demo(index_dir, checkpoint, backbone, device, lambda app: _service(app, auth, api))
     service = demo.api_service  # for close(), and for tests
     try:
-        _launch(demo, launch_kwargs(app.index, host, port, auth, trusted_proxies=trusted_proxies, api=service))
+        _launch(demo, launch_kwargs(app.index, host, port, auth, trusted_proxies=trusted_proxies, api=service), limits)
         if block:  # the process is this server's from now on: its startup heap stays out of collections
             heap.freeze()
             demo.block_thread()
@@ -157,7 +158,7 @@ def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str
 
 def serve_pending(index_dir: str | Path, photos: str | Path, status: Any, host: str = "127.0.0.1", port: int = 7860,
                   auth: tuple[str, str] | None = None, trusted_proxies: Sequence[str] = (),
-                  api: Any = None) -> tuple[Any, SearchApp]:  # fmt: skip
+                  api: Any = None, limits: Any = None) -> tuple[Any, SearchApp]:  # fmt: skip
     """Launch the page (and the JSON API) before the index exists (never blocks): Status shows ``status``;
     ``app.attach`` adds search."""
     logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -166,7 +167,7 @@ def serve_pending(index_dir: str | Path, photos: str | Path, status: Any, host: 
     service = _service(app, auth, api)
     demo = _queued(build_ui(app, service))
     demo.api_service = service
-    _launch(demo, launch_kwargs(Path(index_dir), host, port, auth, Path(photos), trusted_proxies, api=service))
+    _launch(demo, launch_kwargs(Path(index_dir), host, port, auth, Path(photos), trusted_proxies, api=service), limits)
     return demo, app
 
 
@@ -184,13 +185,16 @@ def _pyplot_first() -> None:
         import matplotlib.pyplot  # noqa: F401 - imported whole, here, once
 
 
-def _launch(demo: Any, kwargs: dict[str, Any]) -> None:
-    """Start the server (never blocks), its idle connections kept KEEP_ALIVE_S (read per new connection), other
-    sites' pages kept from reading it (:mod:`app.api_cors`)."""
+def _launch(demo: Any, kwargs: dict[str, Any], limits: Any = None) -> None:
+    """Start the server (never blocks), its idle connections kept KEEP_ALIVE_S (read per new connection), a request
+    that does not arrive in time and connections past the limit closed (:mod:`app.connections`), other sites' pages
+    kept from reading it (:mod:`app.api_cors`)."""
     from app.api_cors import guard_page_origins
+    from app.connections import guard_connections
 
     demo.launch(prevent_thread_lock=True, **kwargs)
     demo.server.config.timeout_keep_alive = KEEP_ALIVE_S
+    demo.connections = guard_connections(demo.server, limits)
     settings = getattr(getattr(demo, "api_service", None), "settings", None)
     origins, names = (settings.cors_origins, settings.allowed_hosts) if settings is not None else ((), ())
     guard_page_origins(demo.server_app, origins, kwargs["server_name"], names)

@@ -24,7 +24,7 @@ from PIL import Image
 from moco.data import DEFAULT_MAX_PIXELS, ImageDecodeError, load_rgb, open_regular
 from moco.errors import UserError
 
-__all__ = ["MAX_UPLOAD_MB", "MIN_SIDE_PX", "QueryImage", "read_upload", "size_check_js"]
+__all__ = ["MAX_UPLOAD_MB", "MIN_SIDE_PX", "QueryImage", "read_upload", "upload_suffix", "size_check_js"]
 
 MAX_UPLOAD_MB = 25  # per uploaded file; Gradio enforces it before the upload, read_upload again after
 MIN_SIDE_PX = 16  # a query image smaller than this on a side has too little in it to search with
@@ -77,8 +77,17 @@ def _check_size(name: str, size: tuple[int, int]) -> None:
                         "on each side): upload a larger photo")  # fmt: skip
 
 
-def read_upload(image: Any, min_short: int | None = None) -> Image.Image:
-    """An uploaded image as RGB (decoded reduced to twice ``min_short``), or UserError naming the file and the fix."""
+def upload_suffix(name: str) -> str:
+    """The suffix of a client's file name when it is a plain one (``.jpg``, ``.webp``: what a temporary copy may be
+    named with), else ""."""
+    suffix = Path(name).suffix
+    return suffix if 1 < len(suffix) <= 6 and suffix[1:].isascii() and suffix[1:].isalnum() else ""
+
+
+def read_upload(image: Any, min_short: int | None = None, name: str | None = None) -> Image.Image:
+    """An uploaded image as RGB (decoded reduced to twice ``min_short``), or UserError naming the file and the fix.
+
+    ``name``: what messages call a file ``image`` (its client's name; default: the file's own name)."""
     if image is None:
         raise UserError("no image: upload, paste or take a photo first")
     if isinstance(image, Image.Image):
@@ -91,7 +100,7 @@ def read_upload(image: Any, min_short: int | None = None) -> Image.Image:
         return Image.fromarray(image).convert("RGB")
     if not isinstance(image, (str, Path)):
         raise UserError("no image: upload, paste or take a photo first")
-    name = Path(image).name
+    name = name or Path(image).name
     try:
         size = os.stat(image).st_size
     except OSError as e:

@@ -35,7 +35,7 @@ import numpy as np
 
 from moco.errors import StorageError, UserError
 
-__all__ = ["Catalog", "Row", "display_path"]
+__all__ = ["Catalog", "Row", "display_path", "MAX_ID"]
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,9 @@ class Row:
     deleted: int = 0
 
 
+# Ids are SQLite INTEGERs (signed 64 bits): a number outside this range is no photo's id (binding it would raise
+# OverflowError), so lookups leave it out as they leave out any unknown id.
+MAX_ID = 2**63 - 1
 _COLUMNS = "id, path, size, mtime_ns, hash, status, error, thumb, added, indexed, deleted"
 
 
@@ -104,6 +107,11 @@ def _sql_path(path: str) -> str | bytes:
 def _os_path(value: str | bytes) -> str:
     """A stored path back as the ``str`` the OS gave (the inverse of ``_sql_path``)."""
     return os.fsdecode(value) if isinstance(value, bytes) else value
+
+
+def _valid_ids(ids: Iterable[int]) -> list[int]:
+    """``ids`` as ints, those no photo can have (outside 0 .. MAX_ID) left out."""
+    return [i for i in (int(i) for i in ids) if 0 <= i <= MAX_ID]
 
 
 def _row(r: tuple) -> Row:
@@ -242,8 +250,8 @@ class Catalog:
         return {row.path: row for row in map(_row, self.db.execute(sql))}
 
     def rows_by_id(self, ids: Iterable[int]) -> dict[int, Row]:
-        """Live (not deleted) rows for ``ids``; unknown ids are left out."""
-        ids = [int(i) for i in ids]
+        """Live (not deleted) rows for ``ids``; unknown ids (any outside 0 .. MAX_ID among them) are left out."""
+        ids = _valid_ids(ids)
         out: dict[int, Row] = {}
         for start in range(0, len(ids), 900):  # SQLite's bound-parameter limit
             chunk = ids[start : start + 900]
@@ -287,7 +295,7 @@ class Catalog:
                                   "WHERE i.deleted = 0 AND i.status = 'ok' ORDER BY v.id")  # fmt: skip
             pairs = cur.fetchall()
         else:
-            ids = sorted(int(i) for i in ids)
+            ids = sorted(_valid_ids(ids))
             pairs = []
             for start in range(0, len(ids), 900):
                 chunk = ids[start : start + 900]

@@ -126,11 +126,47 @@ def find_duplicates(index: ImageIndex, threshold: float | None = None, save: boo
 
 
 def load_duplicates(index_dir: str | Path) -> dict[str, Any] | None:
-    """The last saved ``dedup.json``, or None."""
+    """The last saved ``dedup.json``, or None when there is none; a file that is not what :func:`find_duplicates`
+    writes (unreadable, not JSON, a key missing, a value of the wrong type) is a UserError naming it and the fix."""
     path = Path(index_dir) / DEDUP_FILE
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
+        doc = json.loads(path.read_text())
+        problem = _problem(doc)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        problem = f"not readable as JSON: {type(e).__name__}"
+    if problem:
+        raise UserError(f"{path} is damaged ({problem}): find the near-duplicates again (`moco index dedup "
+                        f"{Path(index_dir)}` or the page's Find near-duplicates) to write it anew")  # fmt: skip
+    return doc
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN
+
+
+def _problem(doc: Any) -> str | None:
+    """What makes ``doc`` something else than a saved search of :func:`find_duplicates` (None: nothing)."""
+    if not isinstance(doc, dict):
+        return f"a {type(doc).__name__}, not an object"
+    if not _number(doc.get("threshold")):
+        return "no number 'threshold'"
+    if not isinstance(doc.get("created"), (str, type(None))) or not isinstance(doc.get("groups"), list):
+        return "'created' is not text or 'groups' is not a list"
+    for n, g in enumerate(doc["groups"]):
+        where = f"group {n}"
+        if not isinstance(g, dict) or isinstance(g.get("size"), bool) or not isinstance(g.get("size"), int):
+            return f"{where} has no whole 'size'"
+        if not isinstance(g.get("members"), list) or not isinstance(g.get("representative", {}), (dict, type(None))):
+            return f"{where}: 'members' is not a list or 'representative' is not an object"
+        if not all(_number(g[key]) for key in ("tightest", "loosest") if key in g):
+            return f"{where}: 'tightest' or 'loosest' is not a number"
+        for m in g["members"]:
+            if not isinstance(m, dict) or isinstance(m.get("id"), bool) or not isinstance(m.get("id"), int):
+                return f"{where}: a member without a whole 'id'"
+            if not isinstance(m.get("path"), str) or not _number(m.get("similarity", m.get("best_similarity"))):
+                return f"{where}: member {m['id']} has no text 'path' or no number 'similarity'"
+            if "best_similarity" in m and not _number(m["best_similarity"]):
+                return f"{where}: member {m['id']}'s 'best_similarity' is not a number"
+    return None

@@ -8,7 +8,11 @@ from __future__ import annotations
 import errno
 import os
 
-__all__ = ["UserError", "StorageError", "NetworkError", "storage_error"]
+__all__ = ["UserError", "StorageError", "NetworkError", "storage_error", "quoted", "clipped", "MAX_QUOTED"]
+
+# What a message repeats of a value it was given (a folder, a name, an id from a request) at most, in characters:
+# a 20 MB folder string never comes back in a 20 MB message, nor goes into a log.
+MAX_QUOTED = 200
 
 
 class UserError(ValueError):
@@ -35,6 +39,19 @@ class NetworkError(UserError):
     the path and the fix. The CLI prints it and exits 1 (not bad input)."""
 
     exit_code = 1
+
+
+def clipped(text: str, limit: int = MAX_QUOTED) -> str:
+    """``text`` itself when it has at most ``limit`` characters, else its start and how long it was."""
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def quoted(value: object, limit: int = MAX_QUOTED) -> str:
+    """``repr(value)`` as a message quotes it: at most about ``limit`` characters of it (see :func:`clipped`)."""
+    if isinstance(value, str) and len(value) > limit:
+        return repr(value[:limit]) + f"... ({len(value)} characters)"
+    return clipped(repr(value), limit)
 
 
 def storage_error(err: OSError, path: str | os.PathLike[str], doing: str = "writing") -> StorageError:

@@ -23,7 +23,7 @@ LONG_FIRST = ["test_readme", "test_train", "test_distributed", "test_browser", "
               "test_index_crash", "test_run_page", "test_memory_bounds", "test_cli_help", "test_pretrained",
               "test_install", "test_export", "test_special_files", "test_run_recovery", "test_ui", "test_fit_resume",
               "test_embed_cli", "test_reliability", "test_run_whitening", "test_status", "test_doors",
-              "test_access"]  # fmt: skip
+              "test_access", "test_isolation"]  # fmt: skip
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -115,7 +115,34 @@ def test_errors_reach_only_their_own_callers_and_the_next_batch_runs():
     finally:
         b.close()
     assert first[0] == 1 and first[2] == 3 and isinstance(first[1], ValueError) and str(first[1]) == "bad -2"
-    assert all(isinstance(e, RuntimeError) for e in second) and third == 5
+    assert isinstance(second[0], RuntimeError) and second[1] == 4 and third == 5  # 4 ran again alone: its own result
+
+
+def test_one_poisoned_item_fails_alone_and_the_others_of_its_batch_get_their_results():
+    """A function that raises for a whole batch because of one item (SQLite's OverflowError for an id past 2^63 did):
+    the batch's items run again one by one, so only the poisoned one fails, with its own error."""
+    calls: list[list[int]] = []
+
+    def fn(items: list[int]) -> list[int]:
+        calls.append(list(items))
+        if any(x >= 2**63 for x in items):
+            raise OverflowError("Python int too large to convert to SQLite INTEGER")
+        return [x + 1 for x in items]
+
+    b = Batcher(fn, window_ms=0, max_batch=32)
+    items = [*range(10), 2**63, *range(10, 20)]
+
+    async def go() -> list:
+        return await asyncio.gather(*(b.submit(x) for x in items), return_exceptions=True)
+
+    try:
+        got = asyncio.run(go())
+    finally:
+        b.close()
+    assert calls[0] == items  # one batch first (all were waiting together) ...
+    assert [c for c in calls[1:]] == [[x] for x in items]  # ... then each item alone
+    assert isinstance(got[10], OverflowError)
+    assert [g for n, g in enumerate(got) if n != 10] == [x + 1 for x in items if x != 2**63]
 
 
 @pytest.mark.parametrize("max_batch", [1, 3, 16])
