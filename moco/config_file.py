@@ -111,7 +111,7 @@ def _yaml_problem(err: Any) -> str:
     where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
     if "unhashable key" in problem:
         return (f"a key{where} is a list or a mapping: a config's keys are field names, one per line, e.g. "
-                "arch: resnet18")  # fmt: skip
+                "arch: resnet18")
     return f"{problem[:200]}{where}"
 
 

@@ -24,12 +24,12 @@ NUMBERS: dict[str, type] = {
     "pos_sim": float, "elapsed_s": float, "total_steps": int, "crop": int, "decorrelation": float,
     "decorrelation_weight": float, "knn_top1": float, "knn_pixels": float, "knn_whitened": float,
     "knn_pixels_whitened": float, "knn_exported": float,
-}  # fmt: skip
+}
 _MAY_BE_NONE = ("knn_whitened", "knn_pixels_whitened")
 
 
 def parse_metrics(data: bytes, path: str | Path, first_line: int = 1, said: set[str] | None = None,
-                  ) -> list[dict[str, Any]]:  # fmt: skip
+                  ) -> list[dict[str, Any]]:
     """The records in ``data``, the bytes of ``path`` (a ``metrics.jsonl``) from line ``first_line`` on: the one
     reader of that file. A line that is not a record (a JSON object with an integer ``step``) is skipped, and one
     warning names the file and the lines: a damaged line by its number (nested too deeply for JSON too); a last line
@@ -77,7 +77,7 @@ def _record(line: bytes) -> dict[str, Any] | None:
 def _typed(record: dict[str, Any], number: int, wrong: list[str]) -> dict[str, Any]:
     """``record`` (line ``number``) without its values of the wrong type, each described in ``wrong``."""
     bad = [k for k, kind in NUMBERS.items() if k in record and not _is_number(record[k], kind)
-           and not (record[k] is None and k in _MAY_BE_NONE)]  # fmt: skip
+           and not (record[k] is None and k in _MAY_BE_NONE)]
     if not bad:
         return record
     values = ", ".join(f"{k!r} = {short_repr(record[k])}" for k in bad)

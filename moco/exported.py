@@ -125,7 +125,7 @@ def _checked_meta(meta: dict[str, str], path: Path) -> dict[str, str]:
     if not is_known_arch(meta["arch"]):
         raise UserError(f"{path}: its metadata 'arch' = {meta['arch'][:60]!r} is not a backbone this version builds "
                         "(a torchvision ResNet or a model of the installed timm): install the timm it was exported "
-                        f"with, or export the backbone again with `moco export CHECKPOINT -o {path}`")  # fmt: skip
+                        f"with, or export the backbone again with `moco export CHECKPOINT -o {path}`")
     bounds = dict(_META_INTS)
     for key in (*_META_INTS, "resize"):  # image_size first: the resize's bounds follow from it
         if key not in meta:
@@ -186,7 +186,7 @@ def _check_arch_kwargs(kwargs: dict, path: Path) -> None:
         else:
             continue
         raise UserError(f"{path}: its metadata 'arch_kwargs' has {shown}, which {why}: re-export the backbone with "
-                        f"`moco export CHECKPOINT -o {path}`")  # fmt: skip
+                        f"`moco export CHECKPOINT -o {path}`")
 
 
 def _check_output(state: dict[str, torch.Tensor], meta: dict[str, str], path: Path) -> None:
@@ -204,11 +204,11 @@ def _check_output(state: dict[str, torch.Tensor], meta: dict[str, str], path: Pa
         what = "its whitening" if mean is not None else f"the {meta['embed_dim']}-d features of {meta['arch'][:60]}"
         raise UserError(f"{path}: its metadata 'output' declares width {declared}, but its weights give {width}-d "
                         f"vectors ({what}{' with the pooled stages' if stages and mean is None else ''}): export "
-                        f"the backbone again with `moco export CHECKPOINT -o {path}`")  # fmt: skip
+                        f"the backbone again with `moco export CHECKPOINT -o {path}`")
 
 
 def build_exported(state: dict[str, torch.Tensor], meta: dict[str, str], path: str | Path = "the backbone file",
-                   ) -> nn.Module:  # fmt: skip
+                   ) -> nn.Module:
     """The backbone module described by exported ``meta`` (read from ``path``), with ``state`` loaded exactly."""
     backbone, dim = build_backbone(meta["arch"], json.loads(meta["small_stem"]), int(meta["image_size"]),
                                    **json.loads(meta.get("arch_kwargs", "{}")))  # fmt: skip
@@ -217,8 +217,8 @@ def build_exported(state: dict[str, torch.Tensor], meta: dict[str, str], path: s
     except RuntimeError as e:  # missing, unexpected or differently shaped tensors: the weights of another model
         why = " ".join(str(e).split())[:160]
         raise UserError(f"{path}: its weights are not those of its metadata 'arch' = {meta['arch'][:60]!r} ({why}): "
-                        f"export the backbone again with `moco export CHECKPOINT -o {path}`") from None  # fmt: skip
+                        f"export the backbone again with `moco export CHECKPOINT -o {path}`") from None
     if dim != int(meta["embed_dim"]):
         raise UserError(f"{path}: its metadata 'embed_dim' says {meta['embed_dim']}-d features but its {meta['arch']} "
-                        f"gives {dim}: export the backbone again with `moco export CHECKPOINT -o {path}`")  # fmt: skip
+                        f"gives {dim}: export the backbone again with `moco export CHECKPOINT -o {path}`")
     return backbone.eval()

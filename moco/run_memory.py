@@ -52,7 +52,7 @@ def estimate_memory(cfg: TrainConfig) -> list[Part]:
              ("batch_size", "cache_size" if cfg.cache_size else "image_size"), False),
         Part(f"{workers} photo{'s' * (workers > 1)} of {side} px being decoded", workers * side * side * 3 * DECODING,
              ("cache_size" if cfg.cache_size else "image_size", "workers"), False),
-    ]  # fmt: skip
+    ]
 
 
 def machine_memory(device_type: str = "cpu", device_index: int = 0) -> tuple[int, str] | None:
@@ -90,13 +90,13 @@ def _meminfo_total() -> int | None:
 
 
 def check_memory(cfg: TrainConfig, device_type: str = "cpu", device_index: int = 0,
-                 memory: dict[str, tuple[int, str]] | None = None) -> None:  # fmt: skip
+                 memory: dict[str, tuple[int, str]] | None = None) -> None:
     """Refuse (UserError) a ``cfg`` whose run cannot fit in memory, naming the flag and value of its largest part,
     the estimate, the memory there is and a value of that flag that fits. ``memory``: the bytes and name of the
     ``"host"``'s and (on a GPU) the ``"device"``'s memory; default: read from this machine (:func:`machine_memory`)."""
     if memory is None:
         found = {"host": machine_memory(), "device": machine_memory(device_type, device_index)
-                 if device_type == "cuda" else None}  # fmt: skip
+                 if device_type == "cuda" else None}
         memory = {k: v for k, v in found.items() if v is not None}
     parts = estimate_memory(cfg)
     for where, (nbytes, name) in memory.items():
@@ -109,7 +109,7 @@ def check_memory(cfg: TrainConfig, device_type: str = "cpu", device_index: int =
         fixes = [fix for f in big.fields if (fix := _fix(cfg, f, where, device_type, nbytes))]
         raise UserError(f"{flags}: the run needs at least {_size(need)} of memory, more than {name} "
                         f"({_size(nbytes)}), {_size(big.nbytes)} of it for {big.what}: use "
-                        f"{' or '.join(fixes) or 'smaller values'}, or a machine with more memory")  # fmt: skip
+                        f"{' or '.join(fixes) or 'smaller values'}, or a machine with more memory")
 
 
 def _held(parts: list[Part], where: str, device_type: str) -> list[Part]:

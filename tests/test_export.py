@@ -404,7 +404,7 @@ def test_cli_on_a_backbone_without_its_arch_exits_2_naming_it(backbone, sample_p
     ],
 )
 def test_backbone_metadata_that_contradicts_the_weights_names_the_file_the_key_and_the_fix(
-        backbone, tmp_path, key, value, needles):  # fmt: skip
+        backbone, tmp_path, key, value, needles):
     bad = tmp_path / "bad.safetensors"
     change = {key: value, **({"output": json.dumps({"width": 256})} if key == "embed_dim" else {})}
     _with_meta(backbone, bad, lambda m: m.update(change))

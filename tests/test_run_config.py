@@ -307,7 +307,7 @@ def test_embed_progress_bar_on_stderr(embedder, capsys):
     ("std: [1e-300, 1, 1]\n", ["std = 1e-300,1.0,1.0 is out of range", "from 0.001 to 1"]),  # a bare ValueError
     ("? [a, b]\n: 1\n", ["a key at line 1 column 3 is a list or a mapping", "field names"]),  # YAML's traceback
     ("{[1]: 2}\n", ["a key at line 1 column 2 is a list or a mapping", "field names"]),
-])  # fmt: skip
+])
 def test_config_values_no_machine_can_hold_are_refused_at_once(sample_photos, tmp_path, capsys, content, needles):
     path = tmp_path / "c.yaml"
     path.write_text(content)
@@ -328,7 +328,7 @@ def test_config_values_no_machine_can_hold_are_refused_at_once(sample_photos, tm
     ("--knn-k", "0", "1 to 1000000"),
     ("--sgd-momentum", "1", "0.999"),
     ("--workers", "-2", "-1 (one per CPU core)"),
-])  # fmt: skip
+])
 def test_flags_no_machine_can_hold_are_refused_at_once(sample_photos, tmp_path, capsys, flag, value, needle):
     run = tmp_path / "run"
     with contextlib.suppress(SystemExit):  # --mean/--std are parsed by argparse, which exits 2 itself
@@ -367,7 +367,7 @@ def test_a_run_no_machine_can_hold_is_refused_before_it_allocates(sample_photos,
     run = tmp_path / "run"
     flags = ["--arch", "resnet18", "--small-stem", "--workers", "0", "--bn-splits", "2", "--cache-size", "16"]
     assert _train(str(sample_photos), "--out", str(run), *flags, "--image-size", "4096", "--batch-size", "4096",
-                  "--queue-size", "4096", "--max-steps", "1") == 2  # fmt: skip
+                  "--queue-size", "4096", "--max-steps", "1") == 2
     err = capsys.readouterr().err
     assert "--batch-size 4096, --image-size 4096: the run needs at least" in err and "TiB of memory" in err, err
     assert "or less" in err and "decoding photos" not in err

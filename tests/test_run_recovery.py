@@ -199,7 +199,7 @@ def test_resume_of_a_finished_run_ignores_values_of_the_wrong_type(sample_photos
     warned = [line for line in err.splitlines() if str(metrics) in line]
     assert len(warned) == 1 and "line 2 (step 2)" in warned[0] and "'loss' = 'abc'" in warned[0], warned
     assert read_metrics(metrics) == [records[0], {k: v for k, v in records[1].items()
-                                                  if k not in ("loss", "lr", "total_steps")}]  # fmt: skip
+                                                  if k not in ("loss", "lr", "total_steps")}]
 
 
 def test_a_deeply_nested_line_is_a_damaged_line_for_every_reader(tmp_path, caplog):
