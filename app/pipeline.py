@@ -104,15 +104,17 @@ def _train(photos: Path, run_dir: Path, init: str | None, minutes: float | None,
     from moco.checkpoint import load_checkpoint
     from moco.config import resolve_config
     from moco.data import scan_images
+    from moco.run_checkpoint import run_end
     from moco.train import resume_config, run_state, train
 
     ckpt_path = run_dir / "checkpoint.pt"
     if ckpt_path.is_file():
         ckpt = load_checkpoint(ckpt_path)
         step, total, state = int(ckpt.get("step", 0)), int(ckpt.get("total_steps") or 0), run_state(ckpt)
+        end = run_end(ckpt)  # "600/600 steps", or where its time budget stopped it
         del ckpt
         if state == "done":
-            say(f"training: done earlier ({step}/{total} steps), reusing {ckpt_path}")
+            say(f"training: done earlier ({end}), reusing {ckpt_path}")
             return ckpt_path
         if state == "whitening":  # killed during the end-of-run fit: that fit alone, no training step
             say("training: finished earlier but its whitening was not fitted (interrupted): fitting it now")
@@ -134,7 +136,10 @@ def _train(photos: Path, run_dir: Path, init: str | None, minutes: float | None,
 
 
 def _stop_on_signal(summary: dict[str, Any], ckpt_path: Path, say: Callable[[str], None]) -> None:
-    """A run stopped by Ctrl+C or SIGTERM ends here (its checkpoint saved), never goes on to export a half model."""
+    """A run stopped by Ctrl+C or SIGTERM ends here (its checkpoint saved), never goes on to export a half model;
+    one cut short by its time budget says so, and goes on."""
+    if summary.get("planned_steps"):
+        say(f"training: stopped by its time budget at {summary['steps']} of {summary['planned_steps']} steps")
     if summary.get("signal") is not None:
         say(f"training: stopped by {summary['stopped_by']} at step {summary['steps']}/{summary['total_steps']}; "
             f"{ckpt_path} is saved: run the same command to resume")  # fmt: skip

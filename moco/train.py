@@ -58,6 +58,8 @@ __all__ = ["train", "run_state", "resume_config", "build_model", "cache_size_for
 
 logger = logging.getLogger(__name__)
 
+_clock = time.monotonic  # the time budget's clock (a test puts a synthetic one here)
+
 
 def _init_distributed(device_name: str) -> Dist:
     """Join the torchrun process group when launched by torchrun (WORLD_SIZE > 1)."""
@@ -127,7 +129,7 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
     monitor = knn_monitor(cfg, run_dir) if d.main and cfg.val_dir else None
     knn_every = cfg.knn_every or steps_per_epoch
     last_eval = metrics.last_eval if metrics is not None else -1  # a resumed run's last evaluation
-    clock = BudgetClock(s.elapsed, cfg.time_budget * 60)  # training seconds (evaluations excluded)
+    clock = BudgetClock(s.elapsed, cfg.time_budget * 60, _clock)  # training seconds (evaluations excluded)
 
     def evaluate() -> None:
         nonlocal last_eval
@@ -141,6 +143,8 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
     schedule_known = budget_fit is None  # False until the schedule is first fitted to the time budget
     bar = progress_bar(shown_total(total_steps, schedule_known), step, progress and d.main)
     saver = Checkpoints(run_dir, cfg, s.model, s.optimizer, s.scaler, cache, d, ckpt, s.elapsed, clock.now())
+    if total_steps < s.total_steps:  # a resumed run whose budget was spent: it ended short of its schedule
+        saver.planned = saver.planned or s.total_steps
     stopped_by = None
     s.model.train()
     with StopFlag() as stop:
@@ -168,6 +172,7 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
             stop_now = _all_reduce(float(stopped_by is not None), "max", d, device) > 0  # any rank stops: all do
             if stop_now and _all_reduce(float(clock.spent(now)), "max", d, device) > 0:
                 stopped_by = stopped_by or "time budget"
+                saver.planned = total_steps  # the schedule it was cut short of, for the reports
                 total_steps = step  # the budget is spent: the run is finished here, and the next one reuses it
             if stop_now or step == total_steps or saver.due(now):
                 saver.save(step, total_steps, clock.at(now), now)
@@ -194,7 +199,8 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
     summary = {"run_dir": str(run_dir), "steps": step, "total_steps": total_steps, "images": len(cache),
                "skipped": len(cache.skipped), "stopped_by": stopped_by, "signal": stop.signal, "precision": precision,
                "device": str(device), "final_loss": metrics.last_loss if metrics else None,
-               "whitening": whitening_summary(whitening, fit_s)}  # fmt: skip
+               "whitening": whitening_summary(whitening, fit_s),
+               "planned_steps": saver.planned if saver.planned > step else None}  # fmt: skip
     if metrics is not None:
         metrics.close()
     if d.world > 1:
