@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 from moco.augment import two_views
-from moco.checkpoint import atomic_write, load_checkpoint, lock_dir
+from moco.checkpoint import atomic_write, load_checkpoint, lock_dir, make_dirs
 from moco.config import TrainConfig, from_plain, to_plain, validate
-from moco.data import ImageCache, cache_size_for
+from moco.data import ImageCache, cache_size_for, exit_if_importing_main
 from moco.device import Dist, init_distributed, resolve_device, resolve_precision
 from moco.errors import UserError
 from moco.model import momentum_schedule
@@ -97,6 +97,7 @@ def train(
     The resolved config is written to ``cfg.out/config.json`` before training starts. While the run lasts it holds
     ``cfg.out``'s lock (:func:`moco.checkpoint.lock_dir`): a second run on that directory refuses, naming it.
     """
+    exit_if_importing_main()  # a script's top-level call, run again by a decoding worker: that worker stops there
     with contextlib.ExitStack() as held:  # the run directory's lock, once taken
         return _train(cfg, resume, progress, stop_after, tensorboard, held)
 
@@ -114,16 +115,24 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
     validate(cfg, d.world)
     device = resolve_device(cfg.device)
     precision = safe_precision(cfg, device, resolve_precision(cfg.precision, device))
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg)  # before any work: a wrong --arch (or its options) is said at once
     if d.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        undo = make_dirs(run_dir)
         held.enter_context(lock_dir(run_dir, "--out"))  # a second run on this directory refuses here
+
+        def undo_if_failed_early(failed: type[BaseException] | None, *_: object) -> bool:
+            if failed is not None and not (run_dir / "checkpoint.pt").exists():
+                undo()  # failed before its first checkpoint: what this run created goes (config.json, cache/ ...)
+            return False  # the error goes on
+
+        held.push(undo_if_failed_early)  # runs before the lock is released
         config_json = (json.dumps(to_plain(cfg), indent=2) + "\n").encode()
         atomic_write(run_dir / "config.json", lambda f: f.write(config_json))
-    torch.manual_seed(cfg.seed)
     cache = load_data(cfg, run_dir, ckpt, d, progress)  # decoded once into a uint8 cache (rank 0 builds it)
     check_collection(cfg, len(cache), d)
     steps_per_epoch = len(cache) // (cfg.batch_size * d.world)
-    s = setup(cfg, ckpt, d, device, precision, run_dir, steps_per_epoch, (len(cache), len(cache.skipped)))
+    s = setup(cfg, ckpt, d, device, precision, run_dir, steps_per_epoch, (len(cache), len(cache.skipped)), model)
     step, total_steps = s.step, s.total_steps
     metrics = MetricsLog(run_dir / "metrics.jsonl", step, writer_class) if d.main else None
     monitor = knn_monitor(cfg, run_dir) if d.main and cfg.val_dir else None

@@ -212,6 +212,24 @@ def test_cli_bad_values_exit_2(sample_photos, tmp_path, capsys, extra, needle):
     assert needle in err and "Traceback" not in err
 
 
+def test_a_failed_train_checks_first_and_leaves_nothing_behind(sample_photos, tmp_path, capsys):
+    """Issue 39: a wrong --arch was said only once every photo was decoded, and a run that failed before its first
+    checkpoint left config.json, cache/, skipped.txt and its lock in its folder (which it may have made)."""
+    run = tmp_path / "new" / "run"
+    args = ["train", str(sample_photos), "--out", str(run), *TINY_CLI, "--max-steps", "1"]
+    assert main([*args, "--arch", "no_such_net"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown backbone" in err and "image cache" not in err  # said before any photo is decoded
+    assert not (tmp_path / "new").exists()
+    assert main([*args, "--batch-size", "64", "--queue-size", "64"]) == 2  # fails once the photos are counted
+    err = capsys.readouterr().err
+    assert "48 readable images" in err and "image cache" in err and not (tmp_path / "new").exists()  # all it made
+    run.mkdir(parents=True)
+    (run / "notes.txt").write_text("mine")
+    assert main([*args, "--batch-size", "64", "--queue-size", "64"]) == 2
+    assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]  # what was there stays, what the run made goes
+
+
 def test_cli_empty_and_unreadable_folders_exit_2(tmp_path, capsys):
     empty = tmp_path / "empty"
     empty.mkdir()
