@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 CPU_MINUTES = 10.0  # default CPU training budget: a useful model, quickly
 SAMPLE = "sample"  # WORK/sample: the generated collection (photos/) and its run, backbone and index
 STATE = ("run", "backbone.safetensors", "index")  # what a run leaves in its folder's directory
+KEPT = ("run/checkpoint.pt", "backbone.safetensors", "index")  # once one exists, a failed run leaves all as it is
 LEGACY = (*STATE, "sample_photos")  # what earlier versions kept at the top of WORK, for whichever folder ran last
 
 
@@ -236,9 +237,10 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
     ``status``: told each stage and every message (still printed through ``say``); on an error its stage is
     "failed" (the error re-raised); its ``index_ready`` is set once the index is written.
     That directory is locked meanwhile (:func:`moco.checkpoint.lock_dir`): a second run of the same folder
-    refuses, naming this one; runs of other folders under the same ``work`` go on.
+    refuses, naming this one; runs of other folders under the same ``work`` go on. A run that fails before it
+    wrote a checkpoint, a backbone or an index removes what it created (:func:`moco.checkpoint.make_dirs`).
     """
-    from moco.checkpoint import lock_dir
+    from moco.checkpoint import lock_dir, make_dirs
 
     status = status if status is not None else RunStatus(work)
 
@@ -248,9 +250,15 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
 
     try:
         own = collection_dir(work, photos)
-        own.mkdir(parents=True, exist_ok=True)
+        undo = make_dirs(own)
         with lock_dir(own, "--work"):
-            return _run(photos, work, checkpoint, init, minutes, train_overrides, tell, progress, pretrained, status)
+            try:
+                return _run(photos, work, checkpoint, init, minutes, train_overrides, tell, progress, pretrained,
+                            status)  # fmt: skip
+            except BaseException:
+                if not any((own / name).exists() for name in KEPT):  # failed before writing what a rerun reuses:
+                    undo()  # what this run created goes (the generated sample, an empty WORK ...), nothing else
+                raise
     except BaseException as e:
         status.fail(str(e) or type(e).__name__)
         raise
