@@ -99,7 +99,7 @@ def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float |
 
 
 def _train(photos: Path, run_dir: Path, init: str | None, minutes: float | None, extra: dict[str, Any],
-           say: Callable[[str], None], progress: bool) -> Path:  # fmt: skip
+           say: Callable[[str], None], progress: bool, status: RunStatus | None = None) -> Path:  # fmt: skip
     import torch
 
     from moco.checkpoint import load_checkpoint
@@ -125,6 +125,8 @@ def _train(photos: Path, run_dir: Path, init: str | None, minutes: float | None,
         _stop_on_signal(train(cfg, resume=True, progress=progress), ckpt_path, say)
         return ckpt_path
     n = len(scan_images(photos))
+    if status is not None:
+        status.photos_found = n
     if n < 16:
         raise UserError(f"{photos} has {n} photos: MoCo needs at least 16 to train; give more photos, or "
                         "CHECKPOINT=... (a pretrained model: no training)")  # fmt: skip
@@ -132,7 +134,11 @@ def _train(photos: Path, run_dir: Path, init: str | None, minutes: float | None,
     preset = overrides.pop("preset")
     say(f"training: MoCo {preset} on {n} photos ({', '.join(f'{k}={v}' for k, v in overrides.items())})")
     cfg = resolve_config(preset, data_dir=str(photos), out=str(run_dir), **overrides)
-    _stop_on_signal(train(cfg, progress=progress), ckpt_path, say)
+    summary = train(cfg, progress=progress)
+    if summary["skipped"]:
+        say(f"training: on {summary['images']} of the {n} photos, {summary['skipped']} skipped as unreadable (listed "
+            f"in {run_dir / 'skipped.txt'})")  # fmt: skip
+    _stop_on_signal(summary, ckpt_path, say)
     return ckpt_path
 
 
@@ -304,7 +310,7 @@ def _run(photos: str | Path | None, work: str | Path, checkpoint: str | Path | N
     else:
         status.stage("training", str(work / "run"))
         source = _train(photos, work / "run", str(init) if init else None, minutes, train_overrides or {}, say,
-                        progress)  # fmt: skip
+                        progress, status)  # fmt: skip
     status.stage("export", str(work / "backbone.safetensors"))
     backbone = _export(source, work / "backbone.safetensors", say)
     status.stage("indexing", str(work / "index"))
