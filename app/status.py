@@ -188,7 +188,9 @@ class RunStatus:
     def snapshot(self) -> dict[str, Any]:
         """The current state as plain data: stage, detail, stage_s, total_s, messages, index_ready, index_path,
         error, and training progress: step, total_steps (None until known), loss [(step, loss)], knn
-        [(step, top-1 fraction)], img_s, eta_s (None until total_steps is known)."""
+        [(step, top-1 fraction)], img_s, eta_s (None until total_steps is known; never past the end of the time
+        budget, time_budget_min, of the run's config.json), skipped [(path, reason)] (the first MAX_SKIPPED_SHOWN
+        of the run's skipped.txt), skipped_count, photos_found."""
         with self._lock:
             now = self._clock()
             snap: dict[str, Any] = {
