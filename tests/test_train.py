@@ -348,6 +348,10 @@ def test_time_budget_fits_the_schedule_to_the_budget(sample_photos, tmp_path, mo
         assert records[-1]["elapsed_s"] == pytest.approx(8.0) and summary["planned_steps"] == 15
         ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
         assert ckpt["step"] == ckpt["total_steps"] == 13 and ckpt["planned_steps"] == 15  # finished, cut short
+        from moco.train_args import summary_line
+
+        assert "trained 13/13 steps" in summary_line(summary, run)
+        assert "(stopped by its time budget at 13 of 15 steps)" in summary_line(summary, run)
 
 
 @pytest.mark.parametrize(("preset", "batch", "world", "splits"), [
