@@ -55,18 +55,21 @@ run: install
 
 # The browser test drives Debian's chromium through Playwright (never `playwright install`).
 CHROMIUM ?= /usr/bin/chromium
-# Only chromium and what it lacks are installed, nothing already installed is upgraded: the package lists are
-# updated only when apt does not know chromium, and an install that would upgrade a package stops and says so.
-APT_INSTALL := apt-get install -y -qq --no-upgrade chromium
+# chromium and what it depends on are installed as `apt-get install chromium` does it (a dependency that needs a newer
+# version of an installed package upgrades that package, nothing else is upgraded); the package lists are updated first
+# only when apt does not know chromium. What it installs and upgrades is said before it starts.
+APT_INSTALL := apt-get install -y -qq chromium
 $(CHROMIUM):
-	@echo "chromium is missing: installing it for the browser test ($(APT_INSTALL), nothing else upgraded)"
-	@SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	@echo "chromium is missing: installing it and what it depends on for the browser test ($(APT_INSTALL))"
+	@command -v apt-get >/dev/null || { echo "no apt-get here: install chromium yourself, or set" \
+		"CHROMIUM=/path/to/chromium" >&2; exit 1; }; \
+	SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	apt-cache show chromium >/dev/null 2>&1 || { echo "apt does not know chromium yet: apt-get update first"; \
 		$$SUDO apt-get update -qq; }; \
-	upgrades=$$(apt-get -s install --no-upgrade chromium | sed -n 's/^Inst \([^ ]*\) \[.*/\1/p' | tr '\n' ' '); \
-	if [ -n "$$upgrades" ]; then echo "installing chromium would upgrade $$upgrades: not done; install chromium" \
-		"yourself, or set CHROMIUM=/path/to/chromium" >&2; exit 1; fi; \
-	$$SUDO $(APT_INSTALL)
+	upgrades=$$(apt-get -s install chromium | sed -n 's/^Inst \([^ ]*\) \[.*/\1/p' | tr '\n' ' '); \
+	if [ -n "$$upgrades" ]; then echo "chromium needs newer versions of $$upgrades(upgraded with it)"; fi; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive $(APT_INSTALL) || { echo "installing chromium failed: install it" \
+		"yourself, or set CHROMIUM=/path/to/chromium" >&2; exit 1; }
 
 # The test files run on TEST_WORKERS processes (pytest-xdist; each file stays on one, so its fixtures are built
 # once): about 1.3x faster than one process on 2 cores. TEST_WORKERS=0: one process.

@@ -6,9 +6,13 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from index.catalog import display_path
 from moco.errors import UserError
+
+if TYPE_CHECKING:
+    from index.image_index import ImageIndex
 
 __all__ = ["add_index"]
 
@@ -74,8 +78,9 @@ def cmd_search(args: argparse.Namespace) -> int:
     if not Path(args.image).exists():  # a folder, a pipe or a device gets its reason from the decoder
         raise UserError(f"image not found: {args.image}")
     idx = ImageIndex.open(args.index_dir)
+    folder = _check_folder(idx, args.folder)
     emb = idx.load_embedder(args.backbone)
-    hits = idx.search(emb.embed(args.image), k=args.k, folder=args.folder)
+    hits = idx.search(emb.embed(args.image), k=args.k, folder=folder)
     weak = idx.weak_below  # None for an index from before centred scores
     out = [{"rank": r + 1, "id": int(i), "path": p, "score": round(float(s), 6),
             "weak": weak is not None and float(s) < weak}
@@ -91,6 +96,21 @@ def cmd_search(args: argparse.Namespace) -> int:
         if not out:
             print("no results (the index is empty, or nothing under --folder)", file=sys.stderr)
     return 0
+
+
+def _check_folder(idx: ImageIndex, folder: str | None) -> str | None:
+    """``--folder`` as the search takes it (None: all), refused as the page and the API refuse it (400) when no
+    indexed photo is under it: an unknown folder is a mistake, not a search with no results."""
+    folder = (folder or "").strip().strip("/") or None
+    if folder is None:
+        return None
+    paths = idx.catalog.rows()
+    if any(path.startswith(folder + "/") for path in paths):
+        return folder
+    tops = sorted({path.split("/")[0] for path in paths if "/" in path})
+    some = f" (its sub-folders: {', '.join(display_path(t) for t in tops[:8])}{', ...' if len(tops) > 8 else ''})"
+    raise UserError(f"no sub-folder {display_path(folder)!r} in the collection: give one that holds indexed photos"
+                    f"{some if tops else ''}, or leave out --folder")  # fmt: skip
 
 
 def cmd_stats(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ login, proxies, the API's token and batching) and the checks made before any wor
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import signal
 import sys
@@ -150,10 +151,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     api = _api_settings(args)
     limits = _limits(args)
     checkpoint = resolve(args.checkpoint) if args.checkpoint else None  # an official NAME: fetched first
-    _announce(args)
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl+C: the server's temp files go
     serve(args.index_dir, checkpoint, args.host, args.port, auth, args.backbone, args.device,
-          trusted_proxies=args.trusted_proxy, api=api, limits=limits)  # fmt: skip
+          trusted_proxies=args.trusted_proxy, api=api, limits=limits,
+          announce=lambda: _announce(args))  # fmt: skip
     return 0
 
 
@@ -192,6 +193,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from index.store import require_faiss
 
     require_faiss() if args.no_serve else _require_ui()  # before any training: the pipeline ends with them
+    if args.minutes is not None and not 0 < args.minutes < math.inf:
+        raise UserError(f"--minutes {args.minutes:g}: the training time budget is a positive number of minutes, "
+                        "e.g. --minutes 10")  # fmt: skip
+    if args.max_steps is not None and args.max_steps < 1:
+        raise UserError(f"--max-steps {args.max_steps}: give at least 1 step, or leave it out")
     auth = _check_serve_arguments(args)
     api = None if args.no_serve else _api_settings(args)
     limits = None if args.no_serve else _limits(args)

@@ -41,6 +41,7 @@ logger = logging.getLogger(__name__)
 CPU_MINUTES = 10.0  # default CPU training budget: a useful model, quickly
 SAMPLE = "sample"  # WORK/sample: the generated collection (photos/) and its run, backbone and index
 STATE = ("run", "backbone.safetensors", "index")  # what a run leaves in its folder's directory
+KEPT = ("run/checkpoint.pt", "backbone.safetensors", "index")  # once one exists, a failed run leaves all as it is
 LEGACY = (*STATE, "sample_photos")  # what earlier versions kept at the top of WORK, for whichever folder ran last
 
 
@@ -98,21 +99,23 @@ def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float |
 
 
 def _train(photos: Path, run_dir: Path, init: str | None, minutes: float | None, extra: dict[str, Any],
-           say: Callable[[str], None], progress: bool) -> Path:  # fmt: skip
+           say: Callable[[str], None], progress: bool, status: RunStatus | None = None) -> Path:  # fmt: skip
     import torch
 
     from moco.checkpoint import load_checkpoint
     from moco.config import resolve_config
     from moco.data import scan_images
+    from moco.run_checkpoint import run_end
     from moco.train import resume_config, run_state, train
 
     ckpt_path = run_dir / "checkpoint.pt"
     if ckpt_path.is_file():
         ckpt = load_checkpoint(ckpt_path)
         step, total, state = int(ckpt.get("step", 0)), int(ckpt.get("total_steps") or 0), run_state(ckpt)
+        end = run_end(ckpt)  # "600/600 steps", or where its time budget stopped it
         del ckpt
         if state == "done":
-            say(f"training: done earlier ({step}/{total} steps), reusing {ckpt_path}")
+            say(f"training: done earlier ({end}), reusing {ckpt_path}")
             return ckpt_path
         if state == "whitening":  # killed during the end-of-run fit: that fit alone, no training step
             say("training: finished earlier but its whitening was not fitted (interrupted): fitting it now")
@@ -122,6 +125,8 @@ def _train(photos: Path, run_dir: Path, init: str | None, minutes: float | None,
         _stop_on_signal(train(cfg, resume=True, progress=progress), ckpt_path, say)
         return ckpt_path
     n = len(scan_images(photos))
+    if status is not None:
+        status.photos_found = n
     if n < 16:
         raise UserError(f"{photos} has {n} photos: MoCo needs at least 16 to train; give more photos, or "
                         "CHECKPOINT=... (a pretrained model: no training)")  # fmt: skip
@@ -129,12 +134,19 @@ def _train(photos: Path, run_dir: Path, init: str | None, minutes: float | None,
     preset = overrides.pop("preset")
     say(f"training: MoCo {preset} on {n} photos ({', '.join(f'{k}={v}' for k, v in overrides.items())})")
     cfg = resolve_config(preset, data_dir=str(photos), out=str(run_dir), **overrides)
-    _stop_on_signal(train(cfg, progress=progress), ckpt_path, say)
+    summary = train(cfg, progress=progress)
+    if summary["skipped"]:
+        say(f"training: on {summary['images']} of the {n} photos, {summary['skipped']} skipped as unreadable (listed "
+            f"in {run_dir / 'skipped.txt'})")  # fmt: skip
+    _stop_on_signal(summary, ckpt_path, say)
     return ckpt_path
 
 
 def _stop_on_signal(summary: dict[str, Any], ckpt_path: Path, say: Callable[[str], None]) -> None:
-    """A run stopped by Ctrl+C or SIGTERM ends here (its checkpoint saved), never goes on to export a half model."""
+    """A run stopped by Ctrl+C or SIGTERM ends here (its checkpoint saved), never goes on to export a half model;
+    one cut short by its time budget says so, and goes on."""
+    if summary.get("planned_steps"):
+        say(f"training: stopped by its time budget at {summary['steps']} of {summary['planned_steps']} steps")
     if summary.get("signal") is not None:
         say(f"training: stopped by {summary['stopped_by']} at step {summary['steps']}/{summary['total_steps']}; "
             f"{ckpt_path} is saved: run the same command to resume")  # fmt: skip
@@ -231,9 +243,10 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
     ``status``: told each stage and every message (still printed through ``say``); on an error its stage is
     "failed" (the error re-raised); its ``index_ready`` is set once the index is written.
     That directory is locked meanwhile (:func:`moco.checkpoint.lock_dir`): a second run of the same folder
-    refuses, naming this one; runs of other folders under the same ``work`` go on.
+    refuses, naming this one; runs of other folders under the same ``work`` go on. A run that fails before it
+    wrote a checkpoint, a backbone or an index removes what it created (:func:`moco.checkpoint.make_dirs`).
     """
-    from moco.checkpoint import lock_dir
+    from moco.checkpoint import lock_dir, make_dirs
 
     status = status if status is not None else RunStatus(work)
 
@@ -243,9 +256,15 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
 
     try:
         own = collection_dir(work, photos)
-        own.mkdir(parents=True, exist_ok=True)
+        undo = make_dirs(own)
         with lock_dir(own, "--work"):
-            return _run(photos, work, checkpoint, init, minutes, train_overrides, tell, progress, pretrained, status)
+            try:
+                return _run(photos, work, checkpoint, init, minutes, train_overrides, tell, progress, pretrained,
+                            status)  # fmt: skip
+            except BaseException:
+                if not any((own / name).exists() for name in KEPT):  # failed before writing what a rerun reuses:
+                    undo()  # what this run created goes (the generated sample, an empty WORK ...), nothing else
+                raise
     except BaseException as e:
         status.fail(str(e) or type(e).__name__)
         raise
@@ -291,7 +310,7 @@ def _run(photos: str | Path | None, work: str | Path, checkpoint: str | Path | N
     else:
         status.stage("training", str(work / "run"))
         source = _train(photos, work / "run", str(init) if init else None, minutes, train_overrides or {}, say,
-                        progress)  # fmt: skip
+                        progress, status)  # fmt: skip
     status.stage("export", str(work / "backbone.safetensors"))
     backbone = _export(source, work / "backbone.safetensors", say)
     status.stage("indexing", str(work / "index"))

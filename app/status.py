@@ -30,13 +30,16 @@ MAX_MESSAGES = 50
 RECENT = 20  # per-step records the rate (ETA, img/s) is measured over
 FIRST_FIT_STEP = 10  # moco.optim.BudgetFit's first fit (not imported: that would load torch)
 MAX_PLOT_POINTS = 2000
+MAX_SKIPPED_SHOWN = 10  # skipped photos named on the tab (skipped.txt lists them all)
 
 
-def eta_seconds(records: Sequence[dict[str, Any]], window: int = RECENT) -> float | None:
+def eta_seconds(records: Sequence[dict[str, Any]], window: int = RECENT, budget_s: float = 0.0) -> float | None:
     """Seconds of training left after the last of ``records`` (metrics.jsonl per-step records, oldest first).
 
     None until the schedule's length is known (the last record has ``total_steps``). The rate is that of the
     last ``window`` records (``elapsed_s`` over steps), or of the whole run so far when only one is there.
+    ``budget_s``: the run's time budget (0: none), which ends it whatever its schedule: the ETA is the earlier of
+    the schedule's end and the budget's (``elapsed_s`` is the budget's clock).
     """
     timed = [r for r in records if "elapsed_s" in r and "step" in r]
     if not timed or "total_steps" not in timed[-1]:
@@ -49,7 +52,8 @@ def eta_seconds(records: Sequence[dict[str, Any]], window: int = RECENT) -> floa
         rate = last["elapsed_s"] / last["step"]
     else:
         return None
-    return max(0.0, (last["total_steps"] - last["step"]) * max(rate, 0.0))
+    eta = max(0.0, (last["total_steps"] - last["step"]) * max(rate, 0.0))
+    return min(eta, max(0.0, budget_s - last["elapsed_s"])) if budget_s > 0 else eta
 
 
 class _MetricsTail:
@@ -134,6 +138,7 @@ class RunStatus:
         self.index_ready = False
         self.index_path: Path | None = None
         self.error: str | None = None
+        self.photos_found: int | None = None  # the photo files the pipeline found (set before training)
         self._clock = clock
         self._lock = threading.Lock()
         self._start = self._stage_start = clock()
@@ -141,6 +146,7 @@ class RunStatus:
         self.history: list[str] = ["starting"]
         self._messages: deque[str] = deque(maxlen=MAX_MESSAGES)
         self._tail: _MetricsTail | None = None
+        self._files: dict[Path, tuple[tuple[int, int, int], Any]] = {}  # config.json, skipped.txt: (stamp, read)
 
     def stage(self, name: str, detail: str = "") -> None:
         """Enter stage ``name`` (one of ``STAGES``), with a line saying what it works on."""
@@ -164,7 +170,9 @@ class RunStatus:
     def snapshot(self) -> dict[str, Any]:
         """The current state as plain data: stage, detail, stage_s, total_s, messages, index_ready, index_path,
         error, and training progress: step, total_steps (None until known), loss [(step, loss)], knn
-        [(step, top-1 fraction)], img_s, eta_s (None until total_steps is known)."""
+        [(step, top-1 fraction)], img_s, eta_s (None until total_steps is known; never past the end of the time
+        budget, time_budget_min, of the run's config.json), skipped [(path, reason)] (the first MAX_SKIPPED_SHOWN
+        of the run's skipped.txt), skipped_count, photos_found."""
         with self._lock:
             now = self._clock()
             snap: dict[str, Any] = {
@@ -185,6 +193,8 @@ class RunStatus:
             tail.poll()
             recent = list(tail.recent)
             last = recent[-1] if recent else {}
+            budget_min = self._read(Path(self.run_dir) / "config.json", _time_budget) or 0.0
+            skipped = self._read(Path(self.run_dir) / "skipped.txt", _skipped) or []
             snap.update(
                 step=last.get("step", 0),
                 total_steps=last.get("total_steps"),
@@ -192,9 +202,43 @@ class RunStatus:
                 knn=list(tail.knn),
                 knn_pixels=tail.knn_pixels,
                 img_s=sum(r.get("img_s", 0.0) for r in recent) / len(recent) if recent else None,
-                eta_s=eta_seconds(recent),
+                eta_s=eta_seconds(recent, budget_s=60 * budget_min),
+                time_budget_min=budget_min,
+                skipped=skipped[:MAX_SKIPPED_SHOWN],
+                skipped_count=len(skipped),
+                photos_found=self.photos_found,
             )
         return snap
+
+    def _read(self, path: Path, parse: Callable[[Path], Any]) -> Any:
+        """``parse(path)``, read again only when the file changes; None while it is missing or unreadable."""
+        try:
+            st = path.stat()
+        except OSError:
+            self._files.pop(path, None)
+            return None
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        if path not in self._files or self._files[path][0] != stamp:
+            try:
+                self._files[path] = (stamp, parse(path))
+            except (OSError, ValueError) as e:
+                logger.debug("%s is not readable yet (%s)", path, e)
+                return None
+        return self._files[path][1]
+
+
+def _time_budget(path: Path) -> float:
+    """The time budget (minutes, 0: none) in a run's config.json."""
+    import json
+
+    value = json.loads(path.read_text()).get("time_budget", 0.0)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) and value > 0 else 0.0
+
+
+def _skipped(path: Path) -> list[tuple[str, str]]:
+    from moco.skipped_file import read_skipped
+
+    return read_skipped(path)
 
 
 def _duration(seconds: float) -> str:
@@ -228,7 +272,26 @@ def _training_line(snap: dict[str, Any]) -> str:
 
 
 def status_markdown(snapshot: dict[str, Any]) -> str:
-    """A short human summary of ``snapshot`` (``RunStatus.snapshot()``), in Markdown."""
+    """A short human summary of ``snapshot`` (``RunStatus.snapshot()``), in Markdown: the stage, then the photos
+    that were skipped, if any (named, at most ``MAX_SKIPPED_SHOWN``)."""
+    return _stage_markdown(snapshot) + _skipped_markdown(snapshot)
+
+
+def _skipped_markdown(snapshot: dict[str, Any]) -> str:
+    from index.catalog import display_path
+
+    count, shown = snapshot.get("skipped_count") or 0, snapshot.get("skipped") or []
+    if not count:
+        return ""
+    found = snapshot.get("photos_found")
+    of = f" of the {found} photos found" if found else f" photo{'s' * (count != 1)}"
+    names = " · ".join(f"`{display_path(path).replace('`', chr(39))}` ({reason})" for path, reason in shown)
+    more = f" · and {count - len(shown)} more" if count > len(shown) else ""
+    return (f"\n\n**Skipped** {count}{of}, which cannot be read (neither trained on nor searchable; all in "
+            f"`skipped.txt`): {names}{more}")  # fmt: skip
+
+
+def _stage_markdown(snapshot: dict[str, Any]) -> str:
     stage, detail = snapshot.get("stage", "starting"), snapshot.get("detail", "")
     if stage == "training":
         return _training_line(snapshot)

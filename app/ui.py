@@ -133,9 +133,10 @@ def _service(app: SearchApp, auth: tuple[str, str] | None, api: Any) -> Any:
 def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str = "127.0.0.1", port: int = 7860,
           auth: tuple[str, str] | None = None, backbone: str | Path | None = None, device: str = "auto",
           block: bool = True, trusted_proxies: Sequence[str] = (), api: Any = None,
-          limits: Any = None) -> Any:  # fmt: skip
+          limits: Any = None, announce: Callable[[], None] | None = None) -> Any:  # fmt: skip
     """Launch the UI and the JSON API (``api``: :class:`app.api.ApiSettings`; ``limits``: the connections'
-    :class:`app.connections.ConnectionLimits`); returns the running Blocks when ``block`` is False.
+    :class:`app.connections.ConnectionLimits`); returns the running Blocks when ``block`` is False. ``announce()``
+    runs once it serves (the index opened, the port bound): the CLI's "serving on ..." is never said before an error.
 
     Blocking, it returns once interrupted (Ctrl+C, or SIGTERM where the CLI maps it so), the server and its
     temporary files gone.
@@ -145,6 +146,8 @@ def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str
     service = demo.api_service  # for close(), and for tests
     try:
         _launch(demo, launch_kwargs(app.index, host, port, auth, trusted_proxies=trusted_proxies, api=service), limits)
+        if announce is not None:
+            announce()
         if block:  # the process is this server's from now on: its startup heap stays out of collections
             heap.freeze()
             demo.block_thread()

@@ -9,7 +9,7 @@ import os
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import torch
 from moco.errors import UserError, storage_error
 
 __all__ = ["FORMAT", "LOCK_FILE", "VERSION", "save_checkpoint", "load_checkpoint", "atomic_write", "file_mode",
-           "lock_dir", "read_safetensors"]
+           "lock_dir", "make_dirs", "read_safetensors"]
 
 logger = logging.getLogger(__name__)
 
@@ -172,6 +172,36 @@ def lock_dir(directory: str | Path, flag: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def make_dirs(directory: str | Path) -> Callable[[], None]:
+    """``mkdir -p directory``; returns its undo, for a command that fails before it wrote anything worth keeping.
+
+    The undo removes what was created since: ``directory`` with all it holds when this call made it (and the
+    parents it made, each only if nothing else is in it by then), else only the entries of ``directory`` that were
+    not there at this call. What existed before is never removed. Call it while holding the directory's lock
+    (:func:`lock_dir`), so that no other run works there meanwhile.
+    """
+    directory = Path(directory)
+    made = [p for p in (directory, *directory.parents) if not p.exists()]  # innermost first
+    before = set() if made else set(os.listdir(directory))
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def undo() -> None:
+        if made:
+            shutil.rmtree(directory, ignore_errors=True)
+            for parent in made[1:]:
+                with contextlib.suppress(OSError):  # not empty: another run's, or the user's, since
+                    parent.rmdir()
+            return
+        for name in set(os.listdir(directory)) - before:
+            path = directory / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+    return undo
 
 
 def read_safetensors(path: str | Path, framework: str = "pt") -> tuple[dict[str, Any], dict[str, str]]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import concurrent.futures.process
 import contextlib
 import json
 import logging
@@ -135,6 +136,42 @@ def _chunks(items: Sequence[_T], n: int) -> Iterator[list[_T]]:
         yield list(items[i : i + n])
 
 
+# ------------------------------------------------------------------------------------------ decoding workers
+# The workers are started with "spawn" (never fork a process that may hold torch/CUDA threads), which imports the
+# parent's main script again in each worker, as ``__mp_main__``: a script that trains at its top level, without
+# ``if __name__ == "__main__":``, would train again in every worker. Such a worker exits at once with this code
+# (:func:`exit_if_importing_main`), and the parent says what happened and how to fix it.
+REIMPORTED_MAIN_EXIT = 86
+
+
+def exit_if_importing_main() -> None:
+    """Exit this process quietly (``REIMPORTED_MAIN_EXIT``) when it is a worker still importing its parent's main
+    script: training there is the script's top-level code run again, not a call meant for this process. (The
+    spawn and forkserver start methods set ``_inheriting`` while a new process prepares, before it runs its task;
+    multiprocessing itself checks it to refuse starting processes then.)"""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise SystemExit(REIMPORTED_MAIN_EXIT)
+
+
+def _noop() -> None:
+    """A process that only starts (and so imports the parent's main script, as a decoding worker does)."""
+
+
+def _broken_pool_error(ctx: Any, workers: int) -> UserError:
+    """Why the decoding workers stopped: one probe process, started as they were, tells whether importing the main
+    script trains (the script lacks ``if __name__ == "__main__":``)."""
+    probe = ctx.Process(target=_noop)
+    probe.start()
+    probe.join()
+    if probe.exitcode == REIMPORTED_MAIN_EXIT:
+        main = getattr(sys.modules.get("__main__"), "__file__", None) or "the main script"
+        return UserError(f"{main} trains when it is imported: the photo-decoding workers (workers={workers}) each "
+                         "import it again, as Python's spawn start method does. Put the call to train under "
+                         '`if __name__ == "__main__":` (or pass workers=0 to decode in this process)')  # fmt: skip
+    return UserError(f"the photo-decoding worker processes (workers={workers}) stopped abruptly (killed, e.g. for "
+                     "memory?): run again with fewer workers, or workers=0 to decode in this process")  # fmt: skip
+
+
 def _iter_decoded(
     paths: list[str], size: int, max_pixels: int | None, workers: int
 ) -> Iterator[tuple[np.ndarray | None, str]]:
@@ -145,13 +182,15 @@ def _iter_decoded(
             yield _decode_job(job)
         return
     chunk = max(1, min(16, len(jobs) // (workers * 4) or 1))
-    # spawn: never fork a process that may hold torch/CUDA threads
-    ctx = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-        for results in _ordered_window(
-            lambda c: pool.submit(_decode_chunk, c), _chunks(jobs, chunk), window=workers * 3
-        ):
-            yield from results
+    ctx = multiprocessing.get_context("spawn")  # see REIMPORTED_MAIN_EXIT
+    try:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            for results in _ordered_window(
+                lambda c: pool.submit(_decode_chunk, c), _chunks(jobs, chunk), window=workers * 3
+            ):
+                yield from results
+    except concurrent.futures.process.BrokenProcessPool:
+        raise _broken_pool_error(ctx, workers) from None
 
 
 def _fsync_dir(path: Path) -> None:

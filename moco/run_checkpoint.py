@@ -17,8 +17,8 @@ from moco.errors import UserError
 from moco.model import MoCo
 from moco.whiten import Whitening
 
-__all__ = ["RESUMABLE_OVERRIDES", "run_state", "resume_config", "check_resumable", "rng_state", "set_rng_state",
-           "save_run", "Checkpoints"]  # fmt: skip
+__all__ = ["RESUMABLE_OVERRIDES", "run_state", "run_end", "resume_config", "check_resumable", "rng_state",
+           "set_rng_state", "save_run", "Checkpoints"]  # fmt: skip
 
 
 # Fields that may change when resuming a run; everything else must match the checkpoint.
@@ -52,6 +52,19 @@ def run_state(ckpt: dict[str, Any]) -> str:
     if not (total and step >= total) and not spent:
         return "training"
     return "whitening" if cfg.whiten and "whitening" not in ckpt else "done"
+
+
+def run_end(ckpt: dict[str, Any]) -> str:
+    """How the finished run saved in ``ckpt`` ended, for a message: "600/600 steps", or "stopped by its time budget
+    at 471 of 600 steps" (the schedule's length then; runs of older versions: their saved total)."""
+    step, total = int(ckpt.get("step", 0)), int(ckpt.get("total_steps") or 0)
+    planned = int(ckpt.get("planned_steps") or 0)
+    cfg = from_plain(ckpt["config"])
+    if not planned and total > step and cfg.time_budget > 0 and float(ckpt.get("elapsed", 0.0)) >= cfg.time_budget * 60:
+        planned = total  # an older run, stopped by its budget before the end was recorded as its total
+    if planned > step:
+        return f"stopped by its time budget at {step} of {planned} steps"
+    return f"{step}/{total} steps"
 
 
 def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
@@ -127,10 +140,12 @@ def save_run(
     d: Dist,
     whitening: Whitening | None = None,
     replicas: list[list[float]] | None = None,
+    planned: int = 0,
 ) -> list[list[float]]:
     """Checkpoint the run (every rank: the queues' check is collective, rank 0 writes); returns the queues'
     checksums. ``replicas`` given (rank 0 alone): those of the state saved at this step, saved again with
-    ``whitening``."""
+    ``whitening``. ``planned``: the schedule's length when the time budget ended the run before it (kept as
+    ``planned_steps``, so that the run is later reported as cut short)."""
     replicas = replica_check(model, d) if replicas is None else replicas
     if not d.main:
         return replicas
@@ -147,6 +162,8 @@ def save_run(
         "data_root": str(Path(cfg.data_dir).resolve()),
         "files": list(cache.files),
     }
+    if planned > step:
+        state["planned_steps"] = planned
     if whitening is not None:  # only the final checkpoint: it belongs to these weights
         state["whitening"] = whitening.state()
     save_checkpoint(state, run_dir, keep=cfg.keep_checkpoints, replace=whitening is not None)
@@ -164,6 +181,7 @@ class Checkpoints:
         self.model, self.optimizer, self.scaler = model, optimizer, scaler
         self.last, self.elapsed = now, elapsed
         self.replicas = ckpt.get("replica_queue_checksums", []) if ckpt is not None else []
+        self.planned = int(ckpt.get("planned_steps") or 0) if ckpt is not None else 0  # set when the budget ends it
 
     def due(self, now: float) -> bool:
         return now - self.last >= self.cfg.save_every_minutes * 60
@@ -172,10 +190,10 @@ class Checkpoints:
         """Checkpoint step ``step`` (every rank: the queues' check is collective; rank 0 writes)."""
         self.elapsed = elapsed
         self.replicas = save_run(self.run_dir, self.cfg, self.model, self.optimizer, self.scaler, step,
-                              total_steps, elapsed, self.cache, self.d)  # fmt: skip
+                              total_steps, elapsed, self.cache, self.d, planned=self.planned)  # fmt: skip
         self.last = now
 
     def add_whitening(self, step: int, total_steps: int, whitening: Whitening) -> None:
         """The state saved last, again, now with its whitening (rank 0 alone)."""
         save_run(self.run_dir, self.cfg, self.model, self.optimizer, self.scaler, step, total_steps, self.elapsed,
-              self.cache, self.d, whitening, self.replicas)  # fmt: skip
+              self.cache, self.d, whitening, self.replicas, self.planned)  # fmt: skip

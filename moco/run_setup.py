@@ -117,10 +117,11 @@ def check_collection(cfg: TrainConfig, n: int, d: Dist) -> None:
 
 
 def setup(cfg: TrainConfig, ckpt: dict | None, d: Dist, device: torch.device, precision: str, run_dir: Path,
-           steps_per_epoch: int, counts: tuple[int, int]) -> Setup:  # fmt: skip
+           steps_per_epoch: int, counts: tuple[int, int], model: MoCo | None = None) -> Setup:  # fmt: skip
     """The model (Sync BN for v3 under torchrun, channels_last for CNNs), optimizer and scaler, from ``ckpt`` when
-    resuming (step, training seconds, schedule, RNG states) or from ``cfg.init``."""
-    model = build_model(cfg)
+    resuming (step, training seconds, schedule, RNG states) or from ``cfg.init``. ``model``: ``build_model(cfg)``
+    made earlier (train builds it before decoding the photos, so that a wrong architecture is said at once)."""
+    model = model if model is not None else build_model(cfg)
     if cfg.head == "v3" and d.world > 1:  # as the official v3: every BN (momentum encoder too) uses all processes
         model = convert_sync_bn(model, device)
     model = model.to(device)

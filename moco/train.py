@@ -27,9 +27,9 @@ import torch
 import torch.distributed as dist
 
 from moco.augment import two_views
-from moco.checkpoint import atomic_write, load_checkpoint, lock_dir
+from moco.checkpoint import atomic_write, load_checkpoint, lock_dir, make_dirs
 from moco.config import TrainConfig, from_plain, to_plain, validate
-from moco.data import ImageCache, cache_size_for
+from moco.data import ImageCache, cache_size_for, exit_if_importing_main
 from moco.device import Dist, init_distributed, resolve_device, resolve_precision
 from moco.errors import UserError
 from moco.model import momentum_schedule
@@ -58,6 +58,8 @@ __all__ = ["train", "run_state", "resume_config", "build_model", "cache_size_for
            "STAGE_ROWS_PER_DIM"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
+
+_clock = time.monotonic  # the time budget's clock (a test puts a synthetic one here)
 
 
 def _init_distributed(device_name: str) -> Dist:
@@ -96,6 +98,7 @@ def train(
     The resolved config is written to ``cfg.out/config.json`` before training starts. While the run lasts it holds
     ``cfg.out``'s lock (:func:`moco.checkpoint.lock_dir`): a second run on that directory refuses, naming it.
     """
+    exit_if_importing_main()  # a script's top-level call, run again by a decoding worker: that worker stops there
     with contextlib.ExitStack() as held:  # the run directory's lock, once taken
         return _train(cfg, resume, progress, stop_after, tensorboard, held)
 
@@ -114,22 +117,30 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
     device = resolve_device(cfg.device)
     precision = safe_precision(cfg, device, resolve_precision(cfg.precision, device))
     check_memory(cfg, device.type, device.index or 0)  # a run that cannot fit is refused before it allocates
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg)  # before any work: a wrong --arch (or its options) is said at once
     if d.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        undo = make_dirs(run_dir)
         held.enter_context(lock_dir(run_dir, "--out"))  # a second run on this directory refuses here
+
+        def undo_if_failed_early(failed: type[BaseException] | None, *_: object) -> bool:
+            if failed is not None and not (run_dir / "checkpoint.pt").exists():
+                undo()  # failed before its first checkpoint: what this run created goes (config.json, cache/ ...)
+            return False  # the error goes on
+
+        held.push(undo_if_failed_early)  # runs before the lock is released
         config_json = (json.dumps(to_plain(cfg), indent=2) + "\n").encode()
         atomic_write(run_dir / "config.json", lambda f: f.write(config_json))
-    torch.manual_seed(cfg.seed)
     cache = load_data(cfg, run_dir, ckpt, d, progress)  # decoded once into a uint8 cache (rank 0 builds it)
     check_collection(cfg, len(cache), d)
     steps_per_epoch = len(cache) // (cfg.batch_size * d.world)
-    s = setup(cfg, ckpt, d, device, precision, run_dir, steps_per_epoch, (len(cache), len(cache.skipped)))
+    s = setup(cfg, ckpt, d, device, precision, run_dir, steps_per_epoch, (len(cache), len(cache.skipped)), model)
     step, total_steps = s.step, s.total_steps
     metrics = MetricsLog(run_dir / "metrics.jsonl", step, writer_class) if d.main else None
     monitor = knn_monitor(cfg, run_dir) if d.main and cfg.val_dir else None
     knn_every = cfg.knn_every or steps_per_epoch
     last_eval = metrics.last_eval if metrics is not None else -1  # a resumed run's last evaluation
-    clock = BudgetClock(s.elapsed, cfg.time_budget * 60)  # training seconds (evaluations excluded)
+    clock = BudgetClock(s.elapsed, cfg.time_budget * 60, _clock)  # training seconds (evaluations excluded)
 
     def evaluate() -> None:
         nonlocal last_eval
@@ -143,6 +154,8 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
     schedule_known = budget_fit is None  # False until the schedule is first fitted to the time budget
     bar = progress_bar(shown_total(total_steps, schedule_known), step, progress and d.main)
     saver = Checkpoints(run_dir, cfg, s.model, s.optimizer, s.scaler, cache, d, ckpt, s.elapsed, clock.now())
+    if total_steps < s.total_steps:  # a resumed run whose budget was spent: it ended short of its schedule
+        saver.planned = saver.planned or s.total_steps
     stopped_by = None
     s.model.train()
     with StopFlag() as stop:
@@ -170,6 +183,7 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
             stop_now = _all_reduce(float(stopped_by is not None), "max", d, device) > 0  # any rank stops: all do
             if stop_now and _all_reduce(float(clock.spent(now)), "max", d, device) > 0:
                 stopped_by = stopped_by or "time budget"
+                saver.planned = total_steps  # the schedule it was cut short of, for the reports
                 total_steps = step  # the budget is spent: the run is finished here, and the next one reuses it
             if stop_now or step == total_steps or saver.due(now):
                 saver.save(step, total_steps, clock.at(now), now)
@@ -196,7 +210,8 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
     summary = {"run_dir": str(run_dir), "steps": step, "total_steps": total_steps, "images": len(cache),
                "skipped": len(cache.skipped), "stopped_by": stopped_by, "signal": stop.signal, "precision": precision,
                "device": str(device), "final_loss": metrics.last_loss if metrics else None,
-               "whitening": whitening_summary(whitening, fit_s)}  # fmt: skip
+               "whitening": whitening_summary(whitening, fit_s),
+               "planned_steps": saver.planned if saver.planned > step else None}  # fmt: skip
     if metrics is not None:
         metrics.close()
     if d.world > 1:

@@ -47,8 +47,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
 def summary_line(summary: dict[str, Any], run_dir: Path) -> str:
     """One line about a finished (or stopped) run, for the console."""
     how = f" (stopped by {summary['stopped_by']}; continue with --resume)" if summary["stopped_by"] else ""
-    if summary["stopped_by"] == "time budget":  # finished
-        how = " (its time budget is spent)"
+    if summary["stopped_by"] == "time budget":  # finished, maybe short of its schedule
+        planned = summary.get("planned_steps")
+        how = (f" (stopped by its time budget at {summary['steps']} of {planned} steps)" if planned
+               else " (its time budget is spent)")  # fmt: skip
     loss, white = summary["final_loss"], summary.get("whitening")
     mirror = " and their mirror images" if white and white.get("mirror") else ""
     stages = f", {white['dim']}-d with the pooled {'/'.join(white['stages'])}" if white and white.get("stages") else ""

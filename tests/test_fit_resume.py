@@ -20,6 +20,7 @@ from app.cli import main
 from app.pipeline import collection_dir
 from moco.checkpoint import load_checkpoint, save_checkpoint
 from moco.embed import Embedder
+from moco.run_checkpoint import run_end
 from moco.train import resume_config, run_state, train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -154,15 +155,19 @@ def test_a_run_ended_by_its_time_budget_is_finished_and_reused(sample_photos, tm
     assert run_state(ckpt) == "done"
     stamps = {p: os.stat(work / p).st_mtime_ns for p in ("run/checkpoint.pt", "backbone.safetensors")}
     again = _moco_run(sample_photos, work, capsys)
-    assert f"done earlier ({ckpt['step']}/{ckpt['step']} steps)" in again and "resuming" not in again
+    # issue 39: it was reported "done earlier (3/3 steps)", with no word that its budget cut it short
+    cut = f"stopped by its time budget at {ckpt['step']} of {ckpt['planned_steps']} steps"
+    assert ckpt["planned_steps"] > ckpt["step"] and f"training: {cut}" in out, out
+    assert f"done earlier ({cut})" in again and "resuming" not in again
     assert "up to date" in again and "(0 new, 0 changed, 0 removed, 48 unchanged" in again  # not rebuilt
     assert {p: os.stat(work / p).st_mtime_ns for p in stamps} == stamps and len(_steps(work)) == ckpt["step"]
 
     # A checkpoint older versions left (the planned total kept, the budget spent) is finished as well: reused by
     # `moco run`, and `moco train --resume` takes no step (it refits the whitening, as for any finished run).
-    old = {k: v for k, v in ckpt.items() if k not in ("format", "version")}
+    old = {k: v for k, v in ckpt.items() if k not in ("format", "version", "planned_steps")}
     save_checkpoint({**old, "total_steps": 2200}, work / "run", keep=1, replace=True)
     assert run_state(load_checkpoint(ckpt_path)) == "done"
+    assert run_end(load_checkpoint(ckpt_path)) == f"stopped by its time budget at {ckpt['step']} of 2200 steps"
     summary = train(resume_config(work / "run"), resume=True, progress=False)
     assert summary["steps"] == summary["total_steps"] == ckpt["step"] and summary["whitening"] is not None
     assert load_checkpoint(ckpt_path)["total_steps"] == ckpt["step"]

@@ -246,3 +246,18 @@ def test_auto_falls_back_to_flat_when_vectors_do_not_cluster(tmp_path, monkeypat
     assert catalog_meta(cat)["flat_until"] == 8000
     assert json.loads((out / "index.json").read_text())["kind"] == "flat"
     assert _sync_store(out, cat, catalog_meta(cat), "no").kind == "flat"  # remembered: no IVF attempt again
+
+
+def test_search_in_an_unknown_folder_is_refused_as_the_api_refuses_it(photos, backbone, tmp_path, capsys):
+    """Issue 39: `moco index search --folder nosuch` exited 0 with "no results" where the API answers 400."""
+    out = tmp_path / "idx"
+    assert _build(photos, backbone, out) == 0
+    img = str(photos / sorted(_state(out))[0])
+    family = sorted(_state(out))[0].split("/")[0]
+    capsys.readouterr()
+    assert main(["index", "search", str(out), img, "--folder", "nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert "no sub-folder 'nosuch' in the collection" in err and family in err  # the API's words, and what exists
+    assert main(["index", "search", str(out), img, "--folder", f"/{family}/", "--json"]) == 0  # as the API strips it
+    hits = _json_out(capsys)
+    assert hits and all(h["path"].startswith(f"{family}/") for h in hits)

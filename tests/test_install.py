@@ -211,13 +211,17 @@ esac
 """
 
 
-@pytest.mark.parametrize(("known", "upgrades"), [(0, ""), (1, ""), (0, "Inst libc6 [2.36-9] (2.36-10 Debian)\n")])
-def test_make_test_installs_chromium_alone_and_upgrades_nothing(tmp_path, known, upgrades):
-    """The chromium rule, run by make with apt-get/apt-cache stand-ins that record their calls (as root: no sudo)."""
+@pytest.mark.parametrize(("known", "upgrades", "fails"), [(0, "", False), (1, "", False),
+                                                      (0, "Inst libc6 [2.36-9] (2.36-10 Debian)\n", False),
+                                                      (0, "", True)])  # fmt: skip
+def test_make_test_installs_chromium_and_what_it_requires(tmp_path, known, upgrades, fails):
+    """The chromium rule, run by make with apt-get/apt-cache stand-ins that record their calls (as root: no sudo).
+    Issue 39: the rule refused an install that upgraded a package chromium's dependencies require, so `make test`
+    stopped on a fresh machine; it installs them as `apt-get install chromium` does, and says which it upgrades."""
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
     for tool in ("apt-get", "apt-cache"):
-        (bin_dir / tool).write_text(APT)
+        (bin_dir / tool).write_text(APT + ('[ "$1" = install ] && exit 100\n' if fails else ""))
         (bin_dir / tool).chmod(0o755)
     (bin_dir / "id").write_text("#!/bin/sh\necho 0\n")
     (bin_dir / "id").chmod(0o755)
@@ -225,11 +229,11 @@ def test_make_test_installs_chromium_alone_and_upgrades_nothing(tmp_path, known,
     r = subprocess.run(["make", str(tmp_path / "chromium"), f"CHROMIUM={tmp_path / 'chromium'}"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=60)  # fmt: skip
     calls = log.read_text().splitlines()
-    assert "chromium is missing: installing it" in r.stdout.splitlines()[0]  # said before anything is done
+    assert "chromium is missing: installing it and what it depends on" in r.stdout.splitlines()[0]  # said first
     assert ("apt-get update -qq" in calls) == bool(known)  # the lists updated only when chromium is unknown
-    if upgrades:
-        assert r.returncode != 0 and "would upgrade libc6" in r.stderr and "CHROMIUM=" in r.stderr
-        assert not [c for c in calls if c.startswith("apt-get install")]
+    assert [c for c in calls if c.startswith("apt-get install")] == ["apt-get install -y -qq chromium"]  # plain
+    assert ("newer versions of libc6" in r.stdout) == bool(upgrades)  # an upgrade it needs is said, then done
+    if fails:
+        assert r.returncode != 0 and "installing chromium failed" in r.stderr and "CHROMIUM=" in r.stderr
     else:
         assert r.returncode == 0, r.stderr
-        assert [c for c in calls if c.startswith("apt-get install")] == ["apt-get install -y -qq --no-upgrade chromium"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -294,3 +295,36 @@ def test_vit_v3_tweaks_on_a_resnet_is_refused():
 
     with pytest.raises(UserError, match="--vit-v3-tweaks on applies to ViT backbones"):
         resolve_config("v2", arch="resnet18", vit_v3_tweaks="on")
+
+
+SCRIPT = """from moco import resolve_config, train
+
+cfg = resolve_config("v2", data_dir={data!r}, out={out!r}, arch="resnet18", small_stem=True, image_size=16,
+                     batch_size=8, bn_splits=2, queue_size=16, max_steps=2, workers=2, precision="fp32")
+{call}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("guarded", [False, True])
+def test_the_readme_training_snippet_saved_as_a_script(sample_photos, tmp_path, guarded):
+    """Issue 39: the README's training snippet, saved as a script without `if __name__ == "__main__":`, ended in
+    BrokenProcessPool after 100 lines of tracebacks: each decoding worker (spawned) imports the script again and
+    tried to train. Unguarded, it now fails with one error that names the pitfall and the fix; guarded, it trains."""
+    out = tmp_path / "run"
+    call = ('if __name__ == "__main__":\n    print(train(cfg, progress=False)["steps"], "steps")' if guarded
+            else 'print(train(cfg, progress=False)["steps"], "steps")')  # fmt: skip
+    script = tmp_path / "train_mine.py"
+    script.write_text(SCRIPT.format(data=str(sample_photos), out=str(out), call=call))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    if guarded:
+        assert proc.returncode == 0 and "2 steps" in proc.stdout, proc.stderr[-3000:]
+        return
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "BrokenProcessPool" not in proc.stderr and proc.stderr.count("Traceback") == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("moco.errors.UserError: ") and str(script) in last, last
+    assert 'if __name__ == "__main__":' in last and "workers=0" in last
+    assert "steps" not in proc.stdout and not out.exists()  # nothing trained (parent or worker), nothing left

@@ -161,3 +161,36 @@ def test_run_reaches_a_served_page(work, capsys):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_a_failed_run_checks_first_and_leaves_nothing_behind(tmp_path, capsys):
+    """Issue 39: `moco run --minutes -5` was accepted; a run that failed before its first checkpoint left its lock,
+    config.json, cache/, the generated sample or an empty WORK behind. What existed before stays."""
+    from app.pipeline import run_pipeline
+    from moco.errors import UserError
+
+    work = tmp_path / "work"
+    for minutes in ("-5", "0", "nan", "inf"):
+        assert main(["run", "--work", str(work), "--no-serve", "--quiet", "--minutes", minutes]) == 2
+        assert "the training time budget is a positive number of minutes" in capsys.readouterr().err
+    assert main(["run", "--work", str(work), "--no-serve", "--quiet", "--max-steps", "-5"]) == 2
+    assert "--max-steps -5" in capsys.readouterr().err and not work.exists()
+    few = tmp_path / "few"
+    make_sample_collection(few, per_family=1, size=32, seed=0)  # 6 photos: too few to train on
+    assert main(["run", str(few), "--work", str(work), "--no-serve", "--quiet", "--pretrained", "none"]) == 2
+    assert "MoCo needs at least 16" in capsys.readouterr().err and not work.exists()
+    with pytest.raises(UserError, match="unknown backbone"):  # the sample generated, then training refused
+        run_pipeline(None, work, train_overrides={"arch": "no_such_net"}, say=lambda m: None, progress=False)
+    assert not work.exists()
+    (work / "sample").mkdir(parents=True)
+    (work / "sample" / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="unknown backbone"):
+        run_pipeline(None, work, train_overrides={"arch": "no_such_net"}, say=lambda m: None, progress=False)
+    assert sorted(p.name for p in (work / "sample").iterdir()) == ["notes.txt"]
+
+
+def test_serve_checks_its_index_before_saying_it_serves(tmp_path, capsys):
+    """Issue 39: `moco serve nosuch.idx` printed "serving on ..." before its error."""
+    assert main(["serve", str(tmp_path / "nosuch.idx"), "--port", str(free_port())]) == 2
+    out = capsys.readouterr()
+    assert "is not an index directory" in out.err and "serving on" not in out.out

@@ -92,10 +92,11 @@ def test_deterministic(tmp_path: Path) -> None:
 
 
 def test_fast_enough(tmp_path: Path) -> None:
-    start = time.perf_counter()
+    """The CPU time it takes (about 2 s), not the wall-clock time: issue 39, 13 s of it on a loaded machine."""
+    start = time.process_time()
     paths = make_sample_collection(tmp_path, per_family=34, size=96)
     assert len(paths) >= 200
-    assert time.perf_counter() - start < 5.0
+    assert time.process_time() - start < 5.0
 
 
 def test_bad_arguments(tmp_path: Path) -> None:

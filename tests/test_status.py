@@ -54,6 +54,39 @@ def test_eta_is_none_before_the_schedule_is_known():
     assert eta_seconds([{"step": 5, "loss": 1.0}]) is None  # no elapsed_s (an older run)
 
 
+def test_eta_ends_with_the_time_budget():
+    """Issue 39: the Status tab said ETA 31 min of a run with a 10-minute budget (steps slower than when its schedule
+    was fitted). The run ends at its budget whatever its schedule: the ETA is the earlier of the two ends."""
+    records = _records([1.0] * 280 + [6.2] * 20, total=600)  # 404 s spent, 300 steps left at 6.2 s: 31 min
+    assert eta_seconds(records) == pytest.approx(300 * 6.2)
+    assert eta_seconds(records, budget_s=600.0) == pytest.approx(600 - 404)  # the budget ends it first
+    assert eta_seconds(records, budget_s=4000.0) == pytest.approx(300 * 6.2)  # the schedule ends it first
+    assert eta_seconds(_records([1.0] * 700, total=800), budget_s=600.0) == 0.0  # spent: it stops at once
+
+
+def test_the_status_tab_uses_the_runs_budget_and_names_its_skipped_photos(tmp_path):
+    """Issue 39: the tab's ETA ignored the run's budget, and it never named the photos that were skipped."""
+    from moco.skipped_file import write_skipped
+
+    status = RunStatus(tmp_path / "w")
+    status.run_dir.mkdir(parents=True)
+    (status.run_dir / "metrics.jsonl").write_text(_lines(_records([1.0] * 280 + [6.2] * 20, total=600)))
+    assert status.snapshot()["eta_s"] == pytest.approx(300 * 6.2)  # no config.json yet: the schedule's end
+    (status.run_dir / "config.json").write_text(json.dumps({"time_budget": 10.0, "preset": "cpu"}))
+    snap = status.snapshot()
+    assert snap["eta_s"] == pytest.approx(600 - 404) and snap["skipped_count"] == 0
+    assert "ETA 3 min 16 s" in status_markdown({**snap, "stage": "training"}) and "Skipped" not in status_markdown(snap)
+    skipped = [(f"trip/bad{i:02d}.jpg", "cannot identify image file") for i in range(12)] + [("caf\udce9.jpg", "empty")]
+    write_skipped(status.run_dir / "skipped.txt", skipped)
+    status.photos_found = 339
+    text = status_markdown({**status.snapshot(), "stage": "training"})
+    assert "**Skipped** 13 of the 339 photos found" in text and "`trip/bad00.jpg` (cannot identify image file)" in text
+    assert "`trip/bad09.jpg`" in text and "bad10" not in text and "and 3 more" in text  # capped: all in skipped.txt
+    write_skipped(status.run_dir / "skipped.txt", skipped[-1:])
+    text = status_markdown({**status.snapshot(), "stage": "ready"})
+    assert "**Skipped** 1 of the 339 photos found" in text and "`caf\\xe9.jpg` (empty)" in text  # re-read, escaped
+
+
 # ---------------------------------------------------------------------------------------------- snapshot
 def _lines(records: list[dict]) -> str:
     return "".join(json.dumps(r) + "\n" for r in records)

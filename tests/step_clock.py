@@ -1,0 +1,34 @@
+"""A synthetic clock for the time budget of ``moco.train``: each training step takes ``seconds(step)`` of it, however
+loaded the machine is (tests/test_train.py; tests/dist_clock.py under torchrun).
+
+The budget's clock is ``moco.train._clock``; each call of ``moco.train._train_step`` (which still runs) advances it
+by its step's seconds first, so the step's record and everything after it see the time it took.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+
+class StepClock:
+    """Training time that advances only with the steps: ``seconds(step)`` for the 0-based ``step``."""
+
+    def __init__(self, seconds: Callable[[int], float]) -> None:
+        self.seconds, self.now = seconds, 0.0
+
+    def install(self, setattr_: Callable[[Any, str, Any], None] = setattr) -> None:
+        """Put this clock into ``moco.train`` (``setattr_``: pytest's ``monkeypatch.setattr`` to undo it after the
+        test; plain ``setattr`` in a process of its own)."""
+        import moco.train  # noqa: F401  (loads the submodule; the package's ``moco.train`` is the function)
+
+        module = sys.modules["moco.train"]
+        real = module._train_step
+
+        def timed_step(cfg: Any, s: Any, cache: Any, d: Any, device: Any, step: int, *rest: Any) -> dict[str, Any]:
+            self.now += self.seconds(step)
+            return real(cfg, s, cache, d, device, step, *rest)
+
+        setattr_(module, "_clock", lambda: self.now)
+        setattr_(module, "_train_step", timed_step)
