@@ -11,9 +11,12 @@ loads), ``onnx`` (the torch.export-based exporter, dynamic batch, checked with o
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +72,42 @@ def export_backbone(
     with ``space`` (an index directory, or its ``space.safetensors``) the space that index fitted on the photos it
     searches: a pt2/ONNX program then outputs exactly the index's vectors, and a timm folder carries it as
     ``space.safetensors`` for :func:`moco.apply_space`.
+
+    Nothing is left behind, whatever happens: ``out`` is written whole or not at all, and what torch and
+    onnxruntime write into the temporary folder while exporting (torch's compile cache ``torchinductor_USER``,
+    onnxruntime's ``.ses``) goes into a private folder that is removed at the end (``$TMPDIR`` and
+    ``$TORCHINDUCTOR_CACHE_DIR`` point there meanwhile, unless the latter is set already).
     """
+    with _private_temp():
+        return _export(checkpoint, out, arch, fmt, image_size, space)
+
+
+@contextlib.contextmanager
+def _private_temp() -> Iterator[None]:
+    """Point ``$TMPDIR`` (and ``$TORCHINDUCTOR_CACHE_DIR`` where unset) at a private folder, removed afterwards."""
+    import tempfile
+
+    private = tempfile.mkdtemp(prefix="moco-export-")
+    saved = {k: os.environ.get(k) for k in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
+    saved_tempdir = tempfile.tempdir  # gettempdir()'s cached answer
+    os.environ["TMPDIR"] = tempfile.tempdir = private
+    if saved["TORCHINDUCTOR_CACHE_DIR"] is None:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(private, "torchinductor")
+    try:
+        yield
+    finally:
+        tempfile.tempdir = saved_tempdir
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _export(checkpoint: str | Path, out: str | Path, arch: str | None, fmt: str, image_size: int | None,
+            space: str | Path | None) -> dict[str, str]:
+    """:func:`export_backbone`'s work."""
     from moco.pretrained import resolve
 
     checkpoint, out = resolve(checkpoint), Path(out)
