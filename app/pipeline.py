@@ -221,7 +221,8 @@ def _say_where(root: Path, work: Path, photos: Path, say: Callable[[str], None])
 def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | Path | None = None,
                  init: str | Path | None = None, minutes: float | None = None, train_overrides: dict | None = None,
                  say: Callable[[str], None] = print, progress: bool = True,
-                 pretrained: str | None = None, status: RunStatus | None = None) -> dict[str, Any]:  # fmt: skip
+                 pretrained: str | None = None, status: RunStatus | None = None,
+                 locked: bool = False) -> dict[str, Any]:  # fmt: skip
     """Train (or take ``checkpoint``), export, index; returns the paths and the index summary.
 
     Everything is written in ``collection_dir(work, photos)``, this photo folder's own directory under ``work``.
@@ -231,8 +232,11 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
     ``status``: told each stage and every message (still printed through ``say``); on an error its stage is
     "failed" (the error re-raised); its ``index_ready`` is set once the index is written.
     That directory is locked meanwhile (:func:`moco.checkpoint.lock_dir`): a second run of the same folder
-    refuses, naming this one; runs of other folders under the same ``work`` go on.
+    refuses, naming this one; runs of other folders under the same ``work`` go on. ``locked``: the caller holds
+    that lock already (`moco run` takes it before it serves its page).
     """
+    import contextlib
+
     from moco.checkpoint import lock_dir
 
     status = status if status is not None else RunStatus(work)
@@ -244,7 +248,7 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
     try:
         own = collection_dir(work, photos)
         own.mkdir(parents=True, exist_ok=True)
-        with lock_dir(own, "--work"):
+        with contextlib.nullcontext() if locked else lock_dir(own, "--work"):
             return _run(photos, work, checkpoint, init, minutes, train_overrides, tell, progress, pretrained, status)
     except BaseException as e:
         status.fail(str(e) or type(e).__name__)

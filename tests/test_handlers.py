@@ -14,9 +14,9 @@ from PIL import Image
 
 import app.handlers as handlers
 from app.handlers import ALL_FOLDERS, SearchApp, score_text
-from app.uploads import MAX_UPLOAD_MB, MIN_SIDE_PX, read_upload
+from app.uploads import MAX_UPLOAD_MB, read_upload
 from index.build import build_index
-from index.image_index import ImageIndex
+from index.image_index import MIN_SIDE_PX, ImageIndex
 from moco.errors import UserError
 from moco.sample import make_sample_collection
 
