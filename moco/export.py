@@ -74,35 +74,11 @@ def export_backbone(
     ``space.safetensors`` for :func:`moco.apply_space`.
 
     Nothing is left behind, whatever happens: ``out`` is written whole or not at all, and what torch and
-    onnxruntime write into the temporary folder while exporting (torch's compile cache ``torchinductor_USER``,
-    onnxruntime's ``.ses``) goes into a private folder that is removed at the end (``$TMPDIR`` and
-    ``$TORCHINDUCTOR_CACHE_DIR`` point there meanwhile, unless the latter is set already).
+    onnxruntime write into the temporary folder (torch's compile cache ``torchinductor_USER``, onnxruntime's
+    ``.ses``) goes into a private folder that is removed at the end (:func:`_private_caches`).
     """
-    with _private_temp():
+    with _private_caches(["torch._dynamo", *(["onnxruntime"] if fmt == "onnx" else [])]):
         return _export(checkpoint, out, arch, fmt, image_size, space)
-
-
-@contextlib.contextmanager
-def _private_temp() -> Iterator[None]:
-    """Point ``$TMPDIR`` (and ``$TORCHINDUCTOR_CACHE_DIR`` where unset) at a private folder, removed afterwards."""
-    import tempfile
-
-    private = tempfile.mkdtemp(prefix="moco-export-")
-    saved = {k: os.environ.get(k) for k in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
-    saved_tempdir = tempfile.tempdir  # gettempdir()'s cached answer
-    os.environ["TMPDIR"] = tempfile.tempdir = private
-    if saved["TORCHINDUCTOR_CACHE_DIR"] is None:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(private, "torchinductor")
-    try:
-        yield
-    finally:
-        tempfile.tempdir = saved_tempdir
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        shutil.rmtree(private, ignore_errors=True)
 
 
 def _export(checkpoint: str | Path, out: str | Path, arch: str | None, fmt: str, image_size: int | None,
@@ -189,6 +165,45 @@ def _export(checkpoint: str | Path, out: str | Path, arch: str | None, fmt: str,
                 f", {'whitened' if output['whitened'] else 'centred'} on {output['fitted_on']}"
                 if whitening is not None else "")  # fmt: skip
     return meta
+
+
+@contextlib.contextmanager
+def _private_caches(modules: list[str]) -> Iterator[None]:
+    """A private folder, removed afterwards, for what torch and onnxruntime write into the temporary folder: torch's
+    compile cache (``$TORCHINDUCTOR_CACHE_DIR`` points there for the block, unless it is set already: tracing a
+    program reads it), and what ``modules`` write there when first imported (``$TMPDIR`` points there only while
+    they are imported, so that other threads' temporary files never land in it)."""
+    import importlib
+    import sys
+    import tempfile
+
+    private = tempfile.mkdtemp(prefix="moco-export-")
+    saved = {k: os.environ.get(k) for k in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
+    try:
+        if saved["TORCHINDUCTOR_CACHE_DIR"] is None:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(private, "torchinductor")
+        todo = [m for m in modules if m not in sys.modules]
+        if todo:
+            saved_tempdir = tempfile.tempdir  # gettempdir()'s cached answer
+            os.environ["TMPDIR"] = tempfile.tempdir = private
+            try:
+                for name in todo:
+                    with contextlib.suppress(ImportError):  # onnxruntime missing: write_onnx says how to install it
+                        importlib.import_module(name)
+            finally:
+                tempfile.tempdir = saved_tempdir
+                _restore("TMPDIR", saved["TMPDIR"])
+        yield
+    finally:
+        _restore("TORCHINDUCTOR_CACHE_DIR", saved["TORCHINDUCTOR_CACHE_DIR"])
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _restore(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
 
 
 def _account(split: SplitCheckpoint, backbone: nn.Module) -> dict[str, int]:
