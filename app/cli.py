@@ -66,10 +66,16 @@ def _add_export(sub: argparse._SubParsersAction) -> None:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """`moco export`: strip a checkpoint down to its backbone."""
+    import signal
+
     from moco.export import embedding_dim, export_backbone
 
-    meta = export_backbone(args.checkpoint, args.out, arch=args.arch, fmt=args.format, image_size=args.image_size,
-                           space=args.space)  # fmt: skip
+    old = signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl+C: its temporary files go
+    try:
+        meta = export_backbone(args.checkpoint, args.out, arch=args.arch, fmt=args.format,
+                               image_size=args.image_size, space=args.space)
+    finally:
+        signal.signal(signal.SIGTERM, old)
     print(
         f"exported {meta['arch']} ({embedding_dim(meta)}-d, {meta['image_size']} px, MoCo {meta['moco_version']}, "
         f"from {meta['source_format']}) to {args.out}; stripped {meta['dropped']}"

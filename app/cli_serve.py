@@ -189,8 +189,9 @@ def add_run(sub: argparse._SubParsersAction) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`moco run`: serve the page at once (its Status tab follows the work), train/export/index, turn search on."""
-    from app.pipeline import collection_dir, run_pipeline
+    from app.pipeline import KEPT, collection_dir
     from index.store import require_faiss
+    from moco.checkpoint import lock_dir, make_dirs
 
     require_faiss() if args.no_serve else _require_ui()  # before any training: the pipeline ends with them
     if args.minutes is not None and not 0 < args.minutes < math.inf:
@@ -201,6 +202,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     auth = _check_serve_arguments(args)
     api = None if args.no_serve else _api_settings(args)
     limits = None if args.no_serve else _limits(args)
+    work = collection_dir(args.work, args.photos)  # this photo folder's own run, backbone and index
+    undo = make_dirs(work)
+    with lock_dir(work, "--work"):  # first: a second run of this folder is told who holds it, before any port is bound
+        try:
+            return _serve_and_run(args, work, auth, api, limits)
+        except BaseException:
+            if not any((work / name).exists() for name in KEPT):  # failed before writing what a rerun reuses
+                undo()  # what this run created goes (an empty WORK ...), nothing else
+            raise
+
+
+def _serve_and_run(args: argparse.Namespace, work: Path, auth: tuple[str, str] | None, api: object,
+                   limits: object) -> int:
+    """`moco run`'s work, ``work`` locked: the page served at once, then train/export/index, then search on."""
+    from app.pipeline import run_pipeline
+
     extra = {"max_steps": args.max_steps} if args.max_steps else {}
     # Asking for training (--minutes, --max-steps) or for the sample (no PHOTOS) never fetches a default model.
     asked_training = args.minutes is not None or args.max_steps is not None
@@ -211,7 +228,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         from app.ui import serve_pending
 
         signal.signal(signal.SIGTERM, signal.default_int_handler)  # as in cmd_serve (training installs its own)
-        work = collection_dir(args.work, args.photos)  # this photo folder's own run, backbone and index
         status = RunStatus(work)
         photos = Path(args.photos).expanduser() if args.photos else work / "photos"
         demo, app = serve_pending(work / "index", photos, status, args.host, args.port, auth,
@@ -222,7 +238,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         out = run_pipeline(args.photos, args.work, args.checkpoint, args.init, args.minutes, extra,
                            say=lambda m: print(m, flush=True), progress=not args.quiet, pretrained=default,
-                           status=status)  # fmt: skip
+                           status=status, locked=True)  # fmt: skip
         print(f"search it: moco index search {out['index']} PHOTO.jpg, or the UI", flush=True)
         if demo is None:
             return 0

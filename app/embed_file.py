@@ -12,7 +12,9 @@ an index stores. Outputs:
 Resumable: the photos are listed once and embedded in chunks, each written whole (temporary file, rename) into
 ``FILE.npy.parts/`` with the list and what the run embeds with (``manifest.json``). An interrupted run (Ctrl+C,
 a kill, a crash) continues where it stopped when the same command runs again: finished chunks are read, not
-embedded again; photos added since join the next run. The output is assembled from the chunks at the end, then
+embedded again, unless one of their photos changed since (each chunk records the size and modification time of
+its photos, taken before they were read: a chunk with a photo changed or gone is embedded again, so the output is
+what a fresh run gives); photos added since join the next run. The output is assembled from the chunks at the end, then
 the folder is removed: the run is complete when ``FILE.npy.parts/`` is gone.
 """
 
@@ -23,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -144,10 +147,24 @@ def _chunk_path(parts: Path, i: int) -> Path:
     return parts / f"chunk-{i:07d}.npz"
 
 
+def _stats(root: Path, names: list[str]) -> np.ndarray:
+    """len(names) x 2 int64: each photo's size and modification time (ns); -1, -1 for one that cannot be read."""
+    out = np.full((len(names), 2), -1, np.int64)
+    for i, name in enumerate(names):
+        try:
+            st = os.stat(root / name)
+        except OSError:
+            continue
+        out[i] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
 def _embed_chunk(emb: Any, root: Path, names: list[str], start: int, batch_size: int, workers: int | None,
                  bar: Any) -> dict[str, np.ndarray]:  # fmt: skip
-    """Embed ``names`` (positions ``start``...): vectors of the readable ones, their positions, the others'."""
+    """Embed ``names`` (positions ``start``...): vectors of the readable ones, their positions, the others', and
+    every photo's size and modification time as they were before reading (``stats``)."""
     position = {n: start + i for i, n in enumerate(names)}
+    stats = _stats(root, names)  # before reading: a photo changed while it is read is seen as changed next time
     vectors, ok, failed, reasons = [], [], [], []
     for paths, vecs, failures in emb.embed_folder(root, batch_size=batch_size, workers=workers, progress=False,
                                                   files=names):  # fmt: skip
@@ -157,8 +174,29 @@ def _embed_chunk(emb: Any, root: Path, names: list[str], start: int, batch_size:
         reasons += [why for _, why in failures]
         bar.update(len(paths) + len(failures))
     return {"vectors": np.concatenate(vectors).astype(np.float32, copy=False) if vectors else
-            np.zeros((0, emb.dim), np.float32), "ok": np.asarray(ok, np.int64),
-            "failed": np.asarray(failed, np.int64), "reasons": np.asarray(reasons, dtype=str)}  # fmt: skip
+            np.zeros((0, emb.dim), np.float32), "ok": np.asarray(ok, np.int64), "failed": np.asarray(failed, np.int64),
+            "reasons": np.asarray(reasons, dtype=str), "stats": stats}  # fmt: skip
+
+
+def _chunk_is_current(path: Path, root: Path, names: list[str]) -> bool:
+    """Whether the finished chunk ``path`` still holds the vectors of ``names``: it can be read and every photo has
+    the size and modification time it had when the chunk was embedded (a chunk of an older version records none)."""
+    if not path.is_file():
+        return False
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            stats = z["stats"] if "stats" in z.files else None
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        logger.warning("embedding %s again: it cannot be read (%s)", path.name, e)
+        return False
+    if stats is None or stats.shape != (len(names), 2):
+        return False
+    changed = np.flatnonzero(np.any(stats != _stats(root, names), axis=1))
+    if len(changed):
+        logger.info("embedding %s again: %d of its photos changed since it was embedded (e.g. %s)", path.name,
+                    len(changed), names[changed[0]])
+        return False
+    return True
 
 
 def _read_chunk(path: Path) -> dict[str, np.ndarray]:
@@ -255,7 +293,7 @@ def _embed_parts(parts: Path, root: Path, emb: Any, out: Path, kind: str, chunk_
         stale.unlink(missing_ok=True)
     n_chunks = -(-len(names) // chunk_size)
     chunks = [_chunk_path(parts, i) for i in range(n_chunks)]
-    done = [c.is_file() for c in chunks]
+    done = [_chunk_is_current(c, root, names[i * chunk_size : (i + 1) * chunk_size]) for i, c in enumerate(chunks)]
     if resumed:
         logger.info("resuming %s: %d of %d chunks were embedded before", parts, sum(done), n_chunks)
     finished = sum(min(chunk_size, len(names) - i * chunk_size) for i in range(n_chunks) if done[i])

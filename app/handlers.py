@@ -10,6 +10,7 @@ import collections
 import csv
 import datetime
 import html
+import io
 import json
 import logging
 import os
@@ -49,7 +50,9 @@ MAX_ORIGINAL_BYTES = 64 * 1024 * 1024  # "Open original" serves files up to this
 # under the CLI) or when the app is collected. The page serves them from there (a static path of Gradio's, behind
 # the same login), each in a folder of its own with an unguessable name. While it runs, the oldest are removed past
 # _KEEP_EXPORTS results, _KEEP_BYTES bytes or _KEEP_S seconds (the newest is always kept): a download link stays
-# good as long as Gradio's own cached files do (app.page's GRADIO_CACHE_S), short of those caps.
+# good as long as Gradio's own cached files do (app.page's GRADIO_CACHE_S), short of those caps. The count holds at
+# every moment, also while results are being written at once: a folder's place is taken before it is made, and a
+# result that fails midway takes its folder along.
 _KEEP_EXPORTS = 10_000
 _KEEP_BYTES = 256 * 1024 * 1024
 _KEEP_S = 86_400.0
@@ -124,6 +127,7 @@ class SearchApp:
         self._remove_files = weakref.finalize(self, shutil.rmtree, self._files, ignore_errors=True)  # also at exit
         self._kept: collections.deque[tuple[Path, int, float]] = collections.deque()  # (folder, bytes, made at)
         self._kept_bytes = 0
+        self._writing = 0  # result folders made and being written (counted in _KEEP_EXPORTS)
         self._lock = threading.Lock()
         if index is not None:
             self._attach(index, embedder, checkpoint)
@@ -330,22 +334,43 @@ class SearchApp:
         return self._files
 
     def _new_file(self, name: str) -> Path:
-        folder = self._files / secrets.token_hex(8)  # served as it is: a name nobody else can guess
-        folder.mkdir()
+        """The path ``name`` in a new result folder, its place among the _KEEP_EXPORTS taken (the oldest go to make
+        room): pass it to ``_keep`` once written, or to ``_discard`` if writing fails."""
+        with self._lock:
+            self._writing += 1
+            self._evict(_clock(), keep_newest=False)
+            folder = self._files / secrets.token_hex(8)  # served as it is: a name nobody else can guess
+            try:
+                folder.mkdir()
+            except BaseException:
+                self._writing -= 1
+                raise
         return folder / name
 
     def _keep(self, newest: Path) -> None:
-        """Remove the oldest result folders past _KEEP_EXPORTS folders, _KEEP_BYTES bytes or _KEEP_S seconds, never
-        ``newest``'s (each search pays for its own folder only, whatever the number kept)."""
+        """Count ``newest``'s folder (written) among the kept ones; remove the oldest past the caps, never it."""
         size, now = _folder_bytes(newest.parent), _clock()
         with self._lock:
+            self._writing -= 1
             self._kept.append((newest.parent, size, now))
             self._kept_bytes += size
-            while len(self._kept) > 1 and (len(self._kept) > _KEEP_EXPORTS or self._kept_bytes > _KEEP_BYTES
-                                           or now - self._kept[0][2] > _KEEP_S):  # fmt: skip
-                old, old_size, _ = self._kept.popleft()
-                self._kept_bytes -= old_size
-                shutil.rmtree(old, ignore_errors=True)
+            self._evict(now, keep_newest=True)
+
+    def _discard(self, path: Path) -> None:
+        """Remove the folder of ``path`` (a result that could not be written whole) and give back its place."""
+        shutil.rmtree(path.parent, ignore_errors=True)
+        with self._lock:
+            self._writing -= 1
+
+    def _evict(self, now: float, keep_newest: bool) -> None:
+        """(Under the lock.) Remove the oldest kept folders past _KEEP_EXPORTS folders (the kept and those being
+        written), _KEEP_BYTES bytes or _KEEP_S seconds; ``keep_newest``: never the last kept (each search pays for
+        its own folder only, whatever the number kept)."""
+        while len(self._kept) > keep_newest and (len(self._kept) + self._writing > _KEEP_EXPORTS
+                                                 or self._kept_bytes > _KEEP_BYTES or now - self._kept[0][2] > _KEEP_S):
+            old, old_size, _ = self._kept.popleft()
+            self._kept_bytes -= old_size
+            shutil.rmtree(old, ignore_errors=True)
 
     def open_original(self, image_id: int) -> tuple[BinaryIO, int, str]:
         """An indexed photo's original file, opened: (file, size in bytes, its name); the caller closes the file.
@@ -381,8 +406,12 @@ class SearchApp:
         try:
             with f:
                 out = self._new_file(name)
-                with open(out, "wb") as dst:
-                    shutil.copyfileobj(f, dst, 1 << 20)
+                try:
+                    with open(out, "wb") as dst:
+                        shutil.copyfileobj(f, dst, 1 << 20)
+                except BaseException:
+                    self._discard(out)
+                    raise
             self._keep(out)
         except OSError as e:
             raise UserError(f"{name} cannot be read now ({e.strerror or e}): run `moco index update`") from None
@@ -399,18 +428,24 @@ class SearchApp:
         rows = [{"rank": r, "path": display_path(p), "score": float(score_text(s)),
                  "weak_match": weak is not None and s < weak, "id": i}
                 for r, (i, p, s) in enumerate(zip(state["ids"], state["paths"], state["scores"]), 1)]  # fmt: skip
-        csv_path = self._new_file("results.csv")
-        with open(csv_path, "w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows({**{key: _csv_cell(value) for key, value in row.items()},  # text cells: never a formula
-                              "score": score_text(row["score"]), "weak_match": str(row["weak_match"]).lower()}
-                             for row in rows)  # fmt: skip
-        json_path = csv_path.with_name("results.json")
+        table = io.StringIO(newline="")
+        writer = csv.DictWriter(table, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({**{key: _csv_cell(value) for key, value in row.items()},  # text cells: never a formula
+                          "score": score_text(row["score"]), "weak_match": str(row["weak_match"]).lower()}
+                         for row in rows)  # fmt: skip
         whitened = " (whitened on the collection)" if self.index and self.index.whitened else ""
         meta = {"query": state["label"], "folder": display_path(state["folder"] or ""), "k": state["k"],
                 "score": "centred cosine" + whitened, "weak_below": None if weak is None else float(score_text(weak))}
-        json_path.write_text(json.dumps({**meta, "results": rows}, indent=1, ensure_ascii=False))
+        text = json.dumps({**meta, "results": rows}, indent=1, ensure_ascii=False)
+        csv_path = self._new_file("results.csv")  # both files are ready: the folder lives only while they are written
+        json_path = csv_path.with_name("results.json")
+        try:
+            csv_path.write_text(table.getvalue(), encoding="utf-8", newline="")
+            json_path.write_text(text, encoding="utf-8")
+        except BaseException:
+            self._discard(csv_path)
+            raise
         self._keep(csv_path)
         return str(csv_path), str(json_path)
 

@@ -233,7 +233,8 @@ def _say_where(root: Path, work: Path, photos: Path, say: Callable[[str], None])
 def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | Path | None = None,
                  init: str | Path | None = None, minutes: float | None = None, train_overrides: dict | None = None,
                  say: Callable[[str], None] = print, progress: bool = True,
-                 pretrained: str | None = None, status: RunStatus | None = None) -> dict[str, Any]:  # fmt: skip
+                 pretrained: str | None = None, status: RunStatus | None = None,
+                 locked: bool = False) -> dict[str, Any]:  # fmt: skip
     """Train (or take ``checkpoint``), export, index; returns the paths and the index summary.
 
     Everything is written in ``collection_dir(work, photos)``, this photo folder's own directory under ``work``.
@@ -243,9 +244,12 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
     ``status``: told each stage and every message (still printed through ``say``); on an error its stage is
     "failed" (the error re-raised); its ``index_ready`` is set once the index is written.
     That directory is locked meanwhile (:func:`moco.checkpoint.lock_dir`): a second run of the same folder
-    refuses, naming this one; runs of other folders under the same ``work`` go on. A run that fails before it
-    wrote a checkpoint, a backbone or an index removes what it created (:func:`moco.checkpoint.make_dirs`).
+    refuses, naming this one; runs of other folders under the same ``work`` go on. ``locked``: the caller holds
+    that lock already (`moco run` takes it before it serves its page). A run that fails before it wrote a
+    checkpoint, a backbone or an index removes what it created (:func:`moco.checkpoint.make_dirs`).
     """
+    import contextlib
+
     from moco.checkpoint import lock_dir, make_dirs
 
     status = status if status is not None else RunStatus(work)
@@ -257,7 +261,7 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
     try:
         own = collection_dir(work, photos)
         undo = make_dirs(own)
-        with lock_dir(own, "--work"):
+        with contextlib.nullcontext() if locked else lock_dir(own, "--work"):
             try:
                 return _run(photos, work, checkpoint, init, minutes, train_overrides, tell, progress, pretrained,
                             status)  # fmt: skip

@@ -4,9 +4,9 @@ Gradio's ``Image`` opens an upload with PIL before any handler runs, so a text f
 empty file ends as a bare red "Error" with a traceback in the server log. ``QueryImage`` passes the
 uploaded file's path through untouched; ``read_upload`` then decodes it with the same decoder as the index
 and turns every failure into one line naming the file and the fix: an image with too many pixels (from its
-header, never decoded) or too few to search with (under MIN_SIDE_PX on a side) included. Files over the size
-cap never reach the server: Gradio refuses them in the browser, and ``SIZE_CHECK_JS`` writes our message on
-the page.
+header, never decoded) or too few to search with (:func:`index.image_index.check_query_size`, the rule of every
+door) included. Files over the size cap never reach the server: Gradio refuses them in the browser, and
+``SIZE_CHECK_JS`` writes our message on the page.
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from index.image_index import check_query_size
 from moco.data import DEFAULT_MAX_PIXELS, ImageDecodeError, load_rgb, open_regular
 from moco.errors import UserError
 
-__all__ = ["MAX_UPLOAD_MB", "MIN_SIDE_PX", "QueryImage", "read_upload", "upload_suffix", "size_check_js"]
+__all__ = ["MAX_UPLOAD_MB", "QueryImage", "read_upload", "upload_suffix", "size_check_js"]
 
 MAX_UPLOAD_MB = 25  # per uploaded file; Gradio enforces it before the upload, read_upload again after
-MIN_SIDE_PX = 16  # a query image smaller than this on a side has too little in it to search with
 FORMATS = "JPEG, PNG, WebP, GIF, BMP or TIFF"
 
 
@@ -72,9 +72,7 @@ def _check_size(name: str, size: tuple[int, int]) -> None:
         count = f"{math.ceil(size[0] * size[1] / 1e6)}" if size != (0, 0) else f"over {2 * limit // 10**6}"
         raise UserError(f"{name}: too many pixels ({count} megapixels, the limit is {limit // 10**6}): downscale it "
                         "(for example to 4000 px on its long side) and upload it again")  # fmt: skip
-    if min(size) < MIN_SIDE_PX:
-        raise UserError(f"{name} is {size[0]} x {size[1]} pixels: too small to search with (at least {MIN_SIDE_PX} px "
-                        "on each side): upload a larger photo")  # fmt: skip
+    check_query_size(name, size)
 
 
 def upload_suffix(name: str) -> str:

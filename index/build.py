@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import json
 import logging
 import os
 import sys
@@ -47,7 +48,7 @@ from index.prepare import (
     restore_thumbs,
 )
 from index.store import KINDS, require_faiss
-from index.sync_store import sync_store
+from index.sync_store import store_is_current, sync_store
 from moco.errors import UserError
 
 __all__ = ["build_index", "update_index", "default_memory_budget", "run_cli", "main"]
@@ -148,7 +149,9 @@ def _reembed_older_vectors(catalog: Catalog, plan: Plan, cmeta: dict[str, Any]) 
 
 # -------------------------------------------------------------------------------------------- sync
 def _sync(index_dir: Path, embedder: Any, dist: _Dist, batch_size: int, workers: int, progress: bool,
-          use_gpu: str) -> Summary:  # fmt: skip
+          use_gpu: str, settings: dict[str, Any] | None = None) -> Summary:  # fmt: skip
+    """Embed what the plan says, then bring ``index.faiss`` in line; ``settings``: catalog settings (unchanged) to
+    write again once there is work (so a full disk stops the update at the catalog, before anything else)."""
     t0 = time.perf_counter()
     summary = Summary()
     catalog = Catalog(index_dir / CATALOG_FILE) if dist.rank == 0 else None
@@ -160,6 +163,8 @@ def _sync(index_dir: Path, embedder: Any, dist: _Dist, batch_size: int, workers:
         plan = make_plan(root, catalog, workers)
         _retry_our_failures(catalog, plan)
         _reembed_older_vectors(catalog, plan, cmeta)
+        if settings and (plan.embed or plan.touch or plan.moves or plan.copies or plan.gone):
+            set_catalog_meta(catalog, **settings)
         quick_ops(catalog, plan, index_dir, summary)
         summary.unchanged = plan.unchanged
     todo, root_s = dist.broadcast((plan.embed, cmeta["root"]) if plan else None)
@@ -186,13 +191,18 @@ def _sync(index_dir: Path, embedder: Any, dist: _Dist, batch_size: int, workers:
                 bar.update(min(round_size, len(todo) - start))
     bar.close()
     if dist.rank == 0:
-        set_catalog_meta(catalog, vectors=VECTORS)  # every row is features now (older ones were queued above)
-        store = sync_store(index_dir, catalog, cmeta, use_gpu, embedder)
+        if cmeta.get("vectors") != VECTORS:
+            set_catalog_meta(catalog, vectors=VECTORS)  # every row is features now (older ones were queued above)
+        if store_is_current(index_dir, catalog, cmeta, embedder):  # nothing new: its files are left as they are
+            meta = read_meta(index_dir)
+            summary.vectors, summary.kind = int(meta["ntotal"]), str(meta["kind"])
+        else:
+            store = sync_store(index_dir, catalog, cmeta, use_gpu, embedder)
+            meta = read_meta(index_dir)
+            summary.vectors, summary.kind = store.ntotal, store.kind
         restore_thumbs(root, index_dir, catalog, embedder.resize, workers)
         clean_thumbs(index_dir, catalog)
-        meta = read_meta(index_dir)
         summary.errors = catalog.errors()
-        summary.vectors, summary.kind = store.ntotal, store.kind
         summary.recall_at_10, summary.params = meta["recall_at_10"], meta["params"]
         catalog.close()
     summary.seconds = time.perf_counter() - t0
@@ -302,6 +312,7 @@ def update_index(index_dir: str | Path, backbone: str | Path | None = None, root
         raise UserError(f"{index_dir} was built with backbone sha256 {cmeta['backbone_sha256'][:12]}... but "
                         f"{path} is {embedder.sha256[:12]}...: vectors of different backbones do not mix; rebuild "
                         f"with `moco index build {cmeta['root']} --backbone {path} -o NEW_DIR`")  # fmt: skip
+    settings = None  # unchanged settings: written only with other work (an update with nothing new writes nothing)
     if dist.rank == 0:
         changes: dict[str, Any] = {"backbone_path": str(path)}
         if root is not None:
@@ -317,10 +328,13 @@ def update_index(index_dir: str | Path, backbone: str | Path | None = None, root
                 raise UserError(f"--kind {kind!r} is not one of {', '.join(KINDS)}")
             changes["kind"] = kind
         changes["features"] = _features_meta(embedder)["features"]
-        set_catalog_meta(catalog, **changes)
+        if any(json.loads(json.dumps(v)) != cmeta.get(k) for k, v in changes.items()):
+            set_catalog_meta(catalog, **changes)
+        else:
+            settings = changes
     catalog.close()
     try:
-        return _sync(index_dir, embedder, dist, batch_size, workers, progress, use_gpu)
+        return _sync(index_dir, embedder, dist, batch_size, workers, progress, use_gpu, settings)
     finally:
         dist.close()
 

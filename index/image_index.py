@@ -48,12 +48,45 @@ from moco.errors import UserError
 from moco.whiten import Whitening
 
 # with the names of index.index_dir, importable from here as well
-__all__ = ["ImageIndex", "SearchResult", "read_meta", "write_meta", "kind_of", "INDEX_FILE", "META_FILE",
-           "CATALOG_FILE", "THUMBS_DIR", "DEDUP_FILE", "FORMAT", "INDEX_ID_KEY", "check_index_ids"]  # fmt: skip
+__all__ = ["ImageIndex", "SearchResult", "check_query_size", "MIN_SIDE_PX", "read_meta", "write_meta", "kind_of",
+           "INDEX_FILE", "META_FILE", "CATALOG_FILE", "THUMBS_DIR", "DEDUP_FILE", "FORMAT", "INDEX_ID_KEY",
+           "check_index_ids"]  # fmt: skip
 
 logger = logging.getLogger(__name__)
 
 _REQUIRED_META = ("root", "dim", "backbone_sha256", "backbone_path")  # what search and stats read from index.json
+MIN_SIDE_PX = 16  # a query image smaller than this on a side has too little in it to search with
+
+
+def check_query_size(name: str, size: tuple[int, int]) -> None:
+    """The one size rule of every door that searches with an image (the CLI's ``moco index search``, the page, the
+    JSON API, :meth:`ImageIndex.search_image`): a UserError naming ``name``, its size and the fix when a side of
+    ``size`` (width, height) is under MIN_SIDE_PX."""
+    if min(size) < MIN_SIDE_PX:
+        raise UserError(f"{name} is {size[0]} x {size[1]} pixels: too small to search with (at least {MIN_SIDE_PX} px "
+                        "on each side): search with a larger photo")
+
+
+def _query_size(image: Any) -> tuple[str, tuple[int, int]] | None:
+    """(name, (width, height)) of a query image: a path's from its header (nothing decoded), None when its header
+    cannot be read (the decoder then says why)."""
+    import warnings
+
+    from PIL import Image
+
+    from moco.photos import open_regular
+
+    if isinstance(image, Image.Image):
+        return "the image", image.size
+    if isinstance(image, np.ndarray):
+        return "the image", (image.shape[1] if image.ndim > 1 else 0, image.shape[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            with open_regular(image) as f, Image.open(f) as im:
+                return str(image), im.size
+        except Exception:  # noqa: BLE001 - unreadable or not an image: the embedder's decoder explains
+            return None
 
 
 @dataclass
@@ -315,6 +348,16 @@ class ImageIndex:
             out_paths.append([row.path for _, _, row in hits])
             out_rows.append([row for _, _, row in hits])
         return SearchResult(out_ids, out_scores, out_paths, out_rows)
+
+    def search_image(self, image: Any, embedder: Any, k: int = 10, folder: str | None = None,
+                     offset: int = 0) -> SearchResult:
+        """:meth:`search` with one image (a path, a PIL image or an H x W x 3 uint8 array) embedded by ``embedder``
+        (:meth:`load_embedder`); an image too small to search with is refused, as at every door
+        (:func:`check_query_size`)."""
+        size = _query_size(image)
+        if size is not None:
+            check_query_size(*size)
+        return self.search(embedder.embed(image), k=k, folder=folder, offset=offset)
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         """Stored raw vectors (len(ids) x D, uncentred: what :meth:`search` takes) in the order of ``ids``."""

@@ -35,8 +35,8 @@ from moco.whiten import SPACE_FILE, Whitening, fit_space, save_space
 
 logger = logging.getLogger("index.build")  # the one logger name of its step (filtered by users)
 
-__all__ = ["sync_store", "space_rule", "space_drift", "chance_level", "WHITEN_FROM", "WHITEN_PER_DIM", "DRIFT_REFIT",
-           "MEAN_REFRESH", "TUNE_QUERIES", "TARGET_RECALL"]  # fmt: skip
+__all__ = ["sync_store", "store_is_current", "space_rule", "space_drift", "chance_level", "WHITEN_FROM",
+           "WHITEN_PER_DIM", "DRIFT_REFIT", "MEAN_REFRESH", "TUNE_QUERIES", "TARGET_RECALL"]  # fmt: skip
 
 
 TUNE_QUERIES = 500
@@ -280,6 +280,28 @@ def sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gpu
     })  # fmt: skip
     catalog.mark_indexed(pending, stale)
     return store
+
+
+def store_is_current(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], embedder: Any | None) -> bool:
+    """Whether :func:`sync_store` would write nothing new: ``index.faiss`` and ``index.json`` are this catalog's
+    own, hold every row (none pending or stale), record its settings and the measures it takes. Then an update with
+    nothing changed leaves the index's files as they are (bytes and times)."""
+    if len(catalog.pending()) or len(catalog.stale()) or not (index_dir / SPACE_FILE).is_file():
+        return False
+    if not (index_dir / INDEX_FILE).is_file() or _untrusted(index_dir, catalog.get_meta(INDEX_ID_KEY)) is not None:
+        return False
+    meta = read_meta(index_dir)
+    same = all(meta.get(k) == cmeta.get(c) for k, c in (("root", "root"), ("backbone_path", "backbone_path"),
+                                                        ("backbone_sha256", "backbone_sha256"), ("dim", "dim"),
+                                                        ("kind_requested", "kind"),
+                                                        ("memory_budget", "memory_budget")))
+    whole = all(meta.get(k) is not None for k in ("mean", "mean_count", "space", "ntotal", "params", "features"))
+    measured = embedder is None or not meta.get("ntotal") or ("augment_level" in meta and "dedup_calibration" in meta)
+    if not (same and whole and measured and meta.get("vectors") == VECTORS and meta.get("format") == FORMAT):
+        return False
+    if meta["ntotal"] != catalog.counts()["ok"]:
+        return False
+    return read_space_arrays(index_dir / INDEX_FILE, int(cmeta["dim"]))[0] is not None  # centred: its mean inside
 
 
 def _own_store(index_dir: Path, catalog: Catalog, n: int, dim: int, use_gpu: str) -> tuple[str, VectorStore | None]:

@@ -11,9 +11,12 @@ loads), ``onnx`` (the torch.export-based exporter, dynamic batch, checked with o
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +72,18 @@ def export_backbone(
     with ``space`` (an index directory, or its ``space.safetensors``) the space that index fitted on the photos it
     searches: a pt2/ONNX program then outputs exactly the index's vectors, and a timm folder carries it as
     ``space.safetensors`` for :func:`moco.apply_space`.
+
+    Nothing is left behind, whatever happens: ``out`` is written whole or not at all, and what torch and
+    onnxruntime write into the temporary folder (torch's compile cache ``torchinductor_USER``, onnxruntime's
+    ``.ses``) goes into a private folder that is removed at the end (:func:`_private_caches`).
     """
+    with _private_caches(["torch._dynamo", *(["onnxruntime"] if fmt == "onnx" else [])]):
+        return _export(checkpoint, out, arch, fmt, image_size, space)
+
+
+def _export(checkpoint: str | Path, out: str | Path, arch: str | None, fmt: str, image_size: int | None,
+            space: str | Path | None) -> dict[str, str]:
+    """:func:`export_backbone`'s work."""
     from moco.pretrained import resolve
 
     checkpoint, out = resolve(checkpoint), Path(out)
@@ -151,6 +165,45 @@ def export_backbone(
                 f", {'whitened' if output['whitened'] else 'centred'} on {output['fitted_on']}"
                 if whitening is not None else "")  # fmt: skip
     return meta
+
+
+@contextlib.contextmanager
+def _private_caches(modules: list[str]) -> Iterator[None]:
+    """A private folder, removed afterwards, for what torch and onnxruntime write into the temporary folder: torch's
+    compile cache (``$TORCHINDUCTOR_CACHE_DIR`` points there for the block, unless it is set already: tracing a
+    program reads it), and what ``modules`` write there when first imported (``$TMPDIR`` points there only while
+    they are imported, so that other threads' temporary files never land in it)."""
+    import importlib
+    import sys
+    import tempfile
+
+    private = tempfile.mkdtemp(prefix="moco-export-")
+    saved = {k: os.environ.get(k) for k in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
+    try:
+        if saved["TORCHINDUCTOR_CACHE_DIR"] is None:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(private, "torchinductor")
+        todo = [m for m in modules if m not in sys.modules]
+        if todo:
+            saved_tempdir = tempfile.tempdir  # gettempdir()'s cached answer
+            os.environ["TMPDIR"] = tempfile.tempdir = private
+            try:
+                for name in todo:
+                    with contextlib.suppress(ImportError):  # onnxruntime missing: write_onnx says how to install it
+                        importlib.import_module(name)
+            finally:
+                tempfile.tempdir = saved_tempdir
+                _restore("TMPDIR", saved["TMPDIR"])
+        yield
+    finally:
+        _restore("TORCHINDUCTOR_CACHE_DIR", saved["TORCHINDUCTOR_CACHE_DIR"])
+        shutil.rmtree(private, ignore_errors=True)
+
+
+def _restore(key: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(key, None)
+    else:
+        os.environ[key] = value
 
 
 def _account(split: SplitCheckpoint, backbone: nn.Module) -> dict[str, int]:

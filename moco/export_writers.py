@@ -4,9 +4,11 @@ then puts it in place atomically: ``out`` is never left half written."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,7 @@ import torch
 from torch import nn
 
 from moco.backbones import is_vit
-from moco.errors import UserError
+from moco.errors import StorageError, UserError, storage_error
 from moco.whiten import Whitening
 
 __all__ = ["write_safetensors", "write_timm", "write_pt2", "write_onnx"]
@@ -57,6 +59,19 @@ def _publish(tmp: Path, out: Path) -> None:
     from moco.checkpoint import atomic_write
 
     atomic_write(out, lambda f: f.write(tmp.read_bytes()))
+
+
+@contextlib.contextmanager
+def _naming(out: Path) -> Iterator[None]:
+    """A failed write in this block (disk full, read-only) is reported as writing ``out``, not a temporary file."""
+    try:
+        yield
+    except StorageError as e:
+        if isinstance(e.__cause__, OSError):
+            raise storage_error(e.__cause__, out) from e.__cause__
+        raise
+    except OSError as e:
+        raise storage_error(e, out) from e
 
 
 def _dynamic_batch() -> tuple[dict[int, Any], ...]:
@@ -123,7 +138,7 @@ def write_timm(backbone: nn.Module, meta: dict[str, str], out: Path, space: Whit
     config = _timm_config(backbone, meta)  # refusals come before anything is written
     if out.exists() and not out.is_dir():
         raise UserError(f"--format timm writes a folder, but {out} is a file: pass a folder path to -o")
-    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp:  # checked there, then moved
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp, _naming(out):  # then moved
         write_safetensors(backbone, meta, Path(tmp) / "model.safetensors")  # our metadata: moco.Embedder loads it
         (Path(tmp) / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         model = timm.create_model(f"local-dir:{tmp}", pretrained=True).eval()
@@ -143,15 +158,19 @@ def write_pt2(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
     if out.suffix != ".pt2":
         raise UserError(f"--format pt2: torch.export.load reads only files named *.pt2, not {out.name}: "
                         f"use -o {out.with_suffix('.pt2')}")  # fmt: skip
+    import io
+
+    from moco.checkpoint import atomic_write
+
     program = torch.export.export(backbone, (_example(meta),), dynamic_shapes=_dynamic_batch())
-    tmp = out.with_name(f".{out.stem}.part.pt2")
-    try:
-        torch.export.save(program, str(tmp), extra_files={"moco_meta.json": json.dumps(meta)})
-        module = torch.export.load(str(tmp)).module()
-        _check_faithful(lambda x: module(x).numpy(), backbone, meta, "torch.export program")
-        _publish(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
+    # In memory, then our own atomic write: torch's file writer aborts the interpreter on a full disk, and
+    # our write names `out` and leaves nothing
+    buffer = io.BytesIO()
+    torch.export.save(program, buffer, extra_files={"moco_meta.json": json.dumps(meta)})
+    buffer.seek(0)
+    module = torch.export.load(buffer).module()
+    _check_faithful(lambda x: module(x).numpy(), backbone, meta, "torch.export program")
+    atomic_write(out, lambda f: f.write(buffer.getbuffer()))
 
 
 def write_onnx(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
@@ -174,7 +193,8 @@ def write_onnx(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
     program.model.metadata_props.update(meta)
     tmp = out.with_name(f".{out.name}.part")
     try:
-        program.save(str(tmp), external_data=False)
+        with _naming(out):  # a full disk: the exporter's own error names no file
+            program.save(str(tmp), external_data=False)
         session = ort.InferenceSession(str(tmp), providers=["CPUExecutionProvider"])
         _check_faithful(lambda x: session.run(None, {"images": x.numpy()})[0], backbone, meta, "ONNX")
         _publish(tmp, out)

@@ -203,6 +203,31 @@ def test_pages_and_folders(http, sample_photos):
 
 
 # ---------------------------------------------------------------------------------------------- errors
+def test_an_image_too_small_to_search_with_is_refused_alike_at_every_door(http, server, idx, tmp_path, capsys):
+    from app.cli import main
+    from moco.errors import UserError
+
+    tiny = tmp_path / "tiny.png"
+    Image.new("RGB", (1, 1), (200, 40, 40)).save(tiny)
+    words = ("tiny.png is 1 x 1 pixels: too small to search with (at least 16 px on each side): search with a "
+             "larger photo")
+    assert main(["index", "search", str(idx), str(tiny)]) == 2  # the CLI: bad input, no results
+    out = capsys.readouterr()
+    assert words in out.err and out.out == "", out
+    r = _upload(http, tiny, k=5)  # the JSON API, both ways
+    assert r.status_code == 400 and r.json()["detail"] == words
+    r = http.post("/search/base64", json={"image_base64": base64.b64encode(tiny.read_bytes()).decode(),
+                                          "filename": "tiny.png", "k": 3})  # fmt: skip
+    assert r.status_code == 400 and r.json()["detail"] == words
+    with pytest.raises(UserError) as e:  # the page's handler
+        server[1].search(str(tiny), k=3)
+    assert str(e.value) == words
+    index = ImageIndex.open(idx)  # the library's search by image
+    with pytest.raises(UserError) as e:
+        index.search_image(tiny, index.load_embedder(device="cpu"), k=3)
+    assert str(e.value) == str(tiny).removesuffix("tiny.png") + words
+
+
 def test_errors_are_the_pages_one_line_messages(http, server, sample_photos, tmp_path):
     page = _safe(3, 1)(server[1].search)
     bad = tmp_path / "upload.jpg"

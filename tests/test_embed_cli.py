@@ -229,3 +229,27 @@ def test_parquet_holds_paths_and_vectors(photos, backbone, tmp_path):
     assert paths == [p for p in scan_images(clean) if p != "broken.jpg"]
     want = Embedder.load(backbone, device="cpu").embed([clean / p for p in paths])
     assert np.allclose(vectors, want, atol=1e-5)
+
+
+def test_a_resumed_run_embeds_again_the_photos_that_changed_since(sample_photos, backbone, tmp_path, capsys):
+    photos = tmp_path / "photos"
+    shutil.copytree(sample_photos, photos)
+    out = tmp_path / "v.npy"
+    argv = ["embed", str(photos), "--backbone", str(backbone), "-o", str(out), "--chunk-size", "8", "--device",
+            "cpu", "--quiet"]  # fmt: skip
+    in_the_way = tmp_path / "v.paths.txt"
+    in_the_way.mkdir()  # every chunk is embedded, then writing the output fails: the run is unfinished
+    assert main(argv) == 1
+    assert len(_chunks(tmp_path / "v.npy.parts")) == 6 and not out.exists()
+    in_the_way.rmdir()
+    names = scan_images(photos)
+    changed = photos / names[1]  # in the first chunk: new pixels under the same name
+    other = next(photos / n for n in names[8:] if Path(n).suffix == changed.suffix)
+    shutil.copy(other, changed)
+    os.utime(changed, ns=(time.time_ns(), time.time_ns() + 10**9))
+    capsys.readouterr()
+    assert main(argv) == 0
+    assert "5 of 6 chunks came from the interrupted run" in capsys.readouterr().out
+    assert _paths(out) == names
+    fresh = Embedder.load(backbone, device="cpu").embed([photos / p for p in names])
+    assert np.allclose(np.load(out), fresh, atol=1e-5)  # what a fresh run gives, the changed photo's row too

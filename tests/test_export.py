@@ -421,3 +421,72 @@ def test_cli_on_a_backbone_of_an_unknown_arch_exits_2_naming_the_file(backbone, 
     assert main(["index", "build", str(sample_photos), "--backbone", str(bad), "-o", str(tmp_path / "idx")]) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and "'arch' = 'no_such_net'" in err and "moco export" in err
+
+
+def _export_env(tmpdir) -> dict[str, str]:
+    """The environment of a `moco export` subprocess whose temporary folder is ``tmpdir`` (as a user's $TMPDIR)."""
+    import os
+    from pathlib import Path
+
+    tmpdir.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), TMPDIR=str(tmpdir))
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)  # this process's torch set it: the subprocess must choose its own
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["onnx", "pt2"])
+def test_a_program_onto_a_full_disk_names_the_path_and_leaves_nothing(tmp_path, fmt):
+    import subprocess
+    import sys
+
+    from tests.mounts import tmpfs
+
+    torch.save(_resnet18().state_dict(), tmp_path / "tv.pth")
+    env = _export_env(tmp_path / "tmp")
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        out = disk / f"b.{fmt}"
+        argv = ["export", str(tmp_path / "tv.pth"), "-o", str(out), "--format", fmt, "--image-size", "32"]
+        r = subprocess.run([sys.executable, "-m", "app.cli", *argv], env=env, capture_output=True, text=True)
+        assert r.returncode == 1, r.stderr[-3000:]  # storage: not bad input, and never an abort (-6)
+        assert f"no space left on device while writing {out}: free space" in r.stderr, r.stderr[-3000:]
+        assert "Traceback" not in r.stderr and "frame #" not in r.stderr
+        assert list(disk.iterdir()) == []  # nothing half written left behind
+    assert list((tmp_path / "tmp").iterdir()) == []  # no .ses, no torchinductor_USER
+
+
+def test_a_timm_folder_onto_a_full_disk_names_the_folder(tmp_path, capsys):
+    from tests.mounts import tmpfs
+
+    torch.save(_resnet18().state_dict(), tmp_path / "tv.pth")
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        out = disk / "exp-timm"
+        assert main(["export", str(tmp_path / "tv.pth"), "-o", str(out), "--format", "timm", "--image-size", "64"]) == 1
+        err = capsys.readouterr().err
+        assert f"no space left on device while writing {out}: free space" in err, err
+        assert list(disk.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_sigterm_during_an_export_leaves_nothing_beside_it_or_in_tmpdir(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    torch.save(_resnet18().state_dict(), tmp_path / "tv.pth")
+    (tmp_path / "to").mkdir()
+    out = tmp_path / "to" / "exp-timm"
+    env = _export_env(tmp_path / "tmp")
+    argv = ["export", str(tmp_path / "tv.pth"), "-o", str(out), "--format", "timm", "--image-size", "64"]
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", *argv], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list(out.parent.glob(".exp-timm.*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    assert proc.poll() is None, "the export ended before its temporary folder was seen"
+    proc.send_signal(signal.SIGTERM)  # as a service manager or `kill` stops it, midway
+    err = proc.communicate(timeout=120)[1]
+    assert proc.returncode == 130, err[-3000:]
+    assert "moco export: interrupted" in err
+    assert list(out.parent.iterdir()) == []  # no .exp-timm.* beside the output, and no half output
+    assert list((tmp_path / "tmp").iterdir()) == []

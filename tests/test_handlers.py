@@ -14,9 +14,9 @@ from PIL import Image
 
 import app.handlers as handlers
 from app.handlers import ALL_FOLDERS, SearchApp, score_text
-from app.uploads import MAX_UPLOAD_MB, MIN_SIDE_PX, read_upload
+from app.uploads import MAX_UPLOAD_MB, read_upload
 from index.build import build_index
-from index.image_index import ImageIndex
+from index.image_index import MIN_SIDE_PX, ImageIndex
 from moco.errors import UserError
 from moco.sample import make_sample_collection
 
@@ -251,3 +251,52 @@ def test_result_files_stay_under_the_cap_and_go_with_the_app(app, monkeypatch):
     del again  # an app that is let go takes its files along (and at exit, every app does)
     gc.collect()
     assert not files.exists()
+
+
+def test_result_folders_never_exceed_the_cap_even_while_exports_run_at_once(app, monkeypatch):
+    import threading
+    import time
+
+    cap = 6
+    monkeypatch.setattr(handlers, "_KEEP_EXPORTS", cap)
+    mine = SearchApp(app.index, app.embedder)
+    _, _, state = mine.search(str(_photo(app, 5)), k=4)
+    for _ in range(cap):
+        mine.export(state)
+    assert len(list(mine.files_dir.iterdir())) == cap  # full
+    seen: list[int] = []
+
+    class Watched(str):
+        """A folder filter of "" that counts the result folders each time an export reads it (while it writes)."""
+
+        def __bool__(self) -> bool:
+            seen.append(len(list(mine.files_dir.iterdir())))
+            time.sleep(0.05)  # the others go on meanwhile
+            return False
+
+    start = threading.Barrier(cap - 1)
+    done: list[str] = []
+
+    def one() -> None:
+        start.wait()
+        for _ in range(3):
+            done.append(mine.export({**state, "folder": Watched()})[0])
+
+    def watch() -> None:  # and between those reads, as often as it can
+        while any(t.is_alive() for t in threads):
+            seen.append(len(list(mine.files_dir.iterdir())))
+
+    threads = [threading.Thread(target=one) for _ in range(cap - 1)]
+    for t in threads:
+        t.start()
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    for t in [*threads, watcher]:
+        t.join()
+    assert len(done) == 3 * (cap - 1) and len(seen) > len(done)
+    assert max(seen) <= cap, seen  # never more folders than the cap, not even for a moment
+    assert len(list(mine.files_dir.iterdir())) == cap and all(Path(f).is_file() for f in done[-1:])
+    with pytest.raises(TypeError):  # an export that fails midway leaves no folder behind
+        mine.export({**state, "label": object()})
+    assert len(list(mine.files_dir.iterdir())) == cap
+    mine.close()

@@ -194,3 +194,51 @@ def test_serve_checks_its_index_before_saying_it_serves(tmp_path, capsys):
     assert main(["serve", str(tmp_path / "nosuch.idx"), "--port", str(free_port())]) == 2
     out = capsys.readouterr()
     assert "is not an index directory" in out.err and "serving on" not in out.out
+
+
+def _stamps(folder: Path) -> dict[str, tuple[int, bytes]]:
+    """Every file's time and bytes, but the lock's and SQLite's own -wal/-shm (there while a connection is open)."""
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != ".moco.lock" and not p.name.endswith(("-wal", "-shm"))}  # fmt: skip
+
+
+def _moco_run(work: dict[str, Path], *extra: str) -> list[str]:
+    return [sys.executable, "-m", "app.cli", "run", str(work["photos"]), "--work", str(work["work"]), "--quiet",
+            "--max-steps", "2", "--device", "cpu", *extra]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_rerun_with_nothing_new_leaves_every_file_as_it_was(work, capsys):
+    if not (work["own"] / "index" / "index.json").is_file():
+        _run(work, capsys, "--max-steps", "2")
+    before = _stamps(work["own"])
+    assert {"index/index.faiss", "index/index.json", "index/catalog.sqlite", "backbone.safetensors"} <= set(before)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    r = subprocess.run(_moco_run(work, "--no-serve"), env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "(0 new, 0 changed, 0 removed, 48 unchanged; 48 searchable)" in r.stdout, r.stdout
+    after = _stamps(work["own"])
+    assert [k for k in before if after.get(k) != before[k]] == [] and set(after) == set(before)  # bytes and times
+
+
+@pytest.mark.slow
+def test_a_second_run_of_one_folder_on_one_port_is_told_who_holds_it(work, capsys):
+    if not (work["own"] / "index" / "index.json").is_file():
+        _run(work, capsys, "--max-steps", "2")
+    port = str(free_port())
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    first = subprocess.Popen(_moco_run(work, "--port", port), env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    try:
+        line = ""
+        while "serving on http://" not in line:
+            line = first.stdout.readline()
+            assert line or first.poll() is None, "the first moco run exited before serving"
+        second = subprocess.run(_moco_run(work, "--port", port), env=env, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert f"{work['own']} is in use by another moco run (PID {first.pid})" in second.stderr, second.stderr[-3000:]
+        assert "--work" in second.stderr and "Cannot find empty port" not in second.stderr
+        assert "serving on" not in second.stdout  # refused before it serves anything
+    finally:
+        first.terminate()
+        first.wait(timeout=60)
