@@ -4,7 +4,7 @@ Gradio's own API, queue, file and upload routes, the JSON API), whatever the ser
 With ``--auth USER:PASS``, ``--api-token TOKEN`` or both, a request needs one of: the page's login cookie (its login
 form takes USER:PASS, or the user name ``token`` with TOKEN as the password), ``Authorization: Bearer TOKEN``, or
 HTTP Basic with either pair. :class:`AccessMiddleware` checks it before any route runs; an anonymous request reaches
-only the login form (``GET /`` answers 401 with a small form of its own: Gradio's page would name the collection's
+only the login form (``GET /`` answers 200 with a small form of its own: Gradio's page would name the collection's
 folders in its API description) and Gradio's packaged frontend files. Failed attempts, from the page's form and from
 ``Authorization`` alike, count in one :class:`app.throttle.LoginThrottle` per address and account (the account of a
 token is ``token``). Request bodies to the API are capped at the page's upload limit (:class:`BodyCapMiddleware`).
@@ -152,7 +152,7 @@ class AccessMiddleware:
     """ASGI middleware, before every route: :func:`check_access` (the module's rule).
 
     An anonymous request may only post the login form (``/login``, throttled by
-    :class:`app.throttle.LoginThrottleMiddleware`) and fetch :data:`PUBLIC_PREFIXES`; ``GET /`` answers 401 with
+    :class:`app.throttle.LoginThrottleMiddleware`) and fetch :data:`PUBLIC_PREFIXES`; ``GET /`` answers 200 with
     the login form. A page route called with ``Authorization`` gets a page session for its account (one per
     account, kept in Gradio's own table): Gradio's routes check only their cookie.
     """
@@ -234,14 +234,14 @@ document.getElementById("login").addEventListener("submit", async (event) => {{
 
 
 async def _send_login_page(send: Any, settings: ApiSettings) -> None:
-    """401 with a login form that posts to Gradio's ``/login`` (and reloads the page once logged in)."""
+    """A login form (200, as Gradio's login page) posting to ``/login``; the page reloads once logged in."""
     ways = ["the user name and password of the server's --auth" if settings.auth else "",
             f"the user name {TOKEN_USER} and the server's --api-token as the password" if settings.token else ""]
     how = "Log in with " + " or with ".join(w for w in ways if w) + "."
     body = _LOGIN_PAGE.format(how=html.escape(how), user=TOKEN_USER if settings.auth is None else "").encode()
     headers = [(b"content-type", b"text/html; charset=utf-8"), (b"cache-control", b"no-store"),
                (b"content-security-policy", b"frame-ancestors 'none'"), (b"content-length", b"%d" % len(body))]
-    await send({"type": "http.response.start", "status": 401, "headers": headers})
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

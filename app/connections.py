@@ -123,15 +123,21 @@ class _Open:
         return min(1.0, max(0.05, self.timeout / 4))
 
     def _sweep(self) -> None:
-        now = self.clock()
-        late = [c for c in self.connections if (since := c.arriving_since()) is not None and now - since > self.timeout]
-        for conn in late:
-            self.closed_late += 1
-            conn.close_late()
-        if self.connections:
-            asyncio.get_running_loop().call_later(self._period(), self._sweep)
-        else:
-            self.sweeping = False
+        try:
+            now = self.clock()
+            for conn in _snapshot(self.connections):  # a copy: connections come and go while it closes some
+                try:
+                    since = conn.arriving_since()
+                    if since is not None and now - since > self.timeout:
+                        self.closed_late += 1
+                        conn.close_late()
+                except Exception:  # one connection's trouble never stops the sweep of the others
+                    logger.debug("closing a late connection failed", exc_info=True)
+        finally:  # the sweep goes on whatever happened above: a stopped sweep would leave late requests open
+            if self.connections:
+                asyncio.get_running_loop().call_later(self._period(), self._sweep)
+            else:
+                self.sweeping = False
 
 
 class _Guarded(H11Protocol):
@@ -241,6 +247,6 @@ def guard_connections(server: Any, limits: ConnectionLimits | None = None,
                 same.listen(backlog)
     for conn in unguarded():  # adopted: from now on timed and counted as the new ones
         conn.loop.call_soon_threadsafe(_adopt, conn, guarded)
-    logger.info("connections: at most %d open (%d waiting to be accepted); a request must arrive within %g s",
+    logger.debug("connections: at most %d open (%d waiting to be accepted); a request must arrive within %g s",
                 opened.max, backlog, opened.timeout)  # fmt: skip
     return opened

@@ -64,7 +64,7 @@ def check_query_size(name: str, size: tuple[int, int]) -> None:
     ``size`` (width, height) is under MIN_SIDE_PX."""
     if min(size) < MIN_SIDE_PX:
         raise UserError(f"{name} is {size[0]} x {size[1]} pixels: too small to search with (at least {MIN_SIDE_PX} px "
-                        "on each side): search with a larger photo")
+                        "on each side): upload a larger photo (or give one to `moco index search`)")
 
 
 def _query_size(image: Any) -> tuple[str, tuple[int, int]] | None:

@@ -28,10 +28,10 @@ TOKEN = "access-token-0123456789abcdef"
 AUTH = ("alice", "right-pass-123")
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
 MODES = ["token", "login", "both"]
-# What an anonymous request may reach: the login form (POST /login, throttled; GET / answers 401 with a form that
+# What an anonymous request may reach: the login form (POST /login, throttled; GET / answers 200 with a form that
 # posts to it), Gradio's packaged frontend files, the same for every Gradio app, and the route Gradio's own launch
 # calls (it answers true or false). Nothing else.
-PUBLIC = {("POST", "/login"), ("POST", "/login/")}
+PUBLIC = {("POST", "/login"), ("POST", "/login/"), ("GET", "/"), ("HEAD", "/")}
 PUBLIC_PREFIXES = ("/assets/", "/static/", "/svelte/", "/favicon.ico", "/manifest.json", "/robots.txt",
                    "/gradio_api/startup-events")
 
@@ -141,7 +141,7 @@ def test_every_route_refuses_an_anonymous_request(server, idx, sample_photos):
 
 def test_the_page_answers_an_anonymous_browser_with_a_login_form_and_nothing_else(server, idx, sample_photos):
     r = httpx.get(server.url + "/")
-    assert r.status_code == 401 and r.headers["content-type"].startswith("text/html")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     assert "www-authenticate" not in r.headers  # no browser prompt: the form below
     assert '<form' in r.text and 'name="password"' in r.text
     assert not [n for n in _collection_names(idx, sample_photos) if n in r.text]  # Gradio's page names the folders

@@ -209,8 +209,8 @@ def test_an_image_too_small_to_search_with_is_refused_alike_at_every_door(http, 
 
     tiny = tmp_path / "tiny.png"
     Image.new("RGB", (1, 1), (200, 40, 40)).save(tiny)
-    words = ("tiny.png is 1 x 1 pixels: too small to search with (at least 16 px on each side): search with a "
-             "larger photo")
+    words = ("tiny.png is 1 x 1 pixels: too small to search with (at least 16 px on each side): upload a larger "
+             "photo (or give one to `moco index search`)")
     assert main(["index", "search", str(idx), str(tiny)]) == 2  # the CLI: bad input, no results
     out = capsys.readouterr()
     assert words in out.err and out.out == "", out
