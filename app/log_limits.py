@@ -4,7 +4,7 @@ A server's log must not grow with what clients send or with how often something 
 a message, or asyncio's "socket.accept() out of system resource" (Too many open files), which it logs up to
 uvicorn's backlog (2,048) times a second with a traceback each, filled 120 MB in 25 s. :class:`LogLimits`, a
 logging filter on the handlers the CLI sets up, cuts a message to ``max_chars`` (its traceback is kept) and lets
-the same line (logger, level, message template) through at most ``burst`` times per ``period_s``; the first one
+the same line (logger, level, message) through at most ``burst`` times per ``period_s``; the first one
 let through afterwards says how many were left out.
 """
 
@@ -33,11 +33,11 @@ class LogLimits(logging.Filter):
         self._lock = threading.Lock()
 
     def filter(self, record: logging.LogRecord) -> bool:
-        with self._lock:
-            keep, left_out = self._count((record.name, record.levelno, str(record.msg)[:200]))
+        message = record.getMessage()
+        with self._lock:  # the same line: its logger, level and message (200 characters of it: one client's words)
+            keep, left_out = self._count((record.name, record.levelno, message[:200]))
         if not keep:
             return False
-        message = record.getMessage()
         if len(message) > self.max_chars or left_out:
             message = clipped(message, self.max_chars)
             if left_out:

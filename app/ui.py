@@ -146,10 +146,11 @@ def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str
     service = demo.api_service  # for close(), and for tests
     try:
         _launch(demo, launch_kwargs(app.index, host, port, auth, trusted_proxies=trusted_proxies, api=service), limits)
+        if block:  # the process is this server's from now on: its startup heap stays out of collections
+            heap.freeze()  # before it is announced: a Ctrl+C or SIGTERM raised in a collection's callback is lost
         if announce is not None:
             announce()
-        if block:  # the process is this server's from now on: its startup heap stays out of collections
-            heap.freeze()
+        if block:
             demo.block_thread()
     finally:
         if block:
