@@ -85,7 +85,7 @@ def _meminfo_total() -> int | None:
             if line.startswith("MemTotal:"):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
-        pass
+        return None  # unreadable: the caller says the memory is unknown
     return None
 
 
