@@ -11,7 +11,7 @@ def _doctest_namespace(doctest_namespace, tmp_path_factory):
         import torch
         import torchvision
 
-        from moco.export import export_backbone
+        from moco.export.exporter import export_backbone
 
         tmp = tmp_path_factory.mktemp("doctest")
         torch.save(torchvision.models.resnet18(weights=None).state_dict(), tmp / "tv.pth")

@@ -34,7 +34,7 @@ def fashion_mnist(split: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 def write_folder(root: Path, images: np.ndarray, labels: np.ndarray | None = None, fmt: str = "png",
-                 classes: tuple[str, ...] = CLASSES) -> Path:  # fmt: skip
+                 classes: tuple[str, ...] = CLASSES) -> Path:
     """Write images as files (in sub-folders named by ``classes`` when labels are given); reuses a complete folder."""
     root = Path(root)
     done = root / ".complete"
@@ -101,7 +101,7 @@ def photo_crops(
 
 
 def _crops(labelled: list[tuple[Path, int]], n_train: int, n_val: int, size: int, seed: int,
-           sides: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
+           sides: tuple[float, float]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Square crops of each picture, resized to ``size``: train ones from its top 70%, val ones from the rest."""
     rng = np.random.default_rng(seed)
     out: dict[str, tuple[list[np.ndarray], list[int]]] = {"train": ([], []), "val": ([], [])}

@@ -21,7 +21,7 @@ from lightly.models.utils import deactivate_requires_grad, update_momentum
 from lightly.transforms import MoCoV2Transform
 from torch import nn
 
-from moco.backbones import build_backbone
+from moco.model.backbones import build_backbone
 
 
 class LightlyMoCo(nn.Module):

@@ -45,7 +45,7 @@ def _summary(groups: list[list[int]], labels: list[str], reps: list[int] | None 
         pure += all(labels[m] == ref for m in g)
     return {"groups": len(groups), "grouped_photos": sum(sizes), "largest": sizes[0] if sizes else 0,
             "top5_sizes": sizes[:5], "pure_groups_pct": round(100 * pure / len(groups), 1) if groups else 100.0,
-            "mixed_classes_in_largest": len({labels[m] for m in max(groups, key=len)}) if groups else 0}  # fmt: skip
+            "mixed_classes_in_largest": len({labels[m] for m in max(groups, key=len)}) if groups else 0}
 
 
 def main() -> int:
@@ -59,10 +59,11 @@ def main() -> int:
     import numpy as np
 
     from bench.doors import _cpu_model
-    from index.build import build_index
-    from index.dedup import DEDUP_THRESHOLD, STAGED_DEDUP_THRESHOLD, WHITENED_DEDUP_THRESHOLD, find_duplicates
+    from index.build.runner import build_index
+    from index.calibrate import DEDUP_THRESHOLD, STAGED_DEDUP_THRESHOLD, WHITENED_DEDUP_THRESHOLD
+    from index.dedup import find_duplicates
     from index.image_index import ImageIndex
-    from moco.export import export_backbone
+    from moco.export.exporter import export_backbone
 
     args.work.mkdir(parents=True, exist_ok=True)
     backbone = args.work / "backbone.safetensors"
@@ -76,7 +77,7 @@ def main() -> int:
     vecs = idx.center(feats)  # N x D
     pos = {int(i): n for n, i in enumerate(ids)}
     old_t = (STAGED_DEDUP_THRESHOLD if idx.pooled_stages else WHITENED_DEDUP_THRESHOLD) if idx.whitened \
-        else DEDUP_THRESHOLD  # fmt: skip
+        else DEDUP_THRESHOLD
     report = {"index": str(args.work / "idx"), "photos": len(ids), "space": idx.describe_space(), "cpu": _cpu_model()}
     for name, t in (("old_threshold", old_t), ("calibrated_threshold", idx.dedup_threshold)):
         pairs = []
@@ -87,7 +88,7 @@ def main() -> int:
         before = _summary(_components(len(ids), pairs), labels)
         groups = find_duplicates(idx, t, save=False)
         after = _summary([[pos[m["id"]] for m in g["members"]] for g in groups], labels,
-                         [pos[g["representative"]["id"]] for g in groups])  # fmt: skip
+                         [pos[g["representative"]["id"]] for g in groups])
         report[name] = {"threshold": round(float(t), 4), "single_linkage": before, "representative": after}
     report["calibration"] = idx.meta.get("dedup_calibration")
     print(f"{report['photos']} photos; {report['space']}; CPU {report['cpu']}")

@@ -44,13 +44,13 @@ def main() -> int:
     import timm
     import torch
 
-    from app.cli import main as cli
-    from app.handlers import SearchApp
+    from app.cli.commands import main as cli
+    from app.page.handlers import SearchApp
     from index.image_index import ImageIndex
-    from moco.augment import center_view
-    from moco.data import load_square_u8
+    from moco.data.augment import center_view
+    from moco.data.photos import load_square_u8
     from moco.embed import Embedder
-    from moco.export import export_backbone
+    from moco.export.exporter import export_backbone
     from moco.whiten import apply_space
 
     idx = ImageIndex.open(args.index_dir)
@@ -78,7 +78,7 @@ def main() -> int:
             export_backbone(args.checkpoint, t / "timm", fmt="timm", space=args.index_dir)
             model = timm.create_model(f"local-dir:{t / 'timm'}", pretrained=True)
             doors["timm folder + moco.apply_space"] = float(np.abs(apply_space(model, views, t / "timm").numpy()
-                                                                   - want).max())  # fmt: skip
+                                                                   - want).max())
         except Exception as e:  # noqa: BLE001 - a backbone timm has no model for (the small stem): say so
             print(f"timm: {e}")
     # scores: the CLI's --json and the page's handler for the first photo, against the reference cosines
@@ -92,7 +92,7 @@ def main() -> int:
     _, _, state = SearchApp(idx, emb).search(str(files[0]), k=10)
     page = {p: s for p, s in zip(state["paths"], state["scores"])}
     doors["page search handler (scores)"] = float(max(abs(page[h["path"]] - r) for h, r in zip(hits, ref_scores)
-                                                      if h["path"] in page))  # fmt: skip
+                                                      if h["path"] in page))
     print(f"{idx.describe_space()}; {len(files)} photos; reference: Embedder.load(B, space=INDEX) in fp32")
     print(f"{'door':<55} {'largest |difference|':>20}")
     for name, diff in doors.items():

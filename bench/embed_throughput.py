@@ -27,7 +27,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from moco.embed import Embedder  # noqa: E402
-from moco.export import export_backbone  # noqa: E402
+from moco.export.exporter import export_backbone  # noqa: E402
 
 BACKGROUNDS = Path("/usr/share/backgrounds")
 

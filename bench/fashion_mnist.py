@@ -26,9 +26,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._datasets import fashion_mnist, write_folder  # noqa: E402
 from moco.config import resolve_config  # noqa: E402
-from moco.curves import read_metrics  # noqa: E402
-from moco.knn import LabeledImages, extract_features, knn_top1  # noqa: E402
-from moco.train import cache_size_for, train  # noqa: E402
+from moco.data.cache import cache_size_for
+from moco.training.knn import LabeledImages, extract_features, knn_top1  # noqa: E402
+from moco.training.loop import train  # noqa: E402
+from moco.training.metrics import read_metrics  # noqa: E402
 
 K, T = 200, 0.1
 
@@ -179,7 +180,7 @@ def main() -> None:
 
 def _seconds_per_step(setup: dict) -> float:
     """A quick timing of a few training steps on random data, to space out the kNN evaluations."""
-    from moco.train import build_model
+    from moco.training.setup import build_model
 
     cfg = resolve_config("v2", **setup)
     model = build_model(cfg)

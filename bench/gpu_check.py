@@ -22,9 +22,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from moco.config import resolve_config  # noqa: E402
-from moco.curves import read_metrics  # noqa: E402
-from moco.sample import make_sample_collection  # noqa: E402
-from moco.train import train  # noqa: E402
+from moco.data.sample import make_sample_collection  # noqa: E402
+from moco.training.loop import train  # noqa: E402
+from moco.training.metrics import read_metrics  # noqa: E402
 
 
 def main() -> int:

@@ -53,8 +53,8 @@ def _measure(args: argparse.Namespace, emb, path: Path, tmp: Path, val_dir: str,
     import torch.nn.functional as F
 
     from bench.quality_per_minute import _cpu
-    from moco.knn import LabeledImages, extract_features, knn_top1, pixel_features, whitened
-    from moco.train import cache_size_for
+    from moco.data.cache import cache_size_for
+    from moco.training.knn import LabeledImages, extract_features, knn_top1, pixel_features, whitened
     from moco.whiten import ledoit_wolf_shrinkage
 
     size, mean, std = emb.image_size, emb.mean, emb.std
@@ -88,7 +88,7 @@ def _measure(args: argparse.Namespace, emb, path: Path, tmp: Path, val_dir: str,
     print(f"{args.dataset}: {path} ({emb.config.get('arch')}, {size} px), {_cpu()}")
     for name, r in rows.items():
         print(f"{name:<7} " + "  ".join(f"{k} {100 * v:.2f}%" if "shrinkage" not in k else f"{k} {v:.3f}"
-                                         for k, v in r.items()))  # fmt: skip
+                                         for k, v in r.items()))
     if args.json:
         command = " ".join(["python bench/knn_spaces.py", *sys.argv[1:]])
         args.json.parent.mkdir(parents=True, exist_ok=True)

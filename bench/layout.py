@@ -23,9 +23,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from moco.backbones import build_backbone  # noqa: E402
 from moco.config import resolve_config  # noqa: E402
-from moco.train import build_model  # noqa: E402
+from moco.model.backbones import build_backbone  # noqa: E402
+from moco.training.setup import build_model  # noqa: E402
 
 # (what, arch, small stem, image size, batch, precision)
 CASES = [
@@ -105,7 +105,7 @@ def main() -> None:
         rows.append(measure(case, args.steps))
         r = rows[-1]
         print(f"{r['what']:<6} {r['model']:<45} contiguous {r['contiguous_s']:6.3f} s  "
-              f"channels_last {r['channels_last_s']:6.3f} s  {r['speedup']:.2f}x", flush=True)  # fmt: skip
+              f"channels_last {r['channels_last_s']:6.3f} s  {r['speedup']:.2f}x", flush=True)
     if not args.quick:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         result = {"threads": torch.get_num_threads(), "steps": args.steps, "rows": rows}

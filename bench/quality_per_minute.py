@@ -45,7 +45,7 @@ CANDIDATES: dict[str, dict[str, Any]] = {
     "resnet10t_b128": dict(arch="resnet10t", batch_size=128),  # the two single winners of the 5-minute screen
     "resnet10t_b128_lr012": dict(arch="resnet10t", batch_size=128, lr=0.12),
     "resnet10t_b64_lr012": dict(arch="resnet10t", batch_size=64, lr=0.12),
-    # resnet10t has no small stem, and bf16 needs crops of 32 px or more on it (moco.run_setup.safe_precision), so
+    # resnet10t has no small stem, and bf16 needs crops of 32 px or more on it (moco.training.setup.safe_precision), so
     # progressive resolution is measured at 64 px (kNN at 64 px too): 32 -> 64 against 64 throughout
     "resnet10t_b128_64px": dict(arch="resnet10t", batch_size=128, image_size=64),
     "resnet10t_b128_64px_prog32": dict(arch="resnet10t", batch_size=128, image_size=64, min_image_size=32),
@@ -76,14 +76,14 @@ PEER = "lightly"  # lightly's MoCo v2 example (bench/_lightly_moco.py), set up l
 
 
 def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, evals: int,
-                  bank_dir: Path | None = None, keep: Path | None = None) -> dict[str, Any]:  # fmt: skip
+                  bank_dir: Path | None = None, keep: Path | None = None) -> dict[str, Any]:
     """Train one candidate for ``minutes``; its kNN curve over training minutes and the pixel baseline.
 
     ``keep``: train in ``keep/name`` (kept: its checkpoint for later probes) instead of a temporary folder."""
     from bench.fashion_mnist import _seconds_per_step
     from moco.config import resolve_config
-    from moco.curves import read_metrics
-    from moco.train import train
+    from moco.training.loop import train
+    from moco.training.metrics import read_metrics
 
     spec = dict(CANDIDATES[name])
     preset = spec.pop("preset", "v2")
@@ -96,7 +96,7 @@ def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, ev
     with (contextlib.nullcontext(str(keep / name)) if keep else tempfile.TemporaryDirectory()) as tmp:
         cfg = resolve_config(preset, data_dir=str(train_dir), out=tmp, time_budget=minutes, val_dir=str(test_dir),
                              knn_train_dir=str(bank_dir or ""), knn_k=K, knn_t=T, knn_every=every,
-                             save_every_minutes=1e9, **{k: v for k, v in setup.items() if k != "preset"})  # fmt: skip
+                             save_every_minutes=1e9, **{k: v for k, v in setup.items() if k != "preset"})
         t0 = time.perf_counter()
         summary = train(cfg, progress=False)
         wall = time.perf_counter() - t0
@@ -114,23 +114,23 @@ def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, ev
             "knn_exported": next((r["knn_exported"] for r in records if "knn_exported" in r), None),
             "whitening_s": (summary.get("whitening") or {}).get("seconds"),
             "whitening_mirror": (summary.get("whitening") or {}).get("mirror"),
-            "whitening_stages": (summary.get("whitening") or {}).get("stages")}  # fmt: skip
+            "whitening_stages": (summary.get("whitening") or {}).get("stages")}
 
 
 def run_lightly(train_dir: Path, test_dir: Path, minutes: float, evals: int,
-                bank_dir: Path | None = None) -> dict[str, Any]:  # fmt: skip
+                bank_dir: Path | None = None) -> dict[str, Any]:
     """lightly's example for ``minutes`` of training, evaluated by the same kNN monitor as ours."""
     import torch
 
     from bench._lightly_moco import lightly_train
     from moco.config import IMAGENET_MEAN, IMAGENET_STD
-    from moco.knn import KnnMonitor
-    from moco.train import cache_size_for
+    from moco.data.cache import cache_size_for
+    from moco.training.knn import KnnMonitor
 
     setup = dict(BASE)
     with tempfile.TemporaryDirectory() as tmp:
         monitor = KnnMonitor(str(test_dir), str(bank_dir or ""), cache_size_for(setup["image_size"]), Path(tmp),
-                             setup["image_size"], IMAGENET_MEAN, IMAGENET_STD, K, T, workers=2)  # fmt: skip
+                             setup["image_size"], IMAGENET_MEAN, IMAGENET_STD, K, T, workers=2)
 
         def evaluate(model, at: float) -> None:
             top1, white = monitor.evaluate(model.backbone, torch.device("cpu"))
@@ -151,7 +151,7 @@ def run_lightly(train_dir: Path, test_dir: Path, minutes: float, evals: int,
     return {"name": PEER, "setup": setup, "steps": step, "minutes": minutes, "wall_s": round(time.perf_counter() - t0),
             "img_s": step * setup["batch_size"] / spent, "knn_top1": curve[-1][1], "curve": curve,
             "pixels": pixels, "knn_whitened": curve_white[-1][1], "curve_whitened": curve_white,
-            "pixels_whitened": monitor.pixels_whitened_top1()}  # fmt: skip
+            "pixels_whitened": monitor.pixels_whitened_top1()}
 
 
 def main() -> int:
@@ -204,11 +204,11 @@ def main() -> int:
         r = rows[-1]
         print(f"{name:<16} kNN top-1 {100 * r['knn_top1']:.2f}% (pixels {100 * (r['pixels'] or 0):.2f}%), whitened "
               f"{100 * r['knn_whitened']:.2f}% (pixels {_pct(r['pixels_whitened'])}) {r['steps']} steps, "
-              f"{r['img_s']:.0f} img/s, {r['wall_s']} s wall", flush=True)  # fmt: skip
+              f"{r['img_s']:.0f} img/s, {r['wall_s']} s wall", flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         command = " ".join(["python bench/quality_per_minute.py", *sys.argv[1:]])
         out.write_text(json.dumps({"command": command, "minutes": args.minutes, "cpu": cpu, "threads": threads,
-                                   "base": BASE, "dataset": args.dataset, "rows": rows}, indent=1))  # fmt: skip
+                                   "base": BASE, "dataset": args.dataset, "rows": rows}, indent=1))
     base = next((r for r in rows if r["name"] == "default"), None)
     print(f"\n{'candidate':<16} {'kNN top-1':>9} {'vs default':>10}")
     for r in sorted(rows, key=lambda r: -r["knn_top1"]):
@@ -245,7 +245,7 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
         (line,) = ax.plot([m for m, _ in r["curve"]], [100 * v for _, v in r["curve"]], "o-", label=r["name"])
         if r.get("curve_whitened"):  # the same features whitened on the collection: dotted, same colour
             ax.plot([m for m, _ in r["curve_whitened"]], [100 * v for _, v in r["curve_whitened"]], "s:",
-                    color=line.get_color(), label=f"{r['name']} whitened")  # fmt: skip
+                    color=line.get_color(), label=f"{r['name']} whitened")
     pixels = next((r["pixels"] for r in rows if r.get("pixels") is not None), None)
     if pixels is not None:
         ax.axhline(100 * pixels, color="k", ls="--", lw=1, label=f"centred pixels {100 * pixels:.1f}%")

@@ -47,13 +47,13 @@ def _train() -> list[str]:
     ours = next(r for n, r in rows.items() if n.startswith("ours"))
     out += [f"{s['arch']}{' small stem' if s['small_stem'] else ''}, {s['image_size']} px, batch {s['batch_size']}, "
             f"queue {s['queue_size']}, {d['images']} images, {d['warmup']} warm-up + {d['steps']} timed steps.", "",
-            "| pipeline | img/s | ours / it |", "|---|---|---|"]  # fmt: skip
+            "| pipeline | img/s | ours / it |", "|---|---|---|"]
     for name, r in rows.items():
         ratio = "" if r is ours else f"{ours['img_s'] / r['img_s']:.2f}x"
         out.append(f"| {name} | {r['img_s']:.1f} | {ratio} |")
     fp32 = next(r for n, r in rows.items() if "fp32" in n)
     out += ["", f"Target (at least 2.5x lightly fp32): {_verdict(ours['img_s'] / fp32['img_s'] >= 2.5)} "
-            f"({ours['img_s'] / fp32['img_s']:.2f}x).", ""]  # fmt: skip
+            f"({ours['img_s'] / fp32['img_s']:.2f}x).", ""]
     return out + _train_repeats(d)
 
 
@@ -65,7 +65,7 @@ def _train_repeats(last: dict) -> list[str]:
         return []
     names = [r["name"] for r in last["rows"]]
     out = [f"The same command, {len(runs)} runs (the last is the table above):", "",
-           "| run | " + " | ".join(names) + " | ours / lightly fp32 |", "|---" * (len(names) + 2) + "|"]  # fmt: skip
+           "| run | " + " | ".join(names) + " | ours / lightly fp32 |", "|---" * (len(names) + 2) + "|"]
     ratios = []
     for i, run in enumerate(runs, 1):
         rows = {r["name"]: r["img_s"] for r in run["rows"]}
@@ -75,7 +75,7 @@ def _train_repeats(last: dict) -> list[str]:
         out.append(f"| {i} | {cells} | {ratios[-1]:.2f}x |")
     mean = sum(ratios) / len(ratios)
     out += ["", f"Over all {len(runs)} runs: {min(ratios):.2f}x to {max(ratios):.2f}x, mean {mean:.2f}x "
-            f"({_verdict(min(ratios) >= 2.5)} in every run).", ""]  # fmt: skip
+            f"({_verdict(min(ratios) >= 2.5)} in every run).", ""]
     return out
 
 
@@ -85,13 +85,13 @@ def _layout() -> list[str]:
         return out
     out += [f"Median seconds per step ({d['steps']} timed steps per layout, each layout built twice, interleaved). "
             "train: a full MoCo v2 step with split BN over 8 chunks; embed: the backbone in eval mode.", "",
-            "| what | model | contiguous | channels_last | speed-up |", "|---|---|---|---|---|"]  # fmt: skip
+            "| what | model | contiguous | channels_last | speed-up |", "|---|---|---|---|---|"]
     for r in d["rows"]:
         out.append(f"| {r['what']} | {r['model']} | {r['contiguous_s']:.3f} s | {r['channels_last_s']:.3f} s "
-                   f"| {r['speedup']:.2f}x |")  # fmt: skip
+                   f"| {r['speedup']:.2f}x |")
     faster = all(r["speedup"] > 1 for r in d["rows"])
     out += ["", f"channels_last faster in every case (why `--memory-format auto` uses it for CNNs): "
-            f"{'yes' if faster else '**no**'}.", ""]  # fmt: skip
+            f"{'yes' if faster else '**no**'}.", ""]
     return out
 
 
@@ -103,7 +103,7 @@ def _fashion() -> list[str]:
     s = d["setup"]
     out += [f"MoCo v2, {d['minutes']:.0f} minutes of training each, {s['arch']}, {s['image_size']} px, batch "
             f"{s['batch_size']}, queue {s['queue_size']}; kNN top-1 (k=200, T=0.1) on the 10,000 test images.", "",
-            "| | kNN top-1 | steps | images seen |", "|---|---|---|---|"]  # fmt: skip
+            "| | kNN top-1 | steps | images seen |", "|---|---|---|---|"]
     for r in d["rows"]:
         out.append(f"| {r['name']} | {100 * r['knn_top1']:.2f}% | {r.get('steps', '')} | {r.get('images_seen', '')} |")
     ours = next(r for r in d["rows"] if r["name"].startswith("ours"))
@@ -125,7 +125,7 @@ def _embed() -> list[str]:
             f"({r['ours'] / r['ceiling']:.0%} of the ceiling) |",
             f"| plain ImageFolder + fp32 loop | {r['plain']:.1f} (ours is {r['ours'] / r['plain']:.2f}x) |", "",
             f"Targets (2x the plain loop, 80% of the ceiling): "
-            f"{_verdict(r['ours'] >= 2 * r['plain'] and r['ours'] >= 0.8 * r['ceiling'])}.", ""]  # fmt: skip
+            f"{_verdict(r['ours'] >= 2 * r['plain'] and r['ours'] >= 0.8 * r['ceiling'])}.", ""]
     return out
 
 
@@ -138,7 +138,7 @@ def _search() -> list[str]:
     out += ["```", *cmds, "```", "",
             "| data | N x D | exact: numpy / FAISS Flat, 1 query (ms) | batched 1,000 (QPS) | approximate index "
             "(tuned) | its recall@10 | 1 query (ms) | QPS | vs Flat | bytes/vector (flat / approx) |",
-            "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            "|---|---|---|---|---|---|---|---|---|---|"]
     verdicts = []
     for f in files:
         d = json.loads(f.read_text())
@@ -153,7 +153,7 @@ def _search() -> list[str]:
             f"{ap.get('single_ms_median', float('nan')):.2f} "
             f"| {ap.get('qps', 0):.0f} | {speed:.1f}x | {flat['bytes_per_vector']:.0f} / "
             f"{ap.get('bytes_per_vector', float('nan')):.0f} |"
-        )  # fmt: skip
+        )
         single = npy["single_ms_median"] / flat["single_ms_median"]  # > 1: Flat faster
         flat_single = "met" if single >= 1 else ("tie (within 2%)" if single >= 0.98 else "not met")
         ap_single = flat["single_ms_median"] / ap["single_ms_median"] if ap else 0.0
@@ -164,7 +164,7 @@ def _search() -> list[str]:
             f"approximate vs Flat at recall@10 {ap.get('recall', float('nan')):.3f}: batched {speed:.1f}x "
             f"({_verdict(approx_ok and speed >= 20)}), single query {ap_single:.1f}x "
             f"({_verdict(approx_ok and ap_single >= 20)})"
-        )  # fmt: skip
+        )
     return [*out, "", *verdicts, ""]
 
 
@@ -178,7 +178,7 @@ def _ui() -> list[str]:
     if "api" not in d:  # a result from before the JSON API: the page only
         return [*out, f"`moco serve` on a {d['images']:,}-image index, {d['clients']} concurrent `gradio_client` "
                 f"clients: p50 {d['p50_ms']:.0f} ms, p99 {d['p99_ms']:.0f} ms, {d['searches_per_s']:.1f} searches/s, "
-                f"{d['errors']} errors.", ""]  # fmt: skip
+                f"{d['errors']} errors.", ""]
     pins = d.get("pinned", {})
     where = (f"the server pinned to CPU {pins['server'][0]}, the load generator (and the in-process row) to CPU "
              f"{pins['load'][0]}" if pins.get("server") else "server and load generator sharing the CPUs")
@@ -188,11 +188,11 @@ def _ui() -> list[str]:
     browser = "page_gradio_client" in d  # since the page's load is driven as the browser does it
     rows = [("JSON API, `POST /api/v1/search`", d["api"], d["clients"]),
             ("the page, as the browser does it (upload, queue, stream)" if browser else "the page, `gradio_client`",
-             d["page"], d["clients"])]  # fmt: skip
+             d["page"], d["clients"])]
     if browser:
         g = d["page_gradio_client"]
         rows.append((f"the page, `gradio_client` threads (their own CPU: {g['load_generator_cpu_s']:.0f} s of "
-                     f"{g['wall_s']:.0f} s)", g, d["clients"]))  # fmt: skip
+                     f"{g['wall_s']:.0f} s)", g, d["clients"]))
     rows.append(("JSON API under overload", d["overload"], d["overload"].get("clients")))
     if "soak" in d:
         rows.append((f"JSON API, {d['soak']['seconds'] / 60:.0f}-minute soak", d["soak"], d["clients"]))
@@ -207,13 +207,13 @@ def _ui() -> list[str]:
             f"{_verdict(api['searches_per_s'] >= 5 * BEFORE_API and api['errors'] == 0)}",
             f"- the page's p99 under 1 s: {page['p99_ms']:.0f} ms, {_verdict(page['p99_ms'] < 1000)}",
             f"- overload shed with 503 + Retry-After and no other errors: {over['shed_503']} shed, {over['errors']} "
-            f"errors, {_verdict(over['shed_503'] > 0 and over['errors'] == 0)}"]  # fmt: skip
+            f"errors, {_verdict(over['shed_503'] > 0 and over['errors'] == 0)}"]
     if "soak" in d:
         sk = d["soak"]
         grew = sk["rss_end_mb"] - sk["rss_start_mb"]
         out.append(f"- memory over the {sk['seconds']:.0f} s soak: RSS {sk['rss_start_mb']:.0f} -> "
                    f"{sk['rss_end_mb']:.0f} MB, {_verdict(grew < 0.05 * sk['rss_start_mb'] and sk['errors'] == 0)} "
-                   "(flat: under 5% growth; the issue asks for 10 minutes)")  # fmt: skip
+                   "(flat: under 5% growth; the issue asks for 10 minutes)")
     return [*out, ""]
 
 
@@ -262,7 +262,7 @@ def _quality(level: int = 2) -> list[str]:
 # The runs of the cpu preset as it is today (the ninth round: stages in the whitened embedding), per set.
 CURRENT = {"fashion": ["quality_per_minute_fashion_20min_2threads_stages.json",
                        "quality_per_minute_fashion_20min_2threads_stages_seed1.json"],
-           "photos": ["quality_per_minute_photos_20min_stages.json"]}  # fmt: skip
+           "photos": ["quality_per_minute_photos_20min_stages.json"]}
 CURRENT_TITLE = "The cpu preset after 20 minutes, as exported"
 
 
@@ -308,7 +308,7 @@ def _summary() -> list[str]:
             figures = " / ".join(_pct(r["knn_exported"]) for r, _ in runs)
             pixels = next((x["pixels"] for _, d in runs for x in d["rows"] if x.get("pixels") is not None), None)
             white = next((x["pixels_whitened"] for _, d in runs for x in d["rows"]
-                          if x.get("pixels_whitened") is not None), None)  # fmt: skip
+                          if x.get("pixels_whitened") is not None), None)
             rows.append(f"| the `cpu` preset, 20 min, as exported: {DATASETS[ds].split(' (')[0]} "
                         f"({runs[0][1].get('threads', 2)} thread(s); {len(runs)} seed(s)) | {figures} | pixels "
                         f"whitened the same way {_pct(white)}, centred {_pct(pixels)} | "
@@ -326,7 +326,7 @@ def _summary() -> list[str]:
         ours, fp32 = mean("ours"), mean("fp32")
         rows.append(f"| training throughput, ResNet-18 small stem 32 px (mean of {len(runs)} runs) | {ours:.1f} img/s "
                     f"| lightly fp32 {fp32:.1f} img/s ({ours / fp32:.2f}x) | [Training throughput]"
-                    "(#training-throughput) |")  # fmt: skip
+                    "(#training-throughput) |")
     e = _load("embed_throughput.json")
     if e:
         r = e["img_s"]
@@ -345,7 +345,7 @@ def _summary() -> list[str]:
         rows.append(f"| the JSON API, {u['clients']} clients, {u['images']:,} photos | p99 {a['p99_ms']:.0f} ms, "
                     f"{a['searches_per_s']:.1f} searches/s, {a['errors']} errors | the page: p99 "
                     f"{pg['p99_ms']:.0f} ms, {pg['searches_per_s']:.1f} searches/s | "
-                    "[Search UI under load](#search-ui-under-load) |")  # fmt: skip
+                    "[Search UI under load](#search-ui-under-load) |")
     return ["## Current figures", "", "| question | ours | against | section |", "|---|---|---|---|", *rows, ""]
 
 
@@ -364,7 +364,7 @@ def _quality_table(ds: str, what: str, name: str, level: int = 2) -> list[str]:
             f"{d['base']['arch']}, {d['base']['image_size']} px, batch {d['base']['batch_size']}, queue "
             f"{d['base']['queue_size']}, lr {d['base']['lr']}. Centred pixels: **{100 * (pixels or 0):.2f}%**.",
             "", "| run | setup | steps | img/s | " + " | ".join(f"{m} min" for m in CHECKPOINTS) + " |",
-            "|---|---|---|---|" + "---|" * len(CHECKPOINTS)]  # fmt: skip
+            "|---|---|---|---|" + "---|" * len(CHECKPOINTS)]
     exported = [r for r in d["rows"] if r.get("knn_exported") is not None]
     if exported:  # runs that fitted their whitening (--whiten): what their export embeds, after the budget
         out[-2] += " as exported |"
@@ -372,19 +372,19 @@ def _quality_table(ds: str, what: str, name: str, level: int = 2) -> list[str]:
     for r in d["rows"]:
         cells = [_run_at(r, m, d["minutes"]) for m in CHECKPOINTS] + ([r.get("knn_exported")] if exported else [])
         out.append(f"| {r['name']} | {_setup_text(r, d['base'])} | {r['steps']} | {r['img_s']:.0f} | "
-                   + " | ".join("" if v is None else f"{100 * v:.2f}%" for v in cells) + " |")  # fmt: skip
+                   + " | ".join("" if v is None else f"{100 * v:.2f}%" for v in cells) + " |")
     if exported:
         mirror = all(r.get("whitening_mirror") for r in exported)  # fitted on mirror-averaged features
         stages = all(r.get("whitening_stages") for r in exported)  # ... with the pooled earlier stages (ninth round)
         fits = ", ".join(f"{r['whitening_s']:.1f} s ({r['name']})" for r in exported
-                         if r.get("whitening_s") is not None)  # fmt: skip
+                         if r.get("whitening_s") is not None)
         out += ["", "*As exported*: the same model's kNN top-1 through the whitening its run fitted on (up to 5,000 "
                 "of) the training photos after the budget (`--whiten`), which the export carries and every embedding "
                 "applies" + (", each photo's features averaged with its mirror image's (`moco.whiten.mirror_features`)"
                              if mirror else "")
                 + (", with the pooled outputs of layer1-3 beside the last stage's (`--whiten-stages`)"
                    if stages else "")
-                + f"; the fit took {fits}."]  # fmt: skip
+                + f"; the fit took {fits}."]
     out += _target(rows, d["minutes"])
     if all("curve_whitened" in r for r in d["rows"]):
         white = d["rows"][0].get("pixels_whitened")
@@ -412,7 +412,7 @@ def _target(rows: dict[str, dict[str, Any]], budget: float, space: str = "") -> 
         return []  # nothing ran beside it: no comparison to judge
     cpu = rows["cpu"]
     wins = all((_run_at(cpu, m, budget, space) or 0) > (_run_at(o, m, budget, space) or 0)
-               for o in others for m in CHECKPOINTS)  # fmt: skip
+               for o in others for m in CHECKPOINTS)
     at = ", ".join(map(str, CHECKPOINTS))
     names = [o["name"] for o in others]
     peers = " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
@@ -435,7 +435,7 @@ def _spaces(level: int = 2) -> list[str]:
            "whitened; fixed shrinkages 0.01 and 0.1 beside it), and the same for the eval view's pixels. Nothing is "
            "fitted with labels.", "",
            "| set | vectors | raw | centred | whitened (LW) | shrinkage 0.01 | shrinkage 0.1 | LW shrinkage | model |",
-           "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+           "|---|---|---|---|---|---|---|---|---|"]
     commands = []
     for path in paths:
         d = json.loads(path.read_text())
@@ -445,7 +445,7 @@ def _spaces(level: int = 2) -> list[str]:
             cells = [r["raw"], r["centred"], r["whitened"], r["whitened_shrink0.01"], r["whitened_shrink0.1"]]
             how = d["trained"] if name == "model" else ""
             out.append(f"| {d['dataset']} | {what} | " + " | ".join(f"{100 * v:.2f}%" for v in cells)
-                       + f" | {r['ledoit_wolf_shrinkage']:.3f} | {how} |")  # fmt: skip
+                       + f" | {r['ledoit_wolf_shrinkage']:.3f} | {how} |")
     return out + ["", d["cpu"] + ".", "", "```", *commands, "```", ""]
 
 
@@ -453,7 +453,7 @@ def _screens(level: int = 2) -> list[str]:
     out = [f"{'#' * level} Quality per CPU minute: 5-minute screens", "",
            "Every candidate measured for the cpu preset, including the losers: kNN top-1 at the end of a 5-minute "
            "budget. Each file is one protocol (machine, threads per run); compare rows within a table only.",
-           ""]  # fmt: skip
+           ""]
     for path in sorted(RESULTS.glob("quality_per_minute_*_5min*.json")):
         d = json.loads(path.read_text())
         base = next((r for r in d["rows"] if r["name"] == "default"), None)
@@ -463,7 +463,7 @@ def _screens(level: int = 2) -> list[str]:
                 f"{d.get('dataset', 'fashion')}: {d['cpu']}, {d.get('threads', 2)} thread(s) per run; centred pixels "
                 f"{100 * pixels:.2f}%; `{path.name}`.", "",
                 "| candidate | change from default | steps | img/s | kNN top-1 | vs default |",
-                "|---|---|---|---|---|---|"]  # fmt: skip
+                "|---|---|---|---|---|---|"]
         for r in sorted(d["rows"], key=lambda r: -r["knn_top1"]):
             delta = f"{100 * (r['knn_top1'] - base['knn_top1']):+.2f}" if base else ""
             out.append(f"| {r['name']} | {_setup_text(r, d['base'])} | {r['steps']} | {r['img_s']:.0f} | "
@@ -489,7 +489,7 @@ def _embedding_space() -> list[str]:
                 "a representative (every member within the threshold of it) at the index's calibrated threshold. A "
                 "group is pure when every member has its representative's class.", "",
                 "| set | threshold | grouping | groups | photos grouped | largest | pure groups | classes in largest |",
-                "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+                "|---|---|---|---|---|---|---|---|"]
         for path in dedup:
             d = json.loads(path.read_text())
             name = path.stem.removeprefix("dedup_groups_")
@@ -499,7 +499,7 @@ def _embedding_space() -> list[str]:
                     g = r[how]
                     out.append(f"| {name} ({d['photos']} photos) | {label} {r['threshold']} | "
                                f"{how.replace('_', ' ')} | {g['groups']} | {g['grouped_photos']} | {g['largest']} | "
-                               f"{g['pure_groups_pct']}% | {g['mixed_classes_in_largest']} |")  # fmt: skip
+                               f"{g['pure_groups_pct']}% | {g['mixed_classes_in_largest']} |")
             out.append("")
         out += [f"{d['cpu']}, one thread. Calibration of the last: `{json.dumps(d.get('calibration'))}`.", ""]
     for path in sorted(RESULTS.glob("doors_*.json")):
@@ -508,7 +508,7 @@ def _embedding_space() -> list[str]:
                 f"`python bench/doors.py INDEX --checkpoint CKPT --json bench/results/{path.name}`: {d['photos']} "
                 f"photos of the index, each door's largest absolute difference from `Embedder.load(B, space=INDEX)` "
                 f"in fp32 (vectors; scores for the CLI and the page). {d['cpu']}.", "",
-                "| door | largest difference |", "|---|---|"]  # fmt: skip
+                "| door | largest difference |", "|---|---|"]
         out += [f"| {k} | {v:.2e} |" for k, v in d["doors"].items()] + [""]
     return (["## The embedding space", ""] + out) if out else []
 
@@ -518,12 +518,12 @@ def main() -> None:
             "Generated by `python bench/report.py` (`make bench` runs every script under `bench/` first) from "
             "`bench/results/*.json`. Every figure comes from a script that runs ours and the peer side by side in "
             "the same run on the same machine. Machine: 2 CPU cores (avx512_bf16), 24 GiB RAM, no GPU.",
-            ""]  # fmt: skip
+            ""]
     current = _summary() + _current_cpu() + _fashion() + _embedding_space() + _train() + _layout() + _embed()
     older = ["## Older rounds", "",
              "Every 20-minute comparison and 5-minute screen of the rounds that chose the `cpu` preset, one table per "
              "result file, kept as measured (earlier rounds' presets, other protocols); how each came about is in "
-             "the notes below.", "", *_quality(level=3)]  # fmt: skip
+             "the notes below.", "", *_quality(level=3)]
     body = head + current + _search() + _ui() + older
     notes = ROOT / "bench" / "NOTES.md"
     if notes.is_file():

@@ -53,9 +53,12 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from index.exact import recall_at  # noqa: E402
-from index.plan import sample_ids  # noqa: E402
-from index.store import VectorStore, choose_kind  # noqa: E402
+from index.catalog import sample_ids  # noqa: E402
+from index.store import (  # noqa: E402
+    VectorStore,
+    choose_kind,
+    recall_at,  # noqa: E402
+)
 
 K = 10
 TUNE_QUERIES, TARGET = 500, 0.95  # as index/sync_store.py: database vectors held out of training and tuning
@@ -154,19 +157,19 @@ def measure(methods: dict[str, Search], q: np.ndarray, single: int, budget_s: fl
         m: {"single_ms_median": float(np.median(ms[m])), "single_ms_p99": float(np.percentile(ms[m], 99)),
             "single_queries": len(ms[m]), "batched_s": best[m], "qps": len(q) / best[m]}
         for m in names
-    }  # fmt: skip
+    }
     return figures, first
 
 
 def check_exact(x: np.ndarray, q: np.ndarray, f_scores: np.ndarray, f_ids: np.ndarray, n_scores: np.ndarray,
-                n_ids: np.ndarray) -> dict:  # fmt: skip
+                n_ids: np.ndarray) -> dict:
     """Flat's top-k against numpy's: same ids, or ids whose true scores tie numpy's top-k within 1e-5."""
     true = np.einsum("qkd,qd->qk", x[f_ids], q)  # Q x k: each returned id's score, recomputed
     err_own = float(np.abs(true - f_scores).max())
     err_rank = float(np.abs(np.sort(f_scores, axis=1) - np.sort(n_scores, axis=1)).max())
     same = int((np.sort(f_ids, axis=1) == np.sort(n_ids, axis=1)).all(axis=1).sum())
     return {"identical_rows": same, "rows": len(q), "max_score_error": err_own, "max_rank_score_diff": err_rank,
-            "ok": bool(err_own <= 1e-5 and err_rank <= 1e-5)}  # fmt: skip
+            "ok": bool(err_own <= 1e-5 and err_rank <= 1e-5)}
 
 
 def index_bytes(index: faiss.Index) -> int:
@@ -228,7 +231,7 @@ def bench(dist: str, dim: int, n: int, args: argparse.Namespace) -> dict:
     log("approx tuned")
 
     methods = {"numpy": lambda qq: numpy_topk(x, qq), "flat": lambda qq: flat.search(qq, K),
-               "approx": lambda qq: store.search(qq, K)}  # fmt: skip
+               "approx": lambda qq: store.search(qq, K)}
     fig, out = measure(methods, q, args.single, args.budget_s)
     log("measured")
     (n_scores, n_ids), (f_scores, f_ids), (_, a_ids) = out["numpy"], out["flat"], out["approx"]
@@ -245,7 +248,7 @@ def bench(dist: str, dim: int, n: int, args: argparse.Namespace) -> dict:
             **fig["approx"], "recall": recall_at(a_ids, n_ids), "bytes_per_vector": index_bytes(store.index) / n,
         },
         "wall_s": time.perf_counter() - t0,
-    }  # fmt: skip
+    }
 
 
 # ------------------------------------------------------------------------------------------ report
@@ -265,7 +268,7 @@ def report(r: dict) -> list[str]:
         build_s = f"{build:8.1f}" if build is not None else f"{'-':>8}"
         return (f"  {label:24} {m['single_ms_median']:13.2f} {m['single_ms_p99']:7.2f} "
                 f"{fl['single_ms_median'] / m['single_ms_median']:6.2f}x {m['batched_s']:8.3f} {m['qps']:8.0f} "
-                f"{m['qps'] / fl['qps']:6.2f}x {recall:9.3f} {bpv_s} {build_s}")  # fmt: skip
+                f"{m['qps'] / fl['qps']:6.2f}x {recall:9.3f} {bpv_s} {build_s}")
 
     lines.append(row("numpy brute force", nm, 1.0, None, None))
     lines.append(row("FAISS Flat", fl, fl["recall"], fl["bytes_per_vector"], fl["add_s"]))
@@ -327,7 +330,7 @@ def main() -> None:
         args.n, args.n_2048 = 100_000, min(args.n_2048 or 100_000, 100_000)
     command = shlex.join([sys.executable.rsplit("/", 1)[-1], *sys.argv])
     meta = {"command": command, "faiss_version": faiss.__version__, "numpy_version": np.__version__,
-            "cpus": os.cpu_count(), "threads": faiss.omp_get_max_threads(), "n_requested": args.n}  # fmt: skip
+            "cpus": os.cpu_count(), "threads": faiss.omp_get_max_threads(), "n_requested": args.n}
     versions = f"faiss {faiss.__version__}, numpy {np.__version__}"
     print(f"{command}\n{versions}, {meta['cpus']} CPUs, {meta['threads']} threads", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -336,7 +339,7 @@ def main() -> None:
         if n != args.n:
             print(f"note: N={n:,} at {dim}-d, not {args.n:,}: the Flat and IVF-Flat indexes hold 2 x N x "
                   f"{4 * dim:,} B ({2 * args.n * dim * 4 / 2**30:.1f} GiB at N={args.n:,}), more than 60% of "
-                  f"this machine's {_ram() / 2**30:.1f} GiB with the benchmark's temporaries")  # fmt: skip
+                  f"this machine's {_ram() / 2**30:.1f} GiB with the benchmark's temporaries")
         for dist in args.dists:
             print(f"[{dist} {dim}-d N={n:,}]", file=sys.stderr, flush=True)
             r = {**meta, **bench(dist, dim, n, args)}

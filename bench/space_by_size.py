@@ -18,16 +18,16 @@
 gnome-backgrounds pictures, stands in: its pool of 9,600 crops halves into 4,800, the largest N there.)
 
 A collection is N photos of a set; each photo queries the other N-1 (kNN top-1, k = min(200, N-1), T = 0.1,
-moco.knn.knn_top1); labels score, nothing is fitted on them. Features f: what the run's export embeds before its
-whitening, ``normalize(embedding_features(backbone, x, mirror=True, stages=whitening.stage_names))``; (m_t, M_t): the
-run's training-time whitening (Embedder.load(...).whitening); m_c: the collection's mean. Spaces:
+moco.training.knn.knn_top1); labels score, nothing is fitted on them. Features f: what the run's export embeds
+before its whitening, ``normalize(embedding_features(backbone, x, mirror=True, stages=whitening.stage_names))``;
+(m_t, M_t): the run's training-time whitening (Embedder.load(...).whitening); m_c: the collection's mean. Spaces:
 
     A  centred                      normalize(f - m_c)
     B  collection-whitened          normalize((f - m_c) @ M_c), M_c Ledoit-Wolf fitted on the N features
                                     (moco.whiten.fit_whitening)
     C  training matrix, coll. mean  normalize((f - m_c) @ M_t)
     D  today's index                normalize(w - mean_c(w)), w = normalize((f - m_t) @ M_t)
-    E  pixels centred               moco.knn.pixel_features of the N photos (the eval view's normalized pixels)
+    E  pixels centred               moco.training.knn.pixel_features of the N photos (the eval view's normalized pixels)
     F  pixels whitened              E whitened as B (fitted on the N pixel vectors, as the kNN monitor does)
 
 Choose on one split, report on the other: the pool (Fashion-MNIST: the 10,000 test images; photos: the 12,000
@@ -77,7 +77,7 @@ LABELS = {
 }
 NONE = {"mean": -1.0}  # a space not measured
 POOLS = {"fashion": ("fmnist_test",), "photos": ("photos90_bank", "photos90_val"),
-         "backgrounds": ("bg16_bank", "bg16_val")}  # fmt: skip
+         "backgrounds": ("bg16_bank", "bg16_val")}
 
 
 def lscpu_model() -> str:
@@ -131,7 +131,7 @@ def top1(v: np.ndarray, labels: np.ndarray, classes: int, space: str) -> dict[st
     with the small k's of ``EXTRA_K`` as ``{space_k10: ...}`` (what a search's first results see)."""
     import torch
 
-    from moco.knn import knn_top1
+    from moco.training.knn import knn_top1
 
     x, y = torch.from_numpy(np.ascontiguousarray(v, np.float32)), torch.from_numpy(labels)
     out = {space: knn_top1(x, y, None, None, classes, K, T)}
@@ -140,7 +140,7 @@ def top1(v: np.ndarray, labels: np.ndarray, classes: int, space: str) -> dict[st
 
 
 def spaces_of(f: np.ndarray, p: np.ndarray | None, labels: np.ndarray, classes: int, white,
-              pixel_cache: dict[str, float] | None = None) -> dict[str, float]:  # fmt: skip
+              pixel_cache: dict[str, float] | None = None) -> dict[str, float]:
     """Top-1 of one collection in every space: ``f`` (N x D') L2-normalized features, ``p`` (N x 3·s·s) the eval
     view's pixels, not centred (None: skip E and F), ``white`` the run's training whitening or None;
     ``pixel_cache``: E and F of this very collection measured before (they do not depend on the model)."""
@@ -155,24 +155,24 @@ def spaces_of(f: np.ndarray, p: np.ndarray | None, labels: np.ndarray, classes: 
     if p is not None and pixel_cache:
         out.update(pixel_cache)
     elif p is not None:
-        e = _unit(p - p.mean(0, keepdims=True))  # moco.knn.pixel_features on the collection: centred, normalized
+        e = _unit(p - p.mean(0, keepdims=True))  # knn.pixel_features on the collection: centred, normalized
         out.update(top1(e, labels, classes, "E"))
-        fw, out["shrink_F"] = whiten_on_itself(e)  # as moco.knn.whitened: fitted on the centred pixel features
+        fw, out["shrink_F"] = whiten_on_itself(e)  # as knn.whitened: fitted on the centred pixel features
         out.update(top1(fw, labels, classes, "F"))
     return out
 
 
 def load_pool(dataset: str, data: Path, size: int, tmp: Path) -> tuple[np.ndarray, np.ndarray, int]:
     """(uint8 images P x S x S x 3, labels P, classes) of the set's pool, decoded as the kNN monitor does."""
-    from moco.knn import LabeledImages
-    from moco.train import cache_size_for
+    from moco.data.cache import cache_size_for
+    from moco.training.knn import LabeledImages
 
     arrays, labels, classes = [], [], None
     for i, folder in enumerate(POOLS[dataset]):
         root = data / folder
         if not (root / ".complete").exists():
             raise SystemExit(f"{root} missing: run bench/quality_per_minute.py --dataset {dataset} first (it writes "
-                             "the folders)")  # fmt: skip
+                             "the folders)")
         li = LabeledImages(root, cache_size_for(size), tmp / f"c{i}", 0, classes)
         classes = li.classes
         arrays.append(np.asarray(li.cache.array))
@@ -183,9 +183,9 @@ def load_pool(dataset: str, data: Path, size: int, tmp: Path) -> tuple[np.ndarra
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from moco.augment import center_view
+    from moco.data.augment import center_view
     from moco.embed import Embedder
-    from moco.knn import extract_features
+    from moco.training.knn import extract_features
 
     torch.set_num_threads(1)
     path = args.model / "checkpoint.pt" if args.model.is_dir() else args.model
@@ -211,13 +211,13 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         channels_last=emb.channels_last,
     ).numpy()  # P x D', normalized
     pixels = torch.cat([center_view(torch.from_numpy(np.array(images[i : i + 1024])), emb.image_size, emb.mean,
-                                    emb.std).flatten(1) for i in range(0, len(images), 1024)]).numpy()  # fmt: skip
+                                    emb.std).flatten(1) for i in range(0, len(images), 1024)]).numpy()
     print(f"{len(images)} photos, features {feats.shape[1]}-d, pixels {pixels.shape[1]}-d "
-          f"({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+          f"({time.perf_counter() - t0:.0f} s)", flush=True)
     perm = np.random.default_rng(args.seed).permutation(len(images))
     # E and F depend on the photos and the eval view only: measured once per set, reused by the next model
     tag = hashlib.sha256(json.dumps([args.dataset, len(images), args.seed, emb.image_size, list(emb.mean),
-                                     list(emb.std), K, T, EXTRA_K]).encode()).hexdigest()[:12]  # fmt: skip
+                                     list(emb.std), K, T, EXTRA_K]).encode()).hexdigest()[:12]
     cache_file = args.data / f"space_by_size_pixels_{args.dataset}_{tag}.json"
     cache = json.loads(cache_file.read_text()) if cache_file.is_file() and not args.no_pixel_cache else {}
     halves = {"choose": perm[: len(perm) // 2], "report": perm[len(perm) // 2 :]}
@@ -236,7 +236,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 use_pixels = not args.no_pixels and n <= args.pixels_up_to
                 key = f"{split}/{n}/{s}"
                 rows.append(spaces_of(feats[idx], pixels[idx] if use_pixels else None, labels[idx], classes, white,
-                                      cache.get(key)))  # fmt: skip
+                                      cache.get(key)))
                 if use_pixels and key not in cache:
                     cache[key] = {k: v for k, v in rows[-1].items() if k[0] in "EF" or k == "shrink_F"}
                     cache_file.write_text(json.dumps(cache))
@@ -244,7 +244,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             results[split][str(n)] = {"subsets": draws, "seconds": round(time.perf_counter() - t1, 1),
                                       **{k: {"mean": float(np.mean([r[k] for r in rows])),
                                              "std": float(np.std([r[k] for r in rows], ddof=1)) if draws > 1 else 0.0,
-                                             "values": [float(r[k]) for r in rows]} for k in keys}}  # fmt: skip
+                                             "values": [float(r[k]) for r in rows]} for k in keys}}
             for suffix in ("", *(f"_k{k}" for k in EXTRA_K)):
                 print(f"{split:<6} {_row(n, results[split][str(n)], suffix)}", flush=True)
     return {"command": " ".join(["python bench/space_by_size.py", *sys.argv[1:]]), "cpu": lscpu_model(),
@@ -259,7 +259,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "pixels_up_to": None if args.no_pixels else args.pixels_up_to,
             "results": results, "rule": choose_rule(results["choose"], white is not None),
             "rule_by_k": {f"k{k}": choose_rule(results["choose"], white is not None, f"_k{k}") for k in EXTRA_K},
-            "wall_s": round(time.perf_counter() - t0)}  # fmt: skip
+            "wall_s": round(time.perf_counter() - t0)}
 
 
 def _trained_on(path: Path) -> str | None:
@@ -291,7 +291,7 @@ def choose_rule(choose: dict[str, Any], has_training: bool, suffix: str = "") ->
         start = n
     return {"fallback": fallback, "whiten_from": start,
             "b_minus_fallback": {str(n): round(100 * w, 2) for n, w in wins.items()},
-            "best_per_size": {str(n): max("ABCD", key=lambda s, n=n: at(n, s)) for n in sizes}}  # fmt: skip
+            "best_per_size": {str(n): max("ABCD", key=lambda s, n=n: at(n, s)) for n in sizes}}
 
 
 def _fmt(cell: dict[str, float] | None) -> str:
@@ -322,7 +322,7 @@ def _rule_text(docs: list[dict[str, Any]]) -> list[str]:
     lines = [f"**Rule (chosen on the CHOOSE half, k = min(200, N-1)):** whiten on the collection (B) from N >= {x:,} "
              f"photos (the first measured size where B beats the best unwhitened space on every (model, set)), "
              f"otherwise {fb} ({LABELS[fb]}; the CHOOSE half's best unwhitened space on {fallbacks.count(fb)} of "
-             f"{len(docs)}). REPORT half, B minus {fb} (points):"]  # fmt: skip
+             f"{len(docs)}). REPORT half, B minus {fb} (points):"]
     for d in docs:
         rep = d["results"]["report"]
         diffs = ", ".join(f"N={n}: {100 * (r['B']['mean'] - r[fb]['mean']):+.1f}" for n, r in rep.items())
@@ -340,7 +340,7 @@ def markdown(files: list[Path]) -> str:
            "(Ledoit-Wolf); C the run's training matrix, the collection's mean; D today's index (training whitening, "
            "then centred on the collection); E pixels centred; F pixels whitened as B. Bold: the best of A-D.", "",
            "| model on set | CHOOSE: B wins from N = (k200 / k10 / k1) | otherwise (k200) |",
-           "|---|---|---|"]  # fmt: skip
+           "|---|---|---|"]
     for d in docs:
         by_k = [d["rule"], *d["rule_by_k"].values()]
         out.append(
@@ -355,7 +355,7 @@ def markdown(files: list[Path]) -> str:
                 f"(`{f.name}`; pool {d['pool']['photos']} photos, {d['pool']['classes']} classes, "
                 f"halves of {d['pool']['half']}; {d['feature_dim']}-d features)", "",
                 "| N | subsets | " + " | ".join(f"{s} {LABELS[s]}" for s in SPACES) + " | LW shrinkage B |",
-                "|---" * (len(SPACES) + 3) + "|"]  # fmt: skip
+                "|---" * (len(SPACES) + 3) + "|"]
         for n, r in rep.items():
             best = max("ABCD", key=lambda s, r=r: r.get(s, NONE)["mean"])
             cells = [(f"**{_fmt(r.get(s))}**" if s == best else _fmt(r.get(s))) for s in SPACES]
@@ -370,15 +370,15 @@ def markdown(files: list[Path]) -> str:
         for n, r in rep.items():
             out.append(f"| {n} | " + " | ".join(" / ".join(f"{100 * r[f'{s}_k{k}']['mean']:.1f}" if f"{s}_k{k}" in r
                                                              else "n/a" for s in SPACES)
-                                                 for k in d["extra_k"]) + " |")  # fmt: skip
+                                                 for k in d["extra_k"]) + " |")
         out.append("")
         for name, rl in [("k200", rule), *d["rule_by_k"].items()]:
             suffix = "" if name == "k200" else f"_{name}"
             ch = ", ".join(f"{n}: {v:+.1f}" for n, v in rl["b_minus_fallback"].items())
             rp = ", ".join(f"{n}: {100 * (r['B' + suffix]['mean'] - r[rl['fallback'] + suffix]['mean']):+.1f}"
-                           for n, r in rep.items())  # fmt: skip
+                           for n, r in rep.items())
             out.append(f"- {name}: B minus {rl['fallback']} (points), CHOOSE half {ch} (B wins from N = "
-                       f"{rl['whiten_from'] or 'never'}); REPORT half {rp}.")  # fmt: skip
+                       f"{rl['whiten_from'] or 'never'}); REPORT half {rp}.")
         out += ["", f"Command: `{d['command']}` ({d['wall_s']} s)", ""]
     return "\n".join(out)
 
@@ -426,7 +426,7 @@ def main() -> int:
             print(_row(n, r, suffix))
     for name, rule in [("k200", doc["rule"]), *doc["rule_by_k"].items()]:
         print(f"CHOOSE half, {name}: B - {rule['fallback']} = {rule['b_minus_fallback']} -> whiten from N >= "
-              f"{rule['whiten_from']}, else {rule['fallback']}")  # fmt: skip
+              f"{rule['whiten_from']}, else {rule['fallback']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=1))

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._datasets import fashion_mnist, write_folder  # noqa: E402
 from moco.config import resolve_config  # noqa: E402
-from moco.curves import read_metrics  # noqa: E402
-from moco.train import train  # noqa: E402
+from moco.training.loop import train  # noqa: E402
+from moco.training.metrics import read_metrics  # noqa: E402
 
 SETUP = dict(arch="resnet18", small_stem=True, image_size=32, batch_size=256, queue_size=4096)
 

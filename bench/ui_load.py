@@ -44,9 +44,9 @@ def _prepare(images: int) -> tuple[Path, Path]:
     import torch
     import torchvision
 
-    from index.build import build_index
-    from moco.export import export_backbone
-    from moco.sample import make_sample_collection
+    from index.build.runner import build_index
+    from moco.data.sample import make_sample_collection
+    from moco.export.exporter import export_backbone
 
     photos, idx, bb = DATA / f"photos_{images}", DATA / f"idx_{images}", DATA / "backbone.safetensors"
     if not photos.is_dir():
@@ -121,7 +121,7 @@ async def _page_load(url: str, picks: list[list[Path]], k: int) -> dict:
         image = {"path": up.json()[0], "orig_name": f.name, "meta": {"_type": "gradio.FileData"}}
         join = await http.post(prefix + "queue/join", json={
             "data": [image, k, ""], "fn_index": search["id"], "trigger_id": search["targets"][0][0],
-            "session_hash": session, "event_data": None})  # fmt: skip
+            "session_hash": session, "event_data": None})
         join.raise_for_status()
         async with http.stream("GET", prefix + "queue/data", params={"session_hash": session}) as r:
             async for line in r.aiter_lines():
@@ -195,7 +195,7 @@ def _summary(lat: list[float], errors: list[str], wall: float, shed: int = 0) ->
     ms = np.array(lat) * 1000 if lat else np.array([np.nan])
     return {"searches": len(lat), "errors": len(errors), "error_samples": errors[:5], "shed_503": shed,
             "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)), "max_ms": float(ms.max()),
-            "searches_per_s": len(lat) / wall, "wall_s": wall}  # fmt: skip
+            "searches_per_s": len(lat) / wall, "wall_s": wall}
 
 
 def _rss_mb(pid: int) -> float:
@@ -255,7 +255,7 @@ def main() -> None:
     # the ceiling: the page's handler in-process, one search at a time, on one CPU
     import torch
 
-    from app.ui import SearchApp
+    from app.page.handlers import SearchApp
     from index.image_index import ImageIndex
 
     torch.set_num_threads(1)
@@ -312,7 +312,7 @@ def main() -> None:
         "clients": args.clients, "k": args.k, "in_process_p50_ms": float(np.percentile(base_ms, 50)),
         "in_process_searches_per_s": 1000 / float(base_ms.mean()), "cpus": os.cpu_count(), "cpu_model": _cpu_model(),
         "pinned": {"server": sorted(server_cpus or []), "load": sorted(load_cpus or [])},
-    })  # fmt: skip
+    })
     print(f"{args.clients} clients on {args.images} images, k={args.k}; {out['cpu_model']}; server on CPU "
           f"{out['pinned']['server']}, load generator on CPU {out['pinned']['load']}")
     print(f"{'':30}{'p50 ms':>10}{'p99 ms':>10}{'searches/s':>12}{'errors':>8}{'503s':>8}")

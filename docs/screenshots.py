@@ -41,11 +41,11 @@ def main() -> int:
             page.locator("#search-btn").click()
             images = "document.querySelectorAll('#results button.thumbnail-item img')"
             page.wait_for_function(f"{images}.length == {args.k} && [...{images}].every(i => i.complete)",
-                                   timeout=60_000)  # fmt: skip
+                                   timeout=60_000)
             page.locator("#results button.thumbnail-item").nth(2).click()
             page.wait_for_function("document.querySelector('#detail-info') && "
                                    "document.querySelector('#detail-info').innerText.includes('modified')",
-                                   timeout=60_000)  # fmt: skip
+                                   timeout=60_000)
             page.wait_for_timeout(1500)
             page.evaluate("window.scrollTo(0, 0)")
             page.screenshot(path=str(args.out / name), full_page=True)

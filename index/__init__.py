@@ -4,29 +4,25 @@
     build_index("~/Pictures", "backbone.safetensors", "my_index")
     idx = ImageIndex.open("my_index")
     hits = idx.search(vectors, k=10)        # hits.ids, hits.scores, hits.paths
+
+Names are imported when first used: ``import index`` stays cheap (no faiss or torch until one is).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports each name when first used
-    from index.build import build_index, update_index
-    from index.dedup import find_duplicates
-    from index.image_index import ImageIndex, SearchResult
-    from index.store import VectorStore
+from moco._lazy import lazy_face
 
-__all__ = ["ImageIndex", "SearchResult", "build_index", "update_index", "find_duplicates", "VectorStore"]
+if TYPE_CHECKING:  # what editors and type checkers see; at run time each name is imported when first used
+    from index.build.runner import build_index as build_index
+    from index.build.runner import update_index as update_index
+    from index.dedup import find_duplicates as find_duplicates
+    from index.image_index import ImageIndex as ImageIndex
+    from index.image_index import SearchResult as SearchResult
+    from index.store import VectorStore as VectorStore
 
-_WHERE = {
-    "ImageIndex": "index.image_index", "SearchResult": "index.image_index", "build_index": "index.build",
-    "update_index": "index.build", "find_duplicates": "index.dedup", "VectorStore": "index.store",
-}  # fmt: skip
-
-
-def __getattr__(name: str) -> Any:  # lazy: `import index` stays cheap (no faiss/torch until used)
-    if name in _WHERE:
-        import importlib
-
-        return getattr(importlib.import_module(_WHERE[name]), name)
-    raise AttributeError(f"module 'index' has no attribute {name!r}")
+__all__, __getattr__, __dir__ = lazy_face(__name__, {
+    "ImageIndex": "image_index", "SearchResult": "image_index", "build_index": "build.runner",
+    "update_index": "build.runner", "find_duplicates": "dedup", "VectorStore": "store",
+})

@@ -25,20 +25,16 @@ import io
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from PIL import Image
 
-from index.catalog import Catalog, Row
-from index.plan import sample_ids
-from moco.photos import ImageDecodeError, load_rgb, square_u8
-
-if TYPE_CHECKING:
-    from index.image_index import ImageIndex
+from index.catalog import Catalog, Row, sample_ids
+from moco.data.photos import ImageDecodeError, load_rgb, square_u8
 
 __all__ = ["calibrate_dedup", "calibrate_index", "dedup_threshold", "threshold_source", "CALIBRATION_SAMPLE",
-           "MIN_PHOTOS", "RECIPE", "DEDUP_THRESHOLD", "WHITENED_DEDUP_THRESHOLD", "STAGED_DEDUP_THRESHOLD"]  # fmt: skip
+           "MIN_PHOTOS", "RECIPE", "DEDUP_THRESHOLD", "WHITENED_DEDUP_THRESHOLD", "STAGED_DEDUP_THRESHOLD"]
 
 logger = logging.getLogger(__name__)
 
@@ -73,12 +69,21 @@ WHITENED_DEDUP_THRESHOLD = 0.8
 STAGED_DEDUP_THRESHOLD = 0.7
 
 
-def _calibration(index: ImageIndex) -> dict[str, Any] | None:
+class Scored(Protocol):
+    """What an index's near-duplicate threshold depends on (an :class:`~index.image_index.ImageIndex` has it): its
+    ``index.json`` and whether its space whitens, with pooled stages or not."""
+
+    meta: dict[str, Any]
+    whitened: bool
+    pooled_stages: bool
+
+
+def _calibration(index: Scored) -> dict[str, Any] | None:
     value = index.meta.get("dedup_calibration")
     return value if isinstance(value, dict) and isinstance(value.get("threshold"), (int, float)) else None
 
 
-def dedup_threshold(index: ImageIndex) -> float:
+def dedup_threshold(index: Scored) -> float:
     """The near-duplicate threshold for ``index``'s scores: the one calibrated on its collection (``index.json``'s
     ``dedup_calibration``, :mod:`index.calibrate`); without it :data:`STAGED_DEDUP_THRESHOLD` where its backbone
     whitens embeddings with pooled stages, :data:`WHITENED_DEDUP_THRESHOLD` where it whitens its last stage's
@@ -91,15 +96,15 @@ def dedup_threshold(index: ImageIndex) -> float:
     return STAGED_DEDUP_THRESHOLD if index.pooled_stages else WHITENED_DEDUP_THRESHOLD
 
 
-def threshold_source(index: ImageIndex) -> str:
+def threshold_source(index: Scored) -> str:
     """Where :func:`dedup_threshold` comes from, in words (for ``stats`` and the page)."""
     calibration = _calibration(index)
     if calibration is not None:
         return (f"calibrated on {calibration.get('photos')} photos of the collection: copies score "
                 f"{calibration.get('copies_p10')} (10th percentile), the closest other photo "
-                f"{calibration.get('others_max')}")  # fmt: skip
+                f"{calibration.get('others_max')}")
     kind = "backbone" if not index.whitened else "whitened backbone" + (" with pooled stages" if index.pooled_stages
-                                                                          else "")  # fmt: skip
+                                                                          else "")
     return f"the default for a {kind} (no dedup_calibration in index.json: an older index, or under 8 photos)"
 
 
@@ -117,7 +122,7 @@ def _copies(img: Image.Image) -> list[Image.Image]:
 
 
 def calibrate_dedup(images: Iterable[Image.Image], embed: Callable[[np.ndarray], np.ndarray], resize: int,
-                    batch_size: int = 32) -> dict[str, Any] | None:  # fmt: skip
+                    batch_size: int = 32) -> dict[str, Any] | None:
     """The near-duplicate threshold for the space of ``embed``, from ``images`` (decoded photos of the collection,
     read once: each is dropped once its model squares are made).
 
@@ -148,7 +153,7 @@ def calibrate_dedup(images: Iterable[Image.Image], embed: Callable[[np.ndarray],
     return {"threshold": round(threshold, 4), "copies_p10": round(p10, 4), "copies_median": round(median, 4),
             "others_max": None if others_max is None else round(others_max, 4),
             "others_median": round(float(np.median(nearest)), 4),
-            "sample_duplicates": int(n - len(others)), "photos": n, "recipe": RECIPE}  # fmt: skip
+            "sample_duplicates": int(n - len(others)), "photos": n, "recipe": RECIPE}
 
 
 def _sample_image(root: Path, index_dir: Path, row: Row, resize: int) -> Image.Image | None:
@@ -164,7 +169,7 @@ def _sample_image(root: Path, index_dir: Path, row: Row, resize: int) -> Image.I
 
 
 def calibrate_index(root: Path, index_dir: Path, catalog: Catalog, ids: np.ndarray, resize: int,
-                    embed: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any] | None:  # fmt: skip
+                    embed: Callable[[np.ndarray], np.ndarray]) -> dict[str, Any] | None:
     """:func:`calibrate_dedup` on up to :data:`CALIBRATION_SAMPLE` of ``ids`` (sorted, seed 0) of an index."""
     rows = catalog.rows_by_id(sample_ids(ids, CALIBRATION_SAMPLE, np.random.default_rng(0)))
     images = (_sample_image(root, index_dir, rows[i], resize) for i in sorted(rows))  # decoded one at a time
@@ -172,5 +177,5 @@ def calibrate_index(root: Path, index_dir: Path, catalog: Catalog, ids: np.ndarr
     if result:
         logger.info("near-duplicate threshold %s: copies score %s (10th percentile), the closest other photo %s, "
                     "over %d photos", result["threshold"], result["copies_p10"], result["others_max"],
-                    result["photos"])  # fmt: skip
+                    result["photos"])
     return result

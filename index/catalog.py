@@ -35,7 +35,7 @@ import numpy as np
 
 from moco.errors import StorageError, UserError
 
-__all__ = ["Catalog", "Row", "display_path", "MAX_ID"]
+__all__ = ["Catalog", "Row", "display_path", "MAX_ID", "sample_ids"]
 
 logger = logging.getLogger(__name__)
 
@@ -179,7 +179,7 @@ class Catalog:
         wal = self.path.with_name(self.path.name + "-wal")
         if wal.is_file() and wal.stat().st_size:
             logger.warning("%s holds changes a read-only open cannot see: run `moco index update %s` where the "
-                           "index is writable", wal, self.path.parent)  # fmt: skip
+                           "index is writable", wal, self.path.parent)
         db = self._connect(target + "?immutable=1", uri=True)
         db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()
         return db
@@ -195,7 +195,7 @@ class Catalog:
         if self.path.is_file():
             raise UserError(f"{where} is read-only ({why}): search works; to update it, make it writable or copy it")
         raise UserError(f"{where} is read-only ({why}): cannot create {self.path.name} there; make it writable or "
-                        "choose another index directory")  # fmt: skip
+                        "choose another index directory")
 
     @contextmanager
     def _writing(self) -> Iterator[None]:
@@ -212,10 +212,10 @@ class Catalog:
                     msg = "database or disk is full"  # SQLite says I/O error when ENOSPC hits its -shm file
             if "disk is full" in msg:
                 raise StorageError(f"no space left on device while writing {self.path}: free space and run the "
-                                   "same command; the index is unchanged") from e  # fmt: skip
+                                   "same command; the index is unchanged") from e
             if "disk I/O error" in msg:
                 raise StorageError(f"I/O error writing {self.path} ({e}): check the disk; the index is "
-                                   "unchanged") from e  # fmt: skip
+                                   "unchanged") from e
             raise
 
     @contextmanager
@@ -276,12 +276,12 @@ class Catalog:
         """Insert or replace ``row`` (by id) and its vector, inside a transaction."""
         db.execute(f"INSERT OR REPLACE INTO images({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                    (row.id, _sql_path(row.path), row.size, row.mtime_ns, row.hash, row.status, row.error, row.thumb,
-                    row.added or time.time(), row.indexed, row.deleted))  # fmt: skip
+                    row.added or time.time(), row.indexed, row.deleted))
         if vector is None:
             db.execute("DELETE FROM vectors WHERE id = ?", (row.id,))
         else:
             db.execute("INSERT OR REPLACE INTO vectors(id, vector) VALUES (?, ?)",
-                       (row.id, np.ascontiguousarray(vector, np.float32).tobytes()))  # fmt: skip
+                       (row.id, np.ascontiguousarray(vector, np.float32).tobytes()))
 
     def move(self, db: sqlite3.Connection, id_: int, path: str, size: int, mtime_ns: int) -> None:
         """Give row ``id_`` the new ``path`` of its moved or renamed file (keeping id and vector), in a transaction."""
@@ -292,7 +292,7 @@ class Catalog:
         """(ids N int64, vectors N x D float32) of ok rows (all live ones, or just ``ids``), by id."""
         if ids is None:
             cur = self.db.execute("SELECT v.id, v.vector FROM vectors v JOIN images i ON i.id = v.id "
-                                  "WHERE i.deleted = 0 AND i.status = 'ok' ORDER BY v.id")  # fmt: skip
+                                  "WHERE i.deleted = 0 AND i.status = 'ok' ORDER BY v.id")
             pairs = cur.fetchall()
         else:
             ids = sorted(_valid_ids(ids))
@@ -301,7 +301,7 @@ class Catalog:
                 chunk = ids[start : start + 900]
                 marks = ",".join("?" * len(chunk))
                 pairs += self.db.execute(f"SELECT id, vector FROM vectors WHERE id IN ({marks}) ORDER BY id",
-                                         chunk).fetchall()  # fmt: skip
+                                         chunk).fetchall()
         dim = dim or int(self.get_meta("dim", "0") or 0)
         if not pairs:
             return np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
@@ -312,7 +312,7 @@ class Catalog:
     def vector_by_hash(self, content_hash: str) -> tuple[int, np.ndarray] | None:
         """An ok row's id and vector with this content hash (a copy or a move of an embedded file)."""
         row = self.db.execute("SELECT v.id, v.vector FROM images i JOIN vectors v ON v.id = i.id "
-                              "WHERE i.hash = ? AND i.status = 'ok' LIMIT 1", (content_hash,)).fetchone()  # fmt: skip
+                              "WHERE i.hash = ? AND i.status = 'ok' LIMIT 1", (content_hash,)).fetchone()
         return (row[0], np.frombuffer(row[1], np.float32)) if row else None
 
     # ----------------------------------------------------------------------------- index sync
@@ -335,7 +335,7 @@ class Catalog:
             used = db.execute("SELECT MAX(id) FROM images").fetchone()[0]
             if used is not None:
                 db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES ('next_id', ?)",
-                           (str(max(self.next_id(), used + 1)),))  # fmt: skip
+                           (str(max(self.next_id(), used + 1)),))
             db.executemany("DELETE FROM images WHERE id = ? AND deleted = 1", [(int(i),) for i in removed])
 
     def reset_indexed(self) -> None:
@@ -347,14 +347,14 @@ class Catalog:
     def counts(self) -> dict[str, int]:
         """Rows by state: ok, error, pending (embedded, not yet searchable), deleted."""
         q = "SELECT SUM(status='ok' AND deleted=0), SUM(status='error' AND deleted=0), " \
-            "SUM(status='ok' AND deleted=0 AND indexed=0), SUM(deleted=1) FROM images"  # fmt: skip
+            "SUM(status='ok' AND deleted=0 AND indexed=0), SUM(deleted=1) FROM images"
         ok, err, pend, dele = (int(v or 0) for v in self.db.execute(q).fetchone())
         return {"ok": ok, "error": err, "pending": pend, "deleted": dele}
 
     def errors(self) -> list[tuple[str, str]]:
         """(path, reason) of every file that could not be indexed."""
         return [(_os_path(p), e or "") for p, e in self.db.execute(
-            "SELECT path, error FROM images WHERE status = 'error' AND deleted = 0 ORDER BY path")]  # fmt: skip
+            "SELECT path, error FROM images WHERE status = 'error' AND deleted = 0 ORDER BY path")]
 
 
 def catalog_meta(catalog: Catalog) -> dict[str, Any]:
@@ -363,7 +363,7 @@ def catalog_meta(catalog: Catalog) -> dict[str, Any]:
 
     return {k: json.loads(catalog.get_meta(k) or "null") for k in
             ("root", "backbone_path", "backbone_sha256", "backbone", "dim", "kind", "memory_budget",
-             "flat_until", "features", "vectors")}  # fmt: skip
+             "flat_until", "features", "vectors")}
 
 
 def set_catalog_meta(catalog: Catalog, **values: Any) -> None:
@@ -372,3 +372,8 @@ def set_catalog_meta(catalog: Catalog, **values: Any) -> None:
     with catalog.transaction():
         for k, v in values.items():
             catalog.set_meta(k, json.dumps(v))
+
+
+def sample_ids(ids: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` of ``ids`` at random, sorted (all of them when there are no more)."""
+    return ids if len(ids) <= n else np.sort(rng.choice(ids, n, replace=False))

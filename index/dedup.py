@@ -23,22 +23,17 @@ from typing import Any
 import numpy as np
 
 from index.calibrate import (  # the threshold: re-exported here, where its users look for it
-    DEDUP_THRESHOLD,
-    STAGED_DEDUP_THRESHOLD,
-    WHITENED_DEDUP_THRESHOLD,
     dedup_threshold,
-    threshold_source,
 )
 from index.image_index import ImageIndex
 from index.index_dir import DEDUP_FILE
-from moco.checkpoint import atomic_write
 from moco.errors import UserError
+from moco.files import atomic_write
 
-__all__ = ["find_duplicates", "load_duplicates", "dedup_threshold", "threshold_source", "tight_groups",
-           "DEDUP_THRESHOLD", "WHITENED_DEDUP_THRESHOLD", "STAGED_DEDUP_THRESHOLD"]
+__all__ = ["find_duplicates", "load_duplicates", "tight_groups"]
 
 def _neighbours(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold: float,
-                chunk: int) -> dict[int, dict[int, float]]:  # fmt: skip
+                chunk: int) -> dict[int, dict[int, float]]:
     """The neighbours of photos ``ids`` (raw vectors ``vecs``) at centred cosine >= ``threshold``: ``{id: {other id:
     cosine}}``, symmetric (a pair an approximate index finds one way only is kept both ways); photos without one
     are left out."""
@@ -87,7 +82,7 @@ def tight_groups(graph: Mapping[int, Mapping[int, float]]) -> list[tuple[int, li
 
 
 def find_duplicates(index: ImageIndex, threshold: float | None = None, save: bool = True,
-                    chunk: int = 1024) -> list[dict[str, Any]]:  # fmt: skip
+                    chunk: int = 1024) -> list[dict[str, Any]]:
     """Groups of near-duplicates (:func:`tight_groups`), largest first.
 
     Each group: ``size``, ``representative`` (id, path), ``tightest`` and ``loosest`` (the highest and lowest
@@ -99,7 +94,7 @@ def find_duplicates(index: ImageIndex, threshold: float | None = None, save: boo
     threshold = dedup_threshold(index) if threshold is None else threshold
     if not -1.0 <= threshold <= 1.0:
         raise UserError(f"--threshold {threshold} must be a cosine similarity in [-1, 1] (e.g. "
-                        f"{dedup_threshold(index)})")  # fmt: skip
+                        f"{dedup_threshold(index)})")
     ids, vecs = index.catalog.vectors(dim=index.dim)  # N, N x D
     graph = _neighbours(index, ids, vecs, threshold, chunk)
     rows = index.catalog.rows_by_id(graph)
@@ -114,12 +109,12 @@ def find_duplicates(index: ImageIndex, threshold: float | None = None, save: boo
                        "tightest": max(others), "loosest": min(others), "members": [
             {"id": m, "path": rows[m].path, "thumb": rows[m].thumb, "similarity": sim[m],
              "best_similarity": round(max(graph[m].values()), 5)}
-            for m in sorted(live, key=lambda m: (m != rep, -sim[m], rows[m].path))]})  # fmt: skip
+            for m in sorted(live, key=lambda m: (m != rep, -sim[m], rows[m].path))]})
     groups.sort(key=lambda g: (-g["size"], g["representative"]["path"]))
     if save:
         doc = {"threshold": threshold, "grouping": "every member within the threshold of its representative",
                "groups": groups, "images": len(ids),
-               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}  # fmt: skip
+               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
         data = (json.dumps(doc, indent=1) + "\n").encode()
         atomic_write(index.dir / DEDUP_FILE, lambda f: f.write(data))
     return groups
@@ -138,7 +133,7 @@ def load_duplicates(index_dir: str | Path) -> dict[str, Any] | None:
         problem = f"not readable as JSON: {type(e).__name__}"
     if problem:
         raise UserError(f"{path} is damaged ({problem}): find the near-duplicates again (`moco index dedup "
-                        f"{Path(index_dir)}` or the page's Find near-duplicates) to write it anew")  # fmt: skip
+                        f"{Path(index_dir)}` or the page's Find near-duplicates) to write it anew")
     return doc
 
 

@@ -26,21 +26,17 @@ from typing import Any
 
 import numpy as np
 
+from index.calibrate import dedup_threshold, threshold_source
 from index.catalog import Catalog, Row
 from index.index_dir import (
     CATALOG_FILE,
-    DEDUP_FILE,
-    FORMAT,
     INDEX_FILE,
     INDEX_ID_KEY,
     META_FILE,
-    THUMBS_DIR,
     VECTORS,
     check_index_ids,
-    kind_of,
     load_store,
     read_meta,
-    write_meta,
 )
 from index.store import require_faiss
 from index.trailer import read_space_arrays
@@ -48,9 +44,7 @@ from moco.errors import UserError
 from moco.whiten import Whitening
 
 # with the names of index.index_dir, importable from here as well
-__all__ = ["ImageIndex", "SearchResult", "check_query_size", "MIN_SIDE_PX", "read_meta", "write_meta", "kind_of",
-           "INDEX_FILE", "META_FILE", "CATALOG_FILE", "THUMBS_DIR", "DEDUP_FILE", "FORMAT", "INDEX_ID_KEY",
-           "check_index_ids"]  # fmt: skip
+__all__ = ["ImageIndex", "SearchResult", "check_query_size", "MIN_SIDE_PX"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +68,7 @@ def _query_size(image: Any) -> tuple[str, tuple[int, int]] | None:
 
     from PIL import Image
 
-    from moco.photos import open_regular
+    from moco.data.photos import open_regular
 
     if isinstance(image, Image.Image):
         return "the image", image.size
@@ -140,10 +134,10 @@ class ImageIndex:
             mean, matrix, float(info.get("shrinkage") or (0.0 if matrix is not None else 1.0)),
             int(info.get("count") or self.meta.get("mean_count") or 0), bool(feats["mirror"]),
             tuple((str(n), int(c)) for n, c in feats["stages"]),
-            str(info.get("fitted_on") or "collection"))  # fmt: skip
+            str(info.get("fitted_on") or "collection"))
         if mean is None:
             logger.info("%s has no mean embedding (made before centred scores): searching uncentred until "
-                        "`moco index update %s` centres it", self.dir, self.dir)  # fmt: skip
+                        "`moco index update %s` centres it", self.dir, self.dir)
         self._stamp = self._files_stamp()
 
     def _check_meta(self) -> None:
@@ -156,13 +150,13 @@ class ImageIndex:
         if cat_dim is not None and cat_dim != self.store.dim:
             raise UserError(f"{self.dir / INDEX_FILE} holds {self.store.dim}-d vectors, the catalog {cat_dim}-d: "
                             f"delete {INDEX_FILE} and run `moco index update {self.dir}` to rebuild it from the "
-                            "catalog")  # fmt: skip
+                            "catalog")
         if self.meta["dim"] != self.store.dim:
             raise UserError(f"{path} is damaged: its dim {self.meta['dim']!r} disagrees with {INDEX_FILE} and the "
-                            f"catalog ({self.store.dim}); {fix}")  # fmt: skip
+                            f"catalog ({self.store.dim}); {fix}")
         mean = self.meta.get("mean")
         if mean is not None and (not isinstance(mean, list) or len(mean) != self.store.dim
-                                 or not all(isinstance(x, (int, float)) for x in mean)):  # fmt: skip
+                                 or not all(isinstance(x, (int, float)) for x in mean)):
             raise UserError(f"{path} is damaged: its mean is not {self.store.dim} numbers; {fix}")
 
     def refresh(self) -> bool:
@@ -238,8 +232,6 @@ class ImageIndex:
     @property
     def dedup_threshold(self) -> float:
         """The near-duplicate threshold for this index's scores (:func:`index.calibrate.dedup_threshold`)."""
-        from index.calibrate import dedup_threshold
-
         return dedup_threshold(self)
 
     @property
@@ -281,7 +273,7 @@ class ImageIndex:
             theirs = (f"{'mirror-averaged ' if d['mirror'] else ''}features"
                       + (f" with the pooled {'/'.join(n for n, _ in d['stages'])}" if d["stages"] else "")
                       + (f", already {'whitened' if d['whitened'] else 'centred'} on {d['fitted_on']}"
-                         if embedder.space is not None else ""))  # fmt: skip
+                         if embedder.space is not None else ""))
             raise UserError(f"{self.dir} searches in its own space ({self.describe_space()}) and takes the "
                             f"backbone's features as its embedder makes them; this embedder gives {theirs}: the two "
                             f"spaces do not mix. Use ImageIndex.load_embedder() (or "
@@ -299,13 +291,13 @@ class ImageIndex:
         self.check_backbone(emb.sha256)
         if self.meta.get("vectors") != VECTORS and (emb.mirror or emb.stages or emb.config.get("whitening")):
             raise UserError(f"{self.dir} was built by an older version that stored the backbone's whitened output: "
-                            f"run `moco index update {self.dir}` once (it embeds the photos again)")  # fmt: skip
+                            f"run `moco index update {self.dir}` once (it embeds the photos again)")
         self.check_embedder(emb)
         return emb
 
     # ---------------------------------------------------------------------------------- search
     def search(self, vectors: np.ndarray, k: int = 10, folder: str | None = None,
-               offset: int = 0) -> SearchResult:  # fmt: skip
+               offset: int = 0) -> SearchResult:
         """Top-``k`` (after skipping ``offset``) by cosine for each row of ``vectors`` (Q x D); ``k`` is capped at
         the number of vectors in the index.
 
@@ -316,7 +308,7 @@ class ImageIndex:
         q = np.ascontiguousarray(np.atleast_2d(vectors), np.float32)  # Q x D
         if q.shape[1] != self.dim:
             raise UserError(f"vectors have dimension {q.shape[1]}, this index holds {self.dim}: embed with "
-                            f"the index's backbone ({self.meta.get('backbone_path')})")  # fmt: skip
+                            f"the index's backbone ({self.meta.get('backbone_path')})")
         q = self.center(q)  # Q x D, as the stored vectors
         ntotal = self.store.ntotal
         k = min(k, ntotal)  # never more results than vectors: a huge k allocates nothing more
@@ -371,7 +363,6 @@ class ImageIndex:
     def stats(self) -> dict[str, Any]:
         """Counts, kind, recall, backbone, size on disk, the centring (mean count, weak-match threshold), the
         augmentation level and the near-duplicate threshold with where it comes from (and its calibration)."""
-        from index.calibrate import threshold_source
 
         counts = self.catalog.counts()
         size = sum(f.stat().st_size for f in self.dir.rglob("*") if f.is_file())
@@ -387,4 +378,4 @@ class ImageIndex:
             "dedup_threshold": self.dedup_threshold, "dedup_threshold_source": threshold_source(self),
             "dedup_calibration": self.meta.get("dedup_calibration"), "space": self.meta.get("space"),
             "features": self.features, "space_description": self.describe_space(),
-        }  # fmt: skip
+        }

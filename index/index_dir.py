@@ -22,16 +22,16 @@ from typing import Any
 
 from index.store import VectorStore, require_faiss
 from index.trailer import read_index_id
-from moco.checkpoint import atomic_write
 from moco.errors import UserError
+from moco.files import atomic_write
 
 __all__ = ["read_meta", "write_meta", "kind_of", "load_store", "check_index_ids", "INDEX_FILE", "META_FILE",
-           "CATALOG_FILE", "THUMBS_DIR", "DEDUP_FILE", "FORMAT", "INDEX_ID_KEY", "VECTORS"]  # fmt: skip
+           "CATALOG_FILE", "THUMBS_DIR", "DEDUP_FILE", "FORMAT", "INDEX_ID_KEY", "VECTORS"]
 
-logger = logging.getLogger("index.image_index")  # the one logger name of its step (filtered by users)
+logger = logging.getLogger(__name__)
 
 INDEX_FILE, META_FILE, CATALOG_FILE, THUMBS_DIR, DEDUP_FILE = (
-    "index.faiss", "index.json", "catalog.sqlite", "thumbs", "dedup.json")  # fmt: skip
+    "index.faiss", "index.json", "catalog.sqlite", "thumbs", "dedup.json")
 FORMAT = 1
 INDEX_ID_KEY = "index_id"  # catalog meta key of the index id (also in index.json and in index.faiss's trailer)
 VECTORS = "features"  # what the catalog stores (index.json "vectors"); older indexes stored the export's output
@@ -43,9 +43,9 @@ def read_meta(index_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         if (Path(index_dir) / CATALOG_FILE).is_file():  # a build killed before its first index.json, or a lost file
             raise UserError(f"{path} is missing: `moco index update {index_dir}` rewrites it and {INDEX_FILE} "
-                            f"from {CATALOG_FILE}")  # fmt: skip
+                            f"from {CATALOG_FILE}")
         raise UserError(f"{index_dir} is not an index directory (no {META_FILE}): "
-                        f"create one with `moco index build PHOTOS --backbone B -o {index_dir}`")  # fmt: skip
+                        f"create one with `moco index build PHOTOS --backbone B -o {index_dir}`")
     try:
         meta = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
@@ -90,7 +90,7 @@ def load_store(index_dir: Path, use_gpu: str = "auto") -> VectorStore:
             cpu = faiss.read_index(faiss.PyCallbackIOReader(f.read))
     except RuntimeError as e:
         raise UserError(f"{path} is not a readable FAISS index: `moco index update {index_dir}` rewrites it "
-                        f"from {CATALOG_FILE}") from e  # fmt: skip
+                        f"from {CATALOG_FILE}") from e
     store = VectorStore(cpu, kind_of(cpu), use_gpu)
     store.index_id = read_index_id(path)
     params = read_meta(index_dir).get("params") or {}
@@ -117,8 +117,8 @@ def check_index_ids(index_dir: Path, catalog_id: str | None, meta_id: str | None
     if catalog_id and meta_id and meta_id == faiss_id:  # the catalog is the odd one out
         raise UserError(f"{d / CATALOG_FILE} belongs to another index (id {catalog_id[:8]}...) than {META_FILE} and "
                         f"{INDEX_FILE} (id {meta_id[:8]}...): put back the {CATALOG_FILE} of this index, or, to keep "
-                        f"this catalog and its photos, run {fix}")  # fmt: skip
+                        f"this catalog and its photos, run {fix}")
     ref = catalog_id or meta_id
     odd = [name for name, i in known.items() if i != ref]
     raise UserError(f"{' and '.join(str(d / n) for n in odd)} {'belongs' if len(odd) == 1 else 'belong'} to another "
-                    f"index than {CATALOG_FILE if catalog_id else META_FILE} (id {ref[:8]}...): {fix}")  # fmt: skip
+                    f"index than {CATALOG_FILE if catalog_id else META_FILE} (id {ref[:8]}...): {fix}")

@@ -15,8 +15,12 @@ hnsw      ``IDMap2,HNSW32``                        graph; tuned efSearch; remova
 ``auto`` picks flat below ``EXACT_UP_TO`` vectors, ivf when D float32s per vector fit the memory
 budget, and ivfpq otherwise. Approximate kinds are tuned on held-out queries (sampled vectors left
 out of training, their own id removed from the answers) to the smallest search parameter that
-reaches the target recall@10 against exact search (:mod:`index.tuning`). The file's trailer (index id,
-the space's mean and matrix) is :mod:`index.trailer`'s; exact search in numpy, :mod:`index.exact`'s.
+reaches the target recall@10 against exact search (:func:`tune_store`). The file's trailer (index id, the space's
+mean and matrix) is :mod:`index.trailer`'s.
+
+Exact top-k by inner product in numpy (:func:`exact_topk`, tie-aware) is both a flat store's search of a few queries
+and the ground truth that tuning measures recall against, on held-out queries (sampled vectors left out of training,
+their own id removed from the answers) or on stored ones.
 """
 
 from __future__ import annotations
@@ -24,14 +28,13 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from index.exact import exact_topk, few_topk, recall_at
-from index.trailer import mean_digest, read_index_id, read_mean, read_space_arrays, trailer_bytes
-from index.tuning import Tuning, tune_store
+from index.trailer import trailer_bytes
 from moco.errors import UserError
 
 try:
@@ -41,9 +44,8 @@ except ModuleNotFoundError as _e:  # the `index` extra is missing: this module s
         raise
     faiss = None
 
-__all__ = ["VectorStore", "choose_kind", "factory_for", "read_index_id", "require_faiss", "KINDS", "EXACT_UP_TO",
-           "gpu_count", "mean_digest", "read_mean", "read_space_arrays", "exact_topk", "recall_at",
-           "Tuning"]  # fmt: skip
+__all__ = ["VectorStore", "choose_kind", "factory_for", "require_faiss", "KINDS", "EXACT_UP_TO", "gpu_count",
+           "tune_store", "Tuning", "exact_topk", "few_topk", "recall_at"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +54,7 @@ def require_faiss() -> Any:
     """The ``faiss`` module; a UserError naming the extra to install when it is missing (call before any work)."""
     if faiss is None:
         raise UserError('FAISS is not installed, and the index needs it: pip install "moco-retrieval[index]" '
-                        '(faiss-cpu; on a CUDA machine "moco-retrieval[gpu]" for faiss-gpu instead)')  # fmt: skip
+                        '(faiss-cpu; on a CUDA machine "moco-retrieval[gpu]" for faiss-gpu instead)')
     return faiss
 
 KINDS = ("auto", "flat", "ivf", "ivfpq", "hnsw")
@@ -152,7 +154,7 @@ class VectorStore:
         return store
 
     def save(self, path: str | Path, index_id: str | None = None, mean: np.ndarray | None = None,
-             matrix: np.ndarray | None = None) -> None:  # fmt: skip
+             matrix: np.ndarray | None = None) -> None:
         """Write the CPU form and its trailer (:func:`index.trailer.trailer_bytes`) atomically (temporary file, fsync,
         rename).
 
@@ -161,7 +163,7 @@ class VectorStore:
         embedding the vectors are centred on) goes just before it with its digest (:func:`read_mean`), and before
         that ``matrix`` (D x D, the space's whitening; :func:`read_space_arrays`).
         """
-        from moco.checkpoint import atomic_write
+        from moco.files import atomic_write
 
         trailer = trailer_bytes(index_id, mean, matrix)
 
@@ -249,7 +251,7 @@ class VectorStore:
         q = np.ascontiguousarray(np.atleast_2d(queries), np.float32)  # Q x D
         if q.shape[1] != self.dim:
             raise UserError(f"query vectors have dimension {q.shape[1]}, the index holds {self.dim}: "
-                            "embed queries with the backbone the index was built with")  # fmt: skip
+                            "embed queries with the backbone the index was built with")
         k = max(1, min(int(k), 2048 if self._gpu is not None else self.ntotal or 1))
         with self._lock:
             if self.kind == "flat" and self._gpu is None and len(q) < _FEW_QUERIES and self.ntotal >= _SHARD_FROM:
@@ -258,7 +260,7 @@ class VectorStore:
         return scores, ids
 
     def _flat_few(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Exact search of a few queries (Q x D) on the stored vectors in place (:func:`index.exact.few_topk`).
+        """Exact search of a few queries (Q x D) on the stored vectors in place (:func:`index.store.few_topk`).
 
         FAISS scans on one thread below 20 queries; BLAS reads the vectors with every core.
         """
@@ -277,9 +279,9 @@ class VectorStore:
 
     # ------------------------------------------------------------------------------------ tune
     def tune(self, vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, query_ids: np.ndarray,
-             k: int = 10, target: float = 0.95, held_out: bool = True) -> Tuning:  # fmt: skip
+             k: int = 10, target: float = 0.95, held_out: bool = True) -> Tuning:
         """Smallest nprobe/efSearch whose recall@k on ``queries`` reaches ``target``, and that recall
-        (:func:`index.tuning.tune_store`)."""
+        (:func:`index.store.tune_store`)."""
         return tune_store(self, vectors, ids, queries, query_ids, k, target, held_out)
 
     def _param_limit(self) -> int:
@@ -287,3 +289,116 @@ class VectorStore:
             return 4096
         return int(faiss.extract_index_ivf(self._cpu).nlist)
 
+
+_PARAM = {"ivf": "nprobe", "ivfpq": "nprobe", "hnsw": "efSearch"}  # the search parameter each approximate kind tunes
+
+
+@dataclass
+class Tuning:
+    """Outcome of tuning: the search parameter, its value, and the recall@k it measured."""
+
+    param: str | None
+    value: int | None
+    recall: float
+    queries: int
+
+
+def tune_store(store: VectorStore, vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, query_ids: np.ndarray,
+               k: int = 10, target: float = 0.95, held_out: bool = True) -> Tuning:
+    """Smallest nprobe/efSearch of ``store`` whose recall@k on ``queries`` reaches ``target``, and that recall.
+
+    ``vectors``/``ids``: the whole collection (ground truth by exact search in numpy, each query's
+    own id left out). ``held_out``: the queries are not in the index yet (the honest measure, used
+    when building); otherwise they are, and their own id is dropped from the answers.
+    """
+    param = _PARAM.get(store.kind)
+    if len(queries) == 0 or store.ntotal < 2:
+        return Tuning(None, None, 1.0, 0)
+    order = np.argsort(ids)  # positions by id (no copy of the vectors: they may be most of the RAM)
+    sorted_ids = ids[order]
+    exclude = query_ids if held_out else None  # held-out queries are not in the index: not in the truth
+    truth = exact_topk(vectors, ids, queries, query_ids, k, exclude)  # Q x k ids
+    kth = np.einsum("qd,qkd->qk", queries, vectors[order[np.searchsorted(sorted_ids, truth)]]).min(1)  # Q
+
+    def measure() -> float:
+        found = store.search(queries, k if held_out else k + 1)[1]
+        found = found if held_out else _drop_self(found, query_ids, k)
+        # tie-aware: a result scoring at least the true k-th score counts, whichever tied id it is
+        pos = np.clip(np.searchsorted(sorted_ids, found), 0, len(sorted_ids) - 1)  # Q x k
+        score = np.einsum("qd,qkd->qk", queries, vectors[order[pos]])
+        good = (found >= 0) & (sorted_ids[pos] == found) & (score >= kth[:, None] - 1e-5)
+        return float(good.sum(1).clip(max=k).mean() / k)
+
+    if param is None:
+        return Tuning(None, None, measure(), len(queries))
+    limit = store._param_limit()
+    value = min(limit, 1 if param == "nprobe" else k)
+    while True:
+        store.set_param(param, value)
+        recall = measure()
+        logger.info("tuning %s=%d: recall@%d %.4f", param, value, k, recall)
+        if recall >= target or value >= limit:
+            break
+        value = min(value * 2, limit)
+    if recall < target:
+        logger.warning("%s reaches recall@%d %.3f at most (%s=%d), below the target %.2f: consider --kind flat",
+                       store.kind, k, recall, param, value, target)
+    return Tuning(param, value, recall, len(queries))
+
+
+def _drop_self(found: np.ndarray, self_ids: np.ndarray, k: int) -> np.ndarray:
+    """Remove each row's own id, keeping the first ``k`` of the rest."""
+    out = np.full((len(found), k), -1, np.int64)
+    for i, (row, own) in enumerate(zip(found, self_ids)):
+        rest = row[row != own][:k]
+        out[i, : len(rest)] = rest
+    return out
+
+
+def few_topk(q: np.ndarray, xb: np.ndarray, labels: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact search of a few queries ``q`` (Q x D) over ``xb`` (N x D) stored under ``labels`` (N int64): (scores
+    Q x k float32, labels Q x k int64), by score, ties by position.
+
+    One BLAS product over the stored vectors, then an exact top-k. The top-k avoids a full partition of N scores:
+    the k-th best score of a strided sample is a lower bound of the true k-th best (a subset's k-th largest never
+    exceeds the whole set's), so every true top-k score is at or above it, and only those few candidates are sorted.
+    """
+    n = len(xb)
+    scores = q @ xb.T  # Q x N
+    out_s = np.empty((len(q), k), np.float32)
+    out_i = np.empty((len(q), k), np.int64)
+    step = 16 if n >= 16 * 64 * k else 1  # a 1/16 sample: its k-th best bounds the top ~16k
+    for r, row in enumerate(scores):
+        sample = row[::step]
+        bound = np.partition(sample, len(sample) - k)[len(sample) - k] if len(sample) >= k else -np.inf
+        cand = np.flatnonzero(row >= bound)  # includes the true top-k
+        best = cand[np.lexsort((cand, -row[cand]))[:k]]  # by score, ties by position
+        out_s[r], out_i[r] = row[best], labels[best]
+    return out_s, out_i
+
+
+def exact_topk(vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, query_ids: np.ndarray,
+               k: int, exclude: np.ndarray | None = None) -> np.ndarray:
+    """Ground truth: each query's top-``k`` ids by inner product (numpy, chunked), own id excluded.
+
+    ``exclude``: ids left out for every query (e.g. all the held-out queries).
+    """
+    gone = np.isin(ids, exclude) if exclude is not None and len(exclude) else None  # N
+    out = []
+    for start in range(0, len(queries), 64):
+        q = queries[start : start + 64]
+        scores = q @ vectors.T  # q x N
+        own = query_ids[start : start + 64]
+        scores[ids[None, :] == own[:, None]] = -np.inf
+        if gone is not None:
+            scores[:, gone] = -np.inf
+        kk = min(k, scores.shape[1])
+        top = np.argpartition(-scores, kk - 1, axis=1)[:, :kk]  # q x k, unordered
+        out.append(ids[top])
+    return np.concatenate(out)
+
+
+def recall_at(found: np.ndarray, truth: np.ndarray) -> float:
+    """Mean fraction of each row of ``truth`` present in the same row of ``found``."""
+    hits = [len(np.intersect1d(f[f >= 0], t)) / max(1, len(t)) for f, t in zip(found, truth)]
+    return float(np.mean(hits)) if hits else 1.0

@@ -78,7 +78,7 @@ def read_space_arrays(path: str | Path, dim: int) -> tuple[np.ndarray | None, np
         matrix = np.frombuffer(f.read(4 * dim * dim), "<f4").astype(np.float32).reshape(dim, dim)  # D x D
     if mean_digest(matrix) != tail[len(_MATRIX_TAG) : -1].decode("ascii", "replace"):
         raise UserError(f"{path} is damaged (its whitening matrix does not match its digest): rebuild it with "
-                        f"`moco index update {Path(path).parent}`")  # fmt: skip
+                        f"`moco index update {Path(path).parent}`")
     return mean, matrix
 
 
@@ -96,7 +96,7 @@ def _read_mean(path: str | Path, dim: int) -> np.ndarray | None:
         mean = np.frombuffer(f.read(4 * dim), "<f4").astype(np.float32)  # D
     if mean_digest(mean) != tail[len(_MEAN_TAG) : -1].decode("ascii", "replace"):
         raise UserError(f"{path} is damaged (its mean embedding does not match its digest): rebuild it with "
-                        f"`moco index update {Path(path).parent}`")  # fmt: skip
+                        f"`moco index update {Path(path).parent}`")
     return mean
 
 

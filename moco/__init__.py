@@ -1,60 +1,37 @@
 """moco: train MoCo (v1, v2, v3) on your own photos, export the backbone, embed images.
 
-Names are imported lazily, so ``import moco.data`` (e.g. in decoding worker processes) stays light.
-
-``moco.train`` is the training function whatever was imported before, also after ``import moco.train`` (which
-would otherwise bind the package attribute to the submodule of the same name): the submodule is reached with
-``from moco.train import ...`` or ``sys.modules["moco.train"]``.
+The stages are sub-packages: ``data`` (photos in), ``model`` (the network), ``weights`` (checkpoints of any layout,
+official names), ``training`` (a run), ``export`` (a clean backbone); beside them the config, the embedding space
+(``whiten``), the ``Embedder``, the file layer, the runtime and the errors. Names are imported when first used, so
+``import moco.data.cache`` (e.g. in a decoding worker) stays light.
 """
 
 from __future__ import annotations
 
-import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # what editors and type checkers see; at run time __getattr__ imports each name when first used
-    from moco.config import PRESETS, TrainConfig, resolve_config
-    from moco.embed import Embedder
-    from moco.errors import UserError
-    from moco.export import export_backbone
-    from moco.model import MoCo
-    from moco.pretrained import REGISTRY as PRETRAINED
-    from moco.pretrained import fetch as fetch_pretrained
-    from moco.train import resume_config, train
-    from moco.whiten import apply_space
+from moco._lazy import lazy_face
 
-__all__ = [
-    "MoCo",
-    "TrainConfig",
-    "PRESETS",
-    "resolve_config",
-    "train",
-    "resume_config",
-    "export_backbone",
-    "Embedder",
-    "apply_space",
-    "UserError",
-    "fetch_pretrained",
-    "PRETRAINED",
-]
+if TYPE_CHECKING:  # what editors and type checkers see; at run time each name is imported when first used
+    from moco.config import PRESETS as PRESETS
+    from moco.config import TrainConfig as TrainConfig
+    from moco.config import resolve_config as resolve_config
+    from moco.embed import Embedder as Embedder
+    from moco.errors import UserError as UserError
+    from moco.export.exporter import export_backbone as export_backbone
+    from moco.model.builder import MoCo as MoCo
+    from moco.training.checkpoints import resume_config as resume_config
+    from moco.training.loop import train as train
+    from moco.weights.pretrained import REGISTRY as PRETRAINED  # noqa: F401 - public under another name
+    from moco.weights.pretrained import fetch as fetch_pretrained  # noqa: F401
+    from moco.whiten import apply_space as apply_space
 
-# name -> (module, attribute): the same pairs as the TYPE_CHECKING imports above
-_WHERE = {
-    "MoCo": ("moco.model", "MoCo"),
-    "TrainConfig": ("moco.config", "TrainConfig"),
-    "PRESETS": ("moco.config", "PRESETS"),
-    "resolve_config": ("moco.config", "resolve_config"),
-    "train": ("moco.train", "train"),
-    "resume_config": ("moco.train", "resume_config"),
-    "UserError": ("moco.errors", "UserError"),
-    "export_backbone": ("moco.export", "export_backbone"),
-    "Embedder": ("moco.embed", "Embedder"),
-    "apply_space": ("moco.whiten", "apply_space"),
-    "fetch_pretrained": ("moco.pretrained", "fetch"),
-    "PRETRAINED": ("moco.pretrained", "REGISTRY"),
-}
+__all__, _getattr, __dir__ = lazy_face(__name__, {
+    "MoCo": "model.builder", "TrainConfig": "config", "PRESETS": "config", "resolve_config": "config",
+    "train": "training.loop", "resume_config": "training.checkpoints", "export_backbone": "export.exporter",
+    "Embedder": "embed", "apply_space": "whiten", "UserError": "errors",
+    "fetch_pretrained": "weights.pretrained:fetch", "PRETRAINED": "weights.pretrained:REGISTRY",
+})
 
 
 def _version() -> str:
@@ -68,26 +45,6 @@ def _version() -> str:
 
 
 def __getattr__(name: str) -> Any:
-    if name == "__version__":  # lazy too: importlib.metadata costs ~50 ms, decoding workers import moco.data
+    if name == "__version__":  # lazy too: importlib.metadata costs ~50 ms
         return _version()
-    if name in _WHERE:
-        module, attribute = _WHERE[name]
-        return getattr(importlib.import_module(module), attribute)
-    raise AttributeError(f"module 'moco' has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
-
-
-class _Package(types.ModuleType):
-    """The ``moco`` module: importing a submodule whose name is a public name (``moco.train``) does not rebind
-    that name to the submodule; it stays the documented object (found by ``__getattr__``)."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name in _WHERE and isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}":
-            return  # the import system binding the submodule moco.NAME: sys.modules keeps it
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+    return _getattr(name)

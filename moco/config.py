@@ -1,24 +1,31 @@
-"""TrainConfig: one dataclass with a help text per field, the v1/v2/v3 presets, and the checks of its values.
+"""TrainConfig: one dataclass with a help text per field, the v1/v2/v3 presets, the checks of its values, and
+the two ways a person sets it, both generated from the fields and checked by the same rule: the command-line flags
+(one ``--flag`` per field with its help, its default and the presets' own values; ``moco train``,
+``python -m moco.training``) and a ``--config`` file (the fields set in a JSON or YAML file). Pure data, without torch.
 
-Its command-line flags: :mod:`moco.config_flags`; a ``--config`` file of its fields: :mod:`moco.config_file`.
+YAML is read safely: PyYAML's SafeLoader (with floats as a person writes them), and a document whose aliases would
+expand it past ``MAX_YAML_NODES`` values (an alias bomb) or that nests too deeply is refused before it is built.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
+import json
 import math
 import os
+import re
 import reprlib
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from moco.errors import UserError
-from moco.names import is_vit
 
 __all__ = ["TrainConfig", "PRESETS", "default_preset", "cpu_image_size", "resolve_config", "backbone_kwargs",
-           "uses_v3_vit"]
+           "uses_v3_vit", "is_vit", "add_config_arguments", "config_overrides", "MAX_YAML_NODES", "load_config_file"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -46,7 +53,7 @@ def _field(default: Any, help: str, bounds: Bounds | None = None) -> Any:
 
 
 # Sizes: 16 px is the smallest crop a stride-16/32 backbone takes, 4096 px 18x the papers' 224 (one such crop is
-# 200 MB in float32, as an export's metadata allows, moco.exported); widths and depths far beyond any published.
+# 200 MB in float32, as an export's metadata allows, moco.export.reader); widths and depths far beyond any published.
 _PIXELS = Bounds(16, 4096, "use 16 to 4096 pixels (32 for tiny photos, 224 for the paper setting)")
 _MAX_COUNT = 10**9  # steps, evaluations: a billion steps is centuries of training
 
@@ -226,14 +233,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         "arch": "resnet10t",
         "batch_size": 128,
         "image_size": 112,
-        "decorrelation": 0.1,  # moco.loss.decorrelation on the backbone's features (BENCHMARKS.md, fifth round)
+        "decorrelation": 0.1,  # moco.model.loss.decorrelation on the backbone's features (BENCHMARKS.md, fifth round)
         "whiten": True,  # a whitening fitted on the photos after training (moco.whiten; BENCHMARKS.md, rounds 6-7)
         "whiten_stages": "auto",  # ... of the earlier stages' pooled outputs too (BENCHMARKS.md, ninth round)
     },
 }
 # v3 with a ViT backbone (the paper's ViT recipe: CONFIG.md, builder.py MoCo_ViT), applied unless the user set these.
 VIT_V3 = dict(optimizer="adamw", lr=1.5e-4, weight_decay=0.1, temperature=0.2, warmup_epochs=40, epochs=300,
-              projector_layers=3, predictor_last_bn=True, augment="v3-vit")  # fmt: skip
+              projector_layers=3, predictor_last_bn=True, augment="v3-vit")
 # Attention heads of vits.py's models where timm's namesake differs (timm's vit_small_patch16_224 has 6).
 VIT_V3_HEADS = {"vit_small_patch16_224": 12}
 
@@ -275,7 +282,7 @@ def resolve_config(preset: str = "v2", **overrides: Any) -> TrainConfig:
 
 def default_preset(time_budget: float, device: str) -> str:
     """The preset of a run that names none: ``cpu`` for a time-budgeted run on a CPU, else ``v2``."""
-    from moco.device import resolve_device
+    from moco.runtime import resolve_device
 
     return "cpu" if time_budget and resolve_device(device).type == "cpu" else "v2"
 
@@ -295,12 +302,12 @@ def cpu_image_size(sides: Sequence[int]) -> int:
 
 def _init_heads(init: str) -> dict[str, int]:
     """``num_heads`` of an --init checkpoint whose layout fixes it (official v3 ViT-S: 12; our runs: their own)."""
-    from moco.pretrained import resolve
+    from moco.weights.pretrained import resolve
 
     init = str(resolve(init))  # an official NAME: fetched (once) before its file is read
     if not os.path.isfile(init):
         return {}  # training reports a missing file when it loads it
-    from moco.formats import checkpoint_num_heads, read_checkpoint
+    from moco.weights.layouts import checkpoint_num_heads, read_checkpoint
 
     heads = checkpoint_num_heads(read_checkpoint(init))
     return {} if heads is None else {"num_heads": heads}
@@ -353,12 +360,12 @@ def validate(cfg: TrainConfig, world_size: int = 1) -> None:
             raise UserError(f"--{flag} {getattr(cfg, flag.replace('-', '_'))} is out of range: {fix}")
     if cfg.min_image_size and is_vit(cfg.arch):
         raise UserError(f"--min-image-size {cfg.min_image_size}: progressive resolution is for CNNs (a ViT's position "
-                        f"embedding is fixed to --image-size); drop it for --arch {cfg.arch}")  # fmt: skip
+                        f"embedding is fixed to --image-size); drop it for --arch {cfg.arch}")
     if cfg.vit_v3_tweaks == "on" and not is_vit(cfg.arch):
         raise UserError(f"--vit-v3-tweaks on applies to ViT backbones; --arch {cfg.arch} is not one: drop it")
     if cfg.num_heads and not is_vit(cfg.arch):
         raise UserError(f"--num-heads {cfg.num_heads} applies to ViT backbones; --arch {cfg.arch} is not one: "
-                        "drop --num-heads")  # fmt: skip
+                        "drop --num-heads")
     if cfg.bn_splits and (cfg.batch_size % cfg.bn_splits or cfg.batch_size // cfg.bn_splits < 2):
         raise UserError(
             f"--batch-size {cfg.batch_size} must be a multiple of --bn-splits {cfg.bn_splits} with at least 2 "
@@ -419,3 +426,231 @@ def show_value(value: Any) -> str:
     if isinstance(value, tuple):
         return ",".join(str(v) for v in value)
     return str(value) if value != "" else "none"
+
+
+def config_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """The config fields the user set on the command line (flags left at None are not set)."""
+    out = {}
+    for f in fields(TrainConfig):
+        value = getattr(args, f.name, None)
+        if value is not None and f.name not in ("data_dir", "out", "preset"):
+            out[f.name] = value
+    return out
+
+
+def add_config_arguments(
+    parser: argparse.ArgumentParser, skip: tuple[str, ...] = ("data_dir", "out", "preset")
+) -> None:
+    """Add one ``--flag`` per TrainConfig field with the field's help and default; flags default to None (unset)."""
+    for f in fields(TrainConfig):
+        if f.name in skip:
+            continue
+        help_text = f"{f.metadata.get('help', '')} {_default_text(f.name, f.default)}".replace("%", "%%")
+        flag = f"--{flag_name(f.name)}"
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif str(f.type).startswith("tuple"):  # mean, std: one value per channel
+            rgb = _rgb_type(flag, f.name)
+            parser.add_argument(flag, type=rgb, default=None, help=help_text, metavar="R,G,B")
+        else:
+            kind = {"int": int, "float": float, "str": str}[str(f.type)]
+            parser.add_argument(
+                flag,
+                type=kind,
+                default=None,
+                choices=CHOICES.get(f.name),
+                help=help_text,
+                metavar=None if f.name in CHOICES else f.name.upper(),
+            )
+
+
+def _default_text(name: str, default: Any) -> str:
+    """'(default: X)', followed by the presets' own values where they differ from X."""
+    own = [f"{p}: {show_value(v[name])}" for p, v in PRESETS.items() if v.get(name, default) != default]
+    if name in VIT_V3 and VIT_V3[name] != PRESETS["v3"].get(name, default):
+        own.append(f"v3 with a ViT: {show_value(VIT_V3[name])}")
+    return f"(default: {show_value(default)}; preset {', '.join(own)})" if own else f"(default: {show_value(default)})"
+
+
+def _rgb_type(flag: str, name: str) -> Callable[[str], tuple[float, float, float]]:
+    """The argparse type of --mean/--std: 'R,G,B' -> a tuple of three floats, within the field's bounds (the same
+    check as ``validate``'s, which a --config file's values pass too)."""
+
+    def parse(text: str) -> tuple[float, float, float]:
+        example = show_value(getattr(TrainConfig, name))
+        try:
+            values = tuple(float(v) for v in text.split(","))
+        except ValueError:
+            values = ()
+        if len(values) != 3:
+            raise argparse.ArgumentTypeError(f"{text!r}: give three numbers, one per channel, e.g. {flag} {example}")
+        if problem := field_problem(name, values):
+            raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
+        return values  # type: ignore[return-value]
+
+    return parse
+
+
+def load_config_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The TrainConfig fields set in a JSON or YAML file (``--config``), type-checked; UserError names key and fix.
+
+    The file is a mapping of field names (as in a run's ``config.json``) to values; ``preset`` picks the recipe
+    whose defaults the other keys override. Lists become tuples (``mean``, ``std``).
+    """
+    text = _read_config_text(path)
+    if str(path).lower().endswith((".yaml", ".yml")):
+        try:
+            import yaml
+        except ImportError as e:
+            raise UserError(f"--config {path}: reading YAML needs PyYAML: pip install pyyaml, or write the config "
+                            "as JSON (a .json file)") from e
+        try:
+            data = _load_yaml(text, path)
+        except yaml.YAMLError as e:
+            raise UserError(f"--config {path} is not valid YAML: {_yaml_problem(e)}") from None
+    elif str(path).lower().endswith(".json"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"--config {path} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from e
+    else:
+        raise UserError(f"--config {path}: give a .json, .yaml or .yml file (a run's config.json works as is)")
+    if not isinstance(data, dict):
+        raise UserError(f"--config {path} must hold a mapping of config fields to values, e.g. "
+                        '{"arch": "resnet18", "epochs": 100}')
+    known = {f.name: f for f in fields(TrainConfig)}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in known:
+            import difflib
+
+            close = difflib.get_close_matches(str(key), known, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UserError(f"--config {path}: unknown key {key!r}: {hint}valid keys are the TrainConfig fields "
+                            f"({', '.join(known)})")
+        out[key] = _config_value(path, key, str(known[key].type), value)
+        if key != "preset" and (problem := field_problem(key, out[key])):  # the flags' own checks, naming the file
+            raise UserError(f"--config {path}: {key} = {problem}")
+    if "preset" in out and out["preset"] not in PRESETS:
+        raise UserError(f"--config {path}: preset {out['preset']!r} is unknown: use one of {', '.join(PRESETS)}")
+    return out
+
+
+MAX_YAML_NODES = 10_000  # a config is ~70 values; an alias bomb ("billion laughs") expands 400 bytes to billions
+
+
+@functools.cache
+def _yaml_loader() -> type:
+    """PyYAML's SafeLoader that also reads 3e-2 and 1.0e5 as floats (YAML 1.1 wants a dot and a signed exponent)."""
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader with the float rule below added (a class of its own: SafeLoader itself stays as it is)."""
+
+    exponent = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", exponent, list("-+.0123456789"))
+    return Loader
+
+
+def _load_yaml(text: str, path: str | os.PathLike[str]) -> Any:
+    """The document in ``text``, refused before it is built when its aliases expand it past ``MAX_YAML_NODES``."""
+    loader = _yaml_loader()(text)
+    try:
+        try:
+            node = loader.get_single_node()
+        except RecursionError:
+            raise UserError(f"--config {path} nests lists or mappings too deeply: a config is a flat mapping of "
+                            "field names to values") from None
+        if node is None:
+            return None
+        size = _expanded_size(node, MAX_YAML_NODES)
+        if size is None:
+            raise UserError(f"--config {path}: an alias (*name) refers to itself: a config is a flat mapping of "
+                            "field names to values; write the values out")
+        if size > MAX_YAML_NODES:
+            raise UserError(f"--config {path}: its aliases (*name) expand it to more than {MAX_YAML_NODES} values "
+                            "(an alias bomb?): a config is a flat mapping of field names to values; write the values "
+                            "out")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _yaml_problem(err: Any) -> str:
+    """PyYAML's error ``err`` in one line, where it is (its own message quotes the file in several lines)."""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+    if "unhashable key" in problem:
+        return (f"a key{where} is a list or a mapping: a config's keys are field names, one per line, e.g. "
+                "arch: resnet18")
+    return f"{problem[:200]}{where}"
+
+
+def _expanded_size(node: Any, limit: int) -> int | None:
+    """Nodes under ``node`` with every alias expanded (counting stops past ``limit``); None for a cycle."""
+    import yaml
+
+    sizes: dict[int, int] = {}  # id(node) -> its expanded size: each distinct node is walked once
+    open_: set[int] = set()
+
+    def size(n: Any) -> int | None:
+        if id(n) in sizes:
+            return sizes[id(n)]
+        if id(n) in open_:
+            return None  # an alias inside its own anchor
+        open_.add(id(n))
+        children = (n.value if isinstance(n, yaml.SequenceNode)
+                    else [x for pair in n.value for x in pair] if isinstance(n, yaml.MappingNode) else [])
+        total = 1
+        for child in children:
+            sub = size(child)
+            if sub is None:
+                return None
+            total += sub
+            if total > limit:
+                break
+        open_.discard(id(n))
+        sizes[id(n)] = total
+        return total
+
+    return size(node)
+
+
+def _read_config_text(path: str | os.PathLike[str]) -> str:
+    """The text of the file at ``path`` (UTF-8), or UserError saying why it cannot be read."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError as e:
+        raise UserError(f"--config {path}: file not found") from e
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"--config {path} cannot be read ({e}): give a readable UTF-8 JSON or YAML file") from e
+
+
+def _config_value(path: str | os.PathLike[str], key: str, kind: str, value: Any) -> Any:
+    """``value`` of field ``key`` (annotated ``kind``) from a config file, checked (ints accepted for floats)."""
+    wrong = f"--config {path}: {key} = {short_repr(value)} is not"
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise UserError(f"{wrong} true or false")
+        return value
+    if kind.startswith("tuple"):
+        if not (isinstance(value, list | tuple) and len(value) == 3
+                and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)):
+            raise UserError(f"{wrong} three numbers, one per channel, e.g. [0.485, 0.456, 0.406]")
+        return tuple(float(v) for v in value)
+    if kind == "float" and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if kind == "int" and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind == "str" and isinstance(value, str):
+        return value
+    example = show_value(getattr(TrainConfig, key))
+    raise UserError(f"{wrong} a{'n' if kind == 'int' else ''} {kind}: write e.g. {key}: {example}")
+
+
+def is_vit(arch: str) -> bool:
+    """True for the Vision Transformer family (timm ``vit_*`` / ``deit*``), which v3 trains with AdamW."""
+    name = arch.removeprefix("timm/").lower()
+    return name.startswith(("vit_", "deit"))

@@ -30,11 +30,11 @@ import torchvision
 from PIL import Image
 from torch import nn
 
-from moco.augment import center_view
-from moco.backbones import is_vit
-from moco.device import autocast_for, resolve_device, resolve_precision
+from moco.config import is_vit
+from moco.data.augment import center_view
+from moco.data.photos import ImageDecodeError, load_square_u8, read_image_bytes, scan_images, square_u8
 from moco.errors import UserError
-from moco.photos import ImageDecodeError, load_square_u8, read_image_bytes, scan_images, square_u8
+from moco.runtime import autocast_for, resolve_device, resolve_precision
 from moco.whiten import Whitening, embedding_features, whiten_features
 
 __all__ = ["Embedder", "center"]
@@ -60,7 +60,7 @@ def center(vectors: np.ndarray, mean: np.ndarray | None) -> np.ndarray:
 
 def _cached_digest(path: Path) -> str:
     """sha256 of a file, remembered by (path, size, mtime, inode): loading one file twice hashes it once."""
-    from moco.checkpoint import sha256_file
+    from moco.files import sha256_file
 
     st = path.stat()
     key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
@@ -75,7 +75,7 @@ _DIGESTS: dict[tuple[str, int, int, int], str] = {}
 def _export_cache(checkpoint: Path, digest: str) -> Path:
     """Where the export of a checkpoint or official model is kept (``$MOCO_HOME/exports/<sha256>.safetensors``),
     so ``Embedder.load(NAME)`` exports it once, not on every call."""
-    from moco.pretrained import moco_home
+    from moco.weights.pretrained import moco_home
 
     folder = moco_home() / "exports"
     folder.mkdir(parents=True, exist_ok=True)
@@ -90,14 +90,14 @@ def _read_space(where: Path, digest: str, backbone: Path) -> Whitening:
     path = where / SPACE_FILE if where.is_dir() else where
     if not path.is_file():
         raise UserError(f"space={where}: no {SPACE_FILE} there: pass an index directory made by `moco index build` "
-                        "(`moco index update DIR` writes it for an older index) or a space file")  # fmt: skip
+                        "(`moco index update DIR` writes it for an older index) or a space file")
     try:
         space, meta = load_space(path)
     except ValueError as e:
         raise UserError(str(e)) from None
     if meta.get("backbone_sha256") != digest:
         raise UserError(f"{path} is the space of backbone sha256 {str(meta.get('backbone_sha256'))[:12]}..., not of "
-                        f"{backbone} ({digest[:12]}...): load the backbone that index was built with")  # fmt: skip
+                        f"{backbone} ({digest[:12]}...): load the backbone that index was built with")
     return space
 
 
@@ -137,7 +137,7 @@ class Embedder:
 
     def __init__(self, backbone: nn.Module, config: dict[str, str], device: str | torch.device = "auto",
                  precision: str = "auto", sha256: str = "", whitening: Whitening | None = None,
-                 features: Whitening | None = None) -> None:  # fmt: skip
+                 features: Whitening | None = None) -> None:
         self.device = resolve_device(str(device))
         self.space = whitening  # applied to every embedding (moco.whiten); None: the backbone's features
         self.export_space = features if features is not None else whitening  # the one the file carries
@@ -158,7 +158,7 @@ class Embedder:
             self.backbone = self.backbone.to(memory_format=torch.channels_last)
         self._white = None if whitening is None else (
             torch.from_numpy(whitening.mean).to(self.device),
-            None if whitening.matrix is None else torch.from_numpy(whitening.matrix).to(self.device))  # fmt: skip
+            None if whitening.matrix is None else torch.from_numpy(whitening.matrix).to(self.device))
 
     @property
     def whitening(self) -> Whitening | None:
@@ -188,11 +188,11 @@ class Embedder:
             return {**self.space.describe(), "backbone_sha256": self.sha256}
         return {"width": self.dim, "whitened": False, "centred": False, "normalized": True, "mirror": self.mirror,
                 "stages": [[n, int(c)] for n, c in self.stages], "fitted_on": None, "count": 0, "shrinkage": None,
-                "digest": None, "backbone_sha256": self.sha256}  # fmt: skip
+                "digest": None, "backbone_sha256": self.sha256}
 
     @classmethod
     def load(cls, path: str | Path, device: str = "auto", precision: str = "auto", whiten: bool = True,
-             space: str | Path | None = None) -> Embedder:  # fmt: skip
+             space: str | Path | None = None) -> Embedder:
         """From a ``.safetensors`` backbone made by ``moco export``, or from any checkpoint or official NAME.
 
         ``space``: None: the space the file carries (a run trained with ``--whiten``, as the cpu preset: its
@@ -201,9 +201,9 @@ class Embedder:
         ``"features"``: the file's features (mirror image, stages) L2-normalized, no space (what an index stores).
         ``whiten`` False: the backbone's features as they are, one view per image, no space.
         """
-        from moco.export import export_backbone
-        from moco.exported import build_exported, exported_whitening, load_exported
-        from moco.pretrained import resolve
+        from moco.export.exporter import export_backbone
+        from moco.export.reader import build_exported, exported_whitening, load_exported
+        from moco.weights.pretrained import resolve
 
         path = resolve(path)
         digest = _cached_digest(path)
@@ -242,7 +242,7 @@ class Embedder:
         if isinstance(item, np.ndarray):
             if item.dtype != np.uint8:
                 raise UserError(f"image arrays must be uint8 (0-255), got {item.dtype}: convert with "
-                                "(x * 255).clip(0, 255).astype(np.uint8) for floats in [0, 1]")  # fmt: skip
+                                "(x * 255).clip(0, 255).astype(np.uint8) for floats in [0, 1]")
             if item.ndim == 2:
                 item = np.repeat(item[:, :, None], 3, axis=2)
             elif item.ndim == 3 and item.shape[0] in (1, 3) and item.shape[2] not in (1, 3):
@@ -282,7 +282,7 @@ class Embedder:
 
     def embed(self, images: Sequence[ImageLike] | ImageLike, batch_size: int = 64, normalize: bool = True,
               output: str = "numpy", progress: bool = False, mean: np.ndarray | None = None,
-              ) -> np.ndarray | torch.Tensor:  # fmt: skip
+              ) -> np.ndarray | torch.Tensor:
         """Embed images (PIL images, paths, uint8 HWC/CHW arrays or tensors): N x D float32.
 
         ``normalize``: L2-normalize each vector (cosine = inner product), else the backbone's pooled features
@@ -293,7 +293,7 @@ class Embedder:
         """
         if mean is not None and np.shape(mean) != (self.dim,):
             raise UserError(f"embed(mean=...) has shape {np.shape(mean)}, this backbone embeds {self.dim}-d: pass "
-                            "the mean of vectors made by the same backbone (ImageIndex.mean)")  # fmt: skip
+                            "the mean of vectors made by the same backbone (ImageIndex.mean)")
         if output not in ("numpy", "torch"):
             raise UserError(f"embed(output={output!r}): use output='numpy' or output='torch'")
         if isinstance(images, (str, Path, Image.Image)) or (
@@ -321,7 +321,7 @@ class Embedder:
     def embed_folder(
         self, root: str | Path, batch_size: int = 64, workers: int | None = None, progress: bool = True,
         files: Sequence[str] | None = None, decoder: str = "auto",
-    ) -> Iterator[tuple[list[str], np.ndarray, list[tuple[str, str]]]]:  # fmt: skip
+    ) -> Iterator[tuple[list[str], np.ndarray, list[tuple[str, str]]]]:
         """Stream ``(paths, vectors, failures)`` batches over a folder (recursive), for any size of collection.
 
         ``paths`` are relative to ``root``; ``vectors`` is len(paths) x D; ``failures`` lists
@@ -375,12 +375,12 @@ class Embedder:
     def _decode_jpegs_on_device(self, root: Path, results: list[tuple[str, Any, str]]) -> list[tuple[str, Any, str]]:
         """Replace raw JPEG bytes by decoded ``resize`` squares: one batched decode on the device."""
         raw = [i for i, (_, a, _) in enumerate(results) if isinstance(a, torch.Tensor) and a.dtype == torch.uint8
-               and a.ndim == 1]  # fmt: skip
+               and a.ndim == 1]
         if not raw:
             return results
         try:
             images = torchvision.io.decode_jpeg([results[i][1] for i in raw], mode=torchvision.io.ImageReadMode.RGB,
-                                                device=self.device, apply_exif_orientation=True)  # fmt: skip
+                                                device=self.device, apply_exif_orientation=True)
         except RuntimeError as e:  # a corrupt JPEG fails the whole batch: fall back to PIL per file
             logger.debug("batched JPEG decode failed (%s); decoding this batch with PIL", e)
             images = [None] * len(raw)

@@ -59,9 +59,9 @@ def storage_error(err: OSError, path: str | os.PathLike[str], doing: str = "writ
     code = err.errno
     if code in (errno.ENOSPC, errno.EDQUOT):
         return StorageError(f"no space left on device while {doing} {path}: free space and run the same "
-                            "command (nothing saved before this point is lost)")  # fmt: skip
+                            "command (nothing saved before this point is lost)")
     if code in (errno.EROFS, errno.EACCES, errno.EPERM):
         return StorageError(f"cannot write {path} ({err.strerror or err}): the location is read-only; make it "
-                            "writable or choose another location, then run the same command")  # fmt: skip
+                            "writable or choose another location, then run the same command")
     return StorageError(f"I/O error while {doing} {path} ({err.strerror or err}): check the disk, then run the "
-                        "same command (nothing saved before this point is lost)")  # fmt: skip
+                        "same command (nothing saved before this point is lost)")

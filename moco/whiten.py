@@ -18,7 +18,7 @@ On ResNets it is also fitted on the pooled outputs of the earlier stages beside 
 multi-layer descriptors of image retrieval): at 32 px the last stage's map is 1 x 1, and what the earlier, finer
 maps keep lifted kNN on every set that was not saturated (BENCHMARKS.md, ninth round). The whitening balances
 the stages' scales, so they are concatenated as they are. A fit on fewer photos than about twice their dimensions
-loses with them, so ``--whiten-stages auto`` (the cpu preset) pools them only from there (``moco.train``).
+loses with them, so ``--whiten-stages auto`` (the cpu preset) pools them only from there (``moco.training.whitening``).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def _tapped(backbone: torch.nn.Module, stages: Sequence[str]) -> Iterator[dict[s
     """While open, each forward pass of ``backbone`` leaves each named stage's output in the dict it yields."""
     outs: dict[str, torch.Tensor] = {}
     hooks = [getattr(backbone, name).register_forward_hook(lambda _m, _i, out, name=name: outs.__setitem__(name, out))
-             for name in stages]  # fmt: skip
+             for name in stages]
     try:
         yield outs
     finally:
@@ -81,7 +81,7 @@ def _tapped(backbone: torch.nn.Module, stages: Sequence[str]) -> Iterator[dict[s
 
 
 def embedding_features(backbone: torch.nn.Module, x: torch.Tensor, mirror: bool = False,
-                       stages: Sequence[str] = ()) -> torch.Tensor:  # fmt: skip
+                       stages: Sequence[str] = ()) -> torch.Tensor:
     """What a whitening is fitted on and applied to, for views ``x`` (N x 3 x s x s): the global average of each
     named stage's output (N x C_i), then the backbone's output (N x D), concatenated (N x D', float32); with
     ``mirror``, ``normalize(.)`` of it summed over each view and its mirror image (one forward pass of 2N views)."""
@@ -153,7 +153,7 @@ class Whitening:
         return {"width": self.dim, "whitened": self.whitened, "centred": True, "normalized": True,
                 "mirror": bool(self.mirror), "stages": [[n, int(c)] for n, c in self.stages],
                 "fitted_on": self.source, "count": int(self.count), "shrinkage": round(float(self.shrinkage), 6),
-                "digest": self.digest}  # fmt: skip
+                "digest": self.digest}
 
     def features(self, backbone: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The features of views ``x`` (N x 3 x s x s) this whitening applies to: N x D' float32
@@ -161,7 +161,7 @@ class Whitening:
         f = embedding_features(backbone, x, self.mirror, self.stage_names)  # N x D'
         if f.shape[1] != self.dim:
             raise ValueError(f"the backbone's features with stages {self.stages or 'none'} are {f.shape[1]}-d, the "
-                             f"whitening's {self.dim}-d: it belongs to another backbone")  # fmt: skip
+                             f"whitening's {self.dim}-d: it belongs to another backbone")
         return f
 
     def __call__(self, vectors: np.ndarray) -> np.ndarray:
@@ -179,7 +179,7 @@ class Whitening:
         """Tensors and numbers (what ``torch.load(weights_only=True)`` reads back), for a checkpoint."""
         out = {"mean": torch.from_numpy(self.mean.copy()), "shrinkage": float(self.shrinkage),
                "count": int(self.count), "mirror": bool(self.mirror), "source": self.source,
-               "stages": [[name, int(c)] for name, c in self.stages]}  # fmt: skip
+               "stages": [[name, int(c)] for name, c in self.stages]}
         out["matrix"] = None if self.matrix is None else torch.from_numpy(self.matrix.copy())  # None: centring only
         return out
 
@@ -202,7 +202,7 @@ class Whitening:
             pooled = f" and its stages {full}-d" if stages else ""
             shape = None if matrix is None else matrix.shape
             raise ValueError(f"{where}: the whitening has shapes {mean.shape} and {shape} (or non-finite "
-                             f"values), the backbone embeds {dim}-d{pooled}")  # fmt: skip
+                             f"values), the backbone embeds {dim}-d{pooled}")
         return cls(mean, matrix, shrinkage, count, mirror, stages, source)
 
 
@@ -249,7 +249,7 @@ def fit_whitening(vectors: np.ndarray, shrinkage: float | None = None, max_rows:
 
 
 def fit_space(features: np.ndarray, how: str, base: Whitening | None = None, source: str = "collection",
-              max_rows: int | None = 20_000) -> Whitening:  # fmt: skip
+              max_rows: int | None = 20_000) -> Whitening:
     """The embedding space of a collection's L2-normalized ``features`` (N x D'), centred on their mean and
     ``how``: "whitened" by their own shrunk covariance (:func:`fit_whitening`), "training": with ``base``'s matrix
     (a training-time whitening, its mean replaced by the collection's), "centred": nothing more. The mirror image
@@ -269,19 +269,19 @@ def fit_space(features: np.ndarray, how: str, base: Whitening | None = None, sou
         return centred
     if len(v) < 2 or spread < 1e-8:
         logger.warning("embedding space: %d photo(s) %s: centring only, nothing to whiten", len(v),
-                       "are too few" if len(v) < 2 else "are all alike (no spread)")  # fmt: skip
+                       "are too few" if len(v) < 2 else "are all alike (no spread)")
         return centred
     if how == "whitened":
         w = fit_whitening(v, max_rows=max_rows)
         if not np.isfinite(w.matrix).all() or float(np.abs(w.matrix).max()) > MAX_MATRIX_ENTRY:
             logger.warning("embedding space: the whitening of %d photos is degenerate (a direction of ~0 variance): "
-                           "centring only", len(v))  # fmt: skip
+                           "centring only", len(v))
             return centred
         return replace(w, mean=mean.astype(np.float32), count=len(v), mirror=mirror, stages=stages, source=source)
     if base is None or base.matrix is None:
         raise ValueError("fit_space(how='training') needs a base whitening with a matrix")
     return replace(centred, matrix=base.matrix, shrinkage=base.shrinkage,
-                   source=f"{source}; matrix of the {base.source}")  # fmt: skip
+                   source=f"{source}; matrix of the {base.source}")
 
 
 def save_space(space: Whitening, path: str | Path, backbone_sha256: str, **extra: str) -> None:
@@ -291,13 +291,13 @@ def save_space(space: Whitening, path: str | Path, backbone_sha256: str, **extra
 
     from safetensors.numpy import save
 
-    from moco.checkpoint import atomic_write
+    from moco.files import atomic_write
 
     tensors = {"mean": np.ascontiguousarray(space.mean, np.float32)}
     if space.matrix is not None:
         tensors["matrix"] = np.ascontiguousarray(space.matrix, np.float32)
     meta = {"format": "moco-retrieval/space", "space": json.dumps(space.describe()), "backbone_sha256": backbone_sha256,
-            **extra}  # fmt: skip
+            **extra}
     data = save(tensors, metadata=meta)
     atomic_write(Path(path), lambda f: f.write(data))
 
@@ -306,7 +306,7 @@ def load_space(path: str | Path) -> tuple[Whitening, dict[str, str]]:
     """The space :func:`save_space` wrote, and the file's metadata; ValueError naming the file when it is not one."""
     import json
 
-    from moco.checkpoint import read_safetensors
+    from moco.files import read_safetensors
 
     path = Path(path)
     try:
@@ -317,14 +317,14 @@ def load_space(path: str | Path) -> tuple[Whitening, dict[str, str]]:
         stages = [(str(n), int(c)) for n, c in info.get("stages") or []]
         state = {"mean": tensors["mean"], "matrix": tensors.get("matrix"), "shrinkage": info.get("shrinkage") or 0.0,
                  "count": info.get("count") or 0, "mirror": info.get("mirror"), "stages": stages,
-                 "source": info.get("fitted_on") or "collection"}  # fmt: skip
+                 "source": info.get("fitted_on") or "collection"}
         return Whitening.from_state(state, int(info["width"]) - sum(c for _, c in stages), str(path)), meta
     except (OSError, KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
         missing = isinstance(e, FileNotFoundError)
         raise ValueError(f"{path} {'does not exist' if missing else f'is not a readable embedding space ({e})'}: "
                          "`moco index update IDX` writes an index's again; a timm folder has one when its export "
                          "had a space: `moco export CHECKPOINT --format timm --space IDX` gives it the space of "
-                         "index IDX (a run fitted with --whiten carries its own)") from None  # fmt: skip
+                         "index IDX (a run fitted with --whiten carries its own)") from None
 
 
 def apply_space(model: torch.nn.Module, x: torch.Tensor, space: str | Path | Whitening) -> torch.Tensor:
@@ -333,7 +333,7 @@ def apply_space(model: torch.nn.Module, x: torch.Tensor, space: str | Path | Whi
     timm``) in ``space`` (``DIR/space.safetensors``, or a :class:`Whitening`): the same vectors as
     ``moco.Embedder`` (N x D' float32, L2-normalized)."""
     w = load_space(Path(space) / SPACE_FILE if Path(str(space)).is_dir() else space)[0] if not isinstance(
-        space, Whitening) else space  # fmt: skip
+        space, Whitening) else space
     with torch.no_grad():
         f = w.features(model.eval(), x)  # N x D'
         mat = None if w.matrix is None else torch.from_numpy(w.matrix).to(f.device)

@@ -15,7 +15,7 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from moco.sample import make_sample_collection  # noqa: E402
+from moco.data.sample import make_sample_collection  # noqa: E402
 
 # The longest files first: a worker that picks one up late would be left running it alone at the end. Only the order
 # of the files changes; the tests inside a file keep theirs.
@@ -23,7 +23,7 @@ LONG_FIRST = ["test_readme", "test_train", "test_distributed", "test_browser", "
               "test_index_crash", "test_run_page", "test_memory_bounds", "test_cli_help", "test_pretrained",
               "test_install", "test_export", "test_special_files", "test_run_recovery", "test_ui", "test_fit_resume",
               "test_embed_cli", "test_reliability", "test_run_whitening", "test_status", "test_doors",
-              "test_access", "test_isolation"]  # fmt: skip
+              "test_access", "test_isolation"]
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -61,7 +61,7 @@ def random_backbone(folder: Path, image_size: int = 32, seed: int = 0) -> Path:
     import torch
     import torchvision
 
-    from moco.export import export_backbone
+    from moco.export.exporter import export_backbone
 
     torch.manual_seed(seed)
     torch.save(torchvision.models.resnet18(weights=None).state_dict(), folder / f"tv{seed}.pth")
@@ -95,15 +95,15 @@ def trained_index(tmp: Path, photo_size: int = 48) -> dict[str, Path]:
 
     Returns the paths: photos, ckpt (RUN/checkpoint.pt), idx, tmp.
     """
-    from index.build import build_index
+    from index.build.runner import build_index
     from moco.config import resolve_config
-    from moco.export import export_backbone
-    from moco.train import train
+    from moco.export.exporter import export_backbone
+    from moco.training.loop import train
 
     photos = tmp / "photos"
     make_sample_collection(photos, per_family=6, size=photo_size, seed=2)
     cfg = resolve_config("v2", data_dir=str(photos), out=str(tmp / "run"), **{**TINY, "image_size": 32},
-                         max_steps=6, precision="fp32")  # fmt: skip
+                         max_steps=6, precision="fp32")
     train(cfg, progress=False)
     export_backbone(tmp / "run" / "checkpoint.pt", tmp / "backbone.safetensors")
     build_index(photos, tmp / "backbone.safetensors", tmp / "idx", progress=False)

@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 tests/dist_bn_check.py OUT_DIR
 
-Each rank normalises its own N images with ``moco.sync_bn.AllReduceBatchNorm`` (made by ``convert_sync_bn`` from a
+Each rank normalises its own N images with ``moco.model.sync_bn.AllReduceBatchNorm`` (made by ``convert_sync_bn`` from a
 plain BN); every rank also runs the plain BN on the concatenated W x N images. Two training steps, then one
 eval step. Writes OUT_DIR/rank{R}.json: the largest absolute difference of each compared quantity, per case.
 """
@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from moco.sync_bn import AllReduceBatchNorm, convert_sync_bn
+from moco.model.sync_bn import AllReduceBatchNorm, convert_sync_bn
 
 N = 3  # images per rank
 CASES = {  # name: (plain BN, shape of one rank's batch, memory format)

@@ -1,4 +1,4 @@
-"""Run ``python -m moco.train`` unchanged and record what its layers receive (tests/test_distributed.py).
+"""Run ``python -m moco.training`` unchanged and record what its layers receive (tests/test_distributed.py).
 
     python -m torch.distributed.run --standalone --nproc_per_node=2 tests/dist_probe.py OUT_DIR TRAIN_ARGS...
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from torch import nn
 
-from moco.train import main
+from moco.training.command import main
 
 seen = {"bn_groups": set(), "bn_modules": {}, "views": []}
 

@@ -13,7 +13,7 @@ from typing import Any
 
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run"]  # fmt: skip
+        "--disable-sync", "--no-first-run"]
 
 
 def free_port() -> int:
@@ -61,4 +61,4 @@ def search_in_page(page: Any, image: Path, k: int) -> None:
     page.wait_for_timeout(500)
     page.locator("#search-btn").click()
     page.wait_for_function(f"document.querySelectorAll('#results button.thumbnail-item').length == {k}",
-                           timeout=60_000)  # fmt: skip
+                           timeout=60_000)

@@ -17,7 +17,7 @@ def tmpfs(where: Path, size: str) -> Iterator[Path]:
     """A fresh tmpfs of ``size`` (e.g. "8m") mounted at ``where``, unmounted afterwards."""
     where.mkdir(parents=True, exist_ok=True)
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True,
-                       text=True)  # fmt: skip
+                       text=True)
     if r.returncode:
         pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode}): needs root")
     try:

@@ -1,8 +1,8 @@
-"""A synthetic clock for the time budget of ``moco.train``: each training step takes ``seconds(step)`` of it, however
-loaded the machine is (tests/test_train.py; tests/dist_clock.py under torchrun).
+"""A synthetic clock for the time budget of ``moco.training.loop``: each training step takes ``seconds(step)`` of it,
+however loaded the machine is (tests/test_train.py; tests/dist_clock.py under torchrun).
 
-The budget's clock is ``moco.train._clock``; each call of ``moco.train._train_step`` (which still runs) advances it
-by its step's seconds first, so the step's record and everything after it see the time it took.
+The budget's clock is ``moco.training.loop._clock``; each call of ``moco.training.loop._train_step`` (which still
+runs) advances it by its step's seconds first, so the step's record and everything after it see the time it took.
 """
 
 from __future__ import annotations
@@ -19,11 +19,11 @@ class StepClock:
         self.seconds, self.now = seconds, 0.0
 
     def install(self, setattr_: Callable[[Any, str, Any], None] = setattr) -> None:
-        """Put this clock into ``moco.train`` (``setattr_``: pytest's ``monkeypatch.setattr`` to undo it after the
-        test; plain ``setattr`` in a process of its own)."""
-        import moco.train  # noqa: F401  (loads the submodule; the package's ``moco.train`` is the function)
+        """Put this clock into ``moco.training.loop`` (``setattr_``: pytest's ``monkeypatch.setattr`` to undo it after
+        the test; plain ``setattr`` in a process of its own)."""
+        import moco.training.loop  # noqa: F401
 
-        module = sys.modules["moco.train"]
+        module = sys.modules["moco.training.loop"]
         real = module._train_step
 
         def timed_step(cfg: Any, s: Any, cache: Any, d: Any, device: Any, step: int, *rest: Any) -> dict[str, Any]:

@@ -16,10 +16,9 @@ from typing import Any
 import httpx
 import pytest
 
-from app.api import ApiSettings
-from app.throttle import LoginThrottle
-from app.ui import serve
-from index.build import build_index
+from app.server.access import ApiSettings, LoginThrottle
+from app.server.launch import serve
+from index.build.runner import build_index
 from moco.errors import UserError
 
 from .live import free_port
@@ -168,7 +167,7 @@ def test_every_route_takes_the_right_credential(server):
 def _refused(code: int, body: str) -> bool:
     """Refused by the access rule (Gradio's run-history routes answer 401 for a missing Hugging Face login)."""
     return code in (401, 403) and ("login" in body.lower() or "not authenticated" in body.lower()) and (
-        "run history" not in body)  # fmt: skip
+        "run history" not in body)
 
 
 def _gradio_search(http: httpx.Client, photo: Path) -> dict:
@@ -189,7 +188,7 @@ def test_a_search_through_gradios_api_needs_the_credential_and_so_do_its_thumbna
     with httpx.Client(base_url=server.url, timeout=60) as anonymous:
         assert anonymous.get("/gradio_api/info").status_code == 401
         assert anonymous.post("/gradio_api/upload", files={"files": (photo.name, photo.read_bytes())}
-                              ).status_code == 401  # fmt: skip
+                              ).status_code == 401
         assert anonymous.post("/gradio_api/call/search", json={"data": [None, 4, ""]}).status_code == 401
         with _logged_in(server) as http:
             gallery = _gradio_search(http, photo)
@@ -257,10 +256,10 @@ def test_wrong_api_logins_lock_the_pages_login_and_the_reverse(server):
 
 
 def test_the_names_a_server_answers_to():
-    from app.api_cors import check_allowed_hosts, host_allowed
+    from app.server.origins import check_allowed_hosts, host_allowed
 
     for host in ["", "localhost", "LOCALHOST:7860", "app.localhost:80", "127.0.0.1:7860", "[::1]:7860", "10.0.0.7",
-                 "192.168.1.5:7860", "[fe80::1]"]:  # fmt: skip
+                 "192.168.1.5:7860", "[fe80::1]"]:
         assert host_allowed(host), host
     for host in ["evil.example", "evil.example:7860", "localhost.evil.example", "127.0.0.1.nip.io", "evil.example:x"]:
         assert not host_allowed(host), host
@@ -274,7 +273,7 @@ def test_the_names_a_server_answers_to():
 
 
 def test_the_allowed_host_flag_is_checked_before_serving(capsys):
-    from app.cli import main
+    from app.cli.commands import main
 
     assert main(["serve", "no-such-idx", "--allowed-host", "https://photos.example/"]) == 2
     assert "--allowed-host 'https://photos.example/': expected a host name" in capsys.readouterr().err

@@ -20,13 +20,13 @@ import httpx
 import pytest
 from PIL import Image
 
-from app.api import MAX_BODY_BYTES, ApiSettings
-from app.page import _safe
-from app.ui import serve
-from index.build import build_index
+from app.page.blocks import _safe
+from app.server.access import MAX_BODY_BYTES, ApiSettings
+from app.server.launch import serve
+from index.build.runner import build_index
 from index.dedup import find_duplicates, load_duplicates
 from index.image_index import ImageIndex
-from moco.sample import make_sample_collection
+from moco.data.sample import make_sample_collection
 
 from .live import free_port, wait_served
 
@@ -57,7 +57,7 @@ def server(idx):
 @pytest.fixture()
 def http(server):
     with httpx.Client(base_url=server[0] + "/api/v1", headers={"Authorization": f"Bearer {TOKEN}"},
-                      timeout=60) as client:  # fmt: skip
+                      timeout=60) as client:
         yield client
 
 
@@ -67,17 +67,17 @@ def _query(sample_photos: Path, n: int = 3) -> Path:
 
 def _upload(http: httpx.Client, path: Path, name: str | None = None, **form) -> httpx.Response:
     return http.post("/search", files={"image": (name or path.name, path.read_bytes())},
-                     data={k: str(v) for k, v in form.items()})  # fmt: skip
+                     data={k: str(v) for k, v in form.items()})
 
 
 # ------------------------------------------------------------------------------------------- agreement
 def test_api_results_equal_the_page_and_the_cli(http, server, idx, sample_photos, capsys):
-    from app.cli import main
+    from app.cli.commands import main
 
     q = _query(sample_photos)
     by_upload = _upload(http, q, k=8).json()
     by_b64 = http.post("/search/base64", json={"image_base64": base64.b64encode(q.read_bytes()).decode(),
-                                                "filename": q.name, "k": 8}).json()  # fmt: skip
+                                                "filename": q.name, "k": 8}).json()
     assert main(["index", "search", str(idx), str(q), "-k", "8", "--json"]) == 0
     cli = json.loads(capsys.readouterr().out)
     _, _, page = server[1].search(str(q), k=8)  # the page's handler
@@ -122,7 +122,7 @@ def _browser_search(url: str, photo: Path, k: int) -> tuple[httpx.Client, list[d
     image = {"path": up[0], "orig_name": photo.name, "meta": {"_type": "gradio.FileData"}}
     http.post("/gradio_api/queue/join", json={"data": [image, k, ""], "fn_index": search["id"],
                                               "trigger_id": search["targets"][0][0], "session_hash": "b0",
-                                              "event_data": None}).raise_for_status()  # fmt: skip
+                                              "event_data": None}).raise_for_status()
     with http.stream("GET", "/gradio_api/queue/data", params={"session_hash": "b0"}) as r:
         for line in r.iter_lines():
             msg = json.loads(line[5:]) if line.startswith("data:") else {}
@@ -204,7 +204,7 @@ def test_pages_and_folders(http, sample_photos):
 
 # ---------------------------------------------------------------------------------------------- errors
 def test_an_image_too_small_to_search_with_is_refused_alike_at_every_door(http, server, idx, tmp_path, capsys):
-    from app.cli import main
+    from app.cli.commands import main
     from moco.errors import UserError
 
     tiny = tmp_path / "tiny.png"
@@ -217,7 +217,7 @@ def test_an_image_too_small_to_search_with_is_refused_alike_at_every_door(http, 
     r = _upload(http, tiny, k=5)  # the JSON API, both ways
     assert r.status_code == 400 and r.json()["detail"] == words
     r = http.post("/search/base64", json={"image_base64": base64.b64encode(tiny.read_bytes()).decode(),
-                                          "filename": "tiny.png", "k": 3})  # fmt: skip
+                                          "filename": "tiny.png", "k": 3})
     assert r.status_code == 400 and r.json()["detail"] == words
     with pytest.raises(UserError) as e:  # the page's handler
         server[1].search(str(tiny), k=3)
@@ -235,7 +235,7 @@ def test_errors_are_the_pages_one_line_messages(http, server, sample_photos, tmp
     tiny = tmp_path / "tiny.png"
     Image.new("RGB", (8, 8)).save(tiny)
     for path, folder, words in [(bad, "", "upload.jpg"), (tiny, "", "too small"),
-                                (_query(sample_photos), "../etc", "no sub-folder")]:  # fmt: skip
+                                (_query(sample_photos), "../etc", "no sub-folder")]:
         r = _upload(http, path, k=5, folder=folder)
         assert r.status_code == 400 and words in r.json()["detail"]
         assert page(str(path), 5, folder)[1] == "**Error:** " + r.json()["detail"]  # word for word
@@ -251,7 +251,7 @@ def test_errors_are_the_pages_one_line_messages(http, server, sample_photos, tmp
 
 def test_uploads_over_the_cap_get_413_or_the_pages_message(http, tmp_path):
     r = http.post("/search", content=b"x" * (MAX_BODY_BYTES + 1),
-                  headers={"content-type": "multipart/form-data; boundary=zz"})  # fmt: skip
+                  headers={"content-type": "multipart/form-data; boundary=zz"})
     assert r.status_code == 413 and "over the 25 MB upload limit" in r.json()["detail"]
     big = tmp_path / "big.jpg"
     big.write_bytes(b"\xff\xd8\xff" + b"\0" * (26 * 1024 * 1024))  # over the page's cap, under the body cap
@@ -277,14 +277,14 @@ def test_thumbnail_original_stats_and_duplicates(http, server, idx, sample_photo
     saved = load_duplicates(idx)
     assert dup["threshold"] == saved["threshold"] and len(dup["groups"]) == len(saved["groups"])
     assert [[m["id"] for m in g["members"]] for g in dup["groups"]] == \
-        [[m["id"] for m in g["members"]] for g in saved["groups"]]  # fmt: skip
+        [[m["id"] for m in g["members"]] for g in saved["groups"]]
 
 
 def test_schema_and_docs_page_work_offline(http):
     schema = http.get("/openapi.json").json()
     assert {"/api/v1/search", "/api/v1/search/base64", "/api/v1/photos/{photo_id}/similar", "/api/v1/stats",
             "/api/v1/duplicates", "/api/v1/photos/{photo_id}/thumbnail",
-            "/api/v1/photos/{photo_id}/original"} <= set(schema["paths"])  # fmt: skip
+            "/api/v1/photos/{photo_id}/original"} <= set(schema["paths"])
     hit = schema["components"]["schemas"]["Hit"]["properties"]
     assert set(hit) == {"rank", "id", "path", "score", "weak"}
     assert "multipart/form-data" in schema["paths"]["/api/v1/search"]["post"]["requestBody"]["content"]
@@ -302,7 +302,7 @@ def test_access_needs_the_token_the_basic_login_or_the_page_cookie(server):
         assert c.get(url, headers={"Authorization": f"Bearer {TOKEN}"}).status_code == 200
         assert c.get(url, auth=AUTH).status_code == 200  # HTTP Basic with the page's login
         assert c.get(url, headers={"Origin": "http://evil.example", "Authorization": f"Bearer {TOKEN}"}
-                     ).headers.get("access-control-allow-origin") is None  # no CORS  # fmt: skip
+                     ).headers.get("access-control-allow-origin") is None  # no CORS
         assert c.post(server[0] + "/login", data={"username": AUTH[0], "password": AUTH[1]}).status_code == 200
         assert c.get(url).status_code == 200  # the page's login cookie
 
@@ -331,7 +331,7 @@ def test_overload_is_shed_with_503_and_retry_after(idx, sample_photos):
     try:
         def one(_: int) -> httpx.Response:
             return httpx.post(f"http://127.0.0.1:{port}/api/v1/search", files={"image": ("q.jpg", photo)},
-                              data={"k": "3"}, timeout=60)  # fmt: skip
+                              data={"k": "3"}, timeout=60)
 
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
             replies = list(pool.map(one, range(32)))
@@ -345,7 +345,7 @@ def test_overload_is_shed_with_503_and_retry_after(idx, sample_photos):
 
 
 def test_token_flag_is_checked(capsys):
-    from app.cli import main
+    from app.cli.commands import main
 
     assert main(["serve", "no-such-idx", "--api-token", "short"]) == 2
     assert "--api-token: 5 characters; use at least 16" in capsys.readouterr().err
@@ -364,12 +364,12 @@ def test_the_docs_example_runs_against_a_live_server(server, sample_photos, tmp_
     (tmp_path / "example.py").write_text(_doc_example())
     env = dict(os.environ, MOCO_URL=server[0], MOCO_API_TOKEN=TOKEN, PYTHONPATH=str(ROOT))
     r = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=120)  # fmt: skip
+                       timeout=120)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 5 and lines[0].startswith("1 1.000 ") and lines[0].split()[2].endswith(".jpg")
     r = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env={**env, "MOCO_API_TOKEN": "wrong-token"},
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
+                       capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "401: wrong token" in r.stderr
 
 
@@ -417,7 +417,7 @@ def test_two_servers_on_one_index_keep_answering_through_an_update(backbone, tmp
                 f.unlink()  # and 3 fewer
         seen = list(answered)
         r = subprocess.run([sys.executable, "-m", "app.cli", "index", "update", str(idx), "--device", "cpu"],
-                           env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+                           env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr
         after = len(ImageIndex.open(idx))
         assert after == before + 12 - 3
@@ -427,9 +427,9 @@ def test_two_servers_on_one_index_keep_answering_through_an_update(backbone, tmp
         while time.time() < deadline and not all(switched):
             for n, p in enumerate(ports):
                 hits = httpx.post(f"http://127.0.0.1:{p}/api/v1/search", files={"image": (new.name, new.read_bytes())},
-                                  data={"k": "1"}, timeout=60).json()["results"]  # fmt: skip
+                                  data={"k": "1"}, timeout=60).json()["results"]
                 switched[n] = hits[0]["path"] == str(new.relative_to(photos)) and httpx.get(
-                    f"http://127.0.0.1:{p}/api/v1/stats", timeout=60).json()["images"] == after  # fmt: skip
+                    f"http://127.0.0.1:{p}/api/v1/stats", timeout=60).json()["images"] == after
             time.sleep(0.2)
         time.sleep(1.0)  # a while on the new index too
     finally:
@@ -443,4 +443,4 @@ def test_two_servers_on_one_index_keep_answering_through_an_update(backbone, tmp
     assert not failures, failures[:5]
     assert all(a > s for a, s in zip(answered, seen)), (answered, seen)  # both answered during the update
     for log in logs:  # each server's startup heap was out of the collector's way (app/heap.py) while it served
-        assert "app.heap: heap frozen: " in log.read_text(), log.read_text()[-2000:]
+        assert "app.server.heap: heap frozen: " in log.read_text(), log.read_text()[-2000:]

@@ -11,10 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.api import ApiSettings
-from app.api_cors import check_cors_origins
-from app.ui import serve
-from index.build import build_index
+from app.server.access import ApiSettings
+from app.server.launch import serve
+from app.server.origins import check_cors_origins
+from index.build.runner import build_index
 from moco.errors import UserError
 
 from .live import ARGS, CHROMIUM, free_port, wait_served
@@ -37,7 +37,7 @@ def server(sample_photos, backbone, tmp_path_factory):
     port = free_port()
     demo = serve(idx, port=port, device="cpu", block=False,
                  api=ApiSettings(token=TOKEN, cors_origins=check_cors_origins([f"{ALLOWED}/,{SITE}"]),
-                                 allowed_hosts=("photos.example",)))  # fmt: skip
+                                 allowed_hosts=("photos.example",)))
     try:
         yield f"http://127.0.0.1:{port}", port
     finally:
@@ -56,9 +56,9 @@ def test_another_sites_page_is_refused_with_403_and_no_answer(server, host):
         r = c.get("/api/v1/stats", headers={**BEARER, "Origin": EVIL})
         assert r.status_code == 403, r.text
         assert r.json() == {"detail": f"a web page from {EVIL} may not call this API: start the server with "
-                                      f"--api-cors-origin {EVIL} to allow that page"}  # fmt: skip
+                                      f"--api-cors-origin {EVIL} to allow that page"}
         pre = c.options("/api/v1/search", headers={"Origin": EVIL, "Access-Control-Request-Method": "POST",
-                                                   "Access-Control-Request-Headers": "authorization"})  # fmt: skip
+                                                   "Access-Control-Request-Headers": "authorization"})
         assert pre.status_code == 403 and "access-control-allow-origin" not in pre.headers
         r = c.get("/api/v1/stats", headers={**BEARER, "Origin": "null"})  # a sandboxed frame, a file:// page
         assert r.status_code == 403 and "Origin 'null' may not call this API" in r.json()["detail"]
@@ -70,13 +70,13 @@ def test_a_named_origin_gets_the_preflight_and_the_answer(server, sample_photos:
     photo = sorted(sample_photos.rglob("*.jpg"))[0]
     with httpx.Client(base_url=url, timeout=60, headers={"Host": f"{host}:{port}"}) as c:
         pre = c.options("/api/v1/search", headers={"Origin": ALLOWED, "Access-Control-Request-Method": "POST",
-                                                   "Access-Control-Request-Headers": "authorization"})  # fmt: skip
+                                                   "Access-Control-Request-Headers": "authorization"})
         assert pre.status_code == 204
         assert pre.headers["access-control-allow-origin"] == ALLOWED
         assert "POST" in pre.headers["access-control-allow-methods"]
         assert "authorization" in pre.headers["access-control-allow-headers"].lower()
         r = c.post("/api/v1/search", headers={**BEARER, "Origin": ALLOWED},
-                   files={"image": (photo.name, photo.read_bytes())}, data={"k": "3"})  # fmt: skip
+                   files={"image": (photo.name, photo.read_bytes())}, data={"k": "3"})
         assert r.status_code == 200 and len(r.json()["results"]) == 3
         assert r.headers["access-control-allow-origin"] == ALLOWED
         assert "retry-after" in r.headers["access-control-expose-headers"].lower()
@@ -87,14 +87,14 @@ def test_the_servers_own_pages_and_programs_pass(server):
     url, port = server
     for host, origin in [(f"127.0.0.1:{port}", f"http://127.0.0.1:{port}"),
                          ("photos.example", "https://photos.example"), ("photos.example:443", "https://photos.example"),
-                         (f"photos.example:{port}", None)]:  # fmt: skip
+                         (f"photos.example:{port}", None)]:
         headers = {**BEARER, "Host": host, **({"Origin": origin} if origin else {})}
         r = httpx.get(url + "/api/v1/stats", headers=headers, timeout=60)
         assert r.status_code == 200 and r.json()["images"] > 0, (host, origin, r.text)
         assert "access-control-allow-origin" not in r.headers or r.headers["access-control-allow-origin"] == origin
     # the same name on another port or scheme is another origin
     r = httpx.get(url + "/api/v1/stats", headers={**BEARER, "Host": "photos.example", "Origin": "http://photos.example:8080"},
-                  timeout=60)  # fmt: skip
+                  timeout=60)
     assert r.status_code == 403
 
 
@@ -108,14 +108,14 @@ def test_the_pages_routes_answer_another_site_without_cors_headers(server, sampl
             assert r.status_code == 200 and "access-control-allow-origin" not in r.headers, (path, host, r.headers)
             assert "access-control-allow-credentials" not in r.headers
         pre = httpx.options(url + path, headers={"Origin": EVIL, "Host": f"photos.example:{port}",
-                                                 "Access-Control-Request-Method": "POST"}, timeout=60)  # fmt: skip
+                                                 "Access-Control-Request-Method": "POST"}, timeout=60)
         assert "access-control-allow-origin" not in pre.headers
         r = httpx.get(url + path, headers={**BEARER, "Origin": ALLOWED, "Host": f"photos.example:{port}"}, timeout=60)
         assert r.headers["access-control-allow-origin"] == ALLOWED  # Gradio's own answer, left as it is
     photo = sorted(sample_photos.rglob("*.jpg"))[0]  # the page's upload, from its own origin: works as before
     r = httpx.post(url + "/gradio_api/upload", files={"files": (photo.name, photo.read_bytes())},
                    headers={**BEARER, "Origin": "https://photos.example", "Host": "photos.example"},
-                   timeout=60)  # fmt: skip
+                   timeout=60)
     assert r.status_code == 200 and r.json()[0].endswith(photo.name)
 
 
@@ -125,13 +125,13 @@ def test_origins_are_checked_and_written_as_browsers_send_them():
     assert check_cors_origins([]) == ()
     for bad, words in [("*", "name each web page's origin"), ("https://app.example/path", "no path"),
                        ("app.example", "scheme://host[:port]"), ("ftp://app.example", "scheme://host[:port]"),
-                       ("https://app.example:99999", "port")]:  # fmt: skip
+                       ("https://app.example:99999", "port")]:
         with pytest.raises(UserError, match=words.replace("[", r"\[").replace("]", r"\]")):
             check_cors_origins([bad])
 
 
 def test_the_flag_is_checked_before_serving(capsys):
-    from app.cli import main
+    from app.cli.commands import main
 
     assert main(["serve", "no-such-idx", "--api-cors-origin", "*"]) == 2
     assert "--api-cors-origin '*'" in capsys.readouterr().err
@@ -158,7 +158,7 @@ def test_a_browser_reads_the_api_only_from_a_named_origin(server, tmp_path):
     _, port = server
     (tmp_path / "index.html").write_text("<!doctype html><title>a web app</title>")
     site = subprocess.Popen([sys.executable, "-m", "http.server", str(SITE_PORT), "--bind", "127.0.0.1", "--directory",
-                             str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+                             str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_served(f"http://127.0.0.1:{SITE_PORT}/", site, timeout=30)
         rules = "MAP photos.example 127.0.0.1, MAP app.example 127.0.0.1, MAP evil.example 127.0.0.1"

@@ -1,4 +1,4 @@
-"""Tests for moco.augment: batched MoCo augmentations against torchvision references."""
+"""Tests for moco.data.augment: batched MoCo augmentations against torchvision references."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch.nn.functional as F
 import torchvision.transforms.v2.functional as TF
 from torchvision.transforms import RandomResizedCrop
 
-from moco import augment as A
-from moco.augment import RECIPES, ViewRecipe, augment, center_view, two_views
+from moco.data import augment as A
+from moco.data.augment import RECIPES, ViewRecipe, augment, center_view, two_views
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

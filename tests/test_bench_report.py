@@ -21,7 +21,7 @@ def _quality_text(tmp_path, monkeypatch, results: dict) -> str:
 
 def _row(name, curve, **setup):
     return {"name": name, "setup": setup, "steps": 10, "img_s": 100.0, "knn_top1": curve[-1][1], "curve": curve,
-            "pixels": 0.5}  # fmt: skip
+            "pixels": 0.5}
 
 
 def test_kNN_at_a_minute_is_read_between_the_two_evaluations_around_it():
@@ -37,7 +37,7 @@ def test_quality_section_tables_every_run_and_judges_every_checkpoint(tmp_path, 
     cpu = {**BASE, "arch": "resnet10t"}
     rows = [_row("cpu", [[0, 0.5], [5, 0.8], [10, 0.85], [20, cpu_late]], preset="cpu", **cpu),
             _row("default", [[0, 0.5], [5, 0.7], [10, 0.75], [19.4, 0.8]], preset="v2", **BASE),  # its schedule ended
-            _row("lightly", [[0, 0.5], [5, 0.6], [10, 0.65], [20, 0.7]])]  # fmt: skip
+            _row("lightly", [[0, 0.5], [5, 0.6], [10, 0.65], [20, 0.7]])]
     d = {"minutes": 20, "cpu": "Test CPU", "threads": 1, "base": BASE, "dataset": "fashion", "rows": rows}
     text = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min.json": d,
                                                  "quality_per_minute_fashion_5min.json": {**d, "minutes": 5}})
@@ -51,7 +51,7 @@ def test_quality_section_tables_every_run_and_judges_every_checkpoint(tmp_path, 
 
 def test_a_second_protocol_gets_its_own_table_judged_against_the_peers_it_ran(tmp_path, monkeypatch):
     rows = [_row("cpu", [[0, 0.5], [5, 0.8], [10, 0.85], [20, 0.9]], preset="cpu", **BASE),
-            _row("default", [[0, 0.5], [5, 0.82], [10, 0.8], [20, 0.85]], preset="v2", **BASE)]  # fmt: skip
+            _row("default", [[0, 0.5], [5, 0.82], [10, 0.8], [20, 0.85]], preset="v2", **BASE)]
     d = {"minutes": 20, "cpu": "Test CPU", "threads": 2, "base": BASE, "dataset": "fashion", "rows": rows}
     text = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min_2threads.json": d})
     assert "## Quality per CPU minute: Fashion-MNIST (2 threads per run)" in text
@@ -62,9 +62,9 @@ def test_a_second_protocol_gets_its_own_table_judged_against_the_peers_it_ran(tm
 def test_runs_with_whitened_curves_get_a_second_table_judged_in_that_space(tmp_path, monkeypatch):
     rows = [_row("cpu", [[0, 0.5], [5, 0.8], [20, 0.9]], preset="cpu", **BASE),
             _row("default", [[0, 0.5], [5, 0.7], [20, 0.8]], preset="v2", **BASE),
-            _row("lightly", [[0, 0.5], [5, 0.6], [20, 0.7]])]  # fmt: skip
+            _row("lightly", [[0, 0.5], [5, 0.6], [20, 0.7]])]
     white = {"cpu": [[0, 0.6], [5, 0.84], [20, 0.86]], "default": [[0, 0.6], [5, 0.85], [20, 0.88]],
-             "lightly": [[0, 0.6], [5, 0.7], [20, 0.75]]}  # fmt: skip
+             "lightly": [[0, 0.6], [5, 0.7], [20, 0.75]]}
     for r in rows:
         r.update(curve_whitened=white[r["name"]], knn_whitened=white[r["name"]][-1][1], pixels_whitened=0.83)
     d = {"minutes": 20, "cpu": "Test CPU", "threads": 1, "base": BASE, "dataset": "fashion", "rows": rows}
@@ -77,7 +77,7 @@ def test_runs_with_whitened_curves_get_a_second_table_judged_in_that_space(tmp_p
 
 def test_the_spaces_section_lists_every_vector_kind_of_every_result(tmp_path, monkeypatch):
     r = {"raw": 0.7, "centred": 0.71, "whitened": 0.8, "whitened_shrink0.01": 0.81, "whitened_shrink0.1": 0.79,
-         "ledoit_wolf_shrinkage": 0.002}  # fmt: skip
+         "ledoit_wolf_shrinkage": 0.002}
     d = {"command": "python bench/knn_spaces.py runs/x --dataset fashion", "cpu": "Test CPU", "dataset": "fashion",
          "model": "runs/x", "arch": "resnet10t", "trained": "moco train ...", "rows": {"model": r, "pixels": r}}
     (tmp_path / "knn_spaces_fashion_x.json").write_text(json.dumps(d))
@@ -90,14 +90,14 @@ def test_the_spaces_section_lists_every_vector_kind_of_every_result(tmp_path, mo
 
 def test_a_run_of_the_cpu_preset_alone_gets_no_target_line(tmp_path, monkeypatch):
     d = {"minutes": 20, "cpu": "Test CPU", "threads": 2, "base": BASE, "dataset": "fashion",
-         "rows": [_row("cpu", [[0, 0.5], [20, 0.9]], preset="cpu", **BASE)]}  # fmt: skip
+         "rows": [_row("cpu", [[0, 0.5], [20, 0.9]], preset="cpu", **BASE)]}
     text = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min_alone.json": d})
     assert "| cpu | --preset cpu: — | 10 | 100 |" in text and "Target" not in text.split("(alone)")[1].split("## ")[0]
 
 
 @pytest.mark.parametrize(("issue_late", "verdict"), [(0.8, "**met**"), (0.92, "**not met**")])
 def test_the_issues_command_is_judged_beside_default_and_lightly_where_it_ran(tmp_path, monkeypatch, issue_late,
-                                                                             verdict):  # fmt: skip
+                                                                             verdict):
     rows = [_row("cpu", [[0, 0.2], [5, 0.3], [20, 0.9]], preset="cpu", **BASE),
             _row("default", [[0, 0.2], [5, 0.25], [20, 0.5]], preset="v2", **BASE),
             _row("lightly", [[0, 0.2], [5, 0.22], [20, 0.4]]),
@@ -111,7 +111,7 @@ def test_the_issues_command_is_judged_beside_default_and_lightly_where_it_ran(tm
 
 def test_a_run_that_fitted_its_whitening_gets_an_as_exported_column_with_the_fit_time(tmp_path, monkeypatch):
     cpu = {**_row("cpu", [[0, 0.5], [5, 0.8], [10, 0.85], [20, 0.9]], preset="cpu", **BASE),
-           "knn_exported": 0.9345, "whitening_s": 2.44}  # fmt: skip
+           "knn_exported": 0.9345, "whitening_s": 2.44}
     rows = [cpu, _row("default", [[0, 0.5], [5, 0.7], [10, 0.75], [20, 0.8]], preset="v2", **BASE)]
     d = {"minutes": 20, "cpu": "Test CPU", "threads": 2, "base": BASE, "dataset": "fashion", "rows": rows}
     text = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min_exported.json": d})
@@ -123,7 +123,7 @@ def test_a_run_that_fitted_its_whitening_gets_an_as_exported_column_with_the_fit
     text = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min_exported.json": mirrored})
     assert "each photo's features averaged with its mirror image's" in text and "layer1-3" not in text
     staged = {**d, "rows": [{**cpu, "whitening_mirror": True, "whitening_stages": ["layer1", "layer2", "layer3"]},
-                            rows[1]]}  # fmt: skip
+                            rows[1]]}
     text = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min_exported.json": staged})
     assert "mirror_features`), with the pooled outputs of layer1-3 beside the last stage's" in text
     plain = _quality_text(tmp_path, monkeypatch, {"quality_per_minute_fashion_20min.json": {**d, "rows": rows[1:]}})
@@ -137,7 +137,7 @@ def test_current_figures_come_first_and_older_rounds_last(tmp_path, monkeypatch)
     d = {"minutes": 20, "cpu": "Test CPU", "threads": 2, "base": BASE, "dataset": "fashion", "rows": [cpu]}
     (tmp_path / report.CURRENT["fashion"][0]).write_text(json.dumps(d))
     (tmp_path / "quality_per_minute_fashion_20min.json").write_text(json.dumps({**d, "rows": [_row(
-        "default", [[0, 0.5], [20, 0.8]], preset="v2", **BASE)]}))  # fmt: skip
+        "default", [[0, 0.5], [20, 0.8]], preset="v2", **BASE)]}))
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     monkeypatch.setattr(report, "ROOT", tmp_path)
     report.main()

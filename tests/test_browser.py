@@ -41,7 +41,7 @@ def served(tmp_path_factory) -> Iterator[dict[str, Any]]:
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(tmp / "idx"), "--port", str(port),
                                  "--checkpoint", str(tmp / "run" / "checkpoint.pt"), "--device", "cpu"], env=env,
-                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+                                stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/"
     try:
         wait_served(url, proc, timeout=180)
@@ -71,8 +71,8 @@ LONG_MESSAGE = ("generating a sample collection (240 photos in 4 families, 60 ea
 def pending(served) -> Iterator[dict[str, Any]]:
     """The page `moco run` serves before its index exists (``serve_pending``, in this process), over the served
     index's folders; ``app.attach`` turns its search on (once, for the rest of the module)."""
-    from app.status import RunStatus
-    from app.ui import serve_pending
+    from app.run.status import RunStatus
+    from app.server.launch import serve_pending
 
     status = RunStatus(served["tmp"] / "pending")
     status.stage("indexing", "the sample photos")
@@ -142,7 +142,7 @@ def _wait_results(page: Any, n: int, info: str = "") -> None:
         document.querySelector('#search-info').innerText.includes({json.dumps(info)}) &&
         [...document.querySelectorAll('{RESULTS} img')].every(i => i.src.includes('/gradio_api/file=') &&
           (i.getBoundingClientRect().top > innerHeight || (i.complete && i.naturalWidth > 0)))""",
-                           timeout=60_000)  # fmt: skip
+                           timeout=60_000)
 
 
 def _in_viewport(page: Any, selector: str) -> bool:
@@ -161,14 +161,14 @@ def _overflowing(page: Any, selector: str) -> list[str]:
         return [root, ...root.querySelectorAll('*')].filter(e => e.getClientRects().length > 0 &&
             e.clientWidth > 0 && e.scrollWidth > e.clientWidth + 1)
             .map(e => `${e.tagName}.${e.className} ${e.scrollWidth} > ${e.clientWidth}`);
-    }""", selector)  # fmt: skip
+    }""", selector)
 
 
 def _label_clear_of_first_item(page: Any, gallery: str) -> None:
     """The gallery's label ends above its first item (it does not cover the first row)."""
     label, first = page.evaluate(f"""[document.querySelector('{gallery} label[data-testid=block-label]'),
         document.querySelector('{gallery} button.thumbnail-item')].map(e => e.getBoundingClientRect())
-        .map(r => [r.top, r.bottom])""")  # fmt: skip
+        .map(r => [r.top, r.bottom])""")
     assert label[1] <= first[0] + 0.5, (gallery, label, first)
 
 
@@ -204,7 +204,7 @@ def _captions(page: Any) -> list[dict[str, Any]]:
     return page.evaluate(f"""[...document.querySelectorAll('{RESULTS} .caption-label')].map(c => {{
         const r = c.getBoundingClientRect();
         return {{text: c.innerText, clipped: c.scrollWidth > c.clientWidth + 1 || c.scrollHeight > c.clientHeight + 1,
-                 x: r.x, right: r.right, y: r.y}}; }})""")  # fmt: skip
+                 x: r.x, right: r.right, y: r.y}}; }})""")
 
 
 def test_results_are_readable_on_desktop_and_phone(page, served):
@@ -240,10 +240,10 @@ def test_click_replaces_query_details_copy_open_and_search_uses_it(page, served)
     third = _captions(page)[2]["text"].split(" · ")[-1]
     page.locator(RESULTS).nth(2).click()
     page.wait_for_function(f"document.querySelector('#search-info').innerText.includes({json.dumps(third)})",
-                           timeout=60_000)  # fmt: skip
+                           timeout=60_000)
     assert page.evaluate(f"document.querySelectorAll('{RESULTS}.selected').length") == 0  # selection cleared
     page.wait_for_function(f"document.querySelector('#query img') && "
-                           f"document.querySelector('#query img').src != {json.dumps(before)}")  # fmt: skip
+                           f"document.querySelector('#query img').src != {json.dumps(before)}")
     assert _in_viewport(page, "#details")
     full = str(served["photos"] / third)
     field = page.locator("#detail-path textarea, #detail-path input").first
@@ -282,7 +282,7 @@ def test_k_and_folder_rerun_and_export(page, served, tmp_path):
     page.locator("#folder input").click()
     page.get_by_role("option", name=family, exact=True).click()
     page.wait_for_function(f"document.querySelector('#search-info').innerText.includes('{family}/')",
-                           timeout=60_000)  # fmt: skip
+                           timeout=60_000)
     _wait_results(page, 4)
     shown = [c["text"].split(" · ")[-1] for c in _captions(page)]
     assert all(s.startswith(family + "/") for s in shown)
@@ -320,12 +320,12 @@ def test_bad_uploads_get_our_message_and_one_log_line(page, served, tmp_path):
         page.wait_for_timeout(300)
         page.locator("#search-btn").click()
         page.wait_for_function(f"document.querySelector('#search-error').innerText.includes({json.dumps(words)})",
-                               timeout=30_000)  # fmt: skip
+                               timeout=30_000)
         assert _in_viewport(page, "#search-error")
         assert "upload a" in page.locator("#search-error").inner_text()
         with contextlib.suppress(Exception):  # the event's timer ("0.1s") may leave the heading a frame after
             page.wait_for_function(f"document.querySelector('#search-info').innerText === {json.dumps(heading)}",
-                                   timeout=5_000)  # fmt: skip
+                                   timeout=5_000)
         assert page.locator("#search-info").inner_text() == heading  # the results shown, still said as they are
         assert page.locator(RESULTS).count() == 6
     big = tmp_path / "huge.jpg"
@@ -333,7 +333,7 @@ def test_bad_uploads_get_our_message_and_one_log_line(page, served, tmp_path):
     page.expect_errors = True  # Gradio itself logs the refused upload in the console
     page.locator("#query input[type=file]").set_input_files(str(big))
     page.wait_for_function("document.querySelector('#search-error').innerText.includes('over the 25 MB upload limit')",
-                           timeout=30_000)  # fmt: skip
+                           timeout=30_000)
     assert "huge.jpg is 27" in page.locator("#search-error").inner_text()
     assert page.locator("#search-info").inner_text() == heading
     log = served["log"].read_bytes()[start:].decode()
@@ -351,7 +351,7 @@ def test_inspect_negatives_from_a_result(page, served):
     page.locator("#inspect-btn").click()
     page.wait_for_function("document.querySelector('#neg-summary') && "
                            "document.querySelector('#neg-summary').innerText.includes('InfoNCE loss')",
-                           timeout=60_000)  # fmt: skip
+                           timeout=60_000)
     summary = page.locator("#neg-summary").inner_text()
     assert "negatives score at or above the positive" in summary and "%" in summary
     assert "0 key" not in summary and "key(s)" not in summary
@@ -366,7 +366,7 @@ def test_inspect_negatives_from_a_result(page, served):
         const r = h.getBoundingClientRect(); return [h.innerText.trim(), r.left, r.right]; })""")
     width = page.viewport_size["width"]
     assert [h[0] for h in heads] == ["rank", "photo", "cosine", "logit (cos/T)", "softmax share",
-                                     "likely false negative (evidence)"]  # fmt: skip
+                                     "likely false negative (evidence)"]
     assert all(0 <= left and right <= width + 1 for _, left, right in heads), heads  # every column on screen
 
 
@@ -376,7 +376,7 @@ def test_the_status_log_wraps_its_lines(browser, pending, viewport):
     page.get_by_role("tab", name="Status").click()
     page.wait_for_function("document.querySelector('#status-info .status-log') && "
                            "document.querySelector('#status-info .status-log').innerText.includes('sample_photos')",
-                           timeout=30_000)  # fmt: skip
+                           timeout=30_000)
     assert _in_viewport(page, "#status-info .status-log")
     assert not _overflowing(page, "#status-info")  # every line whole on screen, no inner scroll box
     log = page.locator("#status-info .status-log").inner_text()
@@ -401,7 +401,7 @@ def test_the_search_hint_and_buttons_follow_the_index(browser, pending):
     _turns_enabled(before.locator("#search-btn"))
     after = _new_page(browser, pending["url"], "desktop", "#title")  # a page opened once search is on
     after.wait_for_function("document.querySelector('#search-btn') && !document.querySelector('#search-btn').disabled",
-                            timeout=30_000)  # it opens on the Search tab  # fmt: skip
+                            timeout=30_000)  # it opens on the Search tab
     after.wait_for_function(f"{HINT_TEXT}.includes('Upload a photo and press Search')", timeout=30_000)
     for page in (before, after):
         assert "turns on by itself" not in page.locator(HINT).inner_text()

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.cli import main
+from app.cli.commands import main
 from index.catalog import display_path
-from moco.sample import make_sample_collection
+from moco.data.sample import make_sample_collection
 
 from .mounts import remount_ro, tmpfs
 
@@ -148,7 +148,7 @@ def test_full_disk_says_so_and_keeps_the_index(photos, backbone, tmp_path, capsy
         capsys.readouterr()
         assert main(["index", "update", str(out), "--quiet"]) == 1  # a StorageError: not bad input
         _clean_err(capsys, f"no space left on device while writing {out / 'catalog.sqlite'}",
-                   "free space and run the same command", "the index is unchanged")  # fmt: skip
+                   "free space and run the same command", "the index is unchanged")
         if reader is not None:
             reader.catalog.close()
         for name in ("filler", "filler2"):
@@ -167,7 +167,7 @@ def test_write_error_that_is_not_a_full_disk_says_io_error(photos, backbone, tmp
     code = ("import resource, signal, sys; from app.cli import main; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
             "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096)); sys.exit(main(sys.argv[1:]))")
     proc = subprocess.run([sys.executable, "-c", code, "index", "update", str(out), "--quiet"], capture_output=True,
-                          text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))  # fmt: skip
+                          text=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     assert f"I/O error writing {out / 'catalog.sqlite'}" in proc.stderr and "check the disk" in proc.stderr
     assert "no space" not in proc.stderr
@@ -176,7 +176,8 @@ def test_write_error_that_is_not_a_full_disk_says_io_error(photos, backbone, tmp
 # ------------------------------------------------------------------------------ damaged index.json
 @pytest.mark.parametrize("damage", ["no-backbone_sha256", "wrong-dim", "index.faiss-of-another-dim"])
 def test_damaged_index_json_names_the_file_and_the_fix(photos, backbone, tmp_path, capsys, damage):
-    from index.store import VectorStore, read_index_id
+    from index.store import VectorStore
+    from index.trailer import read_index_id
 
     out = tmp_path / "idx"
     assert _build(photos, backbone, out) == 0

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from index.build import build_index, update_index
+from index.build.runner import build_index, update_index
 from index.dedup import find_duplicates
 from index.image_index import ImageIndex
 from index.store import VectorStore
+from moco.data.sample import make_sample_collection
 from moco.embed import Embedder, center
-from moco.sample import make_sample_collection
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_an_update_killed_between_its_two_writes_stays_consistent_then_finishes(
 
 
 def test_weak_below_in_index_json_stats_and_search_json(built, sample_photos, capsys):
-    from app.cli import main
+    from app.cli.commands import main
 
     meta = json.loads((built / "index.json").read_text())
     assert isinstance(meta["weak_below"], float) and -1 < meta["weak_below"] < 1
@@ -152,7 +152,7 @@ def test_old_index_without_mean_opens_uncentred_until_update(sample_photos, back
     assert idx.stats()["centred"] is True and idx.stats()["mean_count"] == len(ids)
     c = center(raw, raw.mean(0))
     np.testing.assert_allclose(idx.search(raw[:3], k=3).scores, np.sort(c[:3] @ c.T, axis=1)[:, ::-1][:, :3],
-                               atol=1e-5)  # fmt: skip
+                               atol=1e-5)
 
 
 def test_embedder_takes_an_optional_mean(backbone, sample_photos):
@@ -183,7 +183,7 @@ def test_dedup_groups_copies_but_not_a_family(backbone, tmp_path):
 
 
 def test_page_marks_weak_matches_by_the_collections_threshold(built, sample_photos, tmp_path):
-    from app.ui import SearchApp
+    from app.page.handlers import SearchApp
 
     idx = ImageIndex.open(built)
     app = SearchApp(idx, idx.load_embedder(device="cpu"))
@@ -200,7 +200,7 @@ def test_page_marks_weak_matches_by_the_collections_threshold(built, sample_phot
 
 def test_chance_level_is_robust_to_related_pairs():
     """weak_below reads the unrelated pairs: related ones move a percentile, hardly median + 3 MAD."""
-    from index.sync_store import chance_level
+    from index.build.sync import chance_level
 
     rng = np.random.default_rng(1)
     unrelated = rng.normal(0.0, 0.2, 50_000)

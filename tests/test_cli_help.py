@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from moco.config import TrainConfig, resolve_config
-from moco.config_flags import add_config_arguments, config_overrides
+from moco.config import TrainConfig, add_config_arguments, config_overrides, resolve_config
 from tests.conftest import TINY_CLI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,7 +23,7 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100", OMP_NUM_THREADS="1")
 # Every TrainConfig field is a flag of `moco train`, except DATA_DIR, which is positional.
 TRAIN_FLAGS = [f"--{f.name.replace('_', '-')}" for f in fields(TrainConfig) if f.name != "data_dir"]
 BUILD_FLAGS = ["--backbone", "--out", "-o", "--kind", "--memory-budget", "--batch-size", "--workers", "--device",
-               "--gpu", "--quiet", "--json"]  # fmt: skip
+               "--gpu", "--quiet", "--json"]
 API_FLAGS = ["--api-cors-origin", "--api-token", "--max-batch", "--batch-window-ms", "--max-pending",
              "JSON API"]  # the serving flags
 UPDATE_FLAGS = ["--backbone", "--root", "--kind", "--batch-size", "--workers", "--device", "--gpu", "--json"]
@@ -128,7 +127,7 @@ def test_the_parser_and_help_load_no_torch():
     the trainer, the exporter and the index load it when a command runs."""
     code = ("import sys; from app.cli import build_parser; build_parser(); "
             "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'torchvision', 'timm', 'gradio'}); "
-            "print(heavy); sys.exit(bool(heavy))")  # fmt: skip
+            "print(heavy); sys.exit(bool(heavy))")
     proc = _python("-c", code)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
 
@@ -146,7 +145,8 @@ def test_version():
 @pytest.mark.parametrize(
     "argv, prog, flags",
     [
-        (["moco.train", "--help"], "python -m moco.train", ["DATA_DIR", "--resume", "--stop-after", *TRAIN_FLAGS]),
+        (["moco.training", "--help"], "python -m moco.training",
+         ["DATA_DIR", "--resume", "--stop-after", *TRAIN_FLAGS]),
         (["index.build", "--help"], "python -m index.build", ["PHOTOS", *BUILD_FLAGS]),
         (["index.build", "update", "--help"], "python -m index.build update", ["IDX", *UPDATE_FLAGS]),
     ],
@@ -191,11 +191,11 @@ def test_mean_and_std_flags(capsys):
 
 
 def test_python_m_moco_train_bad_input_exits_2(sample_photos, tmp_path):
-    proc = _python("-m", "moco.train", str(sample_photos), "--out", str(tmp_path / "run"), "--batch-size", "1")
+    proc = _python("-m", "moco.training", str(sample_photos), "--out", str(tmp_path / "run"), "--batch-size", "1")
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "--batch-size 1" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "run").exists()
-    proc = _python("-m", "moco.train", "--out", str(tmp_path / "run"))
+    proc = _python("-m", "moco.training", "--out", str(tmp_path / "run"))
     assert proc.returncode == 2 and "DATA_DIR" in proc.stderr, proc.stderr[-3000:]
 
 
@@ -211,12 +211,12 @@ def test_python_m_index_build_bad_input_exits_2(sample_photos, tmp_path):
 @pytest.mark.slow
 def test_python_m_entry_points_run(sample_photos, backbone, tmp_path):
     run = tmp_path / "run"
-    proc = _python("-m", "moco.train", str(sample_photos), "--out", str(run), *TINY_CLI, "--max-steps", "1")
+    proc = _python("-m", "moco.training", str(sample_photos), "--out", str(run), *TINY_CLI, "--max-steps", "1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run / "checkpoint.pt").is_file() and "trained 1/1 steps" in proc.stdout
     idx = tmp_path / "idx"
     proc = _python("-m", "index.build", str(sample_photos), "--backbone", str(backbone), "-o", str(idx), "--quiet",
-                   "--json", "--device", "cpu")  # fmt: skip
+                   "--json", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["vectors"] == 48
     proc = _python("-m", "index.build", "update", str(idx), "--quiet", "--json", "--device", "cpu")
@@ -225,13 +225,13 @@ def test_python_m_entry_points_run(sample_photos, backbone, tmp_path):
 
 
 SCRIPTS = sorted(p for p in [*ROOT.glob("bench/*.py"), *ROOT.glob("docs/*.py")]
-                 if not p.name.startswith("_") and "argparse" in p.read_text())  # fmt: skip
+                 if not p.name.startswith("_") and "argparse" in p.read_text())
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_script_has_a_help_page(script):
     """Each benchmark and docs script answers --help (exit 0, its usage) without doing any work."""
     out = subprocess.run([sys.executable, str(script), "--help"], env=ENV, capture_output=True, text=True,
-                         timeout=120, cwd=ROOT)  # fmt: skip
+                         timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("usage:") and "--help" in out.stdout

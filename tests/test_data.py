@@ -12,13 +12,12 @@ import numpy as np
 import pytest
 from PIL import Image, ImageFile
 
-from moco import data
-from moco.data import (
+from moco.data import cache as data
+from moco.data.cache import ImageCache, build_cache
+from moco.data.photos import (
     DEFAULT_MAX_PIXELS,
     IMAGE_EXTENSIONS,
-    ImageCache,
     ImageDecodeError,
-    build_cache,
     load_rgb,
     load_square_u8,
     scan_images,

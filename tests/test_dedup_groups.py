@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.cli import main
-from index.build import build_index
-from index.dedup import DEDUP_THRESHOLD, find_duplicates, load_duplicates, tight_groups
+from app.cli.commands import main
+from index.build.runner import build_index
+from index.calibrate import DEDUP_THRESHOLD
+from index.dedup import find_duplicates, load_duplicates, tight_groups
 from index.image_index import ImageIndex
-from moco.data import load_rgb, square_u8
+from moco.data.photos import load_rgb, square_u8
+from moco.data.sample import make_sample_collection
 from moco.embed import Embedder, center
-from moco.sample import make_sample_collection
 
 
 # ----------------------------------------------------------------------------------------- references
@@ -30,7 +31,7 @@ def _graph(vecs: np.ndarray, threshold: float) -> dict[int, dict[int, float]]:
     """Brute-force neighbours of L2-normalized rows ``vecs`` (N x D) at cosine >= ``threshold``."""
     sim = vecs @ vecs.T  # N x N
     return {i: {j: float(sim[i, j]) for j in np.flatnonzero(sim[i] >= threshold) if j != i}
-            for i in range(len(vecs)) if np.sum(sim[i] >= threshold) > 1}  # fmt: skip
+            for i in range(len(vecs)) if np.sum(sim[i] >= threshold) > 1}
 
 
 def _greedy_by_hand(graph: dict[int, dict[int, float]]) -> list[tuple[int, list[int]]]:
@@ -260,7 +261,7 @@ def test_a_chain_of_photos_is_not_one_group(backbone, tmp_path):
     fine = [(1 - a) * x + a * y for x, y in zip(ends, ends[1:]) for a in np.linspace(0, 1, 40, endpoint=False)]
     fine = [Image.fromarray(np.rint(f).astype(np.uint8)) for f in fine]  # 80 frames
     raw = emb.embed_squares(np.stack([square_u8(Image.open(f).convert("RGB"), emb.resize)
-                                      for f in sorted(photos.rglob("*.*"))]))  # fmt: skip
+                                      for f in sorted(photos.rglob("*.*"))]))
     v = center(emb.embed_squares(np.stack([square_u8(f, emb.resize) for f in fine])), raw.mean(0))  # 80 x D
     pick = [0]  # each next frame: the last one still at cosine >= 0.94 to the previous pick
     while pick[-1] + 1 < len(v):

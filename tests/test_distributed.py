@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch import nn
 
-from moco.backbones import build_backbone
 from moco.config import resolve_config
 from moco.errors import UserError
-from moco.model import MoCo
+from moco.model.backbones import build_backbone
+from moco.model.builder import MoCo
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def _torchrun(
     data: Path, run: Path, *extra: str, max_steps: int = 8, probe: Path | None = None, clock: bool = False
 ) -> subprocess.CompletedProcess:
-    """``python -m moco.train`` on 2 processes; with ``probe``, through tests/dist_probe.py writing there; with
+    """``python -m moco.training`` on 2 processes; with ``probe``, through tests/dist_probe.py writing there; with
     ``clock``, through tests/dist_clock.py (a synthetic budget clock, each rank at its own speed)."""
-    entry = ["-m", "moco.train"] if probe is None else [str(ROOT / "tests" / "dist_probe.py"), str(probe)]
+    entry = ["-m", "moco.training"] if probe is None else [str(ROOT / "tests" / "dist_probe.py"), str(probe)]
     if clock:
         entry = [str(ROOT / "tests" / "dist_clock.py")]
     cmd = [
@@ -83,8 +83,8 @@ def test_two_process_training_queues_agree_and_resume_is_exact(sample_photos, tm
     q = a["model"]["queue"]
     assert sums[0][0] == pytest.approx(q.double().sum().item(), rel=1e-12)
     # the queue ids are exactly the sampler's ids of both ranks, rank 0's then rank 1's, FIFO with wrap-around
-    from moco.device import Dist as _Dist
-    from moco.train import _batch_ids
+    from moco.runtime import Dist as _Dist
+    from moco.training.loop import _batch_ids
 
     expected, ptr = [-1] * 40, 0
     for step in range(8):

@@ -13,19 +13,19 @@ import torch
 from moco.config import resolve_config
 from moco.embed import Embedder
 from moco.errors import UserError
-from moco.export import export_backbone
-from moco.train import train
+from moco.export.exporter import export_backbone
+from moco.training.loop import train
 from moco.whiten import SPACE_FILE, apply_space, fit_space, load_space
 
 SETUP = dict(image_size=32, batch_size=8, bn_splits=2, queue_size=16, workers=0, max_steps=3, precision="fp32",
-             keep_checkpoints=1, save_every_minutes=1000.0)  # fmt: skip
+             keep_checkpoints=1, save_every_minutes=1000.0)
 DIM = 512 + 64 + 128 + 256  # resnet10t's output and its pooled layer1-3
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, sample_photos):
     """A cpu-preset run (stages forced on), its export and an index of its photos."""
-    from index.build import build_index
+    from index.build.runner import build_index
 
     tmp = tmp_path_factory.mktemp("doors")
     cfg = resolve_config("cpu", data_dir=str(sample_photos), out=str(tmp / "run"), whiten_stages="on", **SETUP)
@@ -59,8 +59,8 @@ def test_the_index_fits_its_own_space_on_its_photos_and_declares_it(built):
 
 
 def test_every_door_gives_the_same_vector(built, sample_photos, capsys):
-    from app.cli import main
-    from app.handlers import SearchApp
+    from app.cli.commands import main
+    from app.page.handlers import SearchApp
     from index.image_index import ImageIndex
 
     idx = ImageIndex.open(built / "idx")
@@ -109,7 +109,7 @@ def test_every_door_gives_the_same_vector(built, sample_photos, capsys):
 def test_each_format_declares_its_output(built):
     import zipfile
 
-    from moco.export import load_exported
+    from moco.export.reader import load_exported
 
     export = Embedder.load(built / "b.safetensors", device="cpu", precision="fp32")
     x = torch.randn(2, 3, 32, 32)

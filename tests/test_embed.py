@@ -16,7 +16,7 @@ from .conftest import random_backbone
 @pytest.fixture(scope="module")
 def embedder(tmp_path_factory) -> Embedder:
     return Embedder.load(random_backbone(tmp_path_factory.mktemp("emb"), image_size=64), device="cpu",
-                         precision="fp32")  # fmt: skip
+                         precision="fp32")
 
 
 def _image(seed=0, h=50, w=70) -> np.ndarray:
@@ -31,7 +31,7 @@ def test_every_input_type_gives_the_same_vector(embedder, tmp_path):
     assert ref.shape == (1, 512) and ref.dtype == np.float32
     assert np.allclose(np.linalg.norm(ref, axis=1), 1.0, atol=1e-5)
     inputs = [str(path), Image.open(path), Image.fromarray(arr).convert("RGBA"), arr, arr.transpose(2, 0, 1),
-              torch.from_numpy(arr), torch.from_numpy(arr.transpose(2, 0, 1).copy())]  # fmt: skip
+              torch.from_numpy(arr), torch.from_numpy(arr.transpose(2, 0, 1).copy())]
     for item in inputs:
         assert np.abs(embedder.embed(item) - ref).max() < 1e-6, type(item)
     batch = embedder.embed(np.stack([arr, arr]))  # a 4-D batch

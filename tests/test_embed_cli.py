@@ -14,15 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.cli import main
-from index.build import build_index
+from app.cli.commands import main
+from index.build.runner import build_index
 from index.image_index import ImageIndex
 from moco.config import resolve_config
-from moco.data import scan_images
+from moco.data.photos import scan_images
+from moco.data.sample import make_sample_collection
 from moco.embed import Embedder
-from moco.export import export_backbone
-from moco.sample import make_sample_collection
-from moco.train import train
+from moco.export.exporter import export_backbone
+from moco.training.loop import train
 from tests.conftest import random_backbone
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,7 +36,7 @@ def white(tmp_path_factory, sample_photos) -> Path:
     tmp = tmp_path_factory.mktemp("white")
     cfg = resolve_config("cpu", data_dir=str(sample_photos), out=str(tmp / "run"), image_size=32, batch_size=8,
                          bn_splits=2, queue_size=16, workers=0, max_steps=2, precision="fp32",
-                         save_every_minutes=1000.0)  # fmt: skip
+                         save_every_minutes=1000.0)
     train(cfg, progress=False)
     export_backbone(tmp / "run" / "checkpoint.pt", tmp / "white.safetensors")
     assert Embedder.load(tmp / "white.safetensors", device="cpu").space is not None
@@ -103,10 +103,10 @@ def test_a_killed_run_resumes_without_embedding_its_finished_chunks(tmp_path, ca
     out = tmp_path / "v.npy"
     parts = tmp_path / "v.npy.parts"
     argv = ["embed", str(photos), "--backbone", str(backbone), "-o", str(out), "--chunk-size", "2", "--batch-size",
-            "2", "--device", "cpu", "--quiet"]  # fmt: skip
+            "2", "--device", "cpu", "--quiet"]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", *argv], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)  # fmt: skip
+                            stderr=subprocess.PIPE)
     deadline = time.monotonic() + 300
     while len(_chunks(parts)) < 3 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.002)
@@ -151,7 +151,7 @@ def test_an_unfinished_run_with_another_backbone_is_not_mixed_in(photos, backbon
 
 
 def test_a_second_run_on_the_same_output_is_told_who_holds_it(photos, backbone, tmp_path, capsys):
-    from moco.checkpoint import lock_dir
+    from moco.files import lock_dir
 
     parts = tmp_path / "v.npy.parts"
     parts.mkdir()
@@ -170,7 +170,7 @@ def _index_of(backbone: Path, tmp: Path) -> Path:
 
 @pytest.mark.parametrize("case", ["no folder", "a file", "no photos", "suffix", "out is a folder", "no backbone",
                                   "space not an index", "space of another backbone", "chunk size", "both spaces",
-                                  "parquet without pyarrow", "line break"])  # fmt: skip
+                                  "parquet without pyarrow", "line break"])
 def test_bad_input_exits_2_naming_the_value(photos, backbone, tmp_path, capsys, monkeypatch, case):
     out = tmp_path / "v.npy"
     folder, flags, needle = str(photos), [], None
@@ -236,7 +236,7 @@ def test_a_resumed_run_embeds_again_the_photos_that_changed_since(sample_photos,
     shutil.copytree(sample_photos, photos)
     out = tmp_path / "v.npy"
     argv = ["embed", str(photos), "--backbone", str(backbone), "-o", str(out), "--chunk-size", "8", "--device",
-            "cpu", "--quiet"]  # fmt: skip
+            "cpu", "--quiet"]
     in_the_way = tmp_path / "v.paths.txt"
     in_the_way.mkdir()  # every chunk is embedded, then writing the output fails: the run is unfinished
     assert main(argv) == 1

@@ -9,16 +9,18 @@ import torch
 import torchvision
 from torch import nn
 
-from app.cli import main
-from moco.augment import center_view
-from moco.checkpoint import save_checkpoint
+from app.cli.commands import main
 from moco.config import resolve_config, to_plain
+from moco.data.augment import center_view
 from moco.embed import Embedder
 from moco.errors import UserError
-from moco.export import detect_arch, export_backbone, load_exported
-from moco.formats import read_checkpoint
-from moco.model import build_mlp
-from moco.train import build_model
+from moco.export.exporter import export_backbone
+from moco.export.reader import load_exported
+from moco.model.builder import build_mlp
+from moco.training.checkpoints import save_checkpoint
+from moco.training.setup import build_model
+from moco.weights.arch import detect_arch
+from moco.weights.layouts import read_checkpoint
 
 
 def _resnet18(head: nn.Module | None = None) -> nn.Module:
@@ -55,7 +57,7 @@ def test_official_v1_v2(tmp_path, prefix):
         n_head = len(head.state_dict())
         meta = _check(tmp_path / f"{version}.pth.tar", tmp_path / f"{version}.safetensors", _backbone_of(q),
                       {"momentum (key) encoder": len(q.state_dict()), "projection head": n_head,
-                       "queue (keys of the original training images)": 2}, "resnet18")  # fmt: skip
+                       "queue (keys of the original training images)": 2}, "resnet18")
         assert meta["moco_version"] == version and meta["source_format"] == "moco-v1/v2 (official)"
         assert meta["image_size"] == "224" and meta["resize"] == "256"
         assert json.loads(meta["training"]) == {"epoch": 200, "arch": "resnet18"}
@@ -73,7 +75,7 @@ def test_official_v3_resnet_and_vit(tmp_path):
     n_head = len(base.fc.state_dict())
     meta = _check(tmp_path / "r.pth.tar", tmp_path / "r.safetensors", _backbone_of(base),
                   {"momentum (key) encoder": len(base.state_dict()), "projection head": n_head,
-                   "predictor": len(pred.state_dict())}, "resnet18")  # fmt: skip
+                   "predictor": len(pred.state_dict())}, "resnet18")
     assert meta["moco_version"] == "v3"
 
     vit = timm.create_model("vit_small_patch16_224", pretrained=False, img_size=64, num_heads=12)
@@ -83,7 +85,7 @@ def test_official_v3_resnet_and_vit(tmp_path):
     torch.save({"state_dict": sd}, tmp_path / "v.pth.tar")
     meta = _check(tmp_path / "v.pth.tar", tmp_path / "v.safetensors", _backbone_of(vit, "head."),
                   {"projection head": len(vit.head.state_dict()), "predictor": len(pred.state_dict())},
-                  "vit_small_patch16_224")  # fmt: skip
+                  "vit_small_patch16_224")
     assert json.loads(meta["arch_kwargs"]) == {"num_heads": 12} and meta["image_size"] == "64"
     # the 12-head ViT-S of MoCo v3 computes the same features after the round trip
     emb = Embedder.load(tmp_path / "v.safetensors", device="cpu", precision="fp32")
@@ -104,14 +106,14 @@ def test_plain_lightly_solo(tmp_path):
     sd |= {"projection_head.layers.0.weight": torch.zeros(4, 512)}
     torch.save(sd, tmp_path / "lightly.ckpt")
     _check(tmp_path / "lightly.ckpt", tmp_path / "l.safetensors", _backbone_of(net),
-           {"momentum (key) encoder": len(seq.state_dict()), "projection head": 1}, "resnet18")  # fmt: skip
+           {"momentum (key) encoder": len(seq.state_dict()), "projection head": 1}, "resnet18")
     solo = {f"backbone.{k}": v for k, v in _backbone_of(net).items()}
     solo |= {"projector.0.weight": torch.zeros(4, 512), "classifier.weight": torch.zeros(10, 512)}
     solo |= {f"momentum_backbone.{k}": v for k, v in _backbone_of(net).items()}
     torch.save({"state_dict": solo, "epoch": 9}, tmp_path / "solo.ckpt")
     meta = _check(tmp_path / "solo.ckpt", tmp_path / "s.safetensors", _backbone_of(net),
                   {"momentum (key) encoder": len(_backbone_of(net)), "projection head": 1, "classifier": 1},
-                  "resnet18")  # fmt: skip
+                  "resnet18")
     assert meta["source_format"] == "solo-learn"
 
 
@@ -141,7 +143,7 @@ def test_exported_features_equal_training_model(tmp_path, preset, arch, size):
                 m.running_mean.uniform_(-0.1, 0.1)
                 m.running_var.uniform_(0.5, 1.5)
     save_checkpoint({"model": model.state_dict(), "step": 7, "config": to_plain(cfg), "files": ["a"] * 5},
-                    tmp_path, keep=0)  # fmt: skip
+                    tmp_path, keep=0)
     meta = export_backbone(tmp_path / "checkpoint.pt", tmp_path / "b.safetensors")
     assert meta["moco_version"] == preset and meta["arch"] == arch and meta["small_stem"] == json.dumps(preset == "v2")
     assert json.loads(meta["training"])["step"] == 7 and json.loads(meta["training"])["images"] == 5
@@ -163,7 +165,7 @@ def test_pt2_and_cli(tmp_path, capsys):
     net = _resnet18()
     torch.save(net.state_dict(), tmp_path / "tv.pth")
     assert main(["export", str(tmp_path / "tv.pth"), "-o", str(tmp_path / "b.pt2"), "--format", "pt2",
-                 "--image-size", "64"]) == 0  # fmt: skip
+                 "--image-size", "64"]) == 0
     program = torch.export.load(str(tmp_path / "b.pt2"))
     x = torch.randn(2, 3, 64, 64)
     net.fc = nn.Identity()
@@ -239,7 +241,7 @@ def _square_images(n: int, side: int) -> list:
 
     g = torch.Generator().manual_seed(1)
     return [Image.fromarray(torch.randint(0, 256, (side, side, 3), generator=g, dtype=torch.uint8).numpy())
-            for _ in range(n)]  # fmt: skip
+            for _ in range(n)]
 
 
 @pytest.mark.parametrize("kind", ["resnet18", "vit_small_12_heads"])
@@ -255,7 +257,7 @@ def test_timm_format_loads_in_timm_with_its_preprocessing(tmp_path, kind):
         size, arch = 32, "vit_small_patch16_224"
         vit = timm.create_model(arch, pretrained=False, img_size=size, num_heads=12, num_classes=0)
         torch.save({"state_dict": {f"module.base_encoder.{k}": v for k, v in vit.state_dict().items()}},
-                   tmp_path / "ckpt.pth")  # fmt: skip
+                   tmp_path / "ckpt.pth")
     meta = export_backbone(tmp_path / "ckpt.pth", tmp_path / "timm", fmt="timm", image_size=size)
     assert sorted(p.name for p in (tmp_path / "timm").iterdir()) == ["config.json", "model.safetensors"]
     cfg = json.loads((tmp_path / "timm" / "config.json").read_text())
@@ -288,7 +290,7 @@ def test_timm_format_fine_tunes_with_a_fresh_head(tmp_path, arch, size):
     else:  # an official MoCo v3 layout
         vit = timm.create_model(arch, pretrained=False, img_size=size, num_classes=0)
         torch.save({"state_dict": {f"module.base_encoder.{k}": v for k, v in vit.state_dict().items()}},
-                   tmp_path / "ckpt.pth")  # fmt: skip
+                   tmp_path / "ckpt.pth")
     export_backbone(tmp_path / "ckpt.pth", tmp_path / "timm", fmt="timm", image_size=size)
     exported, _ = load_exported(tmp_path / "timm" / "model.safetensors")
 

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from app.cli import main
-from app.pipeline import collection_dir
-from moco.checkpoint import load_checkpoint, save_checkpoint
+from app.cli.commands import main
+from app.run.pipeline import collection_dir
 from moco.embed import Embedder
-from moco.run_checkpoint import run_end
-from moco.train import resume_config, run_state, train
+from moco.training.checkpoints import resume_config, run_end, run_state, save_checkpoint
+from moco.training.loop import train
+from moco.weights.layouts import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["--no-serve", "--quiet", "--max-steps", "3"]  # the cpu preset (resnet10t, --whiten), 3 steps
@@ -58,7 +58,7 @@ def _assert_same_space(work: Path, ref: Path, photos: Path, exact: bool) -> None
     assert all(same(a["model"][k], b["model"][k]) for k in b["model"])
     wa, wb = a["whitening"], b["whitening"]
     assert {k: v for k, v in wa.items() if k not in ("mean", "matrix", "shrinkage")} == \
-        {k: v for k, v in wb.items() if k not in ("mean", "matrix", "shrinkage")}  # fmt: skip
+        {k: v for k, v in wb.items() if k not in ("mean", "matrix", "shrinkage")}
     assert same(wa["mean"], wb["mean"]) and same(wa["matrix"], wb["matrix"])
     assert wa["shrinkage"] == pytest.approx(wb["shrinkage"], abs=0 if exact else 1e-5)
     files = sorted(photos.rglob("*.png"))[:8]
@@ -74,7 +74,7 @@ def test_a_run_killed_in_its_fit_fits_it_alone_on_the_next_run(straight, sample_
     shutil.copytree(straight / "run", work / "run")
     ckpt = load_checkpoint(work / "run" / "checkpoint.pt")
     save_checkpoint({k: v for k, v in ckpt.items() if k not in ("format", "version", "whitening")}, work / "run",
-                    keep=1, replace=True)  # fmt: skip
+                    keep=1, replace=True)
     assert run_state(load_checkpoint(work / "run" / "checkpoint.pt")) == "whitening"
     steps = _steps(work)
     out = _moco_run(sample_photos, work, capsys)
@@ -91,7 +91,7 @@ def _killed_in_the_fit(photos: Path, work: Path, sig: int) -> tuple[int, str]:
     """A real `moco run` subprocess sent ``sig`` as its end-of-run fit starts; its exit code and output."""
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "run", str(photos), "--work", str(work.parent), *RUN],
                             env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                            stderr=subprocess.STDOUT, text=True)
     lines = []
     try:
         for line in proc.stdout:
@@ -126,7 +126,7 @@ def test_sigkill_during_the_fit_then_the_next_run_ends_in_the_same_space(straigh
 
 @pytest.mark.slow
 def test_sigterm_during_the_fit_stops_before_export_and_the_next_run_fits_it(straight, sample_photos, tmp_path,
-                                                                              capsys):  # fmt: skip
+                                                                              capsys):
     work = collection_dir(tmp_path / "work", sample_photos)  # the folder's own directory
     code, text = _killed_in_the_fit(sample_photos, work, signal.SIGTERM)
     assert code == 130, text[-3000:]  # stopped by the signal, not killed by it: the pipeline ends there
@@ -147,7 +147,7 @@ def test_a_run_ended_by_its_time_budget_is_finished_and_reused(sample_photos, tm
     rerun trained one more step. Whatever step the budget ends at, the run is finished there."""
     work = collection_dir(tmp_path / "work", sample_photos)  # the folder's own directory
     assert main(["run", str(sample_photos), "--work", str(work.parent), "--no-serve", "--quiet", "--minutes",
-                 "0.001"]) == 0  # fmt: skip
+                 "0.001"]) == 0
     out = capsys.readouterr().out
     ckpt_path = work / "run" / "checkpoint.pt"
     ckpt = load_checkpoint(ckpt_path)

@@ -12,9 +12,9 @@ from torch import nn
 
 from moco.config import resolve_config
 from moco.errors import UserError
-from moco.formats import load_init, read_checkpoint
-from moco.model import build_mlp
-from moco.train import build_model
+from moco.model.builder import build_mlp
+from moco.training.setup import build_model
+from moco.weights.layouts import load_init, read_checkpoint
 
 
 def _resnet18_sd(head: nn.Module | None = None, prefix: str = "") -> dict[str, torch.Tensor]:
@@ -155,7 +155,7 @@ def test_lightly_sequential_backbone_and_solo_learn(tmp_path):
 
 
 def test_our_checkpoint_and_wrong_arch(tmp_path):
-    from moco.checkpoint import save_checkpoint
+    from moco.training.checkpoints import save_checkpoint
 
     src = _model("v2")
     save_checkpoint({"model": src.state_dict(), "step": 5, "config": {}}, tmp_path, keep=0)

@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import app.handlers as handlers
-from app.handlers import ALL_FOLDERS, SearchApp, score_text
-from app.uploads import MAX_UPLOAD_MB, read_upload
-from index.build import build_index
+import app.page.handlers as handlers
+from app.page.handlers import ALL_FOLDERS, SearchApp, score_text
+from app.page.uploads import MAX_UPLOAD_MB, read_upload
+from index.build.runner import build_index
 from index.image_index import MIN_SIDE_PX, ImageIndex
+from moco.data.sample import make_sample_collection
 from moco.errors import UserError
-from moco.sample import make_sample_collection
 
 from .conftest import random_backbone
 
@@ -38,7 +38,7 @@ def _photo(app: SearchApp, i: int = 2) -> Path:
 
 @pytest.mark.parametrize("content, words", [
     (b"plain text, not a photo", "not an image"), (b"", "empty file"), (None, "truncated or corrupt"),
-])  # fmt: skip
+])
 def test_bad_uploads_are_one_line_naming_the_file(app, tmp_path, content, words):
     path = tmp_path / "upload.jpg"
     path.write_bytes(content if content is not None else _photo(app).read_bytes()[:300])
@@ -90,7 +90,7 @@ def test_an_image_too_small_to_search_with_is_refused_naming_its_size(app, tmp_p
 
 def test_scores_read_as_on_the_page_and_never_minus_zero(app):
     for score, text in [(-0.0004, "0.000"), (-0.0, "0.000"), (0.0004, "0.000"), (-0.0006, "-0.001"), (0.9996, "1.000"),
-                        (0.25, "0.250")]:  # fmt: skip
+                        (0.25, "0.250")]:
         assert score_text(score) == text
         assert app.caption(1, score, "a/b.jpg").startswith(f"#1 · {text} · ")
 
@@ -166,7 +166,7 @@ def test_select_uses_the_stored_vector_and_names_the_photo(app):
 
 
 def test_a_pending_page_says_the_index_is_not_ready(tmp_path):
-    from app.status import RunStatus
+    from app.run.status import RunStatus
 
     status = RunStatus(tmp_path)
     status.stage("training", "run")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from app import heap
-from index.build import build_index
+from app.server import heap
+from index.build.runner import build_index
 from index.image_index import ImageIndex
 from tests.conftest import random_backbone
 
@@ -46,7 +46,7 @@ def test_freeze_leaves_what_is_alive_out_of_later_collections(frozen_heap) -> No
 
 
 def test_an_index_reloaded_in_a_frozen_process_frees_the_old_one(frozen_heap, sample_photos: Path, backbone: Path,
-                                                                  tmp_path: Path) -> None:  # fmt: skip
+                                                                  tmp_path: Path) -> None:
     """`moco serve` freezes with its index loaded; `moco index update` and a rebuild then replace the store, the
     space and the catalog. They must hold no reference cycle, or every update would leak the old index."""
     photos = tmp_path / "photos"

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.cli import main
+from app.cli.commands import main
 from index.image_index import ImageIndex
+from moco.data.sample import make_sample_collection
 from moco.embed import Embedder, center
-from moco.sample import make_sample_collection
 
 from .conftest import random_backbone
 
@@ -31,14 +31,14 @@ def photos(tmp_path) -> Path:
 
 def _build(photos: Path, backbone: Path, out: Path, *extra: str) -> int:
     return main(["index", "build", str(photos), "--backbone", str(backbone), "-o", str(out), "--quiet",
-                 "--batch-size", "8", *extra])  # fmt: skip
+                 "--batch-size", "8", *extra])
 
 
 def _catalog(index_dir: Path) -> dict[str, tuple[int, np.ndarray | None, str, str | None]]:
     """path -> (id, vector, status, error), read straight from the SQLite file."""
     db = sqlite3.connect(index_dir / "catalog.sqlite")
     rows = db.execute("SELECT i.path, i.id, v.vector, i.status, i.error FROM images i "
-                      "LEFT JOIN vectors v ON v.id = i.id WHERE i.deleted = 0").fetchall()  # fmt: skip
+                      "LEFT JOIN vectors v ON v.id = i.id WHERE i.deleted = 0").fetchall()
     db.close()
     return {p: (i, None if v is None else np.frombuffer(v, np.float32), s, e) for p, i, v, s, e in rows}
 
@@ -185,7 +185,7 @@ def test_backbone_mismatch_and_bad_input_are_refused(photos, backbone, tmp_path,
     missing = tmp_path / "missing"
     assert main(["index", "build", str(missing), "--backbone", str(backbone), "-o", str(tmp_path / "x")]) == 2
     assert main(["index", "build", str(photos), "--backbone", str(tmp_path / "nope.safetensors"), "-o",
-                 str(tmp_path / "y")]) == 2  # fmt: skip
+                 str(tmp_path / "y")]) == 2
     assert "not found" in capsys.readouterr().err
     assert main(["index", "search", str(out), img, "-k", "0"]) == 2
 
@@ -225,8 +225,8 @@ def test_dedup_finds_planted_duplicates(photos, backbone, tmp_path, capsys):
 def test_auto_falls_back_to_flat_when_vectors_do_not_cluster(tmp_path, monkeypatch):
     """auto picks IVF above EXACT_UP_TO; on uniform noise IVF must scan most lists, so flat is kept instead."""
     from index import store as store_mod
+    from index.build.sync import sync_store as _sync_store
     from index.catalog import Catalog, Row, catalog_meta
-    from index.sync_store import sync_store as _sync_store
 
     monkeypatch.setattr(store_mod, "EXACT_UP_TO", 1000)
     out = tmp_path / "idx"
@@ -239,7 +239,7 @@ def test_auto_falls_back_to_flat_when_vectors_do_not_cluster(tmp_path, monkeypat
         for i, v in enumerate(vecs):
             cat.put(db, Row(i, f"{i}.jpg", 1, 1, str(i), "ok"), v)
     for key, value in dict(root=str(tmp_path), backbone_path="b", backbone_sha256="s", backbone={}, dim=64,
-                           kind="auto", memory_budget=1 << 30).items():  # fmt: skip
+                           kind="auto", memory_budget=1 << 30).items():
         cat.set_meta(key, json.dumps(value))
     store = _sync_store(out, cat, catalog_meta(cat), "no")
     assert store.kind == "flat" and store.ntotal == 4000

@@ -14,10 +14,10 @@ import faiss
 import numpy as np
 import pytest
 
-from app.cli import main
+from app.cli.commands import main
 from index.image_index import ImageIndex
+from moco.data.sample import make_sample_collection
 from moco.embed import center
-from moco.sample import make_sample_collection
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
@@ -25,7 +25,7 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
 
 def _cli(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "app.cli", *args], env=ENV, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True)
 
 
 def _rows(index_dir: Path) -> int:
@@ -41,7 +41,7 @@ def _rows(index_dir: Path) -> int:
 def _state(index_dir: Path) -> dict[str, np.ndarray]:
     db = sqlite3.connect(index_dir / "catalog.sqlite")
     rows = db.execute("SELECT i.path, v.vector FROM images i JOIN vectors v ON v.id = i.id "
-                      "WHERE i.deleted = 0 AND i.status = 'ok'").fetchall()  # fmt: skip
+                      "WHERE i.deleted = 0 AND i.status = 'ok'").fetchall()
     db.close()
     return {p: np.frombuffer(v, np.float32) for p, v in rows}
 
@@ -98,7 +98,7 @@ def test_build_killed_mid_embedding_then_rerun_equals_clean_build(photos, backbo
     assert 40 <= _rows(out) < 240
     assert main(args) == 0  # the re-run completes the build
     assert main(["index", "build", str(photos), "--backbone", str(backbone), "-o", str(tmp_path / "clean"),
-                 "--quiet"]) == 0  # fmt: skip
+                 "--quiet"]) == 0
     _assert_same(out, tmp_path / "clean")
 
 
@@ -123,7 +123,7 @@ def test_update_killed_leaves_previous_index_readable_and_rerun_completes(photos
     assert len(idx) in (before, before + 180 - 5)
     assert main(["index", "update", str(out), "--quiet"]) == 0
     assert main(["index", "build", str(photos), "--backbone", str(backbone), "-o", str(tmp_path / "clean"),
-                 "--quiet"]) == 0  # fmt: skip
+                 "--quiet"]) == 0
     _assert_same(out, tmp_path / "clean")
 
 
@@ -131,11 +131,11 @@ def test_update_killed_leaves_previous_index_readable_and_rerun_completes(photos
 def test_torchrun_sharded_build_equals_single_process(photos, backbone, tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "index.build",
            str(photos), "--backbone", str(backbone), "-o", str(tmp_path / "dist"), "--quiet", "--batch-size", "8",
-           "--device", "cpu", "--workers", "1"]  # fmt: skip
+           "--device", "cpu", "--workers", "1"]
     proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert main(["index", "build", str(photos), "--backbone", str(backbone), "-o", str(tmp_path / "single"),
-                 "--quiet"]) == 0  # fmt: skip
+                 "--quiet"]) == 0
     _assert_same(tmp_path / "dist", tmp_path / "single")
     a, b = ImageIndex.open(tmp_path / "dist"), ImageIndex.open(tmp_path / "single")
     assert {r.path: r.id for r in a.catalog.rows().values()} == {r.path: r.id for r in b.catalog.rows().values()}
@@ -144,5 +144,5 @@ def test_torchrun_sharded_build_equals_single_process(photos, backbone, tmp_path
     np.testing.assert_allclose(ra.scores, rb.scores, atol=1e-5)
     # and the sharded update path: nothing to do on either
     proc = subprocess.run([*cmd[:7], "update", str(tmp_path / "dist"), "--quiet", "--device", "cpu"], env=ENV,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

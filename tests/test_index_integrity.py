@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.cli import main
+from app.cli.commands import main
 from index.image_index import ImageIndex
 from index.store import VectorStore
+from moco.data.sample import make_sample_collection
 from moco.errors import UserError
-from moco.sample import make_sample_collection
 
 
 def _photos(root: Path, seed: int) -> Path:
@@ -42,7 +42,7 @@ def _rows(out: Path) -> dict[str, tuple[int, str, str | None, str | None, bytes 
     """path -> (id, status, error, thumb, vector bytes), straight from the SQLite file."""
     db = sqlite3.connect(out / "catalog.sqlite")
     rows = db.execute("SELECT i.path, i.id, i.status, i.error, i.thumb, v.vector FROM images i "
-                      "LEFT JOIN vectors v ON v.id = i.id WHERE i.deleted = 0").fetchall()  # fmt: skip
+                      "LEFT JOIN vectors v ON v.id = i.id WHERE i.deleted = 0").fetchall()
     db.close()
     return {p: (i, s, e, t, v) for p, i, s, e, t, v in rows}
 
@@ -162,7 +162,7 @@ def test_old_error_rows_of_our_own_failures_are_retried(photos, backbone, tmp_pa
     rows = _rows(out)
     assert rows[victim][:2] == before[victim][:2] and rows[victim][1] == "ok"
     np.testing.assert_allclose(np.frombuffer(rows[victim][4], np.float32),
-                               np.frombuffer(before[victim][4], np.float32), atol=1e-5)  # fmt: skip
+                               np.frombuffer(before[victim][4], np.float32), atol=1e-5)
     assert rows["broken.jpg"] == before["broken.jpg"]  # a photo that does not decode stays an error
     _finds_itself(out)
 
@@ -178,16 +178,16 @@ def test_old_error_rows_of_our_own_failures_are_retried(photos, backbone, tmp_pa
     ("unreadable: Permission denied", False),
     ("decompression bomb: 12000 x 8000 pixels exceeds limit 89478485", False),
     (None, False),
-])  # fmt: skip
+])
 def test_which_error_reasons_are_ours(reason, ours):
-    from index.prepare import is_our_failure
+    from index.build.prepare import is_our_failure
 
     assert is_our_failure(reason) is ours
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.ENOTDIR])
 def test_write_failure_messages_name_the_path_and_the_fix(tmp_path, code):
-    from index.prepare import write_failed
+    from index.build.prepare import write_failed
 
     err = write_failed(OSError(code, "boom"), tmp_path / "thumbs" / "3.jpg")
     assert isinstance(err, UserError) and str(tmp_path / "thumbs" / "3.jpg") in str(err)
@@ -199,7 +199,7 @@ def test_write_failure_messages_name_the_path_and_the_fix(tmp_path, code):
 # ------------------------------------------------------------------ point 6: files of another index
 @pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw", "ivfpq"])
 def test_index_id_trailer_is_ignored_by_faiss(tmp_path, kind):
-    from index.store import read_index_id
+    from index.trailer import read_index_id
 
     rng = np.random.default_rng(0)
     vecs = rng.standard_normal((2000, 16)).astype(np.float32)
@@ -234,7 +234,7 @@ def two_indexes(backbone, tmp_path) -> tuple[Path, Path]:
 
 def _ids(out: Path) -> tuple[str | None, str | None, str | None]:
     """The index id in catalog.sqlite, index.json and index.faiss."""
-    from index.store import read_index_id
+    from index.trailer import read_index_id
 
     db = sqlite3.connect(out / "catalog.sqlite")
     got = db.execute("SELECT value FROM meta WHERE key='index_id'").fetchone()
@@ -300,12 +300,12 @@ def test_an_index_from_before_index_ids_opens_and_gets_an_id(photos, backbone, t
 
 
 def test_update_rebuilds_an_index_faiss_of_another_dim(photos, backbone, tmp_path, capsys):
-    from index.store import read_index_id
+    from index.trailer import read_index_id
 
     out = tmp_path / "idx"
     assert _build(photos, backbone, out) == 0
     VectorStore.create("flat", 256, 1, "no").save(out / "index.faiss", read_index_id(out / "index.faiss"),
-                                                  np.zeros(256, np.float32))  # fmt: skip
+                                                  np.zeros(256, np.float32))
     capsys.readouterr()
     assert _update(out) == 0
     assert "holds 256-d vectors, the catalog 512-d: rebuilding index.faiss" in capsys.readouterr().err

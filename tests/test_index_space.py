@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from index.build import build_index, update_index
+from index.build.runner import build_index, update_index
+from index.build.sync import DRIFT_REFIT, space_drift, space_rule
 from index.image_index import ImageIndex
-from index.sync_store import DRIFT_REFIT, space_drift, space_rule
-from moco.sample import make_sample_collection
+from moco.data.sample import make_sample_collection
 
 
 def test_space_rule_by_size():
-    from index.sync_store import WHITEN_FROM, WHITEN_PER_DIM
+    from index.build.sync import WHITEN_FROM, WHITEN_PER_DIM
 
     assert space_rule(WHITEN_FROM, 960) == "whitened" and space_rule(WHITEN_FROM - 1, 960) == "centred"
     wide = WHITEN_PER_DIM * 2048  # wider features need more photos per dimension
@@ -92,19 +92,19 @@ def test_an_index_of_an_older_version_is_embedded_again_as_features(tmp_path, sa
     embeds every photo again."""
     from moco.config import resolve_config
     from moco.errors import UserError
-    from moco.export import export_backbone
-    from moco.train import train
+    from moco.export.exporter import export_backbone
+    from moco.training.loop import train
 
     cfg = resolve_config("cpu", data_dir=str(sample_photos), out=str(tmp_path / "run"), image_size=32, batch_size=8,
                          bn_splits=2, queue_size=16, workers=0, max_steps=2, precision="fp32",
-                         save_every_minutes=1000.0)  # fmt: skip
+                         save_every_minutes=1000.0)
     train(cfg, progress=False)
     export_backbone(tmp_path / "run" / "checkpoint.pt", tmp_path / "b.safetensors")
     photos = tmp_path / "photos"
     shutil.copytree(sample_photos, photos)
     build_index(photos, tmp_path / "b.safetensors", tmp_path / "idx", progress=False, device="cpu")
     from index.catalog import Catalog, set_catalog_meta
-    from index.image_index import read_meta, write_meta
+    from index.index_dir import read_meta, write_meta
 
     cat = Catalog(tmp_path / "idx" / "catalog.sqlite")
     set_catalog_meta(cat, vectors=None)  # as an older version left it

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
+from app.cli.commands import main
 from tests.conftest import TINY_CLI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,7 +53,7 @@ def _run(tmp_path: Path, blocked: str, *args: str) -> subprocess.CompletedProces
     launcher = tmp_path / "not_installed.py"
     launcher.write_text(LAUNCHER)
     return subprocess.run([sys.executable, str(launcher), blocked, *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+                          timeout=600)
 
 
 # ------------------------------------------------------------------------------------------ pyproject
@@ -65,7 +65,7 @@ def _name(requirement: str) -> str:
 def _third_party_imports(folder: Path) -> tuple[set[str], set[str]]:
     """Top-level third-party modules imported by ``folder/*.py``: (at module level, inside functions)."""
     top, inner = set(), set()
-    for path in folder.glob("*.py"):
+    for path in folder.rglob("*.py"):
         tree = ast.parse(path.read_text())
         module_level = {id(node) for node in tree.body}
         for node in ast.walk(tree):
@@ -94,7 +94,7 @@ def test_core_dependencies_are_the_light_set():
     assert extras["gpu"] == {"faiss-gpu-cu12"} and "faiss-cpu" not in extras["all"]  # never both faiss builds
     assert "tensorboard" in extras["tensorboard"]
     assert all(f"[{name}" in extras_text["all"] or f",{name}" in extras_text["all"]
-               for name in ("ui", "tensorboard", "plot"))  # fmt: skip
+               for name in ("ui", "tensorboard", "plot"))
 
     # every package `moco` imports is declared: at module level a core one, inside functions core or an extra
     top, inner = _third_party_imports(ROOT / "moco")
@@ -110,7 +110,7 @@ def test_core_dependencies_are_the_light_set():
 def test_light_install_trains_exports_and_embeds(sample_photos, tmp_path):
     run, backbone = tmp_path / "run", tmp_path / "b.safetensors"
     r = _run(tmp_path, NO_EXTRAS, "-m", "app.cli", "train", str(sample_photos), "--out", str(run), *TINY_CLI,
-             "--max-steps", "2")  # fmt: skip
+             "--max-steps", "2")
     assert r.returncode == 0, r.stderr
     assert (run / "checkpoint.pt").is_file() and (run / "metrics.jsonl").is_file()
     assert not (run / "curves.png").exists() and "matplotlib" in r.stderr  # skipped, with one line saying why
@@ -169,7 +169,7 @@ def test_index_commands_without_faiss_name_the_index_extra(index_dir, sample_pho
     }[command]
     before = _files(index_dir)
     r = _run(tmp_path, "faiss", "-m", "app.cli", "index", command, *args, "--quiet" if command in ("build", "update")
-             else "--json")  # fmt: skip
+             else "--json")
     assert r.returncode == 2, r.stderr
     assert 'pip install "moco-retrieval[index]"' in r.stderr and "Traceback" not in r.stderr
     assert not new.exists() and _files(index_dir) == before  # failed before writing anything
@@ -186,7 +186,7 @@ def test_images_and_make_install_the_extras_they_run():
 def test_run_without_its_extras_says_so_before_training(sample_photos, tmp_path, blocked, flags, extra):
     work = tmp_path / "work"
     r = _run(tmp_path, blocked, "-m", "app.cli", "run", str(sample_photos), "--work", str(work), "--max-steps", "2",
-             "--quiet", *flags)  # fmt: skip
+             "--quiet", *flags)
     assert r.returncode == 2, r.stderr
     assert f'pip install "moco-retrieval[{extra}]"' in r.stderr and "Traceback" not in r.stderr
     assert not list(work.rglob("checkpoint.pt"))  # nothing was trained first
@@ -195,7 +195,7 @@ def test_run_without_its_extras_says_so_before_training(sample_photos, tmp_path,
 # ------------------------------------------------------------------------------------------ the Makefile
 def test_make_run_echoes_its_command_on_one_line(tmp_path):
     r = subprocess.run(["make", "-n", "run", f"VENV={tmp_path / 'venv'}", "PHOTOS=/photos", "MINUTES=3"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+                       capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     command = f"{tmp_path / 'venv'}/bin/moco run /photos --work runs/default --minutes 3 --host 127.0.0.1 --port 7860"
     assert command in r.stdout.splitlines(), r.stdout  # one line, as it runs
@@ -213,7 +213,7 @@ esac
 
 @pytest.mark.parametrize(("known", "upgrades", "fails"), [(0, "", False), (1, "", False),
                                                       (0, "Inst libc6 [2.36-9] (2.36-10 Debian)\n", False),
-                                                      (0, "", True)])  # fmt: skip
+                                                      (0, "", True)])
 def test_make_test_installs_chromium_and_what_it_requires(tmp_path, known, upgrades, fails):
     """The chromium rule, run by make with apt-get/apt-cache stand-ins that record their calls (as root: no sudo).
     Issue 39: the rule refused an install that upgraded a package chromium's dependencies require, so `make test`
@@ -227,7 +227,7 @@ def test_make_test_installs_chromium_and_what_it_requires(tmp_path, known, upgra
     (bin_dir / "id").chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log), "KNOWN": str(known), "UPGRADES": upgrades}
     r = subprocess.run(["make", str(tmp_path / "chromium"), f"CHROMIUM={tmp_path / 'chromium'}"], cwd=ROOT, env=env,
-                       capture_output=True, text=True, timeout=60)  # fmt: skip
+                       capture_output=True, text=True, timeout=60)
     calls = log.read_text().splitlines()
     assert "chromium is missing: installing it and what it depends on" in r.stdout.splitlines()[0]  # said first
     assert ("apt-get update -qq" in calls) == bool(known)  # the lists updated only when chromium is unknown

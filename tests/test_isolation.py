@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.api import ApiSettings
-from app.log_limits import LogLimits
-from app.ui import serve
-from index.build import build_index
+from app.server.access import ApiSettings
+from app.server.launch import serve
+from app.server.log_limits import LogLimits
+from index.build.runner import build_index
 from index.image_index import ImageIndex
-from moco.sample import make_sample_collection
+from moco.data.sample import make_sample_collection
 
 from .live import free_port, wait_served
 
@@ -41,7 +41,7 @@ def idx(backbone, tmp_path_factory) -> Path:
     rng = np.random.default_rng(0)
     for n in range(BIG):
         Image.fromarray(rng.integers(0, 256, (1600, 1800, 3), np.uint8)).save(photos / "big" / f"noise{n}.jpg",
-                                                                             quality=95)  # fmt: skip
+                                                                             quality=95)
     out = photos.parent / "idx"
     build_index(photos, backbone, out, progress=False)
     return out
@@ -91,9 +91,9 @@ def test_a_poisoned_search_fails_alone_among_concurrent_ones(server, idx):
 def test_concurrent_downloads_of_large_originals_all_get_their_bytes(server, idx, monkeypatch):
     """18 downloads at once of 3 originals of about 4 MB, the result files' cache cut to nothing (it evicted copies
     before their responses opened them: 500 "File at path ... does not exist"): every one gets the file's bytes."""
-    import app.handlers
+    import app.page.handlers
 
-    monkeypatch.setattr(app.handlers, "_KEEP_BYTES", 1)
+    monkeypatch.setattr(app.page.handlers, "_KEEP_BYTES", 1)
     url, _ = server
     index = ImageIndex.open(idx)
     big = {r.id: index.root / r.path for r in index.catalog.rows_by_id(_ids(idx)).values() if r.path.startswith("big/")}
@@ -122,7 +122,7 @@ def test_errors_and_log_lines_repeat_a_few_hundred_characters_of_a_request(serve
         assert r.status_code == code and len(r.content) < 1500, (r.status_code, len(r.content))
         assert r.json()["detail"].startswith("no sub-folder '") and "(5000" in r.json()["detail"]
     r = httpx.post(f"{url}/search", files={"image": ("q.jpg", base64.b64decode(image))}, data={"folder": "z" * 900_000},
-                   timeout=120)  # fmt: skip
+                   timeout=120)
     assert r.status_code == 404 and len(r.content) < 1500
     assert sum(len(rec.getMessage()) for rec in caplog.records) < 20_000
 
@@ -131,11 +131,11 @@ def test_log_lines_are_capped_and_repeats_rate_limited():
     now = [0.0]
     limits = LogLimits(max_chars=100, burst=3, period_s=60, clock=lambda: now[0])
     records = [logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "socket.accept() out of system resource",
-                                 None, None) for _ in range(2000)]  # fmt: skip
+                                 None, None) for _ in range(2000)]
     assert [limits.filter(r) for r in records].count(True) == 3  # 2,000 in a second: 3 kept
     now[0] = 61.0
     later = logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "socket.accept() out of system resource", None,
-                              None)  # fmt: skip
+                              None)
     assert limits.filter(later) and "1997 more like it left out in the last 60 s" in later.getMessage()
     long = logging.LogRecord("app.api", logging.WARNING, __file__, 1, "%s", ("x" * 10**6,), None)
     assert limits.filter(long) and len(long.getMessage()) < 200
@@ -154,7 +154,7 @@ def test_malformed_bodies_get_a_clean_400(server, sample_photos):
             assert r.status_code == 400, r.text
             detail = r.json()["detail"]
             assert "HTTPException" not in detail and "Error" not in detail and "/api/v1/docs" in detail or \
-                "send image, k, folder and offset" in detail  # fmt: skip
+                "send image, k, folder and offset" in detail
         emoji = "😀" * 120
         r = c.post("/search", files={"image": (emoji + ".jpg", photo)}, data={"k": "3"})
         assert r.status_code == 200 and len(r.json()["results"]) == 3  # 480 bytes: too long for a file name
@@ -166,7 +166,7 @@ def test_malformed_bodies_get_a_clean_400(server, sample_photos):
 @pytest.mark.parametrize("doc", [{"groups": []}, {"threshold": "high", "groups": []}, {"threshold": 0.9},
                                  {"threshold": 0.9, "groups": [{"size": 2}]},
                                  {"threshold": 0.9, "groups": [{"size": 2, "members": [{"id": "one", "path": 1}]}]},
-                                 [1, 2], "not json"])  # fmt: skip
+                                 [1, 2], "not json"])
 def test_a_damaged_dedup_json_is_a_clear_404(server, idx, doc):
     url, _ = server
     (idx / "dedup.json").write_text(doc if isinstance(doc, str) else json.dumps(doc))
@@ -193,7 +193,7 @@ def moco_serve(idx, tmp_path_factory):
     with log.open("w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(idx), "--port", str(port), "--device",
                                  "cpu", "--request-timeout", "2"], env=env, stdout=err, stderr=err,
-                                preexec_fn=low_limit)  # fmt: skip
+                                preexec_fn=low_limit)
     try:
         wait_served(f"http://127.0.0.1:{port}/api/v1/stats", proc)
         yield port, log
@@ -254,6 +254,6 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404"]
     st = Path(sys.executable).parent / "st"
     r = subprocess.run([str(st), "--config-file", str(config), "run", f"http://127.0.0.1:{port}/api/v1/openapi.json",
                         "--checks", "all", "--max-examples", "10", "--seed", "1", "--workers", "1"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=300)  # fmt: skip
+                       capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-6000:]
     assert " passed" in r.stdout and "failed" not in r.stdout.split("SUMMARY")[-1], r.stdout[-3000:]

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moco.knn import LabeledImages, knn_predict, knn_top1
+from moco.training.knn import LabeledImages, knn_predict, knn_top1
 
 
 def _brute_force(feats, bank, bank_labels, classes, k, t, leave_one_out):
@@ -65,7 +65,7 @@ def test_pixel_baseline_is_the_knn_of_centred_pixels(sample_photos, tmp_path):
     """KnnMonitor.pixels_top1 against a by-hand baseline: crop, scale, flatten, subtract the bank mean, normalize."""
     import numpy as np
 
-    from moco.knn import KnnMonitor
+    from moco.training.knn import KnnMonitor
 
     mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
     mon = KnnMonitor(str(sample_photos), "", 20, tmp_path / "c", 16, mean, std, k=5)
@@ -82,7 +82,7 @@ def test_whitened_pixel_baseline_is_the_knn_of_whitened_centred_pixels(sample_ph
     (leave-one-out) by the Mahalanobis cosine of their Ledoit-Wolf covariance."""
     import numpy as np
 
-    from moco.knn import KnnMonitor
+    from moco.training.knn import KnnMonitor
     from moco.whiten import ledoit_wolf_shrinkage
 
     mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
@@ -105,12 +105,12 @@ def test_whitened_pixel_baseline_is_the_knn_of_whitened_centred_pixels(sample_ph
 
 def test_monitor_scores_a_backbone_as_is_and_whitened_on_the_bank(sample_photos, tmp_path):
     """evaluate() against by-hand: features of val and bank, kNN as they are, then whitened with the bank's fit."""
-    from moco.knn import KnnMonitor, extract_features
+    from moco.training.knn import KnnMonitor, extract_features
     from moco.whiten import fit_whitening
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1),
-                              torch.nn.Flatten(), torch.nn.Linear(8, 6))  # fmt: skip
+                              torch.nn.Flatten(), torch.nn.Linear(8, 6))
     mean, std = (0.5, 0.4, 0.3), (0.2, 0.25, 0.3)
     mon = KnnMonitor(str(sample_photos), str(sample_photos), 16, tmp_path / "c", 16, mean, std, k=5)
     plain, white = mon.evaluate(net, torch.device("cpu"))
@@ -127,8 +127,8 @@ def test_monitor_scores_the_exported_embedding_with_and_without_the_mirror_image
     the run's whitening (or the plain features for a whitening fitted without the mirror image)."""
     from dataclasses import replace
 
-    from moco.augment import center_view
-    from moco.knn import KnnMonitor
+    from moco.data.augment import center_view
+    from moco.training.knn import KnnMonitor
     from moco.whiten import fit_whitening
 
     torch.manual_seed(1)

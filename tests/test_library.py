@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.cli import main
-from moco.sample import make_sample_collection
+from app.cli.commands import main
+from moco.data.sample import make_sample_collection
 from tests.conftest import TINY_CLI
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,19 +27,20 @@ ROOT = Path(__file__).resolve().parents[1]
 # The documented object of each public name (README's library section): module and attribute.
 DOCUMENTED = {
     "moco": {
-        "MoCo": "moco.model:MoCo", "TrainConfig": "moco.config:TrainConfig", "PRESETS": "moco.config:PRESETS",
-        "resolve_config": "moco.config:resolve_config", "train": "moco.train:train",
-        "resume_config": "moco.train:resume_config", "export_backbone": "moco.export:export_backbone",
+        "MoCo": "moco.model.builder:MoCo", "TrainConfig": "moco.config:TrainConfig", "PRESETS": "moco.config:PRESETS",
+        "resolve_config": "moco.config:resolve_config", "train": "moco.training.loop:train",
+        "resume_config": "moco.training.checkpoints:resume_config",
+        "export_backbone": "moco.export.exporter:export_backbone",
         "Embedder": "moco.embed:Embedder", "apply_space": "moco.whiten:apply_space",
         "UserError": "moco.errors:UserError",
-        "fetch_pretrained": "moco.pretrained:fetch", "PRETRAINED": "moco.pretrained:REGISTRY",
+        "fetch_pretrained": "moco.weights.pretrained:fetch", "PRETRAINED": "moco.weights.pretrained:REGISTRY",
     },
     "index": {
         "ImageIndex": "index.image_index:ImageIndex", "SearchResult": "index.image_index:SearchResult",
-        "build_index": "index.build:build_index", "update_index": "index.build:update_index",
+        "build_index": "index.build.runner:build_index", "update_index": "index.build.runner:update_index",
         "find_duplicates": "index.dedup:find_duplicates", "VectorStore": "index.store:VectorStore",
     },
-}  # fmt: skip
+}
 
 
 def _documented(package: str, name: str) -> object:
@@ -49,7 +50,7 @@ def _documented(package: str, name: str) -> object:
 
 # --------------------------------------------------------------------------------------- public names
 # In an interpreter where none of our packages is imported yet: import the name's own module first (as
-# `python -m moco.train`, a test or an app does), or the name first and its module after; then `from PACKAGE import
+# `python -m moco.training`, a test or an app does), or the name first and its module after; then `from PACKAGE import
 # NAME` must still be the documented object. One interpreter imports the third-party libraries (torch, faiss: most
 # of a start-up's time) and each case runs in a fork of it, so every case starts without moco, index or app.
 _PROBE = """
@@ -92,20 +93,20 @@ print(json.dumps(failed))
 @pytest.mark.parametrize("order", ["module first", "name first"])
 def test_every_public_name_is_the_documented_object_whatever_was_imported_before(order):
     cases = [(package, name, *where.split(":")) for package, names in DOCUMENTED.items()
-             for name, where in names.items()]  # fmt: skip
+             for name, where in names.items()]
     proc = subprocess.run([sys.executable, "-c", _PROBE, json.dumps(cases), order], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+                          text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     failed = json.loads(proc.stdout.strip().splitlines()[-1])
     assert not failed, failed
 
 
 def test_moco_train_is_the_function_you_call():
-    import moco.train  # noqa: F401 - the submodule first: it must not take the function's name
+    import moco.training.loop  # noqa: F401 - the submodule first: it must not take the function's name
     from moco import train
     from moco.config import resolve_config
 
-    assert callable(train) and train.__name__ == "train" and train.__module__ == "moco.train"
+    assert callable(train) and train.__name__ == "train" and train.__module__ == "moco.training.loop"
     with pytest.raises(Exception) as e:  # called as documented: it gets as far as the config's photos
         train(resolve_config("v2", data_dir=str(ROOT / "no-such-photos"), out="/nonexistent/run"))
     assert not isinstance(e.value, TypeError), e.value
@@ -116,7 +117,7 @@ def _type_checking_imports(package: str) -> dict[str, str]:
     """``{name: "module:attribute"}`` imported under ``if TYPE_CHECKING:`` in ``package/__init__.py``."""
     tree = ast.parse((ROOT / package / "__init__.py").read_text())
     blocks = [n for n in tree.body if isinstance(n, ast.If) and isinstance(n.test, ast.Name)
-              and n.test.id == "TYPE_CHECKING"]  # fmt: skip
+              and n.test.id == "TYPE_CHECKING"]
     assert len(blocks) == 1, f"{package}/__init__.py: one `if TYPE_CHECKING:` block of imports"
     found = {}
     for node in blocks[0].body:
@@ -145,7 +146,7 @@ def test_the_wheel_is_typed(tmp_path):
         shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     code = "import sys; from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))"
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "dist")], cwd=src, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     names = zipfile.ZipFile(tmp_path / "dist" / proc.stdout.split()[-1]).namelist()
     assert "moco/py.typed" in names and "index/py.typed" in names
@@ -175,7 +176,7 @@ def test_dependency_floors_have_the_apis_we_call():
     floors = dict(f for f in map(_floor, project["dependencies"]) if f)
     for name, (need, why) in FLOORS.items():
         assert Version(floors[name]) >= Version(need), f"{name}>={floors[name]}: {why} needs {name}>={need}"
-    writers = (ROOT / "moco" / "export_writers.py").read_text()
+    writers = (ROOT / "moco" / "export" / "writers.py").read_text()
     assert "dynamo=True" in writers  # the reason of the torch floor still holds
 
 
@@ -186,11 +187,11 @@ CACHES = [
     ({"MOCO_HOME": "", "XDG_CACHE_HOME": "{tmp}/xdg"}, "{tmp}/xdg/moco-retrieval"),  # empty: unset
     ({}, "{tmp}/home/.cache/moco-retrieval"),  # then ~/.cache
     ({"XDG_CACHE_HOME": "relative/xdg"}, "{tmp}/home/.cache/moco-retrieval"),  # the spec: relative is ignored
-]  # fmt: skip
+]
 
 
 def test_the_cache_follows_moco_home_then_xdg_then_home(monkeypatch, tmp_path, capsys):
-    from moco.pretrained import REGISTRY, cache_path, moco_home
+    from moco.weights.pretrained import REGISTRY, cache_path, moco_home
 
     for env, home in CACHES:
         with monkeypatch.context() as m:
@@ -226,7 +227,7 @@ VIT = dict(arch="vit_tiny_patch16_224", image_size=32, mlp_hidden=32, dim=16, ba
 
 
 def _sincos(net) -> torch.Tensor:
-    from moco.backbones import sincos_2d
+    from moco.model.backbones import sincos_2d
 
     grid = net.patch_embed.grid_size
     return sincos_2d(grid[0], grid[1], net.embed_dim)
@@ -258,14 +259,14 @@ TWEAKS = [
     ("cpu", {}, False),
     ("v2", {"vit_v3_tweaks": "on"}, True),  # asked for
     ("v3", {"vit_v3_tweaks": "off"}, False),
-]  # fmt: skip
+]
 
 
 def test_v3_vit_tweaks_only_where_the_official_code_applies_them(vit_init):
     from moco.config import resolve_config
-    from moco.formats import load_init
-    from moco.optim import build_optimizer
-    from moco.train import build_model
+    from moco.training.optim import build_optimizer
+    from moco.training.setup import build_model
+    from moco.weights.layouts import load_init
 
     for preset, extra, tweaked in TWEAKS:
         extra = {k: str(vit_init) if v == "INIT" else v for k, v in extra.items()}
@@ -313,12 +314,12 @@ def test_the_readme_training_snippet_saved_as_a_script(sample_photos, tmp_path, 
     tried to train. Unguarded, it now fails with one error that names the pitfall and the fix; guarded, it trains."""
     out = tmp_path / "run"
     call = ('if __name__ == "__main__":\n    print(train(cfg, progress=False)["steps"], "steps")' if guarded
-            else 'print(train(cfg, progress=False)["steps"], "steps")')  # fmt: skip
+            else 'print(train(cfg, progress=False)["steps"], "steps")')
     script = tmp_path / "train_mine.py"
     script.write_text(SCRIPT.format(data=str(sample_photos), out=str(out), call=call))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+                          timeout=300)
     if guarded:
         assert proc.returncode == 0 and "2 steps" in proc.stdout, proc.stderr[-3000:]
         return

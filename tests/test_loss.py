@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moco.loss import decorrelation, in_batch_loss, info_nce
+from moco.model.loss import decorrelation, in_batch_loss, info_nce
 
 
 def _unit(*shape, dim=-1, seed=0):

@@ -21,8 +21,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.cli import main
-from moco.data import load_rgb, load_square_u8, square_u8
+from app.cli.commands import main
+from moco.data.photos import load_rgb, load_square_u8, square_u8
 from tests.conftest import random_backbone
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def _png(path: Path, mode: str, size: tuple[int, int]) -> Path:
 @pytest.mark.parametrize(("mode", "size"), [
     ("RGB", (4000, 2)), ("RGB", (400000, 1)), ("RGB", (100000, 1)), ("RGB", (2, 30000)),
     ("L", (9000, 9000)), ("1", (9000, 9000)), ("P", (9000, 9000)),
-])  # fmt: skip
+])
 def test_embedding_a_file_is_bounded_by_the_model_input(
     mode: str, size: tuple[int, int], backbone224: Path, tmp_path: Path
 ) -> None:
@@ -181,7 +181,7 @@ def test_reducing_in_native_mode_matches_reducing_rgb(mode: str, tmp_path: Path)
 def small_index(sample_photos: Path, backbone: Path, tmp_path_factory) -> Path:
     idx = tmp_path_factory.mktemp("memidx") / "idx"
     assert main(["index", "build", str(sample_photos), "--backbone", str(backbone), "-o", str(idx),
-                 "--device", "cpu", "--quiet"]) == 0  # fmt: skip
+                 "--device", "cpu", "--quiet"]) == 0
     return idx
 
 

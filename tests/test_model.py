@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moco.backbones import SplitBatchNorm, build_backbone, convert_split_bn
-from moco.loss import decorrelation
-from moco.model import MoCo, momentum_schedule
+from moco.model.backbones import SplitBatchNorm, build_backbone, convert_split_bn
+from moco.model.builder import MoCo, momentum_schedule
+from moco.model.loss import decorrelation
 
 
 def tiny_backbone(width=8):

@@ -13,16 +13,18 @@ import pytest
 import torch
 from PIL import Image
 
-from app.negatives import REASONS, IndexNegatives, QueueNegatives, info_nce_numbers
-from app.ui import negatives_outputs
-from index.build import build_index, update_index
+from app.page.negatives.from_index import IndexNegatives
+from app.page.negatives.from_queue import QueueNegatives
+from app.page.negatives.view import REASONS, info_nce_numbers
+from app.page.views import negatives_outputs
+from index.build.runner import build_index, update_index
+from index.catalog import sample_ids
 from index.image_index import ImageIndex
-from index.plan import sample_ids
-from moco.augment import two_views
-from moco.data import load_rgb, square_u8
+from moco.data.augment import two_views
+from moco.data.photos import load_rgb, square_u8
+from moco.data.sample import make_sample_collection
 from moco.embed import center
 from moco.errors import UserError
-from moco.sample import make_sample_collection
 
 from .conftest import random_backbone, trained_index
 
@@ -60,7 +62,7 @@ def _index_reference(index: ImageIndex, emb, img: Image.Image, seed: int, level:
     vecs = index.center(raw)  # N x D
     square = square_u8(img, emb.resize)
     xq, xk = two_views(torch.tensor(square)[None], "v2", emb.image_size, emb.mean, emb.std,
-                       torch.Generator().manual_seed(seed))  # fmt: skip
+                       torch.Generator().manual_seed(seed))
     q, k = index.center(emb.embed_views(torch.cat([xq, xk])))  # D, D
     clean = emb.embed_squares(np.array(square)[None])  # 1 x D
     keep = raw @ clean[0] < 0.9999  # copies of the query itself are left out
@@ -140,7 +142,7 @@ def test_counts_come_from_all_negatives_not_the_rows_shown(setup, index, queue):
     ids = queue.queue_ids[filled]  # K
     cfg, square = queue.cfg, square_u8(load_rgb(photo, min_short=queue.size), queue.size)
     q, k = queue.keys(*two_views(torch.tensor(square)[None], cfg.augment, cfg.image_size, cfg.mean, cfg.std,
-                                 torch.Generator().manual_seed(1)))  # fmt: skip
+                                 torch.Generator().manual_seed(1)))
     sims = (q @ queue.queue)[0].numpy()[filled]  # K
     train_id = queue.files.index(photo.relative_to(setup["photos"]).as_posix())
     paths = [queue.files[i] for i in ids]
@@ -222,9 +224,9 @@ def _by_hand_level(idx: ImageIndex) -> dict:
     ids, _ = idx.catalog.vectors()
     rows = idx.catalog.rows_by_id(sample_ids(ids, 64, np.random.default_rng(0)))
     squares = np.stack([square_u8(load_rgb(idx.root / rows[i].path, min_short=emb.resize), emb.resize)
-                        for i in sorted(rows)])  # fmt: skip
+                        for i in sorted(rows)])
     xq, xk = two_views(torch.from_numpy(squares), "v2", emb.image_size, emb.mean, emb.std,
-                       torch.Generator().manual_seed(0))  # fmt: skip
+                       torch.Generator().manual_seed(0))
     cos = np.sum(center(emb.embed_views(xq), idx.mean) * center(emb.embed_views(xk), idx.mean), axis=1)  # B
     return {"median": float(np.median(cos)), "p10": float(np.percentile(cos, 10)), "pairs": len(cos)}
 

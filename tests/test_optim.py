@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from moco.config import resolve_config
-from moco.optim import LARS, BudgetFit, build_optimizer, lr_at, lr_decay
+from moco.training.optim import LARS, BudgetFit, build_optimizer, lr_at, lr_decay
 
 
 def test_lars_step_matches_formula():
@@ -105,7 +105,7 @@ def test_budget_fit_takes_the_agreed_length():
 
 # ------------------------------------------------------------------------------------ progressive resolution
 def test_progressive_crop_sizes_rise_in_steps_of_8_to_the_full_size_at_75_percent():
-    from moco.optim import crop_size_at
+    from moco.training.optim import crop_size_at
 
     cfg = resolve_config("v2", image_size=64, min_image_size=24)
     sizes = [crop_size_at(step, cfg, 1000) for step in range(1000)]
@@ -117,7 +117,7 @@ def test_progressive_crop_sizes_rise_in_steps_of_8_to_the_full_size_at_75_percen
 def test_budget_fit_with_progressive_resolution_fills_the_budget():
     """Cheap low-resolution steps first: a fit from their speed alone would plan far too many steps (and end the
     run by the clock with the lr still high); per unit of cost, with late refits, the schedule ends on time."""
-    from moco.optim import step_cost
+    from moco.training.optim import step_cost
 
     cfg = resolve_config("v2", image_size=32, min_image_size=16)
     cost = step_cost(cfg)
@@ -136,7 +136,7 @@ def test_budget_fit_with_progressive_resolution_fills_the_budget():
 
 def test_the_budget_clock_counts_training_time_only():
     """A synthetic clock: earlier sessions' seconds count, time inside paused() (evaluations) does not."""
-    from moco.optim import BudgetClock
+    from moco.training.optim import BudgetClock
 
     t = [100.0]
     clock = BudgetClock(elapsed=30.0, budget_s=60.0, now=lambda: t[0])

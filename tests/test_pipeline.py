@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
-from app.pipeline import collection_dir, training_overrides
+from app.cli.commands import main
+from app.run.pipeline import collection_dir, training_overrides
 from index.image_index import ImageIndex
-from moco.sample import make_sample_collection
+from moco.data.sample import make_sample_collection
 
 from .live import chromium_page, free_port, search_in_page, wait_served
 
@@ -105,7 +105,7 @@ def test_pipeline_then_reuse(work, capsys):
     out = _run(work, capsys, "--max-steps", "2")
     w = work["own"]  # the photo folder's own directory in WORK
     for artifact in ("run/checkpoint.pt", "backbone.safetensors", "index/index.faiss", "index/index.json",
-                     "index/catalog.sqlite"):  # fmt: skip
+                     "index/catalog.sqlite"):
         assert (w / artifact).is_file(), artifact
     assert "training: MoCo cpu on 48 photos" in out and "48 photos searchable" in out
     query = sorted(work["photos"].rglob("*.jpg"))[5]
@@ -124,11 +124,11 @@ def test_checkpoint_and_init_paths(work, capsys):
     if not ckpt.is_file():
         _run(work, capsys, "--max-steps", "2")
     out = main(["run", str(work["photos"]), "--work", str(work["tmp"] / "given"), "--checkpoint", str(ckpt),
-                "--no-serve", "--quiet"])  # fmt: skip
+                "--no-serve", "--quiet"])
     assert out == 0 and "training: skipped" in capsys.readouterr().out
     assert len(ImageIndex.open(collection_dir(work["tmp"] / "given", work["photos"]) / "index")) == 48
     assert main(["run", str(work["photos"]), "--work", str(work["tmp"] / "init"), "--init", str(ckpt),
-                 "--max-steps", "2", "--no-serve", "--quiet"]) == 0  # fmt: skip
+                 "--max-steps", "2", "--no-serve", "--quiet"]) == 0
     assert "init=" in capsys.readouterr().out
     assert main(["run", str(work["photos"]), "--checkpoint", "nope.pth.tar", "--work", str(work["tmp"] / "x")]) == 2
 
@@ -141,7 +141,7 @@ def test_run_reaches_a_served_page(work, capsys):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "run", str(work["photos"]), "--work", str(work["work"]),
                              "--port", str(port), "--quiet", "--max-steps", "2"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                            stderr=subprocess.STDOUT, text=True)
     try:
         url = None
         t0 = time.time()
@@ -166,7 +166,7 @@ def test_run_reaches_a_served_page(work, capsys):
 def test_a_failed_run_checks_first_and_leaves_nothing_behind(tmp_path, capsys):
     """Issue 39: `moco run --minutes -5` was accepted; a run that failed before its first checkpoint left its lock,
     config.json, cache/, the generated sample or an empty WORK behind. What existed before stays."""
-    from app.pipeline import run_pipeline
+    from app.run.pipeline import run_pipeline
     from moco.errors import UserError
 
     work = tmp_path / "work"
@@ -199,12 +199,12 @@ def test_serve_checks_its_index_before_saying_it_serves(tmp_path, capsys):
 def _stamps(folder: Path) -> dict[str, tuple[int, bytes]]:
     """Every file's time and bytes, but the lock's and SQLite's own -wal/-shm (there while a connection is open)."""
     return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.read_bytes()) for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != ".moco.lock" and not p.name.endswith(("-wal", "-shm"))}  # fmt: skip
+            if p.is_file() and p.name != ".moco.lock" and not p.name.endswith(("-wal", "-shm"))}
 
 
 def _moco_run(work: dict[str, Path], *extra: str) -> list[str]:
     return [sys.executable, "-m", "app.cli", "run", str(work["photos"]), "--work", str(work["work"]), "--quiet",
-            "--max-steps", "2", "--device", "cpu", *extra]  # fmt: skip
+            "--max-steps", "2", "--device", "cpu", *extra]
 
 
 @pytest.mark.slow
@@ -228,7 +228,7 @@ def test_a_second_run_of_one_folder_on_one_port_is_told_who_holds_it(work, capsy
     port = str(free_port())
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     first = subprocess.Popen(_moco_run(work, "--port", port), env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                             stderr=subprocess.STDOUT, text=True)
     try:
         line = ""
         while "serving on http://" not in line:

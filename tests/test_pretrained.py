@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.cli import main
-from moco import pretrained
+from app.cli.commands import main
 from moco.errors import UserError
-from moco.pretrained import Pretrained
+from moco.weights import pretrained
+from moco.weights.pretrained import Pretrained
 
 FILE = "test/r18/r18_pretrain.pth.tar"
 
@@ -80,13 +80,13 @@ def _official_v2_checkpoint() -> bytes:
     net = torchvision.models.resnet18(weights=None)
     sd = {k: v for k, v in net.state_dict().items() if not k.startswith("fc.")}
     head = {"fc.0.weight": torch.randn(512, 512), "fc.0.bias": torch.zeros(512), "fc.2.weight": torch.randn(128, 512),
-            "fc.2.bias": torch.zeros(128)}  # fmt: skip
+            "fc.2.bias": torch.zeros(128)}
     state = {f"module.encoder_q.{k}": v for k, v in {**sd, **head}.items()}
     state |= {f"module.encoder_k.{k}": v.clone() for k, v in {**sd, **head}.items()}
     state |= {"module.queue": torch.randn(128, 64), "module.queue_ptr": torch.zeros(1, dtype=torch.long)}
     buf = io.BytesIO()
     torch.save({"epoch": 200, "arch": "resnet18", "state_dict": state,
-                "optimizer": {"state": {}, "param_groups": [{"lr": 0.03, "params": [0]}]}}, buf)  # fmt: skip
+                "optimizer": {"state": {}, "param_groups": [{"lr": 0.03, "params": [0]}]}}, buf)
     return buf.getvalue()
 
 
@@ -118,7 +118,7 @@ def home(tmp_path, monkeypatch, server, data) -> Path:
     monkeypatch.setitem(pretrained.REGISTRY, "test_bad",
                         Pretrained("test_bad", "test/bad/bad_pretrain.pth.tar", "resnet18", "v2", 1.0, "00000000"))
     monkeypatch.setitem(pretrained.REGISTRY, "test_nosum",
-                        Pretrained("test_nosum", "test/nosum/nosum.pth.tar", "resnet18", "v3", 1.0))  # fmt: skip
+                        Pretrained("test_nosum", "test/nosum/nosum.pth.tar", "resnet18", "v3", 1.0))
     server.requests.clear()
     server.drop_after = None
     return tmp_path / "home"
@@ -196,7 +196,7 @@ def test_a_download_cut_short_without_a_length_is_not_recorded(server, data, hom
 
 
 class _SyntheticClock:
-    """time.monotonic and time.sleep for moco.pretrained: sleeping advances the clock at once; ``on_sleep`` runs
+    """time.monotonic and time.sleep for moco.weights.pretrained: sleeping advances the clock at once; ``on_sleep`` runs
     after each sleep (a holder releasing its lock)."""
 
     def __init__(self, monkeypatch) -> None:
@@ -265,10 +265,12 @@ def test_server_down_is_one_clear_message(monkeypatch, home, tmp_path, capsys):
     assert f"{url}/{FILE}" in err and str(home / "checkpoints" / "r18_pretrain.pth.tar") in err
     assert "by hand" in err and err.count("error:") == 1
     assert _cached(home) == [] and not (tmp_path / "b.safetensors").exists()
-    from moco.train import main as train_main  # python -m moco.train (torchrun's entry point) says the same
+    from moco.training.command import (
+        main as train_main,  # python -m moco.training (torchrun's entry point) says the same
+    )
 
     assert train_main([str(tmp_path), "--out", str(tmp_path / "run"), "--preset", "v3", "--arch",
-                       "vit_small_patch16_224", "--init", "test_r18"]) == 1  # fmt: skip
+                       "vit_small_patch16_224", "--init", "test_r18"]) == 1
     assert f"{url}/{FILE}" in capsys.readouterr().err
 
 
@@ -276,7 +278,7 @@ def test_pretrained_lists_names_cached_or_not(data, capsys):
     assert main(["pretrained"]) == 0
     out = capsys.readouterr().out
     for name in ("moco_v1_200ep", "moco_v2_200ep", "moco_v2_800ep", "r-50-100ep", "r-50-300ep", "r-50-1000ep",
-                 "vit-s-300ep", "vit-b-300ep"):  # fmt: skip
+                 "vit-s-300ep", "vit-b-300ep"):
         assert name in out
     line = next(ln for ln in out.splitlines() if ln.startswith("test_r18 "))
     assert "resnet18" in line and line.split()[-1] == "no"
@@ -290,8 +292,8 @@ def test_pretrained_lists_names_cached_or_not(data, capsys):
 
 def test_init_by_name(server, data):
     from moco.config import resolve_config
-    from moco.formats import load_init
-    from moco.train import build_model
+    from moco.training.setup import build_model
+    from moco.weights.layouts import load_init
 
     cfg = resolve_config("v2", init="test_r18", arch="resnet18", image_size=32, batch_size=8, bn_splits=1,
                          queue_size=16)
@@ -301,7 +303,7 @@ def test_init_by_name(server, data):
     assert report["loaded"][0].startswith("backbone: loaded")
     source = torch.load(io.BytesIO(data), weights_only=True)["state_dict"]
     assert torch.equal(model.backbone.state_dict()["layer4.1.conv2.weight"],
-                       source["module.encoder_q.layer4.1.conv2.weight"])  # fmt: skip
+                       source["module.encoder_q.layer4.1.conv2.weight"])
     assert len(server.requests) == 1  # fetched once, then read from the cache
 
 
@@ -314,7 +316,7 @@ def test_vit_init_name_is_resolved_before_its_heads_are_read(server):
 
 
 def test_export_by_name_and_a_path_wins(server, data, home, tmp_path, monkeypatch, capsys):
-    from moco.export import load_exported
+    from moco.export.reader import load_exported
 
     out = tmp_path / "x.safetensors"
     assert main(["export", "test_r18", "-o", str(out)]) == 0, capsys.readouterr().err
@@ -359,7 +361,7 @@ def test_serve_checkpoint_name_is_fetched_first(monkeypatch, tmp_path, capsys):
 @pytest.fixture(scope="module")
 def few_photos(tmp_path_factory) -> Path:
     """18 small photos: enough for `moco run` to train a couple of steps."""
-    from moco.sample import make_sample_collection
+    from moco.data.sample import make_sample_collection
 
     root = tmp_path_factory.mktemp("few")
     make_sample_collection(root, per_family=3, size=32, seed=1)
@@ -368,7 +370,7 @@ def few_photos(tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_run_uses_the_default_pretrained_model_and_names_as_checkpoints(server, few_photos, tmp_path, capsys):
-    from app.pipeline import collection_dir
+    from app.run.pipeline import collection_dir
     from index.image_index import ImageIndex
 
     work = tmp_path / "w"
@@ -380,19 +382,19 @@ def test_run_uses_the_default_pretrained_model_and_names_as_checkpoints(server, 
     assert [p for p, _ in server.requests] == [f"/{FILE}"]
     # --checkpoint NAME: the cached file, no second download.
     assert main(["run", str(few_photos), "--work", str(tmp_path / "c"), "--no-serve", "--quiet", "--checkpoint",
-                 "test_r18"]) == 0  # fmt: skip
+                 "test_r18"]) == 0
     assert "training: skipped" in capsys.readouterr().out and len(server.requests) == 1
 
 
 @pytest.mark.slow
 def test_run_offline_falls_back_to_training_and_says_why(monkeypatch, few_photos, tmp_path):
-    from app.pipeline import collection_dir, run_pipeline
+    from app.run.pipeline import collection_dir, run_pipeline
 
     url = _refused_url()
     monkeypatch.setenv("MOCO_PRETRAINED_URL", url)
     said: list[str] = []
     out = run_pipeline(few_photos, tmp_path / "w", train_overrides={"max_steps": 1}, say=said.append, progress=False,
-                       pretrained="test_r18")  # fmt: skip
+                       pretrained="test_r18")
     text = "\n".join(said)
     assert "training from scratch instead" in text and url in text and "training: MoCo cpu on 18 photos" in text
     assert out["trained"] and (collection_dir(tmp_path / "w", few_photos) / "run" / "checkpoint.pt").is_file()
@@ -402,20 +404,20 @@ def test_run_offline_falls_back_to_training_and_says_why(monkeypatch, few_photos
 def test_run_init_name_and_no_fetch_without_photos_or_when_training_is_asked(server, few_photos, tmp_path, capsys):
     import shutil
 
-    from app.pipeline import run_pipeline
+    from app.run.pipeline import run_pipeline
 
     # --init NAME: fetched, then MoCo training continues from it (its architecture).
     assert main(["run", str(few_photos), "--work", str(tmp_path / "i"), "--init", "test_r18", "--max-steps", "1",
-                 "--no-serve", "--quiet"]) == 0  # fmt: skip
+                 "--no-serve", "--quiet"]) == 0
     assert "init=test_r18, arch=resnet18" in capsys.readouterr().out and len(server.requests) == 1
     server.requests.clear()
     # --max-steps (or --minutes) asks for training: the default model is not fetched.
     assert main(["run", str(few_photos), "--work", str(tmp_path / "t"), "--max-steps", "1", "--no-serve", "--quiet",
-                 "--pretrained", "test_r18"]) == 0  # fmt: skip
+                 "--pretrained", "test_r18"]) == 0
     assert "training: MoCo cpu on 18 photos" in capsys.readouterr().out and server.requests == []
     # No PHOTOS (the sample, here a small one already generated): never fetched.
     shutil.copytree(few_photos, tmp_path / "s" / "sample" / "photos")
     said: list[str] = []
     run_pipeline(None, tmp_path / "s", train_overrides={"max_steps": 1}, say=said.append, progress=False,
-                 pretrained="test_r18")  # fmt: skip
+                 pretrained="test_r18")
     assert "training: MoCo cpu on 18 photos" in "\n".join(said) and server.requests == []

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from moco.sample import make_sample_collection
+from moco.data.sample import make_sample_collection
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -43,23 +43,23 @@ EXCEPTIONS = {
     "docker build -t moco-retrieval .": "docker: builds an image from a CUDA base image (internet, a docker daemon)",
     "docker run --gpus all -v ~/Pictures:/photos:ro -v moco-work:/work -p 7860:7860 -e MOCO_AUTH=alice:secret "
     "moco-retrieval": "docker and a GPU (--gpus all), on the image of the line above",
-    "torchrun --nnodes=2 --node_rank=0 --master_addr=HOST --nproc_per_node=8 -m moco.train ...": "a second machine "
+    "torchrun --nnodes=2 --node_rank=0 --master_addr=HOST --nproc_per_node=8 -m moco.training ...": "a second machine "
     "(multi-node; `...` stands for the flags of the line above, which runs)",
-}  # fmt: skip
+}
 
 # How a runnable line is changed before it runs: what, to what, why. Every row must still apply to some example.
 TINY_TRAIN = "--image-size 32 --batch-size 8 --bn-splits 2 --queue-size 16 --workers 0 --max-steps 2 --quiet"
 SUBSTITUTIONS = [
     ("make run VARS", "the Makefile's own command for VARS (`make -n -o install run VARS`), through this tree's CLI, "
      "+ `--max-steps 2 --no-serve --quiet`", "the same pipeline in seconds; serving is checked by `moco serve`"),
-    ("moco train ... / torchrun ... -m moco.train ...", f"+ `{TINY_TRAIN}` (flags given last win)",
+    ("moco train ... / torchrun ... -m moco.training ...", f"+ `{TINY_TRAIN}` (flags given last win)",
      "2 steps at 32 px instead of a run of minutes"),
     ("--arch resnet50", "--arch resnet18", "the same code path, a fifth of the work (and of the ONNX export)"),
     ("torchrun --nproc_per_node=8", "python -m torch.distributed.run --standalone --nproc_per_node=2",
      "2 CPU processes on gloo; --standalone: a free port"),
     ("moco serve ...", "+ `--port FREE`, stopped once the page answers", "it serves until stopped"),
     ("max_steps=200, batch_size=64 (python)", "max_steps=2, batch_size=8", "2 steps instead of 200"),
-]  # fmt: skip
+]
 PYTHON_SUBSTITUTIONS = {"max_steps=200": "max_steps=2", "batch_size=64": "batch_size=8"}
 
 # What the folder the examples run in holds (HOME points at it, so ~/Pictures is one of them):
@@ -142,7 +142,7 @@ def make_workspace(root: Path) -> Workspace:
     png = sorted((root / "Pictures").rglob("*.png"))
     shutil.copy(png[0] if png else photos[2], root / "b.png")
     env = dict(os.environ, HOME=str(root), MOCO_HOME=str(root / ".moco-home"), PYTHONPATH=str(ROOT),
-               MOCO_PRETRAINED_URL=f"http://127.0.0.1:{_free_port()}")  # fmt: skip
+               MOCO_PRETRAINED_URL=f"http://127.0.0.1:{_free_port()}")
     env.pop("XDG_CACHE_HOME", None)
     return Workspace(root, env)
 
@@ -166,7 +166,7 @@ def _words(example: Example, ws: Workspace) -> list[str]:
 def _run_cli(args: list[str], ws: Workspace) -> tuple[int, str]:
     """`moco ARGS` in this process (`app.cli.main`, what the console script calls), in the workspace and its
     environment: (exit status, output tail)."""
-    from app.cli import main
+    from app.cli.commands import main
 
     out, root = io.StringIO(), logging.getLogger()
     handlers, level, cwd, env = list(root.handlers), root.level, os.getcwd(), dict(os.environ)
@@ -200,7 +200,7 @@ def _make_run(words: list[str], ws: Workspace) -> tuple[int, str]:
     if shutil.which("make") is None:
         return 1, "make is not installed"
     proc = subprocess.run(["make", "-s", "-f", str(ROOT / "Makefile"), "-n", "-o", "install", *words[1:]],
-                          cwd=ws.root, env=ws.env, capture_output=True, text=True, timeout=60)  # fmt: skip
+                          cwd=ws.root, env=ws.env, capture_output=True, text=True, timeout=60)
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     if proc.returncode or len(lines) != 1 or not shlex.split(lines[0])[0].endswith("/moco"):
         return proc.returncode or 1, f"make -n printed {lines!r}: {proc.stderr[-2000:]}"
@@ -219,12 +219,12 @@ def start_server(words: list[str], ws: Workspace) -> tuple[subprocess.Popen, int
     """`moco serve ...` on a free port, in the background."""
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", *words[1:], "--port", str(port)], cwd=ws.root,
-                            env=ws.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                            env=ws.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, port
 
 
 def wait_for_page(proc: subprocess.Popen, port: int, timeout: float = 240,
-                  while_up: Callable[[int], None] | None = None) -> tuple[int, str]:  # fmt: skip
+                  while_up: Callable[[int], None] | None = None) -> tuple[int, str]:
     """0 once the page answers on ``port`` (then ``while_up(port)`` runs); the server is stopped either way."""
     deadline, answer = time.monotonic() + timeout, None
     while time.monotonic() < deadline and proc.poll() is None and answer is None:
@@ -251,7 +251,7 @@ def run_example(example: Example, ws: Workspace, env: dict[str, str] | None = No
         for old, new in PYTHON_SUBSTITUTIONS.items():
             code = code.replace(old, new)
         proc = subprocess.run([sys.executable, "-c", code], cwd=ws.root, env=env or ws.env, capture_output=True,
-                              text=True, timeout=600)  # fmt: skip
+                              text=True, timeout=600)
         return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
     words = _words(example, ws)
     if words[:2] == ["make", "run"]:
@@ -311,7 +311,7 @@ def test_every_example_has_a_runner_or_a_listed_reason():
     shell = {e.text for e in examples if e.kind == "shell"}
     assert not set(EXCEPTIONS) - shell, f"exceptions the README no longer has: {set(EXCEPTIONS) - shell}"
     unknown = [e.text for e in examples if e.kind == "shell" and e.text not in EXCEPTIONS
-               and e.text.split()[0] not in ("moco", "make", "torchrun")]  # fmt: skip
+               and e.text.split()[0] not in ("moco", "make", "torchrun")]
     assert not unknown, f"no runner and no reason: {unknown}"
     code = "".join(e.text for e in examples if e.kind == "python")
     assert all(old in code for old in PYTHON_SUBSTITUTIONS), "a python substitution no longer applies"
@@ -323,7 +323,7 @@ def test_every_example_has_a_runner_or_a_listed_reason():
 def test_fences_lines_prompts_and_continuations_are_parsed_as_typed():
     text = "\n".join(["intro `moco inline` is prose", "```console", "$ moco index stats \\", "    x.idx   # a note",
                       "", "# a comment", "make run PHOTOS=~/P", "```", "```python", "print(1)", "```",
-                      "```text", "moco not an example", "```"])  # fmt: skip
+                      "```text", "moco not an example", "```"])
     assert readme_examples(text) == [Example(3, "shell", "moco index stats x.idx"),
                                      Example(7, "shell", "make run PHOTOS=~/P"), Example(10, "python", "print(1)\n")]
     assert _expand("PHOTOS=~/P", Path("/h")) == "PHOTOS=/h/P" and _expand("~/P", Path("/h")) == "/h/P"
@@ -333,7 +333,7 @@ def test_a_broken_example_fails(tmp_path):
     """What a README edit that breaks an example meets: a failure naming its line."""
     ws = make_workspace(tmp_path)
     broken = readme_examples("\n".join(["```bash", "moco index stats no-such.idx", "frobnicate --all", "```",
-                                        "```python", "import moco", "moco.no_such_function()", "```"]))  # fmt: skip
+                                        "```python", "import moco", "moco.no_such_function()", "```"]))
     failures = run_all(broken, ws)
     assert len(failures) == 3, failures
     assert failures[0].startswith("README.md:2 (") and "no-such.idx" in failures[0]

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.cli import main
-from moco.checkpoint import atomic_write, load_checkpoint, save_checkpoint
+from app.cli.commands import main
 from moco.errors import StorageError, UserError
+from moco.files import atomic_write
+from moco.training.checkpoints import save_checkpoint
+from moco.weights.layouts import load_checkpoint
 
 from .conftest import TINY_CLI
 from .live import free_port
@@ -60,9 +62,9 @@ def _crafted(backbone: Path, out: Path, **meta_changes: str) -> Path:
     {"pretrained": True, "pretrained_cfg_overlay": {"url": "URL"}},
     {"pretrained_cfg_overlay": {"url": "URL"}, "depth": 18},
     {"num_heads": "12; pretrained"},
-])  # fmt: skip
+])
 def test_crafted_backbone_metadata_never_reaches_the_network(backbone, sample_photos, tmp_path, http_log,
-                                                              monkeypatch, kwargs):  # fmt: skip
+                                                              monkeypatch, kwargs):
     from moco.embed import Embedder
 
     url, seen = http_log
@@ -72,12 +74,12 @@ def test_crafted_backbone_metadata_never_reaches_the_network(backbone, sample_ph
     with pytest.raises(UserError, match="re-export"):
         Embedder.load(crafted, device="cpu")
     assert main(["index", "build", str(sample_photos), "--backbone", str(crafted), "-o", str(tmp_path / "idx"),
-                 "--quiet"]) == 2  # fmt: skip
+                 "--quiet"]) == 2
     assert seen == []
 
 
 def test_allowed_architecture_settings_still_load(backbone, tmp_path):
-    from moco.backbones import build_backbone
+    from moco.model.backbones import build_backbone
 
     model, dim = build_backbone("vit_tiny_patch16_224", image_size=32, num_heads=6, depth=2)
     assert len(model.blocks) == 2 and model.blocks[0].attn.num_heads == 6 and dim == 192
@@ -98,7 +100,7 @@ def test_atomic_write_gives_the_mode_of_a_plain_open(tmp_path, umask):
 
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
 def test_the_image_cache_follows_the_umask_too(sample_photos, tmp_path, umask):
-    from moco.data import build_cache
+    from moco.data.cache import build_cache
 
     old = os.umask(umask)
     try:
@@ -125,7 +127,7 @@ def test_checkpoint_on_a_full_disk_names_the_cause_and_keeps_the_old_one(tmp_pat
     with tmpfs(tmp_path / "disk", "4m") as disk:
         save_checkpoint({"step": 1, "w": torch.zeros(100)}, disk, keep=0)
         with pytest.raises(StorageError, match="no space left on device .*checkpoint.pt: free space and run the "
-                                               "same command"):  # fmt: skip
+                                               "same command"):
             save_checkpoint({"step": 2, "w": torch.zeros(2_000_000)}, disk, keep=0)  # 8 MB
         assert load_checkpoint(disk / "checkpoint.pt")["step"] == 1  # the previous one is intact
         assert sorted(p.name for p in disk.iterdir()) == ["checkpoint.pt"]  # no temporary file left
@@ -135,7 +137,7 @@ def test_checkpoint_on_a_full_disk_names_the_cause_and_keeps_the_old_one(tmp_pat
 def test_train_cli_on_a_full_disk_exits_1_with_the_cause(sample_photos, tmp_path, capsys):
     with tmpfs(tmp_path / "disk", "24m") as disk:  # room for the image cache, not for a ResNet-18 checkpoint
         code = main(["train", str(sample_photos), "--out", str(disk / "run"), *TINY_CLI, "--max-steps", "2",
-                     "--precision", "fp32"])  # fmt: skip
+                     "--precision", "fp32"])
         err = capsys.readouterr().err
     assert code == 1, err
     assert "no space left on device" in err and "free space and run the same command" in err
@@ -150,8 +152,8 @@ def test_index_inside_the_photo_folder_serves_thumbs_not_originals(tmp_path, bac
     import httpx
     from gradio_client import Client, handle_file
 
-    from app.ui import launch_kwargs, make_demo
-    from moco.sample import make_sample_collection
+    from app.server.launch import launch_kwargs, make_demo
+    from moco.data.sample import make_sample_collection
 
     photos = tmp_path / "photos"
     make_sample_collection(photos, per_family=3, size=48, seed=4)
@@ -160,7 +162,7 @@ def test_index_inside_the_photo_folder_serves_thumbs_not_originals(tmp_path, bac
     odd.mkdir()
     shutil.copy(sorted(photos.glob("*/*.jpg"))[-1], odd / os.fsdecode(b"\xff.jpg"))
     assert main(["index", "build", str(photos), "--backbone", str(backbone), "-o", str(photos / ".index"),
-                 "--quiet"]) == 0  # fmt: skip
+                 "--quiet"]) == 0
     demo, app = make_demo(photos / ".index", device="cpu")
     port = free_port()
     demo.launch(prevent_thread_lock=True, **launch_kwargs(app.index, "127.0.0.1", port, None))
@@ -171,13 +173,13 @@ def test_index_inside_the_photo_folder_serves_thumbs_not_originals(tmp_path, bac
         assert "4 results" in info and len(gallery) == 4
         upload = shutil.copy(odd / os.fsdecode(b"\xff.jpg"), tmp_path / "upload.jpg")  # the client needs UTF-8
         gallery, info = Client(url, verbose=False).predict(handle_file(str(upload)), 3, "caf\\xe9 odd",
-                                                           api_name="/search")[:2]  # fmt: skip
+                                                           api_name="/search")[:2]
         assert gallery[0]["caption"].endswith("caf\\xe9 odd/\\xff.jpg") and "caf\\xe9 odd/" in info
         with httpx.Client(timeout=10) as http:
             thumb = next((photos / ".index" / "thumbs").iterdir())
             assert http.get(url + "/gradio_api/file=" + str(thumb)).status_code == 200
             originals = [query, sorted(photos.glob("*/*.jpg"))[0], photos / ".index" / "catalog.sqlite",
-                         photos / ".index" / "index.json"]  # fmt: skip
+                         photos / ".index" / "index.json"]
             for f in originals:
                 for route in ("/gradio_api/file=", "/file="):
                     r = http.get(url + route + urllib.parse.quote(str(f)))
@@ -198,21 +200,21 @@ def test_a_served_page_leaves_no_result_files_after_sigterm(tmp_path, backbone, 
     from .live import wait_served
 
     assert main(["index", "build", str(sample_photos), "--backbone", str(backbone), "-o", str(tmp_path / "idx"),
-                 "--quiet"]) == 0  # fmt: skip
+                 "--quiet"]) == 0
     server_tmp = tmp_path / "server-tmp"  # the server's TMPDIR: what it leaves behind is all in here
     server_tmp.mkdir()
     env = dict(os.environ, TMPDIR=str(server_tmp), PYTHONPATH=str(Path(__file__).resolve().parents[1]),
-               OMP_NUM_THREADS="1")  # fmt: skip
+               OMP_NUM_THREADS="1")
     env.pop("GRADIO_TEMP_DIR", None)
     port = free_port()
     with open(tmp_path / "serve.log", "w") as log:
         proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(tmp_path / "idx"), "--port", str(port),
-                                 "--device", "cpu"], env=env, stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+                                 "--device", "cpu"], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_served(f"http://127.0.0.1:{port}/", proc, timeout=300)
         query = sorted(sample_photos.rglob("*.jpg"))[0]
         out = Client(f"http://127.0.0.1:{port}", verbose=False).predict(handle_file(str(query)), 4, "",
-                                                                       api_name="/search")  # fmt: skip
+                                                                       api_name="/search")
         assert "4 results" in out[1]
         written = [p for p in server_tmp.rglob("*") if p.is_file()]
         assert [p for p in written if p.name == "results.csv"], written  # the export, before the end

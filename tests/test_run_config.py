@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from app.cli import main
-from moco.checkpoint import load_checkpoint
+from app.cli.commands import main
 from moco.config import resolve_config
-from moco.curves import read_metrics
+from moco.training.metrics import read_metrics
+from moco.weights.layouts import load_checkpoint
 from tests.conftest import TINY_CLI
 
 # The tiny settings of tests/conftest.py as a config file (TINY_CLI as keys), to combine with flags.
 TINY_FILE = {"arch": "resnet18", "small_stem": True, "image_size": 16, "batch_size": 8, "bn_splits": 2,
-             "queue_size": 16, "workers": 0}  # fmt: skip
+             "queue_size": 16, "workers": 0}
 
 
 def _train(*args: str) -> int:
@@ -46,7 +46,7 @@ def test_run_writes_its_resolved_config(sample_photos, tmp_path):
     (["--time-budget", "5"], "cpu"),  # a time budget on a CPU: the short-run recipe
     ([], "v2"),  # no budget: the paper's
     (["--time-budget", "5", "--preset", "v2"], "v2"),  # a named preset always wins
-])  # fmt: skip
+])
 def test_a_cpu_time_budget_run_defaults_to_the_cpu_preset(sample_photos, tmp_path, flags, preset):
     from moco.config import PRESETS
 
@@ -61,7 +61,7 @@ def test_a_cpu_time_budget_run_defaults_to_the_cpu_preset(sample_photos, tmp_pat
     ([], 112), ([3000, 2000], 112), ([160], 112),  # the preset's crop for photos of 160 px and more
     ([28] * 5, 32), ([32], 32), ([50], 48), ([64], 64), ([159], 64),  # small photos: their size, 32..64
     ([20, 30, 500], 32),  # the median decides
-])  # fmt: skip
+])
 def test_cpu_image_size_follows_small_photos(sides, crop):
     from moco.config import cpu_image_size
 
@@ -87,7 +87,7 @@ def test_cpu_preset_leaves_the_paper_presets_as_published():
     assert cpu.whiten_stages == "auto" and all(resolve_config(p).whiten_stages == "off" for p in ("v1", "v2", "v3"))
     v2 = resolve_config("v2")
     assert (v2.arch, v2.batch_size, v2.lr, v2.queue_size, v2.temperature, v2.momentum, v2.image_size) == (
-        "resnet50", 256, 0.03, 65536, 0.2, 0.999, 224)  # fmt: skip
+        "resnet50", 256, 0.03, 65536, 0.2, 0.999, 224)
     assert v2.min_image_size == 0 and resolve_config("v3").min_image_size == 0
 
 
@@ -179,7 +179,7 @@ def _alias_bomb(levels: int) -> str:
 
 @pytest.mark.parametrize("levels", [5, 9])  # 9: the 434-byte file that took 2.7 GB and 28 s before a MemoryError
 def test_yaml_alias_bomb_is_refused_naming_the_file(tmp_path, levels):
-    from moco.config_file import load_config_file
+    from moco.config import load_config_file
     from moco.errors import UserError
 
     path = tmp_path / "bomb.yaml"
@@ -190,7 +190,7 @@ def test_yaml_alias_bomb_is_refused_naming_the_file(tmp_path, levels):
 
 
 def test_yaml_recursive_alias_and_a_long_value_are_short_messages(tmp_path):
-    from moco.config_file import load_config_file
+    from moco.config import load_config_file
     from moco.errors import UserError
 
     path = tmp_path / "loop.yaml"
@@ -205,13 +205,13 @@ def test_yaml_recursive_alias_and_a_long_value_are_short_messages(tmp_path):
 
 
 def test_yaml_reads_every_float_a_person_writes(tmp_path):
-    from moco.config_file import load_config_file
+    from moco.config import load_config_file
 
     path = tmp_path / "floats.yaml"  # YAML 1.1 reads 3e-2 and 1.0e5 (exponent without a dot or sign) as strings
     path.write_text("lr: 3e-2\nweight_decay: 1e-4\nmomentum: 9.99E-1\ntemperature: 2.0e-1\ntime_budget: 1e1\n"
-                    "crop_min: .8e-1\nepochs: 100\n")  # fmt: skip
+                    "crop_min: .8e-1\nepochs: 100\n")
     assert load_config_file(path) == {"lr": 0.03, "weight_decay": 1e-4, "momentum": 0.999, "temperature": 0.2,
-                                      "time_budget": 10.0, "crop_min": 0.08, "epochs": 100}  # fmt: skip
+                                      "time_budget": 10.0, "crop_min": 0.08, "epochs": 100}
     path.write_text("epochs: 1e2\n")  # an int field still wants an int
     from moco.errors import UserError
 
@@ -341,8 +341,7 @@ def test_flags_no_machine_can_hold_are_refused_at_once(sample_photos, tmp_path, 
 def test_every_numeric_field_declares_its_bounds_and_files_and_flags_keep_them(tmp_path):
     from dataclasses import fields
 
-    from moco.config import PRESETS, Bounds, TrainConfig, field_problem, flag_name
-    from moco.config_file import load_config_file
+    from moco.config import PRESETS, Bounds, TrainConfig, field_problem, flag_name, load_config_file
     from moco.errors import UserError
 
     numeric = [f for f in fields(TrainConfig) if f.type in ("int", "float") or str(f.type).startswith("tuple")]
@@ -378,7 +377,7 @@ def test_the_memory_estimate_says_the_part_the_flag_and_a_value_that_fits():
     from dataclasses import replace
 
     from moco.errors import UserError
-    from moco.run_memory import check_memory, estimate_memory, machine_memory
+    from moco.training.memory import check_memory, estimate_memory, machine_memory
 
     eight = {"host": (8 * 2**30, "a test machine's memory")}
     for cfg in (resolve_config("cpu"), resolve_config("v2"), resolve_config("v3")):  # the presets fit in 8 GiB

@@ -24,7 +24,7 @@ def _moco_run(work: Path, port: int, steps: int, log: Path, verbose: bool = Fals
         return subprocess.Popen([sys.executable, "-m", "app.cli", *(["--verbose"] if verbose else []), "run",
                                  "--work", str(work), "--max-steps",
                                  str(steps), "--port", str(port), "--device", "cpu", "--quiet"], env=env,
-                                stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+                                stdout=out, stderr=subprocess.STDOUT)
 
 
 def _status(page) -> str:
@@ -48,34 +48,36 @@ def test_status_while_training_then_search_turns_on(tmp_path):
             page.goto(f"http://127.0.0.1:{port}/")
             page.wait_for_function("document.querySelector('#status-info') && "
                                    "document.querySelector('#status-info').innerText.includes('Training step')",
-                                   timeout=240_000)  # fmt: skip
+                                   timeout=240_000)
             training = _status(page)
             assert not (work / "index").exists(), "training must still run while Status shows it"
             assert "/ 12" in training and "loss" in training and "ETA" in training
             assert "preparing the index" in page.locator("#title").inner_text()
             page.wait_for_function("document.querySelector('#loss-plot') && "
                                    "document.querySelector('#loss-plot').offsetParent !== null",
-                                   timeout=60_000)  # the live loss curve  # fmt: skip
+                                   timeout=60_000)  # the live loss curve
             page.wait_for_function("document.querySelector('#status-info').innerText.includes('Ready')",
-                                   timeout=600_000)  # fmt: skip
+                                   timeout=600_000)
             assert (work / "index" / "index.faiss").is_file()
             page.wait_for_function("document.querySelector('#title').innerText.includes('240 images')",
-                                   timeout=30_000)  # fmt: skip
+                                   timeout=30_000)
             page.get_by_role("tab", name="Search").click()  # the same page, never reloaded
             photo = sorted((work / "photos").rglob("*.jpg"))[0]
             page.locator("#query input[type=file]").set_input_files(str(photo))
             page.wait_for_timeout(300)
             page.locator("#search-btn").click()
             page.wait_for_function("document.querySelectorAll('#results button.thumbnail-item').length == 12",
-                                   timeout=60_000)  # fmt: skip
+                                   timeout=60_000)
             assert "12 results" in page.locator("#search-info").inner_text()
             browser.close()
         assert not errors, errors
         deadline = time.monotonic() + 60  # serving only from "search is on": the heap left then is frozen (app/heap.py)
-        while "app.heap: heap frozen" not in log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+        while ("app.server.heap: heap frozen" not in log.read_text() and time.monotonic() < deadline
+               and proc.poll() is None):
             time.sleep(0.2)
         text = log.read_text()
-        assert "search is on" in text and "app.heap: heap frozen: " in text.split("search is on", 1)[1], text[-2000:]
+        assert ("search is on" in text
+                and "app.server.heap: heap frozen: " in text.split("search is on", 1)[1]), text[-2000:]
     finally:
         proc.terminate()
         proc.wait(timeout=60)

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
-from app.status import RunStatus
-from moco.checkpoint import load_checkpoint
-from moco.curves import read_metrics
-from moco.data import read_skipped
-from moco.sample import make_sample_collection
+from app.cli.commands import main
+from app.run.status import RunStatus
+from moco.data.cache import read_skipped
+from moco.data.sample import make_sample_collection
+from moco.training.metrics import read_metrics
+from moco.weights.layouts import load_checkpoint
 
 from .conftest import TINY_CLI
 
@@ -30,7 +30,7 @@ GOOD = b"good \xe9\tname\n.png"  # a readable photo whose name is not UTF-8 and 
 
 def _moco(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=ROOT, capture_output=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})  # fmt: skip
+                          env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_run_with_a_non_utf8_name_succeeds_twice_and_names_it(odd_photos, tmp_pa
         if attempt == 1:  # issue 39: one count, said with the skipped (the Status tab names them)
             assert b"training: on 25 of the 26 photos, 1 skipped as unreadable" in proc.stdout, proc.stdout
     assert b"done earlier" in proc.stdout
-    from app.pipeline import collection_dir
+    from app.run.pipeline import collection_dir
 
     run = collection_dir(work, odd_photos) / "run"  # the photo folder's own directory under WORK
     skipped = read_skipped(run / "skipped.txt")
@@ -79,7 +79,7 @@ def test_resume_reads_back_the_same_non_utf8_names(odd_photos, tmp_path):
 
 
 def test_skipped_txt_round_trips_any_name(tmp_path):
-    from moco.data import write_skipped
+    from moco.data.cache import write_skipped
 
     names = [os.fsdecode(b"a\\b\t\n\r\xe9\xff.jpg"), "plain.jpg", "caf\u00e9 \u6f22.png"]
     entries = [(n, f"reason of {n}\nsecond line") for n in names]
@@ -93,7 +93,7 @@ def stopped_run(sample_photos, tmp_path_factory) -> Path:
     """A tiny run stopped at step 2 of 4 (a checkpoint to resume)."""
     run = tmp_path_factory.mktemp("stopped") / "run"
     assert main(["train", str(sample_photos), "--out", str(run), *TINY_CLI, "--max-steps", "4",
-                 "--stop-after", "2"]) == 0  # fmt: skip
+                 "--stop-after", "2"]) == 0
     return run
 
 
@@ -130,7 +130,7 @@ def test_readers_skip_a_torn_last_line_and_name_a_damaged_one(tmp_path, caplog):
 
 _HOLDER = """
 import sys, time
-from moco.checkpoint import lock_dir
+from moco.files import lock_dir
 with lock_dir(sys.argv[1], "--out"):
     print("locked", flush=True)
     time.sleep(600)
@@ -141,13 +141,13 @@ def _hold(directory: Path) -> subprocess.Popen:
     """Another process holding ``directory``'s lock (through our own function) until killed."""
     directory.mkdir(parents=True, exist_ok=True)
     proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(directory)], cwd=ROOT, stdout=subprocess.PIPE,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True)  # fmt: skip
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, text=True)
     assert proc.stdout is not None and proc.stdout.readline() == "locked\n"
     return proc
 
 
 def test_a_second_run_on_one_directory_refuses_naming_the_first(sample_photos, tmp_path, capsys):
-    from app.pipeline import collection_dir
+    from app.run.pipeline import collection_dir
 
     work, run = tmp_path / "work", tmp_path / "run"
     own = collection_dir(work, sample_photos)  # the lock is the photo folder's own directory's
@@ -155,7 +155,7 @@ def test_a_second_run_on_one_directory_refuses_naming_the_first(sample_photos, t
     holders = [_hold(own), _hold(run)]
     try:
         assert main(["run", str(sample_photos), "--work", str(work), "--max-steps", "2", "--no-serve",
-                     "--quiet"]) == 2  # fmt: skip
+                     "--quiet"]) == 2
         err = capsys.readouterr().err
         assert f"{own} is in use by another moco run (PID {holders[0].pid})" in err and "--work" in err, err
         assert main(["train", str(sample_photos), "--out", str(run), *TINY_CLI, "--max-steps", "2"]) == 2
@@ -172,7 +172,7 @@ def test_a_second_run_on_one_directory_refuses_naming_the_first(sample_photos, t
 
 def test_a_backbone_and_an_index_in_a_non_utf8_folder_load(backbone, sample_photos, tmp_path):
     """safetensors' own loader refuses such a path: ours reads the bytes through Python (issue 29, 1)."""
-    from index.build import build_index
+    from index.build.runner import build_index
     from index.image_index import ImageIndex
     from moco.embed import Embedder
     from moco.whiten import SPACE_FILE, load_space

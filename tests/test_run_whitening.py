@@ -10,17 +10,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from moco.checkpoint import load_checkpoint, save_checkpoint
 from moco.config import resolve_config
 from moco.embed import Embedder
 from moco.errors import UserError
-from moco.export import export_backbone
-from moco.train import train
+from moco.export.exporter import export_backbone
+from moco.training.checkpoints import save_checkpoint
+from moco.training.loop import train
+from moco.weights.layouts import load_checkpoint
 from moco.whiten import Whitening, fit_whitening
 
 # resnet10t (the cpu preset's timm network, so that --format timm applies) at 32 px, a few steps in fp32
 SETUP = dict(image_size=32, batch_size=8, bn_splits=2, queue_size=16, workers=0, max_steps=3, precision="fp32",
-             keep_checkpoints=1, save_every_minutes=1000.0)  # fmt: skip
+             keep_checkpoints=1, save_every_minutes=1000.0)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +56,8 @@ def _staged(net, x) -> torch.Tensor:
 def _mirrored(run, files, mirror: bool = True) -> np.ndarray:
     """Reference: the plain backbone's pooled stages of each photo's view, normalized, plus its mirror image's,
     normalized (``mirror``), the sum normalized."""
-    from moco.augment import center_view
-    from moco.data import load_square_u8
+    from moco.data.augment import center_view
+    from moco.data.photos import load_square_u8
 
     plain = Embedder.load(run / "checkpoint.pt", device="cpu", precision="fp32", whiten=False)
     squares = torch.from_numpy(np.stack([load_square_u8(f, plain.resize) for f in files]))  # N x R x R x 3
@@ -89,7 +90,7 @@ def test_the_checkpoint_carries_the_whitening_of_the_trained_features_of_its_pho
 
 
 def test_the_kNN_monitor_reports_the_exported_embedding(run, sample_photos):
-    from moco.knn import knn_top1
+    from moco.training.knn import knn_top1
 
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     exported = [r["knn_exported"] for r in lines if "knn_exported" in r]
@@ -108,7 +109,7 @@ def test_embeddings_apply_it_and_the_export_formats_keep_it(run, sample_photos, 
     w = Whitening.from_state(ckpt["whitening"], 512, "ckpt")
     meta = export_backbone(run / "checkpoint.pt", tmp_path / "b.safetensors")
     assert json.loads(meta["whitening"])["count"] == 48
-    from moco.export import embedding_dim
+    from moco.export.reader import embedding_dim
 
     assert (meta["embed_dim"], embedding_dim(meta)) == ("512", DIM)  # the backbone's width; what it embeds
     white = Embedder.load(tmp_path / "b.safetensors", device="cpu", precision="fp32")
@@ -154,7 +155,7 @@ def test_a_damaged_whitening_is_refused_naming_the_file_and_the_fix(run, tmp_pat
 
 
 def test_the_index_stores_and_searches_the_whitened_embeddings(run, sample_photos, tmp_path):
-    from index.build import build_index
+    from index.build.runner import build_index
     from index.image_index import ImageIndex
 
     export_backbone(run / "checkpoint.pt", tmp_path / "b.safetensors")
@@ -181,7 +182,7 @@ def test_the_index_stores_and_searches_the_whitened_embeddings(run, sample_photo
 def test_a_run_without_it_has_none_and_can_fit_it_when_resumed_to_its_end(sample_photos, tmp_path):
     from dataclasses import replace
 
-    from moco.train import resume_config
+    from moco.training.checkpoints import resume_config
 
     tiny = {**SETUP, "max_steps": 2}
     cfg = resolve_config("cpu", data_dir=str(sample_photos), out=str(tmp_path / "r"), whiten=False, **tiny)
@@ -191,7 +192,7 @@ def test_a_run_without_it_has_none_and_can_fit_it_when_resumed_to_its_end(sample
     again = resume_config(tmp_path / "r", {"whiten": True, "max_steps": 3})
     summary = train(replace(again), resume=True, progress=False)
     assert summary["steps"] == 3 and summary["whitening"]["rows"] == 48 and summary["whitening"]["seconds"] >= 0
-    from moco.train_args import summary_line
+    from moco.training.command import summary_line
 
     # the preset's --whiten-stages auto: 48 photos are too few to whiten 960-d features (2 x 960 needed)
     assert "whitening fitted on 48 photos and their mirror images in " in summary_line(summary, tmp_path / "r")
@@ -205,16 +206,10 @@ def test_near_duplicates_of_a_whitened_index_use_its_threshold(run, sample_photo
 
     from PIL import Image
 
-    from app.cli import main
-    from index.build import build_index
-    from index.dedup import (
-        DEDUP_THRESHOLD,
-        STAGED_DEDUP_THRESHOLD,
-        WHITENED_DEDUP_THRESHOLD,
-        dedup_threshold,
-        find_duplicates,
-        load_duplicates,
-    )
+    from app.cli.commands import main
+    from index.build.runner import build_index
+    from index.calibrate import DEDUP_THRESHOLD, STAGED_DEDUP_THRESHOLD, WHITENED_DEDUP_THRESHOLD, dedup_threshold
+    from index.dedup import find_duplicates, load_duplicates
     from index.image_index import ImageIndex
 
     photos = tmp_path / "photos"

@@ -1,4 +1,4 @@
-"""Tests for moco.sample: the generated sample photo collection."""
+"""Tests for moco.data.sample: the generated sample photo collection."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from moco.data import load_rgb, scan_images
-from moco.sample import FAMILIES, main, make_sample_collection
+from moco.data.photos import load_rgb, scan_images
+from moco.data.sample import FAMILIES, main, make_sample_collection
 
 
 @pytest.fixture(scope="module")

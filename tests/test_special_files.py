@@ -74,7 +74,7 @@ def _run(args: list[str], timeout: float = TIMEOUT) -> subprocess.CompletedProce
         return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as err:
         pytest.fail(f"{' '.join(map(str, args[:4]))} ... still running after {timeout} s (blocked on a special file?)"
-                    f"\nstderr: {err.stderr!r}")  # fmt: skip
+                    f"\nstderr: {err.stderr!r}")
 
 
 def _python(code: str) -> dict:
@@ -96,7 +96,7 @@ def test_reasons_from_decoder_and_hash(mixed: tuple[Path, list[str]]) -> None:
     out = _python(f"""
         import json
         from pathlib import Path
-        from index.plan import file_hash
+        from index.build.plan import file_hash
         from moco.data import ImageDecodeError, load_rgb
         out = {{}}
         for name in {sorted(SPECIAL)!r}:
@@ -121,8 +121,8 @@ def test_reasons_from_decoder_and_hash(mixed: tuple[Path, list[str]]) -> None:
 
 
 def test_file_over_the_byte_cap_is_refused_before_reading(tmp_path: Path) -> None:
-    from index.plan import file_hash
-    from moco.data import MAX_FILE_BYTES, ImageDecodeError, load_rgb
+    from index.build.plan import file_hash
+    from moco.data.photos import MAX_FILE_BYTES, ImageDecodeError, load_rgb
 
     big = tmp_path / "big.png"
     Image.new("RGB", (8, 8)).save(big)
@@ -143,7 +143,7 @@ def test_index_build_and_update_list_special_files_as_errors(
     root, names = mixed
     idx = tmp_path / "idx"
     build = _cli("index", "build", str(root), "--backbone", str(backbone), "-o", str(idx), "--device", "cpu",
-                 "--quiet", "--workers", "2")  # fmt: skip
+                 "--quiet", "--workers", "2")
     assert build.returncode == 0, build.stderr
     stats = _cli("index", "stats", str(idx), "--json")
     assert stats.returncode == 0, stats.stderr

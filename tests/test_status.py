@@ -7,9 +7,10 @@ import json
 
 import pytest
 
-from app.status import RunStatus, eta_seconds, loss_frame, status_markdown
+from app.run.status import RunStatus, eta_seconds, loss_frame, status_markdown
 from moco.config import resolve_config
-from moco.train import shown_total, train
+from moco.training.loop import train
+from moco.training.metrics import shown_total
 from tests.conftest import TINY
 
 
@@ -66,7 +67,7 @@ def test_eta_ends_with_the_time_budget():
 
 def test_the_status_tab_uses_the_runs_budget_and_names_its_skipped_photos(tmp_path):
     """Issue 39: the tab's ETA ignored the run's budget, and it never named the photos that were skipped."""
-    from moco.skipped_file import write_skipped
+    from moco.data.cache import write_skipped
 
     status = RunStatus(tmp_path / "w")
     status.run_dir.mkdir(parents=True)
@@ -97,7 +98,7 @@ def test_snapshot_reads_metrics_incrementally(tmp_path):
     status = RunStatus(tmp_path, clock=clock)
     snap = status.snapshot()  # no run yet
     assert (snap["stage"], snap["step"], snap["total_steps"], snap["loss"], snap["eta_s"]) == ("starting", 0, None,
-                                                                                                [], None)  # fmt: skip
+                                                                                                [], None)
     metrics = tmp_path / "run" / "metrics.jsonl"
     metrics.parent.mkdir()
     records = _records([0.5] * 12, total=None)
@@ -154,7 +155,7 @@ def test_records_with_wrong_types_are_ignored_and_said_once(tmp_path, caplog):
     metrics.parent.mkdir()
     good = _records([0.5] * 4)
     odd = [{"step": 5, "loss": "abc", "elapsed_s": "x", "img_s": None, "total_steps": "100"},  # valid JSON, wrong types
-           {"step": 6, "epoch": 1.0, "knn_top1": "high", "knn_pixels": [0.1]}, {"step": 7, "loss": True}]  # fmt: skip
+           {"step": 6, "epoch": 1.0, "knn_top1": "high", "knn_pixels": [0.1]}, {"step": 7, "loss": True}]
     metrics.write_text(_lines(good + odd))
     with caplog.at_level("WARNING"):
         snap = status.snapshot()
@@ -191,13 +192,13 @@ def test_stages_messages_and_clock(tmp_path):
 # ---------------------------------------------------------------------------------------------- summaries
 def _snap(**kw) -> dict:
     base = {"stage": "starting", "detail": "", "stage_s": 12.0, "total_s": 20.0, "messages": [], "step": 0,
-            "total_steps": None, "loss": [], "knn": [], "img_s": None, "eta_s": None, "error": None}  # fmt: skip
+            "total_steps": None, "loss": [], "knn": [], "img_s": None, "eta_s": None, "error": None}
     return {**base, **kw}
 
 
 def test_status_markdown_for_each_stage():
     training = _snap(stage="training", step=120, total_steps=640, loss=[(119, 6.3), (120, 6.1234)], img_s=85.0,
-                     eta_s=190.0)  # fmt: skip
+                     eta_s=190.0)
     text = status_markdown(training)
     assert "**Training**" in text and "step 120 / 640" in text and "loss 6.12" in text and "ETA 3 min 10 s" in text
     fitting = status_markdown(_snap(stage="training", step=8, loss=[(8, 7.0)]))
@@ -261,7 +262,7 @@ def test_budget_run_logs_total_steps_once_fitted(sample_photos, tmp_path, capsys
     assert all("%" in line and "<" in line for line in shown[fit:])  # the fitted total, with an ETA
     # Resumed: the fitted schedule is known from the first step.
     again = train(_cfg(sample_photos, run, epochs=100_000, time_budget=30.0), resume=True, progress=False,
-                  stop_after=14)  # fmt: skip
+                  stop_after=14)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert again["steps"] == 14 and all(r["total_steps"] == summary["total_steps"] for r in records[10:])
 
@@ -276,7 +277,7 @@ def test_fixed_schedule_logs_total_steps_from_the_start(sample_photos, tmp_path)
 # ---------------------------------------------------------------------------------------------- the pipeline
 @pytest.mark.slow
 def test_pipeline_reports_its_stages(sample_photos, tmp_path):
-    from app.pipeline import run_pipeline
+    from app.run.pipeline import run_pipeline
 
     status = RunStatus(tmp_path / "w")
     said: list[str] = []
@@ -288,7 +289,7 @@ def test_pipeline_reports_its_stages(sample_photos, tmp_path):
             seen.append(status.snapshot())  # the UI polling mid-run
 
     out = run_pipeline(sample_photos, tmp_path / "w", train_overrides={**TINY, "max_steps": 2}, say=say,
-                       progress=False, status=status)  # fmt: skip
+                       progress=False, status=status)
     snap = status.snapshot()
     assert snap["stage"] == "ready" and snap["index_ready"] and snap["index_path"] == out["index"]
     assert snap["history"] == ["starting", "photos", "training", "export", "indexing", "ready"]
@@ -299,7 +300,7 @@ def test_pipeline_reports_its_stages(sample_photos, tmp_path):
 
 
 def test_pipeline_failure_sets_failed(tmp_path):
-    from app.pipeline import run_pipeline
+    from app.run.pipeline import run_pipeline
     from moco.errors import UserError
 
     status = RunStatus(tmp_path / "w")
@@ -312,7 +313,7 @@ def test_pipeline_failure_sets_failed(tmp_path):
 
 
 def test_pipeline_without_status_is_unchanged(tmp_path):
-    from app.pipeline import run_pipeline
+    from app.run.pipeline import run_pipeline
     from moco.errors import UserError
 
     with pytest.raises(UserError, match="not both"):

@@ -96,7 +96,7 @@ def test_remove_and_readd_are_idempotent(tmp_path):
         store.save(tmp_path / f"{kind}.faiss")
         import faiss
 
-        from index.image_index import kind_of
+        from index.index_dir import kind_of
 
         again = faiss.read_index(str(tmp_path / f"{kind}.faiss"))
         assert kind_of(again) == kind and again.ntotal == 499

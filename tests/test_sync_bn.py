@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from moco.sync_bn import AllReduceBatchNorm, convert_sync_bn
+from moco.model.sync_bn import AllReduceBatchNorm, convert_sync_bn
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,7 +22,7 @@ def test_two_processes_equal_one_batch_norm_over_the_concatenated_batch(tmp_path
     """Outputs, input and weight gradients, running statistics (BN2d, BN2d channels_last, BN1d): a reference test."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "tests" / "dist_bn_check.py"), str(tmp_path)]  # fmt: skip
+           str(ROOT / "tests" / "dist_bn_check.py"), str(tmp_path)]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):

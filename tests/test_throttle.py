@@ -1,11 +1,11 @@
-"""Login throttling (app.throttle): the policy against a synthetic clock, then real servers on loopback where a
+"""Login throttling (app.server.access): the policy against a synthetic clock, then real servers on loopback where a
 rotating ``X-Forwarded-For`` must not buy more guesses, and a named trusted proxy does name the client."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.throttle import LoginThrottle, parse_trusted_proxies
+from app.server.access import LoginThrottle, parse_trusted_proxies
 
 from .live import free_port
 
@@ -96,7 +96,7 @@ def test_records_stay_bounded_under_a_flood_of_names():
 
 
 def test_trusted_proxies_are_addresses_or_networks(capsys):
-    from app.cli import main
+    from app.cli.commands import main
 
     assert parse_trusted_proxies(["127.0.0.1", "10.0.0.0/8, ::1", ""]) == ["127.0.0.1", "10.0.0.0/8", "::1"]
     assert main(["serve", "no-such-idx", "--trusted-proxy", "127.0.0.1,proxy.local"]) == 2
@@ -106,18 +106,18 @@ def test_trusted_proxies_are_addresses_or_networks(capsys):
 
 # ------------------------------------------------------------------------------------- live servers
 def _pending_server(tmp_path, auth, trusted_proxies=()):
-    from app.status import RunStatus
-    from app.ui import serve_pending
+    from app.run.status import RunStatus
+    from app.server.launch import serve_pending
 
     port = free_port()
     demo, _ = serve_pending(tmp_path / "idx", tmp_path / "photos", RunStatus(tmp_path / "work"), "127.0.0.1", port,
-                            auth, trusted_proxies=trusted_proxies)  # fmt: skip
+                            auth, trusted_proxies=trusted_proxies)
     return demo, f"http://127.0.0.1:{port}"
 
 
 def _login(http, url: str, user: str, password: str, client: str) -> int:
     return http.post(url + "/login", data={"username": user, "password": password},
-                     headers={"X-Forwarded-For": client}).status_code  # fmt: skip
+                     headers={"X-Forwarded-For": client}).status_code
 
 
 @pytest.mark.slow
@@ -130,7 +130,7 @@ def test_a_rotating_forwarded_for_does_not_bypass_the_lockout(tmp_path):
             codes = [_login(http, url, "alice", f"wrong{i}", f"203.0.113.{i}") for i in range(30)]
             assert codes == [400] * 5 + [429] * 25, codes  # the peer is loopback, whatever the header says
             locked = http.post(url + "/login", data={"username": "alice", "password": "right-pass"},
-                               headers={"X-Forwarded-For": "198.51.100.1"})  # fmt: skip
+                               headers={"X-Forwarded-For": "198.51.100.1"})
             assert locked.status_code == 429 and int(locked.headers["retry-after"]) >= 1
             assert "try again" in locked.json()["detail"]
             assert http.get(url + "/config").status_code in (401, 403)  # still not logged in
@@ -142,7 +142,7 @@ def test_a_rotating_forwarded_for_does_not_bypass_the_lockout(tmp_path):
 def test_a_trusted_proxy_names_the_client_and_the_account_is_throttled_too(tmp_path):
     import httpx
 
-    from app.throttle import ACCOUNT_FREE
+    from app.server.access import ACCOUNT_FREE
 
     demo, url = _pending_server(tmp_path, ("alice", "right-pass"), trusted_proxies=["127.0.0.1"])
     try:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from app.cli import main
+from app.cli.commands import main
 from moco.config import resolve_config
-from moco.train import train
+from moco.training.loop import train
 from tests.conftest import TINY, TINY_CLI
 
 V3_TINY = dict(TINY, queue_size=0, bn_splits=1, mlp_hidden=32, dim=16, warmup_epochs=1)
@@ -156,7 +156,7 @@ def test_cli_end_to_end_with_bad_files(sample_photos, tmp_path, capsys):
 
 
 def test_progressive_resolution_trains_at_its_sizes_and_resumes_bit_exact(sample_photos, tmp_path):
-    from moco.optim import crop_size_at
+    from moco.training.optim import crop_size_at
 
     kw = dict(max_steps=8, image_size=32, min_image_size=16)
     straight = _cfg(sample_photos, tmp_path / "a", **kw)
@@ -293,8 +293,8 @@ def test_sigterm_checkpoints_and_resume_continues(sample_photos, tmp_path):
 
 
 def test_vit_v3_keeps_patch_projection_and_position_embedding_fixed(sample_photos, tmp_path):
-    from moco.model import MoCo
-    from moco.train import build_model
+    from moco.model.builder import MoCo
+    from moco.training.setup import build_model
 
     cfg = _cfg(
         sample_photos, tmp_path / "vit", "v3", arch="vit_tiny_patch16_224", small_stem=False, image_size=32, max_steps=3
@@ -312,7 +312,7 @@ def test_vit_v3_keeps_patch_projection_and_position_embedding_fixed(sample_photo
 
 
 def test_knn_monitor_logged_and_plotted(sample_photos, tmp_path):
-    from moco.curves import read_metrics
+    from moco.training.metrics import read_metrics
 
     cfg = _cfg(sample_photos, tmp_path / "knn", max_steps=6, val_dir=str(sample_photos), knn_k=5)
     train(cfg, progress=False)
@@ -328,7 +328,7 @@ def test_knn_monitor_logged_and_plotted(sample_photos, tmp_path):
 
 @pytest.mark.parametrize(("slow_from", "stopped_by", "steps"), [(None, None, 15), (12, "time budget", 13)])
 def test_time_budget_fits_the_schedule_to_the_budget(sample_photos, tmp_path, monkeypatch, slow_from, stopped_by,
-                                                     steps):  # fmt: skip
+                                                     steps):
     """Issue 39: on a loaded machine the first fit (step 10) came when the budget was nearly spent: 12 steps, the lr
     not annealed, and the test failed. The budget's clock is synthetic here (tests/step_clock.py), so the run is the
     same on any machine: 0.5 s a step, 2 s from step ``slow_from``, against 7.8 s of budget."""
@@ -348,7 +348,7 @@ def test_time_budget_fits_the_schedule_to_the_budget(sample_photos, tmp_path, mo
         assert records[-1]["elapsed_s"] == pytest.approx(8.0) and summary["planned_steps"] == 15
         ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
         assert ckpt["step"] == ckpt["total_steps"] == 13 and ckpt["planned_steps"] == 15  # finished, cut short
-        from moco.train_args import summary_line
+        from moco.training.command import summary_line
 
         assert "trained 13/13 steps" in summary_line(summary, run)
         assert "(stopped by its time budget at 13 of 15 steps)" in summary_line(summary, run)
@@ -357,9 +357,9 @@ def test_time_budget_fits_the_schedule_to_the_budget(sample_photos, tmp_path, mo
 @pytest.mark.parametrize(("preset", "batch", "world", "splits"), [
     ("v2", 256, 1, 8), ("v2", 64, 1, 4), ("v2", 32, 1, 2), ("v2", 8, 1, 2), ("v2", 6, 1, 2), ("v2", 3, 1, 1),
     ("v2", 32, 8, 1), ("v1", 256, 2, 1), ("v3", 256, 1, 1),
-])  # fmt: skip
+])
 def test_auto_bn_splits_keeps_16_images_per_group_on_one_process(preset, batch, world, splits):
-    from moco.run_setup import bn_splits_for as _bn_splits
+    from moco.training.setup import bn_splits_for as _bn_splits
 
     queue = {} if preset == "v3" else {"queue_size": max(256, batch * world)}
     cfg = resolve_config(preset, batch_size=batch, **queue)

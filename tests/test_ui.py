@@ -15,14 +15,17 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from app.ui import SearchApp, groups_html, launch_kwargs, make_demo, negatives_outputs
-from index.build import build_index
+from app.page.handlers import SearchApp
+from app.page.views import groups_html, negatives_outputs
+from app.server.launch import launch_kwargs, make_demo
+from index.build.runner import build_index
 from index.image_index import ImageIndex
-from moco.augment import two_views
-from moco.checkpoint import load_checkpoint
 from moco.config import from_plain
-from moco.data import square_u8
-from moco.train import build_model, cache_size_for
+from moco.data.augment import two_views
+from moco.data.cache import cache_size_for
+from moco.data.photos import square_u8
+from moco.training.setup import build_model
+from moco.weights.layouts import load_checkpoint
 
 from .conftest import random_backbone, trained_index
 from .live import free_port, wait_served
@@ -64,13 +67,13 @@ def test_search_handlers_equal_image_index(app, setup):
 
 
 def test_errors_are_messages_not_tracebacks(app, setup, tmp_path):
-    from app.page import _safe
+    from app.page.blocks import _safe
 
     search = _safe(3, 1)(app.search)
     bad = tmp_path / "upload.jpg"
     bad.write_bytes(b"\xff\xd8\xff not an image")
     for args, words in [((None, 5, ""), "no image"), ((str(bad), 5, ""), "upload.jpg"),
-                        ((str(_query(setup)), 5, "../etc"), "no sub-folder")]:  # fmt: skip
+                        ((str(_query(setup)), 5, "../etc"), "no sub-folder")]:
         gallery, info, state = search(*args)
         assert info.startswith("**Error:**") and words in info and "Traceback" not in info
         assert isinstance(gallery, dict) and gallery.get("__type__") == "update"  # the results shown stay
@@ -97,7 +100,7 @@ def test_negatives_from_the_saved_queue_match_a_hand_computation(app, setup):
     model.eval()
     square = square_u8(img, cache_size_for(cfg.image_size, cfg.cache_size))
     xq, xk = two_views(torch.tensor(square)[None], cfg.augment, cfg.image_size, cfg.mean, cfg.std,
-                       torch.Generator().manual_seed(3))  # fmt: skip
+                       torch.Generator().manual_seed(3))
     with torch.no_grad():
         q = F.normalize(model.projector(model.backbone(xq)), dim=1)[0]
         k = F.normalize(model.projector_momentum(model.backbone_momentum(xk)), dim=1)[0]
@@ -146,7 +149,7 @@ def test_negatives_from_the_index_match_a_hand_computation(setup):
     keep = vecs @ clean < 0.9999
     square = square_u8(img, emb.resize)
     xq, xk = two_views(torch.tensor(square)[None], "v2", emb.image_size, emb.mean, emb.std,
-                       torch.Generator().manual_seed(1))  # fmt: skip
+                       torch.Generator().manual_seed(1))
     q, k = index.center(emb.embed_views(torch.cat([xq, xk])))  # centred, as search scores
     negs = index.center(vecs[keep]) @ q
     shares, loss, rank = _hand_info_nce(float(q @ k), negs, view.temperature)
@@ -162,7 +165,7 @@ def test_collection_tab_and_dedup(app, setup):
     assert "36 images" in text and "recall@10" in text and "resnet18" in text
     shutil.copyfile(_query(setup), setup["photos"] / "copy.jpg")
     try:
-        from index.build import update_index
+        from index.build.runner import update_index
 
         update_index(setup["idx"], progress=False)
         text, groups = app.collection(threshold=0.95)
@@ -209,7 +212,7 @@ def test_file_route_refuses_everything_but_thumbs(server, setup):
     url, app = server
     thumb = next((setup["idx"] / "thumbs").iterdir())
     secret_files = [setup["idx"] / "catalog.sqlite", setup["idx"] / "index.json", _query(setup), Path("/etc/passwd"),
-                    ROOT / "pyproject.toml"]  # fmt: skip
+                    ROOT / "pyproject.toml"]
     attempts = []
     for f in secret_files:
         attempts += [str(f), urllib.parse.quote(str(f)), urllib.parse.quote(str(f), safe="")]
@@ -228,7 +231,7 @@ def test_file_route_refuses_everything_but_thumbs(server, setup):
 
 
 def test_empty_index_and_rebuilt_with_another_backbone_are_messages(setup, tmp_path):
-    from app.page import _safe
+    from app.page.blocks import _safe
 
     empty_photos = tmp_path / "empty"
     empty_photos.mkdir()
@@ -262,7 +265,7 @@ def test_serve_cli_warns_on_open_host_and_enforces_auth(setup):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(setup["idx"]), "--host", "0.0.0.0",
                              "--port", str(port), "--device", "cpu"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+                            stderr=subprocess.PIPE, text=True)
     try:
         assert "without --auth" in proc.stderr.readline()
     finally:
@@ -271,7 +274,7 @@ def test_serve_cli_warns_on_open_host_and_enforces_auth(setup):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(setup["idx"]), "--port", str(port),
                              "--auth", "alice:s3cret-pass", "--device", "cpu"], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+                            stderr=subprocess.STDOUT, text=True)
     try:
         url = f"http://127.0.0.1:{port}"
         r = wait_served(url + "/config", proc, timeout=120)
@@ -282,7 +285,7 @@ def test_serve_cli_warns_on_open_host_and_enforces_auth(setup):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-    from app.cli import main
+    from app.cli.commands import main
 
     assert main(["serve", str(setup["idx"]), "--auth", "no-colon"]) == 2
 
@@ -300,12 +303,12 @@ def test_upload_size_is_capped(server):
 def test_the_page_served_beside_training_has_pyplot_imported_before_its_first_event(tmp_path):
     """`moco run`'s page imports pyplot (Agg) before serving: Gradio switching the backend in an event's thread
     while the run's curves import pyplot in another failed the event and stopped the Status timer."""
-    code = ("import sys\nfrom app.status import RunStatus\nfrom app.ui import serve_pending\n"
+    code = ("import sys\nfrom app.run.status import RunStatus\nfrom app.server.launch import serve_pending\n"
             f"demo, _ = serve_pending({str(tmp_path / 'idx')!r}, {str(tmp_path / 'photos')!r}, "
             f"RunStatus({str(tmp_path / 'work')!r}), port={free_port()})\n"
             "import matplotlib\nprint('matplotlib.pyplot' in sys.modules, matplotlib.get_backend().lower())\n"
-            "demo.close()\n")  # fmt: skip
+            "demo.close()\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="tkagg"))  # fmt: skip
+                         env=dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="tkagg"))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "True agg" in out.stdout.splitlines(), out.stdout

@@ -17,16 +17,16 @@ from timm.models.vision_transformer import VisionTransformer
 from torch import nn
 from torchvision.models.resnet import BasicBlock, Bottleneck
 
-from app.cli import main
-from moco.augment import RECIPES, center_view
-from moco.backbones import build_backbone
-from moco.checkpoint import save_checkpoint
+from app.cli.commands import main
 from moco.config import resolve_config, to_plain
+from moco.data.augment import RECIPES, center_view
 from moco.embed import Embedder
 from moco.errors import UserError
-from moco.formats import load_init
-from moco.model import build_mlp
-from moco.train import build_model
+from moco.model.backbones import build_backbone
+from moco.model.builder import build_mlp
+from moco.training.checkpoints import save_checkpoint
+from moco.training.setup import build_model
+from moco.weights.layouts import load_init
 
 SIZE, HIDDEN, DIM = 32, 64, 32  # tiny images and heads; ViT-S keeps its width 384 and depth 12
 
@@ -38,7 +38,7 @@ def _v3(arch: str, **kw) -> object:
 def _layout(mlp: nn.Module) -> list[tuple]:
     """Module types, weight shapes and BN affinity: what decides whether official weights load and mean the same."""
     return [(type(m).__name__, tuple(p.shape for p in m.parameters(recurse=False)), getattr(m, "affine", None))
-            for m in mlp]  # fmt: skip
+            for m in mlp]
 
 
 # ------------------------------------------------------------------------------------------- heads
@@ -75,7 +75,7 @@ def test_v3_crop_min_scale_is_02_for_resnets_and_008_for_vits():
 def _official_sincos(h: int, w: int, dim: int, temperature: float = 10000.0) -> torch.Tensor:
     """vits.py's build_2d_sincos_position_embedding, patch rows (without the class token's zeros)."""
     grid_w, grid_h = torch.meshgrid(torch.arange(w, dtype=torch.float32), torch.arange(h, dtype=torch.float32),
-                                    indexing="ij")  # fmt: skip
+                                    indexing="ij")
     omega = 1.0 / temperature ** (torch.arange(dim // 4, dtype=torch.float32) / (dim // 4))
     out_w = torch.einsum("m,d->md", grid_w.flatten(), omega)
     out_h = torch.einsum("m,d->md", grid_h.flatten(), omega)
@@ -115,7 +115,7 @@ def test_vit_init_follows_vits_py():
 def _vits_small() -> VisionTransformer:
     """A ViT-Small built like vits.py's ``vit_small`` (12 heads), small images, random weights everywhere."""
     net = VisionTransformer(img_size=SIZE, patch_size=16, embed_dim=384, depth=12, num_heads=12, mlp_ratio=4,
-                            qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6), num_classes=HIDDEN)  # fmt: skip
+                            qkv_bias=True, norm_layer=partial(nn.LayerNorm, eps=1e-6), num_classes=HIDDEN)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for p in net.parameters():
@@ -202,8 +202,8 @@ def test_a_head_count_the_width_does_not_divide_is_a_user_error():
 
 def test_v3_weight_decay_as_the_official_optimizers():
     """AdamW (ViT) decays every parameter (moco-v3 main_moco.py); LARS (ResNet) exempts 1-D ones (optimizer.py)."""
-    from moco.optim import build_optimizer
-    from moco.train import build_model
+    from moco.training.optim import build_optimizer
+    from moco.training.setup import build_model
 
     for arch, extra in (("vit_tiny_patch16_224", dict(image_size=32, num_heads=3)), ("resnet18", {})):
         cfg = resolve_config("v3", arch=arch, batch_size=8, mlp_hidden=64, dim=16, **extra)

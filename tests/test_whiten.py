@@ -89,7 +89,7 @@ def test_fit_space_kinds_against_by_hand_maps():
     base = fit_whitening(rng.normal(size=(100, 8)).astype(np.float32))
     c = feats - feats.mean(0)  # 300 x 8
     for how, ref in (("centred", c), ("training", c @ base.matrix),
-                     ("whitened", c @ fit_whitening(feats).matrix)):  # fmt: skip
+                     ("whitened", c @ fit_whitening(feats).matrix)):
         got = fit_space(feats, how, base)(feats)  # 300 x 8
         want = ref / np.linalg.norm(ref, axis=1, keepdims=True)
         np.testing.assert_allclose(got, want, atol=1e-4)
@@ -211,7 +211,7 @@ def test_embedding_features_pool_the_named_stages_before_the_backbones_output():
     assert resnet_stages(net) == STAGES and resnet_stages(torch.nn.Linear(2, 2)) == ()
     net.train()
     assert feature_widths(net, STAGES, 8) == ((4, 6, 8), 5) and net.training  # the mode is restored
-    from moco.backbones import build_backbone
+    from moco.model.backbones import build_backbone
 
     resnet, width = build_backbone("resnet10t", False, 32)
     assert resnet_stages(resnet) == STAGES and feature_widths(resnet, STAGES, 32) == ((64, 128, 256), 512) == (
@@ -223,14 +223,14 @@ def test_auto_stages_need_twice_as_many_photos_as_dimensions(caplog):
 
     import torch
 
-    from moco.backbones import build_backbone
-    from moco.train import STAGE_ROWS_PER_DIM, whitening_stages
+    from moco.model.backbones import build_backbone
+    from moco.training.whitening import STAGE_ROWS_PER_DIM, whitening_stages
 
     resnet, _ = build_backbone("resnet10t", False, 32)
     staged = (("layer1", "layer2", "layer3"), (64, 128, 256))
     need = STAGE_ROWS_PER_DIM * (512 + 64 + 128 + 256)  # 1,920 photos for resnet10t's 960-d features
     assert whitening_stages(resnet, "auto", need, 32) == staged
-    with caplog.at_level(logging.INFO, logger="moco.train"):
+    with caplog.at_level(logging.INFO, logger="moco.training"):
         assert whitening_stages(resnet, "auto", need - 1, 32) == ((), ())
     assert f"{need - 1} photos are too few to whiten 960-d features" in caplog.text
     assert "--whiten-stages on forces them" in caplog.text
@@ -280,7 +280,7 @@ def test_both_whitening_entry_points_take_the_same_input():
     v[0] = w.mean / np.linalg.norm(w.mean)  # not at the mean exactly: normalized; the next row is
     v[1] = w.mean
     got = torch.nn.functional.normalize(whiten_features(torch.from_numpy(v), torch.from_numpy(w.mean),
-                                                        torch.from_numpy(w.matrix)), dim=1).numpy()  # fmt: skip
+                                                        torch.from_numpy(w.matrix)), dim=1).numpy()
     np.testing.assert_allclose(got, w(v), atol=1e-5)
     centred = Whitening(w.mean, None, w.shrinkage, w.count)  # centring only: matrix None on both sides
     got = torch.nn.functional.normalize(whiten_features(torch.from_numpy(v), torch.from_numpy(w.mean), None), dim=1)

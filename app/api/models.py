@@ -1,0 +1,95 @@
+"""The JSON API's request and response models: the OpenAPI schema and the docs page are generated from them."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from app.page.handlers import FOLDER_PATTERN, MAX_RESULTS
+
+__all__ = ["FOLDER_FIELD", "IMAGE_TYPES", "BASE64_PATTERN", "Hit", "SearchResponse", "Base64Query", "Stats", "Member",
+           "Group", "Duplicates", "ErrorResponse"]
+
+
+# The folder filter's field, everywhere: '' or a sub-folder written as FOLDER_PATTERN says (else 400; one that is
+# not in the collection: 404). Only described in the schema: the page's own check answers, with the page's message.
+FOLDER_FIELD = {"description": "only photos under this sub-folder of the collection ('': all); no `.` or `..` part, "
+                "no control character", "json_schema_extra": {"pattern": FOLDER_PATTERN}}
+IMAGE_TYPES = "image/jpeg, image/png, image/webp, image/gif, image/bmp, image/tiff"  # what an upload may be
+
+# Padded standard base64 of at least one byte: what `image_base64` must be (anything else is a 400).
+BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)$"
+
+
+class Hit(BaseModel):
+    """One result: the page's rank, id, path (relative to the collection root), score and weak-match flag."""
+
+    rank: int = Field(description="1 for the best match; continues after `offset`")
+    id: int = Field(description="the photo's id in the index (for /photos/{id}/...)")
+    path: str = Field(description="the photo's path relative to the collection root")
+    score: float = Field(description="centred cosine similarity in the index's space, as the page shows it")
+    weak: bool = Field(description="under the collection's weak-match threshold: no close match")
+
+
+class SearchResponse(BaseModel):
+    """A page of results for one query."""
+
+    results: list[Hit]
+    k: int = Field(description=f"results asked for (capped at the index's size and at {MAX_RESULTS})")
+    offset: int = Field(description="results skipped before the first one")
+    folder: str | None = Field(description="the sub-folder searched, or null for the whole collection")
+    next_offset: int | None = Field(description="`offset` of the next page, or null when this one was the last")
+    weak_below: float | None = Field(description="scores under this are weak matches (null: an older index)")
+    images: int = Field(description="photos in the index")
+    took_ms: float = Field(description="time in the server, decoding and queueing included")
+
+
+class Base64Query(BaseModel):
+    """A search by an image sent as base64 in JSON."""
+
+    image_base64: str = Field(description="the image file's bytes, base64 (standard alphabet, padded)",
+                              json_schema_extra={"minLength": 4, "pattern": BASE64_PATTERN})  # checked by the route
+    filename: str = Field("upload", description="a name for the image in messages")
+    k: int = Field(12, ge=1, le=MAX_RESULTS, description="results per page")
+    folder: str = Field("", **FOLDER_FIELD)  # type: ignore[arg-type]
+    offset: int = Field(0, ge=0, description="results to skip (the next page: `next_offset`)")
+
+
+class Stats(BaseModel):
+    """The collection and its index."""
+
+    images: int = Field(description="searchable photos")
+    unreadable: int
+    pending: int = Field(description="embedded, not yet searchable")
+    kind: str = Field(description="FAISS index kind: flat, ivf, ivfpq or hnsw")
+    dim: int
+    weak_below: float | None
+    dedup_threshold: float
+    backbone_arch: str | None
+    backbone_sha256: str
+    space: str = Field(description="what the index's vectors are")
+    updated: str | None
+    folders: list[str] = Field(description="the folder filter's choices")
+
+
+class Member(BaseModel):
+    id: int
+    path: str
+    score: float = Field(description="centred cosine to the group's representative")
+
+
+class Group(BaseModel):
+    size: int
+    representative: Member | None
+    members: list[Member]
+
+
+class Duplicates(BaseModel):
+    """Near-duplicate groups (every member within the threshold of its representative), largest first."""
+
+    threshold: float
+    created: str | None
+    groups: list[Group]
+
+
+class ErrorResponse(BaseModel):
+    detail: str = Field(description="what went wrong and what to do, in one line (the page's message)")

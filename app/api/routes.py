@@ -1,0 +1,481 @@
+"""The JSON API beside the page: ``/api/v1/...`` on the FastAPI app Gradio runs on, same port, same process.
+
+Routes (typed request and response models; the schema at ``/api/v1/openapi.json``, a docs page at ``/api/v1/docs``
+that needs nothing from the internet):
+
+    POST /api/v1/search                    multipart: image (a file), k, folder, offset
+    POST /api/v1/search/base64             JSON: {"image_base64", "filename", "k", "folder", "offset"}
+    GET  /api/v1/photos/{id}/similar       an indexed photo as the query (its stored vector): k, folder, offset
+    GET  /api/v1/photos/{id}/thumbnail     the thumbnail the page shows (JPEG)
+    GET  /api/v1/photos/{id}/original      the original, under the page's rules (indexed, inside the collection,
+                                           a regular file, at most MAX_ORIGINAL_BYTES)
+    GET  /api/v1/stats                     the collection's counts, index, backbone and thresholds
+    GET  /api/v1/duplicates                the near-duplicate groups last saved (`moco index dedup` or the page)
+
+Searches run through :meth:`SearchApp.search_vectors`, the page's own code (the same checks of ``k`` and
+``folder``, the same scores and weak-match threshold as the page and ``moco index search --json``). Concurrent
+searches share the model: uploads are decoded in a small thread pool, then embedded and searched in batches
+(:mod:`app.api.batcher`); past ``max_pending`` requests in flight the API answers 503 with ``Retry-After``.
+
+Errors are JSON ``{"detail": "one line"}``, the page's own messages. Access is the page's: with ``--auth`` a
+request needs the page's login cookie, HTTP Basic with the same USER:PASS, or ``Authorization: Bearer TOKEN``
+with ``--api-token``; failed attempts are throttled as page logins are (:mod:`app.server.access`, one shared count).
+Request bodies are capped (the page's upload cap, in base64 too); no CORS headers are added for other origins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import concurrent.futures
+import logging
+import mimetypes
+import shutil
+import tempfile
+import time
+import urllib.parse
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import anyio
+import numpy as np
+from fastapi import APIRouter, File, Form, Query, Request, UploadFile
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.api.batcher import Batcher, Overloaded
+from app.api.docs import docs_html
+from app.api.models import (
+    FOLDER_FIELD,
+    IMAGE_TYPES,
+    Base64Query,
+    Duplicates,
+    ErrorResponse,
+    Group,
+    Hit,
+    Member,
+    SearchResponse,
+    Stats,
+)
+from app.page.handlers import MAX_RESULTS, NoSuchFolder, SearchApp
+from app.page.uploads import read_upload, upload_suffix
+from app.server.access import API_PREFIX, ApiSettings, check_access
+from index.catalog import MAX_ID, display_path
+from index.dedup import load_duplicates
+from moco.errors import UserError, clipped, quoted
+
+__all__ = ["SearchService", "api_routes"]
+
+logger = logging.getLogger(__name__)
+
+DECODE_WORKERS = 2  # uploads decoded at once (the rest wait for a thread; all count against max_pending)
+MAX_DETAIL = 1000  # characters of an error's one line at most (what it quotes of the request: far fewer)
+# ------------------------------------------------------------------------------------------------ models
+ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse, "description": what} for code, what in [
+        (400, "bad input: an image that cannot be used (empty, not an image, too small or too large), a folder name "
+              "with `..`, a body that is not the JSON or form described"), (401, "login or token needed"),
+        (404, "no such photo, no such folder in the collection, or no near-duplicate groups saved"),
+        (413, "the request is over the upload cap"), (429, "too many failed logins"),
+        (503, "busy (shed with Retry-After) or the index is not ready yet")]}
+
+
+# ------------------------------------------------------------------------------------------- settings
+class NotFound(UserError):
+    """A photo id the index does not hold (HTTP 404)."""
+
+
+class NotReady(UserError):
+    """The index is not there yet (``moco run`` still training or indexing; HTTP 503)."""
+
+
+# ------------------------------------------------------------------------------------------- the service
+@dataclass
+class _Query:
+    k: int
+    folder: str
+    offset: int
+    image: Any = None  # a decoded PIL image, or ...
+    image_id: int | None = None  # ... an indexed photo's id
+    page: bool = False  # the page's search: its result is the page's (gallery, info, state), not a SearchResponse
+
+
+class SearchService:
+    """The API's searches over a :class:`SearchApp`: a decode pool and a batcher around its model and index."""
+
+    def __init__(self, app: SearchApp, settings: ApiSettings | None = None) -> None:
+        self.app, self.settings = app, settings or ApiSettings()
+        s = self.settings
+        self.batcher: Batcher[_Query, SearchResponse] = Batcher(self._batch, s.window_ms, s.max_batch, s.max_pending)
+        self._decode = concurrent.futures.ThreadPoolExecutor(DECODE_WORKERS, thread_name_prefix="decode")
+        self._tmp = Path(tempfile.mkdtemp(prefix="moco-api-"))  # uploads on their way to the decoder (0700)
+        self._remove_tmp = weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
+
+    def close(self) -> None:
+        """Stop the worker threads and remove the uploads folder."""
+        self.batcher.close()
+        self._decode.shutdown(wait=False, cancel_futures=True)
+        self._remove_tmp()
+
+    def _ready(self) -> None:
+        if not self.app.ready:
+            try:
+                self.app._index()
+            except UserError as e:
+                raise NotReady(str(e)) from None
+
+    def _read(self, data: bytes, name: str) -> Any:
+        """Decode an upload with the page's decoder (the same caps and messages): through a file, as Gradio does.
+
+        The file is named by us (``upload`` and the name's suffix when it is a plain one), never by the client: a
+        name too long for the file system, or one that means something to it, never reaches it."""
+        folder = Path(tempfile.mkdtemp(dir=self._tmp))
+        try:
+            path = folder / ("upload" + upload_suffix(name))
+            path.write_bytes(data)
+            return read_upload(str(path), self.app.embedder.resize, name=name)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    async def search_image(self, data: bytes, name: str, k: int, folder: str, offset: int) -> SearchResponse:
+        """An uploaded image's results (decoded in the pool, embedded and searched in a batch)."""
+        self._ready()
+        self._check(k, folder)
+        t0 = time.perf_counter()
+        async with self.batcher.admit():
+            image = await asyncio.get_running_loop().run_in_executor(self._decode, self._read, data, _safe_name(name))
+            out = await self.batcher.submit(_Query(k, folder, offset, image=image))
+        return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
+
+    async def search_page(self, image: Any, k: int, folder: str | None) -> tuple:
+        """The page's Search (an upload Gradio saved): ``SearchApp.search``'s (gallery, info, state), its upload
+        decoded in the pool and embedded in a batch with whatever else arrives, the page's and the API's alike."""
+        self._ready()
+        async with self.batcher.admit():
+            decoded = await asyncio.get_running_loop().run_in_executor(self._decode, read_upload, image,
+                                                                       self.app.embedder.resize)
+            return await self.batcher.submit(_Query(int(k), folder or "", 0, image=decoded, page=True))
+
+    async def search_id(self, image_id: int, k: int, folder: str, offset: int) -> SearchResponse:
+        """An indexed photo's results, from its stored vector (nothing decoded or embedded)."""
+        self._ready()
+        self._check(k, folder)
+        self._vector(image_id)  # an unknown id: its 404 now, before it joins a batch
+        t0 = time.perf_counter()
+        async with self.batcher.admit():
+            out = await self.batcher.submit(_Query(k, folder, offset, image_id=image_id))
+        return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
+
+    def _check(self, k: int, folder: str) -> None:
+        """A search's ``k`` and ``folder`` checked before it joins a batch (the page's checks: its 400, or
+        :class:`NoSuchFolder`'s 404), so that a batch holds only requests that can be answered."""
+        self.app._query(k, folder)
+
+    def _vector(self, image_id: int) -> np.ndarray:
+        index = self.app._index()
+        row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
+        if row is None or row.deleted or row.status != "ok":
+            raise NotFound(f"photo id {quoted(image_id)} is not an indexed photo: search again for current ids")
+        try:
+            return index.vectors(np.array([int(image_id)], np.int64))[0]  # D
+        except KeyError:  # removed since its row was read
+            raise NotFound(f"photo id {image_id} has no vector: search again for current ids") from None
+
+    def _batch(self, queries: list[_Query]) -> list[SearchResponse | BaseException]:
+        """One batch (in the batcher's thread): embed every upload in one call, then one search per (k, folder,
+        offset) group."""
+        out: list[SearchResponse | BaseException | None] = [None] * len(queries)
+        vectors: list[np.ndarray | None] = [None] * len(queries)
+        uploads = [i for i, q in enumerate(queries) if q.image is not None]
+        t0 = time.perf_counter()
+        if uploads:
+            for i, v in zip(uploads, self.app.embedder.embed([queries[i].image for i in uploads])):  # B x D
+                vectors[i] = v
+        embed_ms = (time.perf_counter() - t0) * 1000
+        for i, q in enumerate(queries):
+            if q.page:  # the page's own result, from the batch's vector
+                try:
+                    out[i] = self.app.from_vector(vectors[i], q.k, q.folder or None, "the uploaded image", embed_ms)
+                except Exception as e:  # noqa: BLE001 - that search's caller gets it (the page shows it)
+                    out[i] = e
+        for i, q in enumerate(queries):
+            if q.image_id is not None:
+                try:
+                    vectors[i] = self._vector(q.image_id)
+                except Exception as e:  # noqa: BLE001 - that search's own error (NotFound: its 404)
+                    out[i] = e
+        groups: dict[tuple[int, str, int], list[int]] = {}
+        for i, q in enumerate(queries):
+            if out[i] is None:
+                groups.setdefault((q.k, q.folder, q.offset), []).append(i)
+        for (k, folder, offset), members in groups.items():
+            try:
+                hits = self.app.search_vectors(np.stack([vectors[i] for i in members]), k, folder, offset)  # Q x D
+                responses = [self._response(hits, n, k, folder, offset) for n in range(len(members))]
+            except Exception:  # noqa: BLE001 - one query may fail the group's search: each one alone, its own error
+                responses = [self._alone(vectors[i], k, folder, offset) for i in members]
+            for i, r in zip(members, responses):
+                out[i] = r
+        return out  # type: ignore[return-value]
+
+    def _alone(self, vector: np.ndarray, k: int, folder: str, offset: int) -> SearchResponse | BaseException:
+        """One query's search by itself (its group's search failed): its response, or its own error."""
+        try:
+            return self._response(self.app.search_vectors(vector[None], k, folder, offset), 0, k, folder, offset)
+        except Exception as e:  # noqa: BLE001 - this request's caller gets it, no other
+            return e
+
+    def _response(self, hits: Any, n: int, k: int, folder: str, offset: int) -> SearchResponse:
+        index = self.app._index()
+        weak = index.weak_below
+        k = max(1, min(int(k), MAX_RESULTS))
+        results = [Hit(rank=offset + r + 1, id=int(i), path=_json_path(p), score=float(s),
+                       weak=weak is not None and float(s) < weak)
+                   for r, (i, s, p) in enumerate(zip(hits.ids[n], hits.scores[n], hits.paths[n]))]
+        last = len(results) < k or offset + len(results) >= len(index)
+        return SearchResponse(results=results, k=k, offset=offset, folder=folder.strip("/") or None,
+                              next_offset=None if last else offset + len(results), weak_below=weak,
+                              images=len(index), took_ms=0.0)
+
+
+class OriginalResponse(Response):
+    """A file already opened (and checked) streamed in chunks with its size as ``Content-Length``, closed at the end
+    whatever happens (a client that leaves included). Nothing is copied, so nothing can be evicted before it is sent."""
+
+    CHUNK = 1 << 20
+
+    def __init__(self, f: BinaryIO, size: int, name: str, media_type: str) -> None:
+        super().__init__(media_type=media_type, headers={"content-disposition": _attachment(name)})
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        self.raw_headers.append((b"content-length", str(size).encode()))
+        self.file, self.size = f, size
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            left = self.size
+            while left > 0:  # exactly the size announced, even if the file grew meanwhile
+                chunk = await anyio.to_thread.run_sync(self.file.read, min(self.CHUNK, left))
+                if not chunk:  # shrunk meanwhile: the client sees a short body, as announced nowhere else
+                    break
+                left -= len(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": left > 0})
+            if left > 0:
+                raise OSError(f"{self.size - left} of {self.size} bytes read: the file shrank while it was sent")
+        finally:
+            self.file.close()
+
+
+def _attachment(name: str) -> str:
+    """``Content-Disposition`` for a download named ``name``, as Starlette's FileResponse writes it."""
+    quoted_name = urllib.parse.quote(name)
+    return f"attachment; filename*=utf-8''{quoted_name}" if quoted_name != name else f'attachment; filename="{name}"'
+
+
+def _safe_name(name: str | None) -> str:
+    """A client's file name as a plain name for messages and the temporary file ("upload" when it has none)."""
+    base = Path(str(name or "")).name.replace("\x00", "")
+    base = "".join(c for c in base if c.isprintable())[:120].strip(". ")
+    return base or "upload"  # a name for messages only: the temporary file is named by SearchService._read
+
+
+def _json_path(path: str) -> str:
+    """A catalog path as JSON text: itself, or escaped as the page shows it when it is not valid UTF-8."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        return display_path(path)
+
+
+# ------------------------------------------------------------------------------------------------ access
+def _one_line(e: RequestValidationError) -> str:
+    """FastAPI's validation errors as one line: ``k: Input should be less than or equal to 500 (got 501)``."""
+    parts = []
+    for err in e.errors():
+        where = ".".join(str(x) for x in err.get("loc", ()) if x not in ("body", "query", "path", "form"))
+        got = err.get("input")
+        shown = f" (got {got!r})" if isinstance(got, (int, float, str)) and len(repr(got)) < 40 else ""
+        parts.append(f"{where or 'request'}: {err.get('msg', 'invalid')}{shown}")
+    return "; ".join(parts) + ": see /api/v1/docs for the expected fields"
+
+
+def _error(code: int, detail: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The API's error: ``{"detail": one line}``, at most MAX_DETAIL characters whatever the request held."""
+    return JSONResponse({"detail": clipped(detail, MAX_DETAIL)}, status_code=code, headers=headers)
+
+
+# Starlette's words for a body it cannot parse, and ours (naming what to send instead).
+_BODY_ERRORS = {
+    "There was an error parsing the body": "the request body cannot be parsed: send UTF-8 JSON of the documented "
+    "fields (or a multipart form for /search); see /api/v1/docs",
+}
+
+
+def _http_detail(e: StarletteHTTPException) -> str:
+    """An HTTPException's detail as the API's one line (a form with too many fields, a body that does not parse)."""
+    detail = str(e.detail)
+    if e.status_code == 400:
+        detail = _BODY_ERRORS.get(detail, detail)
+        if detail.startswith(("Too many fields", "Too many files", "Part exceeded maximum size")):
+            detail = f"the form is not what /search takes ({detail.rstrip('.')}): send image, k, folder and offset"
+    return detail
+
+
+# ------------------------------------------------------------------------------------------------ routes
+def api_routes(service: SearchService) -> list[Any]:
+    """The API's routes (to put in the FastAPI app's routes), the schema and the docs page among them."""
+    settings = service.settings
+
+    class _Route(APIRoute):
+        """Every API route: access checked first; errors become JSON with one line."""
+
+        def get_route_handler(self) -> Any:
+            handler = super().get_route_handler()
+
+            async def guarded(request: Request) -> Response:
+                try:
+                    check_access(request, settings)
+                    return await handler(request)
+                except StarletteHTTPException as e:  # FastAPI's, and Starlette's for a body that does not parse
+                    return _error(e.status_code, _http_detail(e), e.headers)
+                except RequestValidationError as e:
+                    return _error(400, _one_line(e))
+                except Overloaded as e:
+                    return _error(503, str(e), {"Retry-After": str(e.retry_after)})
+                except NotReady as e:
+                    return _error(503, str(e), {"Retry-After": "10"})
+                except (NotFound, NoSuchFolder) as e:
+                    return _error(404, str(e))
+                except UserError as e:
+                    logger.warning("%s", clipped(str(e), MAX_DETAIL))  # one line in the log, as the page's errors
+                    return _error(400, str(e))
+                except Exception as e:  # noqa: BLE001 - a message, never a traceback; the log has it
+                    logger.exception("API request failed")
+                    return _error(500, f"{type(e).__name__}: {clipped(str(e))}. The server is still running; details "
+                                  "are in its log.")
+
+            return guarded
+
+    router = APIRouter(prefix=API_PREFIX, route_class=_Route, tags=["search"])
+    app = service.app
+
+    @router.post("/search", response_model=SearchResponse, responses=ERRORS, summary="Search by an uploaded image",
+                 openapi_extra={"requestBody": {"content": {"multipart/form-data": {
+                     "encoding": {"image": {"contentType": IMAGE_TYPES}}}}}})
+    async def search(image: UploadFile = File(description="the query photo (JPEG, PNG, WebP, GIF, BMP or TIFF)",
+                                              json_schema_extra={"minLength": 1}),
+                     k: int = Form(12, ge=1, le=MAX_RESULTS), folder: str = Form("", **FOLDER_FIELD),
+                     offset: int = Form(0, ge=0)) -> SearchResponse:
+        """The nearest photos to an uploaded image (multipart/form-data), ranked by score."""
+        data = await image.read()
+        return await service.search_image(data, image.filename or "upload", k, folder, offset)
+
+    @router.post("/search/base64", response_model=SearchResponse, responses=ERRORS,
+                 summary="Search by an image sent as base64 in JSON")
+    async def search_base64(query: Base64Query) -> SearchResponse:
+        """The same search with the image's bytes as base64 in a JSON body."""
+        try:
+            data = base64.b64decode(query.image_base64, validate=True)
+        except (binascii.Error, ValueError):
+            raise UserError(f"{_safe_name(query.filename)}: image_base64 is not base64 (standard alphabet, padded): "
+                            "encode the file's bytes, e.g. base64.b64encode(open(path, 'rb').read()).decode()"
+                            ) from None
+        return await service.search_image(data, query.filename, query.k, query.folder, query.offset)
+
+    @router.get("/photos/{photo_id}/similar", response_model=SearchResponse, responses=ERRORS,
+                summary="Search by an indexed photo")
+    async def similar(photo_id: int = PathParam(ge=0, le=MAX_ID), k: int = Query(12, ge=1, le=MAX_RESULTS),
+                      folder: str = Query("", **FOLDER_FIELD), offset: int = Query(0, ge=0)) -> SearchResponse:
+        """The nearest photos to a photo of the index (its stored vector: the page's click on a result)."""
+        return await service.search_id(photo_id, k, folder, offset)
+
+    @router.get("/photos/{photo_id}/thumbnail", responses={**ERRORS, 200: {"content": {"image/jpeg": {}}}},
+                response_class=FileResponse, summary="A photo's thumbnail")
+    def thumbnail(photo_id: int = PathParam(ge=0, le=MAX_ID)) -> FileResponse:
+        """The thumbnail the page shows (JPEG, about 256 px), from the index's thumbs/ folder only."""
+        service._ready()
+        index = app._index()
+        row = index.catalog.rows_by_id([photo_id]).get(photo_id)
+        thumb = index.thumb_path(row) if row is not None and not row.deleted else None
+        thumbs = (index.dir / "thumbs").resolve()
+        if thumb is None or thumbs not in thumb.resolve().parents or not thumb.is_file():
+            raise NotFound(f"photo id {photo_id} has no thumbnail: search again for current ids")
+        return FileResponse(thumb, media_type="image/jpeg")
+
+    @router.get("/photos/{photo_id}/original", responses={**ERRORS, 200: {"content": {"image/*": {}}}},
+                response_class=FileResponse, summary="A photo's original file")
+    def original(photo_id: int = PathParam(ge=0, le=MAX_ID)) -> Response:
+        """The original file under the page's rules: an indexed photo, inside the collection, a regular file of at
+        most 64 MB; streamed from the file itself (opened once, checked, sent with its size), never from a copy."""
+        service._ready()
+        index = app._index()
+        row = index.catalog.rows_by_id([photo_id]).get(photo_id)
+        if row is None or row.deleted or row.status != "ok":
+            raise NotFound(f"photo id {photo_id} is not an indexed photo: search again for current ids")
+        f, size, name = app.open_original(photo_id)
+        return OriginalResponse(f, size, name, mimetypes.guess_type(name)[0] or "application/octet-stream")
+
+    @router.get("/stats", response_model=Stats, responses=ERRORS, summary="The collection and its index")
+    def stats() -> Stats:
+        """Counts, index kind, backbone, thresholds and the folder filter's choices."""
+        service._ready()
+        index = app._index()
+        index.refresh()
+        st = index.stats()
+        return Stats(images=st["vectors"], unreadable=st["error"], pending=st["pending"], kind=st["kind"],
+                     dim=st["dim"], weak_below=st["weak_below"], dedup_threshold=st["dedup_threshold"],
+                     backbone_arch=st["backbone_arch"], backbone_sha256=st["backbone_sha256"],
+                     space=st["space_description"], updated=st["updated"], folders=app.folders())
+
+    @router.get("/duplicates", response_model=Duplicates, responses=ERRORS, summary="Near-duplicate groups")
+    def duplicates() -> Duplicates:
+        """The groups last saved by `moco index dedup` or the page's Collection tab, largest first."""
+        service._ready()
+        index = app._index()
+        try:
+            dup = load_duplicates(index.dir)
+        except UserError as e:  # a damaged dedup.json: no groups to give (not the request's fault: not 400)
+            raise NotFound(str(e)) from None
+        if dup is None:
+            raise NotFound(f"no near-duplicate search yet: run `moco index dedup {index.dir}` or press Find "
+                           "near-duplicates in the page's Collection tab")
+
+        def member(m: dict[str, Any]) -> Member:
+            return Member(id=int(m["id"]), path=_json_path(m["path"]),
+                          score=float(m.get("similarity", m.get("best_similarity", 1.0))))
+
+        groups = []
+        for g in dup["groups"]:
+            rep = g.get("representative")
+            rep_m = next((m for m in g["members"] if rep and m["id"] == rep.get("id")), None)
+            groups.append(Group(size=int(g["size"]), representative=member(rep_m) if rep_m else None,
+                                members=[member(m) for m in g["members"]]))
+        return Duplicates(threshold=float(dup["threshold"]), created=dup.get("created"), groups=groups)
+
+    routes = list(router.routes)
+    schema: dict[str, Any] = {}
+
+    def openapi_schema() -> dict[str, Any]:
+        if not schema:
+            schema.update(get_openapi(title="moco-retrieval search API", version="1", routes=routes,
+                                      description="Search a photo collection by image or by photo; the same "
+                                      "results and scores as the page."))
+        return schema
+
+    @router.get("/openapi.json", include_in_schema=False)
+    def openapi() -> JSONResponse:
+        return JSONResponse(openapi_schema())
+
+    @router.get("/docs", include_in_schema=False, response_class=HTMLResponse)
+    def docs() -> HTMLResponse:
+        return HTMLResponse(docs_html(openapi_schema()))
+
+    return list(router.routes)

@@ -1,0 +1,327 @@
+"""The page's Gradio Blocks: the Search, Negatives, Collection and Status tabs wired to
+:class:`app.page.handlers.SearchApp`.
+
+Every handler is wrapped by ``_safe`` (an error is a message on the page, never a stack trace); the page's Search
+goes through the JSON API's batcher when there is one (:mod:`app.api.routes`). What the tabs show is built in
+:mod:`app.page.views`; :mod:`app.server.launch` launches the page.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from app.page.handlers import SearchApp
+from app.page.uploads import QueryImage
+from app.page.views import PENDING_HINT, READY_HINT, groups_html, negatives_outputs, status_outputs
+from index.calibrate import DEDUP_THRESHOLD
+from moco.errors import UserError
+
+__all__ = ["build_ui", "CSS", "GRADIO_CACHE_S"]
+
+logger = logging.getLogger(__name__)
+
+STATUS_EVERY_S = 2.0  # the Status tab's refresh period
+# Gradio's copies of what the page hands out (thumbnails, uploads, exports, originals) live in its own cache:
+# every GRADIO_CACHE_S[0] seconds it removes those older than GRADIO_CACHE_S[1], and all of them when it stops.
+GRADIO_CACHE_S = (3600, 86400)
+
+CSS = """
+/* results: a responsive grid (2-3 columns on a phone), captions in full, no inner scroll box */
+.results .grid-wrap, .results .gallery-container { height: auto !important; max-height: none !important;
+  overflow: visible !important; }
+.results .grid-container { grid-template-columns: repeat(auto-fill, minmax(150px, 1fr)) !important;
+  grid-auto-rows: auto !important; height: auto !important; }
+@media (max-width: 480px) { .results .grid-container { grid-template-columns: repeat(2, 1fr) !important; } }
+.results .thumbnail-item { height: auto !important; aspect-ratio: auto !important; flex-direction: column; }
+.results .thumbnail-item img { aspect-ratio: 1 / 1; object-fit: cover; width: 100%; }
+.results .caption-label { position: static !important; white-space: normal !important; overflow: visible !important;
+  text-overflow: clip !important; overflow-wrap: anywhere; max-width: none !important; font-size: 12px;
+  line-height: 1.3; padding: 4px; text-align: left; background: none !important; color: var(--body-text-color); }
+#views .grid-wrap, #views .gallery-container { height: auto !important; max-height: none !important;
+  overflow: visible !important; min-height: 0 !important; }
+#views .grid-container { grid-template-columns: repeat(2, minmax(180px, 240px)) !important; height: auto !important; }
+@media (max-width: 480px) { #views .grid-container { grid-template-columns: minmax(180px, 1fr) !important; } }
+.dup-group { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 8px; margin: 8px 0; }
+.dup-thumbs { display: grid; grid-template-columns: repeat(auto-fill, minmax(120px, 1fr)); gap: 8px; }
+.dup-thumbs figure { margin: 0; } .dup-thumbs img { width: 100%; aspect-ratio: 1 / 1; object-fit: cover; }
+.dup-thumbs figcaption { font-size: 12px; overflow-wrap: anywhere; }
+.dup-thumbs figure.dup-rep img { outline: 3px solid var(--color-accent); }
+/* galleries: the label above the first row, not over it */
+.results > label.float, #views > label.float { position: static !important; margin-bottom: 4px; }
+/* a path in the details panel breaks after a "/", never inside a name (unless one name is wider than the panel) */
+#detail-info code { display: inline !important; white-space: normal !important; word-break: normal !important; }
+#detail-info code .name { display: inline-block; max-width: 100%; overflow-wrap: anywhere; }
+/* the Negatives table: every column in the width (each a share of it), headers and cells wrapped, no inner scroll */
+#negatives-table { overflow: visible !important; }
+#negatives-table .virtual-table-viewport, #negatives-table .table-wrap { overflow-x: hidden !important; }
+#negatives-table .cell-wrap, #negatives-table .text.wrap { white-space: normal !important;
+  overflow-wrap: anywhere !important; }
+@media (max-width: 480px) {  /* a phone: a smaller proportional font, narrow padding, no column menus */
+  #negatives-table .body-cell, #negatives-table th, #negatives-table td { font-size: 12px;
+    font-family: var(--font) !important; }
+  #negatives-table th { font-size: 10px; font-weight: 600 !important; }
+  #negatives-table th * { font-weight: 600 !important; }
+  #negatives-table .cell-wrap, #negatives-table .body-cell, #negatives-table th, #negatives-table td {
+    padding-left: 1px !important; padding-right: 1px !important; }
+  #negatives-table .cell-menu-button { display: none !important; }
+}
+/* the Status tab's log: lines wrap, no inner scroll box */
+.status-log { white-space: pre-wrap !important; overflow-wrap: anywhere; overflow-x: visible !important; }
+"""
+
+
+def _error_text(e: BaseException) -> str:
+    if isinstance(e, UserError):
+        logger.warning("%s", e)  # one line in the server log, no traceback: the page says the same
+        return f"**Error:** {e}"
+    logger.exception("handler failed")
+    return f"**Error:** {type(e).__name__}: {e}. The server is still running; details are in its log."
+
+
+def _safe(n_outputs: int, message_at: int) -> Callable:
+    """Turn any exception into a readable message in output ``message_at`` (never a stack trace).
+
+    The other outputs are left as they are (``gr.skip()``), so an error never wipes the results shown, nor
+    their heading: the Search tab's errors have a place of their own.
+    """
+
+    def failed(e: Exception) -> tuple:
+        out: list[Any] = [_skip()] * n_outputs
+        out[message_at] = _error_text(e)
+        return tuple(out)
+
+    def wrap(fn: Callable) -> Callable:
+        if inspect.iscoroutinefunction(fn):  # the batched Search: Gradio awaits it on its event loop
+
+            @functools.wraps(fn)
+            async def async_inner(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return await fn(*args, **kwargs)
+                except Exception as e:  # noqa: BLE001 - shown on the page, logged (UserError: one line)
+                    return failed(e)
+
+            return async_inner
+
+        @functools.wraps(fn)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return fn(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - shown on the page, logged (UserError: one line)
+                return failed(e)
+
+        return inner
+
+    return wrap
+
+
+def _file_urls(gallery: list[tuple[str | None, str]], request: Any) -> list[tuple[str | None, str]]:
+    """Gallery items with their thumbnails as absolute URLs of Gradio's file route (what the browser is sent anyway).
+
+    Gradio passes an http URL through as it is, where a path is resolved against every static path on every
+    search (two ``realpath`` calls per file and path: 12 ms of a page search's 43 ms of server CPU). The file route
+    still checks each thumbnail when the browser fetches it (allowed paths, login). Without a request (a direct
+    call) and for Gradio's own API clients (``gradio_client`` and MCP mark their requests with ``x-gradio-user``;
+    they download a path through the file route, not a URL), the paths are kept.
+    """
+    from gradio import route_utils
+    from gradio_client.utils import encode_file_path
+
+    req = getattr(request, "request", None)
+    if req is None or req.headers.get("x-gradio-user"):
+        return gallery
+    try:
+        root = route_utils.get_root_url(request=req, route_path=route_utils.get_api_call_path(request=req),
+                                        root_path=getattr(req.app, "root_path", None) or None)
+    except ValueError:  # not an event's request (Gradio knows no root for it): the paths, checked as before
+        return gallery
+    return [(f"{root}/gradio_api/file={encode_file_path(t)}" if t else t, caption) for t, caption in gallery]
+
+
+def _skip() -> Any:
+    try:
+        import gradio as gr
+    except ModuleNotFoundError:
+        return None
+    return gr.skip()
+
+
+def build_ui(app: SearchApp, service: Any = None) -> Any:
+    """The Gradio Blocks of the four tabs. With ``service`` (the JSON API's :class:`app.api.routes.SearchService`),
+    Search goes through its batcher: uploads decoded in its pool and embedded together, the page's and the API's
+    alike."""
+    import gradio as gr
+
+    sources = ["upload", "clipboard", "webcam"]
+    ready = app.ready
+    gr.set_static_paths([str(app.files_dir)])  # result files served as they are: no check, hash and copy per search
+    with gr.Blocks(title="moco-retrieval", analytics_enabled=False, delete_cache=GRADIO_CACHE_S) as demo:
+        title = gr.Markdown(app.title(), elem_id="title")
+        with gr.Tabs(selected="search" if ready else "status") as tabs:
+            with gr.Tab("Search", id="search"):
+                with gr.Row():
+                    with gr.Column(scale=1, min_width=280):
+                        query = QueryImage(sources=sources, label="Query photo", elem_id="query")
+                        k = gr.Slider(1, 100, value=12, step=1, label="k (results)", elem_id="k")
+                        folder = gr.Dropdown(app.folder_choices(), value="", allow_custom_value=True,
+                                             label="Folder", elem_id="folder")
+                        go = gr.Button("Search", variant="primary", elem_id="search-btn", interactive=ready)
+                    with gr.Column(scale=3, min_width=300):
+                        error = gr.Markdown(elem_id="search-error")  # what went wrong, apart from the results
+                        info = gr.Markdown(READY_HINT if ready else PENDING_HINT, elem_id="search-info")
+                        gallery = gr.Gallery(label="Nearest neighbours (click one to search with it)", columns=6,
+                                             height="auto", allow_preview=False, elem_id="results",
+                                             elem_classes=["results"])
+                        with gr.Row():
+                            more = gr.Button("More results", elem_id="more-btn", interactive=ready)
+                            csv_btn = gr.DownloadButton("Export CSV", elem_id="export-csv", interactive=False)
+                            json_btn = gr.DownloadButton("Export JSON", elem_id="export-json", interactive=False)
+                        with gr.Column(visible=False, elem_id="details") as details:
+                            gr.Markdown("### Selected photo")
+                            with gr.Row():
+                                preview = gr.Image(label="Preview", height=320, interactive=False,
+                                                   elem_id="detail-preview", buttons=[])
+                                with gr.Column():
+                                    detail_md = gr.Markdown(elem_id="detail-info")
+                                    path_box = gr.Textbox(label="Full path", interactive=False, buttons=["copy"],
+                                                          max_lines=1, elem_id="detail-path")  # one line: whole names
+                                    with gr.Row():
+                                        open_btn = gr.Button("Open original", elem_id="open-original")
+                                        inspect_btn = gr.Button("Inspect negatives", elem_id="inspect-btn")
+                                    original = gr.File(label="Original", visible=False, elem_id="original-file")
+                state = gr.State(None)
+                picked = gr.State(None)  # the id of the photo in the details panel
+
+                def export_buttons(st: dict[str, Any] | None) -> tuple:  # on only with results to export
+                    files = app.export(st) if st and st.get("ids") else (None, None)
+                    return tuple(gr.update(value=f, interactive=f is not None) for f in files)  # no new components
+
+                def do_search(image: Any, k_: int, folder_: str, request: gr.Request) -> tuple:
+                    gal, *out = app.search(image, k_, folder_)
+                    return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
+
+                async def do_batched_search(image: Any, k_: int, folder_: str, request: gr.Request) -> tuple:
+                    gal, *out = await service.search_page(image, k_, folder_)
+                    buttons = await asyncio.to_thread(export_buttons, out[1])  # file writes: off the event loop
+                    return (_file_urls(gal, request), *out, *buttons, "")
+
+                def do_rerun(st: dict[str, Any] | None, k_: int, folder_: str, request: gr.Request) -> tuple:
+                    if not st:
+                        return (gr.skip(),) * 6
+                    gal, *out = app.rerun(st, k_, folder_)
+                    return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
+
+                def do_more(st: dict[str, Any] | None, request: gr.Request) -> tuple:
+                    gal, *out = app.more(st)
+                    return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
+
+                def do_select(st: dict[str, Any] | None, evt: gr.SelectData, request: gr.Request) -> tuple:
+                    out = app.select(st, evt.index)
+                    d = app.details(out[2]["source"]["id"])
+                    return (gr.Gallery(value=_file_urls(out[0], request), selected_index=None), out[1], out[2],
+                            *export_buttons(out[2]), "",
+                            d["thumb"], gr.Column(visible=True), d["preview"], d["markdown"], d["full_path"], d["id"],
+                            gr.File(value=None, visible=False))
+
+                for fn in (do_search, do_batched_search, do_rerun, do_more, do_select):  # resolvable without
+                    fn.__annotations__["request"] = gr.Request  # `from __future__` strings
+                do_select.__annotations__["evt"] = gr.SelectData
+                # an error goes to `error`: the results shown stay, and so does their heading (`info`)
+                results = [gallery, info, state, csv_btn, json_btn, error]
+                if service is None:
+                    go.click(_safe(6, 5)(do_search), [query, k, folder], results, api_name="search",
+                             concurrency_id="model")
+                else:  # searches run together (the batcher holds the model); more wait in Gradio's queue
+                    go.click(_safe(6, 5)(do_batched_search), [query, k, folder], results, api_name="search",
+                             concurrency_id="search", concurrency_limit=service.settings.max_batch)
+                k.release(_safe(6, 5)(do_rerun), [state, k, folder], results, api_name=False, concurrency_id="model")
+                folder.input(_safe(6, 5)(do_rerun), [state, k, folder], results, api_name=False,
+                             concurrency_id="model")
+                more.click(_safe(6, 5)(do_more), [state], results, api_name="more", concurrency_id="model")
+                gallery.select(_safe(12, 5)(do_select), [state],
+                               [*results, query, details, preview, detail_md, path_box, picked, original],
+                               api_name=False, concurrency_id="model").then(
+                    None, None, None, js="() => { if (document.activeElement) document.activeElement.blur(); }")
+
+                def do_open(image_id: int | None) -> Any:
+                    if image_id is None:
+                        raise UserError("click a result first")
+                    return gr.File(value=app.original(image_id), visible=True)
+
+                open_btn.click(_safe(2, 1)(lambda i: (do_open(i), gr.skip())), [picked], [original, detail_md],
+                               api_name=False).then(
+                    None, [original], None, js="(f) => { if (f && f.url) window.open(f.url, '_blank'); }")
+            with gr.Tab("Negatives", id="negatives"):
+                gr.Markdown("The InfoNCE view: the two training views of a photo, and the negatives closest to its "
+                            "query embedding, with their logits and share of the softmax over [positive + negatives]. "
+                            "⚠ marks a likely false negative, with its evidence.")
+                with gr.Row():
+                    with gr.Column(scale=1, min_width=280):
+                        neg_image = QueryImage(sources=sources, label="Photo", elem_id="neg-query")
+                        n = gr.Slider(1, 64, value=12, step=1, label="closest negatives to show")
+                        seed = gr.Number(0, precision=0, label="augmentation seed")
+                        neg_go = gr.Button("Inspect negatives", variant="primary", elem_id="neg-btn", interactive=ready)
+                    with gr.Column(scale=3, min_width=300):
+                        summary = gr.Markdown(elem_id="neg-summary")
+                        views = gr.Gallery(label="query view · positive key view", columns=2, height="auto",
+                                           allow_preview=False, elem_id="views", object_fit="contain")
+                        negs = gr.Gallery(label="closest negatives", columns=6, height="auto", allow_preview=False,
+                                          elem_id="negatives", elem_classes=["results"])
+                        table = gr.Dataframe(headers=["rank", "photo", "cosine", "logit (cos/T)", "softmax share",
+                                                      "likely false negative (evidence)"],
+                                             interactive=False, wrap=True, elem_id="negatives-table", max_height=4000,
+                                             column_widths=["10%", "25%", "13%", "14%", "16%", "22%"])
+
+                def do_negatives(image: Any, n_: int, seed_: int) -> tuple:
+                    views_, text, gal, rows = negatives_outputs(app.negatives(image, n_, seed_), app.negatives_note)
+                    return views_, text, gal, rows
+
+                def do_inspect(image_id: int | None, n_: int, seed_: int) -> tuple:
+                    if image_id is None:
+                        raise UserError("click a result first")
+                    out = negatives_outputs(app.negatives_for(image_id, n_, seed_), app.negatives_note)
+                    return (*out, gr.Tabs(selected="negatives"))
+
+                neg_go.click(_safe(4, 1)(do_negatives), [neg_image, n, seed], [views, summary, negs, table],
+                             api_name="negatives", concurrency_id="model")
+                inspect_btn.click(_safe(5, 1)(do_inspect), [picked, n, seed], [views, summary, negs, table, tabs],
+                                  api_name=False, concurrency_id="model")
+            with gr.Tab("Collection", id="collection"):
+                stats = gr.Markdown(elem_id="collection-stats")
+                with gr.Row():
+                    start = app.index.dedup_threshold if ready and app.index is not None else DEDUP_THRESHOLD
+                    threshold = gr.Slider(0.5, 1.0, value=start, step=0.005,
+                                          label="near-duplicate threshold (centred cosine)")
+                    dedup = gr.Button("Find near-duplicates", elem_id="dedup-btn", interactive=ready)
+                dups = gr.HTML(elem_id="dup-groups")
+
+                def do_collection(threshold_: float | None = None) -> tuple:
+                    text, groups = app.collection(threshold_)
+                    assert app.index is not None
+                    return text, groups_html(groups, app.index)
+
+                collection_fn = _safe(2, 0)(do_collection)
+                demo.load(lambda: collection_fn() if app.ready else (gr.skip(), gr.skip()), None, [stats, dups],
+                          api_name="collection")
+                dedup.click(collection_fn, [threshold], [stats, dups], api_name="dedup", concurrency_id="model")
+            with gr.Tab("Status", id="status"):
+                status_md = gr.Markdown(elem_id="status-info")
+                loss_plot = gr.LinePlot(x="step", y="value", title="training loss", height=260, elem_id="loss-plot",
+                                        visible=False)
+                knn_plot = gr.LinePlot(x="step", y="value", title="kNN top-1 (val set)", height=220,
+                                       elem_id="knn-plot", visible=False)
+        was_ready = gr.State(ready)
+        timer = gr.Timer(STATUS_EVERY_S)
+        status_outs = [status_md, loss_plot, knn_plot, title, go, more, neg_go, dedup, folder, stats, dups, threshold,
+                       info, was_ready]
+        timer.tick(lambda r: status_outputs(app, r), [was_ready], status_outs, api_name=False,
+                   show_progress="hidden", queue=False)
+        def on_load(was: bool) -> tuple:  # a page opened once search is on shows the Search tab
+            return (*status_outputs(app, was), gr.Tabs(selected="search") if app.ready and not was else gr.skip())
+
+        demo.load(on_load, [was_ready], [*status_outs, tabs], api_name="status", queue=False)
+    return demo

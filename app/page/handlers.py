@@ -1,0 +1,496 @@
+"""What the search page does, as plain methods (tests call them directly; :mod:`app.page.blocks` wires them to Gradio).
+
+``SearchApp`` serves one index. It can start without one (``moco run`` serves the page while training and
+indexing still run): every search then says the index is not ready, and ``attach`` turns search on.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import datetime
+import html
+import io
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+from PIL import Image
+
+from app.page.negatives.from_index import IndexNegatives
+from app.page.negatives.from_queue import QueueNegatives
+from app.page.negatives.view import NegativesView
+from app.page.uploads import read_upload
+from index.catalog import display_path
+from index.dedup import find_duplicates, load_duplicates
+from index.image_index import ImageIndex, SearchResult
+from moco.data.photos import load_rgb, open_regular
+from moco.errors import UserError, quoted
+
+__all__ = ["SearchApp", "NoSuchFolder", "FOLDER_PATTERN", "MAX_RESULTS", "ALL_FOLDERS", "VIEW_PX", "MAX_ORIGINAL_BYTES",
+           "score_text"]
+
+logger = logging.getLogger(__name__)
+
+MAX_RESULTS = 500
+ALL_FOLDERS = "All folders"  # the folder filter's label for "no filter"
+VIEW_PX = 192  # the two training views are shown at least this large
+PREVIEW_PX = 640  # the details panel's preview of a result (long side)
+MAX_ORIGINAL_BYTES = 64 * 1024 * 1024  # "Open original" serves files up to this size
+# Result files handed to the browser (CSV/JSON exports, copies of originals) go to a folder of this SearchApp's
+# own (``moco-results-*`` in the temporary directory, 0700), removed by ``close()``, at exit (SIGTERM included
+# under the CLI) or when the app is collected. The page serves them from there (a static path of Gradio's, behind
+# the same login), each in a folder of its own with an unguessable name. While it runs, the oldest are removed past
+# _KEEP_EXPORTS results, _KEEP_BYTES bytes or _KEEP_S seconds (the newest is always kept): a download link stays
+# good as long as Gradio's own cached files do (app.page.blocks' GRADIO_CACHE_S), short of those caps. The count
+# holds at every moment, also while results are being written at once: a folder's place is taken before it is made,
+# and a result that fails midway takes its folder along.
+_KEEP_EXPORTS = 10_000
+_KEEP_BYTES = 256 * 1024 * 1024
+_KEEP_S = 86_400.0
+_clock = time.monotonic  # the age of result files (tests put a synthetic clock here)
+# A CSV cell starting with one of these is a formula to a spreadsheet (OWASP "CSV injection"): it gets a "'".
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")
+
+
+def _csv_cell(value: Any) -> Any:
+    """A text cell a spreadsheet would run as a formula (``=cmd|' -C calc'!A0.jpg``) gets a leading "'"."""
+    return "'" + value if isinstance(value, str) and value.startswith(_FORMULA_START) else value
+
+
+def score_text(score: float) -> str:
+    """A score as the page shows it: 3 decimals, and one that rounds to zero reads 0.000 (never -0.000)."""
+    return f"{round(float(score), 3) + 0.0:.3f}"  # + 0.0 turns -0.0 into 0.0
+
+
+def _path_html(path: str) -> str:
+    """A path for the page with each name kept whole: a line breaks only after a "/" (.name in app.page.blocks' CSS)."""
+    return "<code>" + "/<wbr>".join(f'<span class="name">{html.escape(n)}</span>' for n in path.split("/")) + "</code>"
+
+
+def _folder_bytes(folder: Path) -> int:
+    try:
+        return sum(f.stat().st_size for f in folder.iterdir())
+    except OSError:  # removed meanwhile
+        return 0
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
+def _query_md(state: dict[str, Any]) -> str:
+    """The query in the results' heading: an indexed photo's path as code, else the label as it is."""
+    return f"`{state['label']}`" if state.get("source") else state["label"]
+
+
+# A folder filter as it may be written: parts between "/" none of which is "." or "..", no control character. One
+# that is not is bad input (the JSON API's 400, its schema's pattern); one that is but names no sub-folder of the
+# collection is NoSuchFolder (404).
+_NAME = r"[^/\x00-\x1f\x7f-\x9f]"  # a character of a part
+_PART = rf"[^./\x00-\x1f\x7f-\x9f]{_NAME}*|\.[^./\x00-\x1f\x7f-\x9f]{_NAME}*|\.\.{_NAME}+"  # not "." nor ".."
+FOLDER_PATTERN = rf"^(?:(?:{_PART})?(?:/(?:{_PART})?)*)$"
+
+
+class NoSuchFolder(UserError):
+    """A folder filter written as FOLDER_PATTERN says that names no sub-folder of the collection (the API's 404)."""
+
+
+class SearchApp:
+    """Handlers of the UI over one index (and optionally a training checkpoint for the Negatives tab).
+
+    Args:
+        index: the opened index; None: the page runs before the index exists (see ``attach``).
+        embedder: the index's Embedder (``index.load_embedder()``).
+        checkpoint: a ``moco train`` checkpoint: negatives from its saved queue; None: from the index.
+        status: a :class:`app.run.status.RunStatus` shown in the Status tab while ``moco run`` works.
+    """
+
+    def __init__(self, index: ImageIndex | None = None, embedder: Any = None, checkpoint: str | Path | None = None,
+                 status: Any = None) -> None:
+        self.status = status
+        self.index: ImageIndex | None = None
+        self.embedder: Any = None
+        self.negatives_source: QueueNegatives | IndexNegatives | None = None
+        self.negatives_note = ""
+        self._folders: tuple[Any, list[str]] | None = None
+        self._folder_names: dict[str, str] = {}
+        self._files = Path(tempfile.mkdtemp(prefix="moco-results-"))  # exports and originals handed to the browser
+        self._remove_files = weakref.finalize(self, shutil.rmtree, self._files, ignore_errors=True)  # also at exit
+        self._kept: collections.deque[tuple[Path, int, float]] = collections.deque()  # (folder, bytes, made at)
+        self._kept_bytes = 0
+        self._writing = 0  # result folders made and being written (counted in _KEEP_EXPORTS)
+        self._lock = threading.Lock()
+        if index is not None:
+            self._attach(index, embedder, checkpoint)
+
+    def _attach(self, index: ImageIndex, embedder: Any, checkpoint: str | Path | None) -> None:
+        index.check_embedder(embedder)
+        source: QueueNegatives | IndexNegatives
+        note = ""
+        if checkpoint is not None:
+            try:
+                source = QueueNegatives(checkpoint, index, embedder=embedder)
+            except UserError as e:
+                note = f"{e}; using the index instead"
+                source = IndexNegatives(index, embedder)
+        else:
+            source = IndexNegatives(index, embedder)
+        self.negatives_source, self.negatives_note = source, note
+        self.embedder, self.index = embedder, index  # last: `ready` turns true only with everything in place
+
+    def attach(self, index_dir: str | Path, backbone: str | Path | None = None, checkpoint: str | Path | None = None,
+               device: str = "auto") -> None:
+        """Open the index (built meanwhile) and turn search on."""
+        index = ImageIndex.open(index_dir)
+        self._attach(index, index.load_embedder(backbone, device=device), checkpoint)
+
+    @property
+    def ready(self) -> bool:
+        """True once an index is attached: search works."""
+        return self.index is not None
+
+    def _index(self) -> ImageIndex:
+        if self.index is None:
+            stage = self.status.snapshot()["stage"] if self.status is not None else "starting"
+            raise UserError(f"the index is not ready yet ({stage}): search turns on by itself when it is; the Status "
+                            "tab shows the progress")
+        return self.index
+
+    def title(self) -> str:
+        """The page heading: the photo folder searched and its size, or what is being prepared."""
+        if self.index is None:
+            return "## moco-retrieval · preparing the index (see Status)"
+        return f"## moco-retrieval · `{display_path(self.index.root.name)}` · {len(self.index)} images"
+
+    # ---------------------------------------------------------------------------------- search
+    def folders(self) -> list[str]:
+        """Sub-folders of the collection (two levels), for the filter; recomputed when the index changes."""
+        if self.index is None:
+            return []
+        stamp = self.index._stamp
+        if self._folders is not None and self._folders[0] == stamp:
+            return self._folders[1]
+        out = set()
+        for path in self.index.catalog.rows():
+            parts = path.split("/")[:-1]
+            for depth in (1, 2):
+                if len(parts) >= depth:
+                    out.add("/".join(parts[:depth]))
+        self._folders = (stamp, sorted(display_path(f) for f in out))
+        self._folder_names = {display_path(f): f for f in out}  # shown (escaped) -> on disk
+        return self._folders[1]
+
+    def folder_choices(self) -> list[tuple[str, str]]:
+        """The filter's choices: (label, value), "All folders" first."""
+        return [(ALL_FOLDERS, "")] + [(f, f) for f in self.folders()]
+
+    def caption(self, rank: int, score: float, path: str) -> str:
+        """A result's caption: rank, centred cosine (3 decimals), weak-match marker, the full path."""
+        index = self._index()
+        weak = " · weak match" if index.weak_below is not None and score < index.weak_below else ""
+        return f"#{rank} · {score_text(score)}{weak} · {display_path(path)}"
+
+    def _gallery(self, state: dict[str, Any]) -> list[tuple[str | None, str]]:
+        return [(thumb, self.caption(r, score, path))
+                for r, (path, score, thumb) in enumerate(zip(state["paths"], state["scores"], state["thumbs"]), 1)]
+
+    def _query(self, k: int, folder: str | None) -> tuple[ImageIndex, int, str | None]:
+        """(index, k capped to 1..MAX_RESULTS, the folder on disk or None) for a search, after checking both."""
+        index = self._index()
+        k = int(max(1, min(int(k), MAX_RESULTS)))
+        index.refresh()  # `moco index update` may have replaced the files meanwhile
+        index.check_embedder(self.embedder)  # ... or rebuilt them with another model
+        given = folder or ""
+        folder = given.strip().strip("/") or None
+        if folder == ALL_FOLDERS:
+            folder = None
+        if folder and folder not in self.folders():
+            bad_name = re.fullmatch(FOLDER_PATTERN, given) is None
+            raise (UserError if bad_name else NoSuchFolder)(f"no sub-folder {quoted(folder)} in the collection: pick "
+                                                             f"one from the list, or {ALL_FOLDERS}")
+        folder = self._folder_names.get(folder, folder) if folder else None
+        if len(index) == 0:
+            raise UserError("the index is empty: add photos and run `moco index update`")
+        return index, k, folder
+
+    def search_vectors(self, vectors: np.ndarray, k: int = 12, folder: str | None = None,
+                       offset: int = 0) -> SearchResult:
+        """Q query vectors (what the embedder gives) -> the page's ranking of each: the same checks of ``k`` and
+        ``folder``, the same scores. The JSON API searches through this, many queries at once."""
+        index, k, folder = self._query(k, folder)
+        return index.search(vectors, k=k, folder=folder, offset=max(0, int(offset)))
+
+    def from_vector(self, vector: np.ndarray, k: int, folder: str | None, label: str, embed_ms: float,
+                    source: dict[str, Any] | None = None) -> tuple:
+        """The page's (gallery, info, state) for a query vector (D) labelled ``label``: every search of the page
+        ends here, and so does the page's Search batched by the JSON API's service."""
+        index, k, folder = self._query(k, folder)
+        t0 = time.perf_counter()
+        hits = index.search(vector[None], k=k, folder=folder)
+        search_ms = (time.perf_counter() - t0) * 1000
+        rows = hits.rows[0]
+        state = {"vector": vector, "k": k, "folder": folder, "label": label, "source": source,
+                 "ids": [r.id for r in rows], "paths": hits.paths[0],
+                 "scores": [float(s) for s in hits.scores[0][: len(rows)]],
+                 "thumbs": [str(index.thumb_path(r)) if r.thumb else None for r in rows]}
+        where = f" in `{display_path(folder)}/`" if folder else ""
+        info = (f"**{len(rows)} results** for {_query_md(state)}{where} · embed {embed_ms:.0f} ms · search "
+                f"{search_ms:.1f} ms · {len(index)} images")
+        weak = index.weak_below
+        if weak is not None and state["scores"] and state["scores"][0] < weak:
+            info += (f" · **no close match in the collection** (the best scores {score_text(state['scores'][0])}, "
+                     f"under {score_text(weak)}, what unrelated photos of the collection reach)")
+        return self._gallery(state), info, state
+
+    def search(self, image: Any, k: int = 12, folder: str | None = None) -> tuple:
+        """Upload -> (gallery items, info markdown, state)."""
+        self._index()
+        img = read_upload(image, self.embedder.resize)
+        t0 = time.perf_counter()
+        vector = self.embedder.embed(img)[0]  # D
+        return self.from_vector(vector, k, folder, "the uploaded image", (time.perf_counter() - t0) * 1000)
+
+    def rerun(self, state: dict[str, Any] | None, k: int, folder: str | None) -> tuple:
+        """The same query again with a new ``k`` or folder (nothing to do before a first search)."""
+        if not state:
+            raise UserError("upload a photo and press Search first")
+        return self.from_vector(state["vector"], k, folder, state["label"], 0.0, state.get("source"))
+
+    def more(self, state: dict[str, Any] | None) -> tuple:
+        """The next ``k`` results after those shown."""
+        if not state:
+            raise UserError("search first, then ask for more")
+        index = self._index()
+        t0 = time.perf_counter()
+        hits = index.search(state["vector"][None], k=state["k"], folder=state["folder"], offset=len(state["ids"]))
+        rows = hits.rows[0]
+        state = dict(state)
+        state["ids"] = state["ids"] + [r.id for r in rows]
+        state["paths"] = state["paths"] + hits.paths[0]
+        state["scores"] = state["scores"] + [float(s) for s in hits.scores[0][: len(rows)]]
+        state["thumbs"] = state["thumbs"] + [str(index.thumb_path(r)) if r.thumb else None for r in rows]
+        info = (f"**{len(state['ids'])} results** for {_query_md(state)} · search "
+                f"{(time.perf_counter() - t0) * 1000:.1f} ms" + ("" if rows else " · no more results"))
+        return self._gallery(state), info, state
+
+    def _result(self, state: dict[str, Any] | None, position: int) -> tuple[int, str]:
+        if not state or not 0 <= int(position) < len(state["ids"]):
+            raise UserError("that result is no longer on the page: search again")
+        return state["ids"][int(position)], state["paths"][int(position)]
+
+    def select(self, state: dict[str, Any] | None, position: int) -> tuple:
+        """Search again with the result at ``position`` (its stored vector, no re-embedding).
+
+        Returns (gallery, info, state); the new state's ``source`` names the photo, which the page shows
+        as the query and in the details panel.
+        """
+        image_id, path = self._result(state, position)
+        index = self._index()
+        vector = index.vectors(np.array([image_id]))[0]  # D
+        assert state is not None
+        return self.from_vector(vector, state["k"], state["folder"], display_path(path), 0.0,
+                                {"id": image_id, "path": path})
+
+    def details(self, image_id: int) -> dict[str, Any]:
+        """An indexed photo for the details panel: full path, thumbnail, size, date, dimensions when readable."""
+        index = self._index()
+        row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
+        if row is None or row.deleted:
+            raise UserError(f"photo id {image_id} is no longer in the index: search again")
+        when = datetime.datetime.fromtimestamp(row.mtime_ns / 1e9).strftime("%Y-%m-%d %H:%M")
+        thumb = index.thumb_path(row)
+        text = f"**{_path_html(display_path(row.path))}**\n\n{_bytes(row.size)} · modified {when}"
+        preview: Any = str(thumb) if thumb else None
+        try:  # a larger preview than the thumbnail, from the original (decoded reduced)
+            with open_regular(index.root / row.path) as f, Image.open(f) as im:
+                text += f" · {im.size[0]}×{im.size[1]} px"
+            preview = load_rgb(index.root / row.path, min_short=PREVIEW_PX // 2)
+            preview.thumbnail((PREVIEW_PX, PREVIEW_PX))
+            if max(preview.size) < PREVIEW_PX // 2:  # a small photo, enlarged to be seen (whole pixels)
+                scale = PREVIEW_PX // 2 // max(preview.size) + 1
+                preview = preview.resize((preview.width * scale, preview.height * scale), Image.Resampling.NEAREST)
+        except (OSError, UserError) as e:
+            text += f" · the original cannot be read now ({getattr(e, 'strerror', None) or e}): thumbnail shown"
+        full = str(index.root / row.path)
+        return {"id": row.id, "path": row.path, "full_path": display_path(full), "thumb": str(thumb) if thumb else None,
+                "preview": preview, "markdown": text}
+
+    def close(self) -> None:
+        """Remove the folder of result files (also done at exit, and when the app is collected)."""
+        self._remove_files()
+
+    @property
+    def files_dir(self) -> Path:
+        """The folder of the result files handed to the browser (see ``_KEEP_EXPORTS``)."""
+        return self._files
+
+    def _new_file(self, name: str) -> Path:
+        """The path ``name`` in a new result folder, its place among the _KEEP_EXPORTS taken (the oldest go to make
+        room): pass it to ``_keep`` once written, or to ``_discard`` if writing fails."""
+        with self._lock:
+            self._writing += 1
+            self._evict(_clock(), keep_newest=False)
+            folder = self._files / secrets.token_hex(8)  # served as it is: a name nobody else can guess
+            try:
+                folder.mkdir()
+            except BaseException:
+                self._writing -= 1
+                raise
+        return folder / name
+
+    def _keep(self, newest: Path) -> None:
+        """Count ``newest``'s folder (written) among the kept ones; remove the oldest past the caps, never it."""
+        size, now = _folder_bytes(newest.parent), _clock()
+        with self._lock:
+            self._writing -= 1
+            self._kept.append((newest.parent, size, now))
+            self._kept_bytes += size
+            self._evict(now, keep_newest=True)
+
+    def _discard(self, path: Path) -> None:
+        """Remove the folder of ``path`` (a result that could not be written whole) and give back its place."""
+        shutil.rmtree(path.parent, ignore_errors=True)
+        with self._lock:
+            self._writing -= 1
+
+    def _evict(self, now: float, keep_newest: bool) -> None:
+        """(Under the lock.) Remove the oldest kept folders past _KEEP_EXPORTS folders (the kept and those being
+        written), _KEEP_BYTES bytes or _KEEP_S seconds; ``keep_newest``: never the last kept (each search pays for
+        its own folder only, whatever the number kept)."""
+        while len(self._kept) > keep_newest and (len(self._kept) + self._writing > _KEEP_EXPORTS
+                                                 or self._kept_bytes > _KEEP_BYTES or now - self._kept[0][2] > _KEEP_S):
+            old, old_size, _ = self._kept.popleft()
+            self._kept_bytes -= old_size
+            shutil.rmtree(old, ignore_errors=True)
+
+    def open_original(self, image_id: int) -> tuple[BinaryIO, int, str]:
+        """An indexed photo's original file, opened: (file, size in bytes, its name); the caller closes the file.
+
+        Only files of the index, inside its root, regular and at most MAX_ORIGINAL_BYTES are opened (the file is
+        checked once open, so what is served is what was checked). The JSON API streams it from there.
+        """
+        index = self._index()
+        row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
+        if row is None or row.deleted or row.status != "ok":
+            raise UserError(f"photo id {image_id} is not an indexed photo: search again")
+        root = index.root.resolve()
+        source = index.root / row.path
+        if root not in source.resolve().parents:
+            raise UserError(f"{display_path(row.path)} links outside the collection ({display_path(str(root))}): "
+                            "not served")
+        try:
+            f = open_regular(source)
+        except OSError as e:
+            raise UserError(f"{display_path(row.path)} cannot be read now ({e.strerror or e}): run "
+                            "`moco index update`") from None
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_ORIGINAL_BYTES:
+            f.close()
+            raise UserError(f"{display_path(row.path)} is {_bytes(size)}, over the {_bytes(MAX_ORIGINAL_BYTES)} served "
+                            "by the page: open it from its folder")
+        return f, size, Path(row.path).name.encode("utf-8", "replace").decode() or "photo"
+
+    def original(self, image_id: int) -> str:
+        """A copy of an indexed photo's original file for the page (the originals folder itself is never served),
+        under :meth:`open_original`'s rules. Gradio copies it into its own cache before the page is answered."""
+        f, _, name = self.open_original(image_id)
+        try:
+            with f:
+                out = self._new_file(name)
+                try:
+                    with open(out, "wb") as dst:
+                        shutil.copyfileobj(f, dst, 1 << 20)
+                except BaseException:
+                    self._discard(out)
+                    raise
+            self._keep(out)
+        except OSError as e:
+            raise UserError(f"{name} cannot be read now ({e.strerror or e}): run `moco index update`") from None
+        return str(out)
+
+    def export(self, state: dict[str, Any] | None) -> tuple[str, str]:
+        """The results shown, as CSV and JSON files (rank, path, score, weak, id): their paths.
+
+        Scores as the page shows them (3 decimals), ``weak_match`` as true/false in both files.
+        """
+        if not state or not state.get("ids"):
+            raise UserError("search first: there are no results to export")
+        weak = self.index.weak_below if self.index is not None else None
+        rows = [{"rank": r, "path": display_path(p), "score": float(score_text(s)),
+                 "weak_match": weak is not None and s < weak, "id": i}
+                for r, (i, p, s) in enumerate(zip(state["ids"], state["paths"], state["scores"]), 1)]
+        table = io.StringIO(newline="")
+        writer = csv.DictWriter(table, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({**{key: _csv_cell(value) for key, value in row.items()},  # text cells: never a formula
+                          "score": score_text(row["score"]), "weak_match": str(row["weak_match"]).lower()}
+                         for row in rows)
+        whitened = " (whitened on the collection)" if self.index and self.index.whitened else ""
+        meta = {"query": state["label"], "folder": display_path(state["folder"] or ""), "k": state["k"],
+                "score": "centred cosine" + whitened, "weak_below": None if weak is None else float(score_text(weak))}
+        text = json.dumps({**meta, "results": rows}, indent=1, ensure_ascii=False)
+        csv_path = self._new_file("results.csv")  # both files are ready: the folder lives only while they are written
+        json_path = csv_path.with_name("results.json")
+        try:
+            csv_path.write_text(table.getvalue(), encoding="utf-8", newline="")
+            json_path.write_text(text, encoding="utf-8")
+        except BaseException:
+            self._discard(csv_path)
+            raise
+        self._keep(csv_path)
+        return str(csv_path), str(json_path)
+
+    # ------------------------------------------------------------------------------- negatives
+    def negatives(self, image: Any, n: int = 12, seed: int = 0) -> NegativesView:
+        """Upload -> the InfoNCE view of it."""
+        self._index()
+        assert self.negatives_source is not None
+        img = read_upload(image, max(256, self.embedder.resize))
+        return self.negatives_source.compute(img, n=int(n), seed=int(seed))
+
+    def negatives_for(self, image_id: int, n: int = 12, seed: int = 0) -> NegativesView:
+        """The InfoNCE view of an indexed photo (from a search result: no upload)."""
+        self._index()
+        assert self.negatives_source is not None
+        return self.negatives_source.compute_for_id(int(image_id), n=int(n), seed=int(seed))
+
+    # ------------------------------------------------------------------------------ collection
+    def collection(self, threshold: float | None = None) -> tuple[str, list[dict[str, Any]]]:
+        """(stats markdown, near-duplicate groups largest first); ``threshold`` re-runs dedup first."""
+        index = self._index()
+        st = index.stats()
+        if threshold is not None:
+            find_duplicates(index, float(threshold))
+        dup = load_duplicates(index.dir)
+        recall = st["recall_at_10"]
+        weak = st.get("weak_below")
+        text = [
+            f"**{st['vectors']} images** searchable · {st['error']} unreadable · {st['pending']} pending",
+            f"**Index:** {st['kind']} ({st['factory'] or 'faiss'}, {st['params'] or 'exact'}) · measured "
+            f"recall@10 {recall if recall is not None else 'n/a'} · {'GPU' if st['on_gpu'] else 'CPU'} · "
+            f"{st['size_on_disk_bytes'] / 1e6:.1f} MB on disk",
+            f"**Backbone:** {st['backbone_arch']} · sha256 `{str(st['backbone_sha256'])[:12]}…` · {st['dim']}-d",
+            (f"**Scores:** cosine in the index's space ({st['space_description']}) · weak match under "
+             f"{weak:.3f}" if weak is not None else "**Scores:** cosine"),
+            f"**Collection:** `{display_path(st['root'])}` · updated {st['updated']}",
+            f"**Near-duplicate threshold:** {st['dedup_threshold']} ({st['dedup_threshold_source']})",
+        ]
+        groups: list[dict[str, Any]] = []
+        if dup is None:
+            text.append("_No near-duplicate search yet: press the button below._")
+        else:
+            groups = dup["groups"]
+            text.append(f"**{len(groups)} near-duplicate groups**, every photo at centred cosine ≥ {dup['threshold']} "
+                        f"to its group's representative ({dup['created']}), largest first.")
+        return "\n\n".join(text), groups

@@ -1,0 +1,265 @@
+"""Which web pages may call the server from a browser: its own, and the origins named with ``--api-cors-origin``.
+
+A browser sends ``Origin`` with a request another site's script makes. Gradio's own CORS middleware, which sits
+outside ours, answers such requests with ``Access-Control-Allow-Origin: <that origin>`` and
+``Access-Control-Allow-Credentials: true`` whenever the server is reached under a name other than localhost (a
+LAN address, a domain behind a reverse proxy), and its login cookie is ``SameSite=None``: any site a logged-in user
+visits could read the API's answers (searches, originals) with the user's login. So the API refuses, with 403, a
+request whose ``Origin`` is neither the server's own (the ``Host`` it was called by) nor named by the user: the
+API's answer never reaches the other site's script, whatever headers wrap it.
+
+A named origin gets the CORS headers it needs, on the answer (:class:`OriginGuardMiddleware`, inside Gradio's)
+and on the browser's preflight (:func:`guard_page_origins`, outside it, installed once the server started: Gradio
+answers preflights itself, and without the origin when the server is reached as localhost). That outer layer also
+takes Gradio's CORS headers off the page's own routes (uploads, the queue, thumbnails) for a foreign origin: the page
+itself calls them from its own origin and never needs them, and no other site's script can then read what they
+answer. In the first moments of a server, before that layer is in place, Gradio's rules apply to the page's routes
+and to preflights; the API's answers are refused from the start.
+
+The ``Host`` header is checked too, on every route (:class:`HostGuardMiddleware`, from the server's first request):
+a page whose own name its DNS later points at this machine (DNS rebinding) calls the server as its own origin, with
+``Host`` and ``Origin`` both its name, which no origin check can tell from the server's own page. So the server
+answers only to the names it has: localhost (and ``*.localhost``), any IP address (a rebinding page has a name),
+the ``--host`` name, and names given with ``--allowed-host`` (``*``: any, for a proxy that checks names itself);
+other names get 403, as Jupyter refuses non-local ``Host`` names. This holds whatever address it is bound to:
+reached by a name on the LAN or behind a reverse proxy, name it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from app.server.access import API_PREFIX, send_json
+from moco.errors import UserError
+
+__all__ = ["OriginGuardMiddleware", "HostGuardMiddleware", "guard_page_origins", "check_cors_origins",
+           "check_allowed_hosts", "host_allowed"]
+
+_ORIGIN = re.compile(r"^https?://[^/\s?#@]+$")
+_NAME = re.compile(r"^[a-z0-9_-]+(\.[a-z0-9_-]+)*$")
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+ALLOW_METHODS = "GET, POST, OPTIONS"
+ALLOW_HEADERS = "Authorization, Content-Type"
+EXPOSE_HEADERS = "Retry-After"  # a script told 503 may read how long to wait
+
+
+def check_cors_origins(values: Sequence[str]) -> tuple[str, ...]:
+    """``--api-cors-origin`` values (repeated or comma-separated) as origins ``scheme://host[:port]``, lower case."""
+    out: list[str] = []
+    for value in (v.strip() for item in values for v in item.split(",")):
+        if not value:
+            continue
+        if value == "*":
+            raise UserError("--api-cors-origin '*': name each web page's origin (e.g. --api-cors-origin "
+                            "https://app.example): '*' would let any site read your photos with a visitor's "
+                            "login")
+        origin = value.rstrip("/").lower()
+        if not _ORIGIN.match(origin):
+            raise UserError(f"--api-cors-origin {value!r}: expected an origin, scheme://host[:port] with no path, "
+                            "e.g. https://app.example or http://localhost:3000")
+        out.append(_canonical(origin))
+    return tuple(dict.fromkeys(out))
+
+
+def check_allowed_hosts(values: Sequence[str]) -> tuple[str, ...]:
+    """``--allowed-host`` values (repeated or comma-separated) as host names, lower case; ``*``: any name."""
+    out: list[str] = []
+    for value in (v.strip() for item in values for v in item.split(",")):
+        name = value.lower().rstrip(".")
+        if value and name != "*" and not _NAME.match(name):
+            raise UserError(f"--allowed-host {value!r}: expected a host name as the address bar shows it, without "
+                            "scheme, port or path, e.g. --allowed-host photos.example")
+        out += [name] if value else []
+    return tuple(dict.fromkeys(out))
+
+
+def _host_name(host: str) -> str:
+    """A ``Host`` header's name, lower case, without its port, brackets or final dot."""
+    host = host.strip().lower()
+    if host.startswith("[") and "]" in host:
+        return host[1 : host.index("]")]
+    name, sep, port = host.rpartition(":")
+    return (name if sep and port.isdigit() and ":" not in name else host).rstrip(".")
+
+
+def host_allowed(host: str, bind: str = "127.0.0.1", names: Sequence[str] = ()) -> bool:
+    """Whether a request's ``Host`` names this server (the module's rule): empty, an IP address, localhost or
+    ``*.localhost``, the ``bind`` name, or one of ``names`` (``*``: any)."""
+    name = _host_name(host)
+    if not name or "*" in names or name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        ipaddress.ip_address(name)
+        return True
+    except ValueError:
+        return name in names or name == bind.strip().lower().rstrip(".")
+
+
+class HostGuardMiddleware:
+    """ASGI middleware for every route: a ``Host`` that does not name this server (:func:`host_allowed`) gets 403."""
+
+    def __init__(self, app: Any, bind: str = "127.0.0.1", names: Sequence[str] = ()) -> None:
+        self.app, self.bind, self.names = app, bind, tuple(names)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        host = _headers(scope).get(b"host", b"").decode("latin-1") if scope["type"] in ("http", "websocket") else ""
+        if host_allowed(host, self.bind, self.names):
+            await self.app(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+        else:
+            name = _host_name(host)[:100]
+            fix = f"--allowed-host {name}" if _NAME.match(name) else "--allowed-host NAME"
+            await send_json(send, 403, f"this server does not answer to the name {name!r} (the request's Host): "
+                            f"start it with {fix} if that is its name; other names are refused against DNS "
+                            "rebinding")
+
+
+def _canonical(origin: str) -> str:
+    """A flag's origin as browsers send it (``scheme://host[:port]``, no default port); UserError for a bad port."""
+    out = _origin(origin)
+    if out is None:
+        raise UserError(f"--api-cors-origin {origin!r}: its port is not a number from 0 to 65535")
+    return out
+
+
+def _origin(value: str) -> str | None:
+    """``value`` (an ``Origin`` header, lower case) as ``scheme://host[:port]`` without a default port; None when it
+    is not one (``null``, a path, a bad port)."""
+    if not _ORIGIN.match(value):
+        return None
+    parts = urlsplit(value)
+    try:
+        port = parts.port
+    except ValueError:
+        return None
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6
+        host = f"[{host}]"
+    keep = port is not None and port != _DEFAULT_PORTS[parts.scheme]
+    return f"{parts.scheme}://{host}{f':{port}' if keep else ''}"
+
+
+def _same_origin(origin: str | None, host: str) -> bool:
+    """Whether ``origin`` (canonical) names the server itself: its host[:port] is the request's ``Host``."""
+    if origin is None or not host:
+        return False
+    scheme, _, want = origin.partition("://")
+    host = host.lower()
+    return host == want or host == f"{want}:{_DEFAULT_PORTS[scheme]}"
+
+
+def _request_origin(headers: dict[bytes, bytes]) -> tuple[str, str | None, bool]:
+    """(the ``Origin`` as sent, lower case ("" when none); its canonical form or None; whether it is the server's)."""
+    sent = headers.get(b"origin", b"").decode("latin-1").strip().lower()
+    origin = _origin(sent) if sent else None
+    return sent, origin, _same_origin(origin, headers.get(b"host", b"").decode("latin-1"))
+
+
+def _headers(scope: dict[str, Any]) -> dict[bytes, bytes]:
+    return dict(scope.get("headers") or [])
+
+
+def _is_api(scope: dict[str, Any]) -> bool:
+    return scope["type"] == "http" and (scope["path"] == API_PREFIX or scope["path"].startswith(API_PREFIX + "/"))
+
+
+class OriginGuardMiddleware:
+    """ASGI middleware for the API's paths: a foreign ``Origin`` not in ``allowed`` gets 403; an allowed one gets
+    ``Access-Control-Allow-Origin`` on the answer; no ``Origin`` (a program, a navigation) or the server's own
+    passes as it is."""
+
+    def __init__(self, app: Any, allowed: Sequence[str] = ()) -> None:
+        self.app, self.allowed = app, frozenset(allowed)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if not _is_api(scope):
+            await self.app(scope, receive, send)
+            return
+        sent, origin, own = _request_origin(_headers(scope))
+        if not sent or own:
+            await self.app(scope, receive, send)
+            return
+        if origin not in self.allowed:
+            await _refuse(send, sent, origin)
+            return
+
+        async def with_cors(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*_drop_cors(message.get("headers") or []), *_cors(origin)]}
+            await send(message)
+
+        await self.app(scope, receive, with_cors)
+
+
+async def _refuse(send: Any, sent: str, origin: str | None) -> None:
+    """403 for a page from ``origin`` (canonical; None: ``sent``, the header, names no origin, e.g. ``null``)."""
+    if origin is None:
+        detail = (f"a web page with Origin {sent[:100]!r} may not call this API: only pages from origins named with "
+                  "--api-cors-origin (scheme://host[:port]) may")
+    else:
+        detail = f"a web page from {origin} may not call this API: start the server with --api-cors-origin {origin} "
+        detail += "to allow that page"
+    await send_json(send, 403, detail)
+
+
+def _cors(origin: str) -> list[tuple[bytes, bytes]]:
+    return [(b"access-control-allow-origin", origin.encode()), (b"vary", b"Origin"),
+            (b"access-control-expose-headers", EXPOSE_HEADERS.encode())]
+
+
+def _drop_cors(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return [(k, v) for k, v in headers if not k.lower().startswith(b"access-control-")]
+
+
+async def _preflight(send: Any, origin: str) -> None:
+    headers = [*_cors(origin), (b"access-control-allow-methods", ALLOW_METHODS.encode()),
+               (b"access-control-allow-headers", ALLOW_HEADERS.encode()), (b"access-control-max-age", b"600"),
+               (b"content-length", b"0")]
+    await send({"type": "http.response.start", "status": 204, "headers": headers})
+    await send({"type": "http.response.body", "body": b""})
+
+
+class _OuterLayer:
+    """Outermost ASGI layer, around Gradio's CORS middleware: the API's preflights answered here; the page's routes
+    answer a foreign origin without CORS headers (Gradio's would let its script read them with the visitor's login);
+    the rest passes."""
+
+    def __init__(self, app: Any, allowed: Sequence[str]) -> None:
+        self.app, self.allowed = app, frozenset(allowed)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = _headers(scope)
+        sent, origin, own = _request_origin(headers)
+        if not sent or own or (origin in self.allowed and not _is_api(scope)):
+            await self.app(scope, receive, send)  # the page's routes and a named origin: Gradio's own rules
+            return
+        if _is_api(scope):
+            if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
+                await (_preflight(send, origin) if origin in self.allowed else _refuse(send, sent, origin))
+            else:
+                await self.app(scope, receive, send)  # OriginGuardMiddleware answers it
+            return
+
+        async def without_cors(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": _drop_cors(message.get("headers") or [])}
+            await send(message)
+
+        await self.app(scope, receive, without_cors)
+
+
+def guard_page_origins(app: Any, allowed: Sequence[str], bind: str = "127.0.0.1", names: Sequence[str] = ()) -> None:
+    """Put :class:`_OuterLayer` in front of ``app``'s (a started Starlette app's) middleware stack, and the ``Host``
+    check in front of it (it is inside Gradio's CORS layer too, from the first request: out here its refusals carry
+    no CORS header that layer would add)."""
+    if app.middleware_stack is None:
+        app.middleware_stack = app.build_middleware_stack()
+    app.middleware_stack = HostGuardMiddleware(_OuterLayer(app.middleware_stack, allowed), bind, names)

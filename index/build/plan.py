@@ -1,0 +1,156 @@
+"""Plan: what a build or update must do, from a scan of the collection diffed against the catalog.
+
+A file is *unchanged* when its size and mtime match its row; when they differ its content hash
+decides between a stat-only *touch* and a re-embedding under the same id. A new path whose hash
+belongs to a row whose file is gone is a *move* (the row keeps its id and vector); one whose hash
+belongs to a live row is a *copy* (new id, vector copied); anything else is embedded.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from index.catalog import Catalog, Row
+from moco.data.photos import open_regular, scan_images
+
+__all__ = ["Plan", "make_plan", "file_hash", "Stat", "Summary"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Stat:
+    size: int
+    mtime_ns: int
+
+
+@dataclass
+class Plan:
+    """Work for one sync; ``embed`` is (id, path) sorted by path, ids assigned in that order."""
+
+    embed: list[tuple[int, str]] = field(default_factory=list)
+    touch: list[tuple[int, Stat]] = field(default_factory=list)
+    moves: list[tuple[int, str, Stat]] = field(default_factory=list)
+    copies: list[tuple[int, str, Stat, str, int]] = field(default_factory=list)  # id, path, stat, hash, source id
+    gone: list[int] = field(default_factory=list)
+    unchanged: int = 0
+    retried: int = 0  # files in error whose size/mtime changed: tried again
+    stats: dict[str, Stat] = field(default_factory=dict)
+
+
+def file_hash(path: str | Path) -> str:
+    """blake2b-128 of a file's bytes (hex); ``OSError`` with a reason for special or oversized files (open_regular)."""
+    h = hashlib.blake2b(digest_size=16)
+    with open_regular(path) as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _stat(path: Path) -> Stat | None:
+    """Size and mtime of ``path``, or of the link itself when its target is out of reach (a symlink loop
+    or a dangling link is still planned, then recorded as an error); None when the path is gone."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None
+    return Stat(st.st_size, st.st_mtime_ns)
+
+
+def _hashes(root: Path, paths: list[str], workers: int) -> dict[str, str | None]:
+    def one(p: str) -> str | None:
+        try:
+            return file_hash(root / p)
+        except OSError:
+            return None
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        return dict(zip(paths, pool.map(one, paths)))
+
+
+def make_plan(root: Path, catalog: Catalog, workers: int = 4) -> Plan:
+    """Scan ``root`` and diff it against ``catalog``."""
+    names = scan_images(root)
+    rows = catalog.rows(include_deleted=True)
+    plan = Plan()
+    next_id = catalog.next_id()
+    stats = {n: s for n in names if (s := _stat(root / n)) is not None}
+    plan.stats = stats
+    present = set(stats)
+    new_paths: list[str] = []
+    changed: list[tuple[Row, Stat]] = []
+    for name in sorted(present):
+        row, st = rows.get(name), stats[name]
+        if row is None:
+            new_paths.append(name)
+        elif row.deleted or (row.size, row.mtime_ns) != (st.size, st.mtime_ns):
+            changed.append((row, st))
+        else:
+            plan.unchanged += 1
+    gone = {r.hash: r for p, r in rows.items() if p not in present and not r.deleted and r.status == "ok"}
+    gone_ids = {r.id for p, r in rows.items() if p not in present and not r.deleted}
+    live_hashes = {r.hash: r.id for p, r in rows.items() if p in present and not r.deleted and r.status == "ok"}
+    need_hash = [r.path for r, _ in changed] + (new_paths if rows else [])
+    hashes = _hashes(root, need_hash, workers) if need_hash else {}
+    reembed: list[tuple[int, str]] = []
+    for row, st in changed:
+        h = hashes.get(row.path)
+        if row.status == "ok" and h is not None and h == row.hash:  # also a deleted file that came back
+            plan.touch.append((row.id, st))
+        else:
+            plan.retried += row.status == "error"
+            reembed.append((row.id, row.path))
+    fresh: list[str] = []
+    for name in new_paths:
+        h = hashes.get(name)
+        if h is not None and h in gone:
+            row = gone.pop(h)
+            gone_ids.discard(row.id)
+            plan.moves.append((row.id, name, stats[name]))
+        elif h is not None and h in live_hashes:
+            plan.copies.append((next_id, name, stats[name], h, live_hashes[h]))
+            next_id += 1
+        else:
+            fresh.append(name)
+    plan.embed = sorted(reembed + [(next_id + i, n) for i, n in enumerate(fresh)], key=lambda t: t[1])
+    plan.gone = sorted(gone_ids)
+    logger.info("plan: %d to embed, %d unchanged, %d touched, %d moved, %d copied, %d gone",
+                len(plan.embed), plan.unchanged, len(plan.touch), len(plan.moves), len(plan.copies),
+                len(plan.gone))
+    return plan
+
+
+@dataclass
+class Summary:
+    """What a build/update did."""
+
+    embedded: int = 0
+    reembedded: int = 0
+    moved: int = 0
+    copied: int = 0
+    touched: int = 0
+    unchanged: int = 0
+    removed: int = 0
+    errors: list[tuple[str, str]] = field(default_factory=list)
+    seconds: float = 0.0
+    vectors: int = 0
+    kind: str = ""
+    recall_at_10: float | None = None
+    params: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def images_per_s(self) -> float:
+        return (self.embedded + self.reembedded) / self.seconds if self.seconds else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**{k: v for k, v in self.__dict__.items() if k != "errors"}, "images_per_s": self.images_per_s,
+                "errors": [{"path": p, "reason": r} for p, r in self.errors]}

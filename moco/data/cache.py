@@ -1,0 +1,436 @@
+"""A photo folder decoded once into a square uint8 cache on disk (:func:`build_cache`).
+
+The cache is a raw ``N x size x size x 3`` uint8 file plus a JSON manifest next to it; later runs
+reuse it as long as the folder's files (names, byte sizes, mtimes) are unchanged. What one photo's decoding is:
+:mod:`moco.data.photos`; the list of the files a run skipped (``skipped.txt``): :mod:`moco.data.cache` (the names
+of both are re-exported here).
+
+A run's ``skipped.txt``: the photos its cache could not decode, one ``PATH<tab>REASON`` line each, written so
+that any file name (tabs, newlines, bytes that are not UTF-8) reads back exactly.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import concurrent.futures.process
+import contextlib
+import json
+import logging
+import multiprocessing
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+from tqdm import tqdm
+
+from moco.data.photos import (
+    DEFAULT_MAX_PIXELS,
+    IMAGE_EXTENSIONS,
+    ImageDecodeError,
+    check_root,
+    load_square_u8,
+    scan_images,
+)
+from moco.errors import UserError
+
+__all__ = ["ImageCache", "build_cache", "cache_size_for", "read_skipped", "write_skipped"]
+
+logger = logging.getLogger(__name__)
+
+_MANIFEST_VERSION = 1
+_MAX_LISTED = 5
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+# ------------------------------------------------------------------------------------------ cache
+
+
+@dataclass
+class ImageCache:
+    """Decoded images of a folder: ``array[i]`` is ``files[i]`` (the dataset id is ``i``)."""
+
+    root: Path
+    size: int
+    files: list[str]
+    skipped: list[tuple[str, str]]
+    array: np.ndarray = field(repr=False)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+
+def _file_stat(path: Path) -> list[int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [int(st.st_size), int(st.st_mtime_ns)]
+
+
+def _cache_paths(cache_dir: Path, size: int) -> tuple[Path, Path]:
+    return cache_dir / f"images-{size}.u8", cache_dir / f"images-{size}.json"
+
+
+def _decode_job(job: tuple[str, int, int | None]) -> tuple[np.ndarray | None, str]:
+    """Worker entry: ``(array, "")`` or ``(None, reason)``; never raises for bad files."""
+    path, size, max_pixels = job
+    try:
+        return load_square_u8(path, size, max_pixels), ""
+    except ImageDecodeError as err:
+        return None, err.reason
+
+
+def _decode_chunk(jobs: list[tuple[str, int, int | None]]) -> list[tuple[np.ndarray | None, str]]:
+    return [_decode_job(job) for job in jobs]
+
+
+def _ordered_window(
+    submit: Callable[[_T], concurrent.futures.Future[_R]], items: Iterable[_T], window: int
+) -> Iterator[_R]:
+    """Results of ``submit(item)`` in input order, with at most ``window`` tasks in flight."""
+    pending: collections.deque[concurrent.futures.Future[_R]] = collections.deque()
+    it = iter(items)
+    try:
+        for item in it:
+            pending.append(submit(item))
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for fut in pending:
+            fut.cancel()
+
+
+def _chunks(items: Sequence[_T], n: int) -> Iterator[list[_T]]:
+    for i in range(0, len(items), n):
+        yield list(items[i : i + n])
+
+
+# ------------------------------------------------------------------------------------------ decoding workers
+# The workers are started with "spawn" (never fork a process that may hold torch/CUDA threads), which imports the
+# parent's main script again in each worker, as ``__mp_main__``: a script that trains at its top level, without
+# ``if __name__ == "__main__":``, would train again in every worker. Such a worker exits at once with this code
+# (:func:`exit_if_importing_main`), and the parent says what happened and how to fix it.
+REIMPORTED_MAIN_EXIT = 86
+
+
+def exit_if_importing_main() -> None:
+    """Exit this process quietly (``REIMPORTED_MAIN_EXIT``) when it is a worker still importing its parent's main
+    script: training there is the script's top-level code run again, not a call meant for this process. (The
+    spawn and forkserver start methods set ``_inheriting`` while a new process prepares, before it runs its task;
+    multiprocessing itself checks it to refuse starting processes then.)"""
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise SystemExit(REIMPORTED_MAIN_EXIT)
+
+
+def _noop() -> None:
+    """A process that only starts (and so imports the parent's main script, as a decoding worker does)."""
+
+
+def _broken_pool_error(ctx: Any, workers: int) -> UserError:
+    """Why the decoding workers stopped: one probe process, started as they were, tells whether importing the main
+    script trains (the script lacks ``if __name__ == "__main__":``)."""
+    probe = ctx.Process(target=_noop)
+    probe.start()
+    probe.join()
+    if probe.exitcode == REIMPORTED_MAIN_EXIT:
+        main = getattr(sys.modules.get("__main__"), "__file__", None) or "the main script"
+        return UserError(f"{main} trains when it is imported: the photo-decoding workers (workers={workers}) each "
+                         "import it again, as Python's spawn start method does. Put the call to train under "
+                         '`if __name__ == "__main__":` (or pass workers=0 to decode in this process)')
+    return UserError(f"the photo-decoding worker processes (workers={workers}) stopped abruptly (killed, e.g. for "
+                     "memory?): run again with fewer workers, or workers=0 to decode in this process")
+
+
+def _iter_decoded(
+    paths: list[str], size: int, max_pixels: int | None, workers: int
+) -> Iterator[tuple[np.ndarray | None, str]]:
+    """Decode ``paths`` in order, in-process or in ``workers`` processes, memory bounded."""
+    jobs = [(p, size, max_pixels) for p in paths]
+    if workers <= 0:
+        for job in jobs:
+            yield _decode_job(job)
+        return
+    chunk = max(1, min(16, len(jobs) // (workers * 4) or 1))
+    ctx = multiprocessing.get_context("spawn")  # see REIMPORTED_MAIN_EXIT
+    try:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+            for results in _ordered_window(
+                lambda c: pool.submit(_decode_chunk, c), _chunks(jobs, chunk), window=workers * 3
+            ):
+                yield from results
+    except concurrent.futures.process.BrokenProcessPool:
+        raise _broken_pool_error(ctx, workers) from None
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):  # some filesystems refuse fsync on directories
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _tmp_file(cache_dir: Path, final: Path) -> tuple[Any, Path]:
+    from moco.files import file_mode  # not at the top: decoding workers import this module without torch
+
+    fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=cache_dir)
+    try:
+        os.fchmod(fd, file_mode())  # mkstemp's is 0600; the cache gets the mode of every other file we write
+    except BaseException:
+        os.close(fd)
+        Path(name).unlink(missing_ok=True)
+        raise
+    return os.fdopen(fd, "wb"), Path(name)
+
+
+def _open_array(data_path: Path, n: int, size: int) -> np.ndarray | None:
+    expected = n * size * size * 3
+    try:
+        actual = data_path.stat().st_size
+    except OSError:
+        return None
+    if n < 1 or actual != expected:
+        logger.info("image cache %s has %d bytes, expected %d: rebuilding", data_path, actual, expected)
+        return None
+    return np.memmap(data_path, dtype=np.uint8, mode="r", shape=(n, size, size, 3))
+
+
+def _try_reuse(
+    root: Path,
+    size: int,
+    cache_dir: Path,
+    candidates: list[str],
+    stats: dict[str, list[int] | None],
+    max_pixels: int | None,
+) -> ImageCache | None:
+    data_path, manifest_path = _cache_paths(cache_dir, size)
+    try:
+        manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        logger.info("unreadable cache manifest %s (%s): rebuilding", manifest_path, err)
+        return None
+    try:
+        if (
+            manifest["version"] != _MANIFEST_VERSION
+            or manifest["root"] != str(root)
+            or manifest["size"] != size
+            or manifest.get("max_pixels", DEFAULT_MAX_PIXELS) != max_pixels
+        ):
+            logger.info("image cache %s was built for other settings: rebuilding", manifest_path)
+            return None
+        files = [str(f) for f in manifest["files"]]
+        skipped = [(str(p), str(r)) for p, r in manifest["skipped"]]
+        recorded = dict(zip(files, manifest["stats"], strict=True))
+        recorded.update(zip([p for p, _ in skipped], manifest["skipped_stats"], strict=True))
+    except (KeyError, TypeError, ValueError) as err:
+        logger.info("malformed cache manifest %s (%s): rebuilding", manifest_path, err)
+        return None
+    wanted = set(candidates)
+    if len(recorded) != len(files) + len(skipped) or set(recorded) != wanted:
+        logger.info("photo folder %s changed (files added or removed): rebuilding cache", root)
+        return None
+    if [c for c in candidates if c in set(files)] != files:
+        logger.info("file order differs from image cache %s: rebuilding", manifest_path)
+        return None
+    changed = [c for c in candidates if recorded[c] != stats[c]]
+    if changed:
+        logger.info("%d files changed in %s (e.g. %s): rebuilding cache", len(changed), root, changed[0])
+        return None
+    array = _open_array(data_path, len(files), size)
+    if array is None:
+        return None
+    logger.info("reusing image cache %s (%d images, %d skipped)", data_path, len(files), len(skipped))
+    return ImageCache(root=root, size=size, files=files, skipped=skipped, array=array)
+
+
+def _list_problems(skipped: list[tuple[str, str]]) -> str:
+    shown = "; ".join(f"{p}: {r}" for p, r in skipped[:_MAX_LISTED])
+    more = len(skipped) - _MAX_LISTED
+    return shown + (f"; ... and {more} more" if more > 0 else "")
+
+
+def _write_cache(
+    root: Path,
+    size: int,
+    cache_dir: Path,
+    candidates: list[str],
+    stats: dict[str, list[int] | None],
+    workers: int,
+    max_pixels: int | None,
+    progress: bool,
+    strict: bool,
+) -> ImageCache:
+    data_path, manifest_path = _cache_paths(cache_dir, size)
+    files: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    paths = [str(root / c) for c in candidates]
+    out, tmp_data = _tmp_file(cache_dir, data_path)
+    try:
+        with (
+            out,
+            tqdm(
+                total=len(candidates),
+                disable=not progress,
+                file=sys.stderr,
+                unit="img",
+                desc=f"decoding photos ({size}px)",
+            ) as bar,
+        ):
+            for rel, (arr, reason) in zip(candidates, _iter_decoded(paths, size, max_pixels, workers), strict=True):
+                if arr is None:
+                    logger.warning("skipping %s: %s", rel, reason)
+                    skipped.append((rel, reason))
+                else:
+                    out.write(arr.tobytes())
+                    files.append(rel)
+                bar.update(1)
+            out.flush()
+            os.fsync(out.fileno())
+        if strict and skipped:
+            raise UserError(
+                f"{len(skipped)} of the {len(candidates)} files recorded for {root} can no longer "
+                f"be decoded, so dataset ids would change (restore them or start a new run): " + _list_problems(skipped)
+            )
+        if not files:
+            raise UserError(
+                f"none of the {len(candidates)} image files in {root} could be read; "
+                f"first problems: {_list_problems(skipped)}"
+            )
+        # the old manifest must never describe the new data file, even after a crash
+        manifest_path.unlink(missing_ok=True)
+        os.replace(tmp_data, data_path)
+    except BaseException:
+        tmp_data.unlink(missing_ok=True)
+        raise
+    manifest = {
+        "version": _MANIFEST_VERSION,
+        "root": str(root),
+        "size": size,
+        "max_pixels": max_pixels,
+        "files": files,
+        "stats": [stats[f] for f in files],
+        "skipped": [[p, r] for p, r in skipped],
+        "skipped_stats": [stats[p] for p, _ in skipped],
+    }
+    mf, tmp_manifest = _tmp_file(cache_dir, manifest_path)
+    try:
+        with mf:
+            mf.write(json.dumps(manifest, indent=1).encode("utf-8"))
+            mf.flush()
+            os.fsync(mf.fileno())
+        os.replace(tmp_manifest, manifest_path)
+    except BaseException:
+        tmp_manifest.unlink(missing_ok=True)
+        raise
+    _fsync_dir(cache_dir)
+    logger.info("wrote image cache %s (%d images, %d skipped)", data_path, len(files), len(skipped))
+    array = _open_array(data_path, len(files), size)
+    if array is None:  # pragma: no cover - only if someone truncates it right now
+        raise RuntimeError(f"image cache {data_path} changed while it was being written")
+    return ImageCache(root=root, size=size, files=files, skipped=skipped, array=array)
+
+
+def build_cache(
+    root: str | Path,
+    size: int,
+    cache_dir: str | Path,
+    files: list[str] | None = None,
+    workers: int = 0,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
+    progress: bool = False,
+    strict: bool = False,
+) -> ImageCache:
+    """Decode every image of ``root`` once into ``cache_dir/images-{size}.u8`` (+ ``.json`` manifest).
+
+    ``files=None`` scans ``root``; otherwise exactly these relative paths are used, in order, and
+    ``strict=True`` raises :class:`UserError` if any of them cannot be decoded. Unreadable files
+    are skipped with one warning each. An up-to-date cache (same root, files, sizes and mtimes) is
+    reused without decoding; a stale or corrupt one is rebuilt. ``workers`` > 0 decodes in that
+    many processes.
+    """
+    if size < 1:
+        raise UserError(f"image size must be a positive number of pixels, got {size}")
+    root_path = check_root(root).resolve()
+    candidates = scan_images(root_path) if files is None else [Path(f).as_posix() for f in files]
+    if len(set(candidates)) != len(candidates):
+        dups = sorted(c for c, k in collections.Counter(candidates).items() if k > 1)
+        raise UserError(f"file list for {root} names some files twice: {', '.join(dups[:_MAX_LISTED])}")
+    if not candidates:
+        exts = ", ".join(sorted(IMAGE_EXTENSIONS))
+        raise UserError(f"no images found in {root}: expected files with extensions {exts}")
+    cache_path = Path(cache_dir).expanduser()
+    try:
+        cache_path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"cannot create cache folder {cache_dir}: {err.strerror or err}") from err
+    stats = {c: _file_stat(root_path / c) for c in candidates}
+
+    cache = _try_reuse(root_path, size, cache_path, candidates, stats, max_pixels)
+    if cache is None:
+        return _write_cache(root_path, size, cache_path, candidates, stats, workers, max_pixels, progress, strict)
+    for rel, reason in cache.skipped:
+        logger.warning("skipping %s: %s", rel, reason)
+    if strict and cache.skipped:
+        raise UserError(
+            f"{len(cache.skipped)} of the {len(candidates)} files recorded for {root} cannot be "
+            f"decoded, so dataset ids would change: " + _list_problems(cache.skipped)
+        )
+    return cache
+
+
+def cache_size_for(image_size: int, cache_size: int = 0) -> int:
+    """Side of the decoded cache: the crop size for small images, else the usual resize (256 for 224)."""
+    if cache_size:
+        return cache_size
+    return image_size if image_size < 96 else round(image_size * 8 / 7)
+
+
+_ESCAPE = {"\\": "\\\\", "\t": "\\t", "\n": "\\n", "\r": "\\r"}
+_UNESCAPE = {"\\": "\\", "t": "\t", "n": "\n", "r": "\r"}
+_ESCAPED = re.compile(r"\\(.)", re.DOTALL)
+
+
+def _escape(text: str) -> bytes:
+    text = "".join(_ESCAPE.get(c, c) for c in text)
+    try:
+        return text.encode("utf-8", "surrogateescape")  # a name's bytes that are not UTF-8: written as they are
+    except UnicodeEncodeError:  # a lone surrogate that no file name decodes to: shown escaped
+        return text.encode("utf-8", "backslashreplace")
+
+
+def _unescape(text: str) -> str:
+    return _ESCAPED.sub(lambda m: _UNESCAPE.get(m[1], m[0]), text)
+
+
+def write_skipped(path: str | Path, skipped: Sequence[tuple[str, str]]) -> None:
+    r"""Write the files a run skipped to ``path`` (``RUN/skipped.txt``): one ``PATH<tab>REASON`` line each.
+
+    UTF-8, except that the bytes of a name that are not UTF-8 are written as they are (the name as ``ls`` shows
+    it); a backslash, tab, carriage return or newline in a name or reason is written ``\\``, ``\t``, ``\r``,
+    ``\n``. :func:`read_skipped` reads back exactly the names given (``os.fsdecode`` of their bytes).
+    """
+    Path(path).write_bytes(b"".join(_escape(p) + b"\t" + _escape(r) + b"\n" for p, r in skipped))
+
+
+def read_skipped(path: str | Path) -> list[tuple[str, str]]:
+    """The (path, reason) pairs of a ``skipped.txt`` written by :func:`write_skipped`."""
+    text = Path(path).read_bytes().decode("utf-8", "surrogateescape")
+    lines = text.split("\n")  # not splitlines(): a name may hold U+0085 or U+2028
+    return [(_unescape(p), _unescape(r)) for p, _, r in (line.partition("\t") for line in lines if line)]

@@ -1,0 +1,372 @@
+"""Reading photos: a folder scanned for images (:func:`scan_images`), one file opened safely (a regular file, not
+too large: :func:`open_regular`) and decoded (EXIF orientation applied, decompression bombs refused, reduced while
+decoding) into RGB (:func:`load_rgb`) or a square uint8 view (:func:`square_u8`).
+
+Light on purpose: decoding workers import it without torch.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import math
+import os
+import stat
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from moco.errors import UserError
+
+__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTENSIONS", "MAX_FILE_BYTES", "ImageDecodeError", "check_root", "short_sides",
+           "load_rgb", "load_square_u8", "open_regular", "read_image_bytes", "scan_images", "square_u8"]
+
+logger = logging.getLogger(__name__)
+
+IMAGE_EXTENSIONS: frozenset[str] = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif"})
+"""Lower-case file extensions treated as images (matched case-insensitively)."""
+
+DEFAULT_MAX_PIXELS: int | None = Image.MAX_IMAGE_PIXELS
+"""Largest ``width * height`` decoded (PIL's default bomb limit, about 89.5 M pixels)."""
+
+MAX_FILE_BYTES: int = 1 << 30
+"""Largest photo file read (1 GiB); a larger one is refused from its size, before any byte is read."""
+
+_ORIENTATION_TAG = 0x0112
+_TRANSPOSE_FOR_ORIENTATION = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+_DRAFT_GAP = 2.0  # reducing while decoding (JPEG DCT draft, box average) keeps this factor above the target size
+_REDUCING_GAP = 3.0
+_BAND_PIXELS = 1 << 22  # pixels converted to RGB at a time when a palette/bilevel image is reduced
+_AVERAGED_NATIVELY = frozenset({"L", "LA", "RGB", "RGBA", "RGBX", "I", "F"})  # Image.reduce is meaningful
+_FILE_KINDS = {stat.S_IFIFO: "named pipe", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
+               stat.S_IFSOCK: "socket"}
+_PIL_LIMIT_LOCK = threading.RLock()
+
+
+
+class ImageDecodeError(UserError):
+    """A file could not be decoded as an image; ``reason`` is a short human explanation."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path = str(path)
+        self.reason = reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.path, self.reason))
+
+
+# --------------------------------------------------------------------------------------- scanning
+
+
+def check_root(root: str | Path) -> Path:
+    path = Path(root).expanduser()
+    if not path.exists():
+        raise UserError(f"photo folder not found: {root}")
+    if not path.is_dir():
+        raise UserError(f"not a folder: {root} (expected a directory of photos)")
+    return path
+
+
+def scan_images(root: str | Path) -> list[str]:
+    """Image files under ``root``, recursively: sorted POSIX paths relative to ``root``.
+
+    Hidden files and folders (name starting with ``.``) are skipped, files with other extensions
+    are ignored, directories are never listed (a folder named ``x.jpg`` is just searched), and
+    symlinked folders are not followed (symlinked files are listed).
+    """
+    base = check_root(root)
+    found: list[str] = []
+    ignored = 0
+
+    def _on_error(err: OSError) -> None:
+        logger.warning("cannot list %s: %s", err.filename, err.strerror or err)
+
+    for dirpath, dirnames, filenames in os.walk(base, onerror=_on_error):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        rel_dir = Path(dirpath).relative_to(base)
+        for name in filenames:
+            if name.startswith("."):
+                continue
+            if os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS:
+                found.append((rel_dir / name).as_posix())
+            else:
+                ignored += 1
+    if ignored:
+        logger.debug("ignored %d non-image files in %s", ignored, base)
+    found.sort()
+    return found
+
+
+# ---------------------------------------------------------------------------------------- reading
+
+
+def _check_regular(path: str | Path, st: os.stat_result) -> None:
+    """Raise ``OSError`` with a short reason unless ``st`` is a regular file of at most MAX_FILE_BYTES."""
+    if stat.S_ISDIR(st.st_mode):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+    if not stat.S_ISREG(st.st_mode):
+        kind = _FILE_KINDS.get(stat.S_IFMT(st.st_mode), "unknown kind")
+        raise OSError(errno.EINVAL, f"not a regular file ({kind})", str(path))
+    if st.st_size > MAX_FILE_BYTES:
+        raise OSError(errno.EFBIG, f"too large: {st.st_size} bytes, more than the {MAX_FILE_BYTES} read per "
+                      "photo (moco.data.photos.MAX_FILE_BYTES)", str(path))
+
+
+def _link_problem(path: str | Path, err: OSError) -> str | None:
+    """A clearer reason than ``err`` for a symlink that leads nowhere, else None."""
+    if err.errno == errno.ELOOP:
+        return "symlink loop (too many levels of symbolic links)"
+    if err.errno == errno.ENOENT and os.path.islink(path):
+        return "broken symlink (its target does not exist)"
+    return None
+
+
+def short_sides(root: str | Path, limit: int = 200) -> list[int]:
+    """The shorter side in pixels of up to ``limit`` photos spread over the folder, from their headers only.
+
+    Unreadable files are left out (training reports them itself).
+    """
+    root = Path(root)
+    names = scan_images(root)
+    sides = []
+    for name in names[:: max(1, len(names) // limit)][:limit]:
+        try:
+            with open_regular(root / name) as f, Image.open(f) as im:  # the header only
+                sides.append(min(im.size))
+        except Exception:  # noqa: BLE001,S112 - unreadable files are reported by training itself
+            continue
+    return sides
+
+
+def open_regular(path: str | Path) -> BinaryIO:
+    """Open a photo file for binary reading, only if it is a regular file of at most MAX_FILE_BYTES.
+
+    Never blocks: named pipes, devices and sockets are refused from a ``stat`` before any open, and the
+    file is opened non-blocking and checked again (``fstat``) in case it was replaced in between.
+    Raises ``OSError`` whose ``strerror`` is a short reason: "not a regular file (named pipe)",
+    "symlink loop", "broken symlink ...", "too large: ...", or the system's message.
+    """
+    try:
+        _check_regular(path, os.stat(path))  # a pipe or a device is never even opened
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as err:
+        reason = _link_problem(path, err)
+        if reason is None:
+            raise
+        raise OSError(err.errno, reason, str(path)) from err
+    try:
+        _check_regular(path, os.fstat(fd))  # the file opened is the file checked
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _unreadable(path: str | Path, err: OSError) -> ImageDecodeError:
+    return ImageDecodeError(path, f"unreadable: {err.strerror or err}")
+
+
+def read_image_bytes(path: str | Path) -> bytes:
+    """All bytes of a photo file (see :func:`open_regular`); :class:`ImageDecodeError` with the reason otherwise."""
+    try:
+        with open_regular(path) as f:
+            return f.read()
+    except OSError as err:
+        raise _unreadable(path, err) from err
+
+
+# --------------------------------------------------------------------------------------- decoding
+
+
+def _bomb_reason(size: tuple[int, int], limit: int | None) -> str:
+    return f"decompression bomb: {size[0]} x {size[1]} pixels exceeds limit {limit}"
+
+
+@contextmanager
+def _pil_bomb_check_off() -> Iterator[None]:
+    """Temporarily disable PIL's own header-size check so that ``max_pixels`` governs (restored)."""
+    with _PIL_LIMIT_LOCK:
+        saved = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = None
+        try:
+            yield
+        finally:
+            Image.MAX_IMAGE_PIXELS = saved
+
+
+def _u16_to_u8(values: np.ndarray) -> np.ndarray:
+    return np.rint(values.astype(np.float32) / 257.0).clip(0, 255).astype(np.uint8)
+
+
+def _wide_to_u8(values: np.ndarray) -> np.ndarray:
+    """Map 32-bit int / float pixels to 0..255: 8-bit, 16-bit or unit ranges, else min-max."""
+    v = values.astype(np.float64)
+    if v.size == 0:
+        return np.zeros(v.shape, np.uint8)
+    v = np.nan_to_num(v, nan=0.0, posinf=0.0, neginf=0.0)
+    lo, hi = float(v.min()), float(v.max())
+    if values.dtype.kind == "f" and lo >= 0.0 and hi <= 1.0:
+        v = v * 255.0
+    elif lo < 0.0 or hi > 65535.0:
+        v = (v - lo) * (255.0 / (hi - lo))
+    elif hi > 255.0:  # 16-bit range; values already in 0..255 are kept as they are
+        v = v / 257.0
+    return np.rint(v).clip(0, 255).astype(np.uint8)
+
+
+def _to_rgb(img: Image.Image) -> Image.Image:
+    """Convert any PIL mode to RGB; alpha is composited on white."""
+    mode = img.mode
+    if mode == "RGB":
+        return img
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        arr = np.asarray(img)
+        gray = _u16_to_u8(arr) if mode.startswith("I;16") else _wide_to_u8(arr)
+        return Image.fromarray(gray, "L").convert("RGB")
+    has_alpha = mode in ("RGBA", "RGBa", "LA", "La", "PA") or (mode in ("P", "L") and "transparency" in img.info)
+    if has_alpha:
+        rgba = img.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return img.convert("RGB")
+
+
+def _reduce(img: Image.Image, factor: int) -> Image.Image:
+    """Box-average ``img`` by ``factor`` before it becomes RGB, so the cost is that of its own mode.
+
+    Palette, bilevel and 16-bit images cannot be averaged in their own mode: they are converted to RGB
+    a band of rows at a time (a multiple of ``factor``: the same blocks as one reduce), so their
+    full-size RGB copy never exists.
+    """
+    if factor < 2:
+        return img
+    if img.mode in _AVERAGED_NATIVELY:
+        return img.reduce(factor)
+    w, h = img.size
+    rows = factor * max(1, _BAND_PIXELS // (w * factor))
+    out = Image.new("RGB", (-(-w // factor), -(-h // factor)))
+    for top in range(0, h, rows):
+        band = _to_rgb(img.crop((0, top, w, min(h, top + rows))))
+        out.paste(band.reduce(factor), (0, top // factor))
+    return out
+
+
+def _orientation(img: Image.Image) -> int:
+    try:
+        value = img.getexif().get(_ORIENTATION_TAG, 1)
+        return int(value)
+    except Exception as err:  # malformed EXIF must not lose the photo
+        logger.debug("ignoring unreadable EXIF in %s: %s", getattr(img, "filename", "?"), err)
+        return 1
+
+
+def _decode(path: str | Path, max_pixels: int | None, target_short: int | None = None) -> Image.Image:
+    """Open (regular files only), bomb-check, reduce (JPEG draft, else box average), load, orient, RGB."""
+    p = Path(path)
+    try:
+        fh = open_regular(p)
+    except OSError as err:
+        raise _unreadable(p, err) from err
+    size: tuple[int, int] | None = None
+    with fh, warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            if os.fstat(fh.fileno()).st_size == 0:
+                raise ImageDecodeError(p, "empty file (0 bytes)")
+            with _pil_bomb_check_off():
+                img = Image.open(fh)
+            size = img.size
+            if max_pixels is not None and size[0] * size[1] > max_pixels:
+                raise ImageDecodeError(p, _bomb_reason(size, max_pixels))
+            if target_short is not None and min(size) > 0:
+                scale = target_short * _DRAFT_GAP / min(size)
+                if scale < 1.0:
+                    want = (max(1, math.ceil(size[0] * scale)), max(1, math.ceil(size[1] * scale)))
+                    img.draft(None, want)
+            img.load()
+            orientation = _orientation(img)
+            if target_short is not None:  # other formats: reduce the decoded pixels before they become RGB
+                img = _reduce(img, int(min(img.size) // (target_short * _DRAFT_GAP)))
+            img = _to_rgb(img)
+            method = _TRANSPOSE_FOR_ORIENTATION.get(orientation)
+            if method is not None:
+                img = img.transpose(method)
+            return img
+        except ImageDecodeError:
+            raise
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as err:
+            limits = [n for n in (max_pixels, Image.MAX_IMAGE_PIXELS) if n is not None]
+            limit = min(limits) if limits else None
+            reason = _bomb_reason(size, limit) if size else f"decompression bomb: {err}"
+            raise ImageDecodeError(p, reason) from err
+        except UnidentifiedImageError as err:
+            raise ImageDecodeError(p, "not an image (cannot identify format)") from err
+        except OSError as err:
+            if err.errno is not None:  # a real I/O error, not PIL's "truncated" OSError
+                raise _unreadable(p, err) from err
+            raise ImageDecodeError(p, f"truncated or corrupt: {err}") from err
+        except Exception as err:  # PIL plugins raise many types on corrupt data
+            raise ImageDecodeError(p, f"truncated or corrupt: {err or type(err).__name__}") from err
+
+
+def load_rgb(
+    path: str | Path, max_pixels: int | None = DEFAULT_MAX_PIXELS, min_short: int | None = None
+) -> Image.Image:
+    """Decode one image file fully into an RGB PIL image.
+
+    ``min_short``: the image may be reduced while decoding (JPEG: DCT draft; other formats: box average
+    in their own mode) as long as the short side stays at least twice this size, which is much faster
+    and smaller for thumbnails and model inputs.
+
+    Takes the first frame of animations, applies the EXIF orientation, composites alpha onto
+    white, and scales 16-bit grayscale to 8 bits (``value / 257``). Images larger than
+    ``max_pixels`` (``None``: no limit) are rejected from their header, before decoding.
+    Raises :class:`ImageDecodeError` with a short reason on any failure.
+    """
+    return _decode(path, max_pixels, target_short=min_short)
+
+
+def load_square_u8(path: str | Path, size: int, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """Decode ``path`` as a ``size x size x 3`` uint8 array: short side resized to ``size``, center crop."""
+    if size < 1:
+        raise ValueError(f"size must be positive, got {size}")
+    return square_u8(_decode(path, max_pixels, target_short=size), size)
+
+
+def square_u8(img: Image.Image, size: int) -> np.ndarray:
+    """An RGB image as ``size x size x 3`` uint8: short side resized to ``size``, center crop.
+
+    Only the centre region is resampled (a box in source coordinates), so the cost is bounded by
+    ``size`` whatever the aspect ratio: a 4000 x 2 strip never becomes a 448000 x 224 image.
+    """
+    w, h = img.size
+    if w <= h:
+        new = (size, max(size, round(h * size / w)))
+    else:
+        new = (max(size, round(w * size / h)), size)
+    left, top = (new[0] - size) // 2, (new[1] - size) // 2  # the crop, in resized coordinates
+    if new == (w, h):
+        img = img.crop((left, top, left + size, top + size))
+    else:
+        sx, sy = w / new[0], h / new[1]  # source pixels per resized pixel
+        box = (left * sx, top * sy, (left + size) * sx, (top + size) * sy)
+        img = img.resize((size, size), Image.Resampling.BICUBIC, box=box, reducing_gap=_REDUCING_GAP)
+    out = np.asarray(img, dtype=np.uint8)
+    assert out.shape == (size, size, 3), out.shape
+    return np.ascontiguousarray(out)

@@ -1,0 +1,186 @@
+"""The file layer of the three packages: a file written atomically (temp file, fsync, rename) with the mode a plain
+``open`` gives, a directory made with its undo, a directory's lock, a safetensors file read, a file's sha256."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from moco.errors import UserError, storage_error
+
+__all__ = ["LOCK_FILE", "atomic_write", "file_mode", "lock_dir", "make_dirs", "read_safetensors", "sha256_file"]
+
+logger = logging.getLogger(__name__)
+
+_UMASK_LOCK = threading.Lock()
+LOCK_FILE = ".moco.lock"  # in a run or work directory while a moco process uses it: the holder's PID
+
+
+def _umask() -> int:
+    """The process umask, read without changing it where Linux tells it (``/proc/self/status``)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError) as e:
+        logger.debug("umask not readable from /proc (%s): reading it with os.umask", e)
+    with _UMASK_LOCK:  # elsewhere: set and restore it (not thread-safe, hence the lock)
+        mask = os.umask(0o022)
+        os.umask(mask)
+    return mask
+
+
+def file_mode() -> int:
+    """The mode a plain ``open`` gives a new file (0666 less the umask): every file we write gets it."""
+    return 0o666 & ~_umask()
+
+
+class _Recording:
+    """A file object that remembers the first ``OSError`` of a write, whoever swallows it (torch.save does)."""
+
+    def __init__(self, f: Any) -> None:
+        self._f, self.error = f, None
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._f, name)
+
+
+def atomic_write(path: str | Path, write: Any) -> None:
+    """Call ``write(file_object)`` on a temp file beside ``path``, fsync it, then rename it over ``path``.
+
+    A crash at any moment leaves either the old file or the new one, never a partial file. The file gets
+    the mode a plain ``open`` would give it (0666 less the umask). A failed write (disk full, read-only,
+    I/O error) raises :class:`~moco.errors.StorageError` naming ``path``, the cause and the fix.
+    """
+    path = Path(path)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise storage_error(e, path) from e
+    rec = None
+    try:
+        os.fchmod(fd, file_mode())  # mkstemp's is 0600
+        with os.fdopen(fd, "wb") as f:
+            rec = _Recording(f)
+            write(rec)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException as e:
+        Path(tmp).unlink(missing_ok=True)
+        cause = rec.error if rec is not None and rec.error is not None else e
+        if isinstance(cause, OSError):
+            raise storage_error(cause, path) from e
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def lock_dir(directory: str | Path, flag: str) -> Iterator[None]:
+    """Hold ``directory/.moco.lock`` (an exclusive ``fcntl.flock``) while the block runs; a second process that
+    asks for it meanwhile gets a :class:`UserError` naming the holder's PID and ``flag`` (the option that picks
+    another directory). The OS releases the lock when its process ends, however it ends (SIGKILL too), so a
+    killed run never leaves a stale lock; the file stays, with the PID of its last holder (unlinking it races).
+    """
+    path = Path(directory) / LOCK_FILE
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise storage_error(e, path) from e
+    try:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX: no cross-process lock
+            logger.debug("no fcntl here: %s is not locked against other processes", directory)
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise UserError(f"{directory} is in use by another moco run (PID {pid}): wait for it to end, or use "
+                            f"another {flag}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+def make_dirs(directory: str | Path) -> Callable[[], None]:
+    """``mkdir -p directory``; returns its undo, for a command that fails before it wrote anything worth keeping.
+
+    The undo removes what was created since: ``directory`` with all it holds when this call made it (and the
+    parents it made, each only if nothing else is in it by then), else only the entries of ``directory`` that were
+    not there at this call. What existed before is never removed. Call it while holding the directory's lock
+    (:func:`lock_dir`), so that no other run works there meanwhile.
+    """
+    directory = Path(directory)
+    made = [p for p in (directory, *directory.parents) if not p.exists()]  # innermost first
+    before = set() if made else set(os.listdir(directory))
+    directory.mkdir(parents=True, exist_ok=True)
+
+    def undo() -> None:
+        if made:
+            shutil.rmtree(directory, ignore_errors=True)
+            for parent in made[1:]:
+                with contextlib.suppress(OSError):  # not empty: another run's, or the user's, since
+                    parent.rmdir()
+            return
+        for name in set(os.listdir(directory)) - before:
+            path = directory / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+
+    return undo
+
+
+def read_safetensors(path: str | Path, framework: str = "pt") -> tuple[dict[str, Any], dict[str, str]]:
+    """Tensors and metadata of a ``.safetensors`` file, read through Python's own ``open`` (safetensors' loader
+    refuses a path that is not UTF-8, which a folder name may be); ValueError on a damaged file."""
+    import json
+    import struct
+
+    data = Path(path).read_bytes()
+    if len(data) < 8:
+        raise ValueError("shorter than a safetensors header")
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > len(data) - 8:
+        raise ValueError(f"its header claims {n} bytes, the file has {len(data) - 8}")
+    header = json.loads(data[8 : 8 + n])
+    meta = (header.get("__metadata__") or {}) if isinstance(header, dict) else {}
+    if framework == "pt":
+        from safetensors.torch import load
+    else:
+        from safetensors.numpy import load
+    return load(data), {str(k): str(v) for k, v in meta.items()}
+
+
+def sha256_file(path: Path) -> str:
+    """The sha256 hex digest of the file at ``path``, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
