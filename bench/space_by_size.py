@@ -20,7 +20,7 @@ gnome-backgrounds pictures, stands in: its pool of 9,600 crops halves into 4,800
 A collection is N photos of a set; each photo queries the other N-1 (kNN top-1, k = min(200, N-1), T = 0.1,
 moco.training.knn.knn_top1); labels score, nothing is fitted on them. Features f: what the run's export embeds
 before its whitening, ``normalize(embedding_features(backbone, x, mirror=True, stages=whitening.stage_names))``;
-(m_t, M_t): the run's training-time whitening (Embedder.load(...).whitening); m_c: the collection's mean. Spaces:
+(m_t, M_t): the run's training-time whitening (Embedder.load(...).space); m_c: the collection's mean. Spaces:
 
     A  centred                      normalize(f - m_c)
     B  collection-whitened          normalize((f - m_c) @ M_c), M_c Ledoit-Wolf fitted on the N features
@@ -190,7 +190,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(1)
     path = args.model / "checkpoint.pt" if args.model.is_dir() else args.model
     emb = Embedder.load(path, device="cpu", precision="fp32")
-    white = emb.whitening
+    white = emb.space
     stages = white.stage_names if white is not None else ()
     tmp = Path(tempfile.mkdtemp())
     try:
@@ -203,21 +203,21 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         emb.backbone,
         images,
         emb.image_size,
-        emb.mean,
-        emb.std,
+        emb.pixel_mean,
+        emb.pixel_std,
         cpu,
         mirror=True,
         stages=stages,
         channels_last=emb.channels_last,
     ).numpy()  # P x D', normalized
-    pixels = torch.cat([center_view(torch.from_numpy(np.array(images[i : i + 1024])), emb.image_size, emb.mean,
-                                    emb.std).flatten(1) for i in range(0, len(images), 1024)]).numpy()
+    pixels = torch.cat([center_view(torch.from_numpy(np.array(images[i : i + 1024])), emb.image_size, emb.pixel_mean,
+                                    emb.pixel_std).flatten(1) for i in range(0, len(images), 1024)]).numpy()
     print(f"{len(images)} photos, features {feats.shape[1]}-d, pixels {pixels.shape[1]}-d "
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
     perm = np.random.default_rng(args.seed).permutation(len(images))
     # E and F depend on the photos and the eval view only: measured once per set, reused by the next model
-    tag = hashlib.sha256(json.dumps([args.dataset, len(images), args.seed, emb.image_size, list(emb.mean),
-                                     list(emb.std), K, T, EXTRA_K]).encode()).hexdigest()[:12]
+    tag = hashlib.sha256(json.dumps([args.dataset, len(images), args.seed, emb.image_size, list(emb.pixel_mean),
+                                     list(emb.pixel_std), K, T, EXTRA_K]).encode()).hexdigest()[:12]
     cache_file = args.data / f"space_by_size_pixels_{args.dataset}_{tag}.json"
     cache = json.loads(cache_file.read_text()) if cache_file.is_file() and not args.no_pixel_cache else {}
     halves = {"choose": perm[: len(perm) // 2], "report": perm[len(perm) // 2 :]}

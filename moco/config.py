@@ -259,7 +259,8 @@ CHOICES = {
 
 
 def resolve_config(preset: str = "v2", **overrides: Any) -> TrainConfig:
-    """Defaults <- preset <- (ViT recipe for v3) <- ``overrides``, then validated."""
+    """Defaults <- preset <- (ViT recipe for v3) <- ``overrides``, then validated. Pure: no file is read (the
+    commands read an ``--init`` checkpoint once and pass what it fixes, :func:`moco.weights.layouts.init_settings`)."""
     if preset not in PRESETS:
         raise UserError(f"unknown preset {preset!r}: use one of {', '.join(PRESETS)}")
     known = {f.name for f in fields(TrainConfig)}
@@ -272,8 +273,6 @@ def resolve_config(preset: str = "v2", **overrides: Any) -> TrainConfig:
         values.update(VIT_V3)
         if arch.removeprefix("timm/") in VIT_V3_HEADS:
             values["num_heads"] = VIT_V3_HEADS[arch.removeprefix("timm/")]
-    if overrides.get("init") and is_vit(arch) and "num_heads" not in overrides:
-        values.update(_init_heads(overrides["init"]))  # the weights decide: same shapes, other heads, other model
     values.update(overrides)
     cfg = TrainConfig(**values)
     validate(cfg)
@@ -298,19 +297,6 @@ def cpu_image_size(sides: Sequence[int]) -> int:
     if side >= SMALL_PHOTOS:
         return PRESETS["cpu"]["image_size"]
     return int(min(64, max(32, side // 16 * 16)))
-
-
-def _init_heads(init: str) -> dict[str, int]:
-    """``num_heads`` of an --init checkpoint whose layout fixes it (official v3 ViT-S: 12; our runs: their own)."""
-    from moco.weights.pretrained import resolve
-
-    init = str(resolve(init))  # an official NAME: fetched (once) before its file is read
-    if not os.path.isfile(init):
-        return {}  # training reports a missing file when it loads it
-    from moco.weights.layouts import checkpoint_num_heads, read_checkpoint
-
-    heads = checkpoint_num_heads(read_checkpoint(init))
-    return {} if heads is None else {"num_heads": heads}
 
 
 def uses_v3_vit(cfg: TrainConfig) -> bool:

@@ -101,13 +101,6 @@ def _read_space(where: Path, digest: str, backbone: Path) -> Whitening:
     return space
 
 
-def _stack(squares: list[np.ndarray | torch.Tensor]) -> np.ndarray | torch.Tensor:
-    if any(isinstance(a, torch.Tensor) for a in squares):
-        device = next(a.device for a in squares if isinstance(a, torch.Tensor))
-        return torch.stack([torch.as_tensor(a).to(device) for a in squares])
-    return np.stack(squares)
-
-
 def _square_on_device(img: torch.Tensor, size: int) -> torch.Tensor:
     """3 x H x W uint8 -> size x size x 3 uint8: short side resized (antialiased bicubic), center crop."""
     _, h, w = img.shape
@@ -161,21 +154,6 @@ class Embedder:
             None if whitening.matrix is None else torch.from_numpy(whitening.matrix).to(self.device))
 
     @property
-    def whitening(self) -> Whitening | None:
-        """The space's map (an older name of :attr:`space`)."""
-        return self.space
-
-    @property
-    def mean(self) -> tuple[float, ...]:
-        """The pixel mean (an older name of :attr:`pixel_mean`; not a collection's mean embedding)."""
-        return self.pixel_mean
-
-    @property
-    def std(self) -> tuple[float, ...]:
-        """The pixel std (an older name of :attr:`pixel_std`)."""
-        return self.pixel_std
-
-    @property
     def space_id(self) -> str:
         """Names what this embedder outputs: the backbone file, the features and the space (two embedders with the
         same id give the same vectors)."""
@@ -206,6 +184,13 @@ class Embedder:
         from moco.weights.pretrained import resolve
 
         path = resolve(path)
+        if path.is_dir():
+            raise UserError(f"backbone {path} is a folder: pass the file (made by `moco export`, e.g. "
+                            f"{path / 'model.safetensors'} of a --format timm export), a checkpoint or a NAME")
+        if not path.is_file():
+            raise UserError(f"backbone {path}: file not found: pass a backbone made by `moco export` (`moco export "
+                            "RUN/checkpoint.pt -o B.safetensors`), a checkpoint or an official NAME "
+                            "(`moco pretrained`)")
         digest = _cached_digest(path)
         if path.suffix != ".safetensors":
             try:
@@ -262,7 +247,7 @@ class Embedder:
         """Embed preprocessed uint8 squares (N x resize x resize x 3): N x D float32, L2-normalized unless not
         ``normalize``."""
         x = torch.as_tensor(squares).to(self.device, non_blocking=True)  # N x R x R x 3 uint8
-        return self.embed_views(center_view(x, self.image_size, self.mean, self.std), normalize)
+        return self.embed_views(center_view(x, self.image_size, self.pixel_mean, self.pixel_std), normalize)
 
     @torch.inference_mode()
     def embed_views(self, x: torch.Tensor, normalize: bool = True) -> np.ndarray:

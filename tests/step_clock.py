@@ -26,9 +26,9 @@ class StepClock:
         module = sys.modules["moco.training.loop"]
         real = module._train_step
 
-        def timed_step(cfg: Any, s: Any, cache: Any, d: Any, device: Any, step: int, *rest: Any) -> dict[str, Any]:
+        def timed_step(loop: Any, step: int, *rest: Any) -> dict[str, Any]:
             self.now += self.seconds(step)
-            return real(cfg, s, cache, d, device, step, *rest)
+            return real(loop, step, *rest)
 
         setattr_(module, "_clock", lambda: self.now)
         setattr_(module, "_train_step", timed_step)

@@ -83,17 +83,17 @@ def test_api_results_equal_the_page_and_the_cli(http, server, idx, sample_photos
     _, _, page = server[1].search(str(q), k=8)  # the page's handler
     weak = ImageIndex.open(idx).weak_below
     for got in (by_upload["results"], by_b64["results"]):
-        assert [h["id"] for h in got] == [h["id"] for h in cli] == page["ids"]
-        assert [h["path"] for h in got] == [h["path"] for h in cli] == page["paths"]
+        assert [h["id"] for h in got] == [h["id"] for h in cli] == page.ids
+        assert [h["path"] for h in got] == [h["path"] for h in cli] == page.paths
         assert [h["rank"] for h in got] == [h["rank"] for h in cli] == list(range(1, 9))
-        assert [h["weak"] for h in got] == [h["weak"] for h in cli] == [s < weak for s in page["scores"]]
+        assert [h["weak"] for h in got] == [h["weak"] for h in cli] == [s < weak for s in page.scores]
         assert [h["score"] for h in got] == pytest.approx([h["score"] for h in cli], abs=1e-5)
-        assert [h["score"] for h in got] == pytest.approx(page["scores"], abs=1e-6)
+        assert [h["score"] for h in got] == pytest.approx(page.scores, abs=1e-6)
     first = by_upload["results"][0]
     similar = http.get(f"/photos/{first['id']}/similar", params={"k": 8}).json()  # the page's click on a result
     _, _, clicked = server[1].select(page, 0)
-    assert [h["id"] for h in similar["results"]] == clicked["ids"]
-    assert [h["score"] for h in similar["results"]] == pytest.approx(clicked["scores"], abs=1e-6)
+    assert [h["id"] for h in similar["results"]] == clicked.ids
+    assert [h["score"] for h in similar["results"]] == pytest.approx(clicked.scores, abs=1e-6)
 
 
 def test_the_page_search_goes_through_the_batcher_and_equals_the_handler(server, sample_photos):
@@ -140,13 +140,13 @@ def test_a_browser_gets_thumbnails_as_file_route_urls_that_serve_them(server, id
     http, gallery = _browser_search(url, q, 6)
     _, _, want = app.search(str(q), k=6)
     assert [g["caption"] for g in gallery] == [c for _, c in app._gallery(want)]
-    for item, thumb in zip(gallery, want["thumbs"]):
+    for item, thumb in zip(gallery, want.thumbs):
         assert item["image"]["url"].startswith(f"{url}/gradio_api/file=")
         assert item["image"]["path"] == item["image"]["url"]  # sent as a URL: not resolved against static paths
         got = http.get(item["image"]["url"])
         assert got.status_code == 200 and got.content == Path(thumb).read_bytes()
     assert httpx.get(gallery[0]["image"]["url"]).status_code in (401, 403)  # not without the login
-    blocked = http.get(gallery[0]["image"]["url"].replace(Path(want["thumbs"][0]).name, "../catalog.sqlite"))
+    blocked = http.get(gallery[0]["image"]["url"].replace(Path(want.thumbs[0]).name, "../catalog.sqlite"))
     assert blocked.status_code in (403, 404)  # the route's checks still hold for what a URL names
 
 
@@ -182,8 +182,8 @@ def test_concurrent_uploads_are_batched_and_each_gets_its_own_results(http, serv
         got = list(pool.map(lambda p: _upload(http, p, k=5).json(), photos))
     for p, g in zip(photos, got):
         _, _, page = server[1].search(str(p), k=5)
-        assert [h["id"] for h in g["results"]] == page["ids"]
-        assert [h["score"] for h in g["results"]] == pytest.approx(page["scores"], abs=1e-5)
+        assert [h["id"] for h in g["results"]] == page.ids
+        assert [h["score"] for h in g["results"]] == pytest.approx(page.scores, abs=1e-5)
 
 
 def test_pages_and_folders(http, sample_photos):

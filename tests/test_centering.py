@@ -191,7 +191,7 @@ def test_page_marks_weak_matches_by_the_collections_threshold(built, sample_phot
     Image.fromarray(np.random.default_rng(3).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(noise)
     for query in (next(sample_photos.rglob("*.jpg")), noise):
         gallery, info, state = app.search(str(query), k=12, folder="")
-        weak = [s < idx.weak_below for s in state["scores"]]
+        weak = [s < idx.weak_below for s in state.scores]
         assert [" · weak match" in caption for _, caption in gallery] == weak
         assert ("no close match in the collection" in info) == weak[0]
     own = app.search(str(next(sample_photos.rglob("*.jpg"))), k=1, folder="")[2]["scores"][0]

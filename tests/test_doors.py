@@ -83,8 +83,8 @@ def test_every_door_gives_the_same_vector(built, sample_photos, capsys):
     # the page's handler: same ranking and scores
     app = SearchApp(idx, emb)
     _, _, state = app.search(str(query), k=5)
-    assert state["paths"] == [h["path"] for h in hits]
-    np.testing.assert_allclose(state["scores"], [h["score"] for h in hits], atol=1e-3)
+    assert state.paths == [h["path"] for h in hits]
+    np.testing.assert_allclose(state.scores, [h["score"] for h in hits], atol=1e-3)
     # the programs and the timm folder, exported in the index's space
     x = torch.randn(3, 3, 32, 32)
     want = ref.embed_views(x)  # 3 x D

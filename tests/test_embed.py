@@ -77,7 +77,7 @@ def test_embed_folder_streams_and_reports_failures(embedder, tmp_path):
 
 def test_metadata_drives_preprocessing(embedder):
     assert embedder.image_size == 64 and embedder.resize == 64  # small inputs: no extra resize margin
-    assert embedder.mean == (0.485, 0.456, 0.406) and embedder.dim == 512 and len(embedder.sha256) == 64
+    assert embedder.pixel_mean == (0.485, 0.456, 0.406) and embedder.dim == 512 and len(embedder.sha256) == 64
 
 
 def test_batched_torchvision_jpeg_decode_matches_pil(embedder, tmp_path):

@@ -92,7 +92,7 @@ def test_official_v3_resnet_and_vit(tmp_path):
     x = torch.randint(0, 256, (2, 73, 73, 3), dtype=torch.uint8)
     vit.head = nn.Identity()
     with torch.no_grad():
-        want = nn.functional.normalize(vit.eval()(center_view(x, 64, emb.mean, emb.std)), dim=1).numpy()
+        want = nn.functional.normalize(vit.eval()(center_view(x, 64, emb.pixel_mean, emb.pixel_std)), dim=1).numpy()
     assert abs(emb.embed_squares(x) - want).max() < 1e-5
 
 

@@ -6,6 +6,7 @@ import csv
 import gc
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -103,27 +104,27 @@ def test_the_title_names_the_photo_folder(app):
 def test_rerun_folder_and_export_match_the_index(app, tmp_path):
     _, _, state = app.search(str(_photo(app)), k=6, folder="")
     ref = app.index.search(app.embedder.embed(_photo(app)), k=6)
-    assert state["ids"] == list(ref.ids[0])
+    assert state.ids == list(ref.ids[0])
     _, _, again = app.rerun(state, 3, ALL_FOLDERS)
-    assert again["ids"] == state["ids"][:3] and again["label"] == state["label"]
+    assert again.ids == state.ids[:3] and again.label == state.label
     family = _photo(app).parent.name
     _, info, only = app.rerun(state, 4, family)
-    assert only["paths"] and all(p.startswith(family + "/") for p in only["paths"]) and f"`{family}/`" in info
+    assert only.paths and all(p.startswith(family + "/") for p in only.paths) and f"`{family}/`" in info
     csv_path, json_path = app.export(only)
     rows = list(csv.DictReader(open(csv_path, encoding="utf-8")))
-    assert [r["path"] for r in rows] == only["paths"] and [int(r["rank"]) for r in rows] == list(range(1, 5))
-    assert [r["score"] for r in rows] == [score_text(s) for s in only["scores"]]  # as the page shows them
+    assert [r["path"] for r in rows] == only.paths and [int(r["rank"]) for r in rows] == list(range(1, 5))
+    assert [r["score"] for r in rows] == [score_text(s) for s in only.scores]  # as the page shows them
     weak = app.index.weak_below
-    assert [r["weak_match"] for r in rows] == [str(s < weak).lower() for s in only["scores"]]  # true/false
+    assert [r["weak_match"] for r in rows] == [str(s < weak).lower() for s in only.scores]  # true/false
     data = json.loads(Path(json_path).read_text())
-    assert [r["id"] for r in data["results"]] == only["ids"] and data["score"] == "centred cosine"
-    assert [r["score"] for r in data["results"]] == [float(score_text(s)) for s in only["scores"]]
-    assert [r["weak_match"] for r in data["results"]] == [s < weak for s in only["scores"]]
+    assert [r["id"] for r in data["results"]] == only.ids and data["score"] == "centred cosine"
+    assert [r["score"] for r in data["results"]] == [float(score_text(s)) for s in only.scores]
+    assert [r["weak_match"] for r in data["results"]] == [s < weak for s in only.scores]
     assert '"weak_match": true' in Path(json_path).read_text() or '"weak_match": false' in Path(json_path).read_text()
     assert data["query"] == "the uploaded image"
     _, _, picked = app.select(only, 1)  # a search with a result: the query is its path, as text
     data = json.loads(Path(app.export(picked)[1]).read_text())
-    assert data["query"] == only["paths"][1] and "`" not in data["query"]
+    assert data["query"] == only.paths[1] and "`" not in data["query"]
     with pytest.raises(UserError, match="search first"):
         app.export(None)
     with pytest.raises(UserError, match="Search first"):
@@ -159,10 +160,10 @@ def test_details_and_original_only_for_indexed_files_inside_the_root(app, tmp_pa
 def test_select_uses_the_stored_vector_and_names_the_photo(app):
     _, _, state = app.search(str(_photo(app)), k=5)
     _, info, picked = app.select(state, 3)
-    vec = app.index.vectors(np.array([state["ids"][3]]))[0]
+    vec = app.index.vectors(np.array([state.ids[3]]))[0]
     ref = app.index.search(vec[None], k=5)
-    assert picked["ids"] == list(ref.ids[0]) and picked["source"] == {"id": state["ids"][3], "path": state["paths"][3]}
-    assert state["paths"][3] in info
+    assert picked.ids == list(ref.ids[0]) and picked.source == {"id": state.ids[3], "path": state.paths[3]}
+    assert state.paths[3] in info
 
 
 def test_a_pending_page_says_the_index_is_not_ready(tmp_path):
@@ -280,7 +281,7 @@ def test_result_folders_never_exceed_the_cap_even_while_exports_run_at_once(app,
     def one() -> None:
         start.wait()
         for _ in range(3):
-            done.append(mine.export({**state, "folder": Watched()})[0])
+            done.append(mine.export(replace(state, folder=Watched()))[0])
 
     def watch() -> None:  # and between those reads, as often as it can
         while any(t.is_alive() for t in threads):
@@ -297,6 +298,6 @@ def test_result_folders_never_exceed_the_cap_even_while_exports_run_at_once(app,
     assert max(seen) <= cap, seen  # never more folders than the cap, not even for a moment
     assert len(list(mine.files_dir.iterdir())) == cap and all(Path(f).is_file() for f in done[-1:])
     with pytest.raises(TypeError):  # an export that fails midway leaves no folder behind
-        mine.export({**state, "label": object()})
+        mine.export(replace(state, label=object()))
     assert len(list(mine.files_dir.iterdir())) == cap
     mine.close()

@@ -61,7 +61,7 @@ def _index_reference(index: ImageIndex, emb, img: Image.Image, seed: int, level:
     ids, raw = index.catalog.vectors()  # N, N x D
     vecs = index.center(raw)  # N x D
     square = square_u8(img, emb.resize)
-    xq, xk = two_views(torch.tensor(square)[None], "v2", emb.image_size, emb.mean, emb.std,
+    xq, xk = two_views(torch.tensor(square)[None], "v2", emb.image_size, emb.pixel_mean, emb.pixel_std,
                        torch.Generator().manual_seed(seed))
     q, k = index.center(emb.embed_views(torch.cat([xq, xk])))  # D, D
     clean = emb.embed_squares(np.array(square)[None])  # 1 x D
@@ -225,7 +225,7 @@ def _by_hand_level(idx: ImageIndex) -> dict:
     rows = idx.catalog.rows_by_id(sample_ids(ids, 64, np.random.default_rng(0)))
     squares = np.stack([square_u8(load_rgb(idx.root / rows[i].path, min_short=emb.resize), emb.resize)
                         for i in sorted(rows)])
-    xq, xk = two_views(torch.from_numpy(squares), "v2", emb.image_size, emb.mean, emb.std,
+    xq, xk = two_views(torch.from_numpy(squares), "v2", emb.image_size, emb.pixel_mean, emb.pixel_std,
                        torch.Generator().manual_seed(0))
     cos = np.sum(center(emb.embed_views(xq), idx.mean) * center(emb.embed_views(xk), idx.mean), axis=1)  # B
     return {"median": float(np.median(cos)), "p10": float(np.percentile(cos, 10)), "pairs": len(cos)}

@@ -134,6 +134,29 @@ def test_checkpoint_and_init_paths(work, capsys):
 
 
 @pytest.mark.slow
+def test_run_reads_its_init_once(work, capsys, monkeypatch):
+    """`moco run --init X` deserializes X once: the architecture, what else it fixes and the weights all come from
+    that one read (it was read three times: the architecture, a ViT's heads in the config, the weights)."""
+    import torch
+
+    ckpt = work["own"] / "run" / "checkpoint.pt"
+    if not ckpt.is_file():
+        _run(work, capsys, "--max-steps", "2")
+    reads, load = [], torch.load
+
+    def counting_load(f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)) and Path(f).resolve() == ckpt.resolve():
+            reads.append(f)
+        return load(f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counting_load)
+    assert main(["run", str(work["photos"]), "--work", str(work["tmp"] / "init-once"), "--init", str(ckpt),
+                 "--max-steps", "2", "--no-serve", "--quiet"]) == 0
+    assert "init=" in capsys.readouterr().out
+    assert len(reads) == 1, reads
+
+
+@pytest.mark.slow
 def test_run_reaches_a_served_page(work, capsys):
     if not (work["own"] / "index" / "index.json").is_file():
         _run(work, capsys, "--max-steps", "2")

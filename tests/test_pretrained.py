@@ -307,11 +307,16 @@ def test_init_by_name(server, data):
     assert len(server.requests) == 1  # fetched once, then read from the cache
 
 
-def test_vit_init_name_is_resolved_before_its_heads_are_read(server):
+def test_a_config_reads_nothing_and_the_train_command_fetches_an_init_name_once(server, tmp_path):
     from moco.config import resolve_config
+    from moco.training.command import main as train_main
 
-    # A ViT config reads the head count from its --init file: the name must be fetched first.
-    resolve_config("v3", init="test_r18", arch="vit_small_patch16_224", image_size=32)
+    resolve_config("v3", init="test_r18", arch="vit_small_patch16_224", image_size=32)  # data: nothing read
+    assert server.requests == []
+    # The command fetches the name, reads the file once (a ViT's head count, then its weights): a ResNet's weights
+    # do not fit a ViT, which is said before any photo is decoded.
+    assert train_main([str(tmp_path), "--out", str(tmp_path / "run"), "--preset", "v3", "--arch",
+                       "vit_small_patch16_224", "--image-size", "32", "--init", "test_r18"]) == 2
     assert [p for p, _ in server.requests] == [f"/{FILE}"]
 
 

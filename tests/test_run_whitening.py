@@ -188,7 +188,7 @@ def test_a_run_without_it_has_none_and_can_fit_it_when_resumed_to_its_end(sample
     cfg = resolve_config("cpu", data_dir=str(sample_photos), out=str(tmp_path / "r"), whiten=False, **tiny)
     summary = train(cfg, progress=False)
     assert summary["whitening"] is None and "whitening" not in load_checkpoint(tmp_path / "r" / "checkpoint.pt")
-    assert Embedder.load(tmp_path / "r" / "checkpoint.pt", device="cpu").whitening is None  # raw features, as before
+    assert Embedder.load(tmp_path / "r" / "checkpoint.pt", device="cpu").space is None  # raw features, as before
     again = resume_config(tmp_path / "r", {"whiten": True, "max_steps": 3})
     summary = train(replace(again), resume=True, progress=False)
     assert summary["steps"] == 3 and summary["whitening"]["rows"] == 48 and summary["whitening"]["seconds"] >= 0
@@ -196,7 +196,7 @@ def test_a_run_without_it_has_none_and_can_fit_it_when_resumed_to_its_end(sample
 
     # the preset's --whiten-stages auto: 48 photos are too few to whiten 960-d features (2 x 960 needed)
     assert "whitening fitted on 48 photos and their mirror images in " in summary_line(summary, tmp_path / "r")
-    white = Embedder.load(tmp_path / "r" / "checkpoint.pt", device="cpu").whitening
+    white = Embedder.load(tmp_path / "r" / "checkpoint.pt", device="cpu").space
     assert white.count == 48 and white.stages == () and white.dim == 512
     assert resume_config(tmp_path / "r", {"whiten_stages": "off"}).whiten_stages == "off"  # an end-of-run choice too
 

@@ -53,17 +53,17 @@ def test_search_handlers_equal_image_index(app, setup):
     q = _query(setup)
     gallery, info, state = app.search(str(q), k=5, folder="")
     ref = app.index.search(app.embedder.embed(q), k=10)
-    assert state["ids"] == list(ref.ids[0, :5]) and len(gallery) == 5
-    np.testing.assert_allclose(state["scores"], ref.scores[0, :5], atol=1e-6)
+    assert state.ids == list(ref.ids[0, :5]) and len(gallery) == 5
+    np.testing.assert_allclose(state.scores, ref.scores[0, :5], atol=1e-6)
     assert gallery[0][1].startswith("#1 · 1.000 · ") and "embed" in info and "search" in info
     assert all(Path(t).parent == setup["idx"] / "thumbs" for t, _ in gallery)
     gallery2, _, state2 = app.more(state)  # "more" continues the ranking
     assert state2["ids"] == list(ref.ids[0, :10]) and len(gallery2) == 10
     _, _, state3 = app.select(state2, 7)  # clicking a result searches with it
     assert state3["ids"][0] == ref.ids[0, 7] and state3["scores"][0] == pytest.approx(1.0, abs=1e-5)
-    family = state["paths"][0].split("/")[0]
+    family = state.paths[0].split("/")[0]
     _, _, only = app.search(str(q), k=50, folder=family)
-    assert only["paths"] and all(p.startswith(family + "/") for p in only["paths"])
+    assert only.paths and all(p.startswith(family + "/") for p in only.paths)
 
 
 def test_errors_are_messages_not_tracebacks(app, setup, tmp_path):
@@ -148,7 +148,7 @@ def test_negatives_from_the_index_match_a_hand_computation(setup):
     clean = emb.embed(img)[0]
     keep = vecs @ clean < 0.9999
     square = square_u8(img, emb.resize)
-    xq, xk = two_views(torch.tensor(square)[None], "v2", emb.image_size, emb.mean, emb.std,
+    xq, xk = two_views(torch.tensor(square)[None], "v2", emb.image_size, emb.pixel_mean, emb.pixel_std,
                        torch.Generator().manual_seed(1))
     q, k = index.center(emb.embed_views(torch.cat([xq, xk])))  # centred, as search scores
     negs = index.center(vecs[keep]) @ q

@@ -77,7 +77,7 @@ logger = logging.getLogger(__name__)
 
 DECODE_WORKERS = 2  # uploads decoded at once (the rest wait for a thread; all count against max_pending)
 MAX_DETAIL = 1000  # characters of an error's one line at most (what it quotes of the request: far fewer)
-# ------------------------------------------------------------------------------------------------ models
+# what each error code means, in the schema
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": what} for code, what in [
         (400, "bad input: an image that cannot be used (empty, not an image, too small or too large), a folder name "
@@ -87,7 +87,6 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (503, "busy (shed with Retry-After) or the index is not ready yet")]}
 
 
-# ------------------------------------------------------------------------------------------- settings
 class NotFound(UserError):
     """A photo id the index does not hold (HTTP 404)."""
 
@@ -127,7 +126,7 @@ class SearchService:
     def _ready(self) -> None:
         if not self.app.ready:
             try:
-                self.app._index()
+                self.app.ready_index()
             except UserError as e:
                 raise NotReady(str(e)) from None
 
@@ -179,7 +178,7 @@ class SearchService:
         self.app._query(k, folder)
 
     def _vector(self, image_id: int) -> np.ndarray:
-        index = self.app._index()
+        index = self.app.ready_index()
         row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
         if row is None or row.deleted or row.status != "ok":
             raise NotFound(f"photo id {quoted(image_id)} is not an indexed photo: search again for current ids")
@@ -233,7 +232,7 @@ class SearchService:
             return e
 
     def _response(self, hits: Any, n: int, k: int, folder: str, offset: int) -> SearchResponse:
-        index = self.app._index()
+        index = self.app.ready_index()
         weak = index.weak_below
         k = max(1, min(int(k), MAX_RESULTS))
         results = [Hit(rank=offset + r + 1, id=int(i), path=_json_path(p), score=float(s),
@@ -295,7 +294,7 @@ def _json_path(path: str) -> str:
         return display_path(path)
 
 
-# ------------------------------------------------------------------------------------------------ access
+# -------------------------------------------------------------------------------------- request errors
 def _one_line(e: RequestValidationError) -> str:
     """FastAPI's validation errors as one line: ``k: Input should be less than or equal to 500 (got 501)``."""
     parts = []
@@ -402,7 +401,7 @@ def api_routes(service: SearchService) -> list[Any]:
     def thumbnail(photo_id: int = PathParam(ge=0, le=MAX_ID)) -> FileResponse:
         """The thumbnail the page shows (JPEG, about 256 px), from the index's thumbs/ folder only."""
         service._ready()
-        index = app._index()
+        index = app.ready_index()
         row = index.catalog.rows_by_id([photo_id]).get(photo_id)
         thumb = index.thumb_path(row) if row is not None and not row.deleted else None
         thumbs = (index.dir / "thumbs").resolve()
@@ -416,7 +415,7 @@ def api_routes(service: SearchService) -> list[Any]:
         """The original file under the page's rules: an indexed photo, inside the collection, a regular file of at
         most 64 MB; streamed from the file itself (opened once, checked, sent with its size), never from a copy."""
         service._ready()
-        index = app._index()
+        index = app.ready_index()
         row = index.catalog.rows_by_id([photo_id]).get(photo_id)
         if row is None or row.deleted or row.status != "ok":
             raise NotFound(f"photo id {photo_id} is not an indexed photo: search again for current ids")
@@ -427,7 +426,7 @@ def api_routes(service: SearchService) -> list[Any]:
     def stats() -> Stats:
         """Counts, index kind, backbone, thresholds and the folder filter's choices."""
         service._ready()
-        index = app._index()
+        index = app.ready_index()
         index.refresh()
         st = index.stats()
         return Stats(images=st["vectors"], unreadable=st["error"], pending=st["pending"], kind=st["kind"],
@@ -439,7 +438,7 @@ def api_routes(service: SearchService) -> list[Any]:
     def duplicates() -> Duplicates:
         """The groups last saved by `moco index dedup` or the page's Collection tab, largest first."""
         service._ready()
-        index = app._index()
+        index = app.ready_index()
         try:
             dup = load_duplicates(index.dir)
         except UserError as e:  # a damaged dedup.json: no groups to give (not the request's fault: not 400)

@@ -89,18 +89,10 @@ def _check_names(names: list[str], root: Path, kind: str) -> None:
 
 def _load_embedder(backbone: str, space: str | None, features: bool, device: str) -> Any:
     from moco.embed import Embedder
-    from moco.weights.pretrained import resolve
 
-    path = resolve(backbone)  # an official NAME: fetched once
-    if path.is_dir():
-        raise UserError(f"--backbone {backbone} is a folder: pass the file (made by `moco export`, e.g. "
-                        f"{path / 'model.safetensors'} of a --format timm export), a checkpoint or a NAME")
-    if not path.is_file():
-        raise UserError(f"--backbone {backbone}: file not found: pass a backbone made by `moco export`, a checkpoint "
-                        "or an official NAME (`moco pretrained`)")
     if space is not None and not Path(space).is_dir():
         raise UserError(f"--space {space}: no such index folder: pass a folder made by `moco index build`")
-    return Embedder.load(path, device=device, space="features" if features else space)
+    return Embedder.load(backbone, device=device, space="features" if features else space)
 
 
 def _manifest(root: Path, emb: Any, names: list[str], chunk_size: int) -> dict[str, Any]:

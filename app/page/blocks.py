@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from app.page.handlers import SearchApp
+from app.page.handlers import Results, SearchApp
 from app.page.uploads import QueryImage
 from app.page.views import PENDING_HINT, READY_HINT, groups_html, negatives_outputs, status_outputs
 from index.calibrate import DEDUP_THRESHOLD
@@ -196,8 +196,8 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 state = gr.State(None)
                 picked = gr.State(None)  # the id of the photo in the details panel
 
-                def export_buttons(st: dict[str, Any] | None) -> tuple:  # on only with results to export
-                    files = app.export(st) if st and st.get("ids") else (None, None)
+                def export_buttons(st: Results | None) -> tuple:  # on only with results to export
+                    files = app.export(st) if st and st.ids else (None, None)
                     return tuple(gr.update(value=f, interactive=f is not None) for f in files)  # no new components
 
                 def do_search(image: Any, k_: int, folder_: str, request: gr.Request) -> tuple:
@@ -209,17 +209,17 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                     buttons = await asyncio.to_thread(export_buttons, out[1])  # file writes: off the event loop
                     return (_file_urls(gal, request), *out, *buttons, "")
 
-                def do_rerun(st: dict[str, Any] | None, k_: int, folder_: str, request: gr.Request) -> tuple:
+                def do_rerun(st: Results | None, k_: int, folder_: str, request: gr.Request) -> tuple:
                     if not st:
                         return (gr.skip(),) * 6
                     gal, *out = app.rerun(st, k_, folder_)
                     return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
 
-                def do_more(st: dict[str, Any] | None, request: gr.Request) -> tuple:
+                def do_more(st: Results | None, request: gr.Request) -> tuple:
                     gal, *out = app.more(st)
                     return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
 
-                def do_select(st: dict[str, Any] | None, evt: gr.SelectData, request: gr.Request) -> tuple:
+                def do_select(st: Results | None, evt: gr.SelectData, request: gr.Request) -> tuple:
                     out = app.select(st, evt.index)
                     d = app.details(out[2]["source"]["id"])
                     return (gr.Gallery(value=_file_urls(out[0], request), selected_index=None), out[1], out[2],

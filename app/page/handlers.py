@@ -21,6 +21,7 @@ import tempfile
 import threading
 import time
 import weakref
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -37,8 +38,8 @@ from index.image_index import ImageIndex, SearchResult
 from moco.data.photos import load_rgb, open_regular
 from moco.errors import UserError, quoted
 
-__all__ = ["SearchApp", "NoSuchFolder", "FOLDER_PATTERN", "MAX_RESULTS", "ALL_FOLDERS", "VIEW_PX", "MAX_ORIGINAL_BYTES",
-           "score_text"]
+__all__ = ["SearchApp", "Results", "NoSuchFolder", "FOLDER_PATTERN", "MAX_RESULTS", "ALL_FOLDERS", "VIEW_PX",
+           "MAX_ORIGINAL_BYTES", "score_text"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +90,24 @@ def _bytes(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
 
 
-def _query_md(state: dict[str, Any]) -> str:
-    """The query in the results' heading: an indexed photo's path as code, else the label as it is."""
-    return f"`{state['label']}`" if state.get("source") else state["label"]
+@dataclass(frozen=True)
+class Results:
+    """A query and the results the page shows for it, kept between the page's events (its ``gr.State``): Search,
+    More, a click on a result and the exports all start from it."""
+
+    vector: np.ndarray  # D: the query in the index's space
+    k: int
+    folder: str | None  # the folder filter, on disk (None: the whole collection)
+    label: str  # the query in words: "the uploaded image", or an indexed photo's path
+    source: dict[str, Any] | None  # the indexed photo searched with ({"id", "path"}); None: an upload
+    ids: list[int]
+    paths: list[str]
+    scores: list[float]
+    thumbs: list[str | None]
+
+    def heading(self) -> str:
+        """The query in the results' heading: an indexed photo's path as code, else the label as it is."""
+        return f"`{self.label}`" if self.source else self.label
 
 
 # A folder filter as it may be written: parts between "/" none of which is "." or "..", no control character. One
@@ -160,7 +176,8 @@ class SearchApp:
         """True once an index is attached: search works."""
         return self.index is not None
 
-    def _index(self) -> ImageIndex:
+    def ready_index(self) -> ImageIndex:
+        """The index searched, or a UserError saying it is not ready yet (``moco run`` still preparing it)."""
         if self.index is None:
             stage = self.status.snapshot()["stage"] if self.status is not None else "starting"
             raise UserError(f"the index is not ready yet ({stage}): search turns on by itself when it is; the Status "
@@ -197,17 +214,17 @@ class SearchApp:
 
     def caption(self, rank: int, score: float, path: str) -> str:
         """A result's caption: rank, centred cosine (3 decimals), weak-match marker, the full path."""
-        index = self._index()
+        index = self.ready_index()
         weak = " · weak match" if index.weak_below is not None and score < index.weak_below else ""
         return f"#{rank} · {score_text(score)}{weak} · {display_path(path)}"
 
-    def _gallery(self, state: dict[str, Any]) -> list[tuple[str | None, str]]:
+    def _gallery(self, state: Results) -> list[tuple[str | None, str]]:
         return [(thumb, self.caption(r, score, path))
-                for r, (path, score, thumb) in enumerate(zip(state["paths"], state["scores"], state["thumbs"]), 1)]
+                for r, (path, score, thumb) in enumerate(zip(state.paths, state.scores, state.thumbs), 1)]
 
     def _query(self, k: int, folder: str | None) -> tuple[ImageIndex, int, str | None]:
         """(index, k capped to 1..MAX_RESULTS, the folder on disk or None) for a search, after checking both."""
-        index = self._index()
+        index = self.ready_index()
         k = int(max(1, min(int(k), MAX_RESULTS)))
         index.refresh()  # `moco index update` may have replaced the files meanwhile
         index.check_embedder(self.embedder)  # ... or rebuilt them with another model
@@ -240,71 +257,68 @@ class SearchApp:
         hits = index.search(vector[None], k=k, folder=folder)
         search_ms = (time.perf_counter() - t0) * 1000
         rows = hits.rows[0]
-        state = {"vector": vector, "k": k, "folder": folder, "label": label, "source": source,
-                 "ids": [r.id for r in rows], "paths": hits.paths[0],
-                 "scores": [float(s) for s in hits.scores[0][: len(rows)]],
-                 "thumbs": [str(index.thumb_path(r)) if r.thumb else None for r in rows]}
+        state = Results(vector, k, folder, label, source, ids=[r.id for r in rows], paths=hits.paths[0],
+                        scores=[float(s) for s in hits.scores[0][: len(rows)]],
+                        thumbs=[str(index.thumb_path(r)) if r.thumb else None for r in rows])
         where = f" in `{display_path(folder)}/`" if folder else ""
-        info = (f"**{len(rows)} results** for {_query_md(state)}{where} · embed {embed_ms:.0f} ms · search "
+        info = (f"**{len(rows)} results** for {state.heading()}{where} · embed {embed_ms:.0f} ms · search "
                 f"{search_ms:.1f} ms · {len(index)} images")
         weak = index.weak_below
-        if weak is not None and state["scores"] and state["scores"][0] < weak:
-            info += (f" · **no close match in the collection** (the best scores {score_text(state['scores'][0])}, "
+        if weak is not None and state.scores and state.scores[0] < weak:
+            info += (f" · **no close match in the collection** (the best scores {score_text(state.scores[0])}, "
                      f"under {score_text(weak)}, what unrelated photos of the collection reach)")
         return self._gallery(state), info, state
 
     def search(self, image: Any, k: int = 12, folder: str | None = None) -> tuple:
         """Upload -> (gallery items, info markdown, state)."""
-        self._index()
+        self.ready_index()
         img = read_upload(image, self.embedder.resize)
         t0 = time.perf_counter()
         vector = self.embedder.embed(img)[0]  # D
         return self.from_vector(vector, k, folder, "the uploaded image", (time.perf_counter() - t0) * 1000)
 
-    def rerun(self, state: dict[str, Any] | None, k: int, folder: str | None) -> tuple:
+    def rerun(self, state: Results | None, k: int, folder: str | None) -> tuple:
         """The same query again with a new ``k`` or folder (nothing to do before a first search)."""
         if not state:
             raise UserError("upload a photo and press Search first")
-        return self.from_vector(state["vector"], k, folder, state["label"], 0.0, state.get("source"))
+        return self.from_vector(state.vector, k, folder, state.label, 0.0, state.source)
 
-    def more(self, state: dict[str, Any] | None) -> tuple:
+    def more(self, state: Results | None) -> tuple:
         """The next ``k`` results after those shown."""
         if not state:
             raise UserError("search first, then ask for more")
-        index = self._index()
+        index = self.ready_index()
         t0 = time.perf_counter()
-        hits = index.search(state["vector"][None], k=state["k"], folder=state["folder"], offset=len(state["ids"]))
+        hits = index.search(state.vector[None], k=state.k, folder=state.folder, offset=len(state.ids))
         rows = hits.rows[0]
-        state = dict(state)
-        state["ids"] = state["ids"] + [r.id for r in rows]
-        state["paths"] = state["paths"] + hits.paths[0]
-        state["scores"] = state["scores"] + [float(s) for s in hits.scores[0][: len(rows)]]
-        state["thumbs"] = state["thumbs"] + [str(index.thumb_path(r)) if r.thumb else None for r in rows]
-        info = (f"**{len(state['ids'])} results** for {_query_md(state)} · search "
+        state = replace(state, ids=state.ids + [r.id for r in rows], paths=state.paths + hits.paths[0],
+                        scores=state.scores + [float(s) for s in hits.scores[0][: len(rows)]],
+                        thumbs=state.thumbs + [str(index.thumb_path(r)) if r.thumb else None for r in rows])
+        info = (f"**{len(state.ids)} results** for {state.heading()} · search "
                 f"{(time.perf_counter() - t0) * 1000:.1f} ms" + ("" if rows else " · no more results"))
         return self._gallery(state), info, state
 
-    def _result(self, state: dict[str, Any] | None, position: int) -> tuple[int, str]:
-        if not state or not 0 <= int(position) < len(state["ids"]):
+    def _result(self, state: Results | None, position: int) -> tuple[int, str]:
+        if not state or not 0 <= int(position) < len(state.ids):
             raise UserError("that result is no longer on the page: search again")
-        return state["ids"][int(position)], state["paths"][int(position)]
+        return state.ids[int(position)], state.paths[int(position)]
 
-    def select(self, state: dict[str, Any] | None, position: int) -> tuple:
+    def select(self, state: Results | None, position: int) -> tuple:
         """Search again with the result at ``position`` (its stored vector, no re-embedding).
 
         Returns (gallery, info, state); the new state's ``source`` names the photo, which the page shows
         as the query and in the details panel.
         """
         image_id, path = self._result(state, position)
-        index = self._index()
+        index = self.ready_index()
         vector = index.vectors(np.array([image_id]))[0]  # D
         assert state is not None
-        return self.from_vector(vector, state["k"], state["folder"], display_path(path), 0.0,
+        return self.from_vector(vector, state.k, state.folder, display_path(path), 0.0,
                                 {"id": image_id, "path": path})
 
     def details(self, image_id: int) -> dict[str, Any]:
         """An indexed photo for the details panel: full path, thumbnail, size, date, dimensions when readable."""
-        index = self._index()
+        index = self.ready_index()
         row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
         if row is None or row.deleted:
             raise UserError(f"photo id {image_id} is no longer in the index: search again")
@@ -380,7 +394,7 @@ class SearchApp:
         Only files of the index, inside its root, regular and at most MAX_ORIGINAL_BYTES are opened (the file is
         checked once open, so what is served is what was checked). The JSON API streams it from there.
         """
-        index = self._index()
+        index = self.ready_index()
         row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
         if row is None or row.deleted or row.status != "ok":
             raise UserError(f"photo id {image_id} is not an indexed photo: search again")
@@ -419,17 +433,17 @@ class SearchApp:
             raise UserError(f"{name} cannot be read now ({e.strerror or e}): run `moco index update`") from None
         return str(out)
 
-    def export(self, state: dict[str, Any] | None) -> tuple[str, str]:
+    def export(self, state: Results | None) -> tuple[str, str]:
         """The results shown, as CSV and JSON files (rank, path, score, weak, id): their paths.
 
         Scores as the page shows them (3 decimals), ``weak_match`` as true/false in both files.
         """
-        if not state or not state.get("ids"):
+        if not state or not state.ids:
             raise UserError("search first: there are no results to export")
         weak = self.index.weak_below if self.index is not None else None
         rows = [{"rank": r, "path": display_path(p), "score": float(score_text(s)),
                  "weak_match": weak is not None and s < weak, "id": i}
-                for r, (i, p, s) in enumerate(zip(state["ids"], state["paths"], state["scores"]), 1)]
+                for r, (i, p, s) in enumerate(zip(state.ids, state.paths, state.scores), 1)]
         table = io.StringIO(newline="")
         writer = csv.DictWriter(table, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -437,7 +451,7 @@ class SearchApp:
                           "score": score_text(row["score"]), "weak_match": str(row["weak_match"]).lower()}
                          for row in rows)
         whitened = " (whitened on the collection)" if self.index and self.index.whitened else ""
-        meta = {"query": state["label"], "folder": display_path(state["folder"] or ""), "k": state["k"],
+        meta = {"query": state.label, "folder": display_path(state.folder or ""), "k": state.k,
                 "score": "centred cosine" + whitened, "weak_below": None if weak is None else float(score_text(weak))}
         text = json.dumps({**meta, "results": rows}, indent=1, ensure_ascii=False)
         csv_path = self._new_file("results.csv")  # both files are ready: the folder lives only while they are written
@@ -454,21 +468,21 @@ class SearchApp:
     # ------------------------------------------------------------------------------- negatives
     def negatives(self, image: Any, n: int = 12, seed: int = 0) -> NegativesView:
         """Upload -> the InfoNCE view of it."""
-        self._index()
+        self.ready_index()
         assert self.negatives_source is not None
         img = read_upload(image, max(256, self.embedder.resize))
         return self.negatives_source.compute(img, n=int(n), seed=int(seed))
 
     def negatives_for(self, image_id: int, n: int = 12, seed: int = 0) -> NegativesView:
         """The InfoNCE view of an indexed photo (from a search result: no upload)."""
-        self._index()
+        self.ready_index()
         assert self.negatives_source is not None
         return self.negatives_source.compute_for_id(int(image_id), n=int(n), seed=int(seed))
 
     # ------------------------------------------------------------------------------ collection
     def collection(self, threshold: float | None = None) -> tuple[str, list[dict[str, Any]]]:
         """(stats markdown, near-duplicate groups largest first); ``threshold`` re-runs dedup first."""
-        index = self._index()
+        index = self.ready_index()
         st = index.stats()
         if threshold is not None:
             find_duplicates(index, float(threshold))

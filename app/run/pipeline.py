@@ -29,10 +29,13 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.run.status import RunStatus
 from moco.errors import UserError
+
+if TYPE_CHECKING:
+    from moco.weights.layouts import SplitCheckpoint
 
 __all__ = ["collection_dir", "run_pipeline", "training_overrides"]
 
@@ -63,33 +66,33 @@ def collection_dir(work: str | Path, photos: str | Path | None) -> Path:
 
 
 def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float | None,
-                       init: str | None) -> dict[str, Any]:
+                       init: SplitCheckpoint | None) -> dict[str, Any]:
     """Training settings suited to the machine and the photos.
 
     GPU: the full MoCo v2 recipe (ResNet-50, 224 px, batch 256, 200 epochs) unless ``minutes`` caps it.
     CPU: the ``cpu`` preset (the short-run recipe, its network) under a time budget, its crop fitted to the
     photos (``cpu_image_size``); batch and queue shrink for a small collection (the batch to about half of it,
     16 at least), and Shuffle BN keeps 16 images per batch-norm group where the batch allows, 2 groups of
-    batch / 2 below 32 (a smaller collection has no larger batch to give). With ``init`` the architecture
-    comes from that checkpoint.
+    batch / 2 below 32 (a smaller collection has no larger batch to give). With ``init`` (the ``--init``
+    checkpoint, read once) the architecture and what else it fixes come from it.
     """
     from moco.config import PRESETS, cpu_image_size
     from moco.data.photos import short_sides
 
     out: dict[str, Any] = {"preset": "v2"}
-    if init:
+    if init is not None:
         from moco.weights.arch import detect_arch
-        from moco.weights.layouts import read_checkpoint
+        from moco.weights.layouts import init_settings
 
-        guess = detect_arch(read_checkpoint(Path(init)))  # the model must match the weights it starts from
-        out.update(init=str(init), arch=guess.arch, small_stem=guess.small_stem)
+        guess = detect_arch(init)  # the model must match the weights it starts from
+        out.update(arch=guess.arch, small_stem=guess.small_stem, **init_settings(init, guess.arch))
     if cuda:
         if minutes:
             out["time_budget"] = float(minutes)
         return out
     out["preset"] = "cpu"
     out["image_size"] = cpu_image_size(short_sides(photos))
-    if init and out["small_stem"]:
+    if init is not None and out["small_stem"]:
         out["image_size"] = min(out["image_size"], guess.image_size)
     batch = min(PRESETS["cpu"]["batch_size"], max(16, 2 ** int(math.log2(max(2, n_images // 2)))))
     splits = min(8, max(2, batch // 16))  # Shuffle BN over at least 2 groups, of 16 images where the batch allows
@@ -98,15 +101,17 @@ def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float |
     return out
 
 
-def _train(photos: Path, run_dir: Path, init: str | None, minutes: float | None, extra: dict[str, Any],
-           say: Callable[[str], None], progress: bool, status: RunStatus | None = None) -> Path:
+def _train(photos: Path, run_dir: Path, init: tuple[str, Path] | None, minutes: float | None,
+           extra: dict[str, Any], say: Callable[[str], None], progress: bool, status: RunStatus | None = None) -> Path:
+    """Train on ``photos`` into ``run_dir`` (or resume the run there). ``init``: what the run starts from, as given
+    (a file or an official name) and its file (the name resolved by the caller), read here once."""
     import torch
 
     from moco.config import resolve_config
     from moco.data.photos import scan_images
     from moco.training.checkpoints import resume_config, run_end, run_state
     from moco.training.loop import train
-    from moco.weights.layouts import load_checkpoint
+    from moco.weights.layouts import load_checkpoint, read_checkpoint
 
     ckpt_path = run_dir / "checkpoint.pt"
     if ckpt_path.is_file():
@@ -130,11 +135,13 @@ def _train(photos: Path, run_dir: Path, init: str | None, minutes: float | None,
     if n < 16:
         raise UserError(f"{photos} has {n} photos: MoCo needs at least 16 to train; give more photos, or "
                         "CHECKPOINT=... (a pretrained model: no training)")
-    overrides = {**training_overrides(photos, n, torch.cuda.is_available(), minutes, init), **extra}
-    preset = overrides.pop("preset")
+    weights = read_checkpoint(init[1]) if init else None
+    chosen = training_overrides(photos, n, torch.cuda.is_available(), minutes, weights)
+    preset = chosen.pop("preset")
+    overrides = {**({"init": init[0]} if init else {}), **chosen, **extra}
     say(f"training: MoCo {preset} on {n} photos ({', '.join(f'{k}={v}' for k, v in overrides.items())})")
     cfg = resolve_config(preset, data_dir=str(photos), out=str(run_dir), **overrides)
-    summary = train(cfg, progress=progress)
+    summary = train(cfg, progress=progress, init=weights)
     if summary["skipped"]:
         say(f"training: on {summary['images']} of the {n} photos, {summary['skipped']} skipped as unreadable (listed "
             f"in {run_dir / 'skipped.txt'})")
@@ -314,8 +321,8 @@ def _run(photos: str | Path | None, work: str | Path, checkpoint: str | Path | N
         say(f"training: skipped, using {source}{hint}")
     else:
         status.stage("training", str(work / "run"))
-        source = _train(photos, work / "run", str(init) if init else None, minutes, train_overrides or {}, say,
-                        progress, status)
+        source = _train(photos, work / "run", (str(init), resolve(init)) if init else None, minutes,
+                        train_overrides or {}, say, progress, status)
     status.stage("export", str(work / "backbone.safetensors"))
     backbone = _export(source, work / "backbone.safetensors", say)
     status.stage("indexing", str(work / "index"))

@@ -6,16 +6,14 @@ form takes USER:PASS, or the user name ``token`` with TOKEN as the password), ``
 HTTP Basic with either pair. :class:`AccessMiddleware` checks it before any route runs; an anonymous request reaches
 only the login form (``GET /`` answers 200 with a small form of its own: Gradio's page would name the collection's
 folders in its API description) and Gradio's packaged frontend files. Failed attempts, from the page's form and from
-``Authorization`` alike, count in one :class:`app.server.access.LoginThrottle` per address and account (the account of a
-token is ``token``). Request bodies to the API are capped at the page's upload limit (:class:`BodyCapMiddleware`).
+``Authorization`` alike, count in one :class:`LoginThrottle` per address and account (the account of a token is
+``token``). Request bodies to the API are capped at the page's upload limit (:class:`BodyCapMiddleware`).
 
-Login throttling for ``moco serve --auth`` / ``--api-token``: after a few wrong passwords, attempts wait, longer
-each time.
-
-The rule. A login attempt comes from an *address* (the socket peer; behind a reverse proxy named with
+The throttle. A login attempt comes from an *address* (the socket peer; behind a reverse proxy named with
 ``--trusted-proxy``, the client that proxy reports in ``X-Forwarded-For``, see ``trusted_proxy_env``) for an
-*account* (the username typed; ``token`` for a bearer token). One throttle counts the attempts of every door: the
-page's login form here, ``Authorization`` headers in :mod:`app.server.access`. Two counts of wrong passwords are kept:
+*account* (the username typed; ``token`` for a bearer token). After a few wrong passwords, attempts wait, longer
+each time; one throttle counts the attempts of every door (the page's login form, ``Authorization`` headers). Two
+counts of wrong passwords are kept:
 
 - per (address, account): ``free`` (5) failures, then that address waits before trying that account again:
   ``base_s`` (1 s), doubling with each further failure up to ``max_s`` (5 min). Other accounts from the same

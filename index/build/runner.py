@@ -65,8 +65,7 @@ def default_memory_budget() -> int:
     return int(min(8 << 30, total // 2))
 
 
-# ------------------------------------------------------------------------------------------ prepare
-# ------------------------------------------------------------------------------------------- store
+# -------------------------------------------------------------------------------------------- plan
 def _retry_our_failures(catalog: Catalog, plan: Plan) -> None:
     """Queue unchanged error rows whose reason was a failure on our side (:func:`is_our_failure`) to embed again."""
     queued = {i for i, _ in plan.embed}
@@ -162,15 +161,6 @@ def _sync(index_dir: Path, embedder: Any, dist: Dist, batch_size: int, workers: 
     return summary
 
 
-def _load_embedder(backbone: Path, device: str) -> Any:
-    from moco.embed import Embedder
-
-    if not backbone.is_file():
-        raise UserError(f"backbone {backbone} not found: make one with "
-                        "`moco export RUN/checkpoint.pt -o B.safetensors`")
-    return Embedder.load(backbone, device=device, space="features")  # the catalog keeps features; the index, its space
-
-
 def _backbone_meta(embedder: Any) -> dict[str, Any]:
     """What ``index.json`` records of the backbone (``backbone_dim``: the backbone's own width; the index's ``dim``
     counts the pooled stages)."""
@@ -203,7 +193,10 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
     dist = Dist.join(device)
     workers = workers or min(8, os.cpu_count() or 1)
     photos, out, backbone = Path(photos).expanduser().resolve(), Path(out), Path(backbone).expanduser().resolve()
-    embedder = _load_embedder(backbone, dist.device(device))
+    from moco.embed import Embedder
+
+    # the catalog keeps the features, the index its space
+    embedder = Embedder.load(backbone, device=dist.device(device), space="features")
     if dist.rank == 0:
         if not photos.is_dir():
             raise UserError(f"photo folder not found: {photos}")
@@ -260,7 +253,10 @@ def update_index(index_dir: str | Path, backbone: str | Path | None = None, root
     catalog = Catalog(index_dir / CATALOG_FILE)
     cmeta = catalog_meta(catalog)
     path = Path(backbone).expanduser().resolve() if backbone else Path(cmeta["backbone_path"])
-    embedder = _load_embedder(path, dist.device(device))
+    from moco.embed import Embedder
+
+    # the catalog keeps the features, the index its space
+    embedder = Embedder.load(path, device=dist.device(device), space="features")
     if embedder.sha256 != cmeta["backbone_sha256"]:
         raise UserError(f"{index_dir} was built with backbone sha256 {cmeta['backbone_sha256'][:12]}... but "
                         f"{path} is {embedder.sha256[:12]}...: vectors of different backbones do not mix; rebuild "

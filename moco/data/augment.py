@@ -19,16 +19,12 @@ Simplifications against torchvision, all per batch rather than per image:
 * The Gaussian blur kernel size is fixed per call (``2 * ceil(3 * sigma_max) + 1``, capped below
   the output size); sigma is per image.
 
-The ops themselves (crop+resize, color, blur, each batched): :mod:`moco.data.augment`.
-
-The batched image ops of the augmentation recipes (:mod:`moco.data.augment`): crop+resize, the color ops and the
-Gaussian blur, each on a whole batch with per-sample parameters (no random numbers of their own), formulas as
-torchvision's tensor kernels. Internal to :mod:`moco.data.augment`, which imports them by their names.
-
-Crop+resize is two batched matrix products with per-sample antialiased-bilinear (triangle filter)
-resampling matrices, the same weights as torchvision's ``resized_crop(..., antialias=True)``, so
-crops match torchvision to float rounding (``torchvision.ops.roi_align`` was measured to be slower on
-2 CPU cores for 32 px outputs and only approximates the antialiasing).
+The recipes and their random draws come first; the batched image ops (crop+resize, the color ops, the Gaussian
+blur) follow, each on a whole batch with per-sample parameters and no random numbers of their own, formulas as
+torchvision's tensor kernels. Crop+resize is two batched matrix products with per-sample antialiased-bilinear
+(triangle filter) resampling matrices, the same weights as torchvision's ``resized_crop(..., antialias=True)``, so
+crops match torchvision to float rounding (``torchvision.ops.roi_align`` was measured to be slower on 2 CPU cores
+for 32 px outputs and only approximates the antialiasing).
 """
 
 from __future__ import annotations

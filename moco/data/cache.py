@@ -2,11 +2,9 @@
 
 The cache is a raw ``N x size x size x 3`` uint8 file plus a JSON manifest next to it; later runs
 reuse it as long as the folder's files (names, byte sizes, mtimes) are unchanged. What one photo's decoding is:
-:mod:`moco.data.photos`; the list of the files a run skipped (``skipped.txt``): :mod:`moco.data.cache` (the names
-of both are re-exported here).
-
-A run's ``skipped.txt``: the photos its cache could not decode, one ``PATH<tab>REASON`` line each, written so
-that any file name (tabs, newlines, bytes that are not UTF-8) reads back exactly.
+:mod:`moco.data.photos`. The photos the cache could not decode are a run's ``skipped.txt``
+(:func:`write_skipped`, :func:`read_skipped`), one ``PATH<tab>REASON`` line each, written so that any file name
+(tabs, newlines, bytes that are not UTF-8) reads back exactly.
 """
 
 from __future__ import annotations

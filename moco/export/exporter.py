@@ -71,16 +71,15 @@ def export_backbone(
     onnxruntime write into the temporary folder (torch's compile cache ``torchinductor_USER``, onnxruntime's
     ``.ses``) goes into a private folder that is removed at the end (:func:`_private_caches`).
     """
-    with _private_caches(["torch._dynamo", *(["onnxruntime"] if fmt == "onnx" else [])]):
-        return _export(checkpoint, out, arch, fmt, image_size, space)
-
-
-def _export(checkpoint: str | Path, out: str | Path, arch: str | None, fmt: str, image_size: int | None,
-            space: str | Path | None) -> dict[str, str]:
-    """:func:`export_backbone`'s work."""
     from moco.weights.pretrained import resolve
 
-    checkpoint, out = resolve(checkpoint), Path(out)
+    with _private_caches(["torch._dynamo", *(["onnxruntime"] if fmt == "onnx" else [])]):
+        return _export(resolve(checkpoint), Path(out), arch, fmt, image_size, space)
+
+
+def _export(checkpoint: Path, out: Path, arch: str | None, fmt: str, image_size: int | None,
+            space: str | Path | None) -> dict[str, str]:
+    """:func:`export_backbone`'s work, on the checkpoint's file."""
     if fmt == "torchscript":
         raise UserError("--format torchscript is gone (torch.jit.trace is deprecated): use --format pt2, a "
                         "torch.export program that torch.export.load(path).module() runs")

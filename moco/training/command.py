@@ -75,12 +75,23 @@ def summary_line(summary: dict[str, Any], run_dir: Path) -> str:
 
 def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Resolve the config (preset <- --config file <- flags, or the checkpoint's on --resume) and train; returns
-    train()'s summary."""
-    from moco.config import PRESETS, config_overrides, cpu_image_size, default_preset, load_config_file, resolve_config
+    train()'s summary. An ``--init`` checkpoint (or official name, fetched once) is read here, once: what it fixes
+    goes into the config (:func:`moco.weights.layouts.init_settings`) and the weights are handed to train()."""
+    from moco.config import (
+        PRESETS,
+        TrainConfig,
+        config_overrides,
+        cpu_image_size,
+        default_preset,
+        load_config_file,
+        resolve_config,
+    )
     from moco.data.photos import short_sides
     from moco.training.checkpoints import resume_config
     from moco.training.loop import train
     from moco.training.setup import bn_splits_for, warn_small_bn_groups
+    from moco.weights.layouts import init_settings, read_checkpoint
+    from moco.weights.pretrained import resolve
 
     from_file = load_config_file(args.config) if args.config else {}
     data_dir = args.data_dir or from_file.get("data_dir", "")  # DATA_DIR overrides the file's, as any flag does
@@ -90,6 +101,7 @@ def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
     preset = args.preset or file_preset
     overrides = {**from_file, **config_overrides(args)}
     run_dir = Path(args.out)
+    init = None
     if args.resume:
         if not (run_dir / "checkpoint.pt").exists():
             raise UserError(f"--resume: no checkpoint at {run_dir / 'checkpoint.pt'}; drop --resume to start a new run")
@@ -112,12 +124,16 @@ def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
             if overrides["image_size"] != PRESETS["cpu"]["image_size"]:
                 logger.info("small photos: the cpu preset trains at %d px, their own size (--image-size to choose)",
                             overrides["image_size"])
+        if overrides.get("init"):
+            init = read_checkpoint(resolve(overrides["init"]))
+            for name, value in init_settings(init, overrides.get("arch", TrainConfig.arch)).items():
+                overrides.setdefault(name, value)  # the flags win; a mismatch is refused as the weights load
         cfg = resolve_config(preset, data_dir=data_dir, out=args.out, **overrides)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if int(os.environ.get("RANK", "0")) == 0 and cfg.bn_splits >= 0:  # the flags' user is told, not train()'s callers
         warn_small_bn_groups(replace(cfg, bn_splits=bn_splits_for(cfg, world)), world, cfg.head == "v3" and world > 1)
     return train(cfg, resume=args.resume, progress=not args.quiet, stop_after=args.stop_after,
-                 tensorboard=args.tensorboard)
+                 tensorboard=args.tensorboard, init=init)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -15,7 +15,7 @@ import json
 import logging
 import signal
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,7 @@ from moco.training.setup import (
 )
 from moco.training.stop import StopFlag
 from moco.training.whitening import end_of_run_fit, whitening_summary
-from moco.weights.layouts import load_checkpoint
+from moco.weights.layouts import SplitCheckpoint, load_checkpoint, load_init
 from moco.whiten import Whitening
 
 __all__ = ["train"]
@@ -73,7 +73,7 @@ def _step_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
 
 def train(
     cfg: TrainConfig, resume: bool = False, progress: bool = True, stop_after: int | None = None,
-    tensorboard: bool = False,
+    tensorboard: bool = False, init: SplitCheckpoint | None = None,
 ) -> dict[str, Any]:
     """Train MoCo on ``cfg.data_dir`` into ``cfg.out``; returns a summary dict.
 
@@ -82,16 +82,17 @@ def train(
     ``stop_after``: checkpoint and return once the run reaches this step, as if interrupted there
     (the schedule still spans the whole run), e.g. to split training into sessions.
     ``tensorboard``: also write the metrics.jsonl records as TensorBoard scalars to ``cfg.out/tensorboard``.
+    ``init``: ``cfg.init`` as the caller read it (:func:`moco.weights.layouts.read_checkpoint`); None: read here.
     The resolved config is written to ``cfg.out/config.json`` before training starts. While the run lasts it holds
     ``cfg.out``'s lock (:func:`moco.files.lock_dir`): a second run on that directory refuses, naming it.
     """
     exit_if_importing_main()  # a script's top-level call, run again by a decoding worker: that worker stops there
     with contextlib.ExitStack() as held:  # the run directory's lock, once taken
-        return _train(cfg, resume, progress, stop_after, tensorboard, held)
+        return _train(cfg, resume, progress, stop_after, tensorboard, init, held)
 
 
 def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | None, tensorboard: bool,
-           held: contextlib.ExitStack) -> dict[str, Any]:
+           init: SplitCheckpoint | None, held: contextlib.ExitStack) -> dict[str, Any]:
     writer_class = summary_writer_class() if tensorboard else None  # missing tensorboard: fail before any work
     d = Dist.join(cfg.device)
     cfg = replace(cfg, bn_splits=bn_splits_for(cfg, d.world))  # auto resolved for this run; the checkpoint keeps it
@@ -106,6 +107,8 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
     check_memory(cfg, device.type, device.index or 0)  # a run that cannot fit is refused before it allocates
     torch.manual_seed(cfg.seed)
     model = build_model(cfg)  # before any work: a wrong --arch (or its options) is said at once
+    if ckpt is None and cfg.init:  # ... and weights that do not fit it: loaded now, read once
+        load_init(model, init if init is not None else cfg.init)
     if d.main:
         undo = make_dirs(run_dir)
         held.enter_context(lock_dir(run_dir, "--out"))  # a second run on this directory refuses here
@@ -128,12 +131,13 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
     knn_every = cfg.knn_every or steps_per_epoch
     last_eval = metrics.last_eval if metrics is not None else -1  # a resumed run's last evaluation
     clock = BudgetClock(s.elapsed, cfg.time_budget * 60, _clock)  # training seconds (evaluations excluded)
+    loop = _Loop(cfg, s, cache, d, device, precision, steps_per_epoch, clock)
 
     def evaluate() -> None:
         nonlocal last_eval
         with clock.paused():
             last_eval = step
-            _evaluate(monitor, metrics, s, step, steps_per_epoch, device, precision)
+            _evaluate(loop, monitor, metrics, step)
 
     if monitor is not None and step == 0:
         evaluate()
@@ -147,8 +151,7 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
     s.model.train()
     with StopFlag() as stop:
         while step < total_steps:
-            record = _train_step(cfg, s, cache, d, device, step, total_steps if schedule_known else None,
-                                 total_steps, steps_per_epoch, clock)
+            record = _train_step(loop, step, total_steps, total_steps if schedule_known else None)
             step += 1
             if metrics is not None:
                 metrics.write(record)
@@ -187,7 +190,7 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
         if whitening is not None:
             saver.add_whitening(step, total_steps, whitening)
             if monitor is not None:
-                _evaluate_exported(monitor, metrics, s, whitening, step, steps_per_epoch, device, precision)
+                _evaluate_exported(loop, monitor, metrics, whitening, step)
     if stop.signal is not None:
         stopped_by = signal.Signals(stop.signal).name
     if d.main:
@@ -224,12 +227,25 @@ def _resumed_schedule(cfg: TrainConfig, ckpt: dict | None, step: int, total_step
     return total_steps, (BudgetFit(budget_s, total_steps, cost=step_cost(cfg)) if fit_budget else None)
 
 
-def _train_step(cfg: TrainConfig, s: Setup, cache: ImageCache, d: Dist, device: torch.device, step: int,
-                known_total: int | None, total_steps: int, steps_per_epoch: int,
-                clock: BudgetClock) -> dict[str, Any]:
-    """Step ``step`` (0-based) of the schedule: lr and momentum, the batch's two views, forward, backward, optimizer
-    step. Returns its metrics record (``step``: the steps done after it; ``total_steps``: ``known_total``, once the
-    schedule is fitted to the budget)."""
+@dataclass
+class _Loop:
+    """What every step of one run works with, fixed for the run."""
+
+    cfg: TrainConfig
+    s: Setup
+    cache: ImageCache
+    d: Dist
+    device: torch.device
+    precision: str
+    steps_per_epoch: int
+    clock: BudgetClock
+
+
+def _train_step(loop: _Loop, step: int, total_steps: int, known_total: int | None) -> dict[str, Any]:
+    """Step ``step`` (0-based) of a schedule of ``total_steps``: lr and momentum, the batch's two views, forward,
+    backward, optimizer step. Returns its metrics record (``step``: the steps done after it; ``total_steps``:
+    ``known_total``, once the schedule is fitted to the budget)."""
+    cfg, s, cache, d, device, steps_per_epoch = loop.cfg, loop.s, loop.cache, loop.d, loop.device, loop.steps_per_epoch
     t0 = time.perf_counter()
     epoch, index = divmod(step, steps_per_epoch)
     lr = lr_at(step, cfg, total_steps, steps_per_epoch, d.world)
@@ -258,7 +274,7 @@ def _train_step(cfg: TrainConfig, s: Setup, cache: ImageCache, d: Dist, device: 
     dt = time.perf_counter() - t0
     record = {"step": step + 1, "epoch": (step + 1) / steps_per_epoch, "loss": loss.item(), "lr": lr, "m": m,
               "img_s": cfg.batch_size * d.world / dt, "data_ms": 1000 * t_data, "step_ms": 1000 * dt,
-              "pos_sim": float(stats["pos_sim"]), "elapsed_s": clock.seconds()}  # elapsed_s: the budget's clock
+              "pos_sim": float(stats["pos_sim"]), "elapsed_s": loop.clock.seconds()}  # elapsed_s: the budget's clock
     if known_total is not None:
         record["total_steps"] = known_total
     if cfg.min_image_size:
@@ -278,24 +294,24 @@ def _stop_reason(spent: bool, stop: StopFlag, stop_after: int | None, step: int,
     return "time budget" if spent else None
 
 
-def _evaluate(monitor: Any, metrics: MetricsLog, s: Setup, step: int, steps_per_epoch: int, device: torch.device,
-              precision: str) -> None:
+def _evaluate(loop: _Loop, monitor: Any, metrics: MetricsLog, step: int) -> None:
     """kNN top-1 of the backbone now (centred and whitened, against the pixels'), logged and recorded."""
-    (top1, white), pixels = monitor.evaluate(s.model.backbone, device, precision, s.channels_last), \
-        monitor.pixels_top1()
+    s = loop.s
+    top1, white = monitor.evaluate(s.model.backbone, loop.device, loop.precision, s.channels_last)
+    pixels = monitor.pixels_top1()
     white_pixels = monitor.pixels_whitened_top1()
-    metrics.write({"step": step, "epoch": step / steps_per_epoch, "knn_top1": top1, "knn_pixels": pixels,
+    metrics.write({"step": step, "epoch": step / loop.steps_per_epoch, "knn_top1": top1, "knn_pixels": pixels,
                    "knn_whitened": white, "knn_pixels_whitened": white_pixels})
     logger.info("step %d: kNN top-1 %.2f%% (centred pixels %.2f%%, %+.2f points); whitened %.2f%% (pixels %s)",
                 step, 100 * top1, 100 * pixels, 100 * (top1 - pixels), 100 * white,
                 "n/a" if white_pixels is None else f"{100 * white_pixels:.2f}%")
 
 
-def _evaluate_exported(monitor: Any, metrics: MetricsLog, s: Setup, whitening: Whitening, step: int,
-                       steps_per_epoch: int, device: torch.device, precision: str) -> None:
+def _evaluate_exported(loop: _Loop, monitor: Any, metrics: MetricsLog, whitening: Whitening, step: int) -> None:
     """kNN top-1 of what the export embeds (the backbone with the run's whitening), logged and recorded."""
-    exported = monitor.evaluate_exported(s.model.backbone, whitening, device, precision, s.channels_last)
-    metrics.write({"step": step, "epoch": step / steps_per_epoch, "knn_exported": exported})
+    s = loop.s
+    exported = monitor.evaluate_exported(s.model.backbone, whitening, loop.device, loop.precision, s.channels_last)
+    metrics.write({"step": step, "epoch": step / loop.steps_per_epoch, "knn_exported": exported})
     logger.info("step %d: kNN top-1 %.2f%% with the run's whitening (what the export embeds)", step, 100 * exported)
 
 

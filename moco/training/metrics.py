@@ -1,7 +1,6 @@
-"""What a run reports while it trains: ``metrics.jsonl`` (and TensorBoard), the progress bar.
-
-A run's ``metrics.jsonl``: read it (the one reader, for training, the Status tab, the benchmarks), and plot it
-(loss, and kNN accuracy when monitored) into ``curves.png``.
+"""What a run reports while it trains, and what reads it back: ``metrics.jsonl`` written (and TensorBoard) with the
+progress bar (:class:`MetricsLog`), read by the one reader of it (:func:`read_metrics`, for training, the Status
+tab and the benchmarks) and plotted (loss, and kNN accuracy when monitored) into ``curves.png``.
 """
 
 from __future__ import annotations

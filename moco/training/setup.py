@@ -118,8 +118,9 @@ def check_collection(cfg: TrainConfig, n: int, d: Dist) -> None:
 def setup(cfg: TrainConfig, ckpt: dict | None, d: Dist, device: torch.device, precision: str, run_dir: Path,
            steps_per_epoch: int, counts: tuple[int, int], model: MoCo | None = None) -> Setup:
     """The model (Sync BN for v3 under torchrun, channels_last for CNNs), optimizer and scaler, from ``ckpt`` when
-    resuming (step, training seconds, schedule, RNG states) or from ``cfg.init``. ``model``: ``build_model(cfg)``
-    made earlier (train builds it before decoding the photos, so that a wrong architecture is said at once)."""
+    resuming (step, training seconds, schedule, RNG states). ``model``: ``build_model(cfg)`` made earlier, with
+    ``cfg.init`` loaded (train builds it before decoding the photos, so that a wrong architecture or weights that do
+    not fit it are said at once)."""
     model = model if model is not None else build_model(cfg)
     if cfg.head == "v3" and d.world > 1:  # as the official v3: every BN (momentum encoder too) uses all processes
         model = convert_sync_bn(model, device)
@@ -140,10 +141,6 @@ def setup(cfg: TrainConfig, ckpt: dict | None, d: Dist, device: torch.device, pr
             total_steps = int(ckpt.get("total_steps") or total_steps)  # the schedule the run was fitted to
         set_rng_state(ckpt["rng"])
         logger.info("resumed %s at step %d of %d", run_dir / "checkpoint.pt", step, total_steps)
-    elif cfg.init:
-        from moco.weights.layouts import load_init  # ours, official MoCo, lightly, solo-learn, torchvision/timm
-
-        load_init(model, cfg.init)
     net: nn.Module = model
     if d.world > 1:
         # every rank enqueues the same all-gathered keys, so buffers need no broadcast (checked at each save)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from moco.config import is_vit
 from moco.errors import UserError
 
 __all__ = ["SplitCheckpoint", "split_checkpoint", "read_checkpoint", "load_init", "load_backbone_state",
@@ -39,6 +40,7 @@ class SplitCheckpoint:
     predictor: dict[str, torch.Tensor] = field(default_factory=dict)
     dropped: dict[str, str] = field(default_factory=dict)  # source key -> why it is not used
     meta: dict = field(default_factory=dict)  # e.g. arch, epoch, our config
+    source: str = ""  # the file it was read from
 
 
 def _tensors(d: dict) -> dict[str, torch.Tensor]:
@@ -151,11 +153,10 @@ def _official_v12_head(head: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]
 
 
 def read_checkpoint(path: str | Path) -> SplitCheckpoint:
-    """Load ``path`` (or an official checkpoint NAME, fetched once) with ``weights_only=True`` and split it."""
-    from moco.weights.pretrained import resolve
-
-    path = resolve(path)
+    """Load the checkpoint file ``path`` with ``weights_only=True`` and split it (an official NAME is resolved to its
+    file by the caller, once: :func:`moco.weights.pretrained.resolve`)."""
     split = split_checkpoint(load_checkpoint(path))
+    split.source = str(path)
     logger.info("%s: %s checkpoint (%d backbone tensors)", path, split.format, len(split.backbone))
     return split
 
@@ -212,14 +213,22 @@ def _load_head(module: nn.Module | None, state: dict[str, torch.Tensor], name: s
     return f"{name}: re-initialized (its {len(state)} tensors have other names or shapes than this model's)"
 
 
-def load_init(model: nn.Module, path: str | Path) -> dict[str, list[str]]:
-    """Initialize a MoCo model from ``path`` (any supported layout or an official NAME); the key encoder: a copy.
+def load_init(model: nn.Module, init: SplitCheckpoint | str | Path) -> dict[str, list[str]]:
+    """Initialize a MoCo model from ``init``: a checkpoint already read (:func:`read_checkpoint`), or a file of any
+    supported layout or an official NAME, read here; the key encoder: a copy.
 
     Returns and logs exactly what was loaded, re-initialized and ignored.
     """
-    split = read_checkpoint(path)
-    split.backbone = sequential_names(model.backbone, split.backbone)
-    load_backbone_state(model.backbone, split.backbone, str(path))
+    if isinstance(init, SplitCheckpoint):
+        split, path = init, init.source
+    else:
+        from moco.weights.pretrained import resolve
+
+        path = resolve(init)
+        split = read_checkpoint(path)
+    _check_heads(model, split, path)
+    backbone = sequential_names(model.backbone, split.backbone)
+    load_backbone_state(model.backbone, backbone, str(path))
     report = {
         "loaded": [f"backbone: loaded ({len(model.backbone.state_dict())} tensors)"],
         "reinitialized": [],
@@ -230,7 +239,7 @@ def load_init(model: nn.Module, path: str | Path) -> dict[str, list[str]]:
         report["loaded" if "loaded" in line else "ignored" if "not in this model" in line else "reinitialized"].append(
             line
         )
-    extra = sorted(set(split.backbone) - set(model.backbone.state_dict()))
+    extra = sorted(set(backbone) - set(model.backbone.state_dict()))
     report["ignored"] += [f"{k} (classifier)" for k in extra]
     report["ignored"] += [f"{k} ({why})" for k, why in sorted(split.dropped.items())]
     with torch.no_grad():
@@ -285,3 +294,25 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
         raise UserError(
             f"cannot read checkpoint {path}: {msg[:300]}; the file may be truncated or not a PyTorch file"
         ) from None
+
+
+def init_settings(split: SplitCheckpoint, arch: str) -> dict[str, int]:
+    """The config fields an ``--init`` checkpoint fixes for a model of ``arch``: a ViT's attention heads where the
+    checkpoint's layout tells them (the weights have the same shapes for any count: other heads, another model).
+    The commands that take ``--init`` set them unless the user did (``--num-heads``)."""
+    if not is_vit(arch):
+        return {}
+    heads = checkpoint_num_heads(split)
+    return {} if heads is None else {"num_heads": heads}
+
+
+def _check_heads(model: nn.Module, split: SplitCheckpoint, path: str | Path) -> None:
+    """Refuse weights trained with other attention heads than the model's: they load without an error (the same
+    shapes) into another model."""
+    heads = checkpoint_num_heads(split)
+    blocks = getattr(model.backbone, "blocks", None)
+    attn = getattr(blocks[0], "attn", None) if blocks is not None and len(blocks) else None
+    have = getattr(attn, "num_heads", None)
+    if heads and have is not None and have != heads:
+        raise UserError(f"--init {path}: its ViT has {heads} attention heads, the model {have}: set --num-heads "
+                        f"{heads} (num_heads={heads}), or start from weights trained with {have}")

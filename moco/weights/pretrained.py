@@ -128,8 +128,12 @@ def resolve(value: str | os.PathLike[str], progress: bool = True) -> Path:
     """``value`` as a local file: an existing path as is; a registry name fetched (once) and verified.
 
     Any other value comes back as a path, for its reader to report as missing, except a bare word that is
-    neither a file nor a name: that is a UserError listing the names.
+    neither a file nor a name: that is a UserError listing the names. A :class:`~pathlib.Path` is a file already
+    (what this returns): it is handed back as it is, so a name is resolved once, where a command or a public
+    function takes it, and the file is passed down from there.
     """
+    if isinstance(value, Path):
+        return value.expanduser()
     path = Path(value).expanduser()
     text = str(value)
     if path.exists():
