@@ -26,13 +26,13 @@ from moco.errors import UserError
 from moco.files import atomic_write
 
 __all__ = ["read_meta", "write_meta", "kind_of", "load_store", "check_index_ids", "INDEX_FILE", "META_FILE",
-           "CATALOG_FILE", "THUMBS_DIR", "DEDUP_FILE", "FORMAT", "INDEX_ID_KEY", "VECTORS"]
+           "CATALOG_FILE", "THUMBS_DIR", "DEDUP_FILE", "INDEX_VERSION", "INDEX_ID_KEY", "VECTORS"]
 
 logger = logging.getLogger(__name__)
 
 INDEX_FILE, META_FILE, CATALOG_FILE, THUMBS_DIR, DEDUP_FILE = (
     "index.faiss", "index.json", "catalog.sqlite", "thumbs", "dedup.json")
-FORMAT = 1
+INDEX_VERSION = 1
 INDEX_ID_KEY = "index_id"  # catalog meta key of the index id (also in index.json and in index.faiss's trailer)
 VECTORS = "features"  # what the catalog stores (index.json "vectors"); older indexes stored the export's output
 
@@ -50,8 +50,9 @@ def read_meta(index_dir: Path) -> dict[str, Any]:
         meta = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"{path} is unreadable ({e}): rebuild with `moco index build`") from e
-    if meta.get("format") != FORMAT:
-        raise UserError(f"{path} has format {meta.get('format')!r}, this version reads {FORMAT}: rebuild the index")
+    if meta.get("format") != INDEX_VERSION:
+        raise UserError(f"{path} has format {meta.get('format')!r}, this version reads {INDEX_VERSION}: rebuild the "
+                        "index")
     return meta
 
 

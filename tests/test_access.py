@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.server.access import ApiSettings, LoginThrottle
+from app.guard.access import ApiSettings, LoginThrottle
 from app.server.launch import serve
 from index.build.runner import build_index
 from moco.errors import UserError
@@ -256,7 +256,7 @@ def test_wrong_api_logins_lock_the_pages_login_and_the_reverse(server):
 
 
 def test_the_names_a_server_answers_to():
-    from app.server.origins import check_allowed_hosts, host_allowed
+    from app.guard.origins import check_allowed_hosts, host_allowed
 
     for host in ["", "localhost", "LOCALHOST:7860", "app.localhost:80", "127.0.0.1:7860", "[::1]:7860", "10.0.0.7",
                  "192.168.1.5:7860", "[fe80::1]"]:

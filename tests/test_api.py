@@ -20,8 +20,8 @@ import httpx
 import pytest
 from PIL import Image
 
+from app.guard.access import MAX_BODY_BYTES, ApiSettings
 from app.page.blocks import _safe
-from app.server.access import MAX_BODY_BYTES, ApiSettings
 from app.server.launch import serve
 from index.build.runner import build_index
 from index.dedup import find_duplicates, load_duplicates

@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.server.access import ApiSettings
+from app.guard.access import ApiSettings
+from app.guard.origins import check_cors_origins
 from app.server.launch import serve
-from app.server.origins import check_cors_origins
 from index.build.runner import build_index
 from moco.errors import UserError
 

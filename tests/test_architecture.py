@@ -1,4 +1,7 @@
-"""docs/ARCHITECTURE.md stays true, and the imports keep their floors: app -> index -> moco, no circles."""
+"""The tree is the architecture: docs/ARCHITECTURE.md stays true, and the imports keep their floors, between the
+packages (app -> index -> moco) and inside each (a stage imports only the stages below it), counting every import
+(also those inside functions and under TYPE_CHECKING); no circle; each name defined once (only a package's face hands
+on names it does not define); loggers named by their module; few modules beside the stages."""
 
 from __future__ import annotations
 
@@ -7,28 +10,35 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FLOORS = {"moco": 0, "index": 1, "app": 2}  # a module imports only its own floor and those below
+PACKAGES = {"moco": 0, "index": 1, "app": 2}  # a module imports only its own package and those below
+
+# The rooms of each package (a module at its top or a sub-package) by floor: a room imports only rooms on lower
+# floors of its package. A new room must be placed here.
+ROOMS = {
+    "moco": {"moco._lazy": 0, "moco.errors": 0, "moco.files": 1, "moco.runtime": 1, "moco.config": 2,
+             "moco.whiten": 2, "moco.data": 2, "moco.model": 3, "moco.weights": 3, "moco.export": 4,
+             "moco.training": 5, "moco.embed": 5},
+    "index": {"index.trailer": 0, "index.catalog": 0, "index.store": 1, "index.calibrate": 1, "index.index_dir": 2,
+              "index.image_index": 3, "index.dedup": 4, "index.build": 5},
+    "app": {"app.run": 0, "app.page": 1, "app.guard": 2, "app.api": 3, "app.server": 4, "app.cli": 5},
+}
+TOP_MODULES = 12  # at most this many modules beside the stages at the top of moco/ and app/
 
 
 def _modules() -> dict[str, Path]:
-    """Dotted name -> file of every module of the three packages."""
+    """Dotted name -> file of every module of the three packages, sub-packages included."""
     out = {}
-    for pkg in FLOORS:
-        for f in sorted((ROOT / pkg).glob("*.py")):
-            out[pkg if f.stem == "__init__" else f"{pkg}.{f.stem}"] = f
+    for pkg in PACKAGES:
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            parts = f.relative_to(ROOT).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
     return out
 
 
-def _runtime_imports(path: Path, known: set[str]) -> set[str]:
-    """The known modules ``path`` imports when it runs (also inside functions), not those under TYPE_CHECKING."""
-    tree = ast.parse(path.read_text())
-    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
-                   and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
-                   for n in ast.walk(node)}
+def _imports(path: Path, known: set[str]) -> set[str]:
+    """The known modules ``path`` imports, wherever the import stands (inside functions, under TYPE_CHECKING)."""
     found: set[str] = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
+    for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             found |= {node.module} & known
             found |= {f"{node.module}.{a.name}" for a in node.names} & known
@@ -38,8 +48,14 @@ def _runtime_imports(path: Path, known: set[str]) -> set[str]:
 
 
 def _graph() -> dict[str, set[str]]:
+    """Module -> the modules it imports; a package's face (its __init__) hands names on and is left out."""
     mods = _modules()
-    return {m: _runtime_imports(f, set(mods)) - {m, *FLOORS} for m, f in mods.items()}
+    faces = {m for m, f in mods.items() if f.name == "__init__.py"}
+    return {m: _imports(f, set(mods)) - {m} - faces for m, f in mods.items() if m not in faces}
+
+
+def _room(module: str) -> str:
+    return ".".join(module.split(".")[:2])
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -52,7 +68,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     def visit(v: str) -> None:
         index[v] = low[v] = len(index)
         stack.append(v)
-        for w in sorted(graph[v]):
+        for w in sorted(graph.get(v, ())):
             if w not in index:
                 visit(w)
                 low[v] = min(low[v], low[w])
@@ -74,36 +90,107 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return out
 
 
+def _defined(tree: ast.Module) -> set[str]:
+    """The names a module defines at its top (functions, classes, assignments, also inside if/try)."""
+    out: set[str] = set()
+    for node in tree.body:
+        for n in ast.walk(node) if isinstance(node, ast.If | ast.Try) else [node]:
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                out.add(n.name)
+            elif isinstance(n, ast.Assign | ast.AnnAssign):
+                for t in n.targets if isinstance(n, ast.Assign) else [n.target]:
+                    out |= {x.id for x in ast.walk(t) if isinstance(x, ast.Name)}
+    return out
+
+
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_import_reader_counts_imports_inside_functions_and_for_type_checkers(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from a.b import X\n"
+                 "def g():\n    import c\n    from d import e\n")
+    assert _imports(f, {"a.b", "c", "d.e", "z"}) == {"a.b", "c", "d.e"}
 
 
 def test_no_module_imports_another_that_imports_it_back():
     assert _cycles(_graph()) == []
 
 
-def test_no_floor_imports_a_floor_above_it():
+def test_no_package_imports_a_package_above_it():
     bad = [(m, t) for m, targets in _graph().items() for t in targets
-           if FLOORS[t.split(".")[0]] > FLOORS[m.split(".")[0]]]
+           if PACKAGES[t.split(".")[0]] > PACKAGES[m.split(".")[0]]]
+    assert bad == []
+
+
+def test_every_room_has_its_floor_and_imports_only_rooms_below_it():
+    rooms = {_room(m) for m in _modules() if "." in m}
+    placed = {room for floors in ROOMS.values() for room in floors}
+    assert rooms == placed, ("rooms to place in ROOMS", rooms - placed, "gone", placed - rooms)
+    floor = {room: f for floors in ROOMS.values() for room, f in floors.items()}
+    bad = [(m, t) for m, targets in _graph().items() for t in targets if "." in m and "." in t
+           and m.split(".")[0] == t.split(".")[0] and _room(m) != _room(t) and floor[_room(t)] >= floor[_room(m)]]
     assert bad == []
 
 
 def test_the_exporter_does_not_import_the_trainer():
     graph = _graph()
-    for m in ("moco.export", "moco.export.writers", "moco.export.reader", "moco.weights.arch"):
-        assert "moco.train" not in graph[m], m
+    exporting = [m for m in graph if m.startswith(("moco.export.", "moco.weights."))]
+    assert exporting
+    assert [(m, t) for m in exporting for t in graph[m] if t.startswith("moco.training")] == []
+
+
+def test_a_few_modules_beside_the_stages():
+    for pkg in ("moco", "app"):
+        top = [f.name for f in (ROOT / pkg).glob("*.py") if f.name != "__init__.py"]
+        assert len(top) <= TOP_MODULES, (pkg, top)
+
+
+def test_only_a_package_face_lists_names_it_does_not_define():
+    foreign = {}
+    for m, f in _modules().items():
+        if f.name == "__init__.py":
+            continue
+        tree = ast.parse(f.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__"
+                                                    for t in node.targets):
+                names = ast.literal_eval(node.value)
+                if bad := [n for n in names if n not in _defined(tree)]:
+                    foreign[m] = bad
+    assert foreign == {}
+
+
+def test_loggers_are_named_by_their_module():
+    hard_coded = [f"{f.relative_to(ROOT)}:{n.lineno}" for f in _modules().values()
+                  for n in ast.walk(ast.parse(f.read_text())) if isinstance(n, ast.Call)
+                  and getattr(n.func, "attr", getattr(n.func, "id", "")) == "getLogger" and n.args
+                  and isinstance(n.args[0], ast.Constant)]
+    assert hard_coded == []
+
+
+def test_no_public_name_of_a_face_is_also_a_module_name():
+    """``moco.train`` is the function; a module of that name would take its place (or need a hack not to)."""
+    import importlib
+
+    mods = _modules()
+    for m, f in mods.items():
+        if f.name == "__init__.py":
+            clash = {n for n in importlib.import_module(m).__all__ if f"{m}.{n}" in mods}
+            assert clash == set(), (m, clash)
 
 
 def test_every_module_and_name_the_architecture_page_gives_exists():
     text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
-    paths = set(re.findall(r"`((?:moco|index|app|tests)/\w+\.py)`", text))
+    paths = set(re.findall(r"`((?:moco|index|app|tests)/[\w/]+\.py)`", text))
     assert len(paths) >= 30, paths  # the page names the modules, not a handful
     assert [p for p in sorted(paths) if not (ROOT / p).is_file()] == []
-    for pkg in ("moco", "index", "app"):  # and every module of the packages is on it
-        missing = [f.name for f in (ROOT / pkg).glob("*.py") if f.stem != "__init__" and f"{pkg}/{f.name}" not in paths]
-        assert missing == [], (pkg, missing)
-    named = re.findall(r"`((?:moco|index|app)/\w+\.py)` \(`(\w+)`", text)  # "`moco/arch.py` (`detect_arch`)"
+    missing = [str(f.relative_to(ROOT)) for pkg in PACKAGES for f in (ROOT / pkg).rglob("*.py")
+               if f.name not in ("__init__.py", "__main__.py") and str(f.relative_to(ROOT)) not in paths]
+    assert missing == []  # every module of the packages is on it
+    named = re.findall(r"`((?:moco|index|app)/[\w/]+\.py)` \(`(\w+)`", text)  # "`moco/weights/arch.py` (`detect_arch`"
     assert named
     for path, name in named:
         tree = ast.parse((ROOT / path).read_text())

@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from app.server.access import ApiSettings
+from app.guard.access import ApiSettings
+from app.guard.log_limits import LogLimits
 from app.server.launch import serve
-from app.server.log_limits import LogLimits
 from index.build.runner import build_index
 from index.image_index import ImageIndex
 from moco.data.sample import make_sample_collection

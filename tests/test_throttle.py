@@ -1,11 +1,11 @@
-"""Login throttling (app.server.access): the policy against a synthetic clock, then real servers on loopback where a
+"""Login throttling (app.guard.access): the policy against a synthetic clock, then real servers on loopback where a
 rotating ``X-Forwarded-For`` must not buy more guesses, and a named trusted proxy does name the client."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.server.access import LoginThrottle, parse_trusted_proxies
+from app.guard.access import LoginThrottle, parse_trusted_proxies
 
 from .live import free_port
 
@@ -142,7 +142,7 @@ def test_a_rotating_forwarded_for_does_not_bypass_the_lockout(tmp_path):
 def test_a_trusted_proxy_names_the_client_and_the_account_is_throttled_too(tmp_path):
     import httpx
 
-    from app.server.access import ACCOUNT_FREE
+    from app.guard.access import ACCOUNT_FREE
 
     demo, url = _pending_server(tmp_path, ("alice", "right-pass"), trusted_proxies=["127.0.0.1"])
     try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from app.server.access import API_PREFIX
+from app.guard.access import API_PREFIX
 
 __all__ = ["docs_html"]
 

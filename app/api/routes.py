@@ -19,7 +19,7 @@ searches share the model: uploads are decoded in a small thread pool, then embed
 
 Errors are JSON ``{"detail": "one line"}``, the page's own messages. Access is the page's: with ``--auth`` a
 request needs the page's login cookie, HTTP Basic with the same USER:PASS, or ``Authorization: Bearer TOKEN``
-with ``--api-token``; failed attempts are throttled as page logins are (:mod:`app.server.access`, one shared count).
+with ``--api-token``; failed attempts are throttled as page logins are (:mod:`app.guard.access`, one shared count).
 Request bodies are capped (the page's upload cap, in base64 too); no CORS headers are added for other origins.
 """
 
@@ -64,9 +64,9 @@ from app.api.models import (
     SearchResponse,
     Stats,
 )
+from app.guard.access import API_PREFIX, ApiSettings, check_access
 from app.page.handlers import MAX_RESULTS, NoSuchFolder, SearchApp
 from app.page.uploads import read_upload, upload_suffix
-from app.server.access import API_PREFIX, ApiSettings, check_access
 from index.catalog import MAX_ID, display_path
 from index.dedup import load_duplicates
 from moco.errors import UserError, clipped, quoted

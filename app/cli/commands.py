@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from app.server import log_limits
+from app.guard import log_limits
 from moco import __version__
 from moco.errors import UserError, storage_error
 

@@ -74,8 +74,8 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
 
 def _api_settings(args: argparse.Namespace) -> object:
     """The JSON API's settings from the flags (checked)."""
-    from app.server.access import ApiSettings, check_api_token
-    from app.server.origins import check_allowed_hosts, check_cors_origins
+    from app.guard.access import ApiSettings, check_api_token
+    from app.guard.origins import check_allowed_hosts, check_cors_origins
 
     if args.max_batch < 1 or args.max_pending < 1 or not 0 <= args.batch_window_ms <= 1000:
         raise UserError(f"--max-batch {args.max_batch}, --max-pending {args.max_pending}, --batch-window-ms "
@@ -88,7 +88,7 @@ def _api_settings(args: argparse.Namespace) -> object:
 
 def _limits(args: argparse.Namespace) -> object:
     """The connections' limits from the flags (checked)."""
-    from app.server.connections import ConnectionLimits
+    from app.guard.connections import ConnectionLimits
 
     if not 0 < args.request_timeout <= 3600 or (args.max_connections is not None and args.max_connections < 1):
         raise UserError(f"--request-timeout {args.request_timeout}, --max-connections {args.max_connections}: the "
@@ -97,7 +97,7 @@ def _limits(args: argparse.Namespace) -> object:
 
 
 def _check_serve_arguments(args: argparse.Namespace) -> tuple[str, str] | None:
-    from app.server.access import parse_trusted_proxies
+    from app.guard.access import parse_trusted_proxies
 
     args.trusted_proxy = parse_trusted_proxies(args.trusted_proxy)
     auth = None

@@ -60,9 +60,9 @@ def launch_kwargs(index: ImageIndex | Path, host: str, port: int, auth: tuple[st
     """``demo.launch`` settings: only thumbs/ is served; the catalog, index files and originals never are.
 
     ``index``: an open index, or the directory an index will be built in (then ``root``: its photo folder).
-    Every route asks for the login or the token when the server has one (:mod:`app.server.access`) and answers only
-    to its own names (:mod:`app.server.origins`); failed logins are throttled per address and per account, one count
-    for the page and the API (:mod:`app.server.access`). The client address is the socket peer, or what
+    Every route asks for the login or the token when the server has one (:mod:`app.guard.access`) and answers only
+    to its own names (:mod:`app.guard.origins`); failed logins are throttled per address and per account, one count
+    for the page and the API (:mod:`app.guard.access`). The client address is the socket peer, or what
     ``X-Forwarded-For`` says only when the peer is in ``trusted_proxies``: this sets ``$FORWARDED_ALLOW_IPS``,
     which uvicorn reads when ``demo.launch`` starts it. ``api``: an :class:`app.api.routes.SearchService`: its JSON
     API is served beside the page (``/api/v1``), under its settings, with its request bodies capped.
@@ -70,8 +70,8 @@ def launch_kwargs(index: ImageIndex | Path, host: str, port: int, auth: tuple[st
     import gradio as gr
     from starlette.middleware import Middleware
 
-    from app.server.access import AccessMiddleware, ApiSettings, LoginThrottleMiddleware, page_login, trusted_proxy_env
-    from app.server.origins import HostGuardMiddleware, OriginGuardMiddleware
+    from app.guard.access import AccessMiddleware, ApiSettings, LoginThrottleMiddleware, page_login, trusted_proxy_env
+    from app.guard.origins import HostGuardMiddleware, OriginGuardMiddleware
 
     os.environ.update(trusted_proxy_env(trusted_proxies))
 
@@ -89,7 +89,7 @@ def launch_kwargs(index: ImageIndex | Path, host: str, port: int, auth: tuple[st
     app_kwargs: dict[str, Any] = {"middleware": middleware}
     if api is not None:
         from app.api.routes import api_routes
-        from app.server.access import BodyCapMiddleware
+        from app.guard.access import BodyCapMiddleware
 
         app_kwargs = {"routes": api_routes(api), "middleware": [*middleware, Middleware(BodyCapMiddleware)]}
     return {"server_name": host, "server_port": port, "auth": page_login(settings),
@@ -121,9 +121,9 @@ def make_demo(index_dir: str | Path, checkpoint: str | Path | None = None, backb
 
 
 def _service(app: SearchApp, auth: tuple[str, str] | None, api: Any) -> Any:
-    """The JSON API's SearchService over ``app`` (``api``: :class:`app.server.access.ApiSettings`, None: defaults)."""
+    """The JSON API's SearchService over ``app`` (``api``: :class:`app.guard.access.ApiSettings`, None: defaults)."""
     from app.api.routes import SearchService
-    from app.server.access import ApiSettings
+    from app.guard.access import ApiSettings
 
     settings = api or ApiSettings()
     settings.auth = auth
@@ -139,8 +139,8 @@ def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str
           auth: tuple[str, str] | None = None, backbone: str | Path | None = None, device: str = "auto",
           block: bool = True, trusted_proxies: Sequence[str] = (), api: Any = None,
           limits: Any = None, announce: Callable[[], None] | None = None) -> Any:
-    """Launch the UI and the JSON API (``api``: :class:`app.server.access.ApiSettings`; ``limits``: the connections'
-    :class:`app.server.connections.ConnectionLimits`); returns the running Blocks when ``block`` is False.
+    """Launch the UI and the JSON API (``api``: :class:`app.guard.access.ApiSettings`; ``limits``: the connections'
+    :class:`app.guard.connections.ConnectionLimits`); returns the running Blocks when ``block`` is False.
     ``announce()`` runs once it serves (the index opened, the port bound): the CLI's "serving on ..." is never said
     before an error.
 
@@ -198,10 +198,10 @@ def _pyplot_first() -> None:
 
 def _launch(demo: Any, kwargs: dict[str, Any], limits: Any = None) -> None:
     """Start the server (never blocks), its idle connections kept KEEP_ALIVE_S (read per new connection), a request
-    that does not arrive in time and connections past the limit closed (:mod:`app.server.connections`), other sites'
-    pages kept from reading it (:mod:`app.server.origins`)."""
-    from app.server.connections import guard_connections
-    from app.server.origins import guard_page_origins
+    that does not arrive in time and connections past the limit closed (:mod:`app.guard.connections`), other sites'
+    pages kept from reading it (:mod:`app.guard.origins`)."""
+    from app.guard.connections import guard_connections
+    from app.guard.origins import guard_page_origins
 
     demo.launch(prevent_thread_lock=True, **kwargs)
     demo.server.config.timeout_keep_alive = KEEP_ALIVE_S

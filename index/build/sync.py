@@ -17,9 +17,9 @@ from index.build.prepare import THUMB_SIZE
 from index.catalog import Catalog, Row, sample_ids, set_catalog_meta
 from index.index_dir import (
     CATALOG_FILE,
-    FORMAT,
     INDEX_FILE,
     INDEX_ID_KEY,
+    INDEX_VERSION,
     META_FILE,
     VECTORS,
     load_store,
@@ -261,7 +261,7 @@ def sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gpu
     import faiss
 
     write_meta(index_dir, {
-        "format": FORMAT, "root": cmeta["root"], "backbone_path": cmeta["backbone_path"],
+        "format": INDEX_VERSION, "root": cmeta["root"], "backbone_path": cmeta["backbone_path"],
         "backbone_sha256": cmeta["backbone_sha256"], "backbone": cmeta["backbone"], "dim": dim,
         "metric": "centred cosine (inner product of L2-normalized v - mean)", "kind": kind,
         "kind_requested": cmeta["kind"],
@@ -296,7 +296,7 @@ def store_is_current(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], e
                                                         ("memory_budget", "memory_budget")))
     whole = all(meta.get(k) is not None for k in ("mean", "mean_count", "space", "ntotal", "params", "features"))
     measured = embedder is None or not meta.get("ntotal") or ("augment_level" in meta and "dedup_calibration" in meta)
-    if not (same and whole and measured and meta.get("vectors") == VECTORS and meta.get("format") == FORMAT):
+    if not (same and whole and measured and meta.get("vectors") == VECTORS and meta.get("format") == INDEX_VERSION):
         return False
     if meta["ntotal"] != catalog.counts()["ok"]:
         return False

@@ -26,7 +26,7 @@ from moco.config import IMAGENET_MEAN, IMAGENET_STD, is_vit
 from moco.errors import UserError
 from moco.export import FORMATS
 from moco.export.reader import (
-    BACKBONE_FORMAT,
+    BACKBONE_ID,
     WhitenedBackbone,
 )
 from moco.export.writers import write_onnx, write_pt2, write_safetensors, write_timm
@@ -106,7 +106,7 @@ def _export(checkpoint: Path, out: Path, arch: str | None, fmt: str, image_size:
     logger.info("stripped: %s", ", ".join(f"{n} {why}" for why, n in sorted(dropped.items())) or "nothing")
     cfg = split.meta.get("config") or {}
     meta = {
-        "format": BACKBONE_FORMAT,
+        "format": BACKBONE_ID,
         "format_version": "1",
         "arch": guess.arch,
         "arch_kwargs": json.dumps(guess.kwargs),

@@ -16,13 +16,13 @@ from moco.errors import UserError
 from moco.model.backbones import ARCH_KWARGS, build_backbone, is_known_arch
 from moco.whiten import Whitening, embedding_features, whiten_features
 
-__all__ = ["BACKBONE_FORMAT", "WhitenedBackbone", "build_exported", "embedding_dim", "exported_whitening",
+__all__ = ["BACKBONE_ID", "WhitenedBackbone", "build_exported", "embedding_dim", "exported_whitening",
            "load_exported"]
 
 logger = logging.getLogger(__name__)
 
 
-BACKBONE_FORMAT = "moco-retrieval/backbone"
+BACKBONE_ID = "moco-retrieval/backbone"
 
 
 class WhitenedBackbone(nn.Module):
@@ -76,7 +76,7 @@ def load_exported(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, 
         state, meta = read_safetensors(path)
     except Exception as e:  # noqa: BLE001 - any parse failure means an unusable file
         raise UserError(f"cannot read {path} as safetensors ({e}); export it again with `moco export`") from None
-    if meta.get("format") != BACKBONE_FORMAT:
+    if meta.get("format") != BACKBONE_ID:
         raise UserError(f"{path} is a safetensors file but not a moco-retrieval backbone (no metadata): "
                         "export it with `moco export`")
     meta = _checked_meta(meta, path)

@@ -17,7 +17,7 @@ from moco.errors import UserError
 from moco.files import atomic_write
 from moco.model.builder import MoCo
 from moco.runtime import Dist
-from moco.weights.layouts import FORMAT, VERSION, load_checkpoint
+from moco.weights.layouts import CHECKPOINT_ID, CHECKPOINT_VERSION, load_checkpoint
 from moco.whiten import Whitening
 
 __all__ = ["RESUMABLE_OVERRIDES", "run_state", "run_end", "resume_config", "check_resumable", "rng_state",
@@ -211,7 +211,7 @@ def save_checkpoint(state: dict[str, Any], run_dir: str | Path, keep: int = 2, r
     rewrite the copy of this step too (the same step saved again with more in it, e.g. the run's whitening).
     """
     run_dir = Path(run_dir)
-    state = {"format": FORMAT, "version": VERSION, **state}
+    state = {"format": CHECKPOINT_ID, "version": CHECKPOINT_VERSION, **state}
     path = run_dir / "checkpoint.pt"
     atomic_write(path, lambda f: torch.save(state, f))
     if keep > 0:

@@ -22,10 +22,12 @@ from moco.config import is_vit
 from moco.errors import UserError
 
 __all__ = ["SplitCheckpoint", "split_checkpoint", "read_checkpoint", "load_init", "load_backbone_state",
-           "sequential_names", "load_checkpoint", "FORMAT", "VERSION"]
+           "sequential_names", "load_checkpoint", "CHECKPOINT_ID", "CHECKPOINT_VERSION"]
 
 logger = logging.getLogger(__name__)
 
+CHECKPOINT_ID = "moco-retrieval/checkpoint"  # our own layout: the "format" of a checkpoint.pt, and its version
+CHECKPOINT_VERSION = 1
 # Classifier parameters of plain torchvision / timm models; a backbone has none of them.
 CLASSIFIER_PREFIXES = ("fc.", "head.", "classifier.", "head_dist.", "last_linear.")
 
@@ -55,11 +57,30 @@ def _strip_module(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {k.removeprefix("module."): v for k, v in sd.items()}
 
 
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Load a checkpoint with ``torch.load(weights_only=True)``; never runs pickled code."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"checkpoint {path} does not exist: check the path, or train first with `moco train`")
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure here means the file is not usable
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "Weights only load failed" in str(e) or "Unsupported global" in str(e):
+            raise UserError(
+                f"refusing to load {path}: it needs arbitrary pickled code to load ({msg[:200]}); "
+                "only plain tensor checkpoints are accepted (re-save it with torch.save(state_dict))"
+            ) from None
+        raise UserError(
+            f"cannot read checkpoint {path}: {msg[:300]}; the file may be truncated or not a PyTorch file"
+        ) from None
+
+
 def split_checkpoint(obj: dict) -> SplitCheckpoint:
     """Detect the layout of a loaded checkpoint ``obj`` and sort its tensors into our parts."""
     if not isinstance(obj, dict):
         raise UserError(f"expected a checkpoint dict, got {type(obj).__name__}")
-    if obj.get("format") == FORMAT:
+    if obj.get("format") == CHECKPOINT_ID:
         sd = obj["model"]
         split = SplitCheckpoint(
             "moco-retrieval",
@@ -269,31 +290,6 @@ def checkpoint_num_heads(split: SplitCheckpoint) -> int | None:
     if split.format.startswith("moco-v3") and pos is not None and pos.shape[-1] == 384:
         return 12
     return None
-
-
-FORMAT = "moco-retrieval/checkpoint"
-
-
-VERSION = 1
-
-
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load a checkpoint with ``torch.load(weights_only=True)``; never runs pickled code."""
-    path = Path(path)
-    if not path.is_file():
-        raise UserError(f"checkpoint {path} does not exist: check the path, or train first with `moco train`")
-    try:
-        return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any failure here means the file is not usable
-        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if "Weights only load failed" in str(e) or "Unsupported global" in str(e):
-            raise UserError(
-                f"refusing to load {path}: it needs arbitrary pickled code to load ({msg[:200]}); "
-                "only plain tensor checkpoints are accepted (re-save it with torch.save(state_dict))"
-            ) from None
-        raise UserError(
-            f"cannot read checkpoint {path}: {msg[:300]}; the file may be truncated or not a PyTorch file"
-        ) from None
 
 
 def init_settings(split: SplitCheckpoint, arch: str) -> dict[str, int]:

@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from app.server.access import API_PREFIX, send_json
+from app.guard.access import API_PREFIX, send_json
 from moco.errors import UserError
 
 __all__ = ["OriginGuardMiddleware", "HostGuardMiddleware", "guard_page_origins", "check_cors_origins",

@@ -277,7 +277,7 @@ class ApiSettings:
     ``auth``: the page's USER:PASS (None: none); ``token``: a bearer token for programs (None: none); with neither
     the server is open. ``throttle``: the failed-login count of every door; ``cors_origins``: web pages
     (``scheme://host[:port]``) that may call it from a browser besides the server's own; ``allowed_hosts``: names
-    it answers to besides localhost and its own address (:mod:`app.server.origins`). Batching: ``window_ms``,
+    it answers to besides localhost and its own address (:mod:`app.guard.origins`). Batching: ``window_ms``,
     ``max_batch``; ``max_pending``: searches admitted at once before 503.
     """
 
@@ -376,7 +376,7 @@ class AccessMiddleware:
     """ASGI middleware, before every route: :func:`check_access` (the module's rule).
 
     An anonymous request may only post the login form (``/login``, throttled by
-    :class:`app.server.access.LoginThrottleMiddleware`) and fetch :data:`PUBLIC_PREFIXES`; ``GET /`` answers 200 with
+    :class:`app.guard.access.LoginThrottleMiddleware`) and fetch :data:`PUBLIC_PREFIXES`; ``GET /`` answers 200 with
     the login form. A page route called with ``Authorization`` gets a page session for its account (one per
     account, kept in Gradio's own table): Gradio's routes check only their cookie.
     """
