@@ -138,7 +138,7 @@ def _set_k(page: Any, k: int, wait: bool = True) -> None:
 
 def _wait_results(page: Any, n: int, info: str = "") -> None:
     page.wait_for_function(f"""() => document.querySelectorAll('{RESULTS}').length == {n} &&
-        document.querySelector('#search-info').innerText.includes('{n} results') &&
+        document.querySelector('#search-info').innerText.startsWith('{n} results') &&
         document.querySelector('#search-info').innerText.includes({json.dumps(info)}) &&
         [...document.querySelectorAll('{RESULTS} img')].every(i => i.src.includes('/gradio_api/file=') &&
           (i.getBoundingClientRect().top > innerHeight || (i.complete && i.naturalWidth > 0)))""",
