@@ -194,7 +194,7 @@ def test_page_marks_weak_matches_by_the_collections_threshold(built, sample_phot
         weak = [s < idx.weak_below for s in state.scores]
         assert [" · weak match" in caption for _, caption in gallery] == weak
         assert ("no close match in the collection" in info) == weak[0]
-    own = app.search(str(next(sample_photos.rglob("*.jpg"))), k=1, folder="")[2]["scores"][0]
+    own = app.search(str(next(sample_photos.rglob("*.jpg"))), k=1, folder="")[2].scores[0]
     assert own == pytest.approx(1.0, abs=1e-5) and own >= idx.weak_below  # a photo of the collection finds itself
 
 

@@ -37,7 +37,7 @@ def _solid(
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == "moco.data"]
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("moco.data")]
 
 
 def _close(rgb: np.ndarray, color: tuple[int, int, int], tol: float) -> bool:

@@ -61,7 +61,7 @@ def _mirrored(run, files, mirror: bool = True) -> np.ndarray:
 
     plain = Embedder.load(run / "checkpoint.pt", device="cpu", precision="fp32", whiten=False)
     squares = torch.from_numpy(np.stack([load_square_u8(f, plain.resize) for f in files]))  # N x R x R x 3
-    x = center_view(squares, plain.image_size, plain.mean, plain.std)  # N x 3 x s x s
+    x = center_view(squares, plain.image_size, plain.pixel_mean, plain.pixel_std)  # N x 3 x s x s
     net = plain.backbone.eval()
     both = F.normalize(_staged(net, x), dim=1)  # N x 960
     if mirror:
@@ -114,7 +114,7 @@ def test_embeddings_apply_it_and_the_export_formats_keep_it(run, sample_photos, 
     assert (meta["embed_dim"], embedding_dim(meta)) == ("512", DIM)  # the backbone's width; what it embeds
     white = Embedder.load(tmp_path / "b.safetensors", device="cpu", precision="fp32")
     plain = Embedder.load(tmp_path / "b.safetensors", device="cpu", precision="fp32", whiten=False)
-    assert white.whitening is not None and plain.whitening is None
+    assert white.space is not None and plain.space is None
     got, raw, mirrored = white.embed(files), plain.embed(files), _mirrored(run, files)
     assert (white.dim, plain.dim, got.shape[1], raw.shape[1]) == (DIM, 512, DIM, 512)
     np.testing.assert_allclose(got, w(mirrored), atol=2e-5)  # normalize((normalize(f + f_mirror) - mean) @ matrix)

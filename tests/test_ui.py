@@ -58,9 +58,9 @@ def test_search_handlers_equal_image_index(app, setup):
     assert gallery[0][1].startswith("#1 · 1.000 · ") and "embed" in info and "search" in info
     assert all(Path(t).parent == setup["idx"] / "thumbs" for t, _ in gallery)
     gallery2, _, state2 = app.more(state)  # "more" continues the ranking
-    assert state2["ids"] == list(ref.ids[0, :10]) and len(gallery2) == 10
+    assert state2.ids == list(ref.ids[0, :10]) and len(gallery2) == 10
     _, _, state3 = app.select(state2, 7)  # clicking a result searches with it
-    assert state3["ids"][0] == ref.ids[0, 7] and state3["scores"][0] == pytest.approx(1.0, abs=1e-5)
+    assert state3.ids[0] == ref.ids[0, 7] and state3.scores[0] == pytest.approx(1.0, abs=1e-5)
     family = state.paths[0].split("/")[0]
     _, _, only = app.search(str(q), k=50, folder=family)
     assert only.paths and all(p.startswith(family + "/") for p in only.paths)
@@ -245,7 +245,7 @@ def test_empty_index_and_rebuilt_with_another_backbone_are_messages(setup, tmp_p
     shutil.copytree(setup["idx"], tmp_path / "live_idx")
     live = ImageIndex.open(tmp_path / "live_idx")
     app = SearchApp(live, live.load_embedder(device="cpu"))
-    assert app.search(str(_query(setup)), 3, "")[2]["ids"]
+    assert app.search(str(_query(setup)), 3, "")[2].ids
     other = random_backbone(tmp_path, seed=5)
     shutil.rmtree(tmp_path / "live_idx")
     build_index(setup["photos"], other, tmp_path / "live_idx", progress=False)
@@ -312,3 +312,13 @@ def test_the_page_served_beside_training_has_pyplot_imported_before_its_first_ev
                          env=dict(os.environ, PYTHONPATH=str(ROOT), MPLBACKEND="tkagg"))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "True agg" in out.stdout.splitlines(), out.stdout
+
+
+def test_every_event_answers_an_error_with_as_many_outputs_as_it_has(setup):
+    """An event whose handler fails answers our message in one output and leaves the others: as many values as the
+    event has outputs, or Gradio refuses the answer (a click on a result did, with one output missing)."""
+    demo, _ = make_demo(setup["idx"], setup["ckpt"], device="cpu")
+    wrapped = [(fn.fn.__name__, fn.fn.n_outputs, len(fn.outputs)) for fn in demo.fns.values()
+               if hasattr(fn.fn, "n_outputs")]
+    assert len(wrapped) >= 8, wrapped  # the page's events, each behind _safe
+    assert [w for w in wrapped if w[1] != w[2]] == []

@@ -105,6 +105,7 @@ def _safe(n_outputs: int, message_at: int) -> Callable:
                 except Exception as e:  # noqa: BLE001 - shown on the page, logged (UserError: one line)
                     return failed(e)
 
+            async_inner.n_outputs = n_outputs  # type: ignore[attr-defined]  # checked against the event's outputs
             return async_inner
 
         @functools.wraps(fn)
@@ -114,6 +115,7 @@ def _safe(n_outputs: int, message_at: int) -> Callable:
             except Exception as e:  # noqa: BLE001 - shown on the page, logged (UserError: one line)
                 return failed(e)
 
+        inner.n_outputs = n_outputs  # type: ignore[attr-defined]  # checked against the event's outputs
         return inner
 
     return wrap
@@ -221,7 +223,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
 
                 def do_select(st: Results | None, evt: gr.SelectData, request: gr.Request) -> tuple:
                     out = app.select(st, evt.index)
-                    d = app.details(out[2]["source"]["id"])
+                    d = app.details(out[2].source["id"])
                     return (gr.Gallery(value=_file_urls(out[0], request), selected_index=None), out[1], out[2],
                             *export_buttons(out[2]), "",
                             d["thumb"], gr.Column(visible=True), d["preview"], d["markdown"], d["full_path"], d["id"],
@@ -242,7 +244,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 folder.input(_safe(6, 5)(do_rerun), [state, k, folder], results, api_name=False,
                              concurrency_id="model")
                 more.click(_safe(6, 5)(do_more), [state], results, api_name="more", concurrency_id="model")
-                gallery.select(_safe(12, 5)(do_select), [state],
+                gallery.select(_safe(13, 5)(do_select), [state],
                                [*results, query, details, preview, detail_md, path_box, picked, original],
                                api_name=False, concurrency_id="model").then(
                     None, None, None, js="() => { if (document.activeElement) document.activeElement.blur(); }")

@@ -16,8 +16,7 @@ from moco.errors import UserError
 from moco.model.backbones import ARCH_KWARGS, build_backbone, is_known_arch
 from moco.whiten import Whitening, embedding_features, whiten_features
 
-__all__ = ["BACKBONE_ID", "WhitenedBackbone", "build_exported", "embedding_dim", "exported_whitening",
-           "load_exported"]
+__all__ = ["BACKBONE_ID", "WhitenedBackbone", "build_exported", "embedding_dim", "exported_whitening", "load_exported"]
 
 logger = logging.getLogger(__name__)
 
