@@ -3,10 +3,21 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # torch comes first, pinned. pip's default torch wheel on Linux is the CUDA build (it runs on a CPU too): torch and
-# its nvidia-* wheels take about 4.4 GB, the whole venv about 6.3 GB. For the smaller CPU build, point pip at a
-# wheel index that carries it: PIP_EXTRA_INDEX_URL=THAT_INDEX make install (or set TORCH_SPEC).
+# its nvidia-* wheels take about 4.4 GB, the whole venv about 6.3 GB. CPU=1 TORCH_INDEX=URL: torch's CPU build from
+# PyTorch's CPU wheel index at URL instead (see the README): about 4.5 GB less (nvidia-* 3.2 GB, triton 0.9 GB).
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
-STAMP  := $(VENV)/.installed
+TORCH_INDEX ?=
+# The extras: everything for the CPU (faiss-cpu), or with GPU=1 faiss-gpu and its CUDA libraries instead; never
+# both FAISS builds in one venv (they ship the same `faiss` module): the other one is removed first.
+ifeq ($(GPU),1)
+EXTRAS ?= gpu,ui,plot,tensorboard,onnx,parquet,dev
+OTHER_FAISS := faiss-cpu
+else
+EXTRAS ?= all,dev
+OTHER_FAISS := faiss-gpu faiss-gpu-cu12
+endif
+comma  := ,
+STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 # make run: photos -> train -> export -> index -> serve (see README). Each photo folder has its own directory in
 # WORK (the sample: WORK/sample); re-running on the same folder reuses what exists there.
@@ -33,14 +44,17 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
+ifeq ($(CPU),1)
+	@[ -n "$(TORCH_INDEX)" ] || { echo "CPU=1 needs TORCH_INDEX=URL, PyTorch's CPU wheel index (see the README)" >&2; \
+		exit 2; }
+	$(BIN)/python -m pip install -q --index-url "$(TORCH_INDEX)" $(TORCH_SPEC)
+else
 	$(BIN)/python -m pip install -q $(TORCH_SPEC)
-	# all: the index, UI, curves, TensorBoard, ONNX and YAML extras (the library alone: pip install moco-retrieval)
-	$(BIN)/python -m pip install -q -e ".[all,dev]"
-ifeq ($(GPU),1)
-	# faiss-cpu and faiss-gpu ship the same `faiss` module: never both installed
-	$(BIN)/python -m pip uninstall -q -y faiss-cpu
-	$(BIN)/python -m pip install -q --force-reinstall --no-deps "faiss-gpu-cu12>=1.13,<1.16"
 endif
+	$(BIN)/python -m pip uninstall -q -y $(OTHER_FAISS) 2>/dev/null || true
+	# the index, UI, curves, TensorBoard, ONNX and YAML extras (the library alone: pip install moco-retrieval)
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	rm -f $(VENV)/.installed*
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -156,7 +156,7 @@ class TrainConfig:
                        "pretrained`, torchvision/timm)")
     # ---- runtime
     precision: str = _field("auto", "auto | bf16 | fp16 | fp32 (auto: bf16 where the hardware runs it fast)")
-    device: str = _field("auto", "auto | cpu | cuda")
+    device: str = _field("auto", "auto | cpu | cuda | mps (auto: CUDA, then Apple's MPS, then the CPU)")
     workers: int = _field(-1, "processes decoding photos (-1: one per CPU core)", Bounds(
         0, 1024, "use -1 (one per CPU core), 0 (decode in this process) or up to 1024 processes", off=-1))
     seed: int = _field(0, "seed of initialization, sampling and augmentation",
@@ -251,7 +251,7 @@ CHOICES = {
     "optimizer": ("sgd", "lars", "adamw"),
     "lr_schedule": ("cosine", "step"),
     "precision": ("auto", "bf16", "fp16", "fp32"),
-    "device": ("auto", "cpu", "cuda"),
+    "device": ("auto", "cpu", "cuda", "mps"),
     "memory_format": ("auto", "channels_last", "contiguous"),
     "whiten_stages": ("auto", "on", "off"),
     "vit_v3_tweaks": ("auto", "on", "off"),

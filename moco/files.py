@@ -14,9 +14,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import filelock
+
 from moco.errors import UserError, storage_error
 
-__all__ = ["LOCK_FILE", "atomic_write", "file_mode", "lock_dir", "make_dirs", "read_safetensors", "sha256_file"]
+__all__ = ["LOCK_FILE", "holder", "write_holder", "atomic_write", "file_mode", "lock_dir", "make_dirs",
+           "read_safetensors", "sha256_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -96,34 +99,47 @@ def atomic_write(path: str | Path, write: Any) -> None:
 
 @contextlib.contextmanager
 def lock_dir(directory: str | Path, flag: str) -> Iterator[None]:
-    """Hold ``directory/.moco.lock`` (an exclusive ``fcntl.flock``) while the block runs; a second process that
-    asks for it meanwhile gets a :class:`UserError` naming the holder's PID and ``flag`` (the option that picks
-    another directory). The OS releases the lock when its process ends, however it ends (SIGKILL too), so a
-    killed run never leaves a stale lock; the file stays, with the PID of its last holder (unlinking it races).
+    """Hold ``directory/.moco.lock`` while the block runs; a second process (or thread) that asks for it meanwhile
+    gets a :class:`UserError` naming the holder's PID and ``flag`` (the option that picks another directory).
+
+    The lock is :mod:`filelock`'s: ``flock`` on POSIX, ``msvcrt`` locking on Windows, a lock file of its own where a
+    file system has neither. The OS releases a native lock when its process ends, however it ends (SIGKILL too), so
+    a killed run never leaves a stale lock; the file stays, with the PID of its last holder (unlinking it races).
     """
     path = Path(directory) / LOCK_FILE
+    lock = filelock.FileLock(path, timeout=0)
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        lock.acquire()
+    except filelock.Timeout:
+        raise UserError(f"{directory} is in use by another moco run (PID {holder(path) or 'unknown'}): wait for it to "
+                        f"end, or use another {flag}") from None
     except OSError as e:
         raise storage_error(e, path) from e
     try:
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: no cross-process lock
-            logger.debug("no fcntl here: %s is not locked against other processes", directory)
-            yield
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            raise UserError(f"{directory} is in use by another moco run (PID {pid}): wait for it to end, or use "
-                            f"another {flag}") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        write_holder(path, f"{os.getpid()}\n")
         yield
     finally:
-        os.close(fd)
+        lock.release()
+
+
+def holder(path: Path) -> str:
+    """What the holder of the lock file ``path`` wrote into it (``""``: nothing readable)."""
+    try:
+        return path.read_text(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def write_holder(path: Path, text: str) -> None:
+    """Say who holds the lock file ``path``, for the processes that wait for it (a courtesy: a file system that
+    refuses the write leaves it unsaid)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, text.encode(), 0)
+        finally:
+            os.close(fd)
 
 
 def make_dirs(directory: str | Path) -> Callable[[], None]:

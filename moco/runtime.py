@@ -14,22 +14,37 @@ import torch
 
 from moco.errors import UserError
 
-__all__ = ["resolve_device", "resolve_precision", "autocast_for", "init_distributed", "Dist", "setup_logging"]
+__all__ = ["resolve_device", "mps_available", "resolve_precision", "autocast_for", "init_distributed", "Dist",
+           "setup_logging"]
 
 logger = logging.getLogger(__name__)
 
 
 def resolve_device(name: str) -> torch.device:
-    """auto -> cuda (this rank's GPU under torchrun) when available, else cpu."""
-    if name == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda was asked for but no CUDA GPU is visible: use --device cpu or auto")
-    if name == "cpu" or (name == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    """auto -> cuda (this rank's GPU under torchrun) when available, else Apple's mps when available, else cpu."""
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {name} was asked for but no CUDA GPU is visible: use --device cpu or auto")
+    if name == "mps" and not mps_available():
+        raise UserError("--device mps was asked for but no Apple GPU (MPS) is available: use --device cpu or auto")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if mps_available() else "cpu"
+    if name == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+    try:
+        return torch.device(name)
+    except RuntimeError:
+        raise UserError(f"--device {name!r} is not a device: use auto, cpu, cuda, cuda:N or mps") from None
+
+
+def mps_available() -> bool:
+    """Whether this torch runs on an Apple GPU (Metal Performance Shaders)."""
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
 
 
 def resolve_precision(name: str, device: torch.device) -> str:
-    """auto -> bf16 where it runs fast (CPUs with AMX/avx512_bf16, GPUs with bf16), fp16 on older GPUs, else fp32."""
+    """auto -> bf16 where it runs fast (CPUs with AMX/avx512_bf16, GPUs with bf16), fp16 on older GPUs, else fp32
+    (Apple's GPU: fp32)."""
     if device.type == "cpu":
         if name == "fp16":  # runs (autocast + GradScaler on the CPU), e.g. to check the older-GPU path
             logger.warning("--precision fp16 on the CPU is slow (most CPUs have no fp16 arithmetic); it is the "
@@ -37,6 +52,8 @@ def resolve_precision(name: str, device: torch.device) -> str:
         if name == "auto":
             return "bf16" if _cpu_has_fast_bf16() else "fp32"
         return name
+    if device.type == "mps":  # autocast runs there, but fp32 is the precision every op of the model supports
+        return "fp32" if name == "auto" else name
     if name == "auto":
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     return name

@@ -19,7 +19,7 @@ def test_hadolint_passes():
 def test_dockerfile_runs_the_pipeline_and_never_installs_both_faiss():
     text = (ROOT / "Dockerfile").read_text()
     assert 'CMD ["run", "/photos", "--work", "/work", "--host", "0.0.0.0"' in text
-    assert "pip uninstall -y faiss-cpu" in text  # the GPU image swaps faiss-cpu for faiss-gpu
+    assert "[gpu,ui,plot]" in text and "[index,ui,plot]" in text and "pip uninstall" not in text  # one FAISS each
     assert "USER 1000" in text and "EXPOSE 7860" in text
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "runs", "*.pt"} <= set(ignored)

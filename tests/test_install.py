@@ -86,12 +86,13 @@ def test_core_dependencies_are_the_light_set():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     core = {_name(r) for r in project["dependencies"]}
-    assert core == {"torch", "torchvision", "timm", "pillow", "numpy", "safetensors", "tqdm"}
+    assert core == {"torch", "torchvision", "timm", "pillow", "numpy", "safetensors", "tqdm", "filelock",
+                    "platformdirs"}  # the last two: installed with torch anyway (filelock), or a few kB
     extras = {k: {_name(r) for r in v} for k, v in project["optional-dependencies"].items()}
     extras_text = {k: " ".join(v) for k, v in project["optional-dependencies"].items()}
     assert extras["index"] == {"faiss-cpu"}
-    assert "gradio" in extras["ui"] and "moco-retrieval[index]" in extras_text["ui"]
-    assert extras["gpu"] == {"faiss-gpu-cu12"} and "faiss-cpu" not in extras["all"]  # never both faiss builds
+    assert extras["ui"] == {"gradio"}  # the page brings no FAISS: `[index,ui]` or `[gpu,ui]`, never both builds
+    assert extras["gpu"] == {"faiss-gpu"} and "moco-retrieval[index" in extras_text["all"]
     assert "tensorboard" in extras["tensorboard"]
     assert all(f"[{name}" in extras_text["all"] or f",{name}" in extras_text["all"]
                for name in ("ui", "tensorboard", "plot"))
@@ -175,11 +176,49 @@ def test_index_commands_without_faiss_name_the_index_extra(index_dir, sample_pho
     assert not new.exists() and _files(index_dir) == before  # failed before writing anything
 
 
-def test_images_and_make_install_the_extras_they_run():
-    dockerfile = (ROOT / "Dockerfile").read_text()
-    assert 'pip install "./[ui,plot]"' in dockerfile  # the image runs `moco run`: train, curves, index, serve
+def _install_sets() -> dict[str, str]:
+    """The extras each documented install asks for: the README's two, the Makefile's and the Dockerfile's."""
     makefile = (ROOT / "Makefile").read_text()
-    assert 'pip install -q -e ".[all,dev]"' in makefile  # make run / make test get everything
+    make = re.findall(r"^EXTRAS \?= (\S+)$", makefile, re.M)  # GPU=1's, then the default's
+    docker = re.findall(r'pip install "\./\[([\w,]+)\]"', (ROOT / "Dockerfile").read_text())
+    readme = re.findall(r'pip install "moco-retrieval\[([\w,]+)\]"', (ROOT / "README.md").read_text())
+    return {**{f"README {extras}": extras for extras in readme}, "make install GPU=1": make[0],
+            "make install": make[1], "docker GPU": docker[0], "docker CPU": docker[1]}
+
+
+def test_images_and_make_install_the_extras_they_run():
+    sets = _install_sets()
+    assert sets["docker GPU"] == "gpu,ui,plot" and sets["docker CPU"] == "index,ui,plot"  # `moco run`: curves, serve
+    assert sets["make install"] == "all,dev"  # make run / make test get everything
+    assert set(sets["make install GPU=1"].split(",")) == {"gpu", "ui", "plot", "tensorboard", "onnx", "parquet", "dev"}
+    makefile = (ROOT / "Makefile").read_text()
+    assert 'pip install -q -e ".[$(EXTRAS)]"' in makefile and "--no-deps" not in makefile
+    assert "--no-deps" not in (ROOT / "Dockerfile").read_text()  # the GPU FAISS's CUDA libraries come with it
+
+
+@pytest.mark.slow
+def test_every_documented_install_resolves_to_exactly_one_faiss(tmp_path):
+    """pip's own resolver, asked what each install would put in a fresh environment (``--dry-run
+    --ignore-installed --report``): exactly one of faiss-cpu / faiss-gpu*, and the GPU one with its CUDA runtime."""
+    import concurrent.futures
+
+    def resolve(extras: str) -> set[str]:
+        report = tmp_path / f"{extras}.json"
+        r = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+                            "--report", str(report), f".[{extras}]"], cwd=ROOT, capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0, (extras, r.stderr[-2000:])
+        return {item["metadata"]["name"].lower() for item in json.loads(report.read_text())["install"]}
+
+    sets = _install_sets()
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        resolved = dict(zip(sets, pool.map(resolve, sets.values())))
+    for what, names in resolved.items():
+        faiss = sorted(n for n in names if n == "faiss-cpu" or n.startswith("faiss-gpu"))
+        want = ["faiss-gpu"] if "gpu" in sets[what].split(",") else ["faiss-cpu"]
+        assert faiss == want, (what, sets[what], faiss)
+        if want == ["faiss-gpu"]:
+            assert {"nvidia-cuda-runtime-cu12", "nvidia-cublas-cu12"} <= names, (what, sorted(names))
 
 
 @pytest.mark.parametrize(("blocked", "flags", "extra"), [(NO_UI, [], "ui"), ("faiss", ["--no-serve"], "index")])

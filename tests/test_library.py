@@ -329,3 +329,31 @@ def test_the_readme_training_snippet_saved_as_a_script(sample_photos, tmp_path, 
     assert last.startswith("moco.errors.UserError: ") and str(script) in last, last
     assert 'if __name__ == "__main__":' in last and "workers=0" in last
     assert "steps" not in proc.stdout and not out.exists()  # nothing trained (parent or worker), nothing left
+
+
+# ---------------------------------------------------------------------------------------------- devices
+@pytest.mark.parametrize(("cuda", "mps", "want"), [(True, True, "cuda:0"), (False, True, "mps"), (False, False, "cpu"),
+                                                   (True, False, "cuda:0")])
+def test_device_auto_picks_cuda_then_mps_then_cpu(monkeypatch, cuda, mps, want):
+    from moco.runtime import resolve_device, resolve_precision
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: mps)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    device = resolve_device("auto")
+    assert str(device) == want
+    if want == "mps":
+        assert resolve_precision("auto", device) == "fp32" and resolve_precision("bf16", device) == "bf16"
+
+
+def test_a_device_that_is_not_there_is_refused_by_name(monkeypatch):
+    from moco.errors import UserError
+    from moco.runtime import resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    for name, words in [("cuda", "no CUDA GPU"), ("cuda:1", "no CUDA GPU"), ("mps", "no Apple GPU"),
+                        ("tpu", "not a device")]:
+        with pytest.raises(UserError, match=words) as e:
+            resolve_device(name)
+        assert name in str(e.value)

@@ -40,6 +40,11 @@ EXCEPTIONS = {
     "make run PHOTOS=~/Pictures INIT=moco_v2_800ep": "internet: downloads moco_v2_800ep (about 200 MB), then trains "
                                                      "a ResNet-50 at 224 px on it",
     "make run GPU=1 PHOTOS=~/Pictures": "GPU: installs faiss-gpu into the venv and needs a CUDA device",
+    "pip install moco-retrieval[gpu,ui]": "installs the published package; this tree installs itself (`make install`), "
+                                          "and tests/test_install.py asks pip's resolver what each documented install "
+                                          "brings (exactly one FAISS)",
+    "make install CPU=1 TORCH_INDEX=URL": "PyTorch's CPU wheel index (URL) is not reachable here; the Makefile's "
+                                          "CPU=1 path is read by tests/test_install.py",
     "docker build -t moco-retrieval .": "docker: builds an image from a CUDA base image (internet, a docker daemon)",
     "docker run --gpus all -v ~/Pictures:/photos:ro -v moco-work:/work -p 7860:7860 -e MOCO_AUTH=alice:secret "
     "moco-retrieval": "docker and a GPU (--gpus all), on the image of the line above",
@@ -59,6 +64,8 @@ SUBSTITUTIONS = [
      "2 CPU processes on gloo; --standalone: a free port"),
     ("moco serve ...", "+ `--port FREE`, stopped once the page answers", "it serves until stopped"),
     ("max_steps=200, batch_size=64 (python)", "max_steps=2, batch_size=8", "2 steps instead of 200"),
+    ("python bench/SCRIPT.py", "this tree's script, with no CUDA device visible", "gpu_check.py says there is no GPU "
+     "and exits 0 (tests/test_gpu_check.py runs its steps on the CPU)"),
 ]
 PYTHON_SUBSTITUTIONS = {"max_steps=200": "max_steps=2", "batch_size=64": "batch_size=8"}
 
@@ -260,6 +267,10 @@ def run_example(example: Example, ws: Workspace, env: dict[str, str] | None = No
         return _torchrun(words, ws)
     if words[0] == "moco":
         return _run_cli(_small(words[1:]) if words[1] == "train" else words[1:], ws)
+    if words[0] == "python" and words[1].startswith("bench/"):
+        proc = subprocess.run([sys.executable, str(ROOT / words[1]), *words[2:]], cwd=ws.root,
+                              env=dict(ws.env, CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=600)
+        return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
     return 1, f"no runner for {words[0]!r}: run it here, or list it in EXCEPTIONS with the reason"
 
 
@@ -311,7 +322,7 @@ def test_every_example_has_a_runner_or_a_listed_reason():
     shell = {e.text for e in examples if e.kind == "shell"}
     assert not set(EXCEPTIONS) - shell, f"exceptions the README no longer has: {set(EXCEPTIONS) - shell}"
     unknown = [e.text for e in examples if e.kind == "shell" and e.text not in EXCEPTIONS
-               and e.text.split()[0] not in ("moco", "make", "torchrun")]
+               and e.text.split()[0] not in ("moco", "make", "torchrun", "python")]
     assert not unknown, f"no runner and no reason: {unknown}"
     code = "".join(e.text for e in examples if e.kind == "python")
     assert all(old in code for old in PYTHON_SUBSTITUTIONS), "a python substitution no longer applies"

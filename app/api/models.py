@@ -61,6 +61,7 @@ class Stats(BaseModel):
     unreadable: int
     pending: int = Field(description="embedded, not yet searchable")
     kind: str = Field(description="FAISS index kind: flat, ivf, ivfpq or hnsw")
+    on_gpu: bool = Field(description="the index searches on a GPU (faiss-gpu and a CUDA device)")
     dim: int
     weak_below: float | None
     dedup_threshold: float

@@ -430,7 +430,8 @@ def api_routes(service: SearchService) -> list[Any]:
         index.refresh()
         st = index.stats()
         return Stats(images=st["vectors"], unreadable=st["error"], pending=st["pending"], kind=st["kind"],
-                     dim=st["dim"], weak_below=st["weak_below"], dedup_threshold=st["dedup_threshold"],
+                     on_gpu=st["on_gpu"], dim=st["dim"], weak_below=st["weak_below"],
+                     dedup_threshold=st["dedup_threshold"],
                      backbone_arch=st["backbone_arch"], backbone_sha256=st["backbone_sha256"],
                      space=st["space_description"], updated=st["updated"], folders=app.folders())
 

@@ -109,7 +109,7 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
                    help="photos per resumable chunk (default: 1024)")
     p.add_argument("--batch-size", type=int, default=64, metavar="N", help="photos per forward pass (default: 64)")
     p.add_argument("--workers", type=int, default=None, metavar="N", help="decoding threads (default: up to 8)")
-    p.add_argument("--device", default="auto", help="auto | cpu | cuda (default: auto)")
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda | mps (default: auto)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(handler=cmd_embed)
 

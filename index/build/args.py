@@ -39,7 +39,7 @@ def memory_budget(text: str) -> int:
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default: 64)")
     p.add_argument("--workers", type=int, default=None, help="decoding threads (default: up to 8)")
-    p.add_argument("--device", default="auto", help="embedding device: auto, cpu, cuda, cuda:1 (default: auto)")
+    p.add_argument("--device", default="auto", help="embedding device: auto, cpu, cuda, cuda:1, mps (default: auto)")
     p.add_argument("--gpu", default="auto", choices=("auto", "yes", "no"), help="FAISS on a GPU (default: auto)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")

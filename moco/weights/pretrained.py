@@ -32,7 +32,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import filelock
+
 from moco.errors import NetworkError, UserError, storage_error
+from moco.files import holder, write_holder
 
 __all__ = ["Pretrained", "REGISTRY", "DEFAULT", "FetchError", "moco_home", "url_for", "cache_path", "fetch", "resolve",
            "listing"]
@@ -98,14 +101,16 @@ class FetchError(NetworkError):
 
 
 def moco_home() -> Path:
-    """Where checkpoints and exports are cached, the first of: ``$MOCO_HOME``; ``$XDG_CACHE_HOME/moco-retrieval``;
-    ``~/.cache/moco-retrieval``. An empty variable counts as unset; a relative ``$XDG_CACHE_HOME`` is ignored, as
-    the XDG Base Directory specification asks."""
+    """Where checkpoints and exports are cached: ``$MOCO_HOME``, else the platform's cache folder for the user
+    (:func:`platformdirs.user_cache_path`): ``$XDG_CACHE_HOME/moco-retrieval`` or ``~/.cache/moco-retrieval`` on
+    Linux, ``~/Library/Caches/moco-retrieval`` on macOS, ``%LOCALAPPDATA%\\moco-retrieval\\Cache`` on Windows. An
+    empty variable counts as unset; a relative ``$XDG_CACHE_HOME`` is ignored, as the XDG Base Directory
+    specification asks."""
     if os.environ.get("MOCO_HOME"):
         return Path(os.environ["MOCO_HOME"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    cache = Path(xdg) if os.path.isabs(xdg) else Path("~/.cache").expanduser()
-    return cache / "moco-retrieval"
+    import platformdirs
+
+    return platformdirs.user_cache_path("moco-retrieval", appauthor=False)
 
 
 def url_for(entry: Pretrained) -> str:
@@ -201,52 +206,41 @@ def _cache_unusable(err: OSError, folder: Path) -> UserError:
 def _locked(path: Path, name: str) -> Iterator[None]:
     """Hold ``path``'s download lock (waiting for another process's download: said, and bounded); the lock file
     says who holds it (pid, host, since when, which name)."""
+    lock_path = path.with_name(f".{path.name}.lock")  # kept (unlinking a lock races)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        lock = open(path.with_name(f".{path.name}.lock"), "a+")  # closed below; kept (unlinking a lock races)
+        lock = filelock.FileLock(lock_path, timeout=0)
+        _acquire(lock, lock_path, path)
     except OSError as e:
         raise _cache_unusable(e, path.parent) from e
     try:
-        _acquire(lock, path)
-        with contextlib.suppress(OSError):  # who holds it: a courtesy to waiting processes
-            lock.truncate(0)
-            lock.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}, "
-                       f"fetching {name}\n")
-            lock.flush()
-        try:
-            yield
-        finally:
-            with contextlib.suppress(OSError):
-                lock.truncate(0)  # nobody holds it now
+        write_holder(lock_path, f"pid {os.getpid()} on {socket.gethostname()} since "
+                                f"{time.strftime('%Y-%m-%d %H:%M:%S')}, fetching {name}\n")
+        yield
     finally:
-        lock.close()
+        write_holder(lock_path, "")  # nobody holds it now
+        lock.release()
 
 
-def _acquire(lock: Any, path: Path) -> None:
-    """Take ``lock`` (where file locks exist); while another process holds it, say who, every ``LOCK_SAY_S``,
-    and wait as long as its download grows (a FetchError once ``path.part`` has not grown for ``LOCK_STALL_S``)."""
-    try:
-        import fcntl
-    except ImportError:  # not POSIX: no cross-process lock
-        logger.debug("no fcntl here: %s is not locked against other processes", path)
-        return
+def _acquire(lock: filelock.FileLock, lock_path: Path, path: Path) -> None:
+    """Take ``lock``; while another process holds it, say who, every ``LOCK_SAY_S``, and wait as long as its
+    download grows (a FetchError once ``path.part`` has not grown for ``LOCK_STALL_S``)."""
 
     def try_lock() -> bool:
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock.acquire()
             return True
-        except BlockingIOError:
+        except filelock.Timeout:
             return False
 
-    def holder() -> str:
-        lock.seek(0)
-        return lock.read().strip() or "another process"
+    def who() -> str:
+        return holder(lock_path) or "another process"
 
     if try_lock():
         return
     part = path.with_name(path.name + ".part")
     logger.warning("%s is being fetched by %s: waiting for it (lock file %s; up to %.0f s without progress)", path,
-                   holder(), lock.name, LOCK_STALL_S)
+                   who(), lock_path, LOCK_STALL_S)
     size, grew = _size(part), _clock()
     said = grew
     while not try_lock():
@@ -255,11 +249,11 @@ def _acquire(lock: Any, path: Path) -> None:
         if _size(part) != size:
             size, grew = _size(part), now
         if now - grew >= LOCK_STALL_S:
-            raise FetchError(f"{path} is being fetched by {holder()}, but {part} has not grown for {now - grew:.0f} "
+            raise FetchError(f"{path} is being fetched by {who()}, but {part} has not grown for {now - grew:.0f} "
                              f"s: wait for that process to finish, or stop it and run the same command (the lock "
-                             f"{lock.name} is free once it exits)")
+                             f"{lock_path} is free once it exits)")
         if now - said >= LOCK_SAY_S:
-            logger.warning("still waiting for %s (%d bytes of %s so far)", holder(), size, part.name)
+            logger.warning("still waiting for %s (%d bytes of %s so far)", who(), size, part.name)
             said = now
     logger.info("%s: the other process is done; going on", path)
 
