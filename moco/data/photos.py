@@ -7,6 +7,7 @@ Light on purpose: decoding workers import it without torch.
 
 from __future__ import annotations
 
+import datetime
 import errno
 import logging
 import math
@@ -16,6 +17,7 @@ import threading
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -25,7 +27,8 @@ from PIL import Image, UnidentifiedImageError
 from moco.errors import UserError
 
 __all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTENSIONS", "MAX_FILE_BYTES", "ImageDecodeError", "check_root", "short_sides",
-           "load_rgb", "load_square_u8", "open_regular", "read_image_bytes", "scan_images", "square_u8"]
+           "load_rgb", "load_square_u8", "PhotoInfo", "photo_info", "open_regular", "read_image_bytes", "scan_images",
+           "square_u8"]
 
 logger = logging.getLogger(__name__)
 
@@ -323,6 +326,62 @@ def _decode(path: str | Path, max_pixels: int | None, target_short: int | None =
             raise ImageDecodeError(p, f"truncated or corrupt: {err}") from err
         except Exception as err:  # PIL plugins raise many types on corrupt data
             raise ImageDecodeError(p, f"truncated or corrupt: {err or type(err).__name__}") from err
+
+
+@dataclass(frozen=True)
+class PhotoInfo:
+    """What a photo's header says: its pixels (as stored; EXIF orientation does not change their count), when it
+    was taken (EXIF DateTimeOriginal, in seconds since the epoch of its local clock; None without one) and the
+    camera (EXIF Make and Model; None without them)."""
+
+    width: int
+    height: int
+    taken: float | None
+    camera: str | None
+
+    @property
+    def pixels(self) -> int:
+        return self.width * self.height
+
+
+_EXIF_IFD, _DATE_TAKEN, _MAKE, _MODEL = 0x8769, 0x9003, 0x010F, 0x0110
+
+
+def photo_info(path: str | Path) -> PhotoInfo:
+    """The header of the photo at ``path`` (no pixel is decoded): an :class:`ImageDecodeError` when it is no
+    image; a malformed date or camera is None."""
+    p = Path(path)
+    try:
+        fh = open_regular(p)
+    except OSError as err:
+        raise _unreadable(p, err) from err
+    with fh, _pil_bomb_check_off():
+        try:
+            img = Image.open(fh)
+            width, height = img.size
+            exif = img.getexif()
+        except UnidentifiedImageError as err:
+            raise ImageDecodeError(p, "not an image (cannot identify format)") from err
+        except Exception as err:  # noqa: BLE001 - PIL plugins raise many types on corrupt headers
+            raise ImageDecodeError(p, f"truncated or corrupt: {err or type(err).__name__}") from err
+        taken, camera = None, None
+        try:
+            taken = _exif_time(exif.get_ifd(_EXIF_IFD).get(_DATE_TAKEN))
+            camera = " ".join(str(v).strip("\x00 ") for v in (exif.get(_MAKE), exif.get(_MODEL)) if v) or None
+        except Exception as err:  # noqa: BLE001 - malformed EXIF must not lose the photo
+            logger.debug("ignoring unreadable EXIF in %s: %s", p, err)
+    return PhotoInfo(width, height, taken, camera[:200] if camera else None)
+
+
+def _exif_time(value: Any) -> float | None:
+    """EXIF's ``YYYY:MM:DD HH:MM:SS`` as seconds since the epoch (its clock read as UTC), or None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.datetime.strptime(value.strip("\x00 ")[:19], "%Y:%m:%d %H:%M:%S").replace(
+            tzinfo=datetime.timezone.utc).timestamp()
+    except ValueError:
+        return None
 
 
 def load_rgb(
