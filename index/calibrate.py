@@ -226,13 +226,15 @@ def near_threshold(base: float, base_rule: str, first: np.ndarray, kth: np.ndarr
     Returns ``{"threshold", "rule", "base", "base_rule", "crowd_level", "crowd_k", "crowd_quantile", "sample",
     "similar_threshold"}``; ``crowd_level`` None under :data:`MIN_PHOTOS` measured photos."""
     finite = kth[np.isfinite(kth)]
-    crowd = float(np.ceil(np.quantile(finite, CROWD_QUANTILE) * 1e4) / 1e4) if len(finite) >= MIN_PHOTOS else None
+    crowd = (round(float(np.ceil(np.quantile(finite.astype(np.float64), CROWD_QUANTILE) * 1e4)) / 1e4, 4)
+             if len(finite) >= MIN_PHOTOS else None)
     threshold, rule = float(base), base_rule
     if crowd is not None and crowd >= threshold:
         threshold, rule = min(1.0, round(crowd + 1e-4, 4)), "crowd"
     if similar is None:
         below = first[np.isfinite(first) & (first < threshold)]
-        similar = float(np.quantile(below, SIMILAR_QUANTILE)) if len(below) >= MIN_PHOTOS else threshold - 0.05
+        similar = float(np.quantile(below.astype(np.float64), SIMILAR_QUANTILE)) if len(below) >= MIN_PHOTOS \
+            else threshold - 0.05
         similar = round(min(similar, threshold - 0.01), 4)
     return {"threshold": round(threshold, 4), "rule": rule, "base": float(base), "base_rule": base_rule,
             "crowd_level": crowd, "crowd_k": CROWD, "crowd_quantile": CROWD_QUANTILE, "sample": int(len(first)),

@@ -46,19 +46,18 @@ from index.calibrate import (  # the threshold: re-exported here, where its user
 )
 from index.catalog import Row, sample_ids
 from index.image_index import ImageIndex
-from index.index_dir import DEDUP_FILE
+from index.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
 from index.keeper import photo_facts, suggest_keeper
 from moco.errors import UserError
 from moco.files import atomic_write
 
 __all__ = ["find_duplicates", "search_duplicates", "Search", "load_duplicates", "save_duplicates", "write_duplicates",
            "find_group", "tight_groups", "group_id", "KINDS",
-           "DEFAULT_KINDS", "LAST_SEARCH_KEY"]
+           "DEFAULT_KINDS"]
 
 KINDS = ("exact", "near", "similar")
 DEFAULT_KINDS = ("exact", "near")  # similar groups only when asked
 CROWD_RATIO = 0.5  # in a crowd, a link counts when its 1 - cosine is at most this share of the crowd's
-LAST_SEARCH_KEY = "dedup_last"  # catalog meta: the thresholds of the last search and their rule (for stats)
 
 
 def group_id(kind: str, members: Iterable[int]) -> str:
@@ -283,7 +282,7 @@ def save_duplicates(index: ImageIndex, groups: list[dict[str, Any]], decision: d
            "images": images, "created": now}
     write_duplicates(index.dir, doc)
     if not index.catalog.read_only:
-        index.catalog.set_meta(LAST_SEARCH_KEY, json.dumps({**decision, "created": now, "groups": len(groups)}))
+        index.catalog.set_meta(DEDUP_LAST_KEY, json.dumps({**decision, "created": now, "groups": len(groups)}))
 
 
 def write_duplicates(index_dir: str | Path, doc: dict[str, Any]) -> None:
