@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from app.page.handlers import FOLDER_PATTERN, MAX_RESULTS
+from index.catalog import MAX_ID
 
 __all__ = ["FOLDER_FIELD", "IMAGE_TYPES", "BASE64_PATTERN", "Hit", "SearchResponse", "Base64Query", "Stats", "Member",
-           "Group", "Duplicates", "KeeperRequest", "MoveRequest", "UndoRequest", "Moved", "NotMoved", "MoveResult",
-           "ErrorResponse"]
+           "Group", "Duplicates", "Kind", "KeeperRequest", "MoveRequest", "UndoRequest", "Moved", "NotMoved",
+           "MoveResult", "ErrorResponse"]
 
 
 # The folder filter's field, everywhere: '' or a sub-folder written as FOLDER_PATTERN says (else 400; one that is
@@ -122,17 +125,21 @@ class Duplicates(BaseModel):
     groups: list[Group]
 
 
+Kind = Literal["exact", "near", "similar"]
+
+
 class KeeperRequest(BaseModel):
     """The photo to keep of a group."""
 
-    photo_id: int = Field(ge=0, description="a member's id")
+    photo_id: int = Field(ge=0, le=MAX_ID, description="a member's id")
 
 
 class MoveRequest(BaseModel):
     """Groups whose photos but the keeper move to the collection's hidden `.moco-duplicates` folder."""
 
     groups: list[str] = Field([], description="group ids; or:", max_length=10_000)
-    kinds: list[str] = Field([], description="every group of these kinds (exact, near)", max_length=3)
+    kinds: list[Kind] = Field([], description="every group of these kinds (exact, near; similar groups move only "
+                              "by id)", max_length=3)
     keepers: dict[str, int] = Field({}, description="{group id: photo id} to keep instead of the suggested one")
     dry_run: bool = Field(False, description="say what would move, move nothing")
 

@@ -67,6 +67,7 @@ from app.api.models import (
     Group,
     Hit,
     KeeperRequest,
+    Kind,
     Member,
     MoveRequest,
     MoveResult,
@@ -79,7 +80,6 @@ from app.page.handlers import MAX_RESULTS, NoSuchFolder, SearchApp
 from app.page.review import MAX_PAGE
 from app.page.uploads import read_upload, upload_suffix
 from index.catalog import MAX_ID, display_path
-from index.dedup import KINDS
 from index.image_index import ImageIndex
 from moco.errors import UserError, clipped, quoted
 
@@ -468,8 +468,8 @@ def api_routes(service: SearchService) -> list[Any]:
 
     @router.get("/duplicates", response_model=Duplicates, responses=ERRORS, summary="Groups of duplicates, a page")
     def duplicates(offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=MAX_PAGE),
-                   kind: list[str] = Query([], description="exact, near, similar (repeatable; none: those searched)",
-                                           max_length=3)) -> Duplicates:
+                   kind: list[Kind] = Query([], description="exact, near, similar (repeatable; none: those "
+                                            "searched)", max_length=3)) -> Duplicates:
         """A page of the groups last saved by `moco index dedup` or the page's Collection tab: exact, then near, then
         similar groups, each kind largest first; `next_offset` for the next page."""
         service._ready()
@@ -477,8 +477,6 @@ def api_routes(service: SearchService) -> list[Any]:
         try:
             page = app.duplicates.page(kind or None, offset, limit)
         except UserError as e:  # no search yet, or a damaged dedup.json: no groups to give (not the request's fault)
-            if kind and any(k not in KINDS for k in kind):
-                raise
             raise NotFound(str(e)) from None
         search = page.search
         return Duplicates(threshold=float(search["threshold"]), similar_threshold=search.get("similar_threshold"),
