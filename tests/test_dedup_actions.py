@@ -67,7 +67,8 @@ def _bytes(root: Path) -> dict[str, str]:
 def _where(before: dict[str, str], photos: Path, dest: Path) -> dict[str, str]:
     """Where each photo of ``before`` is now: "root" or "dest" (the same relative path), each at exactly one place
     with its bytes; nothing else under either (no partial copy, no stray file)."""
-    now_root, now_dest = _bytes(photos), _bytes(dest) if dest.exists() else {}
+    now_dest = _bytes(dest) if dest.exists() else {}
+    now_root = {p: d for p, d in _bytes(photos).items() if dest not in (photos / p).parents}  # dest may be inside
     out = {}
     for path, digest in before.items():
         places = [w for w, files in (("root", now_root), ("dest", now_dest)) if files.get(path) == digest]
