@@ -56,7 +56,7 @@ CSS = """
 #views .grid-container { grid-template-columns: repeat(2, minmax(180px, 240px)) !important; height: auto !important; }
 @media (max-width: 480px) { #views .grid-container { grid-template-columns: minmax(180px, 1fr) !important; } }
 .dup-group { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 8px; margin: 8px 0; }
-.dup-thumbs { display: grid; grid-template-columns: repeat(auto-fill, minmax(120px, 1fr)); gap: 8px; }
+.dup-thumbs { display: grid; grid-template-columns: repeat(auto-fill, minmax(150px, 1fr)); gap: 8px; }
 .dup-thumbs figure { margin: 0; } .dup-thumbs img { width: 100%; aspect-ratio: 1 / 1; object-fit: cover; }
 .dup-thumbs figcaption { font-size: 12px; overflow-wrap: anywhere; }
 .dup-thumbs figure.dup-keep img { outline: 3px solid var(--color-accent); }

@@ -107,7 +107,8 @@ def groups_html(groups: list[dict[str, Any]], index: ImageIndex, start: int = 0,
                                             _size(m.get("bytes")), _when(m)) if x)
             figures.append(f'<figure data-id="{m["id"]}"{" class=dup-keep" if m["id"] == keep else ""}>{img}'
                            f"<figcaption><b>{html.escape(label)}</b> · {html.escape(facts)} · "
-                           f"{html.escape(display_path(m['path']))}</figcaption></figure>")
+                           f"{'/<wbr>'.join(map(html.escape, display_path(m['path']).split('/')))}</figcaption>"
+                           "</figure>")
         spread = (f" · cos {score_text(group['loosest'])}–{score_text(group['tightest'])} to the first"
                   if "loosest" in group else "")
         reason = html.escape(str(group.get("reason") or ""))
