@@ -10,6 +10,11 @@ row's current vector; ``deleted`` marks a file that is gone but may still be in 
 An update writes the new index file first, then in one transaction sets ``indexed`` and drops
 deleted rows, so a kill at any point leaves a readable index and a re-run that finishes the job.
 
+The user's say on duplicates lives here too: ``not_duplicates`` (pairs of photos never grouped), ``keepers``
+(photos chosen to keep of their group), both leaving with their photo's row, and ``dedup_moves``, the journal of
+duplicates moved out of the collection (:mod:`index.resolve.journal`). A catalog of an older version gets these
+tables when it is first written to.
+
 Paths are the ``str`` Python gets from the OS: a file name that is not valid UTF-8 holds lone
 surrogates (``surrogateescape``), which SQLite cannot store as TEXT; such a path is stored as a BLOB
 of its file-system bytes and read back as the same ``str`` (valid names stay TEXT). A catalog in a
