@@ -264,6 +264,9 @@ def test_a_kill_in_the_middle_of_a_move_is_finished_by_undo_or_a_rerun(coll, the
         while [e.state for e in journal.outstanding()[::-1]] != ["moved", "planned"]:  # its commit after the file
             assert time.monotonic() < deadline
             time.sleep(0.1)
+        capsys.readouterr()
+        assert main(["index", "dedup", str(idx), "--undo"]) == 2  # one action at a time: the other is named
+        assert f"is in use by another moco run (PID {proc.pid})" in capsys.readouterr().err
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()

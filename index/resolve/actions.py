@@ -116,7 +116,7 @@ def _writable(folders: Iterable[Path], what: str) -> None:
 def _acting(index: ImageIndex) -> Iterator[Journal]:
     """The index's journal while this process alone acts on its duplicates (a second one is told who holds it)."""
     index.catalog.check_writable()
-    with lock_dir(index.dir, "index directory (or wait)"):
+    with lock_dir(index.dir, "index"):
         yield Journal(index.catalog)
 
 
@@ -127,6 +127,16 @@ def _update(index: ImageIndex, journal: Journal, device: str) -> None:
     update_index(index.dir, progress=False, device=device)
     journal.mark_synced()
     index.refresh()
+
+
+def _digest(path: Path) -> str | None:
+    """The content hash of ``path`` as the catalog keeps it; None when it cannot be read."""
+    from index.build.plan import file_hash
+
+    try:
+        return file_hash(path)
+    except OSError:
+        return None
 
 
 def _pause() -> None:
@@ -164,14 +174,16 @@ def _backward(index: ImageIndex, journal: Journal, e: Entry) -> dict[str, Any] |
         journal.set_state(e.seq, "undone", note="never moved (cut off before its file)")
         return None
     back = e.back
-    if back is None:  # where it goes: its place, unless another file took it meanwhile
-        taken = os.path.lexists(src) and not same_file(src, dest)
+    if back is None:  # where it goes: its place, unless another file took it meanwhile (not the photo itself)
+        taken = os.path.lexists(src) and not same_file(src, dest) and _digest(src) != e.hash
         back = free_name(src).relative_to(index.root).as_posix() if taken else e.path
         journal.set_state(e.seq, "undoing", back=back)
     try:
         transfer(dest, index.root / back, e.hash)
     except TransferError as err:
         logger.warning("%s", err)
+        if not os.path.lexists(dest) and not os.path.lexists(index.root / back):  # gone: nothing to try again
+            journal.set_state(e.seq, "failed", note=str(err))
         return {"group": e.group_id, "id": e.photo, "from": display_path(e.dest), "to": None, "reason": str(err)}
     journal.set_state(e.seq, "undone")
     return {"group": e.group_id, "id": e.photo, "from": display_path(e.dest), "to": display_path(back)}
@@ -214,8 +226,6 @@ def select_groups(groups: list[dict[str, Any]], kinds: Iterable[str] | None = No
 def _plan(index: ImageIndex, groups: list[dict[str, Any]], target: Path, keepers: Mapping[str, int]
           ) -> tuple[list[tuple[str, int, str, Path, str, int]], list[dict[str, Any]]]:
     """(moves, skipped) for ``groups``: each non-keeper whose file is the photo the index holds, to a free name."""
-    from index.build.plan import file_hash
-
     root = index.root
     real_root = root.resolve()
     rows = index.catalog.rows_by_id([m["id"] for g in groups for m in g["members"]])
@@ -228,11 +238,7 @@ def _plan(index: ImageIndex, groups: list[dict[str, Any]], target: Path, keepers
         if keep not in ids:
             raise UserError(f"photo {keep} is not in group {g['id']} (its photos: {', '.join(map(str, ids))})")
         k = rows.get(keep)
-        try:
-            kept = k is not None and k.status == "ok" and file_hash(root / k.path) == k.hash
-        except OSError:
-            kept = False
-        if not kept:
+        if k is None or k.status != "ok" or _digest(root / k.path) != k.hash:
             skipped.append({"group": g["id"], "path": display_path(g.get("keep") or str(keep)),
                             "reason": "its keeper is gone or changed since it was indexed: run `moco index update` "
                                       "and look at the group again"})
@@ -305,7 +311,7 @@ def undo_moves(index: ImageIndex, batch: str | None = None, device: str = "auto"
         if batch and not entries and not journal.batch(batch):
             raise UserError(f"no moves {batch!r} in the journal of {index.dir}: `moco index dedup {index.dir} --undo` "
                             "without one puts back every move")
-        _writable({(index.root / e.path).parent for e in entries if (index.root / e.path).parent.exists()},
+        _writable({(index.root / e.path).parent for e in entries} | {Path(e.dest).parent for e in entries},
                   "the photos cannot be put back")
         for e in entries:
             record = _backward(index, journal, e)
