@@ -7,11 +7,12 @@ of distinct photos, at the index's default threshold, for collection sizes.
 
 A collection of N photos of a set (``fashion``: Fashion-MNIST images, 28 px enlarged to ``--size``, saved as PNG;
 ``backgrounds``: crops of the gnome-backgrounds pictures, bench/_datasets.py; overlapping crops of one picture are
-distinct photos here, so its precision is a lower bound) in which a seeded ``--copies`` share of the photos each get
-one copy, the edits taken in turn: ``exact`` (the same bytes), ``jpeg`` (re-encoded, quality 70), ``resized`` (60%),
-``cropped`` (its central 85%), ``brightened`` (x1.3) and ``mirrored`` (left-right). The index is built with the
-backbone (``--backbone``: an export; ``--run``: a training run's checkpoint, exported; neither: a randomly initialized
-ResNet-18, the weakest model there is), its exact and near groups found as `moco index dedup` finds them, then:
+distinct photos here, so its precision is a lower bound; pixel-identical images of a set count once) in which a
+seeded ``--copies`` share of the photos each get one copy, the edits taken in turn: ``exact`` (the same bytes),
+``jpeg`` (re-encoded, quality 70), ``resized`` (60%), ``cropped`` (its central 85%), ``brightened`` (x1.3) and
+``mirrored`` (left-right). The index is built with the backbone (``--backbone``: an export; ``--run``: a training
+run's checkpoint, exported; neither: a randomly initialized ResNet-18, the weakest model there is), its exact and
+near groups found as `moco index dedup` finds them, then:
 
 - recall of an edit: the share of its copies in the same group as their photo;
 - pair precision: of all pairs of photos in one group, the share that are a photo and its copy;
@@ -61,6 +62,20 @@ def _edit(img: Image.Image, edit: str) -> Image.Image:
     raise ValueError(edit)
 
 
+def _distinct(images: np.ndarray, n: int) -> np.ndarray:
+    """The first ``n`` of ``images`` whose pixels no earlier one has (a set's own exact duplicates, like the blank
+    crops of a flat wallpaper, are not distinct photos); a SystemExit when there are fewer."""
+    seen, keep = set(), []
+    for i, x in enumerate(images):
+        key = x.tobytes()
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+            if len(keep) == n:
+                return images[keep]
+    raise SystemExit(f"--sizes {n}: only {len(keep)} distinct images")
+
+
 def _images(dataset: str, n: int, size: int, seed: int) -> np.ndarray:
     """``n`` distinct images of ``dataset`` (N x size x size x 3 uint8), a seeded choice."""
     from bench._datasets import background_crops, fashion_mnist
@@ -70,15 +85,11 @@ def _images(dataset: str, n: int, size: int, seed: int) -> np.ndarray:
         train, _ = fashion_mnist("train")
         test, _ = fashion_mnist("t10k")
         pool = np.concatenate([test, train])
-        if n > len(pool):
-            raise SystemExit(f"--sizes {n}: Fashion-MNIST has {len(pool)} images")
-        pick = pool[np.sort(rng.choice(len(pool), n, replace=False))]
+        pool = _distinct(pool[rng.permutation(len(pool))], min(len(pool), n + n // 10 + 100))
         return np.stack([np.asarray(Image.fromarray(x).convert("RGB").resize((size, size), Image.Resampling.BICUBIC))
-                         for x in pick])
-    tr, _, _, _, _ = background_crops(n_train=n + 64, n_val=64, size=size, seed=seed)  # per picture, rounded down
-    if len(tr) < n:
-        raise SystemExit(f"--sizes {n}: only {len(tr)} crops")
-    return tr[:n]
+                         for x in _distinct(pool, n)])
+    tr, _, _, _, _ = background_crops(n_train=2 * n + 64, n_val=64, size=size, seed=seed)  # per picture, rounded
+    return _distinct(tr[rng.permutation(len(tr))], n)
 
 
 def write_collection(root: Path, images: np.ndarray, share: float, seed: int) -> dict[str, str]:
