@@ -247,10 +247,10 @@ def describe_threshold(decision: dict[str, Any]) -> str:
     level = (f"the collection's crowd level {crowd} (the {decision.get('crowd_k')}th closest other photo of "
              f"{decision.get('crowd_quantile', 0) * 100:g}% of {decision.get('sample')} photos)"
              if crowd is not None else "no crowd level (too few photos)")
-    rule = decision.get("rule")
+    rule, base = decision.get("rule"), decision.get("base_source") or f"{decision.get('base_rule')}"
     if rule == "given":
         return f"given; {level}"
     if rule == "crowd":
-        return (f"raised from the {decision.get('base_rule')} {decision.get('base')} to above {level}: this model "
-                "puts distinct photos of the collection that close")
-    return f"{rule} ({decision.get('base')}), above {level}"
+        return (f"raised from {decision.get('base')} ({base}) to above {level}: this model puts distinct photos of "
+                "the collection that close")
+    return f"{base}; above {level}"

@@ -43,6 +43,7 @@ from index.calibrate import (  # the threshold: re-exported here, where its user
     describe_threshold,
     near_threshold,
     neighbour_levels,
+    threshold_source,
 )
 from index.catalog import Row, sample_ids
 from index.image_index import ImageIndex
@@ -168,6 +169,7 @@ def _decide(index: ImageIndex, vecs: np.ndarray, content: np.ndarray, ids: np.nd
     first, kth = neighbour_levels(vecs, content, sample)
     base_rule = "calibrated" if isinstance(index.meta.get("dedup_calibration"), dict) else "default"
     decision = near_threshold(dedup_threshold(index), base_rule, first, kth, similar)
+    decision["base_source"] = threshold_source(index)
     if threshold is not None:
         if decision["similar_threshold"] >= threshold and similar is None:
             decision["similar_threshold"] = round(threshold - 0.05, 4)

@@ -199,7 +199,7 @@ def test_copies_are_grouped_with_their_photo_at_the_index_threshold(copied, caps
     rep, rep_id = g["representative"]["path"], g["representative"]["id"]
     assert f"group 1 {g['id']} (near, 4 images, {g['loosest']:.4f}-{g['tightest']:.4f} to {rep}); keep " in out
     assert f"  1.0000  {rep_id:>6}  {rep}  (representative" in out and f"at cosine >= {threshold} to its group's" in out
-    assert f"calibrated ({threshold}), above the collection's crowd level" in out
+    assert "(calibrated on 42 photos of the collection: copies score" in out and "; above the collection's crowd" in out
 
 
 def test_the_threshold_is_calibrated_between_copies_and_other_photos(copied, backbone, capsys):
