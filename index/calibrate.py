@@ -17,6 +17,15 @@ defaults of the backbone's kind.
 
 The sample is a few dozen photos, so the closest other photo of the whole collection is usually closer than
 ``others_max``: the halfway point leaves that margin.
+
+A weak model, or a collection of very alike photos (planes against blue sky), can put distinct photos as close as
+copies. The near threshold of a search (:func:`near_threshold`) is therefore never under the collection's own
+*crowd level*: for a seeded sample of up to :data:`GUARD_SAMPLE` photos, the score of each one's
+:data:`CROWD`-th closest other photo (photos with its bytes are not other photos) over the whole collection, at
+the :data:`CROWD_QUANTILE` quantile. Above it, 99 photos in 100 have fewer than 10 other photos, so no group of
+distinct photos grows large; a photo may have a few copies, never ten. Its rule says which of the two set it:
+``calibrated`` (or ``default``) or ``crowd``. A random-pair quantile was not used: a collection's copies are its
+highest-scoring pairs, so any quantile deep enough to keep distinct photos apart is made of copies.
 """
 
 from __future__ import annotations
@@ -33,8 +42,9 @@ from PIL import Image
 from index.catalog import Catalog, Row, sample_ids
 from moco.data.photos import ImageDecodeError, load_rgb, square_u8
 
-__all__ = ["calibrate_dedup", "calibrate_index", "dedup_threshold", "threshold_source", "CALIBRATION_SAMPLE",
-           "MIN_PHOTOS", "RECIPE", "DEDUP_THRESHOLD", "WHITENED_DEDUP_THRESHOLD", "STAGED_DEDUP_THRESHOLD"]
+__all__ = ["calibrate_dedup", "calibrate_index", "dedup_threshold", "threshold_source", "neighbour_levels",
+           "near_threshold", "describe_threshold", "CALIBRATION_SAMPLE", "MIN_PHOTOS", "RECIPE", "DEDUP_THRESHOLD",
+           "WHITENED_DEDUP_THRESHOLD", "STAGED_DEDUP_THRESHOLD", "CROWD", "CROWD_QUANTILE", "GUARD_SAMPLE"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +53,10 @@ MIN_PHOTOS = 8  # fewer decodable photos: no calibration (the backbone kind's de
 RECIPE = "resize 75% + JPEG q60; centre crop 90%"
 SCALE, QUALITY, CROP = 0.75, 60, 0.9
 LOW, HIGH = 0.5, 0.99  # the calibrated threshold stays in this range
+CROWD = 10  # more other photos than this within the near threshold of a photo: a crowd of alike photos, not copies
+CROWD_QUANTILE = 0.99  # the near threshold is above the CROWD-th closest other photo of this share of the photos
+GUARD_SAMPLE = 512  # photos whose neighbours over the whole collection measure the crowd level
+SIMILAR_QUANTILE = 0.9  # the similar threshold: the closest other photo of 1 photo in 10 scores above it
 
 
 # The defaults of an index without a calibration (built before it, or of fewer than 8 photos). Centred cosine (see
@@ -179,3 +193,64 @@ def calibrate_index(root: Path, index_dir: Path, catalog: Catalog, ids: np.ndarr
                     "over %d photos", result["threshold"], result["copies_p10"], result["others_max"],
                     result["photos"])
     return result
+
+
+def neighbour_levels(vecs: np.ndarray, content: np.ndarray, sample: np.ndarray, k: int = CROWD,
+                     chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """The closest and the ``k``-th closest other photo of each photo of ``sample``, over every photo of ``vecs``.
+
+    ``vecs``: N x D centred, L2-normalized vectors (search scores); ``content``: N ints, equal for photos with the
+    same bytes (they are not other photos of each other); ``sample``: S positions in ``vecs``. Returns (S, S)
+    scores, -inf where a photo has fewer other photos.
+    """
+    n = len(vecs)
+    first = np.full(len(sample), -np.inf, np.float32)
+    kth = np.full(len(sample), -np.inf, np.float32)
+    for s in range(0, len(sample), chunk):
+        rows = sample[s : s + chunk]
+        sim = vecs[rows] @ vecs.T  # B x N
+        sim[content[rows][:, None] == content[None, :]] = -np.inf  # itself and its exact copies
+        first[s : s + len(rows)] = sim.max(1)
+        if n > k:
+            kth[s : s + len(rows)] = np.partition(sim, n - k, axis=1)[:, n - k]  # the k-th highest
+    return first, kth
+
+
+def near_threshold(base: float, base_rule: str, first: np.ndarray, kth: np.ndarray,
+                   similar: float | None = None) -> dict[str, Any]:
+    """The near threshold of a search: ``base`` (the index's, :func:`dedup_threshold`; its rule ``calibrated`` or
+    ``default``), raised above the crowd level of :func:`neighbour_levels` ``kth`` where it is lower (rule
+    ``crowd``), and the similar threshold (``similar``, else the closest other photo of 1 photo in 10 of the sample,
+    among those under the near threshold, at most 0.01 under it).
+
+    Returns ``{"threshold", "rule", "base", "base_rule", "crowd_level", "crowd_k", "crowd_quantile", "sample",
+    "similar_threshold"}``; ``crowd_level`` None under :data:`MIN_PHOTOS` measured photos."""
+    finite = kth[np.isfinite(kth)]
+    crowd = (round(float(np.ceil(np.quantile(finite.astype(np.float64), CROWD_QUANTILE) * 1e4)) / 1e4, 4)
+             if len(finite) >= MIN_PHOTOS else None)
+    threshold, rule = float(base), base_rule
+    if crowd is not None and crowd >= threshold:
+        threshold, rule = min(1.0, round(crowd + 1e-4, 4)), "crowd"
+    if similar is None:
+        below = first[np.isfinite(first) & (first < threshold)]
+        similar = float(np.quantile(below.astype(np.float64), SIMILAR_QUANTILE)) if len(below) >= MIN_PHOTOS \
+            else threshold - 0.05
+        similar = round(min(similar, threshold - 0.01), 4)
+    return {"threshold": round(threshold, 4), "rule": rule, "base": float(base), "base_rule": base_rule,
+            "crowd_level": crowd, "crowd_k": CROWD, "crowd_quantile": CROWD_QUANTILE, "sample": int(len(first)),
+            "similar_threshold": float(similar)}
+
+
+def describe_threshold(decision: dict[str, Any]) -> str:
+    """What set the near threshold of :func:`near_threshold`, in words (for the CLI, stats and the page)."""
+    crowd = decision.get("crowd_level")
+    level = (f"the collection's crowd level {crowd} (the {decision.get('crowd_k')}th closest other photo of "
+             f"{decision.get('crowd_quantile', 0) * 100:g}% of {decision.get('sample')} photos)"
+             if crowd is not None else "no crowd level (too few photos)")
+    rule, base = decision.get("rule"), decision.get("base_source") or f"{decision.get('base_rule')}"
+    if rule == "given":
+        return f"given; {level}"
+    if rule == "crowd":
+        return (f"raised from {decision.get('base')} ({base}) to above {level}: this model puts distinct photos of "
+                "the collection that close")
+    return f"{base}; above {level}"

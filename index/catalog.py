@@ -10,6 +10,11 @@ row's current vector; ``deleted`` marks a file that is gone but may still be in 
 An update writes the new index file first, then in one transaction sets ``indexed`` and drops
 deleted rows, so a kill at any point leaves a readable index and a re-run that finishes the job.
 
+The user's say on duplicates lives here too: ``not_duplicates`` (pairs of photos never grouped), ``keepers``
+(photos chosen to keep of their group), both leaving with their photo's row, and ``dedup_moves``, the journal of
+duplicates moved out of the collection (:mod:`index.resolve.journal`). A catalog of an older version gets these
+tables when it is first written to.
+
 Paths are the ``str`` Python gets from the OS: a file name that is not valid UTF-8 holds lone
 surrogates (``surrogateescape``), which SQLite cannot store as TEXT; such a path is stored as a BLOB
 of its file-system bytes and read back as the same ``str`` (valid names stay TEXT). A catalog in a
@@ -62,6 +67,40 @@ CREATE TABLE IF NOT EXISTS vectors (
 );
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+
+# Tables an older catalog gets when it is first written to (``Catalog._ensure``): the user's say on duplicates, which
+# leaves with the photo (a photo whose content changed is re-embedded under its id: its row is replaced, and its say
+# with it), and the journal of duplicates moved (``index.resolve.journal``).
+_DEDUP_SCHEMA = """
+CREATE TABLE IF NOT EXISTS not_duplicates (  -- two photos the user said are not duplicates of each other
+    a      INTEGER NOT NULL REFERENCES images(id) ON DELETE CASCADE,
+    b      INTEGER NOT NULL REFERENCES images(id) ON DELETE CASCADE,
+    marked REAL NOT NULL,
+    PRIMARY KEY (a, b),
+    CHECK (a < b)
+);
+CREATE TABLE IF NOT EXISTS keepers (         -- photos the user chose to keep of their group
+    id     INTEGER PRIMARY KEY REFERENCES images(id) ON DELETE CASCADE,
+    chosen REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS dedup_moves (     -- the journal of duplicates moved out of the collection
+    seq      INTEGER PRIMARY KEY AUTOINCREMENT,
+    batch    TEXT NOT NULL,                  -- one action (a move of some groups)
+    group_id TEXT NOT NULL,
+    photo    INTEGER NOT NULL,               -- its catalog id when moved (the row leaves with the file)
+    path     BLOB NOT NULL,                  -- where it was, relative to the collection root (file-system bytes)
+    dest     BLOB NOT NULL,                  -- where it went (absolute, file-system bytes)
+    back     BLOB,                           -- where an undo puts it (relative; path unless taken meanwhile)
+    hash     TEXT NOT NULL,                  -- blake2b-128 of its bytes: checked at every step
+    size     INTEGER NOT NULL,
+    state    TEXT NOT NULL CHECK (state IN ('planned', 'moved', 'undoing', 'undone', 'failed')),
+    note     TEXT,                           -- why it failed (its file stays where it was)
+    synced   INTEGER NOT NULL DEFAULT 0,     -- 1: the index was updated since its last state
+    updated  REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS dedup_moves_state ON dedup_moves(state);
+"""
+_DEDUP_TABLES = ("not_duplicates", "keepers", "dedup_moves")
 
 
 @dataclass
@@ -158,7 +197,7 @@ class Catalog:
             self.db.execute("PRAGMA foreign_keys=ON")
             if create:
                 with self._writing():
-                    self.db.executescript(_SCHEMA)
+                    self.db.executescript(_SCHEMA + _DEDUP_SCHEMA)
         except sqlite3.DatabaseError as e:
             raise UserError(f"{self.path} is not a readable SQLite catalog ({e}): "
                             "rebuild with `moco index build`") from e
@@ -242,6 +281,51 @@ class Catalog:
         self.check_writable()
         with self._writing():
             self.db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
+    # ------------------------------------------------------------------------- tables, duplicates
+    def has_table(self, name: str) -> bool:
+        """Whether the catalog has table ``name`` (an older catalog lacks the later ones until first written)."""
+        return self.db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).fetchone() \
+            is not None
+
+    def ensure_dedup_tables(self) -> None:
+        """Create the duplicates' tables an older catalog lacks (``not_duplicates``, ``keepers``, ``dedup_moves``)."""
+        if all(self.has_table(t) for t in _DEDUP_TABLES):
+            return
+        self.check_writable()
+        with self._writing():
+            self.db.executescript(_DEDUP_SCHEMA)
+
+    def not_duplicate_pairs(self) -> set[tuple[int, int]]:
+        """Every (a, b), a < b, of photos the user said are not duplicates of each other."""
+        if not self.has_table("not_duplicates"):
+            return set()
+        return {(a, b) for a, b in self.db.execute("SELECT a, b FROM not_duplicates")}
+
+    def mark_not_duplicates(self, ids: Iterable[int]) -> int:
+        """Say that no two of the photos ``ids`` are duplicates of each other; returns the pairs newly marked."""
+        ids = sorted(set(_valid_ids(ids)))
+        self.ensure_dedup_tables()
+        now = time.time()
+        with self.transaction() as db:
+            before = db.total_changes
+            db.executemany("INSERT OR IGNORE INTO not_duplicates(a, b, marked) SELECT ?, ?, ? WHERE EXISTS "
+                           "(SELECT 1 FROM images WHERE id = ?) AND EXISTS (SELECT 1 FROM images WHERE id = ?)",
+                           [(a, b, now, a, b) for n, a in enumerate(ids) for b in ids[n + 1 :]])
+            return db.total_changes - before
+
+    def chosen_keepers(self) -> set[int]:
+        """The photos the user chose to keep of their groups."""
+        if not self.has_table("keepers"):
+            return set()
+        return {r[0] for r in self.db.execute("SELECT id FROM keepers")}
+
+    def choose_keeper(self, keep: int, others: Iterable[int]) -> None:
+        """Keep photo ``keep`` of its group, whose other photos are ``others`` (no longer chosen, if they were)."""
+        self.ensure_dedup_tables()
+        with self.transaction() as db:
+            db.executemany("DELETE FROM keepers WHERE id = ?", [(i,) for i in _valid_ids(others)])
+            db.execute("INSERT OR REPLACE INTO keepers(id, chosen) VALUES (?, ?)", (int(keep), time.time()))
 
     # ------------------------------------------------------------------------------------ rows
     def rows(self, include_deleted: bool = False) -> dict[str, Row]:

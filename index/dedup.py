@@ -1,36 +1,73 @@
-"""Near-duplicate groups in which every photo is within the threshold of its group's representative.
+"""Groups of duplicates, each of one kind, in which every photo is within the threshold of its group's representative.
 
-Two photos are neighbours when their centred cosine similarity (as search scores) is at least ``threshold`` (a range
-search of every stored vector). Groups are picked greedily (:func:`tight_groups`): the photo with the most
-ungrouped neighbours (ties: the smallest id) is a representative, its group is it and those neighbours, and the
-rest is grouped the same way until no ungrouped photo has an ungrouped neighbour. A chain a~b~c~d of photos each
-a small step from the last is therefore never one group: a photo joins a group only by being close to its
-representative, not to any member (single linkage once merged 90 different airplane photos of one collection).
+Kinds: **exact** (every member has the same bytes: the catalog's content hash), **near** (the same shot re-encoded,
+resized, cropped, recoloured: centred cosine, as search scores, at least the near threshold) and **similar** (bursts,
+the same scene: at least the lower similar threshold, among the photos no exact or near group holds; only when
+asked). Photos with the same bytes are always neighbours; two photos the user said are not duplicates
+(the catalog's ``not_duplicates``) never are.
 
-The threshold is the index's own (:func:`dedup_threshold`): calibrated on copies of its photos at build time
-(:mod:`index.calibrate`, ``index.json``'s ``dedup_calibration``), else a default for the backbone's kind.
+Groups are picked greedily (:func:`tight_groups`): the photo with the most ungrouped neighbours (ties: the smallest
+id) is a representative, its group is it and those neighbours, and the rest is grouped the same way until no
+ungrouped photo has an ungrouped neighbour. A chain a~b~c~d of photos each a small step from the last is therefore
+never one group: a photo joins a group only by being close to its representative, not to any member (single
+linkage once merged 90 different airplane photos of one collection). A near group holding photos of two contents
+is ``near`` (its byte-identical members are marked), one of a single content ``exact``.
+
+The near threshold is the index's own (:func:`index.calibrate.dedup_threshold`, calibrated on copies of its photos
+at build time), raised above the collection's crowd level where a weak model or a collection of very alike photos
+puts distinct photos that close (:func:`index.calibrate.near_threshold`; its rule is reported). And a photo with
+more than :data:`~index.calibrate.CROWD` other photos within it is in a crowd: its links count only where they are
+at least twice as close (in 1 - cosine) as its crowd (the (CROWD+1)-th closest), as a copy is.
+
+Each group has a stable id (its kind, its smallest member id and a digest of its member ids), a suggested keeper and
+the reason (:mod:`index.keeper`), and its members' pixels, size, date taken and age.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import heapq
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from index.calibrate import (  # the threshold: re-exported here, where its users look for it
+    CROWD,
+    GUARD_SAMPLE,
     dedup_threshold,
+    describe_threshold,
+    near_threshold,
+    neighbour_levels,
+    threshold_source,
 )
+from index.catalog import Row, sample_ids
 from index.image_index import ImageIndex
-from index.index_dir import DEDUP_FILE
+from index.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
+from index.keeper import photo_facts, suggest_keeper
 from moco.errors import UserError
 from moco.files import atomic_write
 
-__all__ = ["find_duplicates", "load_duplicates", "tight_groups"]
+__all__ = ["find_duplicates", "search_duplicates", "Search", "load_duplicates", "save_duplicates", "write_duplicates",
+           "find_group", "tight_groups", "group_id", "KINDS",
+           "DEFAULT_KINDS"]
+
+KINDS = ("exact", "near", "similar")
+DEFAULT_KINDS = ("exact", "near")  # similar groups only when asked
+CROWD_RATIO = 0.5  # in a crowd, a link counts when its 1 - cosine is at most this share of the crowd's
+
+
+def group_id(kind: str, members: Iterable[int]) -> str:
+    """A group's id: its kind, its smallest member id and a digest of all its member ids (``near-17-3fa9c0``): the
+    same group gets the same id in every search; a group that gained or lost a photo gets another."""
+    ids = sorted(int(i) for i in members)
+    digest = hashlib.blake2b(",".join(map(str, ids)).encode(), digest_size=3).hexdigest()
+    return f"{kind}-{ids[0]}-{digest}"
+
 
 def _neighbours(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold: float,
                 chunk: int) -> dict[int, dict[int, float]]:
@@ -81,43 +118,188 @@ def tight_groups(graph: Mapping[int, Mapping[int, float]]) -> list[tuple[int, li
     return groups
 
 
-def find_duplicates(index: ImageIndex, threshold: float | None = None, save: bool = True,
-                    chunk: int = 1024) -> list[dict[str, Any]]:
-    """Groups of near-duplicates (:func:`tight_groups`), largest first.
+def _content(ids: np.ndarray, rows: Mapping[int, Row]) -> np.ndarray:
+    """N ints, equal where photos have the same bytes (the same content hash; a photo without one: its own)."""
+    hashes = [rows[int(i)].hash if int(i) in rows else None for i in ids]
+    codes = {h: n for n, h in enumerate(sorted({h for h in hashes if h}))}
+    return np.array([codes[h] if h else len(codes) + n for n, h in enumerate(hashes)], np.int64)
 
-    Each group: ``size``, ``representative`` (id, path), ``tightest`` and ``loosest`` (the highest and lowest
-    cosine of a member to the representative) and ``members`` (the representative first, then by that cosine),
-    each with id, path, thumb, ``similarity`` (to the representative; 1.0 for itself) and ``best_similarity`` (to
-    its closest neighbour, in the group or not). ``threshold``: None: :func:`dedup_threshold`. Written to
-    ``dedup.json`` in the index directory when ``save``.
+
+def _crowd_cut(graph: dict[int, dict[int, float]], content: Mapping[int, int]) -> int:
+    """Keep, of a photo with more than CROWD other photos among its neighbours, only the links at least twice as close
+    (1 - cosine) as its (CROWD+1)-th closest other photo, and the same for the other end (same bytes: always).
+    Returns the photos in a crowd."""
+    level: dict[int, float] = {}
+    for i, nb in graph.items():
+        others = sorted((s for j, s in nb.items() if content[j] != content[i]), reverse=True)
+        if len(others) > CROWD:
+            level[i] = 1.0 - CROWD_RATIO * (1.0 - others[CROWD])  # a link must score at least this
+    if not level:
+        return 0
+    for i, nb in graph.items():
+        for j in [j for j, s in nb.items() if content[j] != content[i] and s < max(level.get(i, -1.0),
+                                                                                   level.get(j, -1.0))]:
+            del nb[j]
+    return len(level)
+
+
+def _graph(index: ImageIndex, ids: np.ndarray, raw: np.ndarray, content: np.ndarray, low: float,
+           chunk: int) -> dict[int, dict[int, float]]:
+    """Neighbours at centred cosine >= ``low``, photos of the same bytes linked (1.0), the user's "not duplicates"
+    pairs unlinked."""
+    graph = _neighbours(index, ids, raw, low, chunk)
+    by_content: dict[int, list[int]] = {}
+    for i, c in zip(ids.tolist(), content.tolist()):
+        by_content.setdefault(c, []).append(i)
+    for same in by_content.values():
+        for a in same:
+            for b in same:
+                if a != b:
+                    graph.setdefault(a, {})[b] = 1.0
+    for a, b in index.catalog.not_duplicate_pairs():
+        graph.get(a, {}).pop(b, None)
+        graph.get(b, {}).pop(a, None)
+    return graph
+
+
+def _decide(index: ImageIndex, vecs: np.ndarray, content: np.ndarray, ids: np.ndarray, threshold: float | None,
+            similar: float | None) -> dict[str, Any]:
+    """The thresholds of a search (:func:`index.calibrate.near_threshold`), ``threshold`` given or not."""
+    sample = sample_ids(np.arange(len(ids)), GUARD_SAMPLE, np.random.default_rng(0))
+    first, kth = neighbour_levels(vecs, content, sample)
+    base_rule = "calibrated" if isinstance(index.meta.get("dedup_calibration"), dict) else "default"
+    decision = near_threshold(dedup_threshold(index), base_rule, first, kth, similar)
+    decision["base_source"] = threshold_source(index)
+    if threshold is not None:
+        if decision["similar_threshold"] >= threshold and similar is None:
+            decision["similar_threshold"] = round(threshold - 0.05, 4)
+        decision.update(threshold=float(threshold), rule="given")
+    if decision["similar_threshold"] > decision["threshold"]:
+        raise UserError(f"--similar-threshold {decision['similar_threshold']} is above the near threshold "
+                        f"{decision['threshold']}: similar photos are further apart than near-duplicates; give a "
+                        "lower one")
+    return decision
+
+
+def _check_kinds(kinds: Iterable[str]) -> tuple[str, ...]:
+    kinds = tuple(dict.fromkeys(kinds))
+    bad = [k for k in kinds if k not in KINDS]
+    if bad or not kinds:
+        raise UserError(f"kind {', '.join(map(repr, bad)) or '(none)'}: choose among {', '.join(KINDS)}")
+    return kinds
+
+
+@dataclass
+class Search:
+    """A search for duplicates: its groups, its thresholds with their rule (:func:`index.calibrate.near_threshold`,
+    with ``kinds`` and ``crowded_photos``) and the photos searched."""
+
+    groups: list[dict[str, Any]]
+    decision: dict[str, Any]
+    images: int
+
+
+def find_duplicates(index: ImageIndex, threshold: float | None = None, save: bool = True, chunk: int = 1024,
+                    kinds: Iterable[str] = DEFAULT_KINDS,
+                    similar_threshold: float | None = None) -> list[dict[str, Any]]:
+    """The groups of :func:`search_duplicates`."""
+    return search_duplicates(index, threshold, kinds, similar_threshold, save, chunk).groups
+
+
+def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: Iterable[str] = DEFAULT_KINDS,
+                      similar_threshold: float | None = None, save: bool = True, chunk: int = 1024) -> Search:
+    """Groups of duplicates of ``kinds`` (:data:`KINDS`), each group in the order exact, near, similar, then largest
+    first.
+
+    Each group: ``id`` (:func:`group_id`), ``kind``, ``size``, ``representative`` (id, path), ``tightest`` and
+    ``loosest`` (the highest and lowest cosine of a member to the representative), ``keep`` and ``keep_id`` (the
+    suggested keeper, :mod:`index.keeper`), ``reason`` (why that one), and ``members`` (the representative first,
+    then by that cosine), each with id, path, thumb, ``hash``, ``similarity`` (to the representative; 1.0 for
+    itself), ``best_similarity`` (to its closest neighbour, in the group or not), ``width``, ``height``, ``bytes``,
+    ``taken`` and ``mtime``. ``threshold``: the near threshold (None: the index's, guarded, see the module
+    docstring); ``similar_threshold``: None: measured. Written to ``dedup.json`` in the index directory with the
+    thresholds and their rule when ``save`` (:func:`save_duplicates`).
     """
-    threshold = dedup_threshold(index) if threshold is None else threshold
-    if not -1.0 <= threshold <= 1.0:
+    kinds = _check_kinds(kinds)
+    if threshold is not None and not -1.0 <= threshold <= 1.0:
         raise UserError(f"--threshold {threshold} must be a cosine similarity in [-1, 1] (e.g. "
                         f"{dedup_threshold(index)})")
-    ids, vecs = index.catalog.vectors(dim=index.dim)  # N, N x D
-    graph = _neighbours(index, ids, vecs, threshold, chunk)
-    rows = index.catalog.rows_by_id(graph)
+    if similar_threshold is not None and not -1.0 <= similar_threshold <= 1.0:
+        raise UserError(f"--similar-threshold {similar_threshold} must be a cosine similarity in [-1, 1]")
+    ids, raw = index.catalog.vectors(dim=index.dim)  # N, N x D
+    rows = index.catalog.rows_by_id(ids)
+    content = _content(ids, rows)
+    vecs = index.center(raw)  # N x D, as search scores
+    decision = _decide(index, vecs, content, ids, threshold, similar_threshold)
+    near_t, similar_t = decision["threshold"], decision["similar_threshold"]
+    graph = _graph(index, ids, raw, content, similar_t if "similar" in kinds else near_t, chunk)
+    by_id = dict(zip(ids.tolist(), content.tolist()))
+    near = {i: {j: s for j, s in nb.items() if s >= near_t} for i, nb in graph.items()}
+    decision["crowded_photos"] = _crowd_cut(near, by_id)
+    found = [(rep, members, "exact" if len({by_id[m] for m in members}) == 1 else "near", near)
+             for rep, members in tight_groups(near)]
+    if "similar" in kinds:
+        taken = {m for _, members, _, _ in found for m in members}
+        rest = {i: {j: s for j, s in nb.items() if j not in taken} for i, nb in graph.items() if i not in taken}
+        found += [(rep, members, "similar", rest) for rep, members in tight_groups(rest)]
+    chosen = index.catalog.chosen_keepers()
     groups = []
-    for rep, members in tight_groups(graph):
+    for rep, members, kind, links in found:
         live = [m for m in members if m in rows]
-        if rep not in rows or len(live) < 2:
-            continue  # deleted since the vectors were read
-        sim = {m: 1.0 if m == rep else round(graph[rep][m], 5) for m in live}
-        others = [sim[m] for m in live if m != rep]
-        groups.append({"size": len(live), "representative": {"id": rep, "path": rows[rep].path},
-                       "tightest": max(others), "loosest": min(others), "members": [
-            {"id": m, "path": rows[m].path, "thumb": rows[m].thumb, "similarity": sim[m],
-             "best_similarity": round(max(graph[m].values()), 5)}
-            for m in sorted(live, key=lambda m: (m != rep, -sim[m], rows[m].path))]})
-    groups.sort(key=lambda g: (-g["size"], g["representative"]["path"]))
+        if kind not in kinds or rep not in rows or len(live) < 2:
+            continue  # not asked for, or deleted since the vectors were read
+        groups.append(_group(index, kind, rep, live, links, rows, chosen))
+    rank = {k: n for n, k in enumerate(KINDS)}
+    groups.sort(key=lambda g: (rank[g["kind"]], -g["size"], g["representative"]["path"]))
+    decision["kinds"] = list(kinds)
+    decision["given"] = {"threshold": threshold, "similar_threshold": similar_threshold}
     if save:
-        doc = {"threshold": threshold, "grouping": "every member within the threshold of its representative",
-               "groups": groups, "images": len(ids),
-               "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-        data = (json.dumps(doc, indent=1) + "\n").encode()
-        atomic_write(index.dir / DEDUP_FILE, lambda f: f.write(data))
-    return groups
+        save_duplicates(index, groups, decision, len(ids))
+    return Search(groups, decision, len(ids))
+
+
+def _group(index: ImageIndex, kind: str, rep: int, live: list[int], links: Mapping[int, Mapping[int, float]],
+           rows: Mapping[int, Row], chosen: set[int]) -> dict[str, Any]:
+    """One group as :func:`find_duplicates` returns it."""
+    sim = {m: 1.0 if m == rep else round(links[rep][m], 5) for m in live}
+    others = [sim[m] for m in live if m != rep]
+    facts = {m: photo_facts(index.root, rows[m]) for m in live}
+    keep, reason = suggest_keeper(list(facts.values()), chosen)
+    members = [{"id": m, "path": rows[m].path, "thumb": rows[m].thumb, "hash": rows[m].hash, "similarity": sim[m],
+                "best_similarity": round(max(links[m].values()), 5), **facts[m].as_dict()}
+               for m in sorted(live, key=lambda m: (m != rep, -sim[m], rows[m].path))]
+    return {"id": group_id(kind, live), "kind": kind, "size": len(live),
+            "representative": {"id": rep, "path": rows[rep].path}, "tightest": max(others), "loosest": min(others),
+            "keep": rows[keep].path, "keep_id": keep, "reason": reason, "members": members}
+
+
+def save_duplicates(index: ImageIndex, groups: list[dict[str, Any]], decision: dict[str, Any], images: int) -> None:
+    """Write ``dedup.json`` (the groups, the thresholds and their rule, the settings asked for) and the thresholds in
+    the catalog's meta (for ``stats``; a read-only catalog keeps its last)."""
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    doc = {"threshold": decision["threshold"], "similar_threshold": decision["similar_threshold"],
+           "rule": decision["rule"], "threshold_source": describe_threshold(decision), "decision": decision,
+           "kinds": decision.get("kinds", list(DEFAULT_KINDS)),
+           "grouping": "every member within the threshold of its representative", "groups": groups,
+           "images": images, "created": now}
+    write_duplicates(index.dir, doc)
+    if not index.catalog.read_only:
+        index.catalog.set_meta(DEDUP_LAST_KEY, json.dumps({**decision, "created": now, "groups": len(groups)}))
+
+
+def write_duplicates(index_dir: str | Path, doc: dict[str, Any]) -> None:
+    """Replace ``dedup.json`` with ``doc`` (atomically: a reader sees the old or the new one)."""
+    data = (json.dumps(doc, indent=1) + "\n").encode()
+    atomic_write(Path(index_dir) / DEDUP_FILE, lambda f: f.write(data))
+
+
+def find_group(doc: dict[str, Any], gid: str, index_dir: str | Path) -> dict[str, Any]:
+    """The group ``gid`` of a saved search ``doc``; a UserError naming it and the fix when it has none."""
+    for g in doc["groups"]:
+        if g["id"] == gid:
+            return g
+    raise UserError(f"no group {gid!r} in the last search ({Path(index_dir) / DEDUP_FILE}, {doc.get('created')}): "
+                    f"find the duplicates again (`moco index dedup {index_dir}`) and use one of its group ids")
 
 
 def load_duplicates(index_dir: str | Path) -> dict[str, Any] | None:
@@ -134,6 +316,13 @@ def load_duplicates(index_dir: str | Path) -> dict[str, Any] | None:
     if problem:
         raise UserError(f"{path} is damaged ({problem}): find the near-duplicates again (`moco index dedup "
                         f"{Path(index_dir)}` or the page's Find near-duplicates) to write it anew")
+    for g in doc["groups"]:  # a dedup.json of an older version: near groups, the representative kept
+        g.setdefault("kind", "near")
+        g.setdefault("id", group_id(g["kind"], [m["id"] for m in g["members"]] or [0]))
+        rep = (g.get("representative") or {}).get("id", g["members"][0]["id"] if g["members"] else None)
+        g.setdefault("keep_id", rep)
+        g.setdefault("keep", next((m["path"] for m in g["members"] if m["id"] == rep), None))
+        g.setdefault("reason", "the representative (a search of an older version)")
     return doc
 
 
@@ -157,6 +346,10 @@ def _problem(doc: Any) -> str | None:
             return f"{where}: 'members' is not a list or 'representative' is not an object"
         if not all(_number(g[key]) for key in ("tightest", "loosest") if key in g):
             return f"{where}: 'tightest' or 'loosest' is not a number"
+        if g.get("kind", "near") not in KINDS or not isinstance(g.get("id", ""), str):
+            return f"{where}: 'kind' is not one of {', '.join(KINDS)} or 'id' is not text"
+        if isinstance(g.get("keep_id", 0), bool) or not isinstance(g.get("keep_id", 0), (int, type(None))):
+            return f"{where}: 'keep_id' is not a whole number"
         for m in g["members"]:
             if not isinstance(m, dict) or isinstance(m.get("id"), bool) or not isinstance(m.get("id"), int):
                 return f"{where}: a member without a whole 'id'"

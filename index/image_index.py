@@ -30,6 +30,7 @@ from index.calibrate import dedup_threshold, threshold_source
 from index.catalog import Catalog, Row
 from index.index_dir import (
     CATALOG_FILE,
+    DEDUP_LAST_KEY,
     INDEX_FILE,
     INDEX_ID_KEY,
     META_FILE,
@@ -235,6 +236,20 @@ class ImageIndex:
         return dedup_threshold(self)
 
     @property
+    def dedup_last(self) -> dict[str, Any] | None:
+        """The last search for duplicates (``moco index dedup``, the page): its near and similar thresholds, the rule
+        that set the near one (``calibrated``, ``default``, ``crowd`` or ``given``), the crowd level, when, and how
+        many groups; None before a first one."""
+        try:
+            value = json.loads(self.catalog.get_meta(DEDUP_LAST_KEY) or "null")
+        except ValueError:
+            return None
+        if not isinstance(value, dict):
+            return None
+        return {k: value.get(k) for k in ("threshold", "rule", "similar_threshold", "crowd_level", "kinds",
+                                          "crowded_photos", "groups", "created")}
+
+    @property
     def augment_level(self) -> dict[str, Any] | None:
         """How close two "v2" training views of one photo score (centred cosine): ``{"median", "p10", "pairs",
         "recipe", "space"}``, measured at build time on a sample of the collection; None for an older index."""
@@ -362,7 +377,8 @@ class ImageIndex:
 
     def stats(self) -> dict[str, Any]:
         """Counts, kind, recall, backbone, size on disk, the centring (mean count, weak-match threshold), the
-        augmentation level and the near-duplicate threshold with where it comes from (and its calibration)."""
+        augmentation level and the near-duplicate threshold with where it comes from (and its calibration), and the
+        thresholds of the last search for duplicates with the rule that set them (``dedup_last``)."""
 
         counts = self.catalog.counts()
         size = sum(f.stat().st_size for f in self.dir.rglob("*") if f.is_file())
@@ -376,6 +392,7 @@ class ImageIndex:
             "centred": self.mean is not None, "mean_count": self.meta.get("mean_count"),
             "weak_below": self.weak_below, "augment_level": self.augment_level, "whitened": self.whitened,
             "dedup_threshold": self.dedup_threshold, "dedup_threshold_source": threshold_source(self),
-            "dedup_calibration": self.meta.get("dedup_calibration"), "space": self.meta.get("space"),
+            "dedup_calibration": self.meta.get("dedup_calibration"), "dedup_last": self.dedup_last,
+            "space": self.meta.get("space"),
             "features": self.features, "space_description": self.describe_space(),
         }

@@ -10,7 +10,8 @@ An index directory holds::
                      "dedup_calibration" (the near-duplicate threshold measured on copies of its photos)
     catalog.sqlite   the source of truth: files, their state and their vectors (see catalog.py)
     thumbs/          <id>.jpg, about 256 px, the only images the UI serves
-    dedup.json       near-duplicate groups, written by `moco index dedup`
+    dedup.json       groups of duplicates (exact, near, similar) with their keepers, written by `moco index dedup` or
+                     the page (the moves' journal, "not duplicates" marks and chosen keepers are in the catalog)
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from moco.errors import UserError
 from moco.files import atomic_write
 
 __all__ = ["read_meta", "write_meta", "kind_of", "load_store", "check_index_ids", "INDEX_FILE", "META_FILE",
-           "CATALOG_FILE", "THUMBS_DIR", "DEDUP_FILE", "INDEX_VERSION", "INDEX_ID_KEY", "VECTORS"]
+           "CATALOG_FILE", "THUMBS_DIR", "DEDUP_FILE", "INDEX_VERSION", "INDEX_ID_KEY", "DEDUP_LAST_KEY", "VECTORS"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ INDEX_FILE, META_FILE, CATALOG_FILE, THUMBS_DIR, DEDUP_FILE = (
     "index.faiss", "index.json", "catalog.sqlite", "thumbs", "dedup.json")
 INDEX_VERSION = 1
 INDEX_ID_KEY = "index_id"  # catalog meta key of the index id (also in index.json and in index.faiss's trailer)
+DEDUP_LAST_KEY = "dedup_last"  # catalog meta key of the last search for duplicates: its thresholds and their rule
 VECTORS = "features"  # what the catalog stores (index.json "vectors"); older indexes stored the export's output
 
 

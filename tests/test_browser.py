@@ -410,3 +410,86 @@ def test_the_search_hint_and_buttons_follow_the_index(browser, pending):
     _turns_enabled(after.locator("#export-csv"))
     _close(before)
     _close(after)
+
+
+# ------------------------------------------------------------------------------------ duplicates, reviewed
+@pytest.fixture(scope="module")
+def dup_served(backbone, tmp_path_factory) -> Iterator[dict[str, Any]]:
+    """`moco serve` over a collection with an exact and a near copy, its duplicates found by `moco index dedup`."""
+    from index.build.runner import build_index
+
+    from .test_dedup_actions import _bytes, _collection
+
+    tmp = tmp_path_factory.mktemp("dups")
+    photos = tmp / "photos"
+    expected = _collection(photos)
+    build_index(photos, backbone, tmp / "idx", progress=False, device="cpu")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    subprocess.run([sys.executable, "-m", "app.cli", "index", "dedup", str(tmp / "idx")], env=env, check=True,
+                   capture_output=True)
+    port, log = free_port(), tmp / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(tmp / "idx"), "--port", str(port),
+                                 "--device", "cpu"], env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        wait_served(url, proc, timeout=180)
+        yield {"url": url, "photos": photos, "idx": tmp / "idx", "expected": expected, "before": _bytes(photos)}
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _dup_message(page: Any, words: str) -> str:
+    page.wait_for_function(f"document.querySelector('#dup-message').innerText.includes({json.dumps(words)})",
+                           timeout=180_000)
+    return page.locator("#dup-message").inner_text()
+
+
+def test_review_a_page_of_groups_change_a_keeper_move_and_undo(browser, dup_served):
+    from index.resolve.actions import DUPLICATES_DIR
+
+    from .test_dedup_actions import _where
+
+    photos, dups = dup_served["photos"], dup_served["photos"] / DUPLICATES_DIR
+    exact, near = dup_served["expected"]["exact"], dup_served["expected"]["near"]
+    page = _new_page(browser, dup_served["url"], "desktop", "#title")
+    page.get_by_role("tab", name="Collection").click()
+    page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group').length == 2", timeout=60_000)
+    assert "Groups 1–2 of 2" in page.locator("#dup-where").inner_text()
+    panels = page.locator("#dup-groups .dup-group")
+    assert "exact · 2 photos" in panels.nth(0).inner_text() and "near · 2 photos" in panels.nth(1).inner_text()
+    first = panels.nth(0).inner_text()
+    assert "✓ keep" in first and "identical to the keeper" in first and "oldest file" in first and "64×64" in first
+    assert page.evaluate("[...document.querySelectorAll('#dup-groups img')].every(i => i.complete && "
+                         "i.naturalWidth > 0)")  # the thumbnails
+    assert f"keep {near[0]}: most pixels (64 x 64)" in panels.nth(1).inner_text().replace("\n", " ")
+    # the near group: keep its small copy instead, then move the other (its original) out
+    page.locator("#dup-group input").click()
+    page.get_by_role("option", name="Group 2 · near · 2 photos").click()
+    page.wait_for_function(f"document.querySelector('#dup-keeper').innerText.includes({json.dumps(near[1])})",
+                           timeout=30_000)
+    page.locator("#dup-keeper label", has_text=near[1]).click()
+    page.locator("#dup-keep-btn").click()
+    _dup_message(page, f"keeping {near[1]}")  # the path as code
+    page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group')[1].innerText.includes('chosen by "
+                           "you')", timeout=30_000)
+    page.locator("#dup-move-btn").click()
+    text = _dup_message(page, "photos moved")
+    assert "1 photos moved" in text and "index updated" in text
+    where = _where(dup_served["before"], photos, dups)
+    assert [p for p, w in where.items() if w == "dest"] == [near[0]]  # the original moved, the chosen copy kept
+    page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group').length == 1", timeout=30_000)
+    # every exact group at once, then undo both moves
+    page.locator("#dup-bulk-btn").click()
+    _dup_message(page, "1 photos moved")
+    where = _where(dup_served["before"], photos, dups)
+    assert sorted(p for p, w in where.items() if w == "dest") == sorted([near[0], exact[1]])
+    page.wait_for_function("document.querySelector('#dup-where').innerText.includes('No exact or near groups')",
+                           timeout=30_000)
+    _turns_enabled(page.locator("#dup-undo-btn"))
+    page.locator("#dup-undo-btn").click()
+    _dup_message(page, "2 photos put back")
+    assert set(_where(dup_served["before"], photos, dups).values()) == {"root"}
+    page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group').length == 2", timeout=30_000)
+    _close(page)

@@ -195,10 +195,11 @@ def test_copies_are_grouped_with_their_photo_at_the_index_threshold(copied, caps
     assert saved["threshold"] == threshold and saved["groups"] == groups
     assert main(["index", "dedup", str(copied["idx"])]) == 0
     out = capsys.readouterr().out
-    rep = groups[0]["representative"]["path"]
-    assert f"group 1 (4 images, {groups[0]['loosest']:.4f}-{groups[0]['tightest']:.4f} to {rep}):" in out
-    assert f"  1.0000  {rep}  (representative)" in out and f"at cosine >= {threshold} to its group's" in out
-    assert "calibrated on" in out
+    g = groups[0]
+    rep, rep_id = g["representative"]["path"], g["representative"]["id"]
+    assert f"group 1 {g['id']} (near, 4 images, {g['loosest']:.4f}-{g['tightest']:.4f} to {rep}); keep " in out
+    assert f"  1.0000  {rep_id:>6}  {rep}  (representative" in out and f"at cosine >= {threshold} to its group's" in out
+    assert "(calibrated on 42 photos of the collection: copies score" in out and "; above the collection's crowd" in out
 
 
 def test_the_threshold_is_calibrated_between_copies_and_other_photos(copied, backbone, capsys):

@@ -240,7 +240,8 @@ def test_half_sent_requests_are_closed_and_normal_ones_answered(moco_serve):
 def test_schemathesis_finds_nothing(moco_serve, idx, tmp_path):
     """schemathesis (every check, bounded examples) against `moco serve`: 0 failures. The uploads' 400 for bytes
     that are not an image of at least 16 px is allowed for schema-valid data: a schema cannot say that a file must
-    decode to such an image (their size, type and the folder's form are in the schema)."""
+    decode to such an image (their size, type and the folder's form are in the schema); so are the duplicates'
+    400 and 404 for a group id or a search that is not there (no search has been saved)."""
     pytest.importorskip("schemathesis")
     port, _ = moco_serve
     config = tmp_path / "schemathesis.toml"
@@ -249,6 +250,10 @@ photo_id = {_ids(idx)[0]}
 
 [[operations]]
 include-path-regex = "^/api/v1/search"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404"]
+
+[[operations]]
+include-path-regex = "^/api/v1/duplicates"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404"]
 """)
     st = Path(sys.executable).parent / "st"

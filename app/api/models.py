@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from app.page.handlers import FOLDER_PATTERN, MAX_RESULTS
+from index.catalog import MAX_ID
 
 __all__ = ["FOLDER_FIELD", "IMAGE_TYPES", "BASE64_PATTERN", "Hit", "SearchResponse", "Base64Query", "Stats", "Member",
-           "Group", "Duplicates", "ErrorResponse"]
+           "Group", "Duplicates", "Kind", "KeeperRequest", "MoveRequest", "UndoRequest", "Moved", "NotMoved",
+           "MoveResult", "ErrorResponse"]
 
 
 # The folder filter's field, everywhere: '' or a sub-folder written as FOLDER_PATTERN says (else 400; one that is
@@ -65,6 +69,9 @@ class Stats(BaseModel):
     dim: int
     weak_below: float | None
     dedup_threshold: float
+    dedup_rule: str | None = Field(None, description="what set the near threshold of the last search for duplicates "
+                                   "(calibrated, default, crowd or given); null before one")
+    dedup_last_threshold: float | None = Field(None, description="the near threshold of that search")
     backbone_arch: str | None
     backbone_sha256: str
     space: str = Field(description="what the index's vectors are")
@@ -73,23 +80,102 @@ class Stats(BaseModel):
 
 
 class Member(BaseModel):
+    """A photo of a group of duplicates."""
+
     id: int
     path: str
     score: float = Field(description="centred cosine to the group's representative")
+    width: int | None = Field(None, description="pixels across (null: its header could not be read)")
+    height: int | None = None
+    bytes: int | None = Field(None, description="the file's size")
+    taken: float | None = Field(None, description="when it was taken (EXIF DateTimeOriginal, seconds since the epoch "
+                                "of its camera's clock); null without one")
+    mtime: float | None = Field(None, description="the file's modification time (seconds since the epoch)")
+    identical: bool = Field(False, description="the same bytes as the group's keeper")
 
 
 class Group(BaseModel):
+    """A group of duplicates: every member within the threshold of its representative."""
+
+    id: str = Field("", description="stable while the group keeps its photos: `kind-smallest id-digest`")
+    kind: str = Field("near", description="exact (the same bytes), near (the same shot re-encoded, resized, cropped, "
+                      "recoloured) or similar (bursts, the same scene)")
     size: int
     representative: Member | None
+    keep: Member | None = Field(None, description="the suggested keeper (or the one chosen)")
+    reason: str = Field("", description="why that one: most pixels, then largest file, then a date taken, then the "
+                        "oldest file; or chosen by you")
     members: list[Member]
 
 
 class Duplicates(BaseModel):
-    """Near-duplicate groups (every member within the threshold of its representative), largest first."""
+    """A page of the groups of the last search, exact first, then near, then similar, each kind largest first."""
 
-    threshold: float
+    threshold: float = Field(description="near: centred cosine of every member to its group's representative")
+    similar_threshold: float | None = None
+    rule: str | None = Field(None, description="what set the near threshold: calibrated (on copies of the "
+                             "collection's photos), default, crowd (raised above the collection's crowd of alike "
+                             "photos) or given")
+    threshold_source: str | None = Field(None, description="the rule in words")
     created: str | None
+    total: int = Field(0, description="groups of the kinds asked for")
+    offset: int = 0
+    limit: int = 0
+    next_offset: int | None = Field(None, description="`offset` of the next page, or null after the last")
     groups: list[Group]
+
+
+Kind = Literal["exact", "near", "similar"]
+
+
+class KeeperRequest(BaseModel):
+    """The photo to keep of a group."""
+
+    photo_id: int = Field(ge=0, le=MAX_ID, description="a member's id")
+
+
+class MoveRequest(BaseModel):
+    """Groups whose photos but the keeper move to the collection's hidden `.moco-duplicates` folder."""
+
+    groups: list[str] = Field([], description="group ids; or:", max_length=10_000)
+    kinds: list[Kind] = Field([], description="every group of these kinds (exact, near; similar groups move only "
+                              "by id)", max_length=3)
+    keepers: dict[str, int] = Field({}, description="{group id: photo id} to keep instead of the suggested one")
+    dry_run: bool = Field(False, description="say what would move, move nothing")
+
+
+class UndoRequest(BaseModel):
+    """Moves to undo."""
+
+    batch: str | None = Field(None, description="one action's id (a move's `batch`); null: every move not yet undone",
+                              max_length=100)
+
+
+class Moved(BaseModel):
+    group: str
+    id: int
+    source: str = Field(alias="from", description="where the photo was (relative to the collection, or absolute)")
+    to: str = Field(description="where it is now")
+
+
+class NotMoved(BaseModel):
+    group: str
+    path: str
+    reason: str
+
+
+class MoveResult(BaseModel):
+    """What a move or an undo did (or, dry_run, would do)."""
+
+    action: str = Field(description="move or undo")
+    dry_run: bool
+    batch: str | None = Field(description="the action's id in the journal (for an undo of it alone)")
+    destination: str | None
+    done: list[Moved]
+    skipped: list[NotMoved]
+    finished: int = Field(description="moves a kill had cut off, finished first")
+    updated: bool = Field(description="the index was updated (the moved photos left it)")
+    groups: int | None = Field(description="groups found by the search made again afterwards")
 
 
 class ErrorResponse(BaseModel):

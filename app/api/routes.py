@@ -10,7 +10,13 @@ that needs nothing from the internet):
     GET  /api/v1/photos/{id}/original      the original, under the page's rules (indexed, inside the collection,
                                            a regular file, at most MAX_ORIGINAL_BYTES)
     GET  /api/v1/stats                     the collection's counts, index, backbone and thresholds
-    GET  /api/v1/duplicates                the near-duplicate groups last saved (`moco index dedup` or the page)
+    GET  /api/v1/duplicates                a page of the groups of duplicates last saved (`moco index dedup` or the
+                                           page): offset, limit, kind
+    POST /api/v1/duplicates/{id}/keeper    JSON {"photo_id"}: the photo a group keeps
+    POST /api/v1/duplicates/{id}/not-duplicates   its photos are never grouped again
+    POST /api/v1/duplicates/move           JSON {"groups" | "kinds", "keepers", "dry_run"}: the others of each group
+                                           moved to ROOT/.moco-duplicates, journalled; the index updated
+    POST /api/v1/duplicates/undo           JSON {"batch"}: moved photos put back; the index updated
 
 Searches run through :meth:`SearchApp.search_vectors`, the page's own code (the same checks of ``k`` and
 ``folder``, the same scores and weak-match threshold as the page and ``moco index search --json``). Concurrent
@@ -60,15 +66,21 @@ from app.api.models import (
     ErrorResponse,
     Group,
     Hit,
+    KeeperRequest,
+    Kind,
     Member,
+    MoveRequest,
+    MoveResult,
     SearchResponse,
     Stats,
+    UndoRequest,
 )
 from app.guard.access import API_PREFIX, ApiSettings, check_access
 from app.page.handlers import MAX_RESULTS, NoSuchFolder, SearchApp
+from app.page.review import MAX_PAGE
 from app.page.uploads import read_upload, upload_suffix
 from index.catalog import MAX_ID, display_path
-from index.dedup import load_duplicates
+from index.image_index import ImageIndex
 from moco.errors import UserError, clipped, quoted
 
 __all__ = ["SearchService", "api_routes"]
@@ -82,7 +94,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": what} for code, what in [
         (400, "bad input: an image that cannot be used (empty, not an image, too small or too large), a folder name "
               "with `..`, a body that is not the JSON or form described"), (401, "login or token needed"),
-        (404, "no such photo, no such folder in the collection, or no near-duplicate groups saved"),
+        (404, "no such photo, no such folder in the collection, or no groups of duplicates saved"),
         (413, "the request is over the upload cap"), (429, "too many failed logins"),
         (503, "busy (shed with Retry-After) or the index is not ready yet")]}
 
@@ -242,6 +254,23 @@ class SearchService:
         return SearchResponse(results=results, k=k, offset=offset, folder=folder.strip("/") or None,
                               next_offset=None if last else offset + len(results), weak_below=weak,
                               images=len(index), took_ms=0.0)
+
+
+def _group(index: ImageIndex, g: dict[str, Any]) -> Group:
+    """A group of the saved search as the API gives it."""
+    keep_hash = next((m.get("hash") for m in g["members"] if m["id"] == g.get("keep_id")), None)
+
+    def member(m: dict[str, Any]) -> Member:
+        return Member(id=int(m["id"]), path=_json_path(m["path"]),
+                      score=float(m.get("similarity", m.get("best_similarity", 1.0))), width=m.get("width"),
+                      height=m.get("height"), bytes=m.get("bytes"), taken=m.get("taken"), mtime=m.get("mtime"),
+                      identical=bool(keep_hash) and m.get("hash") == keep_hash and m["id"] != g.get("keep_id"))
+
+    by_id = {m["id"]: m for m in g["members"]}
+    rep, keep = by_id.get((g.get("representative") or {}).get("id")), by_id.get(g.get("keep_id"))
+    return Group(id=g.get("id", ""), kind=g.get("kind", "near"), size=int(g["size"]),
+                 representative=member(rep) if rep else None, keep=member(keep) if keep else None,
+                 reason=str(g.get("reason") or ""), members=[member(m) for m in g["members"]])
 
 
 class OriginalResponse(Response):
@@ -432,33 +461,60 @@ def api_routes(service: SearchService) -> list[Any]:
         return Stats(images=st["vectors"], unreadable=st["error"], pending=st["pending"], kind=st["kind"],
                      on_gpu=st["on_gpu"], dim=st["dim"], weak_below=st["weak_below"],
                      dedup_threshold=st["dedup_threshold"],
+                     dedup_rule=(st.get("dedup_last") or {}).get("rule"),
+                     dedup_last_threshold=(st.get("dedup_last") or {}).get("threshold"),
                      backbone_arch=st["backbone_arch"], backbone_sha256=st["backbone_sha256"],
                      space=st["space_description"], updated=st["updated"], folders=app.folders())
 
-    @router.get("/duplicates", response_model=Duplicates, responses=ERRORS, summary="Near-duplicate groups")
-    def duplicates() -> Duplicates:
-        """The groups last saved by `moco index dedup` or the page's Collection tab, largest first."""
+    @router.get("/duplicates", response_model=Duplicates, responses=ERRORS, summary="Groups of duplicates, a page")
+    def duplicates(offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=MAX_PAGE),
+                   kind: list[Kind] = Query([], description="exact, near, similar (repeatable; none: those "
+                                            "searched)", max_length=3)) -> Duplicates:
+        """A page of the groups last saved by `moco index dedup` or the page's Collection tab: exact, then near, then
+        similar groups, each kind largest first; `next_offset` for the next page."""
         service._ready()
         index = app.ready_index()
         try:
-            dup = load_duplicates(index.dir)
-        except UserError as e:  # a damaged dedup.json: no groups to give (not the request's fault: not 400)
+            page = app.duplicates.page(kind or None, offset, limit)
+        except UserError as e:  # no search yet, or a damaged dedup.json: no groups to give (not the request's fault)
             raise NotFound(str(e)) from None
-        if dup is None:
-            raise NotFound(f"no near-duplicate search yet: run `moco index dedup {index.dir}` or press Find "
-                           "near-duplicates in the page's Collection tab")
+        search = page.search
+        return Duplicates(threshold=float(search["threshold"]), similar_threshold=search.get("similar_threshold"),
+                          rule=search.get("rule"), threshold_source=search.get("threshold_source"),
+                          created=search.get("created"), total=page.total, offset=page.offset, limit=page.limit,
+                          next_offset=page.next_offset, groups=[_group(index, g) for g in page.groups])
 
-        def member(m: dict[str, Any]) -> Member:
-            return Member(id=int(m["id"]), path=_json_path(m["path"]),
-                          score=float(m.get("similarity", m.get("best_similarity", 1.0))))
+    @router.post("/duplicates/{group_id}/keeper", response_model=Group, responses=ERRORS,
+                 summary="Choose the photo a group keeps")
+    def keeper(choice: KeeperRequest, group_id: str = PathParam(max_length=100)) -> Group:
+        """Keep this photo of the group (now, and in later searches); the group as it is now."""
+        service._ready()
+        return _group(app.ready_index(), app.duplicates.keep(group_id, choice.photo_id))
 
-        groups = []
-        for g in dup["groups"]:
-            rep = g.get("representative")
-            rep_m = next((m for m in g["members"] if rep and m["id"] == rep.get("id")), None)
-            groups.append(Group(size=int(g["size"]), representative=member(rep_m) if rep_m else None,
-                                members=[member(m) for m in g["members"]]))
-        return Duplicates(threshold=float(dup["threshold"]), created=dup.get("created"), groups=groups)
+    @router.post("/duplicates/{group_id}/not-duplicates", response_model=Group, responses=ERRORS,
+                 summary="Say a group is not duplicates")
+    def not_duplicates(group_id: str = PathParam(max_length=100)) -> Group:
+        """Its photos are never grouped again (the marks live in the catalog and survive index updates); the group
+        leaves the saved search."""
+        service._ready()
+        return _group(app.ready_index(), app.duplicates.not_duplicates(group_id))
+
+    @router.post("/duplicates/move", response_model=MoveResult, responses=ERRORS,
+                 summary="Move the photos groups do not keep")
+    def move(request: MoveRequest) -> MoveResult:
+        """Move every photo of the groups named (or of every group of the kinds named) but its keeper into the
+        collection's hidden `.moco-duplicates` folder, keeping its path (a taken name gets a suffix; nothing is
+        deleted or overwritten), journalled; then the index is updated and the duplicates are searched again."""
+        service._ready()
+        out = app.duplicates.move(request.groups, request.kinds, request.keepers, request.dry_run)
+        return MoveResult.model_validate(out.as_dict())
+
+    @router.post("/duplicates/undo", response_model=MoveResult, responses=ERRORS, summary="Put moved photos back")
+    def undo(request: UndoRequest) -> MoveResult:
+        """Put back the photos moved by one action (`batch`), or every photo moved and not yet put back; then the
+        index is updated."""
+        service._ready()
+        return MoveResult.model_validate(app.duplicates.undo(request.batch).as_dict())
 
     routes = list(router.routes)
     schema: dict[str, Any] = {}

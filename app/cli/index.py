@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from index.catalog import display_path
 from moco.errors import UserError
@@ -48,13 +48,38 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_stats)
 
-    p = cmds.add_parser("dedup", help="near-duplicate groups (saved to IDX/dedup.json)")
+    p = cmds.add_parser("dedup", help="groups of duplicates (exact, near, similar), and acting on them",
+                        description="Groups of duplicates, saved to IDX/dedup.json: exact (the same bytes), near (the "
+                        "same shot re-encoded, resized, cropped, recoloured) and, with --kind similar, similar "
+                        "(bursts, the same scene). Each group has an id, a suggested keeper and the reason. --move-to "
+                        "moves every other photo of the groups out of the collection (never deleting, never "
+                        "overwriting), journalled; --undo puts them back.")
     p.add_argument("index_dir", metavar="IDX")
     p.add_argument("--threshold", type=float, default=None,
-                   help="centred cosine similarity (as search scores) of a group's photos to its representative "
-                        "(default: the index's, calibrated at build time on copies of its photos; `moco index stats` "
-                        "says which)")
-    p.add_argument("--json", action="store_true")
+                   help="near: centred cosine similarity (as search scores) of a group's photos to its representative "
+                        "(default: the index's, calibrated at build time on copies of its photos, raised above the "
+                        "collection's crowd level; the output says which rule set it)")
+    p.add_argument("--similar-threshold", type=float, default=None, metavar="F",
+                   help="similar: the same, for --kind similar (default: measured on the collection)")
+    p.add_argument("--kind", action="append", choices=["exact", "near", "similar"], default=None,
+                   help="the groups to list and act on (repeatable; default: exact and near)")
+    p.add_argument("--group", action="append", default=None, metavar="GROUP_ID",
+                   help="act on this group only (repeatable; ids from the listing)")
+    p.add_argument("--move-to", default=None, metavar="DIR",
+                   help="move every photo of the groups but its keeper into DIR, keeping its path relative to the "
+                        "collection (a taken name gets a suffix), then update the index; a folder inside the "
+                        "collection must be hidden (like PHOTOS/.moco-duplicates)")
+    p.add_argument("--dry-run", action="store_true", help="with --move-to: say what would move, move nothing")
+    p.add_argument("--undo", action="store_true", help="put back every photo moved (the journal in the catalog), "
+                   "then update the index")
+    p.add_argument("--keep", action="append", type=int, default=None, metavar="PHOTO_ID",
+                   help="keep this photo of its group (of the last search) now and in later searches (repeatable)")
+    p.add_argument("--not-duplicates", action="append", default=None, metavar="GROUP_ID",
+                   help="say that the photos of this group (of the last search) are not duplicates: never grouped "
+                        "again (repeatable)")
+    p.add_argument("--device", default="auto", help="for the index update after a move: auto, cpu, cuda")
+    p.add_argument("--json", action="store_true", help="JSON: the groups (a list), or what a move, an undo or a mark "
+                   "did (an object)")
     p.set_defaults(handler=cmd_dedup)
 
 
@@ -128,24 +153,112 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:
-    from index.calibrate import threshold_source
-    from index.dedup import find_duplicates
     from index.image_index import ImageIndex
 
+    if args.dry_run and not args.move_to:
+        raise UserError("--dry-run goes with --move-to DIR: it says what a move would do")
+    actions = [name for name, on in (("--move-to", args.move_to), ("--undo", args.undo),
+                                     ("--not-duplicates", args.not_duplicates)) if on]
+    if len(actions) > 1:
+        raise UserError(f"{' and '.join(actions)}: one action at a time")
     idx = ImageIndex.open(args.index_dir)
     idx.catalog.check_writable()  # dedup.json goes beside the catalog
-    threshold = idx.dedup_threshold if args.threshold is None else args.threshold
-    groups = find_duplicates(idx, threshold)
+    if args.undo:
+        return _undo(idx, args)
+    if args.not_duplicates:
+        return _not_duplicates(idx, args)
+    if args.keep:
+        _keep(idx, args)
+    if args.move_to:
+        from index.resolve.actions import settle
+
+        settle(idx, args.device)  # a move a kill cut off: finished, and the index updated, before the search
+    return _search(idx, args)
+
+
+def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
+    from index.calibrate import describe_threshold
+    from index.dedup import search_duplicates
+    from index.resolve.actions import select_groups
+
+    kinds = args.kind or ["exact", "near"]
+    found = search_duplicates(idx, args.threshold, kinds, args.similar_threshold)
+    groups = select_groups(found.groups, kinds, args.group)
+    if args.move_to:
+        return _move(idx, args, groups)
+    d = found.decision
     if args.json:
         print(json.dumps(groups))
         return 0
     for n, g in enumerate(groups, 1):
-        print(f"group {n} ({g['size']} images, {g['loosest']:.4f}-{g['tightest']:.4f} to "
-              f"{display_path(g['representative']['path'])}):")
+        print(f"group {n} {g['id']} ({g['kind']}, {g['size']} images, {g['loosest']:.4f}-{g['tightest']:.4f} to "
+              f"{display_path(g['representative']['path'])}); keep {display_path(g['keep'])}: {g['reason']}")
         for m in g["members"]:
-            mark = "  (representative)" if m["id"] == g["representative"]["id"] else ""
-            print(f"  {m['similarity']:.4f}  {display_path(m['path'])}{mark}")
-    source = "given" if args.threshold is not None else threshold_source(idx)
-    print(f"{len(groups)} groups of near-duplicates, every photo at cosine >= {threshold} to its group's "
-          f"representative ({source}); saved to {display_path(str(Path(args.index_dir) / 'dedup.json'))}")
+            marks = [w for w, on in (("representative", m["id"] == g["representative"]["id"]),
+                                     ("keep", m["id"] == g["keep_id"])) if on]
+            print(f"  {m['similarity']:.4f}  {m['id']:>6}  {display_path(m['path'])}"
+                  f"{'  (' + ', '.join(marks) + ')' if marks else ''}")
+    counts = ", ".join(f"{sum(g['kind'] == k for g in groups)} {k}" for k in kinds)
+    similar = f"; similar at >= {d['similar_threshold']}" if "similar" in kinds else ""
+    print(f"{len(groups)} groups ({counts}), every photo at cosine >= {d['threshold']} to its group's representative "
+          f"({describe_threshold(d)}){similar}; {d['crowded_photos']} photos in crowds of alike photos; saved to "
+          f"{display_path(str(Path(args.index_dir) / 'dedup.json'))}")
     return 0
+
+
+def _print_outcome(out: Any, args: argparse.Namespace) -> None:
+    if args.json:
+        print(json.dumps(out.as_dict()))
+        return
+    verb = {"move": "would move" if out.dry_run else "moved", "undo": "put back"}[out.action]
+    for d in out.done:
+        print(f"{verb}  {d['from']}  ->  {d['to']}")
+    for s in out.skipped:
+        print(f"skipped  {s['path']}: {s['reason']}", file=sys.stderr)
+    tail = (f"; finished {out.finished} cut off by an earlier kill" if out.finished else "") + (
+        f"; index updated, {out.groups} groups left" if out.updated and out.groups is not None else "")
+    what = f" (action {out.batch})" if out.batch else ""
+    print(f"{len(out.done)} photos {verb}{what}{tail}" + (f"; destination {out.destination}" if out.destination
+                                                          else ""))
+
+
+def _move(idx: ImageIndex, args: argparse.Namespace, groups: list[dict[str, Any]]) -> int:
+    from index.resolve.actions import move_duplicates
+
+    out = move_duplicates(idx, groups, dest=args.move_to, dry_run=args.dry_run, device=args.device)
+    _print_outcome(out, args)
+    return 0
+
+
+def _undo(idx: ImageIndex, args: argparse.Namespace) -> int:
+    from index.resolve.actions import undo_moves
+
+    _print_outcome(undo_moves(idx, device=args.device), args)
+    return 0
+
+
+def _not_duplicates(idx: ImageIndex, args: argparse.Namespace) -> int:
+    from index.resolve.actions import mark_not_duplicates
+
+    groups = [mark_not_duplicates(idx, gid) for gid in args.not_duplicates]
+    if args.json:
+        print(json.dumps({"not_duplicates": [{"group": g["id"], "ids": [m["id"] for m in g["members"]]}
+                                             for g in groups]}))
+        return 0
+    for g in groups:
+        print(f"group {g['id']} ({g['size']} photos): not duplicates; they are never grouped again")
+    return 0
+
+
+def _keep(idx: ImageIndex, args: argparse.Namespace) -> None:
+    from index.dedup import load_duplicates
+    from index.resolve.actions import choose_keeper
+
+    doc = load_duplicates(idx.dir) or {"groups": []}
+    for photo in args.keep:
+        group = next((g for g in doc["groups"] if photo in [m["id"] for m in g["members"]]), None)
+        if group is None:
+            raise UserError(f"--keep {photo}: no group of the last search holds photo {photo}; find the duplicates "
+                            f"(`moco index dedup {idx.dir}`) and give an id it lists")
+        choose_keeper(idx, group["id"], photo)
+        print(f"keeping {photo} of group {group['id']}", file=sys.stderr)

@@ -16,8 +16,17 @@ from collections.abc import Callable
 from typing import Any
 
 from app.page.handlers import Results, SearchApp
+from app.page.review import PAGE_SIZE
 from app.page.uploads import QueryImage
-from app.page.views import PENDING_HINT, READY_HINT, groups_html, negatives_outputs, status_outputs
+from app.page.views import (
+    KIND_CHOICES,
+    PENDING_HINT,
+    READY_HINT,
+    negatives_outputs,
+    outcome_text,
+    review_outputs,
+    status_outputs,
+)
 from index.calibrate import DEDUP_THRESHOLD
 from moco.errors import UserError
 
@@ -47,10 +56,11 @@ CSS = """
 #views .grid-container { grid-template-columns: repeat(2, minmax(180px, 240px)) !important; height: auto !important; }
 @media (max-width: 480px) { #views .grid-container { grid-template-columns: minmax(180px, 1fr) !important; } }
 .dup-group { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 8px; margin: 8px 0; }
-.dup-thumbs { display: grid; grid-template-columns: repeat(auto-fill, minmax(120px, 1fr)); gap: 8px; }
+.dup-thumbs { display: grid; grid-template-columns: repeat(auto-fill, minmax(150px, 1fr)); gap: 8px; }
 .dup-thumbs figure { margin: 0; } .dup-thumbs img { width: 100%; aspect-ratio: 1 / 1; object-fit: cover; }
 .dup-thumbs figcaption { font-size: 12px; overflow-wrap: anywhere; }
-.dup-thumbs figure.dup-rep img { outline: 3px solid var(--color-accent); }
+.dup-thumbs figure.dup-keep img { outline: 3px solid var(--color-accent); }
+.dup-group h4 { margin: 0 0 4px 0; } .dup-why { margin: 0 0 6px 0; font-size: 13px; overflow-wrap: anywhere; }
 /* galleries: the label above the first row, not over it */
 .results > label.float, #views > label.float { position: static !important; margin-bottom: 4px; }
 /* a path in the details panel breaks after a "/", never inside a name (unless one name is wider than the panel) */
@@ -296,20 +306,87 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 stats = gr.Markdown(elem_id="collection-stats")
                 with gr.Row():
                     start = app.index.dedup_threshold if ready and app.index is not None else DEDUP_THRESHOLD
-                    threshold = gr.Slider(0.5, 1.0, value=start, step=0.005,
+                    threshold = gr.Slider(0.5, 1.0, value=start, step=0.005, elem_id="dedup-threshold",
                                           label="near-duplicate threshold (centred cosine)")
-                    dedup = gr.Button("Find near-duplicates", elem_id="dedup-btn", interactive=ready)
+                    similar = gr.Checkbox(False, label="also similar photos (bursts, the same scene)",
+                                          elem_id="dedup-similar")
+                    dedup = gr.Button("Find duplicates", elem_id="dedup-btn", interactive=ready)
+                with gr.Row():
+                    kind = gr.Dropdown(list(KIND_CHOICES), value="exact and near", label="Show",
+                                       elem_id="dup-kind", scale=1)
+                    prev_btn = gr.Button("◀ Previous", elem_id="dup-prev", scale=0)
+                    where = gr.Markdown(elem_id="dup-where")
+                    next_btn = gr.Button("Next ▶", elem_id="dup-next", scale=0)
                 dups = gr.HTML(elem_id="dup-groups")
+                with gr.Row():
+                    group = gr.Dropdown([], label="Group", elem_id="dup-group", scale=1)
+                    keeper = gr.Radio([], label="Keep", elem_id="dup-keeper", scale=2)
+                with gr.Row():
+                    keep_btn = gr.Button("Keep the one chosen", elem_id="dup-keep-btn")
+                    move_btn = gr.Button("Move the others", variant="primary", elem_id="dup-move-btn")
+                    not_btn = gr.Button("Not duplicates", elem_id="dup-not-btn")
+                with gr.Row():
+                    bulk_btn = gr.Button("Move the others of every group shown (their keepers stay)",
+                                         elem_id="dup-bulk-btn")
+                    undo_btn = gr.Button("Undo moves", elem_id="dup-undo-btn", interactive=False)
+                dup_message = gr.Markdown(elem_id="dup-message")
+                offset = gr.State(0)
+                review = [dups, where, group, keeper, dup_message, offset, undo_btn]
 
-                def do_collection(threshold_: float | None = None) -> tuple:
-                    text, groups = app.collection(threshold_)
-                    assert app.index is not None
-                    return text, groups_html(groups, app.index)
+                def do_collection(threshold_: float | None = None, similar_: bool = False, kind_: str = "",
+                                  offset_: int = 0) -> tuple:
+                    text, _ = app.collection(threshold_, similar_)
+                    if threshold_ is not None:  # a new search: its kinds shown
+                        kind_ = "all kinds" if similar_ else "exact and near"
+                    return (text, gr.update(value=kind_) if kind_ else gr.skip(),
+                            *review_outputs(app, kind_, 0 if threshold_ is not None else offset_))
 
-                collection_fn = _safe(2, 0)(do_collection)
-                demo.load(lambda: collection_fn() if app.ready else (gr.skip(), gr.skip()), None, [stats, dups],
-                          api_name="collection")
-                dedup.click(collection_fn, [threshold], [stats, dups], api_name="dedup", concurrency_id="model")
+                def do_page(kind_: str, offset_: int, step: int) -> tuple:
+                    return review_outputs(app, kind_, max(0, offset_ + step * PAGE_SIZE))
+
+                def do_act(action: str, kind_: str, offset_: int, gid: str | None, photo: str | None) -> tuple:
+                    if action in ("keep", "move", "not") and not gid:
+                        raise UserError("choose a group first")
+                    message, keep_gid = "", gid
+                    if action == "keep":
+                        if not photo:
+                            raise UserError("choose the photo to keep")
+                        app.duplicates.keep(gid, int(photo))
+                        message = f"keeping `{app.duplicates.group(gid)['keep']}` of this group"
+                    elif action == "move":
+                        keepers = {gid: int(photo)} if photo else None
+                        message = outcome_text(app.duplicates.move([gid], keepers=keepers))
+                        keep_gid = None
+                    elif action == "not":
+                        group_ = app.duplicates.not_duplicates(gid)
+                        message = f"group of {group_['size']} photos: not duplicates, never grouped again"
+                        keep_gid = None
+                    elif action == "bulk":
+                        message = outcome_text(app.duplicates.move(kinds=KIND_CHOICES[kind_ or "exact and near"]))
+                    elif action == "undo":
+                        message = outcome_text(app.duplicates.undo())
+                    text, _ = app.collection()
+                    return (text, *review_outputs(app, kind_, offset_, keep_gid, message))
+
+                def do_group(kind_: str, offset_: int, gid: str | None) -> tuple:
+                    return review_outputs(app, kind_, offset_, gid)
+
+                collection_fn = _safe(9, 6)(do_collection)
+                demo.load(lambda: collection_fn() if app.ready else (gr.skip(),) * 9, None,
+                          [stats, kind, *review], api_name="collection")
+                dedup.click(collection_fn, [threshold, similar, kind], [stats, kind, *review], api_name="dedup",
+                            concurrency_id="dedup")
+                kind.input(_safe(7, 4)(lambda k_: review_outputs(app, k_, 0)), [kind], review, api_name=False)
+                prev_btn.click(_safe(7, 4)(lambda k_, o_: do_page(k_, o_, -1)), [kind, offset], review,
+                               api_name=False)
+                next_btn.click(_safe(7, 4)(lambda k_, o_: do_page(k_, o_, 1)), [kind, offset], review,
+                               api_name=False)
+                group.input(_safe(7, 4)(do_group), [kind, offset, group], review, api_name=False)
+                acting = [kind, offset, group, keeper]
+                for button, action in ((keep_btn, "keep"), (move_btn, "move"), (not_btn, "not"), (bulk_btn, "bulk"),
+                                       (undo_btn, "undo")):
+                    button.click(_safe(8, 5)(functools.partial(do_act, action)), acting, [stats, *review],
+                                 api_name=False, concurrency_id="dedup")
             with gr.Tab("Status", id="status"):
                 status_md = gr.Markdown(elem_id="status-info")
                 loss_plot = gr.LinePlot(x="step", y="value", title="training loss", height=260, elem_id="loss-plot",

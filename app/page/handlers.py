@@ -31,9 +31,9 @@ from PIL import Image
 from app.page.negatives.from_index import IndexNegatives
 from app.page.negatives.from_queue import QueueNegatives
 from app.page.negatives.view import NegativesView
+from app.page.review import DuplicateReview
 from app.page.uploads import read_upload
 from index.catalog import display_path
-from index.dedup import find_duplicates, load_duplicates
 from index.image_index import ImageIndex, SearchResult
 from moco.data.photos import load_rgb, open_regular
 from moco.errors import UserError, quoted
@@ -147,6 +147,7 @@ class SearchApp:
         self._kept_bytes = 0
         self._writing = 0  # result folders made and being written (counted in _KEEP_EXPORTS)
         self._lock = threading.Lock()
+        self.duplicates = DuplicateReview(self.ready_index)  # the Collection tab's review, and the API's
         if index is not None:
             self._attach(index, embedder, checkpoint)
 
@@ -480,13 +481,14 @@ class SearchApp:
         return self.negatives_source.compute_for_id(int(image_id), n=int(n), seed=int(seed))
 
     # ------------------------------------------------------------------------------ collection
-    def collection(self, threshold: float | None = None) -> tuple[str, list[dict[str, Any]]]:
-        """(stats markdown, near-duplicate groups largest first); ``threshold`` re-runs dedup first."""
+    def collection(self, threshold: float | None = None, similar: bool = False) -> tuple[str, list[dict[str, Any]]]:
+        """(stats markdown, the groups of duplicates of the last search); ``threshold`` (the near one) searches again
+        first, with similar groups when ``similar``."""
         index = self.ready_index()
         st = index.stats()
         if threshold is not None:
-            find_duplicates(index, float(threshold))
-        dup = load_duplicates(index.dir)
+            self.duplicates.find(float(threshold), similar)
+        dup = self.duplicates.saved()
         recall = st["recall_at_10"]
         weak = st.get("weak_below")
         text = [
@@ -502,9 +504,13 @@ class SearchApp:
         ]
         groups: list[dict[str, Any]] = []
         if dup is None:
-            text.append("_No near-duplicate search yet: press the button below._")
+            text.append("_No search for duplicates yet: press Find duplicates below._")
         else:
             groups = dup["groups"]
-            text.append(f"**{len(groups)} near-duplicate groups**, every photo at centred cosine ≥ {dup['threshold']} "
-                        f"to its group's representative ({dup['created']}), largest first.")
+            counts = ", ".join(f"{sum(g['kind'] == k for g in groups)} {k}" for k in dup.get("kinds", ["near"]))
+            source = dup.get("threshold_source", "")
+            text.append(f"**{len(groups)} groups of duplicates** ({counts}) · near: every photo at centred cosine ≥ "
+                        f"{dup['threshold']} to its group's representative{f' ({source})' if source else ''}"
+                        + (f" · similar ≥ {dup['similar_threshold']}" if "similar" in dup.get("kinds", []) else "")
+                        + f" · found {dup['created']}")
         return "\n\n".join(text), groups

@@ -1,11 +1,13 @@
-"""What the page's tabs show, as plain values: the Negatives tab's galleries and table, the Collection tab's
-near-duplicate groups, and the Status tab's refresh (which turns search on when the index arrives).
+"""What the page's tabs show, as plain values: the Negatives tab's galleries and table, the Collection tab's review
+of groups of duplicates (a page of them, the choices of a group and its keeper, an action's result), and the Status
+tab's refresh (which turns search on when the index arrives).
 
 :mod:`app.page.blocks` wires them to components; the tests call them directly.
 """
 
 from __future__ import annotations
 
+import datetime
 import html
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,10 @@ from app.page.handlers import VIEW_PX, SearchApp, score_text
 from app.page.negatives.view import NegativesView
 from index.catalog import display_path
 from index.image_index import ImageIndex
+from moco.errors import UserError
 
-__all__ = ["negatives_outputs", "groups_html", "status_outputs", "READY_HINT", "PENDING_HINT"]
+__all__ = ["negatives_outputs", "groups_html", "review_outputs", "outcome_text", "status_outputs",
+           "KIND_CHOICES", "READY_HINT", "PENDING_HINT"]
 
 READY_HINT = "Upload a photo and press Search."  # the Search tab before a first search, search on ...
 PENDING_HINT = "Search turns on by itself when the index is ready (see Status)."  # ... and off
@@ -67,29 +71,104 @@ def negatives_outputs(v: NegativesView, note: str = "") -> tuple:
     return views, "\n\n".join(lines), gallery, table
 
 
-def groups_html(groups: list[dict[str, Any]], index: ImageIndex, limit: int = 50) -> str:
-    """Near-duplicate groups, each in its own panel, largest first: its size, the range of its members' cosines to
-    its representative (shown first, marked) and every path with its cosine."""
+def _when(m: dict[str, Any]) -> str:
+    """A member's date: taken (EXIF) when it has one, else modified."""
+    if m.get("taken") is not None:
+        return "taken " + datetime.datetime.fromtimestamp(m["taken"], datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    if m.get("mtime") is not None:
+        return "modified " + datetime.datetime.fromtimestamp(m["mtime"]).strftime("%Y-%m-%d %H:%M")
+    return ""
+
+
+def _size(n: int | None) -> str:
+    return "" if n is None else f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
+def groups_html(groups: list[dict[str, Any]], index: ImageIndex, start: int = 0, total: int | None = None) -> str:
+    """Groups of duplicates, each in its own panel: its number (from ``start`` + 1, of ``total``), kind, size, id,
+    keeper and why; each member with its thumbnail, its pixels, size and date, its path, and its cosine to the
+    representative (or "keep", or "identical to the keeper")."""
     if not groups:
         return ""
+    total = len(groups) if total is None else total
     parts = []
-    for g, group in enumerate(groups[:limit], 1):
+    for n, group in enumerate(groups, start + 1):
         figures = []
-        rep = (group.get("representative") or {}).get("id")  # a dedup.json from before representatives has none
+        keep = group.get("keep_id")
+        keep_hash = next((m.get("hash") for m in group["members"] if m["id"] == keep), None)
         for m in group["members"]:
-            row = index.catalog.row_by_path(m["path"])
-            thumb = index.thumb_path(row) if row is not None else None
-            img = f'<img src="gradio_api/file={html.escape(str(thumb))}" alt="">' if thumb else ""
-            cos = score_text(m.get("similarity", m["best_similarity"]))
-            label = "representative" if m["id"] == rep else f"cos {cos}"
-            figures.append(f'<figure{" class=dup-rep" if m["id"] == rep else ""}>{img}<figcaption>{label} · '
-                           f"{html.escape(display_path(m['path']))}</figcaption></figure>")
+            thumb = index.dir / m["thumb"] if m.get("thumb") else None
+            img = (f'<img src="gradio_api/file={html.escape(str(thumb))}" alt="">' if thumb and thumb.is_file()
+                   else "")
+            cos = score_text(m.get("similarity", m.get("best_similarity", 1.0)))
+            label = ("✓ keep" if m["id"] == keep else "identical to the keeper" if keep_hash and m.get("hash") ==
+                     keep_hash else f"cos {cos}")
+            facts = " · ".join(x for x in (f"{m['width']}×{m['height']}" if m.get("width") else "",
+                                            _size(m.get("bytes")), _when(m)) if x)
+            figures.append(f'<figure data-id="{m["id"]}"{" class=dup-keep" if m["id"] == keep else ""}>{img}'
+                           f"<figcaption><b>{html.escape(label)}</b> · {html.escape(facts)} · "
+                           f"{'/<wbr>'.join(map(html.escape, display_path(m['path']).split('/')))}</figcaption>"
+                           "</figure>")
         spread = (f" · cos {score_text(group['loosest'])}–{score_text(group['tightest'])} to the first"
                   if "loosest" in group else "")
-        parts.append(f'<div class="dup-group"><h4>Group {g} · {group["size"]} photos{spread}</h4>'
+        reason = html.escape(str(group.get("reason") or ""))
+        parts.append(f'<div class="dup-group" data-group="{html.escape(str(group.get("id")))}"><h4>Group {n} of '
+                     f'{total} · {html.escape(str(group.get("kind", "near")))} · {group["size"]} photos{spread}</h4>'
+                     f'<p class="dup-why">keep <code>{html.escape(display_path(str(group.get("keep"))))}</code>: '
+                     f'{reason} · id <code>{html.escape(str(group.get("id")))}</code></p>'
                      f'<div class="dup-thumbs">{"".join(figures)}</div></div>')
-    more = f"<p>{len(groups) - limit} more groups in dedup.json</p>" if len(groups) > limit else ""
-    return "".join(parts) + more
+    return "".join(parts)
+
+
+# The Collection tab's kind filter: its label -> the kinds it shows.
+KIND_CHOICES = {"exact and near": ("exact", "near"), "exact": ("exact",), "near": ("near",), "similar": ("similar",),
+                "all kinds": ("exact", "near", "similar")}
+
+
+def review_outputs(app: SearchApp, kind: str, offset: int, gid: str | None = None, message: str = "") -> tuple:
+    """The Collection tab's review of one page: (groups HTML, page markdown, group choice, keeper choice, message,
+    offset, undo button). ``gid``: the group to choose a keeper of (default: the page's first)."""
+    import gradio as gr
+
+    kinds = KIND_CHOICES.get(kind or "exact and near", ("exact", "near"))
+    index = app.ready_index()
+    if app.duplicates.saved() is None:
+        empty = gr.update(choices=[], value=None)
+        return ("", "_No search for duplicates yet: press Find duplicates._", empty, empty, message, 0,
+                gr.update(interactive=False))
+    page = app.duplicates.page(kinds, offset)
+    if page.groups == [] and page.total and page.offset:  # past the end (groups left since): the last page
+        page = app.duplicates.page(kinds, (page.total - 1) // page.limit * page.limit)
+    first, last = page.offset + 1, page.offset + len(page.groups)
+    where = (f"Groups {first}–{last} of **{page.total}** ({' and '.join(kinds)})" if page.total
+             else f"No {' or '.join(kinds)} groups.")
+    labels = [(f"Group {n} · {g['kind']} · {g['size']} photos", g["id"]) for n, g in enumerate(page.groups, first)]
+    ids = [v for _, v in labels]
+    gid = gid if gid in ids else (ids[0] if ids else None)
+    group = next((g for g in page.groups if g["id"] == gid), None)
+    keepers = [(f"{display_path(m['path'])} ({m.get('width')}×{m.get('height')}, {_size(m.get('bytes'))})",
+                str(m["id"])) for m in group["members"]] if group else []
+    moved = app.duplicates.moved()
+    return (groups_html(page.groups, index, page.offset, page.total), where,
+            gr.update(choices=labels, value=gid), gr.update(choices=keepers, value=str(group["keep_id"]) if group
+                                                            else None),
+            message, page.offset, gr.update(interactive=moved > 0, value=f"Undo moves ({moved} photos)" if moved
+                                            else "Undo moves"))
+
+
+def outcome_text(out: Any) -> str:
+    """A move's or an undo's result for the page: what moved, what did not and why."""
+    verb = "moved" if out.action == "move" else "put back"
+    text = f"**{len(out.done)} photos {verb}**" + (f" to `{out.destination}`" if out.destination and out.done
+                                                  else "")
+    if out.finished:
+        text += f" · {out.finished} cut off by an earlier kill finished first"
+    if out.updated:
+        text += " · index updated"
+    if out.skipped:
+        text += "\n\n" + "\n".join(f"- not {verb}: `{html.escape(s['path'])}`: {html.escape(s['reason'])}"
+                                     for s in out.skipped[:20])
+    return text
 
 
 def status_outputs(app: SearchApp, was_ready: bool) -> tuple:
@@ -114,11 +193,14 @@ def status_outputs(app: SearchApp, was_ready: bool) -> tuple:
         knn = gr.LinePlot(value=knn_rows, visible=len(knn_rows) > 0)
     if app.ready and not was_ready:  # the index just arrived: turn search on
         on = gr.Button(interactive=True)
-        stats, groups = app.collection()
+        stats, _ = app.collection()
         assert app.index is not None
+        try:
+            first = review_outputs(app, "exact and near", 0)[0]  # the first page of groups
+        except UserError as e:  # a damaged dedup.json: said by the tab's own events
+            first = html.escape(str(e))
         ready = (app.title(), on, on, on, on, gr.Dropdown(choices=app.folder_choices(), value=""), stats,
-                 groups_html(groups, app.index), gr.Slider(value=app.index.dedup_threshold), READY_HINT,
-                 True)
+                 first, gr.Slider(value=app.index.dedup_threshold), READY_HINT, True)
     else:
         ready = (gr.skip(),) * 10 + (was_ready,)
     return (text, loss, knn, *ready)

@@ -1,0 +1,48 @@
+"""bench/dedup_copies.py at a tiny size: the collection it plants, its scores against a brute-force count, and a run
+of the whole script (Fashion-MNIST from Debian's dataset-fashion-mnist; skipped without it)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench._datasets import FASHION_DIR
+from bench.dedup_copies import EDITS, main, score, write_collection
+
+
+def test_the_planted_copies_and_the_scores(tmp_path):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (24, 32, 32, 3), np.uint8)
+    copies = write_collection(tmp_path, images, 0.5, seed=0)
+    assert len(copies) == 12 and sorted({Path(c).stem.split("_", 1)[1] for c in copies}) == sorted(EDITS)
+    for copy, photo in copies.items():
+        same = hashlib.sha256((tmp_path / copy).read_bytes()).digest() == hashlib.sha256(
+            (tmp_path / photo).read_bytes()).digest()
+        assert same == copy.endswith("_exact.png")
+    (c1, p1), (c2, p2), (c3, _) = list(copies.items())[:3]
+    others = sorted(p for p in (f"photos/{i:05d}.png" for i in range(24)) if p not in copies.values())
+    groups = [{"members": [{"path": p1}, {"path": c1}, {"path": others[0]}]},  # a copy, its photo and another
+              {"members": [{"path": c2}, {"path": others[1]}]}]  # a copy without its photo
+    s = score(groups, copies)
+    # by hand: pairs (p1, c1) real, (p1, o0) and (c1, o0) not, (c2, o1) not
+    assert (s["pairs"], s["real_pairs"], s["pair_precision"], s["largest_distinct"]) == (4, 1, 0.25, 2)
+    edit1, edit2 = (Path(c).stem.split("_", 1)[1] for c in (c1, c2))
+    assert s["recall"][edit1] == pytest.approx(1 / s["copies"][edit1], abs=1e-4)
+    assert s["recall_all"] == pytest.approx(1 / 12, abs=1e-4)
+    assert s["recall"][edit2] == 0.0 or edit2 == edit1
+
+
+@pytest.mark.skipif(not FASHION_DIR.exists(), reason="apt-get install dataset-fashion-mnist")
+def test_the_bench_runs_at_a_tiny_size(tmp_path, capsys):
+    out = tmp_path / "dedup_copies.json"
+    assert main(["--dataset", "fashion", "--sizes", "60", "--size", "32", "--copies", "0.2", "--work",
+                 str(tmp_path / "work"), "--device", "cpu", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    r = report["sizes"][0]
+    assert r["photos"] == 60 and r["copies_planted"] == 12 and r["recall"]["exact"] == 1.0  # the same bytes: always
+    assert r["rule"] in ("calibrated", "crowd") and 0 <= r["pair_precision"] <= 1 and r["largest_distinct"] >= 1
+    assert "aim (recall >= 0.98" in capsys.readouterr().out

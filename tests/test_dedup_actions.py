@@ -1,0 +1,395 @@
+"""Acting on duplicates with real files: three kinds of groups, a keeper chosen, moves out of the collection and back
+through the real CLI (a real subprocess SIGKILLed in the middle of a move), a name taken at the destination, a move
+across file systems (a real tmpfs), "not duplicates" kept through `moco index update`, and the refusals (a folder
+inside the collection, a link out of it, a read-only collection or index). After every step every photo is
+byte-identical at exactly one place. Real SQLite, FAISS and a real (randomly initialized) ResNet-18.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from app.cli.commands import main
+from index.build.runner import build_index, update_index
+from index.calibrate import CROWD, MIN_PHOTOS, near_threshold, neighbour_levels
+from index.dedup import KINDS, load_duplicates, search_duplicates
+from index.image_index import ImageIndex
+from index.keeper import CHOSEN, Facts, suggest_keeper
+from index.resolve.actions import DUPLICATES_DIR, PAUSE_ENV, destination, move_duplicates, undo_moves
+from index.resolve.journal import Journal
+from index.resolve.transfer import PARTIAL_SUFFIX, TransferError, free_name, transfer
+from moco.data.sample import make_sample_collection
+from moco.errors import UserError
+
+from .mounts import remount_ro, tmpfs
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------------- the collection
+def _collection(root: Path) -> dict[str, list[str]]:
+    """4 families x 4 photos of 64 px; in ``inbox/``: an exact copy of one photo (newer) and a 75% JPEG q80 copy of
+    another (as PNG). Returns the expected groups by kind: their paths."""
+    make_sample_collection(root, per_family=4, size=64, seed=1)
+    shutil.rmtree(root / "stars")  # near-uniform star fields: a random network cannot tell them apart
+    photos = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.jpg"))
+    (root / "inbox").mkdir()
+    exact, near = photos[0], photos[6]
+    shutil.copyfile(root / exact, root / "inbox" / "exact.jpg")
+    old = (root / exact).stat().st_mtime
+    os.utime(root / "inbox" / "exact.jpg", (old + 100, old + 100))  # the copy is the newer file
+    img = Image.open(root / near).convert("RGB")
+    buf = io.BytesIO()
+    img.resize((48, 48), Image.Resampling.BICUBIC).save(buf, "JPEG", quality=80)
+    Image.open(io.BytesIO(buf.getvalue())).save(root / "inbox" / "small.png")
+    return {"exact": [exact, "inbox/exact.jpg"], "near": [near, "inbox/small.png"]}
+
+
+def _bytes(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (hidden ones too): relative path -> blake2b of its bytes."""
+    return {p.relative_to(root).as_posix(): hashlib.blake2b(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _where(before: dict[str, str], photos: Path, dest: Path) -> dict[str, str]:
+    """Where each photo of ``before`` is now: "root" or "dest" (the same relative path), each at exactly one place
+    with its bytes; nothing else under either (no partial copy, no stray file)."""
+    now_dest = _bytes(dest) if dest.exists() else {}
+    now_root = {p: d for p, d in _bytes(photos).items() if dest not in (photos / p).parents}  # dest may be inside
+    out = {}
+    for path, digest in before.items():
+        places = [w for w, files in (("root", now_root), ("dest", now_dest)) if files.get(path) == digest]
+        assert len(places) == 1, (path, places)
+        out[path] = places[0]
+    assert set(now_root) | set(now_dest) == set(before) and not set(now_root) & set(now_dest)
+    return out
+
+
+def _indexed(idx: Path) -> set[str]:
+    index = ImageIndex.open(idx)
+    paths = set(index.catalog.rows())
+    assert len(index) == len(paths)  # index.faiss holds what the catalog lists
+    return paths
+
+
+@pytest.fixture()
+def coll(backbone, tmp_path) -> dict:
+    photos = tmp_path / "photos"
+    expected = _collection(photos)
+    build_index(photos, backbone, tmp_path / "idx", progress=False, device="cpu")
+    return {"photos": photos, "idx": tmp_path / "idx", "dest": tmp_path / "dups", "expected": expected,
+            "before": _bytes(photos), "tmp": tmp_path}
+
+
+def _groups(idx: Path, kinds=("exact", "near")) -> list[dict]:
+    return search_duplicates(ImageIndex.open(idx), kinds=kinds).groups
+
+
+# ---------------------------------------------------------------------------------------------- the kinds
+def test_exact_near_and_similar_groups(coll):
+    index = ImageIndex.open(coll["idx"])
+    found = search_duplicates(index)
+    by_kind = {g["kind"]: sorted(m["path"] for m in g["members"]) for g in found.groups}
+    assert [g["kind"] for g in found.groups] == ["exact", "near"]
+    assert by_kind == {k: sorted(v) for k, v in coll["expected"].items()}
+    exact, near = found.groups
+    assert exact["keep"] == coll["expected"]["exact"][0] and exact["reason"].startswith("oldest file")
+    assert near["keep"] == coll["expected"]["near"][0] and near["reason"] == "most pixels (64 x 64)"
+    assert exact["id"].startswith(f"exact-{min(m['id'] for m in exact['members'])}-")
+    d = found.decision
+    assert d["rule"] in ("calibrated", "crowd") and d["threshold"] >= d["base"] and d["similar_threshold"] < \
+        d["threshold"]
+    saved = load_duplicates(coll["idx"])
+    assert saved["groups"] == found.groups and saved["rule"] == d["rule"] and saved["kinds"] == ["exact", "near"]
+    assert index.stats()["dedup_last"]["rule"] == d["rule"]  # stats say which rule set the threshold
+    # similar groups only when asked, never holding a photo of an exact or near group, each member within the
+    # similar threshold of its representative (brute force)
+    again = search_duplicates(index, kinds=KINDS)
+    assert again.groups[:2] == found.groups  # the same ids: stable across searches
+    similar = [g for g in again.groups if g["kind"] == "similar"]
+    assert similar, "the families of the sample give similar photos"
+    taken = {m["id"] for g in found.groups for m in g["members"]}
+    ids, raw = index.catalog.vectors(dim=index.dim)
+    vecs = dict(zip(ids.tolist(), index.center(raw)))
+    for g in similar:
+        rep = g["representative"]["id"]
+        assert not taken & {m["id"] for m in g["members"]}
+        assert all(vecs[rep] @ vecs[m["id"]] >= again.decision["similar_threshold"] - 1e-5 for m in g["members"])
+        assert any(vecs[rep] @ vecs[m["id"]] < again.decision["threshold"] for m in g["members"])  # not near
+
+
+def test_the_crowd_level_against_brute_force_and_its_guard():
+    rng = np.random.default_rng(0)
+    v = rng.standard_normal((300, 8)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    content = np.arange(300)
+    content[10:13] = 10  # three photos of the same bytes: not other photos of each other
+    sample = np.array([0, 10, 11, 50, 299])
+    first, kth = neighbour_levels(v, content, sample, k=CROWD)
+    for n, i in enumerate(sample):
+        other = sorted((float(v[i] @ v[j]) for j in range(300) if content[j] != content[i]), reverse=True)
+        assert first[n] == pytest.approx(other[0], abs=1e-5) and kth[n] == pytest.approx(other[CROWD - 1], abs=1e-5)
+    # alike photos (8 dimensions): the crowd is closer than the calibrated threshold, which is raised above it
+    all_first, all_kth = neighbour_levels(v, content, np.arange(300))
+    d = near_threshold(0.5, "calibrated", all_first, all_kth)
+    crowd = np.quantile(all_kth, 0.99)
+    assert d["rule"] == "crowd" and d["crowd_level"] >= crowd - 1e-4 and d["threshold"] > d["crowd_level"] > 0.5
+    assert np.mean(all_kth >= d["threshold"]) <= 0.01  # above it, 99 photos in 100 have fewer than CROWD others
+    kept = near_threshold(0.999, "calibrated", all_first, all_kth)
+    assert kept["rule"] == "calibrated" and kept["threshold"] == 0.999
+    assert near_threshold(0.9, "default", all_first[: MIN_PHOTOS - 1], all_kth[: MIN_PHOTOS - 1])["crowd_level"] is None
+
+
+KEEPER_CASES = [  # (width, height, bytes, taken, mtime) per member, the keeper's position, the reason's start
+    ([(64, 64, 10, None, 5), (48, 48, 99, 1.0, 1)], 0, "most pixels (64 x 64)"),
+    ([(64, 64, 10, None, 5), (64, 64, 11, None, 9)], 1, "largest file"),
+    ([(64, 64, 10, None, 1), (64, 64, 10, 7.0, 9)], 1, "has a date taken"),
+    ([(64, 64, 10, 9.0, 1), (64, 64, 10, 7.0, 9)], 1, "earliest date taken"),
+    ([(64, 64, 10, None, 9), (64, 64, 10, None, 3), (64, 64, 10, None, 4)], 1, "oldest file"),
+    ([(64, 64, 10, None, 3), (64, 64, 10, None, 3)], 0, "the same pixels"),
+    ([(None, None, 10, None, 3), (2, 2, 1, None, 9)], 1, "most pixels (2 x 2)"),
+]
+
+
+@pytest.mark.parametrize("members, want, reason", KEEPER_CASES)
+def test_the_keeper_rule(members, want, reason):
+    facts = [Facts(i, f"p{i}.jpg", w, h, b, t, m) for i, (w, h, b, t, m) in enumerate(members)]
+    # by hand: most pixels, then largest, then with a date, then earliest date, then oldest, then smallest id
+    ref = min(facts, key=lambda f: (-f.pixels, -f.bytes, f.taken is None, f.taken or 0, f.mtime, f.id))
+    keep, why = suggest_keeper(facts)
+    assert keep == ref.id == want and why.startswith(reason)
+    assert suggest_keeper(facts, chosen={facts[-1].id}) == (facts[-1].id, CHOSEN)
+
+
+# ------------------------------------------------------------------------------------------ the file layer
+def test_a_transfer_finishes_wherever_a_kill_cut_it(tmp_path):
+    src, dst = tmp_path / "a" / "p.jpg", tmp_path / "d" / "a" / "p.jpg"
+    src.parent.mkdir()
+    src.write_bytes(b"photo")
+    digest = hashlib.blake2b(b"photo", digest_size=16).hexdigest()
+    dst.parent.mkdir(parents=True)
+    os.link(src, dst)  # cut after the link, before the unlink
+    transfer(src, dst, digest)
+    assert not src.exists() and dst.read_bytes() == b"photo"
+    transfer(src, dst, digest)  # done already: nothing to do
+    shutil.copyfile(dst, src)  # a copy across file systems, cut before the unlink: both complete
+    transfer(src, dst, digest)
+    assert not src.exists() and dst.read_bytes() == b"photo"
+    transfer(dst, src, digest)  # and back, with a partial copy of an earlier try left beside it
+    partial = dst.with_name(f".{dst.name}{PARTIAL_SUFFIX}")
+    partial.write_bytes(b"pho")
+    transfer(src, dst, digest)
+    assert dst.read_bytes() == b"photo" and not src.exists() and not partial.exists()
+
+
+def test_a_transfer_never_overwrites_nor_moves_a_changed_file_or_a_link(tmp_path):
+    src, dst = tmp_path / "p.jpg", tmp_path / "d" / "p.jpg"
+    src.write_bytes(b"photo")
+    digest = hashlib.blake2b(b"photo", digest_size=16).hexdigest()
+    dst.parent.mkdir()
+    dst.write_bytes(b"another photo")
+    with pytest.raises(TransferError, match="taken by another file"):
+        transfer(src, dst, digest)
+    assert src.read_bytes() == b"photo" and dst.read_bytes() == b"another photo"
+    assert free_name(dst) == dst.with_name("p (2).jpg")
+    with pytest.raises(TransferError, match="changed since it was indexed"):
+        transfer(src, free_name(dst), hashlib.blake2b(b"x", digest_size=16).hexdigest())
+    link = tmp_path / "link.jpg"
+    link.symlink_to(src)
+    with pytest.raises(TransferError, match="symbolic link"):
+        transfer(link, tmp_path / "d" / "link.jpg", digest)
+    assert src.read_bytes() == b"photo" and link.is_symlink() and not (tmp_path / "d" / "link.jpg").exists()
+
+
+# ------------------------------------------------------------------------------------------ moves and undo
+def test_move_and_undo_through_the_cli(coll, capsys):
+    idx, photos, dest = str(coll["idx"]), coll["photos"], coll["dest"]
+    capsys.readouterr()
+    assert main(["index", "dedup", idx, "--move-to", str(dest), "--dry-run", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    moving = sorted(d["from"] for d in plan["done"])
+    assert plan["dry_run"] and moving == ["inbox/exact.jpg", "inbox/small.png"]  # the keepers stay
+    assert _bytes(photos) == coll["before"] and not dest.exists()  # a dry run moves nothing
+    assert main(["index", "dedup", idx, "--move-to", str(dest), "--kind", "exact"]) == 0
+    out = capsys.readouterr().out
+    assert "1 photos moved" in out and "index updated" in out
+    where = _where(coll["before"], photos, dest)
+    assert [p for p, w in where.items() if w == "dest"] == ["inbox/exact.jpg"]  # its path kept under DIR
+    assert "inbox/exact.jpg" not in _indexed(coll["idx"]) and "inbox/small.png" in _indexed(coll["idx"])
+    assert main(["index", "dedup", idx, "--move-to", str(dest), "--json"]) == 0
+    done = json.loads(capsys.readouterr().out)
+    assert [d["from"] for d in done["done"]] == ["inbox/small.png"] and done["groups"] == 0
+    assert _indexed(coll["idx"]) == set(coll["before"]) - set(moving)
+    assert load_duplicates(coll["idx"])["groups"] == []  # searched again: nothing left
+    states = [e.state for e in Journal(ImageIndex.open(idx).catalog).outstanding()]
+    assert states == ["moved", "moved"]
+    assert main(["index", "dedup", idx, "--undo", "--json"]) == 0
+    back = json.loads(capsys.readouterr().out)
+    assert sorted(d["to"] for d in back["done"]) == moving and back["updated"]
+    assert set(_where(coll["before"], photos, dest).values()) == {"root"}
+    assert _indexed(coll["idx"]) == set(coll["before"])
+    assert sorted(sorted(m["path"] for m in g["members"]) for g in _groups(coll["idx"])) == sorted(
+        map(sorted, coll["expected"].values()))  # the groups are back
+    assert main(["index", "dedup", idx, "--undo"]) == 0 and "0 photos put back" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("then", ["undo", "rerun"])
+def test_a_kill_in_the_middle_of_a_move_is_finished_by_undo_or_a_rerun(coll, then, capsys):
+    """`moco index dedup --move-to` in a real process, SIGKILLed after its first file (the test hook pauses it
+    there): the journal has one move done and one planned; --undo puts back all, a re-run finishes the move."""
+    idx, photos, dest = coll["idx"], coll["photos"], coll["dest"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **{PAUSE_ENV: "600"})
+    proc = subprocess.Popen([sys.executable, "-m", "app.cli", "index", "dedup", str(idx), "--move-to", str(dest),
+                             "--device", "cpu"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 600  # a guard against a hang, not a measurement
+        while not (dest.exists() and any(p.is_file() for p in dest.rglob("*"))):
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "no file moved"
+            time.sleep(0.2)
+        journal = Journal(ImageIndex.open(idx).catalog)
+        while [e.state for e in journal.outstanding()[::-1]] != ["moved", "planned"]:  # its commit after the file
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        capsys.readouterr()
+        assert main(["index", "dedup", str(idx), "--undo"]) == 2  # one action at a time: the other is named
+        assert f"is in use by another moco run (PID {proc.pid})" in capsys.readouterr().err
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    where = _where(coll["before"], photos, dest)  # killed: every photo whole, at one place
+    assert sum(w == "dest" for w in where.values()) == 1
+    batch = journal.last_batch()
+    capsys.readouterr()
+    if then == "undo":
+        assert main(["index", "dedup", str(idx), "--undo", "--device", "cpu"]) == 0
+        assert set(_where(coll["before"], photos, dest).values()) == {"root"}
+        assert _indexed(idx) == set(coll["before"])
+        assert [e.state for e in Journal(ImageIndex.open(idx).catalog).batch(batch)] == ["undone", "undone"]
+    else:
+        assert main(["index", "dedup", str(idx), "--move-to", str(dest), "--device", "cpu"]) == 0
+        where = _where(coll["before"], photos, dest)
+        assert sorted(p for p, w in where.items() if w == "dest") == ["inbox/exact.jpg", "inbox/small.png"]
+        assert _indexed(idx) == set(coll["before"]) - {"inbox/exact.jpg", "inbox/small.png"}
+        assert main(["index", "dedup", str(idx), "--move-to", str(dest)]) == 0  # nothing moved twice
+        assert "0 photos moved" in capsys.readouterr().out
+        assert main(["index", "dedup", str(idx), "--undo"]) == 0
+        assert set(_where(coll["before"], photos, dest).values()) == {"root"}
+    states = {e.state for e in Journal(ImageIndex.open(idx).catalog).outstanding()}
+    assert states == set()
+
+
+def test_a_name_taken_at_the_destination_gets_a_suffix(coll):
+    dest = coll["dest"]
+    (dest / "inbox").mkdir(parents=True)
+    (dest / "inbox" / "small.png").write_bytes(b"somebody else's file")
+    index = ImageIndex.open(coll["idx"])
+    out = move_duplicates(index, _groups(coll["idx"]), dest)
+    assert sorted(d["to"] for d in out.done) == sorted([str(dest / "inbox" / "exact.jpg"),
+                                                        str(dest / "inbox" / "small (2).png")])
+    assert (dest / "inbox" / "small.png").read_bytes() == b"somebody else's file"  # never overwritten
+    moved = _bytes(dest)
+    assert moved["inbox/small (2).png"] == coll["before"]["inbox/small.png"]
+    (coll["photos"] / "inbox" / "exact.jpg").write_bytes(b"a new file where the moved one was")
+    back = undo_moves(index)
+    assert sorted(d["to"] for d in back.done) == ["inbox/exact (2).jpg", "inbox/small.png"]  # not over the new one
+    assert (coll["photos"] / "inbox" / "exact.jpg").read_bytes() == b"a new file where the moved one was"
+    assert _bytes(coll["photos"])["inbox/exact (2).jpg"] == coll["before"]["inbox/exact.jpg"]
+
+
+def test_a_move_across_file_systems_copies_then_removes(coll):
+    with tmpfs(coll["tmp"] / "mnt", "16m") as mnt:
+        index = ImageIndex.open(coll["idx"])
+        out = move_duplicates(index, _groups(coll["idx"]), mnt / "dups")
+        assert len(out.done) == 2 and not out.skipped
+        where = _where(coll["before"], coll["photos"], mnt / "dups")
+        assert sorted(p for p, w in where.items() if w == "dest") == ["inbox/exact.jpg", "inbox/small.png"]
+        assert not list((mnt / "dups").rglob(f"*{PARTIAL_SUFFIX}"))
+        undo_moves(index)
+        assert set(_where(coll["before"], coll["photos"], mnt / "dups").values()) == {"root"}
+
+
+# ------------------------------------------------------------------------------------------- the user's say
+def test_not_duplicates_and_a_chosen_keeper_survive_an_update(coll, capsys):
+    idx = str(coll["idx"])
+    exact, near = _groups(coll["idx"])
+    assert main(["index", "dedup", idx, "--not-duplicates", near["id"]]) == 0
+    assert "never grouped again" in capsys.readouterr().out
+    assert [g["id"] for g in load_duplicates(idx)["groups"]] == [exact["id"]]  # it left the saved search
+    other = next(m for m in exact["members"] if m["id"] != exact["keep_id"])
+    assert main(["index", "dedup", idx, "--keep", str(other["id"]), "--json"]) == 0
+    kept = json.loads(capsys.readouterr().out)
+    assert [(g["id"], g["keep_id"], g["reason"]) for g in kept] == [(exact["id"], other["id"], CHOSEN)]
+    (coll["photos"] / "new.jpg").write_bytes((coll["photos"] / sorted(coll["before"])[3]).read_bytes())
+    update_index(idx, progress=False, device="cpu")  # a new photo (an exact copy of another), every row kept
+    groups = _groups(coll["idx"])
+    assert near["id"] not in [g["id"] for g in groups]
+    assert not any({m["path"] for m in g["members"]} >= set(coll["expected"]["near"]) for g in groups)
+    kept = next(g for g in groups if g["kind"] == "exact" and other["path"] in [m["path"] for m in g["members"]])
+    assert kept["keep_id"] == other["id"] and kept["reason"] == CHOSEN
+    assert any("new.jpg" in [m["path"] for m in g["members"]] for g in groups)  # new photos still group
+    assert main(["index", "dedup", idx, "--not-duplicates", "near-0-000000"]) == 2
+    assert "no group 'near-0-000000' in the last search" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------- refusals
+def test_destinations_links_and_read_only_places_are_refused(coll, capsys):
+    index = ImageIndex.open(coll["idx"])
+    photos = coll["photos"]
+    assert destination(index) == photos.resolve() / DUPLICATES_DIR
+    for bad, words in ((photos / "kept", "inside the collection"), (coll["idx"] / "x", "inside the index directory")):
+        with pytest.raises(UserError, match=words):
+            destination(index, bad)
+    outside = coll["tmp"] / "elsewhere"
+    outside.mkdir()
+    (photos / DUPLICATES_DIR).symlink_to(outside)
+    with pytest.raises(UserError, match="leads outside the collection"):
+        destination(index)  # the default: never out of the collection through a link
+    assert destination(index, outside) == outside.resolve()  # named: allowed
+    (photos / DUPLICATES_DIR).unlink()
+    # a member that is a symbolic link is not moved (nor what it points to)
+    target = photos / "inbox" / "small.png"
+    moved_aside = coll["tmp"] / "small.png"
+    shutil.move(target, moved_aside)
+    target.symlink_to(moved_aside)
+    capsys.readouterr()
+    out = move_duplicates(index, _groups(coll["idx"]), coll["dest"], search=False)
+    assert [s["reason"] for s in out.skipped if s["path"] == "inbox/small.png"] == [
+        "a symbolic link: not moved (links are never followed)"]
+    assert target.is_symlink() and moved_aside.is_file()
+
+
+def test_a_read_only_collection_or_index_refuses_and_nothing_moves(backbone, tmp_path, capsys):
+    with tmpfs(tmp_path / "mnt", "16m") as mnt:
+        photos = mnt / "photos"
+        _collection(photos)
+        build_index(photos, backbone, tmp_path / "idx", progress=False, device="cpu")
+        before = _bytes(photos)
+        remount_ro(mnt)
+        capsys.readouterr()
+        assert main(["index", "dedup", str(tmp_path / "idx"), "--move-to", str(tmp_path / "dups")]) == 2
+        err = capsys.readouterr().err
+        assert f"{photos / 'inbox'} is read-only (a read-only file system)" in err and "nothing was moved" in err
+        assert _bytes(photos) == before and not list((tmp_path / "dups").rglob("*.*"))
+    with tmpfs(tmp_path / "mnt2", "16m") as mnt:
+        photos = tmp_path / "photos2"
+        _collection(photos)
+        build_index(photos, backbone, mnt / "idx", progress=False, device="cpu")
+        remount_ro(mnt)
+        for argv in (["--move-to", str(tmp_path / "dups2")], ["--undo"], ["--not-duplicates", "exact-0-000000"]):
+            assert main(["index", "dedup", str(mnt / "idx"), *argv]) == 2
+            assert f"{mnt / 'idx'} is read-only" in capsys.readouterr().err
+        assert not (tmp_path / "dups2").exists()
