@@ -121,15 +121,26 @@ def _pillow_avif() -> bool:
     return bool(features.check("avif"))
 
 
-def missing_support(ext: str) -> str | None:
-    """Why photos with extension ``ext`` (lower case, with its dot) cannot be read here, with the fix; None when
-    they can (or ``ext`` is no photo's)."""
-    if ext in HEIF_EXTENSIONS and not enable_formats():
+def _fix(ext: str) -> str:
+    """What to install so that photos with extension ``ext`` can be read."""
+    if ext in HEIF_EXTENSIONS:
         return "pip install 'moco-retrieval[heic]'"
-    if ext in RAW_EXTENSIONS and not _has_module("rawpy"):
+    if ext in RAW_EXTENSIONS:
         return "pip install 'moco-retrieval[raw]'"
-    if ext == ".avif" and not _pillow_avif():
+    if ext == ".avif":
         return "pip install -U 'pillow>=11.3' (a Pillow built with AVIF)"
+    return "pip install -U pillow"
+
+
+def missing_support(ext: str) -> str | None:
+    """The fix (what to install) when photos with extension ``ext`` (lower case, with its dot) cannot be read here
+    for a missing package; None when they can (or ``ext`` is no photo's)."""
+    if ext in HEIF_EXTENSIONS and not enable_formats():
+        return _fix(ext)
+    if ext in RAW_EXTENSIONS and not _has_module("rawpy"):
+        return _fix(ext)
+    if ext == ".avif" and not _pillow_avif():
+        return _fix(ext)
     return None
 
 
@@ -180,8 +191,7 @@ class Scan:
 def skipped_notes(counts: dict[str, int]) -> list[str]:
     """``{".heic": 412}`` -> ``["412 .heic files skipped: pip install 'moco-retrieval[heic]'"]``: the summaries' line
     for each format whose package is missing."""
-    return [f"{n} {ext} file{'s' * (n != 1)} skipped: {missing_support(ext) or 'its decoder is missing'}"
-            for ext, n in sorted(counts.items()) if n]
+    return [f"{n} {ext} file{'s' * (n != 1)} skipped: {_fix(ext)}" for ext, n in sorted(counts.items()) if n]
 
 
 def scan_photos(root: str | Path, exclude: Iterable[str] | Excludes = ()) -> Scan:
