@@ -25,7 +25,8 @@ import numpy as np
 from index.calibrate import (  # the threshold: re-exported here, where its users look for it
     dedup_threshold,
 )
-from index.image_index import ImageIndex
+from index.catalog import taken_text
+from index.image_index import ImageIndex, row_filter
 from index.index_dir import DEDUP_FILE
 from moco.errors import UserError
 from moco.files import atomic_write
@@ -82,13 +83,14 @@ def tight_groups(graph: Mapping[int, Mapping[int, float]]) -> list[tuple[int, li
 
 
 def find_duplicates(index: ImageIndex, threshold: float | None = None, save: bool = True,
-                    chunk: int = 1024) -> list[dict[str, Any]]:
+                    chunk: int = 1024, exclude_folders: tuple[str, ...] | list[str] = ()) -> list[dict[str, Any]]:
     """Groups of near-duplicates (:func:`tight_groups`), largest first.
 
     Each group: ``size``, ``representative`` (id, path), ``tightest`` and ``loosest`` (the highest and lowest
     cosine of a member to the representative) and ``members`` (the representative first, then by that cosine),
     each with id, path, thumb, ``similarity`` (to the representative; 1.0 for itself) and ``best_similarity`` (to
-    its closest neighbour, in the group or not). ``threshold``: None: :func:`dedup_threshold`. Written to
+    its closest neighbour, in the group or not) and ``taken`` (the date taken, ISO 8601). ``threshold``: None:
+    :func:`dedup_threshold`. ``exclude_folders``: photos under these sub-folders are left out. Written to
     ``dedup.json`` in the index directory when ``save``.
     """
     threshold = dedup_threshold(index) if threshold is None else threshold
@@ -96,6 +98,11 @@ def find_duplicates(index: ImageIndex, threshold: float | None = None, save: boo
         raise UserError(f"--threshold {threshold} must be a cosine similarity in [-1, 1] (e.g. "
                         f"{dedup_threshold(index)})")
     ids, vecs = index.catalog.vectors(dim=index.dim)  # N, N x D
+    keep = row_filter(exclude_folders=exclude_folders)
+    if keep is not None:
+        kept = index.catalog.rows_by_id(ids)
+        mask = np.array([int(i) in kept and keep(kept[int(i)]) for i in ids], bool)
+        ids, vecs = ids[mask], vecs[mask]
     graph = _neighbours(index, ids, vecs, threshold, chunk)
     rows = index.catalog.rows_by_id(graph)
     groups = []
@@ -108,7 +115,7 @@ def find_duplicates(index: ImageIndex, threshold: float | None = None, save: boo
         groups.append({"size": len(live), "representative": {"id": rep, "path": rows[rep].path},
                        "tightest": max(others), "loosest": min(others), "members": [
             {"id": m, "path": rows[m].path, "thumb": rows[m].thumb, "similarity": sim[m],
-             "best_similarity": round(max(graph[m].values()), 5)}
+             "best_similarity": round(max(graph[m].values()), 5), "taken": taken_text(rows[m].taken)}
             for m in sorted(live, key=lambda m: (m != rep, -sim[m], rows[m].path))]})
     groups.sort(key=lambda g: (-g["size"], g["representative"]["path"]))
     if save:

@@ -43,7 +43,7 @@ PAGES = {
     "index search": ["IDX", "IMAGE", "-k", "--folder", "--exclude-folder", "--taken-from", "--taken-to", "--backbone",
                      "--json"],
     "index stats": ["IDX", "--json"],
-    "index dedup": ["IDX", "--threshold", "--json"],
+    "index dedup": ["IDX", "--threshold", "--exclude-folder", "--json"],
     "serve": ["IDX", "--checkpoint", "--backbone", "--host", "--port", "--auth", "--device", "--trusted-proxy",
               "--allowed-host", *API_FLAGS],
     "run": ["PHOTOS", "--work", "--checkpoint", "--init", "--minutes", "--max-steps", "--exclude", "--no-serve",

@@ -63,6 +63,8 @@ def add_index(sub: argparse._SubParsersAction) -> None:
                    help="centred cosine similarity (as search scores) of a group's photos to its representative "
                         "(default: the index's, calibrated at build time on copies of its photos; `moco index stats` "
                         "says which)")
+    p.add_argument("--exclude-folder", action="append", default=[], metavar="FOLDER",
+                   help="leave the photos under this sub-folder of the collection out (repeat for more)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_dedup)
 
@@ -153,7 +155,8 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     idx = ImageIndex.open(args.index_dir)
     idx.catalog.check_writable()  # dedup.json goes beside the catalog
     threshold = idx.dedup_threshold if args.threshold is None else args.threshold
-    groups = find_duplicates(idx, threshold)
+    away = [f for f in (_check_folder(idx, f, "--exclude-folder") for f in args.exclude_folder) if f]
+    groups = find_duplicates(idx, threshold, exclude_folders=away)
     if args.json:
         print(json.dumps(groups))
         return 0

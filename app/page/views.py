@@ -82,6 +82,8 @@ def groups_html(groups: list[dict[str, Any]], index: ImageIndex, limit: int = 50
             img = f'<img src="gradio_api/file={html.escape(str(thumb))}" alt="">' if thumb else ""
             cos = score_text(m.get("similarity", m["best_similarity"]))
             label = "representative" if m["id"] == rep else f"cos {cos}"
+            if isinstance(m.get("taken"), str):
+                label += f" · {html.escape(m['taken'][:10])}"
             figures.append(f'<figure{" class=dup-rep" if m["id"] == rep else ""}>{img}<figcaption>{label} · '
                            f"{html.escape(display_path(m['path']))}</figcaption></figure>")
         spread = (f" · cos {score_text(group['loosest'])}–{score_text(group['tightest'])} to the first"
