@@ -527,3 +527,18 @@ def test_skipped_notes_say_the_fix():
         "1 .dng file skipped: pip install 'moco-retrieval[raw]'",
         "412 .heic files skipped: pip install 'moco-retrieval[heic]'"]
     assert scan_photos(ROOT / "docs").files == ["screenshot-phone.png", "screenshot.png"]
+
+
+def test_dedup_leaves_excluded_folders_out_and_shows_the_dates(dated, capsys):
+    from index.dedup import find_duplicates
+
+    tmp, _ = dated
+    index = ImageIndex.open(tmp / "idx")
+    every = find_duplicates(index, 0.3, save=False)
+    assert any(m["path"].startswith("stars/") for g in every for m in g["members"])
+    groups = find_duplicates(index, 0.3, save=False, exclude_folders=["stars"])
+    assert groups and not any(m["path"].startswith("stars/") for g in groups for m in g["members"])
+    assert all(m["taken"] == taken_text(index.catalog.row_by_path(m["path"]).taken) for g in groups
+               for m in g["members"])
+    assert main(["index", "dedup", str(tmp / "idx"), "--threshold", "0.3", "--json", "--exclude-folder", "stars"]) == 0
+    assert json.loads(capsys.readouterr().out) == groups
