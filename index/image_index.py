@@ -407,4 +407,5 @@ class ImageIndex:
             "dedup_threshold": self.dedup_threshold, "dedup_threshold_source": threshold_source(self),
             "dedup_calibration": self.meta.get("dedup_calibration"), "space": self.meta.get("space"),
             "features": self.features, "space_description": self.describe_space(),
+            "exclude": json.loads(self.catalog.get_meta("exclude") or "[]"),
         }
