@@ -542,3 +542,31 @@ def test_dedup_leaves_excluded_folders_out_and_shows_the_dates(dated, capsys):
                for m in g["members"])
     assert main(["index", "dedup", str(tmp / "idx"), "--threshold", "0.3", "--json", "--exclude-folder", "stars"]) == 0
     assert json.loads(capsys.readouterr().out) == groups
+
+
+def test_moco_run_says_what_it_left_out_and_the_status_tab_shows_it(tmp_path, backbone, capsys, monkeypatch):
+    """`moco run --exclude` with a given model (nothing trained): the excluded folder never read, a format whose
+    package is missing here (pillow-heif, made unimportable in this process) counted in its output and its Status."""
+    from app.run.pipeline import run_pipeline
+    from app.run.status import RunStatus, status_markdown
+    from moco.data import photos
+
+    root = _collection_with_a_private_folder(tmp_path / "photos")
+    os.chmod(root / "private", 0o755)
+    (root / "phone").mkdir()
+    for i in range(2):
+        (root / "phone" / f"IMG_{i}.heic").write_bytes(b"never read")
+    monkeypatch.setattr(photos, "enable_formats", lambda: False)  # as if pillow-heif were not installed
+    checkpoint = next(backbone.parent.glob("tv*.pth"))  # the torchvision weights the test backbone came from
+    status = RunStatus(tmp_path / "work")
+    out = run_pipeline(root, tmp_path / "work", checkpoint=checkpoint, say=print, progress=False, status=status,
+                       exclude=("private/**", "*.gif"))
+    said = capsys.readouterr().out
+    assert "photos: 2 .heic files skipped: pip install 'moco-retrieval[heic]'" in said
+    assert "photos: 2 files and folders left out by --exclude, never read" in said
+    assert out["summary"].unsupported == {".heic": 2} and out["summary"].vectors == 18
+    text = status_markdown(status.snapshot())
+    assert "**Not read:** 2 .heic files skipped: pip install 'moco-retrieval[heic]'" in text
+    assert "**Excluded:** 2 files and folders" in text
+    assert json.loads((out["index"] / "catalog.sqlite").with_name("index.json").read_text())
+    assert Catalog(out["index"] / "catalog.sqlite").get_meta("exclude") == '["private/**", "*.gif"]'

@@ -213,13 +213,14 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                     only, away = folder_filter(folder_, mode_)
                     return {"folder": only, "exclude_folders": away, "taken_from": from_, "taken_to": to_}
 
-                def do_search(image: Any, k_: int, folder_: str, mode_: str, from_: str, to_: str,
-                              request: gr.Request) -> tuple:
+                # the filters have defaults: Gradio's own API clients that send (image, k, folder) still search
+                def do_search(image: Any, k_: int, folder_: str, mode_: str = FOLDER_MODES[0], from_: str = "",
+                              to_: str = "", request: gr.Request = None) -> tuple:
                     gal, *out = app.search(image, k_, **filters(folder_, mode_, from_, to_))
                     return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
 
-                async def do_batched_search(image: Any, k_: int, folder_: str, mode_: str, from_: str, to_: str,
-                                            request: gr.Request) -> tuple:
+                async def do_batched_search(image: Any, k_: int, folder_: str, mode_: str = FOLDER_MODES[0],
+                                            from_: str = "", to_: str = "", request: gr.Request = None) -> tuple:
                     gal, *out = await service.search_page(image, k_, **filters(folder_, mode_, from_, to_))
                     buttons = await asyncio.to_thread(export_buttons, out[1])  # file writes: off the event loop
                     return (_file_urls(gal, request), *out, *buttons, "")
