@@ -120,7 +120,8 @@ def _browser_search(url: str, photo: Path, k: int) -> tuple[httpx.Client, list[d
     search = next(d for d in config["dependencies"] if d.get("api_name") == "search")
     up = http.post("/gradio_api/upload", files={"files": (photo.name, photo.read_bytes())}).json()
     image = {"path": up[0], "orig_name": photo.name, "meta": {"_type": "gradio.FileData"}}
-    http.post("/gradio_api/queue/join", json={"data": [image, k, ""], "fn_index": search["id"],
+    http.post("/gradio_api/queue/join", json={"data": [image, k, "", "only this folder", "", ""],  # + the filters
+                                              "fn_index": search["id"],
                                               "trigger_id": search["targets"][0][0], "session_hash": "b0",
                                               "event_data": None}).raise_for_status()
     with http.stream("GET", "/gradio_api/queue/data", params={"session_hash": "b0"}) as r:
