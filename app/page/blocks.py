@@ -174,9 +174,9 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                         folder_mode = gr.Radio(list(FOLDER_MODES), value=FOLDER_MODES[0], show_label=False,
                                                elem_id="folder-mode")
                         with gr.Row():
-                            taken_from = gr.Textbox(label="Taken from", placeholder="YYYY-MM-DD", max_lines=1,
+                            taken_from = gr.Textbox("", label="Taken from", placeholder="YYYY-MM-DD", max_lines=1,
                                                     elem_id="taken-from")
-                            taken_to = gr.Textbox(label="Taken to", placeholder="YYYY-MM-DD", max_lines=1,
+                            taken_to = gr.Textbox("", label="Taken to", placeholder="YYYY-MM-DD", max_lines=1,
                                                   elem_id="taken-to")
                         go = gr.Button("Search", variant="primary", elem_id="search-btn", interactive=ready)
                     with gr.Column(scale=3, min_width=300):
@@ -209,18 +209,19 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                     files = app.export(st) if st and st.ids else (None, None)
                     return tuple(gr.update(value=f, interactive=f is not None) for f in files)  # no new components
 
-                def filters(folder_: str, mode_: str, from_: str, to_: str) -> dict[str, Any]:
+                def filters(folder_: str, mode_: str | None, from_: str | None, to_: str | None) -> dict[str, Any]:
                     only, away = folder_filter(folder_, mode_)
                     return {"folder": only, "exclude_folders": away, "taken_from": from_, "taken_to": to_}
 
                 # the filters have defaults: Gradio's own API clients that send (image, k, folder) still search
-                def do_search(image: Any, k_: int, folder_: str, mode_: str = FOLDER_MODES[0], from_: str = "",
-                              to_: str = "", request: gr.Request = None) -> tuple:
+                def do_search(image: Any, k_: int, folder_: str, mode_: str | None = None, from_: str | None = None,
+                              to_: str | None = None, request: gr.Request = None) -> tuple:
                     gal, *out = app.search(image, k_, **filters(folder_, mode_, from_, to_))
                     return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
 
-                async def do_batched_search(image: Any, k_: int, folder_: str, mode_: str = FOLDER_MODES[0],
-                                            from_: str = "", to_: str = "", request: gr.Request = None) -> tuple:
+                async def do_batched_search(image: Any, k_: int, folder_: str, mode_: str | None = None,
+                                            from_: str | None = None, to_: str | None = None,
+                                            request: gr.Request = None) -> tuple:
                     gal, *out = await service.search_page(image, k_, **filters(folder_, mode_, from_, to_))
                     buttons = await asyncio.to_thread(export_buttons, out[1])  # file writes: off the event loop
                     return (_file_urls(gal, request), *out, *buttons, "")
