@@ -2,8 +2,13 @@
 
 One row per file under the collection root: its id (the FAISS id, never reused or renumbered),
 path relative to the root, size, mtime, content hash, status (``ok`` or ``error`` with the reason),
-thumbnail and time added; ``vectors`` holds each ok row's float32 embedding, so the FAISS index can
+thumbnail and time added, and what its header says: the date taken (EXIF DateTimeOriginal, else the file's
+mtime; seconds since the epoch of the camera's clock read as UTC, so a photo's date is the one it shows), the
+camera and the pixels. ``vectors`` holds each ok row's float32 embedding, so the FAISS index can
 always be rebuilt, re-tuned or checked without decoding a photo again.
+
+A catalog made before the header columns existed gets them (``ALTER TABLE``) when it is opened writable; the next
+``moco index update`` fills them, reading headers only. Opened read-only, it reads as if they were empty.
 
 Two flags make updates crash-safe. ``indexed`` is 1 once the committed ``index.faiss`` holds the
 row's current vector; ``deleted`` marks a file that is gone but may still be in ``index.faiss``.
@@ -24,6 +29,7 @@ writes raise a :class:`UserError` saying so.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import shutil
@@ -40,7 +46,7 @@ import numpy as np
 
 from moco.errors import StorageError, UserError
 
-__all__ = ["Catalog", "Row", "display_path", "MAX_ID", "sample_ids"]
+__all__ = ["Catalog", "Row", "display_path", "MAX_ID", "sample_ids", "wall_clock", "taken_text", "taken_bound"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +64,12 @@ CREATE TABLE IF NOT EXISTS images (
     thumb    TEXT,                          -- relative to the index directory
     added    REAL NOT NULL,                 -- unix time the row was first written
     indexed  INTEGER NOT NULL DEFAULT 0,    -- 1: index.faiss holds this row's current vector
-    deleted  INTEGER NOT NULL DEFAULT 0     -- 1: file gone, row leaves once index.faiss no longer has it
+    deleted  INTEGER NOT NULL DEFAULT 0,    -- 1: file gone, row leaves once index.faiss no longer has it
+    taken    REAL,                          -- date taken: EXIF DateTimeOriginal, else mtime (wall clock as UTC)
+    taken_exif INTEGER,                     -- 1: taken is EXIF's; 0: the file's mtime
+    camera   TEXT,                          -- EXIF Make and Model, when present
+    width    INTEGER,                       -- pixels as stored (NULL until the header was read)
+    height   INTEGER
 );
 CREATE INDEX IF NOT EXISTS images_hash ON images(hash);
 CREATE TABLE IF NOT EXISTS vectors (
@@ -118,12 +129,55 @@ class Row:
     added: float = 0.0
     indexed: int = 0
     deleted: int = 0
+    taken: float | None = None  # see the module's docstring; None until the header was read
+    taken_exif: int | None = None  # 1: ``taken`` is the photo's EXIF date; 0: its file's mtime (no EXIF date)
+    camera: str | None = None
+    width: int | None = None
+    height: int | None = None
 
 
 # Ids are SQLite INTEGERs (signed 64 bits): a number outside this range is no photo's id (binding it would raise
 # OverflowError), so lookups leave it out as they leave out any unknown id.
 MAX_ID = 2**63 - 1
-_COLUMNS = "id, path, size, mtime_ns, hash, status, error, thumb, added, indexed, deleted"
+_COLUMNS = ("id, path, size, mtime_ns, hash, status, error, thumb, added, indexed, deleted, taken, taken_exif, camera, "
+            "width, height")
+_HEADER_COLUMNS = (("taken", "REAL"), ("taken_exif", "INTEGER"), ("camera", "TEXT"), ("width", "INTEGER"),
+                   ("height", "INTEGER"))
+
+
+def wall_clock(seconds: float) -> float:
+    """A moment (seconds since the epoch) as the catalog's ``taken`` holds it: this machine's local clock at that
+    moment, read as UTC (what a camera's EXIF date is), so both kinds of dates compare and show alike."""
+    local = datetime.datetime.fromtimestamp(seconds)
+    return local.replace(tzinfo=datetime.timezone.utc).timestamp()
+
+
+def taken_text(taken: float | None) -> str | None:
+    """A ``taken`` value as ISO 8601 without a zone (the camera's clock): ``2024-05-06T07:08:09``; None for None."""
+    if taken is None:
+        return None
+    return datetime.datetime.fromtimestamp(float(taken), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def taken_bound(text: str | None, end: bool, what: str = "--taken-from") -> float | None:
+    """A date filter's bound as a ``taken`` value: ``YYYY-MM-DD`` (its start, or with ``end`` the start of the next
+    day: a day is included whole) or ``YYYY-MM-DDTHH:MM[:SS]``; None for an empty one; a UserError naming ``what``
+    and the form otherwise."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    try:
+        if len(text) == 10:
+            day = datetime.date.fromisoformat(text)
+            moment = datetime.datetime(day.year, day.month, day.day) + datetime.timedelta(days=1 if end else 0)
+        else:
+            moment = datetime.datetime.fromisoformat(text.replace(" ", "T"))
+            if moment.tzinfo is not None:
+                raise ValueError("a zone")
+    except (ValueError, OverflowError):
+        raise UserError(f"{what} {text!r}: give a date as YYYY-MM-DD (e.g. 2024-12-31) or a time as "
+                        "YYYY-MM-DDTHH:MM, the camera's clock, without a zone") from None
+    return moment.replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
 def display_path(path: str) -> str:
@@ -198,9 +252,29 @@ class Catalog:
             if create:
                 with self._writing():
                     self.db.executescript(_SCHEMA + _DEDUP_SCHEMA)
+            self._select = self._header_columns()
         except sqlite3.DatabaseError as e:
             raise UserError(f"{self.path} is not a readable SQLite catalog ({e}): "
                             "rebuild with `moco index build`") from e
+
+    def _header_columns(self) -> str:
+        """The columns to select for a Row: a catalog from before the header columns gets them when it can be
+        written (``ALTER TABLE``), else reads them as NULL."""
+        have = {r[1] for r in self.db.execute("PRAGMA table_info(images)")}
+        missing = [(name, kind) for name, kind in _HEADER_COLUMNS if name not in have]
+        if have and missing and not self.read_only:
+            logger.info("%s: adding the columns %s (filled by the next `moco index update`)", self.path,
+                        ", ".join(name for name, _ in missing))
+            for name, kind in missing:
+                try:
+                    with self._writing():
+                        self.db.execute(f"ALTER TABLE images ADD COLUMN {name} {kind}")
+                except sqlite3.OperationalError as e:
+                    if "duplicate column" not in str(e):  # another process added it meanwhile: nothing to do
+                        raise
+            missing = []
+        gone = {name for name, _ in missing} if have else set()
+        return ", ".join(f"NULL AS {c}" if c in gone else c for c in _COLUMNS.split(", "))
 
     @staticmethod
     def _connect(target: str, uri: bool = False) -> sqlite3.Connection:
@@ -330,7 +404,7 @@ class Catalog:
     # ------------------------------------------------------------------------------------ rows
     def rows(self, include_deleted: bool = False) -> dict[str, Row]:
         """Every row by path."""
-        sql = f"SELECT {_COLUMNS} FROM images" + ("" if include_deleted else " WHERE deleted = 0")
+        sql = f"SELECT {self._select} FROM images" + ("" if include_deleted else " WHERE deleted = 0")
         return {row.path: row for row in map(_row, self.db.execute(sql))}
 
     def rows_by_id(self, ids: Iterable[int]) -> dict[int, Row]:
@@ -340,13 +414,13 @@ class Catalog:
         for start in range(0, len(ids), 900):  # SQLite's bound-parameter limit
             chunk = ids[start : start + 900]
             marks = ",".join("?" * len(chunk))
-            sql = f"SELECT {_COLUMNS} FROM images WHERE deleted = 0 AND id IN ({marks})"
+            sql = f"SELECT {self._select} FROM images WHERE deleted = 0 AND id IN ({marks})"
             out.update({r[0]: _row(r) for r in self.db.execute(sql, chunk)})
         return out
 
     def row_by_path(self, path: str) -> Row | None:
         """The live row of ``path`` (relative to the collection root), or None."""
-        sql = f"SELECT {_COLUMNS} FROM images WHERE path = ? AND deleted = 0"
+        sql = f"SELECT {self._select} FROM images WHERE path = ? AND deleted = 0"
         r = self.db.execute(sql, (_sql_path(path),)).fetchone()
         return _row(r) if r else None
 
@@ -358,9 +432,10 @@ class Catalog:
 
     def put(self, db: sqlite3.Connection, row: Row, vector: np.ndarray | None) -> None:
         """Insert or replace ``row`` (by id) and its vector, inside a transaction."""
-        db.execute(f"INSERT OR REPLACE INTO images({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+        db.execute(f"INSERT OR REPLACE INTO images({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                    (row.id, _sql_path(row.path), row.size, row.mtime_ns, row.hash, row.status, row.error, row.thumb,
-                    row.added or time.time(), row.indexed, row.deleted))
+                    row.added or time.time(), row.indexed, row.deleted, row.taken, row.taken_exif, row.camera,
+                    row.width, row.height))
         if vector is None:
             db.execute("DELETE FROM vectors WHERE id = ?", (row.id,))
         else:
@@ -370,6 +445,18 @@ class Catalog:
     def move(self, db: sqlite3.Connection, id_: int, path: str, size: int, mtime_ns: int) -> None:
         """Give row ``id_`` the new ``path`` of its moved or renamed file (keeping id and vector), in a transaction."""
         db.execute("UPDATE images SET path=?, size=?, mtime_ns=? WHERE id=?", (_sql_path(path), size, mtime_ns, id_))
+
+    def without_header(self) -> list[Row]:
+        """Live ok rows whose header was never read (a catalog from before the header columns)."""
+        sql = (f"SELECT {self._select} FROM images WHERE deleted = 0 AND status = 'ok' "
+               "AND (taken IS NULL OR taken_exif IS NULL)")
+        return [_row(r) for r in self.db.execute(sql)]
+
+    def set_header(self, values: Iterable[tuple[int, float, int, str | None, int | None, int | None]]) -> None:
+        """Record (id, taken, taken_exif, camera, width, height) of rows, in one transaction."""
+        with self.transaction() as db:
+            db.executemany("UPDATE images SET taken = ?, taken_exif = ?, camera = ?, width = ?, height = ? "
+                           "WHERE id = ?", [(t, e, c, w, h, i) for i, t, e, c, w, h in values])
 
     # --------------------------------------------------------------------------------- vectors
     def vectors(self, ids: Iterable[int] | None = None, dim: int | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -442,12 +529,13 @@ class Catalog:
 
 
 def catalog_meta(catalog: Catalog) -> dict[str, Any]:
-    """The build settings the catalog records: root, backbone path/sha256/metadata, dim, kind, memory budget."""
+    """The build settings the catalog records: root, backbone path/sha256/metadata, dim, kind, memory budget, the
+    ``--exclude`` patterns."""
     import json
 
     return {k: json.loads(catalog.get_meta(k) or "null") for k in
             ("root", "backbone_path", "backbone_sha256", "backbone", "dim", "kind", "memory_budget",
-             "flat_until", "features", "vectors")}
+             "flat_until", "features", "vectors", "exclude")}
 
 
 def set_catalog_meta(catalog: Catalog, **values: Any) -> None:

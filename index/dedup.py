@@ -29,7 +29,7 @@ import datetime
 import hashlib
 import heapq
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +46,7 @@ from index.calibrate import (  # the threshold: re-exported here, where its user
     threshold_source,
 )
 from index.catalog import Row, sample_ids
-from index.image_index import ImageIndex
+from index.image_index import ImageIndex, row_filter
 from index.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
 from index.keeper import photo_facts, suggest_keeper
 from moco.errors import UserError
@@ -200,14 +200,15 @@ class Search:
 
 
 def find_duplicates(index: ImageIndex, threshold: float | None = None, save: bool = True, chunk: int = 1024,
-                    kinds: Iterable[str] = DEFAULT_KINDS,
-                    similar_threshold: float | None = None) -> list[dict[str, Any]]:
+                    kinds: Iterable[str] = DEFAULT_KINDS, similar_threshold: float | None = None,
+                    exclude_folders: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The groups of :func:`search_duplicates`."""
-    return search_duplicates(index, threshold, kinds, similar_threshold, save, chunk).groups
+    return search_duplicates(index, threshold, kinds, similar_threshold, save, chunk, exclude_folders).groups
 
 
 def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: Iterable[str] = DEFAULT_KINDS,
-                      similar_threshold: float | None = None, save: bool = True, chunk: int = 1024) -> Search:
+                      similar_threshold: float | None = None, save: bool = True, chunk: int = 1024,
+                      exclude_folders: Sequence[str] = ()) -> Search:
     """Groups of duplicates of ``kinds`` (:data:`KINDS`), each group in the order exact, near, similar, then largest
     first.
 
@@ -216,9 +217,10 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     suggested keeper, :mod:`index.keeper`), ``reason`` (why that one), and ``members`` (the representative first,
     then by that cosine), each with id, path, thumb, ``hash``, ``similarity`` (to the representative; 1.0 for
     itself), ``best_similarity`` (to its closest neighbour, in the group or not), ``width``, ``height``, ``bytes``,
-    ``taken`` and ``mtime``. ``threshold``: the near threshold (None: the index's, guarded, see the module
-    docstring); ``similar_threshold``: None: measured. Written to ``dedup.json`` in the index directory with the
-    thresholds and their rule when ``save`` (:func:`save_duplicates`).
+    ``taken`` (EXIF's, seconds; None without one) and ``mtime``. ``threshold``: the near threshold (None: the
+    index's, guarded, see the module docstring); ``similar_threshold``: None: measured. ``exclude_folders``: the
+    photos under these sub-folders are left out (never grouped, never moved). Written to ``dedup.json`` in the index
+    directory with the thresholds and their rule when ``save`` (:func:`save_duplicates`).
     """
     kinds = _check_kinds(kinds)
     if threshold is not None and not -1.0 <= threshold <= 1.0:
@@ -228,6 +230,10 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
         raise UserError(f"--similar-threshold {similar_threshold} must be a cosine similarity in [-1, 1]")
     ids, raw = index.catalog.vectors(dim=index.dim)  # N, N x D
     rows = index.catalog.rows_by_id(ids)
+    keep = row_filter(exclude_folders=exclude_folders)
+    if keep is not None:
+        mask = np.array([int(i) in rows and keep(rows[int(i)]) for i in ids], bool)  # N
+        ids, raw = ids[mask], raw[mask]  # M, M x D
     content = _content(ids, rows)
     vecs = index.center(raw)  # N x D, as search scores
     decision = _decide(index, vecs, content, ids, threshold, similar_threshold)
@@ -252,7 +258,8 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     rank = {k: n for n, k in enumerate(KINDS)}
     groups.sort(key=lambda g: (rank[g["kind"]], -g["size"], g["representative"]["path"]))
     decision["kinds"] = list(kinds)
-    decision["given"] = {"threshold": threshold, "similar_threshold": similar_threshold}
+    decision["given"] = {"threshold": threshold, "similar_threshold": similar_threshold,
+                         "exclude_folders": list(exclude_folders)}
     if save:
         save_duplicates(index, groups, decision, len(ids))
     return Search(groups, decision, len(ids))

@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,7 @@ from moco.errors import UserError
 from moco.whiten import Whitening
 
 # with the names of index.index_dir, importable from here as well
-__all__ = ["ImageIndex", "SearchResult", "check_query_size", "MIN_SIDE_PX"]
+__all__ = ["ImageIndex", "SearchResult", "check_query_size", "MIN_SIDE_PX", "row_filter"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def _query_size(image: Any) -> tuple[str, tuple[int, int]] | None:
 
     from PIL import Image
 
-    from moco.data.photos import open_regular
+    from moco.data.photos import ImageDecodeError, photo_info
 
     if isinstance(image, Image.Image):
         return "the image", image.size
@@ -78,10 +79,33 @@ def _query_size(image: Any) -> tuple[str, tuple[int, int]] | None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:
-            with open_regular(image) as f, Image.open(f) as im:
-                return str(image), im.size
-        except Exception:  # noqa: BLE001 - unreadable or not an image: the embedder's decoder explains
+            return str(image), photo_info(image).size  # any photo's header: HEIC and RAW too
+        except (ImageDecodeError, TypeError):  # unreadable or not an image: the embedder's decoder explains
             return None
+
+
+def row_filter(folder: str | None = None, exclude_folders: Sequence[str] = (),
+               taken: tuple[float | None, float | None] = (None, None)) -> Callable[[Row], bool] | None:
+    """Which catalog rows a search keeps: under ``folder`` (None: all), under none of ``exclude_folders``, and
+    taken in ``[taken[0], taken[1])`` (catalog ``taken`` values, :func:`index.catalog.taken_bound`; None: open; a row
+    whose date is unknown is outside any range). None when it keeps every row."""
+    prefix = folder.strip("/") + "/" if folder and folder.strip("/") else None
+    away = tuple(f.strip("/") + "/" for f in exclude_folders if f and f.strip("/"))
+    lo, hi = taken
+    if prefix is None and not away and lo is None and hi is None:
+        return None
+
+    def keep(row: Row) -> bool:
+        if prefix is not None and not row.path.startswith(prefix):
+            return False
+        if away and row.path.startswith(away):
+            return False
+        if lo is not None or hi is not None:
+            if row.taken is None or (lo is not None and row.taken < lo) or (hi is not None and row.taken >= hi):
+                return False
+        return True
+
+    return keep
 
 
 @dataclass
@@ -311,13 +335,16 @@ class ImageIndex:
         return emb
 
     # ---------------------------------------------------------------------------------- search
-    def search(self, vectors: np.ndarray, k: int = 10, folder: str | None = None,
-               offset: int = 0) -> SearchResult:
+    def search(self, vectors: np.ndarray, k: int = 10, folder: str | None = None, offset: int = 0,
+               exclude_folders: Sequence[str] = (),
+               taken: tuple[float | None, float | None] = (None, None)) -> SearchResult:
         """Top-``k`` (after skipping ``offset``) by cosine for each row of ``vectors`` (Q x D); ``k`` is capped at
         the number of vectors in the index.
 
-        ``folder``: only files under this sub-folder of the collection root. Ids the catalog no
-        longer lists (deleted since the index file was written) are skipped.
+        ``folder``: only files under this sub-folder of the collection root; ``exclude_folders``: none under these;
+        ``taken``: only photos taken in this range (:func:`row_filter`). The filters apply before ``k`` and
+        ``offset``: a page holds ``k`` photos that pass them (fewer only at the end). Ids the catalog no longer lists
+        (deleted since the index file was written) are skipped.
         """
         self.refresh()
         q = np.ascontiguousarray(np.atleast_2d(vectors), np.float32)  # Q x D
@@ -328,7 +355,7 @@ class ImageIndex:
         ntotal = self.store.ntotal
         k = min(k, ntotal)  # never more results than vectors: a huge k allocates nothing more
         want = offset + k
-        prefix = folder.strip("/") + "/" if folder and folder.strip("/") else None
+        keeps = row_filter(folder, exclude_folders, taken)
         out_ids = np.full((len(q), k), -1, np.int64)
         out_scores = np.full((len(q), k), np.nan, np.float32)
         out_paths: list[list[str]] = []
@@ -342,7 +369,7 @@ class ImageIndex:
             again = []
             for t, i in enumerate(todo):
                 keep = [(int(j), float(s), rows[int(j)]) for j, s in zip(ids[t], scores[t])
-                        if j >= 0 and int(j) in rows and (prefix is None or rows[int(j)].path.startswith(prefix))]
+                        if j >= 0 and int(j) in rows and (keeps is None or keeps(rows[int(j)]))]
                 found[i] = keep
                 if len(keep) < want and fetch < ntotal:
                     again.append(i)
@@ -357,14 +384,16 @@ class ImageIndex:
         return SearchResult(out_ids, out_scores, out_paths, out_rows)
 
     def search_image(self, image: Any, embedder: Any, k: int = 10, folder: str | None = None,
-                     offset: int = 0) -> SearchResult:
+                     offset: int = 0, exclude_folders: Sequence[str] = (),
+                     taken: tuple[float | None, float | None] = (None, None)) -> SearchResult:
         """:meth:`search` with one image (a path, a PIL image or an H x W x 3 uint8 array) embedded by ``embedder``
         (:meth:`load_embedder`); an image too small to search with is refused, as at every door
         (:func:`check_query_size`)."""
         size = _query_size(image)
         if size is not None:
             check_query_size(*size)
-        return self.search(embedder.embed(image), k=k, folder=folder, offset=offset)
+        return self.search(embedder.embed(image), k=k, folder=folder, offset=offset,
+                           exclude_folders=exclude_folders, taken=taken)
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         """Stored raw vectors (len(ids) x D, uncentred: what :meth:`search` takes) in the order of ``ids``."""
@@ -395,4 +424,5 @@ class ImageIndex:
             "dedup_calibration": self.meta.get("dedup_calibration"), "dedup_last": self.dedup_last,
             "space": self.meta.get("space"),
             "features": self.features, "space_description": self.describe_space(),
+            "exclude": json.loads(self.catalog.get_meta("exclude") or "[]"),
         }

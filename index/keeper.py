@@ -5,7 +5,8 @@ earliest); then the oldest file (its modification time); then the first indexed 
 chose (the catalog's ``keepers``, :meth:`index.catalog.Catalog.choose_keeper`) comes before all of these. The reason
 shown is the rule that decided.
 
-A photo's pixels and date taken come from the catalog when its rows carry them (``width``, ``height``, ``taken``),
+A photo's pixels and date taken come from the catalog when its rows carry them (``width``, ``height``, ``taken``
+when ``taken_exif``: a date from the file's mtime is no date taken),
 else from the photo's header (:func:`moco.data.photos.photo_info`, nothing decoded): :func:`photo_facts`.
 """
 
@@ -53,7 +54,8 @@ class Facts:
 def photo_facts(root: Path, row: Row) -> Facts:
     """The facts of a catalog row: pixels and date taken from the catalog's columns where it has them, else from the
     header of ``root / row.path`` (unknown when it cannot be read); size and mtime from the catalog."""
-    width, height, taken = (getattr(row, name, None) for name in ("width", "height", "taken"))
+    width, height = row.width, row.height
+    taken = row.taken if row.taken_exif else None  # a date from the file's mtime is no date taken
     if width is None or height is None:
         try:
             info = photo_info(root / row.path)

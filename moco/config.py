@@ -61,7 +61,10 @@ _MAX_COUNT = 10**9  # steps, evaluations: a billion steps is centuries of traini
 @dataclass
 class TrainConfig:
     # ---- data
-    data_dir: str = _field("", "folder of photos, scanned recursively (jpg png webp bmp tiff gif)")
+    data_dir: str = _field("", "folder of photos, scanned recursively (jpg png webp bmp tiff gif avif; heic and "
+                           "raw with their extras)")
+    exclude: tuple[str, ...] = _field((), "a folder or files under data_dir never read: a pattern relative to it, "
+                                      "e.g. 'private/**' or '*.gif' (repeat the flag for more; a resume keeps them)")
     out: str = _field("runs/moco", "run directory: checkpoint.pt, metrics.jsonl, skipped.txt, curves.png")
     preset: str = _field("v2", "the recipe this config starts from: v1 | v2 | v3 (the papers) | cpu (short CPU runs)")
     image_size: int = _field(224, "training crop size in pixels", _PIXELS)
@@ -316,8 +319,19 @@ def backbone_kwargs(cfg: TrainConfig) -> dict[str, Any]:
 _BOUNDS: dict[str, Bounds] = {f.name: f.metadata["bounds"] for f in fields(TrainConfig) if f.metadata.get("bounds")}
 
 
+_PATTERNS = ("exclude",)  # the fields that hold --exclude patterns (moco.excludes)
+
+
 def field_problem(name: str, value: Any) -> str | None:
     """What is wrong with ``value`` for field ``name`` on its own ("X is out of range: fix"), or None."""
+    if name in _PATTERNS:
+        from moco.excludes import check_patterns
+
+        try:
+            check_patterns(value, f"--{flag_name(name)}")
+        except UserError as e:
+            return str(e).partition(" ")[2] or str(e)
+        return None
     if name in CHOICES and value not in CHOICES[name]:
         return f"{short_repr(value)} is not valid: use one of {', '.join(CHOICES[name])}"
     bounds = _BOUNDS.get(name)
@@ -410,7 +424,7 @@ def show_value(value: Any) -> str:
     if isinstance(value, bool):
         return "on" if value else "off"
     if isinstance(value, tuple):
-        return ",".join(str(v) for v in value)
+        return ",".join(str(v) for v in value) or "none"
     return str(value) if value != "" else "none"
 
 
@@ -435,6 +449,8 @@ def add_config_arguments(
         flag = f"--{flag_name(f.name)}"
         if f.type in ("bool", bool):
             parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        elif f.name in _PATTERNS:  # repeated: each flag adds a pattern
+            parser.add_argument(flag, action=_AppendTuple, default=None, help=help_text, metavar="GLOB")
         elif str(f.type).startswith("tuple"):  # mean, std: one value per channel
             rgb = _rgb_type(flag, f.name)
             parser.add_argument(flag, type=rgb, default=None, help=help_text, metavar="R,G,B")
@@ -448,6 +464,14 @@ def add_config_arguments(
                 help=help_text,
                 metavar=None if f.name in CHOICES else f.name.upper(),
             )
+
+
+class _AppendTuple(argparse.Action):
+    """A repeated flag whose values collect into a tuple (the field's type), in the order given."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, (*(getattr(namespace, self.dest, None) or ()), values))
 
 
 def _default_text(name: str, default: Any) -> str:
@@ -621,6 +645,10 @@ def _config_value(path: str | os.PathLike[str], key: str, kind: str, value: Any)
         if not isinstance(value, bool):
             raise UserError(f"{wrong} true or false")
         return value
+    if key in _PATTERNS:
+        if not (isinstance(value, list | tuple) and all(isinstance(v, str) for v in value)):
+            raise UserError(f"{wrong} a list of patterns, e.g. {key}: ['private/**', '*.gif']")
+        return tuple(value)
     if kind.startswith("tuple"):
         if not (isinstance(value, list | tuple) and len(value) == 3
                 and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)):

@@ -305,7 +305,7 @@ class Embedder:
 
     def embed_folder(
         self, root: str | Path, batch_size: int = 64, workers: int | None = None, progress: bool = True,
-        files: Sequence[str] | None = None, decoder: str = "auto",
+        files: Sequence[str] | None = None, decoder: str = "auto", exclude: Sequence[str] = (),
     ) -> Iterator[tuple[list[str], np.ndarray, list[tuple[str, str]]]]:
         """Stream ``(paths, vectors, failures)`` batches over a folder (recursive), for any size of collection.
 
@@ -313,13 +313,14 @@ class Embedder:
         ``(path, reason)`` of the files in this batch that could not be read (they never stop the batch).
         Decoding and resizing run in ``workers`` threads ahead of the model (PIL releases the GIL).
         ``decoder``: "pil", "torchvision" (JPEGs decoded in batches by ``torchvision.io.decode_jpeg`` on
-        the embedder's device, resized there) or "auto" (torchvision on a GPU, PIL on a CPU).
+        the embedder's device, resized there) or "auto" (torchvision on a GPU, PIL on a CPU). ``exclude``:
+        ``--exclude`` patterns of folders and files never read (:mod:`moco.excludes`; with ``files=None``).
         """
         if decoder not in ("auto", "pil", "torchvision"):
             raise UserError(f"decoder {decoder!r} is not one of auto, pil, torchvision")
         on_device = decoder == "torchvision" or (decoder == "auto" and self.device.type == "cuda")
         root = Path(root)
-        names = list(files) if files is not None else scan_images(root)
+        names = list(files) if files is not None else scan_images(root, exclude)
         workers = workers or min(8, os.cpu_count() or 1)
         from tqdm.auto import tqdm
 

@@ -175,7 +175,8 @@ def _gradio_search(http: httpx.Client, photo: Path) -> dict:
     up = http.post("/gradio_api/upload", files={"files": (photo.name, photo.read_bytes())})
     assert up.status_code == 200, up.text
     image = {"path": up.json()[0], "orig_name": photo.name, "meta": {"_type": "gradio.FileData"}}
-    call = http.post("/gradio_api/call/search", json={"data": [image, 4, ""]})
+    # the Search button's inputs: image, k, folder, the folder filter's mode, the dates taken from and to
+    call = http.post("/gradio_api/call/search", json={"data": [image, 4, "", "only this folder", "", ""]})
     assert call.status_code == 200, call.text
     with http.stream("GET", f"/gradio_api/call/search/{call.json()['event_id']}") as r:
         lines = [line for line in r.iter_lines() if line.startswith("data:")]
@@ -189,7 +190,8 @@ def test_a_search_through_gradios_api_needs_the_credential_and_so_do_its_thumbna
         assert anonymous.get("/gradio_api/info").status_code == 401
         assert anonymous.post("/gradio_api/upload", files={"files": (photo.name, photo.read_bytes())}
                               ).status_code == 401
-        assert anonymous.post("/gradio_api/call/search", json={"data": [None, 4, ""]}).status_code == 401
+        assert anonymous.post("/gradio_api/call/search", json={"data": [None, 4, "", "only this folder", "", ""]}
+                              ).status_code == 401
         with _logged_in(server) as http:
             gallery = _gradio_search(http, photo)
             assert len(gallery) == 4

@@ -120,7 +120,8 @@ def _browser_search(url: str, photo: Path, k: int) -> tuple[httpx.Client, list[d
     search = next(d for d in config["dependencies"] if d.get("api_name") == "search")
     up = http.post("/gradio_api/upload", files={"files": (photo.name, photo.read_bytes())}).json()
     image = {"path": up[0], "orig_name": photo.name, "meta": {"_type": "gradio.FileData"}}
-    http.post("/gradio_api/queue/join", json={"data": [image, k, ""], "fn_index": search["id"],
+    http.post("/gradio_api/queue/join", json={"data": [image, k, "", "only this folder", "", ""],  # + the filters
+                                              "fn_index": search["id"],
                                               "trigger_id": search["targets"][0][0], "session_hash": "b0",
                                               "event_data": None}).raise_for_status()
     with http.stream("GET", "/gradio_api/queue/data", params={"session_hash": "b0"}) as r:
@@ -280,13 +281,44 @@ def test_thumbnail_original_stats_and_duplicates(http, server, idx, sample_photo
         [[m["id"] for m in g["members"]] for g in saved["groups"]]
 
 
+def test_the_api_filters_folders_and_dates_as_the_page(http, server, sample_photos):
+    import datetime
+
+    q = _query(sample_photos)
+    family = q.parent.name
+    r = http.post("/search", files={"image": (q.name, q.read_bytes())}, data={"k": "10", "exclude_folders": [family]})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    _, _, page = server[1].search(str(q), k=10, exclude_folders=[family])
+    assert [h["id"] for h in got["results"]] == page.ids and got["exclude_folders"] == [family]
+    assert got["results"] and not [h for h in got["results"] if h["path"].startswith(family + "/")]
+    day = got["results"][0]["taken"][:10]  # the sample has no EXIF: the files' date, on this machine's clock
+    before = (datetime.date.fromisoformat(day) - datetime.timedelta(days=1)).isoformat()
+    b64 = base64.b64encode(q.read_bytes()).decode()
+    same = http.post("/search/base64", json={"image_base64": b64, "k": 10, "exclude_folders": [family],
+                                             "taken_from": before, "taken_to": day}).json()
+    assert [h["id"] for h in same["results"]] == page.ids and same["taken_to"] == day
+    none = http.get(f"/photos/{page.ids[0]}/similar", params={"k": 5, "taken_to": before}).json()
+    assert none["results"] == [] and none["next_offset"] is None
+    for bad in ({"taken_from": "2024-02-30"}, {"taken_from": day, "taken_to": before}):
+        r = http.get(f"/photos/{page.ids[0]}/similar", params=bad)
+        assert r.status_code == 400 and "taken_" in r.json()["detail"]
+    r = http.get(f"/photos/{page.ids[0]}/similar", params={"exclude_folders": ["nosuch"]})
+    assert r.status_code == 404 and "nosuch" in r.json()["detail"]
+
+
 def test_schema_and_docs_page_work_offline(http):
     schema = http.get("/openapi.json").json()
     assert {"/api/v1/search", "/api/v1/search/base64", "/api/v1/photos/{photo_id}/similar", "/api/v1/stats",
             "/api/v1/duplicates", "/api/v1/photos/{photo_id}/thumbnail",
             "/api/v1/photos/{photo_id}/original"} <= set(schema["paths"])
     hit = schema["components"]["schemas"]["Hit"]["properties"]
-    assert set(hit) == {"rank", "id", "path", "score", "weak"}
+    assert set(hit) == {"rank", "id", "path", "score", "weak", "taken"}
+    query = schema["components"]["schemas"]["Base64Query"]["properties"]
+    assert {"exclude_folders", "taken_from", "taken_to"} <= set(query) and "YYYY-MM-DD" in query["taken_from"][
+        "description"]
+    similar = {p["name"] for p in schema["paths"]["/api/v1/photos/{photo_id}/similar"]["get"]["parameters"]}
+    assert {"exclude_folders", "taken_from", "taken_to"} <= similar
     assert "multipart/form-data" in schema["paths"]["/api/v1/search"]["post"]["requestBody"]["content"]
     docs = http.get("/docs")
     assert docs.status_code == 200 and "POST /api/v1/search" in docs.text and "image_base64" in docs.text

@@ -22,31 +22,33 @@ ENV = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="100", OMP_NUM_THREADS="1")
 
 # Every TrainConfig field is a flag of `moco train`, except DATA_DIR, which is positional.
 TRAIN_FLAGS = [f"--{f.name.replace('_', '-')}" for f in fields(TrainConfig) if f.name != "data_dir"]
-BUILD_FLAGS = ["--backbone", "--out", "-o", "--kind", "--memory-budget", "--batch-size", "--workers", "--device",
-               "--gpu", "--quiet", "--json"]
+BUILD_FLAGS = ["--backbone", "--out", "-o", "--kind", "--memory-budget", "--exclude", "--batch-size", "--workers",
+               "--device", "--gpu", "--quiet", "--json"]
 API_FLAGS = ["--api-cors-origin", "--api-token", "--max-batch", "--batch-window-ms", "--max-pending",
              "JSON API"]  # the serving flags
-UPDATE_FLAGS = ["--backbone", "--root", "--kind", "--batch-size", "--workers", "--device", "--gpu", "--json"]
+UPDATE_FLAGS = ["--backbone", "--root", "--kind", "--exclude", "--clear-excludes", "--batch-size", "--workers",
+                "--device", "--gpu", "--json"]
 
 # The pages of `moco` (DESIGN.md's CLI contract) and what each must list.
 PAGES = {
     "": ["train", "export", "embed", "sample", "index", "serve", "run", "--version", "--verbose"],
     "train": ["DATA_DIR", "--resume", "--quiet", "--stop-after", *TRAIN_FLAGS],
     "export": ["CHECKPOINT", "--out", "--arch", "--format", "--image-size"],
-    "embed": ["PHOTOS", "--backbone", "--out", "-o", "--space", "--features", "--chunk-size", "--batch-size",
-              "--workers", "--device", "--quiet"],
+    "embed": ["PHOTOS", "--backbone", "--out", "-o", "--space", "--features", "--exclude", "--chunk-size",
+              "--batch-size", "--workers", "--device", "--quiet"],
     "sample": ["OUT_DIR", "--per-family", "--size", "--seed"],
     "index": ["build", "update", "search", "stats", "dedup"],
     "index build": ["PHOTOS", *BUILD_FLAGS],
     "index update": ["IDX", *UPDATE_FLAGS],
-    "index search": ["IDX", "IMAGE", "-k", "--folder", "--backbone", "--json"],
+    "index search": ["IDX", "IMAGE", "-k", "--folder", "--exclude-folder", "--taken-from", "--taken-to", "--backbone",
+                     "--json"],
     "index stats": ["IDX", "--json"],
     "index dedup": ["IDX", "--threshold", "--similar-threshold", "--kind", "--group", "--move-to", "--dry-run",
-                    "--undo", "--keep", "--not-duplicates", "--device", "--json"],
+                    "--undo", "--keep", "--not-duplicates", "--exclude-folder", "--device", "--json"],
     "serve": ["IDX", "--checkpoint", "--backbone", "--host", "--port", "--auth", "--device", "--trusted-proxy",
               "--allowed-host", *API_FLAGS],
-    "run": ["PHOTOS", "--work", "--checkpoint", "--init", "--minutes", "--max-steps", "--no-serve", "--host",
-            "--trusted-proxy", "--allowed-host", *API_FLAGS],
+    "run": ["PHOTOS", "--work", "--checkpoint", "--init", "--minutes", "--max-steps", "--exclude", "--no-serve",
+            "--host", "--trusted-proxy", "--allowed-host", *API_FLAGS],
 }
 
 # One process walks the whole parser tree (so a new subcommand, e.g. `moco pretrained`, is covered too) and runs

@@ -48,7 +48,8 @@ def _close(rgb: np.ndarray, color: tuple[int, int, int], tol: float) -> bool:
 
 
 def test_extensions_constant() -> None:
-    assert {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif"} == IMAGE_EXTENSIONS
+    assert {".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif", ".avif", ".heic", ".heif", ".dng",
+            ".cr2", ".nef", ".arw"} == IMAGE_EXTENSIONS
 
 
 def test_scan_recursive_sorted_case_insensitive_hidden_skipped(tmp_path: Path) -> None:
@@ -68,7 +69,7 @@ def test_scan_recursive_sorted_case_insensitive_hidden_skipped(tmp_path: Path) -
     ]:
         _solid(tmp_path / rel, format="PNG")
     (tmp_path / "notes.txt").write_text("hi")
-    (tmp_path / "a" / "raw.cr2").write_bytes(b"x")
+    (tmp_path / "a" / "movie.mov").write_bytes(b"x")
     got = scan_images(tmp_path)
     # directories are never listed, even when named like an image; they are searched instead
     assert got == sorted(

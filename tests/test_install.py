@@ -95,7 +95,8 @@ def test_core_dependencies_are_the_light_set():
     assert extras["gpu"] == {"faiss-gpu"} and "moco-retrieval[index" in extras_text["all"]
     assert "tensorboard" in extras["tensorboard"]
     assert all(f"[{name}" in extras_text["all"] or f",{name}" in extras_text["all"]
-               for name in ("ui", "tensorboard", "plot"))
+               for name in ("ui", "tensorboard", "plot", "heic", "raw"))
+    assert extras["heic"] == {"pillow-heif"} and extras["raw"] == {"rawpy"}  # photos as phones and cameras keep them
 
     # every package `moco` imports is declared: at module level a core one, inside functions core or an extra
     top, inner = _third_party_imports(ROOT / "moco")
@@ -190,7 +191,8 @@ def test_images_and_make_install_the_extras_they_run():
     sets = _install_sets()
     assert sets["docker GPU"] == "gpu,ui,plot" and sets["docker CPU"] == "index,ui,plot"  # `moco run`: curves, serve
     assert sets["make install"] == "all,dev"  # make run / make test get everything
-    assert set(sets["make install GPU=1"].split(",")) == {"gpu", "ui", "plot", "tensorboard", "onnx", "parquet", "dev"}
+    assert set(sets["make install GPU=1"].split(",")) == {"gpu", "ui", "plot", "tensorboard", "onnx", "parquet", "heic",
+                                                          "raw", "dev"}
     makefile = (ROOT / "Makefile").read_text()
     assert 'pip install -q -e ".[$(EXTRAS)]"' in makefile and "--no-deps" not in makefile
     assert "--no-deps" not in (ROOT / "Dockerfile").read_text()  # the GPU FAISS's CUDA libraries come with it

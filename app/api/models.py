@@ -9,16 +9,26 @@ from pydantic import BaseModel, Field
 from app.page.handlers import FOLDER_PATTERN, MAX_RESULTS
 from index.catalog import MAX_ID
 
-__all__ = ["FOLDER_FIELD", "IMAGE_TYPES", "BASE64_PATTERN", "Hit", "SearchResponse", "Base64Query", "Stats", "Member",
-           "Group", "Duplicates", "Kind", "KeeperRequest", "MoveRequest", "UndoRequest", "Moved", "NotMoved",
-           "MoveResult", "ErrorResponse"]
+__all__ = ["FOLDER_FIELD", "EXCLUDE_FIELD", "TAKEN_FROM_FIELD", "TAKEN_TO_FIELD", "IMAGE_TYPES", "BASE64_PATTERN",
+           "Hit", "SearchResponse", "Base64Query", "Stats", "Member", "Group", "Duplicates", "Kind", "KeeperRequest",
+           "MoveRequest", "UndoRequest", "Moved", "NotMoved", "MoveResult", "ErrorResponse"]
 
 
 # The folder filter's field, everywhere: '' or a sub-folder written as FOLDER_PATTERN says (else 400; one that is
 # not in the collection: 404). Only described in the schema: the page's own check answers, with the page's message.
 FOLDER_FIELD = {"description": "only photos under this sub-folder of the collection ('': all); no `.` or `..` part, "
                 "no control character", "json_schema_extra": {"pattern": FOLDER_PATTERN}}
-IMAGE_TYPES = "image/jpeg, image/png, image/webp, image/gif, image/bmp, image/tiff"  # what an upload may be
+# The folders left out, and the date range: the same checks as ``folder``; dates as the page and the CLI take them.
+EXCLUDE_FIELD = {"description": "no photos under these sub-folders of the collection (repeat the field in a form or a "
+                 "query string); each written as `folder`", "json_schema_extra": {"items": {"pattern": FOLDER_PATTERN}}}
+_DATE = (r"^(\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2})?)?)?$")
+TAKEN_FROM_FIELD = {"description": "only photos taken on or after this day, `YYYY-MM-DD` (or `YYYY-MM-DDTHH:MM`), "
+                    "on the camera's clock: EXIF DateTimeOriginal, else the file's date ('': no bound)",
+                    "json_schema_extra": {"pattern": _DATE}}
+TAKEN_TO_FIELD = {"description": "only photos taken on or before this day, `YYYY-MM-DD` (the whole day; or "
+                  "`YYYY-MM-DDTHH:MM`, that moment excluded) ('': no bound)", "json_schema_extra": {"pattern": _DATE}}
+IMAGE_TYPES = ("image/jpeg, image/png, image/webp, image/gif, image/bmp, image/tiff, image/avif, image/heic, "
+               "image/heif")  # what an upload may be (HEIC with the heic extra)
 
 # Padded standard base64 of at least one byte: what `image_base64` must be (anything else is a 400).
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)$"
@@ -32,6 +42,8 @@ class Hit(BaseModel):
     path: str = Field(description="the photo's path relative to the collection root")
     score: float = Field(description="centred cosine similarity in the index's space, as the page shows it")
     weak: bool = Field(description="under the collection's weak-match threshold: no close match")
+    taken: str | None = Field(description="when the photo was taken, ISO 8601 on the camera's clock (no zone): EXIF "
+                              "DateTimeOriginal, else the file's date; null until `moco index update` reads it")
 
 
 class SearchResponse(BaseModel):
@@ -41,6 +53,9 @@ class SearchResponse(BaseModel):
     k: int = Field(description=f"results asked for (capped at the index's size and at {MAX_RESULTS})")
     offset: int = Field(description="results skipped before the first one")
     folder: str | None = Field(description="the sub-folder searched, or null for the whole collection")
+    exclude_folders: list[str] = Field(description="the sub-folders left out")
+    taken_from: str | None = Field(description="the date range searched (null: no bound)")
+    taken_to: str | None = Field(description="the date range searched (null: no bound)")
     next_offset: int | None = Field(description="`offset` of the next page, or null when this one was the last")
     weak_below: float | None = Field(description="scores under this are weak matches (null: an older index)")
     images: int = Field(description="photos in the index")
@@ -55,6 +70,9 @@ class Base64Query(BaseModel):
     filename: str = Field("upload", description="a name for the image in messages")
     k: int = Field(12, ge=1, le=MAX_RESULTS, description="results per page")
     folder: str = Field("", **FOLDER_FIELD)  # type: ignore[arg-type]
+    exclude_folders: list[str] = Field(default_factory=list, **EXCLUDE_FIELD)  # type: ignore[arg-type]
+    taken_from: str = Field("", **TAKEN_FROM_FIELD)  # type: ignore[arg-type]
+    taken_to: str = Field("", **TAKEN_TO_FIELD)  # type: ignore[arg-type]
     offset: int = Field(0, ge=0, description="results to skip (the next page: `next_offset`)")
 
 
@@ -88,8 +106,9 @@ class Member(BaseModel):
     width: int | None = Field(None, description="pixels across (null: its header could not be read)")
     height: int | None = None
     bytes: int | None = Field(None, description="the file's size")
-    taken: float | None = Field(None, description="when it was taken (EXIF DateTimeOriginal, seconds since the epoch "
-                                "of its camera's clock); null without one")
+    taken: str | None = Field(None, description="when it was taken, ISO 8601 on the camera's clock (no zone): EXIF "
+                              "DateTimeOriginal; null without one (a search result's `taken` falls back to the "
+                              "file's date)")
     mtime: float | None = Field(None, description="the file's modification time (seconds since the epoch)")
     identical: bool = Field(False, description="the same bytes as the group's keeper")
 

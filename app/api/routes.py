@@ -3,9 +3,12 @@
 Routes (typed request and response models; the schema at ``/api/v1/openapi.json``, a docs page at ``/api/v1/docs``
 that needs nothing from the internet):
 
-    POST /api/v1/search                    multipart: image (a file), k, folder, offset
-    POST /api/v1/search/base64             JSON: {"image_base64", "filename", "k", "folder", "offset"}
-    GET  /api/v1/photos/{id}/similar       an indexed photo as the query (its stored vector): k, folder, offset
+    POST /api/v1/search                    multipart: image (a file), k, folder, exclude_folders, taken_from,
+                                           taken_to, offset
+    POST /api/v1/search/base64             JSON: {"image_base64", "filename", "k", "folder", "exclude_folders",
+                                           "taken_from", "taken_to", "offset"}
+    GET  /api/v1/photos/{id}/similar       an indexed photo as the query (its stored vector): k, folder,
+                                           exclude_folders, taken_from, taken_to, offset
     GET  /api/v1/photos/{id}/thumbnail     the thumbnail the page shows (JPEG)
     GET  /api/v1/photos/{id}/original      the original, under the page's rules (indexed, inside the collection,
                                            a regular file, at most MAX_ORIGINAL_BYTES)
@@ -18,8 +21,8 @@ that needs nothing from the internet):
                                            moved to ROOT/.moco-duplicates, journalled; the index updated
     POST /api/v1/duplicates/undo           JSON {"batch"}: moved photos put back; the index updated
 
-Searches run through :meth:`SearchApp.search_vectors`, the page's own code (the same checks of ``k`` and
-``folder``, the same scores and weak-match threshold as the page and ``moco index search --json``). Concurrent
+Searches run through :meth:`SearchApp.search_vectors`, the page's own code (the same checks of ``k``, the folders
+and the dates, the same scores and weak-match threshold as the page and ``moco index search --json``). Concurrent
 searches share the model: uploads are decoded in a small thread pool, then embedded and searched in batches
 (:mod:`app.api.batcher`); past ``max_pending`` requests in flight the API answers 503 with ``Retry-After``.
 
@@ -42,7 +45,7 @@ import tempfile
 import time
 import urllib.parse
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -59,8 +62,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.api.batcher import Batcher, Overloaded
 from app.api.docs import docs_html
 from app.api.models import (
+    EXCLUDE_FIELD,
     FOLDER_FIELD,
     IMAGE_TYPES,
+    TAKEN_FROM_FIELD,
+    TAKEN_TO_FIELD,
     Base64Query,
     Duplicates,
     ErrorResponse,
@@ -79,11 +85,11 @@ from app.guard.access import API_PREFIX, ApiSettings, check_access
 from app.page.handlers import MAX_RESULTS, NoSuchFolder, SearchApp
 from app.page.review import MAX_PAGE
 from app.page.uploads import read_upload, upload_suffix
-from index.catalog import MAX_ID, display_path
+from index.catalog import MAX_ID, display_path, taken_text
 from index.image_index import ImageIndex
 from moco.errors import UserError, clipped, quoted
 
-__all__ = ["SearchService", "api_routes"]
+__all__ = ["SearchService", "Filters", "api_routes"]
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +114,20 @@ class NotReady(UserError):
 
 
 # ------------------------------------------------------------------------------------------- the service
+@dataclass(frozen=True)
+class Filters:
+    """What a search keeps, besides its ``k``: the folder, the folders left out, the dates taken (as given)."""
+
+    folder: str = ""
+    exclude_folders: tuple[str, ...] = ()
+    taken_from: str = ""
+    taken_to: str = ""
+
+    def args(self) -> dict[str, Any]:
+        """As :meth:`SearchApp.search_vectors` takes them (less the folder)."""
+        return {"exclude_folders": self.exclude_folders, "taken_from": self.taken_from, "taken_to": self.taken_to}
+
+
 @dataclass
 class _Query:
     k: int
@@ -116,6 +136,7 @@ class _Query:
     image: Any = None  # a decoded PIL image, or ...
     image_id: int | None = None  # ... an indexed photo's id
     page: bool = False  # the page's search: its result is the page's (gallery, info, state), not a SearchResponse
+    filters: Filters = Filters()
 
 
 class SearchService:
@@ -155,39 +176,47 @@ class SearchService:
         finally:
             shutil.rmtree(folder, ignore_errors=True)
 
-    async def search_image(self, data: bytes, name: str, k: int, folder: str, offset: int) -> SearchResponse:
+    async def search_image(self, data: bytes, name: str, k: int, folder: str, offset: int,
+                           filters: Filters | None = None) -> SearchResponse:
         """An uploaded image's results (decoded in the pool, embedded and searched in a batch)."""
         self._ready()
-        self._check(k, folder)
+        filters = replace(filters or Filters(), folder=folder)
+        self._check(k, filters)
         t0 = time.perf_counter()
         async with self.batcher.admit():
             image = await asyncio.get_running_loop().run_in_executor(self._decode, self._read, data, _safe_name(name))
-            out = await self.batcher.submit(_Query(k, folder, offset, image=image))
+            out = await self.batcher.submit(_Query(k, folder, offset, image=image, filters=filters))
         return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
 
-    async def search_page(self, image: Any, k: int, folder: str | None) -> tuple:
+    async def search_page(self, image: Any, k: int, folder: str | None, exclude_folders: Any = (),
+                          taken_from: str | None = None, taken_to: str | None = None) -> tuple:
         """The page's Search (an upload Gradio saved): ``SearchApp.search``'s (gallery, info, state), its upload
         decoded in the pool and embedded in a batch with whatever else arrives, the page's and the API's alike."""
         self._ready()
+        filters = Filters(folder or "", tuple(exclude_folders or ()), taken_from or "", taken_to or "")
+        self._check(int(k), filters)
         async with self.batcher.admit():
             decoded = await asyncio.get_running_loop().run_in_executor(self._decode, read_upload, image,
                                                                        self.app.embedder.resize)
-            return await self.batcher.submit(_Query(int(k), folder or "", 0, image=decoded, page=True))
+            return await self.batcher.submit(_Query(int(k), folder or "", 0, image=decoded, page=True,
+                                                    filters=filters))
 
-    async def search_id(self, image_id: int, k: int, folder: str, offset: int) -> SearchResponse:
+    async def search_id(self, image_id: int, k: int, folder: str, offset: int,
+                        filters: Filters | None = None) -> SearchResponse:
         """An indexed photo's results, from its stored vector (nothing decoded or embedded)."""
         self._ready()
-        self._check(k, folder)
+        filters = replace(filters or Filters(), folder=folder)
+        self._check(k, filters)
         self._vector(image_id)  # an unknown id: its 404 now, before it joins a batch
         t0 = time.perf_counter()
         async with self.batcher.admit():
-            out = await self.batcher.submit(_Query(k, folder, offset, image_id=image_id))
+            out = await self.batcher.submit(_Query(k, folder, offset, image_id=image_id, filters=filters))
         return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
 
-    def _check(self, k: int, folder: str) -> None:
-        """A search's ``k`` and ``folder`` checked before it joins a batch (the page's checks: its 400, or
+    def _check(self, k: int, filters: Filters) -> None:
+        """A search's ``k``, folders and dates checked before it joins a batch (the page's checks: its 400, or
         :class:`NoSuchFolder`'s 404), so that a batch holds only requests that can be answered."""
-        self.app._query(k, folder)
+        self.app._query(k, filters.folder, **filters.args())
 
     def _vector(self, image_id: int) -> np.ndarray:
         index = self.app.ready_index()
@@ -213,7 +242,8 @@ class SearchService:
         for i, q in enumerate(queries):
             if q.page:  # the page's own result, from the batch's vector
                 try:
-                    out[i] = self.app.from_vector(vectors[i], q.k, q.folder or None, "the uploaded image", embed_ms)
+                    out[i] = self.app.from_vector(vectors[i], q.k, q.folder or None, "the uploaded image", embed_ms,
+                                                  None, **q.filters.args())
                 except Exception as e:  # noqa: BLE001 - that search's caller gets it (the page shows it)
                     out[i] = e
         for i, q in enumerate(queries):
@@ -222,36 +252,40 @@ class SearchService:
                     vectors[i] = self._vector(q.image_id)
                 except Exception as e:  # noqa: BLE001 - that search's own error (NotFound: its 404)
                     out[i] = e
-        groups: dict[tuple[int, str, int], list[int]] = {}
+        groups: dict[tuple[int, Filters, int], list[int]] = {}
         for i, q in enumerate(queries):
             if out[i] is None:
-                groups.setdefault((q.k, q.folder, q.offset), []).append(i)
-        for (k, folder, offset), members in groups.items():
+                groups.setdefault((q.k, q.filters, q.offset), []).append(i)
+        for (k, filters, offset), members in groups.items():
             try:
-                hits = self.app.search_vectors(np.stack([vectors[i] for i in members]), k, folder, offset)  # Q x D
-                responses = [self._response(hits, n, k, folder, offset) for n in range(len(members))]
+                hits = self.app.search_vectors(np.stack([vectors[i] for i in members]), k, filters.folder, offset,
+                                               **filters.args())  # Q x D
+                responses = [self._response(hits, n, k, filters, offset) for n in range(len(members))]
             except Exception:  # noqa: BLE001 - one query may fail the group's search: each one alone, its own error
-                responses = [self._alone(vectors[i], k, folder, offset) for i in members]
+                responses = [self._alone(vectors[i], k, filters, offset) for i in members]
             for i, r in zip(members, responses):
                 out[i] = r
         return out  # type: ignore[return-value]
 
-    def _alone(self, vector: np.ndarray, k: int, folder: str, offset: int) -> SearchResponse | BaseException:
+    def _alone(self, vector: np.ndarray, k: int, filters: Filters, offset: int) -> SearchResponse | BaseException:
         """One query's search by itself (its group's search failed): its response, or its own error."""
         try:
-            return self._response(self.app.search_vectors(vector[None], k, folder, offset), 0, k, folder, offset)
+            hits = self.app.search_vectors(vector[None], k, filters.folder, offset, **filters.args())
+            return self._response(hits, 0, k, filters, offset)
         except Exception as e:  # noqa: BLE001 - this request's caller gets it, no other
             return e
 
-    def _response(self, hits: Any, n: int, k: int, folder: str, offset: int) -> SearchResponse:
+    def _response(self, hits: Any, n: int, k: int, filters: Filters, offset: int) -> SearchResponse:
         index = self.app.ready_index()
         weak = index.weak_below
         k = max(1, min(int(k), MAX_RESULTS))
         results = [Hit(rank=offset + r + 1, id=int(i), path=_json_path(p), score=float(s),
-                       weak=weak is not None and float(s) < weak)
-                   for r, (i, s, p) in enumerate(zip(hits.ids[n], hits.scores[n], hits.paths[n]))]
+                       weak=weak is not None and float(s) < weak, taken=taken_text(row.taken))
+                   for r, (i, s, p, row) in enumerate(zip(hits.ids[n], hits.scores[n], hits.paths[n], hits.rows[n]))]
         last = len(results) < k or offset + len(results) >= len(index)
-        return SearchResponse(results=results, k=k, offset=offset, folder=folder.strip("/") or None,
+        return SearchResponse(results=results, k=k, offset=offset, folder=filters.folder.strip("/") or None,
+                              exclude_folders=[f.strip("/") for f in filters.exclude_folders if f.strip("/")],
+                              taken_from=filters.taken_from or None, taken_to=filters.taken_to or None,
                               next_offset=None if last else offset + len(results), weak_below=weak,
                               images=len(index), took_ms=0.0)
 
@@ -263,7 +297,8 @@ def _group(index: ImageIndex, g: dict[str, Any]) -> Group:
     def member(m: dict[str, Any]) -> Member:
         return Member(id=int(m["id"]), path=_json_path(m["path"]),
                       score=float(m.get("similarity", m.get("best_similarity", 1.0))), width=m.get("width"),
-                      height=m.get("height"), bytes=m.get("bytes"), taken=m.get("taken"), mtime=m.get("mtime"),
+                      height=m.get("height"), bytes=m.get("bytes"),
+                      taken=taken_text(m.get("taken")), mtime=m.get("mtime"),
                       identical=bool(keep_hash) and m.get("hash") == keep_hash and m["id"] != g.get("keep_id"))
 
     by_id = {m["id"]: m for m in g["members"]}
@@ -398,13 +433,17 @@ def api_routes(service: SearchService) -> list[Any]:
     @router.post("/search", response_model=SearchResponse, responses=ERRORS, summary="Search by an uploaded image",
                  openapi_extra={"requestBody": {"content": {"multipart/form-data": {
                      "encoding": {"image": {"contentType": IMAGE_TYPES}}}}}})
-    async def search(image: UploadFile = File(description="the query photo (JPEG, PNG, WebP, GIF, BMP or TIFF)",
+    async def search(image: UploadFile = File(description="the query photo (JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF; "
+                                                          "HEIC where the server has the heic extra)",
                                               json_schema_extra={"minLength": 1}),
                      k: int = Form(12, ge=1, le=MAX_RESULTS), folder: str = Form("", **FOLDER_FIELD),
+                     exclude_folders: list[str] = Form([], **EXCLUDE_FIELD),
+                     taken_from: str = Form("", **TAKEN_FROM_FIELD), taken_to: str = Form("", **TAKEN_TO_FIELD),
                      offset: int = Form(0, ge=0)) -> SearchResponse:
         """The nearest photos to an uploaded image (multipart/form-data), ranked by score."""
         data = await image.read()
-        return await service.search_image(data, image.filename or "upload", k, folder, offset)
+        filters = Filters(folder, tuple(exclude_folders), taken_from, taken_to)
+        return await service.search_image(data, image.filename or "upload", k, folder, offset, filters)
 
     @router.post("/search/base64", response_model=SearchResponse, responses=ERRORS,
                  summary="Search by an image sent as base64 in JSON")
@@ -416,14 +455,18 @@ def api_routes(service: SearchService) -> list[Any]:
             raise UserError(f"{_safe_name(query.filename)}: image_base64 is not base64 (standard alphabet, padded): "
                             "encode the file's bytes, e.g. base64.b64encode(open(path, 'rb').read()).decode()"
                             ) from None
-        return await service.search_image(data, query.filename, query.k, query.folder, query.offset)
+        filters = Filters(query.folder, tuple(query.exclude_folders), query.taken_from, query.taken_to)
+        return await service.search_image(data, query.filename, query.k, query.folder, query.offset, filters)
 
     @router.get("/photos/{photo_id}/similar", response_model=SearchResponse, responses=ERRORS,
                 summary="Search by an indexed photo")
     async def similar(photo_id: int = PathParam(ge=0, le=MAX_ID), k: int = Query(12, ge=1, le=MAX_RESULTS),
-                      folder: str = Query("", **FOLDER_FIELD), offset: int = Query(0, ge=0)) -> SearchResponse:
+                      folder: str = Query("", **FOLDER_FIELD), exclude_folders: list[str] = Query([], **EXCLUDE_FIELD),
+                      taken_from: str = Query("", **TAKEN_FROM_FIELD), taken_to: str = Query("", **TAKEN_TO_FIELD),
+                      offset: int = Query(0, ge=0)) -> SearchResponse:
         """The nearest photos to a photo of the index (its stored vector: the page's click on a result)."""
-        return await service.search_id(photo_id, k, folder, offset)
+        filters = Filters(folder, tuple(exclude_folders), taken_from, taken_to)
+        return await service.search_id(photo_id, k, folder, offset, filters)
 
     @router.get("/photos/{photo_id}/thumbnail", responses={**ERRORS, 200: {"content": {"image/jpeg": {}}}},
                 response_class=FileResponse, summary="A photo's thumbnail")

@@ -105,6 +105,9 @@ def _add_embed(sub: argparse._SubParsersAction) -> None:
                        "with the same backbone): equal to its stored vectors")
     space.add_argument("--features", action="store_true", help="the raw features (L2-normalized), as an index "
                        "stores them before mapping them into its space")
+    p.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                   help="a folder or files never read, as a pattern relative to PHOTOS, e.g. 'private/**' or "
+                   "'*.gif' (repeat for more)")
     p.add_argument("--chunk-size", type=int, default=1024, metavar="N",
                    help="photos per resumable chunk (default: 1024)")
     p.add_argument("--batch-size", type=int, default=64, metavar="N", help="photos per forward pass (default: 64)")
@@ -120,8 +123,9 @@ def cmd_embed(args: argparse.Namespace) -> int:
 
     s = embed_to_file(args.photos, args.backbone, args.out, space=args.space, features=args.features,
                       chunk_size=args.chunk_size, batch_size=args.batch_size, workers=args.workers,
-                      device=args.device, progress=not args.quiet)
+                      device=args.device, progress=not args.quiet, exclude=args.exclude)
     skipped = f"; skipped {s['skipped']} unreadable (e.g. {s['skipped_examples'][0]})" if s["skipped"] else ""
+    skipped += "".join(f"; {note}" for note in s["not_read"])
     resumed = (f"; {s['resumed_chunks']} of {s['chunks']} chunks came from the interrupted run"
                if s["resumed_chunks"] else "")
     where = f", paths in {s['paths']}" if s["paths"] else ""

@@ -95,16 +95,18 @@ def _load_embedder(backbone: str, space: str | None, features: bool, device: str
     return Embedder.load(backbone, device=device, space="features" if features else space)
 
 
-def _manifest(root: Path, emb: Any, names: list[str], chunk_size: int) -> dict[str, Any]:
+def _manifest(root: Path, emb: Any, names: list[str], chunk_size: int, exclude: tuple[str, ...]) -> dict[str, Any]:
     return {"format": _FORMAT, "version": 1, "folder": str(root.resolve()),
             "backbone_sha256": emb.sha256, "space": emb.space_id, "dim": emb.dim, "count": len(names),
-            "chunk_size": chunk_size, "paths_sha256": hashlib.sha256(_names_bytes(names)).hexdigest()}
+            "chunk_size": chunk_size, "paths_sha256": hashlib.sha256(_names_bytes(names)).hexdigest(),
+            "exclude": list(exclude)}
 
 
-def _start_or_resume(parts: Path, root: Path, emb: Any, chunk_size: int, kind: str) -> tuple[list[str], int, bool]:
+def _start_or_resume(parts: Path, root: Path, emb: Any, chunk_size: int, kind: str,
+                     exclude: tuple[str, ...]) -> tuple[list[str], int, bool, list[str]]:
     """The photo list and chunk size of this run: an unfinished run's (checked to embed the same way), else a new
-    listing saved into ``parts``. Returns (names, chunk_size, resumed)."""
-    from moco.data.photos import scan_images
+    listing saved into ``parts``. Returns (names, chunk_size, resumed, the notes of formats not read)."""
+    from moco.data.photos import scan_photos
     from moco.files import atomic_write
 
     manifest_path = parts / _MANIFEST
@@ -115,24 +117,28 @@ def _start_or_resume(parts: Path, root: Path, emb: Any, chunk_size: int, kind: s
         except (OSError, ValueError) as e:
             raise UserError(f"{parts} holds an unfinished run that cannot be read ({e}): delete {parts} to start "
                             "over") from None
-        now = _manifest(root, emb, names, int(saved.get("chunk_size", 0)))
+        now = _manifest(root, emb, names, int(saved.get("chunk_size", 0)), exclude)
         differ = [k for k in ("format", "version", "folder", "backbone_sha256", "space", "dim", "count",
-                              "paths_sha256") if saved.get(k) != now[k]]
+                              "paths_sha256", "exclude") if saved.get(k, []) != now[k]]
         if differ:
             what = {"folder": "another photo folder", "backbone_sha256": "another backbone",
-                    "space": "another space (--space/--features)", "dim": "another width"}
+                    "space": "another space (--space/--features)", "dim": "another width",
+                    "exclude": "other --exclude patterns"}
             why = ", ".join(sorted({what.get(k, "a damaged list") for k in differ}))
             raise UserError(f"{parts} holds an unfinished run with {why}: run the same command as that run to "
                             f"finish it, or delete {parts} to start over")
         if chunk_size != saved["chunk_size"]:
             logger.info("resuming with the unfinished run's --chunk-size %d", saved["chunk_size"])
-        return names, int(saved["chunk_size"]), True
-    names = scan_images(root)
+        return names, int(saved["chunk_size"]), True, []
+    scan = scan_photos(root, exclude)
+    names = scan.files
+    for note in scan.notes():
+        logger.warning("%s: %s", root, note)
     _check_names(names, root, kind)
     atomic_write(parts / _LIST, lambda f: f.write(_names_bytes(names)))
-    manifest = json.dumps(_manifest(root, emb, names, chunk_size), indent=1).encode()
+    manifest = json.dumps(_manifest(root, emb, names, chunk_size, exclude), indent=1).encode()
     atomic_write(manifest_path, lambda f: f.write(manifest))  # last: a listing without it is listed again
-    return names, chunk_size, False
+    return names, chunk_size, False, scan.notes()
 
 
 def _chunk_path(parts: Path, i: int) -> Path:
@@ -236,11 +242,15 @@ def _write_parquet(out: Path, chunks: list[Path], names: list[str], dim: int) ->
 def embed_to_file(
     root: str | os.PathLike[str], backbone: str, out: str | os.PathLike[str], *, space: str | None = None,
     features: bool = False, chunk_size: int = 1024, batch_size: int = 64, workers: int | None = None,
-    device: str = "auto", progress: bool = True,
+    device: str = "auto", progress: bool = True, exclude: tuple[str, ...] | list[str] = (),
 ) -> dict[str, Any]:
-    """Embed the photos under ``root`` into ``out`` (FILE.npy + FILE.paths.txt, or FILE.parquet), resuming an
-    unfinished run of the same command. Returns a summary (plain types)."""
+    """Embed the photos under ``root`` (less the ``exclude`` patterns, never read) into ``out`` (FILE.npy +
+    FILE.paths.txt, or FILE.parquet), resuming an unfinished run of the same command. Returns a summary (plain
+    types; ``not_read``: a line per format whose package is missing, with the fix)."""
+    from moco.excludes import check_patterns
     from moco.files import lock_dir
+
+    exclude = check_patterns(exclude)
 
     out, root = Path(out).expanduser(), Path(root).expanduser()
     if not root.is_dir():
@@ -261,7 +271,7 @@ def embed_to_file(
                         "output path") from None
     try:
         with lock_dir(parts, "-o"):  # one run per output: a second one is told who holds it
-            summary = _embed_parts(parts, root, emb, out, kind, chunk_size, batch_size, workers, progress)
+            summary = _embed_parts(parts, root, emb, out, kind, chunk_size, batch_size, workers, progress, exclude)
     except BaseException as e:
         if created and not (parts / _MANIFEST).exists():  # nothing to resume: leave no folder behind
             shutil.rmtree(parts, ignore_errors=True)
@@ -274,13 +284,13 @@ def embed_to_file(
 
 
 def _embed_parts(parts: Path, root: Path, emb: Any, out: Path, kind: str, chunk_size: int, batch_size: int,
-                 workers: int | None, progress: bool) -> dict[str, Any]:
+                 workers: int | None, progress: bool, exclude: tuple[str, ...]) -> dict[str, Any]:
     """Embed the chunks not done yet, assemble the output from all of them, remove ``parts``."""
     from tqdm.auto import tqdm
 
     from moco.files import atomic_write
 
-    names, chunk_size, resumed = _start_or_resume(parts, root, emb, chunk_size, kind)
+    names, chunk_size, resumed, not_read = _start_or_resume(parts, root, emb, chunk_size, kind, exclude)
     for stale in parts.glob(".*.tmp"):  # a chunk being written when the run was killed
         stale.unlink(missing_ok=True)
     n_chunks = -(-len(names) // chunk_size)
@@ -312,4 +322,5 @@ def _embed_parts(parts: Path, root: Path, emb: Any, out: Path, kind: str, chunk_
         _write_parquet(out, chunks, names, emb.dim)
     shutil.rmtree(parts)
     return {"out": str(out), "paths": str(listing) if listing else None, "rows": rows, "dim": emb.dim,
-            "skipped": failed, "skipped_examples": reasons, "resumed_chunks": sum(done), "chunks": n_chunks}
+            "skipped": failed, "skipped_examples": reasons, "resumed_chunks": sum(done), "chunks": n_chunks,
+            "not_read": not_read}

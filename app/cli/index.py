@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from index.catalog import display_path
+from index.catalog import display_path, taken_bound, taken_text
 from moco.errors import UserError
 
 if TYPE_CHECKING:
@@ -39,8 +39,17 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("image", metavar="IMAGE")
     p.add_argument("-k", type=int, default=10, help="results (default: 10)")
     p.add_argument("--folder", default=None, help="only results under this sub-folder of the collection")
+    p.add_argument("--exclude-folder", action="append", default=[], metavar="FOLDER",
+                   help="no results under this sub-folder of the collection (repeat for more)")
+    p.add_argument("--taken-from", default=None, metavar="DATE",
+                   help="only photos taken on or after this day (YYYY-MM-DD, or YYYY-MM-DDTHH:MM; EXIF "
+                   "DateTimeOriginal, else the file's date)")
+    p.add_argument("--taken-to", default=None, metavar="DATE", help="only photos taken on or before this day "
+                   "(the whole day: --taken-from 2024-01-01 --taken-to 2024-12-31 is the year 2024)")
     p.add_argument("--backbone", default=None, metavar="B", help="the build's backbone, if it moved")
-    p.add_argument("--json", action="store_true", help='JSON: [{"rank", "id", "path", "score", "weak"}, ...]')
+    p.add_argument("--json", action="store_true",
+                   help='JSON: [{"rank", "id", "path", "score", "weak", "taken"}, ...]; taken: the date taken, '
+                   "ISO 8601 on the camera's clock")
     p.set_defaults(handler=cmd_search)
 
     p = cmds.add_parser("stats", help="counts, kind, recall, backbone, size on disk, near-duplicate threshold")
@@ -77,6 +86,8 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--not-duplicates", action="append", default=None, metavar="GROUP_ID",
                    help="say that the photos of this group (of the last search) are not duplicates: never grouped "
                         "again (repeatable)")
+    p.add_argument("--exclude-folder", action="append", default=[], metavar="FOLDER",
+                   help="leave the photos under this sub-folder of the collection out (repeat for more)")
     p.add_argument("--device", default="auto", help="for the index update after a move: auto, cpu, cuda")
     p.add_argument("--json", action="store_true", help="JSON: the groups (a list), or what a move, an undo or a mark "
                    "did (an object)")
@@ -102,30 +113,39 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise UserError(f"-k {args.k}: ask for at least one result")
     if not Path(args.image).exists():  # a folder, a pipe or a device gets its reason from the decoder
         raise UserError(f"image not found: {args.image}")
+    taken = (taken_bound(args.taken_from, False, "--taken-from"), taken_bound(args.taken_to, True, "--taken-to"))
+    if None not in taken and taken[0] >= taken[1]:
+        raise UserError(f"--taken-from {args.taken_from} is after --taken-to {args.taken_to}: swap them")
     idx = ImageIndex.open(args.index_dir)
     folder = _check_folder(idx, args.folder)
+    away = [_check_folder(idx, f, "--exclude-folder") for f in args.exclude_folder]
     emb = idx.load_embedder(args.backbone)
-    hits = idx.search_image(args.image, emb, k=args.k, folder=folder)  # refused as at every door: too small
+    hits = idx.search_image(args.image, emb, k=args.k, folder=folder,  # refused as at every door: too small
+                            exclude_folders=[f for f in away if f], taken=taken)
     weak = idx.weak_below  # None for an index from before centred scores
     out = [{"rank": r + 1, "id": int(i), "path": p, "score": round(float(s), 6),
-            "weak": weak is not None and float(s) < weak}
-           for r, (i, s, p) in enumerate(zip(hits.ids[0], hits.scores[0], hits.paths[0]))]
+            "weak": weak is not None and float(s) < weak, "taken": taken_text(row.taken)}
+           for r, (i, s, p, row) in enumerate(zip(hits.ids[0], hits.scores[0], hits.paths[0], hits.rows[0]))]
     if args.json:
         print(json.dumps(out))
     else:
         for h in out:
-            print(f"{h['rank']:>4}  {h['score']:.4f}  {display_path(h['path'])}{'  (weak match)' if h['weak'] else ''}")
+            day = f"  {h['taken'][:10]}" if h["taken"] else ""
+            print(f"{h['rank']:>4}  {h['score']:.4f}{day}  {display_path(h['path'])}"
+                  f"{'  (weak match)' if h['weak'] else ''}")
         if out and out[0]["weak"]:
             print(f"no close match in the collection: every score is under {weak:.4f} (what "
                   "unrelated photos of the collection reach)", file=sys.stderr)
         if not out:
-            print("no results (the index is empty, or nothing under --folder)", file=sys.stderr)
+            print("no results (the index is empty, or nothing passes --folder, --exclude-folder and the dates)",
+                  file=sys.stderr)
     return 0
 
 
-def _check_folder(idx: ImageIndex, folder: str | None) -> str | None:
-    """``--folder`` as the search takes it (None: all), refused as the page and the API refuse it (400) when no
-    indexed photo is under it: an unknown folder is a mistake, not a search with no results."""
+def _check_folder(idx: ImageIndex, folder: str | None, flag: str = "--folder") -> str | None:
+    """``--folder`` (or ``--exclude-folder``) as the search takes it (None: all), refused as the page and the API
+    refuse it (400) when no indexed photo is under it: an unknown folder is a mistake, not a search with no
+    results."""
     folder = (folder or "").strip().strip("/") or None
     if folder is None:
         return None
@@ -134,8 +154,8 @@ def _check_folder(idx: ImageIndex, folder: str | None) -> str | None:
         return folder
     tops = sorted({path.split("/")[0] for path in paths if "/" in path})
     some = f" (its sub-folders: {', '.join(display_path(t) for t in tops[:8])}{', ...' if len(tops) > 8 else ''})"
-    raise UserError(f"no sub-folder {display_path(folder)!r} in the collection: give one that holds indexed photos"
-                    f"{some if tops else ''}, or leave out --folder")
+    raise UserError(f"{flag}: no sub-folder {display_path(folder)!r} in the collection: give one that holds indexed "
+                    f"photos{some if tops else ''}, or leave out {flag}")
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
@@ -182,7 +202,8 @@ def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
     from index.resolve.actions import select_groups
 
     kinds = args.kind or ["exact", "near"]
-    found = search_duplicates(idx, args.threshold, kinds, args.similar_threshold)
+    away = [f for f in (_check_folder(idx, f, "--exclude-folder") for f in args.exclude_folder) if f]
+    found = search_duplicates(idx, args.threshold, kinds, args.similar_threshold, exclude_folders=away)
     groups = select_groups(found.groups, kinds, args.group)
     if args.move_to:
         return _move(idx, args, groups)

@@ -181,6 +181,9 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--minutes", type=float, default=None, help="training time budget (default: 10 on a CPU, "
                    "the full recipe on a GPU)")
     p.add_argument("--max-steps", type=int, default=None, help="cap the training steps (for quick tries)")
+    p.add_argument("--exclude", action="append", default=[], metavar="GLOB",
+                   help="a folder or files never read (neither trained on nor indexed), as a pattern relative to "
+                   "PHOTOS, e.g. 'private/**' or '*.gif' (repeat for more)")
     p.add_argument("--no-serve", action="store_true", help="stop after indexing")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     _serve_arguments(p)
@@ -199,6 +202,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                         "e.g. --minutes 10")
     if args.max_steps is not None and args.max_steps < 1:
         raise UserError(f"--max-steps {args.max_steps}: give at least 1 step, or leave it out")
+    from moco.excludes import check_patterns
+
+    args.exclude = check_patterns(args.exclude)
     auth = _check_serve_arguments(args)
     api = None if args.no_serve else _api_settings(args)
     limits = None if args.no_serve else _limits(args)
@@ -238,7 +244,7 @@ def _serve_and_run(args: argparse.Namespace, work: Path, auth: tuple[str, str] |
     try:
         out = run_pipeline(args.photos, args.work, args.checkpoint, args.init, args.minutes, extra,
                            say=lambda m: print(m, flush=True), progress=not args.quiet, pretrained=default,
-                           status=status, locked=True)
+                           status=status, locked=True, exclude=args.exclude)
         print(f"search it: moco index search {out['index']} PHOTO.jpg, or the UI", flush=True)
         if demo is None:
             return 0

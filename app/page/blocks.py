@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from app.page.handlers import Results, SearchApp
+from app.page.handlers import FOLDER_MODES, Results, SearchApp, folder_filter
 from app.page.review import PAGE_SIZE
 from app.page.uploads import QueryImage
 from app.page.views import (
@@ -181,6 +181,13 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                         k = gr.Slider(1, 100, value=12, step=1, label="k (results)", elem_id="k")
                         folder = gr.Dropdown(app.folder_choices(), value="", allow_custom_value=True,
                                              label="Folder", elem_id="folder")
+                        folder_mode = gr.Radio(list(FOLDER_MODES), value=FOLDER_MODES[0], show_label=False,
+                                               elem_id="folder-mode")
+                        with gr.Row():
+                            taken_from = gr.Textbox("", label="Taken from", placeholder="YYYY-MM-DD", max_lines=1,
+                                                    elem_id="taken-from")
+                            taken_to = gr.Textbox("", label="Taken to", placeholder="YYYY-MM-DD", max_lines=1,
+                                                  elem_id="taken-to")
                         go = gr.Button("Search", variant="primary", elem_id="search-btn", interactive=ready)
                     with gr.Column(scale=3, min_width=300):
                         error = gr.Markdown(elem_id="search-error")  # what went wrong, apart from the results
@@ -212,19 +219,28 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                     files = app.export(st) if st and st.ids else (None, None)
                     return tuple(gr.update(value=f, interactive=f is not None) for f in files)  # no new components
 
-                def do_search(image: Any, k_: int, folder_: str, request: gr.Request) -> tuple:
-                    gal, *out = app.search(image, k_, folder_)
+                def filters(folder_: str, mode_: str | None, from_: str | None, to_: str | None) -> dict[str, Any]:
+                    only, away = folder_filter(folder_, mode_)
+                    return {"folder": only, "exclude_folders": away, "taken_from": from_, "taken_to": to_}
+
+                # the filters have defaults: Gradio's own API clients that send (image, k, folder) still search
+                def do_search(image: Any, k_: int, folder_: str, mode_: str | None = None, from_: str | None = None,
+                              to_: str | None = None, request: gr.Request = None) -> tuple:
+                    gal, *out = app.search(image, k_, **filters(folder_, mode_, from_, to_))
                     return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
 
-                async def do_batched_search(image: Any, k_: int, folder_: str, request: gr.Request) -> tuple:
-                    gal, *out = await service.search_page(image, k_, folder_)
+                async def do_batched_search(image: Any, k_: int, folder_: str, mode_: str | None = None,
+                                            from_: str | None = None, to_: str | None = None,
+                                            request: gr.Request = None) -> tuple:
+                    gal, *out = await service.search_page(image, k_, **filters(folder_, mode_, from_, to_))
                     buttons = await asyncio.to_thread(export_buttons, out[1])  # file writes: off the event loop
                     return (_file_urls(gal, request), *out, *buttons, "")
 
-                def do_rerun(st: Results | None, k_: int, folder_: str, request: gr.Request) -> tuple:
+                def do_rerun(st: Results | None, k_: int, folder_: str, mode_: str, from_: str, to_: str,
+                             request: gr.Request) -> tuple:
                     if not st:
                         return (gr.skip(),) * 6
-                    gal, *out = app.rerun(st, k_, folder_)
+                    gal, *out = app.rerun(st, k_, **filters(folder_, mode_, from_, to_))
                     return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
 
                 def do_more(st: Results | None, request: gr.Request) -> tuple:
@@ -244,15 +260,16 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 do_select.__annotations__["evt"] = gr.SelectData
                 # an error goes to `error`: the results shown stay, and so does their heading (`info`)
                 results = [gallery, info, state, csv_btn, json_btn, error]
+                search_inputs = [k, folder, folder_mode, taken_from, taken_to]
                 if service is None:
-                    go.click(_safe(6, 5)(do_search), [query, k, folder], results, api_name="search",
+                    go.click(_safe(6, 5)(do_search), [query, *search_inputs], results, api_name="search",
                              concurrency_id="model")
                 else:  # searches run together (the batcher holds the model); more wait in Gradio's queue
-                    go.click(_safe(6, 5)(do_batched_search), [query, k, folder], results, api_name="search",
+                    go.click(_safe(6, 5)(do_batched_search), [query, *search_inputs], results, api_name="search",
                              concurrency_id="search", concurrency_limit=service.settings.max_batch)
-                k.release(_safe(6, 5)(do_rerun), [state, k, folder], results, api_name=False, concurrency_id="model")
-                folder.input(_safe(6, 5)(do_rerun), [state, k, folder], results, api_name=False,
-                             concurrency_id="model")
+                for changed in (k.release, folder.input, folder_mode.input, taken_from.submit, taken_to.submit):
+                    changed(_safe(6, 5)(do_rerun), [state, *search_inputs], results, api_name=False,
+                            concurrency_id="model")
                 more.click(_safe(6, 5)(do_more), [state], results, api_name="more", concurrency_id="model")
                 gallery.select(_safe(13, 5)(do_select), [state],
                                [*results, query, details, preview, detail_md, path_box, picked, original],
@@ -310,6 +327,8 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                                           label="near-duplicate threshold (centred cosine)")
                     similar = gr.Checkbox(False, label="also similar photos (bursts, the same scene)",
                                           elem_id="dedup-similar")
+                    dup_away = gr.Textbox("", label="leave out folders (comma-separated)", elem_id="dedup-exclude",
+                                          placeholder="e.g. screenshots, 2019/scans")
                     dedup = gr.Button("Find duplicates", elem_id="dedup-btn", interactive=ready)
                 with gr.Row():
                     kind = gr.Dropdown(list(KIND_CHOICES), value="exact and near", label="Show",
@@ -334,8 +353,8 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 review = [dups, where, group, keeper, dup_message, offset, undo_btn]
 
                 def do_collection(threshold_: float | None = None, similar_: bool = False, kind_: str = "",
-                                  offset_: int = 0) -> tuple:
-                    text, _ = app.collection(threshold_, similar_)
+                                  away_: str = "", offset_: int = 0) -> tuple:
+                    text, _ = app.collection(threshold_, similar_, away_ or "")
                     if threshold_ is not None:  # a new search: its kinds shown
                         kind_ = "all kinds" if similar_ else "exact and near"
                     return (text, gr.update(value=kind_) if kind_ else gr.skip(),
@@ -374,7 +393,8 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 collection_fn = _safe(9, 6)(do_collection)
                 demo.load(lambda: collection_fn() if app.ready else (gr.skip(),) * 9, None,
                           [stats, kind, *review], api_name="collection")
-                dedup.click(collection_fn, [threshold, similar, kind], [stats, kind, *review], api_name="dedup",
+                dedup.click(collection_fn, [threshold, similar, kind, dup_away], [stats, kind, *review],
+                            api_name="dedup",
                             concurrency_id="dedup")
                 kind.input(_safe(7, 4)(lambda k_: review_outputs(app, k_, 0)), [kind], review, api_name=False)
                 prev_btn.click(_safe(7, 4)(lambda k_, o_: do_page(k_, o_, -1)), [kind, offset], review,

@@ -21,7 +21,8 @@ import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -33,18 +34,19 @@ from app.page.negatives.from_queue import QueueNegatives
 from app.page.negatives.view import NegativesView
 from app.page.review import DuplicateReview
 from app.page.uploads import read_upload
-from index.catalog import display_path
+from index.catalog import display_path, taken_bound, taken_text
 from index.image_index import ImageIndex, SearchResult
 from moco.data.photos import load_rgb, open_regular
 from moco.errors import UserError, quoted
 
 __all__ = ["SearchApp", "Results", "NoSuchFolder", "FOLDER_PATTERN", "MAX_RESULTS", "ALL_FOLDERS", "VIEW_PX",
-           "MAX_ORIGINAL_BYTES", "score_text"]
+           "MAX_ORIGINAL_BYTES", "score_text", "FOLDER_MODES", "folder_filter"]
 
 logger = logging.getLogger(__name__)
 
 MAX_RESULTS = 500
 ALL_FOLDERS = "All folders"  # the folder filter's label for "no filter"
+FOLDER_MODES = ("only this folder", "all but this folder")  # the folder filter includes, or excludes, its folder
 VIEW_PX = 192  # the two training views are shown at least this large
 PREVIEW_PX = 640  # the details panel's preview of a result (long side)
 MAX_ORIGINAL_BYTES = 64 * 1024 * 1024  # "Open original" serves files up to this size
@@ -104,6 +106,10 @@ class Results:
     paths: list[str]
     scores: list[float]
     thumbs: list[str | None]
+    dates: list[float | None] = field(default_factory=list)  # each result's date taken (catalog ``taken``)
+    exclude_folders: tuple[str, ...] = ()  # on disk: no result under these
+    taken: tuple[float | None, float | None] = (None, None)  # the date range searched (catalog ``taken`` values)
+    taken_given: tuple[str, str] = ("", "")  # ... as the user wrote it
 
     def heading(self) -> str:
         """The query in the results' heading: an indexed photo's path as code, else the label as it is."""
@@ -116,6 +122,13 @@ class Results:
 _NAME = r"[^/\x00-\x1f\x7f-\x9f]"  # a character of a part
 _PART = rf"[^./\x00-\x1f\x7f-\x9f]{_NAME}*|\.[^./\x00-\x1f\x7f-\x9f]{_NAME}*|\.\.{_NAME}+"  # not "." nor ".."
 FOLDER_PATTERN = rf"^(?:(?:{_PART})?(?:/(?:{_PART})?)*)$"
+
+
+def folder_filter(folder: str | None, mode: str | None) -> tuple[str | None, list[str]]:
+    """The page's folder filter (a folder and one of FOLDER_MODES) as a search takes it: (folder, exclude_folders)."""
+    if mode == FOLDER_MODES[1]:
+        return None, [folder] if folder and folder != ALL_FOLDERS else []
+    return folder, []
 
 
 class NoSuchFolder(UserError):
@@ -213,55 +226,78 @@ class SearchApp:
         """The filter's choices: (label, value), "All folders" first."""
         return [(ALL_FOLDERS, "")] + [(f, f) for f in self.folders()]
 
-    def caption(self, rank: int, score: float, path: str) -> str:
-        """A result's caption: rank, centred cosine (3 decimals), weak-match marker, the full path."""
+    def caption(self, rank: int, score: float, path: str, taken: float | None = None) -> str:
+        """A result's caption: rank, centred cosine (3 decimals), weak-match marker, the day taken, the full path."""
         index = self.ready_index()
         weak = " · weak match" if index.weak_below is not None and score < index.weak_below else ""
-        return f"#{rank} · {score_text(score)}{weak} · {display_path(path)}"
+        day = f" · {taken_text(taken)[:10]}" if taken is not None else ""
+        return f"#{rank} · {score_text(score)}{weak}{day} · {display_path(path)}"
 
     def _gallery(self, state: Results) -> list[tuple[str | None, str]]:
-        return [(thumb, self.caption(r, score, path))
-                for r, (path, score, thumb) in enumerate(zip(state.paths, state.scores, state.thumbs), 1)]
+        dates = state.dates or [None] * len(state.paths)
+        return [(thumb, self.caption(r, score, path, taken))
+                for r, (path, score, thumb, taken) in enumerate(zip(state.paths, state.scores, state.thumbs, dates), 1)]
 
-    def _query(self, k: int, folder: str | None) -> tuple[ImageIndex, int, str | None]:
-        """(index, k capped to 1..MAX_RESULTS, the folder on disk or None) for a search, after checking both."""
+    def _folder(self, given: str | None, what: str = "folder") -> str | None:
+        """A folder filter's folder on disk (None: all), or the error naming it: a bad name (UserError, the API's
+        400) or one the collection does not have (NoSuchFolder, 404)."""
+        given = given or ""
+        folder = given.strip().strip("/") or None
+        if folder == ALL_FOLDERS:
+            return None
+        if folder and folder not in self.folders():
+            bad_name = re.fullmatch(FOLDER_PATTERN, given) is None
+            which = "" if what == "folder" else f"{what}: "
+            raise (UserError if bad_name else NoSuchFolder)(f"{which}no sub-folder {quoted(folder)} in the collection: "
+                                                             f"pick one from the list, or {ALL_FOLDERS}")
+        return self._folder_names.get(folder, folder) if folder else None
+
+    def _query(self, k: int, folder: str | None, exclude_folders: Sequence[str] = (), taken_from: str | None = None,
+               taken_to: str | None = None) -> tuple[ImageIndex, int, str | None, tuple[str, ...], tuple]:
+        """(index, k capped to 1..MAX_RESULTS, the folder on disk or None, the folders left out on disk, the date
+        range as catalog ``taken`` values) for a search, after checking them all."""
         index = self.ready_index()
         k = int(max(1, min(int(k), MAX_RESULTS)))
         index.refresh()  # `moco index update` may have replaced the files meanwhile
         index.check_embedder(self.embedder)  # ... or rebuilt them with another model
-        given = folder or ""
-        folder = given.strip().strip("/") or None
-        if folder == ALL_FOLDERS:
-            folder = None
-        if folder and folder not in self.folders():
-            bad_name = re.fullmatch(FOLDER_PATTERN, given) is None
-            raise (UserError if bad_name else NoSuchFolder)(f"no sub-folder {quoted(folder)} in the collection: pick "
-                                                             f"one from the list, or {ALL_FOLDERS}")
-        folder = self._folder_names.get(folder, folder) if folder else None
+        folder = self._folder(folder)
+        away = tuple(f for f in (self._folder(g, "exclude_folders") for g in exclude_folders or ()) if f)
+        taken = (taken_bound(taken_from, False, "taken_from"), taken_bound(taken_to, True, "taken_to"))
+        if None not in taken and taken[0] >= taken[1]:
+            raise UserError(f"taken_from {taken_from} is after taken_to {taken_to}: swap the two dates")
         if len(index) == 0:
             raise UserError("the index is empty: add photos and run `moco index update`")
-        return index, k, folder
+        return index, k, folder, away, taken
 
-    def search_vectors(self, vectors: np.ndarray, k: int = 12, folder: str | None = None,
-                       offset: int = 0) -> SearchResult:
-        """Q query vectors (what the embedder gives) -> the page's ranking of each: the same checks of ``k`` and
-        ``folder``, the same scores. The JSON API searches through this, many queries at once."""
-        index, k, folder = self._query(k, folder)
-        return index.search(vectors, k=k, folder=folder, offset=max(0, int(offset)))
+    def search_vectors(self, vectors: np.ndarray, k: int = 12, folder: str | None = None, offset: int = 0,
+                       exclude_folders: Sequence[str] = (), taken_from: str | None = None,
+                       taken_to: str | None = None) -> SearchResult:
+        """Q query vectors (what the embedder gives) -> the page's ranking of each: the same checks of ``k``,
+        ``folder``, ``exclude_folders`` and the dates taken (``YYYY-MM-DD``, both days included), the same scores.
+        The JSON API searches through this, many queries at once."""
+        index, k, folder, away, taken = self._query(k, folder, exclude_folders, taken_from, taken_to)
+        return index.search(vectors, k=k, folder=folder, offset=max(0, int(offset)), exclude_folders=away,
+                            taken=taken)
 
     def from_vector(self, vector: np.ndarray, k: int, folder: str | None, label: str, embed_ms: float,
-                    source: dict[str, Any] | None = None) -> tuple:
+                    source: dict[str, Any] | None = None, exclude_folders: Sequence[str] = (),
+                    taken_from: str | None = None, taken_to: str | None = None) -> tuple:
         """The page's (gallery, info, state) for a query vector (D) labelled ``label``: every search of the page
         ends here, and so does the page's Search batched by the JSON API's service."""
-        index, k, folder = self._query(k, folder)
+        index, k, folder, away, taken = self._query(k, folder, exclude_folders, taken_from, taken_to)
         t0 = time.perf_counter()
-        hits = index.search(vector[None], k=k, folder=folder)
+        hits = index.search(vector[None], k=k, folder=folder, exclude_folders=away, taken=taken)
         search_ms = (time.perf_counter() - t0) * 1000
         rows = hits.rows[0]
         state = Results(vector, k, folder, label, source, ids=[r.id for r in rows], paths=hits.paths[0],
                         scores=[float(s) for s in hits.scores[0][: len(rows)]],
-                        thumbs=[str(index.thumb_path(r)) if r.thumb else None for r in rows])
+                        thumbs=[str(index.thumb_path(r)) if r.thumb else None for r in rows],
+                        dates=[r.taken for r in rows], exclude_folders=away, taken=taken,
+                        taken_given=(taken_from or "", taken_to or ""))
         where = f" in `{display_path(folder)}/`" if folder else ""
+        where += "".join(f" not in `{display_path(f)}/`" for f in away)
+        if taken != (None, None):
+            where += f" taken {taken_from or '…'} – {taken_to or '…'}"
         info = (f"**{len(rows)} results** for {state.heading()}{where} · embed {embed_ms:.0f} ms · search "
                 f"{search_ms:.1f} ms · {len(index)} images")
         weak = index.weak_below
@@ -270,19 +306,24 @@ class SearchApp:
                      f"under {score_text(weak)}, what unrelated photos of the collection reach)")
         return self._gallery(state), info, state
 
-    def search(self, image: Any, k: int = 12, folder: str | None = None) -> tuple:
+    def search(self, image: Any, k: int = 12, folder: str | None = None, exclude_folders: Sequence[str] = (),
+               taken_from: str | None = None, taken_to: str | None = None) -> tuple:
         """Upload -> (gallery items, info markdown, state)."""
         self.ready_index()
+        self._query(k, folder, exclude_folders, taken_from, taken_to)  # bad filters: said before the model runs
         img = read_upload(image, self.embedder.resize)
         t0 = time.perf_counter()
         vector = self.embedder.embed(img)[0]  # D
-        return self.from_vector(vector, k, folder, "the uploaded image", (time.perf_counter() - t0) * 1000)
+        return self.from_vector(vector, k, folder, "the uploaded image", (time.perf_counter() - t0) * 1000,
+                                exclude_folders=exclude_folders, taken_from=taken_from, taken_to=taken_to)
 
-    def rerun(self, state: Results | None, k: int, folder: str | None) -> tuple:
-        """The same query again with a new ``k`` or folder (nothing to do before a first search)."""
+    def rerun(self, state: Results | None, k: int, folder: str | None, exclude_folders: Sequence[str] = (),
+              taken_from: str | None = None, taken_to: str | None = None) -> tuple:
+        """The same query again with a new ``k``, folder filter or dates (nothing to do before a first search)."""
         if not state:
             raise UserError("upload a photo and press Search first")
-        return self.from_vector(state.vector, k, folder, state.label, 0.0, state.source)
+        return self.from_vector(state.vector, k, folder, state.label, 0.0, state.source, exclude_folders,
+                                taken_from, taken_to)
 
     def more(self, state: Results | None) -> tuple:
         """The next ``k`` results after those shown."""
@@ -290,11 +331,14 @@ class SearchApp:
             raise UserError("search first, then ask for more")
         index = self.ready_index()
         t0 = time.perf_counter()
-        hits = index.search(state.vector[None], k=state.k, folder=state.folder, offset=len(state.ids))
+        hits = index.search(state.vector[None], k=state.k, folder=state.folder, offset=len(state.ids),
+                            exclude_folders=state.exclude_folders, taken=state.taken)
         rows = hits.rows[0]
+        dates = state.dates or [None] * len(state.ids)
         state = replace(state, ids=state.ids + [r.id for r in rows], paths=state.paths + hits.paths[0],
                         scores=state.scores + [float(s) for s in hits.scores[0][: len(rows)]],
-                        thumbs=state.thumbs + [str(index.thumb_path(r)) if r.thumb else None for r in rows])
+                        thumbs=state.thumbs + [str(index.thumb_path(r)) if r.thumb else None for r in rows],
+                        dates=dates + [r.taken for r in rows])
         info = (f"**{len(state.ids)} results** for {state.heading()} · search "
                 f"{(time.perf_counter() - t0) * 1000:.1f} ms" + ("" if rows else " · no more results"))
         return self._gallery(state), info, state
@@ -315,7 +359,7 @@ class SearchApp:
         vector = index.vectors(np.array([image_id]))[0]  # D
         assert state is not None
         return self.from_vector(vector, state.k, state.folder, display_path(path), 0.0,
-                                {"id": image_id, "path": path})
+                                {"id": image_id, "path": path}, state.exclude_folders, *state.taken_given)
 
     def details(self, image_id: int) -> dict[str, Any]:
         """An indexed photo for the details panel: full path, thumbnail, size, date, dimensions when readable."""
@@ -326,6 +370,10 @@ class SearchApp:
         when = datetime.datetime.fromtimestamp(row.mtime_ns / 1e9).strftime("%Y-%m-%d %H:%M")
         thumb = index.thumb_path(row)
         text = f"**{_path_html(display_path(row.path))}**\n\n{_bytes(row.size)} · modified {when}"
+        if row.taken is not None:
+            text += f" · taken {taken_text(row.taken).replace('T', ' ')[:16]}"
+        if row.camera:
+            text += f" · {html.escape(row.camera)}"
         preview: Any = str(thumb) if thumb else None
         try:  # a larger preview than the thumbnail, from the original (decoded reduced)
             with open_regular(index.root / row.path) as f, Image.open(f) as im:
@@ -442,9 +490,10 @@ class SearchApp:
         if not state or not state.ids:
             raise UserError("search first: there are no results to export")
         weak = self.index.weak_below if self.index is not None else None
+        dates = state.dates or [None] * len(state.ids)
         rows = [{"rank": r, "path": display_path(p), "score": float(score_text(s)),
-                 "weak_match": weak is not None and s < weak, "id": i}
-                for r, (i, p, s) in enumerate(zip(state.ids, state.paths, state.scores), 1)]
+                 "weak_match": weak is not None and s < weak, "id": i, "taken": taken_text(t)}
+                for r, (i, p, s, t) in enumerate(zip(state.ids, state.paths, state.scores, dates), 1)]
         table = io.StringIO(newline="")
         writer = csv.DictWriter(table, fieldnames=list(rows[0]))
         writer.writeheader()
@@ -481,13 +530,17 @@ class SearchApp:
         return self.negatives_source.compute_for_id(int(image_id), n=int(n), seed=int(seed))
 
     # ------------------------------------------------------------------------------ collection
-    def collection(self, threshold: float | None = None, similar: bool = False) -> tuple[str, list[dict[str, Any]]]:
+    def collection(self, threshold: float | None = None, similar: bool = False,
+                   exclude_folders: str | Sequence[str] = "") -> tuple[str, list[dict[str, Any]]]:
         """(stats markdown, the groups of duplicates of the last search); ``threshold`` (the near one) searches again
-        first, with similar groups when ``similar``."""
+        first, with similar groups when ``similar``, leaving out the photos under ``exclude_folders`` (a list, or
+        one text of folders separated by commas)."""
         index = self.ready_index()
         st = index.stats()
         if threshold is not None:
-            self.duplicates.find(float(threshold), similar)
+            given = exclude_folders.split(",") if isinstance(exclude_folders, str) else exclude_folders
+            away = tuple(f for f in (self._folder(g.strip(), "exclude_folders") for g in given if g.strip()) if f)
+            self.duplicates.find(float(threshold), similar, away)
         dup = self.duplicates.saved()
         recall = st["recall_at_10"]
         weak = st.get("weak_below")

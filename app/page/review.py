@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,12 +100,14 @@ class DuplicateReview:
         raise UserError(f"no group {gid!r} in the last search: it was moved, marked, or the search was made again; "
                         "reload the groups")
 
-    def find(self, threshold: float | None = None, similar: bool = False) -> Search:
-        """Search for duplicates again (``threshold``: near; None: the index's), similar groups too when asked."""
+    def find(self, threshold: float | None = None, similar: bool = False,
+             exclude_folders: Sequence[str] = ()) -> Search:
+        """Search for duplicates again (``threshold``: near; None: the index's), similar groups too when asked, the
+        photos under ``exclude_folders`` left out."""
         index = self.ready_index()
         kinds = ("exact", "near", "similar") if similar else ("exact", "near")
         with self._acting:
-            return search_duplicates(index, threshold, kinds)
+            return search_duplicates(index, threshold, kinds, exclude_folders=exclude_folders)
 
     def keep(self, gid: str, photo: int) -> dict[str, Any]:
         """Keep ``photo`` of group ``gid`` (now and in later searches); the group."""

@@ -66,7 +66,7 @@ def collection_dir(work: str | Path, photos: str | Path | None) -> Path:
 
 
 def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float | None,
-                       init: SplitCheckpoint | None) -> dict[str, Any]:
+                       init: SplitCheckpoint | None, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     """Training settings suited to the machine and the photos.
 
     GPU: the full MoCo v2 recipe (ResNet-50, 224 px, batch 256, 200 epochs) unless ``minutes`` caps it.
@@ -74,12 +74,13 @@ def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float |
     photos (``cpu_image_size``); batch and queue shrink for a small collection (the batch to about half of it,
     16 at least), and Shuffle BN keeps 16 images per batch-norm group where the batch allows, 2 groups of
     batch / 2 below 32 (a smaller collection has no larger batch to give). With ``init`` (the ``--init``
-    checkpoint, read once) the architecture and what else it fixes come from it.
+    checkpoint, read once) the architecture and what else it fixes come from it. ``exclude``: the ``--exclude``
+    patterns, never read (the crop is fitted to the photos trained on); they go into the config.
     """
     from moco.config import PRESETS, cpu_image_size
     from moco.data.photos import short_sides
 
-    out: dict[str, Any] = {"preset": "v2"}
+    out: dict[str, Any] = {"preset": "v2", **({"exclude": tuple(exclude)} if exclude else {})}
     if init is not None:
         from moco.weights.arch import detect_arch
         from moco.weights.layouts import init_settings
@@ -91,7 +92,7 @@ def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float |
             out["time_budget"] = float(minutes)
         return out
     out["preset"] = "cpu"
-    out["image_size"] = cpu_image_size(short_sides(photos))
+    out["image_size"] = cpu_image_size(short_sides(photos, exclude=exclude))
     if init is not None and out["small_stem"]:
         out["image_size"] = min(out["image_size"], guess.image_size)
     batch = min(PRESETS["cpu"]["batch_size"], max(16, 2 ** int(math.log2(max(2, n_images // 2)))))
@@ -102,13 +103,14 @@ def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float |
 
 
 def _train(photos: Path, run_dir: Path, init: tuple[str, Path] | None, minutes: float | None,
-           extra: dict[str, Any], say: Callable[[str], None], progress: bool, status: RunStatus | None = None) -> Path:
+           extra: dict[str, Any], say: Callable[[str], None], progress: bool, status: RunStatus | None = None,
+           exclude: tuple[str, ...] = ()) -> Path:
     """Train on ``photos`` into ``run_dir`` (or resume the run there). ``init``: what the run starts from, as given
     (a file or an official name) and its file (the name resolved by the caller), read here once."""
     import torch
 
     from moco.config import resolve_config
-    from moco.data.photos import scan_images
+    from moco.data.photos import scan_photos
     from moco.training.checkpoints import resume_config, run_end, run_state
     from moco.training.loop import train
     from moco.weights.layouts import load_checkpoint, read_checkpoint
@@ -129,14 +131,14 @@ def _train(photos: Path, run_dir: Path, init: tuple[str, Path] | None, minutes: 
         cfg = resume_config(run_dir, {"data_dir": str(photos)})
         _stop_on_signal(train(cfg, resume=True, progress=progress), ckpt_path, say)
         return ckpt_path
-    n = len(scan_images(photos))
+    n = len(scan_photos(photos, exclude).files)
     if status is not None:
         status.photos_found = n
     if n < 16:
         raise UserError(f"{photos} has {n} photos: MoCo needs at least 16 to train; give more photos, or "
                         "CHECKPOINT=... (a pretrained model: no training)")
     weights = read_checkpoint(init[1]) if init else None
-    chosen = training_overrides(photos, n, torch.cuda.is_available(), minutes, weights)
+    chosen = training_overrides(photos, n, torch.cuda.is_available(), minutes, weights, exclude)
     preset = chosen.pop("preset")
     overrides = {**({"init": init[0]} if init else {}), **chosen, **extra}
     say(f"training: MoCo {preset} on {n} photos ({', '.join(f'{k}={v}' for k, v in overrides.items())})")
@@ -178,7 +180,10 @@ def _export(source: Path, out: Path, say: Callable[[str], None]) -> Path:
     return out
 
 
-def _index(photos: Path, backbone: Path, index_dir: Path, say: Callable[[str], None], progress: bool) -> Any:
+def _index(photos: Path, backbone: Path, index_dir: Path, say: Callable[[str], None], progress: bool,
+           exclude: tuple[str, ...] = ()) -> Any:
+    """Build or update the index of ``photos`` in ``index_dir``; its ``--exclude`` patterns are set to ``exclude``
+    (what this run's flags say, not added to an earlier run's)."""
     from index.build.runner import build_index, update_index
     from index.catalog import Catalog, catalog_meta
     from moco.files import sha256_file
@@ -188,21 +193,21 @@ def _index(photos: Path, backbone: Path, index_dir: Path, say: Callable[[str], N
         meta = catalog_meta(cat)
         cat.close()
         if meta["backbone_sha256"] == sha256_file(backbone) and Path(meta["root"] or "") == photos.resolve():
-            s = update_index(index_dir, backbone=backbone, progress=progress)
+            s = update_index(index_dir, backbone=backbone, progress=progress, exclude=exclude, clear_excludes=True)
             say(f"index: updated {index_dir} ({s.embedded} new, {s.reembedded} changed, {s.removed} removed, "
                 f"{s.unchanged} unchanged; {s.vectors} searchable)")
             return s
         fresh = index_dir.with_name(index_dir.name + ".new")
         shutil.rmtree(fresh, ignore_errors=True)
         say(f"index: the backbone or the photos changed: building a new index in {fresh}")
-        s = build_index(photos, backbone, fresh, progress=progress)
+        s = build_index(photos, backbone, fresh, progress=progress, exclude=exclude)
         old = index_dir.with_name(index_dir.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
         index_dir.rename(old)
         fresh.rename(index_dir)
         shutil.rmtree(old, ignore_errors=True)  # nothing inside an index refers to its directory's name
     else:
-        s = build_index(photos, backbone, index_dir, progress=progress)
+        s = build_index(photos, backbone, index_dir, progress=progress, exclude=exclude)
     say(f"index: {s.vectors} photos searchable in {index_dir} ({s.kind}, {s.images_per_s:.0f} images/s, "
         f"{len(s.errors)} skipped)")
     return s
@@ -242,7 +247,7 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
                  init: str | Path | None = None, minutes: float | None = None, train_overrides: dict | None = None,
                  say: Callable[[str], None] = print, progress: bool = True,
                  pretrained: str | None = None, status: RunStatus | None = None,
-                 locked: bool = False) -> dict[str, Any]:
+                 locked: bool = False, exclude: tuple[str, ...] | list[str] = ()) -> dict[str, Any]:
     """Train (or take ``checkpoint``), export, index; returns the paths and the index summary.
 
     Everything is written in ``collection_dir(work, photos)``, this photo folder's own directory under ``work``.
@@ -254,7 +259,8 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
     That directory is locked meanwhile (:func:`moco.files.lock_dir`): a second run of the same folder
     refuses, naming this one; runs of other folders under the same ``work`` go on. ``locked``: the caller holds
     that lock already (`moco run` takes it before it serves its page). A run that fails before it wrote a
-    checkpoint, a backbone or an index removes what it created (:func:`moco.files.make_dirs`).
+    checkpoint, a backbone or an index removes what it created (:func:`moco.files.make_dirs`). ``exclude``:
+    ``--exclude`` patterns (:mod:`moco.excludes`), never read, neither trained on nor indexed.
     """
     import contextlib
 
@@ -272,7 +278,7 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
         with contextlib.nullcontext() if locked else lock_dir(own, "--work"):
             try:
                 return _run(photos, work, checkpoint, init, minutes, train_overrides, tell, progress, pretrained,
-                            status)
+                            status, tuple(exclude))
             except BaseException:
                 if not any((own / name).exists() for name in KEPT):  # failed before writing what a rerun reuses:
                     undo()  # what this run created goes (the generated sample, an empty WORK ...), nothing else
@@ -284,7 +290,7 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
 
 def _run(photos: str | Path | None, work: str | Path, checkpoint: str | Path | None, init: str | Path | None,
          minutes: float | None, train_overrides: dict | None, say: Callable[[str], None], progress: bool,
-         pretrained: str | None, status: RunStatus) -> dict[str, Any]:
+         pretrained: str | None, status: RunStatus, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
     if checkpoint and init:
         raise UserError("give CHECKPOINT (use it as is) or INIT (continue training from it), not both")
     root = Path(work)
@@ -303,6 +309,14 @@ def _run(photos: str | Path | None, work: str | Path, checkpoint: str | Path | N
     if not photos.is_dir():
         raise UserError(f"photo folder not found: {photos} (PHOTOS=... must be a folder)")
     _say_where(root, work, photos, say)
+    from moco.data.photos import scan_photos
+
+    scan = scan_photos(photos, exclude)  # the photos' folders listed, no photo read
+    status.unsupported, status.excluded = scan.unsupported_counts(), scan.excluded
+    for note in scan.notes():
+        say(f"photos: {note}")
+    if scan.excluded:
+        say(f"photos: {scan.excluded} files and folders left out by --exclude, never read")
     work.mkdir(parents=True, exist_ok=True)
     from moco.weights.pretrained import resolve
 
@@ -322,11 +336,11 @@ def _run(photos: str | Path | None, work: str | Path, checkpoint: str | Path | N
     else:
         status.stage("training", str(work / "run"))
         source = _train(photos, work / "run", (str(init), resolve(init)) if init else None, minutes,
-                        train_overrides or {}, say, progress, status)
+                        train_overrides or {}, say, progress, status, exclude)
     status.stage("export", str(work / "backbone.safetensors"))
     backbone = _export(source, work / "backbone.safetensors", say)
     status.stage("indexing", str(work / "index"))
-    summary = _index(photos, backbone, work / "index", say, progress)
+    summary = _index(photos, backbone, work / "index", say, progress, exclude)
     status.index_path, status.index_ready = work / "index", True
     status.stage("ready", str(work / "index"))
     return {"photos": photos, "checkpoint": source, "trained": not checkpoint, "backbone": backbone,

@@ -139,6 +139,8 @@ class RunStatus:
         self.index_path: Path | None = None
         self.error: str | None = None
         self.photos_found: int | None = None  # the photo files the pipeline found (set before training)
+        self.unsupported: dict[str, int] = {}  # extension -> photos not read: its package is missing here
+        self.excluded = 0  # files and folders --exclude left out
         self._clock = clock
         self._lock = threading.Lock()
         self._start = self._stage_start = clock()
@@ -172,7 +174,8 @@ class RunStatus:
         error, and training progress: step, total_steps (None until known), loss [(step, loss)], knn
         [(step, top-1 fraction)], img_s, eta_s (None until total_steps is known; never past the end of the time
         budget, time_budget_min, of the run's config.json), skipped [(path, reason)] (the first MAX_SKIPPED_SHOWN
-        of the run's skipped.txt), skipped_count, photos_found."""
+        of the run's skipped.txt), skipped_count, photos_found, unsupported ({extension: files skipped for a
+        missing package}), excluded."""
         with self._lock:
             now = self._clock()
             snap: dict[str, Any] = {
@@ -207,6 +210,8 @@ class RunStatus:
                 skipped=skipped[:MAX_SKIPPED_SHOWN],
                 skipped_count=len(skipped),
                 photos_found=self.photos_found,
+                unsupported=dict(self.unsupported),
+                excluded=self.excluded,
             )
         return snap
 
@@ -273,8 +278,20 @@ def _training_line(snap: dict[str, Any]) -> str:
 
 def status_markdown(snapshot: dict[str, Any]) -> str:
     """A short human summary of ``snapshot`` (``RunStatus.snapshot()``), in Markdown: the stage, then the photos
-    that were skipped, if any (named, at most ``MAX_SKIPPED_SHOWN``)."""
-    return _stage_markdown(snapshot) + _skipped_markdown(snapshot)
+    that were skipped, if any (named, at most ``MAX_SKIPPED_SHOWN``), and those of a format whose package is missing
+    (counted, with the fix)."""
+    return _stage_markdown(snapshot) + _skipped_markdown(snapshot) + _formats_markdown(snapshot)
+
+
+def _formats_markdown(snapshot: dict[str, Any]) -> str:
+    from moco.data.photos import skipped_notes
+
+    notes = skipped_notes(snapshot.get("unsupported") or {})
+    excluded = snapshot.get("excluded") or 0
+    lines = [f"**Not read:** {note}" for note in notes]
+    if excluded:
+        lines.append(f"**Excluded:** {excluded} files and folders left out by --exclude")
+    return "".join(f"\n\n{line}" for line in lines)
 
 
 def _skipped_markdown(snapshot: dict[str, Any]) -> str:

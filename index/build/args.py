@@ -37,6 +37,9 @@ def memory_budget(text: str) -> int:
 
 
 def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--exclude", action="append", default=None, metavar="GLOB",
+                   help="a folder or files never read, as a pattern relative to the collection root, e.g. "
+                   "'private/**' or '*.gif' (repeat for more). The index keeps its patterns: an update adds these")
     p.add_argument("--batch-size", type=int, default=64, help="images per forward pass (default: 64)")
     p.add_argument("--workers", type=int, default=None, help="decoding threads (default: up to 8)")
     p.add_argument("--device", default="auto", help="embedding device: auto, cpu, cuda, cuda:1, mps (default: auto)")
@@ -63,6 +66,9 @@ def add_update_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backbone", default=None, metavar="B", help="the build's backbone, if it moved")
     p.add_argument("--root", default=None, help="the collection's new place, if it moved")
     p.add_argument("--kind", default=None, choices=KINDS, help="switch the index kind (rebuilds the FAISS index)")
+    p.add_argument("--clear-excludes", action="store_true",
+                   help="forget the index's earlier --exclude patterns (the photos they left out are indexed, "
+                   "unless this update's --exclude names them)")
     _common(p)
 
 
@@ -79,6 +85,15 @@ def print_summary(s: Any, as_json: bool, index_dir: str) -> None:
     print(f"  embedded {s.embedded} new, {s.reembedded} changed; {s.moved} moved, {s.copied} copies, "
           f"{s.touched} touched, {s.unchanged} unchanged, {s.removed} removed; "
           f"{s.seconds:.1f} s ({s.images_per_s:.1f} images/s)")
+    from moco.data.photos import skipped_notes
+
+    for note in skipped_notes(s.unsupported):
+        print(f"  {note}")
+    if s.exclude:
+        print(f"  excluded (--exclude {' --exclude '.join(repr(p) for p in s.exclude)}): {s.excluded} files and "
+              "folders never read")
+    if s.headers_read:
+        print(f"  read the date taken, camera and size of {s.headers_read} photos indexed before they were kept")
     if s.errors:
         print(f"  skipped {len(s.errors)} files:")
         for path, reason in s.errors[:20]:

@@ -4,6 +4,9 @@ A file is *unchanged* when its size and mtime match its row; when they differ it
 decides between a stat-only *touch* and a re-embedding under the same id. A new path whose hash
 belongs to a row whose file is gone is a *move* (the row keeps its id and vector); one whose hash
 belongs to a live row is a *copy* (new id, vector copied); anything else is embedded.
+
+The scan leaves out what the index's ``--exclude`` patterns name (their rows go), and counts the photos of a format
+whose package is missing here; those already indexed (by an install that had it) stay as they are, unread.
 """
 
 from __future__ import annotations
@@ -12,12 +15,13 @@ import concurrent.futures
 import hashlib
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from index.catalog import Catalog, Row
-from moco.data.photos import open_regular, scan_images
+from moco.data.photos import open_regular, scan_photos
 
 __all__ = ["Plan", "make_plan", "file_hash", "Stat", "Summary"]
 
@@ -42,6 +46,8 @@ class Plan:
     unchanged: int = 0
     retried: int = 0  # files in error whose size/mtime changed: tried again
     stats: dict[str, Stat] = field(default_factory=dict)
+    unsupported: dict[str, int] = field(default_factory=dict)  # extension -> files not read: its package is missing
+    excluded: int = 0  # files and folders left out by the --exclude patterns
 
 
 def file_hash(path: str | Path) -> str:
@@ -77,11 +83,19 @@ def _hashes(root: Path, paths: list[str], workers: int) -> dict[str, str | None]
         return dict(zip(paths, pool.map(one, paths)))
 
 
-def make_plan(root: Path, catalog: Catalog, workers: int = 4) -> Plan:
-    """Scan ``root`` and diff it against ``catalog``."""
-    names = scan_images(root)
+def make_plan(root: Path, catalog: Catalog, workers: int = 4, exclude: Sequence[str] = ()) -> Plan:
+    """Scan ``root`` (less the ``exclude`` patterns) and diff it against ``catalog``."""
+    scan = scan_photos(root, exclude)
+    names = scan.files
     rows = catalog.rows(include_deleted=True)
-    plan = Plan()
+    kept = {p for paths in scan.unsupported.values() for p in paths if p in rows and not rows[p].deleted}
+    if kept:  # indexed where their package was installed: kept as they are, never read here
+        logger.warning("%d indexed photos (e.g. %s) cannot be read by this install; they stay in the index as "
+                       "they are", len(kept), min(kept))
+        names = sorted([*names, *kept])
+    plan = Plan(unsupported=scan.unsupported_counts(), excluded=scan.excluded)
+    for pattern in scan.unused:
+        logger.warning("--exclude %r left nothing out of %s", pattern, root)
     next_id = catalog.next_id()
     stats = {n: s for n in names if (s := _stat(root / n)) is not None}
     plan.stats = stats
@@ -92,6 +106,8 @@ def make_plan(root: Path, catalog: Catalog, workers: int = 4) -> Plan:
         row, st = rows.get(name), stats[name]
         if row is None:
             new_paths.append(name)
+        elif name in kept:
+            plan.unchanged += 1  # never read: its format's package is missing here
         elif row.deleted or (row.size, row.mtime_ns) != (st.size, st.mtime_ns):
             changed.append((row, st))
         else:
@@ -146,6 +162,10 @@ class Summary:
     kind: str = ""
     recall_at_10: float | None = None
     params: dict[str, int] = field(default_factory=dict)
+    unsupported: dict[str, int] = field(default_factory=dict)  # extension -> files skipped: its package is missing
+    excluded: int = 0  # files and folders left out by ``exclude``
+    exclude: list[str] = field(default_factory=list)  # the index's --exclude patterns
+    headers_read: int = 0  # older rows whose date taken, camera and size were read
 
     @property
     def images_per_s(self) -> float:

@@ -1,6 +1,7 @@
-"""Photos into the catalog: each decoded once (in a pool of workers), its thumbnail written, the batch embedded,
-the results committed in one transaction; moves, copies and removals need no decoding (:func:`quick_ops`); and the
-thumbnails kept in step with the catalog."""
+"""Photos into the catalog: each decoded once (in a pool of workers), its header read (date taken, camera, pixels),
+its thumbnail written, the batch embedded, the results committed in one transaction; moves, copies and removals
+need no decoding (:func:`quick_ops`); the headers of rows from before the header columns read (:func:`fill_headers`);
+and the thumbnails kept in step with the catalog."""
 
 from __future__ import annotations
 
@@ -18,20 +19,24 @@ from typing import Any
 import numpy as np
 
 from index.build.plan import Plan, Stat, Summary, file_hash
-from index.catalog import Catalog, Row
+from index.catalog import Catalog, Row, wall_clock
 from index.index_dir import (
     THUMBS_DIR,
 )
-from moco.data.photos import ImageDecodeError, load_rgb, square_u8
+from moco.data.photos import ImageDecodeError, load_rgb, photo_info, square_u8
 from moco.errors import StorageError, storage_error
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["THUMB_SIZE", "is_our_failure", "write_failed", "decode_round", "embed_round", "commit", "quick_ops",
-           "ensure_thumbs_dir", "restore_thumbs", "clean_thumbs"]
+           "ensure_thumbs_dir", "restore_thumbs", "clean_thumbs", "read_header", "fill_headers"]
 
 
 THUMB_SIZE = 256
+
+
+# What the catalog keeps of a photo's header: taken, taken_exif (1: taken is EXIF's), camera, width, height.
+Header = tuple[float, int, str | None, int | None, int | None]
 
 
 @dataclass
@@ -46,6 +51,22 @@ class _Record:
     vector: np.ndarray | None = None
     error: str | None = None
     thumb: str | None = None
+    header: Header | None = None
+
+
+def read_header(path: Path, mtime_ns: int) -> Header:
+    """(taken, taken_exif, camera, width, height) of a photo for the catalog, from its header only
+    (:func:`moco.data.photos.photo_info`): taken is EXIF DateTimeOriginal (taken_exif 1), else the file's mtime (as
+    the catalog keeps dates, :func:`index.catalog.wall_clock`; taken_exif 0); an unreadable header gives the mtime
+    and Nones."""
+    try:
+        info = photo_info(path)
+    except ImageDecodeError as e:
+        logger.debug("no header for %s: %s", path, e.reason)
+        return wall_clock(mtime_ns / 1e9), 0, None, None, None
+    if info.taken is None:
+        return wall_clock(mtime_ns / 1e9), 0, info.camera, info.width, info.height
+    return info.taken, 1, info.camera, info.width, info.height
 
 
 _OUR_FAILURE = re.compile(r"\[Errno \d+\]|[A-Z]\w*(Error|Exception)\b")
@@ -108,7 +129,8 @@ def _prepare(root: Path, index_dir: Path, item: tuple[int, str], resize: int) ->
     except ImageDecodeError as e:
         return _Record(id_, name, stat, content, error=e.reason)
     square = square_u8(img, resize)
-    return _Record(id_, name, stat, content, square=square, thumb=_write_thumb(img, index_dir, id_))
+    return _Record(id_, name, stat, content, square=square, thumb=_write_thumb(img, index_dir, id_),
+                   header=read_header(path, stat.mtime_ns))
 
 
 def decode_round(items: list[tuple[int, str]], root: Path, index_dir: Path, resize: int,
@@ -133,8 +155,11 @@ def commit(catalog: Catalog, records: list[_Record], summary: Summary, reembed_i
     with catalog.transaction() as db:
         for r in sorted(records, key=lambda r: r.id):
             status = "ok" if r.vector is not None else "error"
+            taken, exif, camera, width, height = r.header if r.header and status == "ok" else (None,) * 5
             catalog.put(db, Row(r.id, r.path, r.stat.size, r.stat.mtime_ns, r.hash, status, r.error, r.thumb,
-                                0.0, indexed=0, deleted=0), r.vector)
+                                0.0, indexed=0, deleted=0, taken=taken, taken_exif=exif, camera=camera, width=width,
+                                height=height),
+                        r.vector)
             if r.error:
                 summary.errors.append((r.path, r.error))
                 logger.warning("skipping %s: %s", r.path, r.error)
@@ -162,10 +187,27 @@ def quick_ops(catalog: Catalog, plan: Plan, index_dir: Path, summary: Summary) -
                     shutil.copyfile(index_dir / src_row.thumb, index_dir / thumb)
                 except OSError as e:
                     raise write_failed(e, index_dir / thumb) from e
-            catalog.put(db, Row(id_, path, st.size, st.mtime_ns, content, "ok", None, thumb), vec[0])
+            same = src_row or Row(0, "", 0, 0, None, "ok")  # a copy: the source's header (the same bytes)
+            taken = same.taken if same.taken_exif else wall_clock(st.mtime_ns / 1e9)  # without EXIF: its own mtime
+            catalog.put(db, Row(id_, path, st.size, st.mtime_ns, content, "ok", None, thumb, taken=taken,
+                                taken_exif=same.taken_exif or 0, camera=same.camera, width=same.width,
+                                height=same.height), vec[0])
         db.executemany("UPDATE images SET deleted=1 WHERE id=?", [(i,) for i in plan.gone])
     summary.touched, summary.moved, summary.copied = len(plan.touch), len(plan.moves), len(plan.copies)
     summary.removed = len(plan.gone)
+
+
+def fill_headers(root: Path, catalog: Catalog, workers: int, present: set[str]) -> int:
+    """Read the headers of the indexed photos whose row has none (a catalog from before the header columns) and
+    whose file the scan found (``present``): their date taken, camera and pixels, nothing decoded; how many."""
+    todo = [r for r in catalog.without_header() if r.path in present]
+    if not todo:
+        return 0
+    logger.info("reading the date taken, camera and size of %d photos indexed before they were recorded", len(todo))
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        headers = list(pool.map(lambda r: read_header(root / r.path, r.mtime_ns), todo))
+    catalog.set_header([(r.id, *h) for r, h in zip(todo, headers)])
+    return len(todo)
 
 
 def ensure_thumbs_dir(index_dir: Path) -> None:

@@ -35,6 +35,7 @@ from index.build.prepare import (
     decode_round,
     embed_round,
     ensure_thumbs_dir,
+    fill_headers,
     is_our_failure,
     quick_ops,
     restore_thumbs,
@@ -50,6 +51,7 @@ from index.index_dir import (
 )
 from index.store import KINDS, require_faiss
 from moco.errors import UserError
+from moco.excludes import check_patterns
 from moco.runtime import Dist, setup_logging
 
 __all__ = ["build_index", "update_index", "default_memory_budget", "run_cli", "main"]
@@ -112,13 +114,16 @@ def _sync(index_dir: Path, embedder: Any, dist: Dist, batch_size: int, workers: 
         ensure_thumbs_dir(index_dir)
         cmeta = catalog_meta(catalog)
         root = Path(cmeta["root"])
-        plan = make_plan(root, catalog, workers)
+        summary.exclude = list(cmeta.get("exclude") or [])
+        plan = make_plan(root, catalog, workers, summary.exclude)
+        summary.unsupported, summary.excluded = plan.unsupported, plan.excluded
         _retry_our_failures(catalog, plan)
         _reembed_older_vectors(catalog, plan, cmeta)
         if settings and (plan.embed or plan.touch or plan.moves or plan.copies or plan.gone):
             set_catalog_meta(catalog, **settings)
         quick_ops(catalog, plan, index_dir, summary)
         summary.unchanged = plan.unchanged
+        summary.headers_read = fill_headers(root, catalog, workers, present=set(plan.stats))
     todo, root_s = dist.broadcast((plan.embed, cmeta["root"]) if plan else None)
     root = Path(root_s)
     reembed_ids = {i for i, _ in todo} & (set(catalog.rows_by_id([i for i, _ in todo])) if catalog else set())
@@ -177,7 +182,8 @@ def _features_meta(embedder: Any) -> dict[str, Any]:
 
 def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind: str = "auto",
                 memory_budget: int | None = None, batch_size: int = 64, workers: int | None = None,
-                progress: bool = True, device: str = "auto", use_gpu: str = "auto") -> Summary:
+                progress: bool = True, device: str = "auto", use_gpu: str = "auto",
+                exclude: tuple[str, ...] | list[str] = ()) -> Summary:
     """Index every image under ``photos`` into the directory ``out`` (re-running resumes it).
 
     Args:
@@ -186,9 +192,11 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
         out: the index directory (created; an interrupted build in it is completed).
         kind: auto, flat, ivf, ivfpq or hnsw (see :mod:`index.store`).
         memory_budget: bytes the index may use (``auto`` picks a compressed kind above it).
+        exclude: ``--exclude`` patterns (:mod:`moco.excludes`): never read; the index keeps them for its updates.
     """
     if kind not in KINDS:
         raise UserError(f"--kind {kind!r} is not one of {', '.join(KINDS)}")
+    exclude = check_patterns(exclude)
     require_faiss()  # before any work: nothing is embedded or written without it
     dist = Dist.join(device)
     workers = workers or min(8, os.cpu_count() or 1)
@@ -225,7 +233,7 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
         set_catalog_meta(catalog, root=str(photos), backbone_path=str(backbone), backbone_sha256=embedder.sha256,
                           backbone=_backbone_meta(embedder),
                           dim=embedder.dim, kind=kind, features=_features_meta(embedder)["features"],
-                          memory_budget=memory_budget or default_memory_budget())
+                          memory_budget=memory_budget or default_memory_budget(), exclude=list(exclude))
         if fresh:
             set_catalog_meta(catalog, vectors=VECTORS)
         catalog.close()
@@ -237,12 +245,16 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
 
 def update_index(index_dir: str | Path, backbone: str | Path | None = None, root: str | Path | None = None,
                  kind: str | None = None, batch_size: int = 64, workers: int | None = None, progress: bool = True,
-                 device: str = "auto", use_gpu: str = "auto") -> Summary:
+                 device: str = "auto", use_gpu: str = "auto", exclude: tuple[str, ...] | list[str] = (),
+                 clear_excludes: bool = False) -> Summary:
     """Re-scan the collection of ``index_dir``: embed new and changed files, drop deleted ones, keep moved ones.
 
     ``backbone`` defaults to the file recorded at build time and must be the same model (sha256);
-    ``root`` re-points the index at a collection that moved; ``kind`` changes the index kind.
+    ``root`` re-points the index at a collection that moved; ``kind`` changes the index kind. The index keeps its
+    ``--exclude`` patterns: ``exclude`` adds to them (the photos they name leave the index), ``clear_excludes``
+    forgets the earlier ones first.
     """
+    exclude = check_patterns(exclude)
     index_dir = Path(index_dir)
     if not (index_dir / CATALOG_FILE).is_file():
         raise UserError(f"{index_dir} is not an index directory (no {CATALOG_FILE}): build one with "
@@ -276,6 +288,9 @@ def update_index(index_dir: str | Path, backbone: str | Path | None = None, root
             if kind not in KINDS:
                 raise UserError(f"--kind {kind!r} is not one of {', '.join(KINDS)}")
             changes["kind"] = kind
+        if exclude or clear_excludes:
+            earlier = [] if clear_excludes else list(cmeta.get("exclude") or [])
+            changes["exclude"] = [*earlier, *(p for p in exclude if p not in earlier)]
         changes["features"] = _features_meta(embedder)["features"]
         if any(json.loads(json.dumps(v)) != cmeta.get(k) for k, v in changes.items()):
             set_catalog_meta(catalog, **changes)
@@ -293,9 +308,10 @@ def run_cli(args: argparse.Namespace, update: bool) -> int:
     from index.build import args as a
 
     common = dict(batch_size=args.batch_size, workers=args.workers, progress=not args.quiet, device=args.device,
-                  use_gpu=args.gpu)
+                  use_gpu=args.gpu, exclude=tuple(args.exclude or ()))
     if update:
-        s = update_index(args.index_dir, backbone=args.backbone, root=args.root, kind=args.kind, **common)
+        s = update_index(args.index_dir, backbone=args.backbone, root=args.root, kind=args.kind,
+                         clear_excludes=args.clear_excludes, **common)
     else:
         s = build_index(args.photos, args.backbone, args.out, kind=args.kind, memory_budget=args.memory_budget,
                         **common)

@@ -336,7 +336,8 @@ def search_again(index: ImageIndex) -> Search:
         pass
     settings = (doc or {}).get("decision", {}).get("given", {})
     kinds = (doc or {}).get("kinds") or DEFAULT_KINDS
-    return search_duplicates(index, settings.get("threshold"), kinds, settings.get("similar_threshold"))
+    return search_duplicates(index, settings.get("threshold"), kinds, settings.get("similar_threshold"),
+                             exclude_folders=settings.get("exclude_folders") or ())
 
 
 def _saved(index: ImageIndex) -> dict[str, Any]:

@@ -5,7 +5,8 @@ the generated sample collection (:mod:`~moco.data.sample`)."""
 from moco._lazy import lazy_face
 
 __all__, __getattr__, __dir__ = lazy_face(__name__, {
-    "scan_images": "photos", "load_rgb": "photos", "load_square_u8": "photos", "square_u8": "photos",
+    "scan_images": "photos", "scan_photos": "photos", "Scan": "photos", "photo_info": "photos",
+    "load_rgb": "photos", "load_square_u8": "photos", "square_u8": "photos",
     "ImageDecodeError": "photos", "ImageCache": "cache", "build_cache": "cache", "cache_size_for": "cache",
     "two_views": "augment", "center_view": "augment", "make_sample_collection": "sample",
 })

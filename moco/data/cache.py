@@ -34,7 +34,8 @@ from moco.data.photos import (
     ImageDecodeError,
     check_root,
     load_square_u8,
-    scan_images,
+    scan_photos,
+    skipped_notes,
 )
 from moco.errors import UserError
 
@@ -61,6 +62,8 @@ class ImageCache:
     files: list[str]
     skipped: list[tuple[str, str]]
     array: np.ndarray = field(repr=False)
+    unsupported: dict[str, int] = field(default_factory=dict)  # extension -> files never read: package missing
+    excluded: int = 0  # files and folders the scan left out (``exclude``)
 
     def __len__(self) -> int:
         return len(self.files)
@@ -354,10 +357,13 @@ def build_cache(
     max_pixels: int | None = DEFAULT_MAX_PIXELS,
     progress: bool = False,
     strict: bool = False,
+    exclude: Sequence[str] = (),
 ) -> ImageCache:
     """Decode every image of ``root`` once into ``cache_dir/images-{size}.u8`` (+ ``.json`` manifest).
 
-    ``files=None`` scans ``root``; otherwise exactly these relative paths are used, in order, and
+    ``files=None`` scans ``root`` (less the ``exclude`` patterns, :mod:`moco.excludes`; photos of a format whose
+    package is missing are counted in ``unsupported``, with a warning); otherwise exactly these relative paths are
+    used, in order, and
     ``strict=True`` raises :class:`UserError` if any of them cannot be decoded. Unreadable files
     are skipped with one warning each. An up-to-date cache (same root, files, sizes and mtimes) is
     reused without decoding; a stale or corrupt one is rebuilt. ``workers`` > 0 decodes in that
@@ -366,13 +372,23 @@ def build_cache(
     if size < 1:
         raise UserError(f"image size must be a positive number of pixels, got {size}")
     root_path = check_root(root).resolve()
-    candidates = scan_images(root_path) if files is None else [Path(f).as_posix() for f in files]
+    unsupported: dict[str, int] = {}
+    excluded = 0
+    if files is None:
+        scan = scan_photos(root_path, exclude)
+        candidates, unsupported, excluded = scan.files, scan.unsupported_counts(), scan.excluded
+        for note in scan.notes():
+            logger.warning("%s: %s", root, note)
+    else:
+        candidates = [Path(f).as_posix() for f in files]
     if len(set(candidates)) != len(candidates):
         dups = sorted(c for c, k in collections.Counter(candidates).items() if k > 1)
         raise UserError(f"file list for {root} names some files twice: {', '.join(dups[:_MAX_LISTED])}")
     if not candidates:
         exts = ", ".join(sorted(IMAGE_EXTENSIONS))
-        raise UserError(f"no images found in {root}: expected files with extensions {exts}")
+        notes = skipped_notes(unsupported)
+        why = f" ({'; '.join(notes)})" if notes else f" ({excluded} left out by --exclude)" if excluded else ""
+        raise UserError(f"no images found in {root}{why}: expected files with extensions {exts}")
     cache_path = Path(cache_dir).expanduser()
     try:
         cache_path.mkdir(parents=True, exist_ok=True)
@@ -382,7 +398,10 @@ def build_cache(
 
     cache = _try_reuse(root_path, size, cache_path, candidates, stats, max_pixels)
     if cache is None:
-        return _write_cache(root_path, size, cache_path, candidates, stats, workers, max_pixels, progress, strict)
+        cache = _write_cache(root_path, size, cache_path, candidates, stats, workers, max_pixels, progress, strict)
+        cache.unsupported, cache.excluded = unsupported, excluded
+        return cache
+    cache.unsupported, cache.excluded = unsupported, excluded
     for rel, reason in cache.skipped:
         logger.warning("skipping %s: %s", rel, reason)
     if strict and cache.skipped:

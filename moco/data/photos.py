@@ -1,23 +1,33 @@
-"""Reading photos: a folder scanned for images (:func:`scan_images`), one file opened safely (a regular file, not
-too large: :func:`open_regular`) and decoded (EXIF orientation applied, decompression bombs refused, reduced while
-decoding) into RGB (:func:`load_rgb`) or a square uint8 view (:func:`square_u8`).
+"""Reading photos: a folder scanned for images (:func:`scan_photos`, :func:`scan_images`), one file opened safely (a
+regular file, not too large: :func:`open_regular`) and decoded (EXIF orientation applied, decompression bombs refused,
+reduced while decoding) into RGB (:func:`load_rgb`) or a square uint8 view (:func:`square_u8`), or only its header
+read (:func:`photo_info`).
+
+The formats: JPEG, PNG, WebP, BMP, TIFF and GIF with Pillow itself; AVIF with a Pillow built with libavif (its wheels
+since 11.3); HEIC/HEIF with the ``heic`` extra (pillow-heif, whose opener is registered when it is first needed); RAW
+(DNG, CR2, NEF, ARW) with the ``raw`` extra (rawpy, LibRaw), developed to RGB with the camera's white balance. A
+photo of a known format whose package is missing is never read, but counted by the scan and named with the fix
+(:meth:`Scan.notes`: "412 .heic files skipped: pip install 'moco-retrieval[heic]'").
 
 Light on purpose: decoding workers import it without torch.
 """
 
 from __future__ import annotations
 
+import collections
 import datetime
 import errno
+import functools
+import importlib
 import logging
 import math
 import os
 import stat
 import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -25,15 +35,22 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from moco.errors import UserError
+from moco.excludes import Excludes
 
-__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTENSIONS", "MAX_FILE_BYTES", "ImageDecodeError", "check_root", "short_sides",
-           "load_rgb", "load_square_u8", "PhotoInfo", "photo_info", "open_regular", "read_image_bytes", "scan_images",
-           "square_u8"]
+__all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTENSIONS", "RAW_EXTENSIONS", "MAX_FILE_BYTES", "ImageDecodeError",
+           "check_root", "short_sides", "load_rgb", "load_square_u8", "PhotoInfo", "photo_info", "open_regular",
+           "read_image_bytes", "Scan", "scan_photos", "scan_images", "missing_support", "readable_extensions",
+           "enable_formats", "square_u8"]
 
 logger = logging.getLogger(__name__)
 
-IMAGE_EXTENSIONS: frozenset[str] = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif"})
-"""Lower-case file extensions treated as images (matched case-insensitively)."""
+_PILLOW_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif"})
+HEIF_EXTENSIONS: frozenset[str] = frozenset({".heic", ".heif"})
+RAW_EXTENSIONS: frozenset[str] = frozenset({".dng", ".cr2", ".nef", ".arw"})
+"""Camera RAW files, developed by rawpy (LibRaw): the ``raw`` extra."""
+IMAGE_EXTENSIONS: frozenset[str] = _PILLOW_EXTENSIONS | HEIF_EXTENSIONS | {".avif"} | RAW_EXTENSIONS
+"""Lower-case file extensions of photos (matched case-insensitively); those whose decoder is missing are counted
+by the scan, not read (:func:`readable_extensions`, :func:`missing_support`)."""
 
 DEFAULT_MAX_PIXELS: int | None = Image.MAX_IMAGE_PIXELS
 """Largest ``width * height`` decoded (PIL's default bomb limit, about 89.5 M pixels)."""
@@ -73,6 +90,66 @@ class ImageDecodeError(UserError):
         return (type(self), (self.path, self.reason))
 
 
+# ---------------------------------------------------------------------------------------- formats
+
+
+@functools.cache
+def _has_module(name: str) -> bool:
+    try:
+        importlib.import_module(name)
+    except ImportError:  # not installed, or its native library is missing: either way it cannot decode
+        return False
+    return True
+
+
+@functools.cache
+def enable_formats() -> bool:
+    """Register pillow-heif's opener with Pillow when it is installed (once per process), so that HEIC/HEIF files
+    open like any photo; whether it is."""
+    if not _has_module("pillow_heif"):
+        return False
+    from pillow_heif import register_heif_opener
+
+    register_heif_opener()
+    return True
+
+
+@functools.cache
+def _pillow_avif() -> bool:
+    from PIL import features
+
+    return bool(features.check("avif"))
+
+
+def _fix(ext: str) -> str:
+    """What to install so that photos with extension ``ext`` can be read."""
+    if ext in HEIF_EXTENSIONS:
+        return "pip install 'moco-retrieval[heic]'"
+    if ext in RAW_EXTENSIONS:
+        return "pip install 'moco-retrieval[raw]'"
+    if ext == ".avif":
+        return "pip install -U 'pillow>=11.3' (a Pillow built with AVIF)"
+    return "pip install -U pillow"
+
+
+def missing_support(ext: str) -> str | None:
+    """The fix (what to install) when photos with extension ``ext`` (lower case, with its dot) cannot be read here
+    for a missing package; None when they can (or ``ext`` is no photo's)."""
+    if ext in HEIF_EXTENSIONS and not enable_formats():
+        return _fix(ext)
+    if ext in RAW_EXTENSIONS and not _has_module("rawpy"):
+        return _fix(ext)
+    if ext == ".avif" and not _pillow_avif():
+        return _fix(ext)
+    return None
+
+
+def readable_extensions() -> frozenset[str]:
+    """The photo extensions this process can decode now (:data:`IMAGE_EXTENSIONS` less those whose package is
+    missing)."""
+    return frozenset(e for e in IMAGE_EXTENSIONS if missing_support(e) is None)
+
+
 # --------------------------------------------------------------------------------------- scanning
 
 
@@ -85,34 +162,96 @@ def check_root(root: str | Path) -> Path:
     return path
 
 
-def scan_images(root: str | Path) -> list[str]:
-    """Image files under ``root``, recursively: sorted POSIX paths relative to ``root``.
+@dataclass
+class Scan:
+    """A photo folder scanned: the photos to read, those of a format this install cannot read, what was excluded.
 
-    Hidden files and folders (name starting with ``.``) are skipped, files with other extensions
-    are ignored, directories are never listed (a folder named ``x.jpg`` is just searched), and
-    symlinked folders are not followed (symlinked files are listed).
+    ``files``: sorted POSIX paths relative to the root; ``unsupported``: extension -> the paths of that format whose
+    package is missing (never read); ``excluded``: files and folders left out by the ``--exclude`` patterns
+    (``excludes``; an excluded folder counts once, its contents are never listed); ``unused``: patterns that left
+    nothing out.
+    """
+
+    root: Path
+    files: list[str]
+    unsupported: dict[str, list[str]] = field(default_factory=dict)
+    excluded: int = 0
+    excludes: tuple[str, ...] = ()
+    unused: list[str] = field(default_factory=list)
+
+    def unsupported_counts(self) -> dict[str, int]:
+        """Extension -> how many of its files were skipped for a missing package."""
+        return {ext: len(paths) for ext, paths in sorted(self.unsupported.items())}
+
+    def notes(self) -> list[str]:
+        """One line per format skipped, with the fix (:func:`skipped_notes`)."""
+        return skipped_notes(self.unsupported_counts())
+
+
+def skipped_notes(counts: dict[str, int]) -> list[str]:
+    """``{".heic": 412}`` -> ``["412 .heic files skipped: pip install 'moco-retrieval[heic]'"]``: the summaries' line
+    for each format whose package is missing."""
+    return [f"{n} {ext} file{'s' * (n != 1)} skipped: {_fix(ext)}" for ext, n in sorted(counts.items()) if n]
+
+
+def scan_photos(root: str | Path, exclude: Iterable[str] | Excludes = ()) -> Scan:
+    """The photos under ``root``, recursively (see :class:`Scan`); nothing is opened, only folders listed.
+
+    Hidden files and folders (name starting with ``.``) are skipped, files with other extensions ignored,
+    directories never listed as photos (a folder named ``x.jpg`` is just searched), symlinked folders not followed
+    (symlinked files are listed). ``exclude``: ``--exclude`` patterns (:mod:`moco.excludes`); a folder they match is
+    never listed.
     """
     base = check_root(root)
+    rules = exclude if isinstance(exclude, Excludes) else Excludes(exclude)
+    readable = readable_extensions()
     found: list[str] = []
-    ignored = 0
+    unsupported: dict[str, list[str]] = collections.defaultdict(list)
+    ignored = excluded = 0
 
     def _on_error(err: OSError) -> None:
         logger.warning("cannot list %s: %s", err.filename, err.strerror or err)
 
     for dirpath, dirnames, filenames in os.walk(base, onerror=_on_error):
-        dirnames[:] = [d for d in dirnames if not d.startswith(".")]
         rel_dir = Path(dirpath).relative_to(base)
+        kept = []
+        for d in dirnames:
+            if d.startswith("."):
+                continue
+            if rules and rules.folder((rel_dir / d).as_posix()):
+                excluded += 1
+                continue
+            kept.append(d)
+        dirnames[:] = kept
         for name in filenames:
             if name.startswith("."):
                 continue
-            if os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS:
-                found.append((rel_dir / name).as_posix())
-            else:
+            ext = os.path.splitext(name)[1].lower()
+            if ext not in IMAGE_EXTENSIONS:
                 ignored += 1
+                continue
+            rel = (rel_dir / name).as_posix()
+            if rules and rules.file(rel):
+                excluded += 1
+            elif ext in readable:
+                found.append(rel)
+            else:
+                unsupported[ext].append(rel)
     if ignored:
         logger.debug("ignored %d non-image files in %s", ignored, base)
     found.sort()
-    return found
+    for paths in unsupported.values():
+        paths.sort()
+    return Scan(base, found, dict(unsupported), excluded, rules.patterns, rules.unused())
+
+
+def scan_images(root: str | Path, exclude: Iterable[str] = ()) -> list[str]:
+    """The photos under ``root`` this install can read: :func:`scan_photos`'s files, sorted POSIX paths relative to
+    ``root``. Files of a format whose package is missing are left out with a warning naming the fix."""
+    scan = scan_photos(root, exclude)
+    for note in scan.notes():
+        logger.warning("%s: %s", scan.root, note)
+    return scan.files
 
 
 # ---------------------------------------------------------------------------------------- reading
@@ -139,19 +278,19 @@ def _link_problem(path: str | Path, err: OSError) -> str | None:
     return None
 
 
-def short_sides(root: str | Path, limit: int = 200) -> list[int]:
-    """The shorter side in pixels of up to ``limit`` photos spread over the folder, from their headers only.
+def short_sides(root: str | Path, limit: int = 200, exclude: Iterable[str] = ()) -> list[int]:
+    """The shorter side in pixels of up to ``limit`` photos spread over the folder (less ``exclude``), from their
+    headers only.
 
     Unreadable files are left out (training reports them itself).
     """
     root = Path(root)
-    names = scan_images(root)
+    names = scan_photos(root, exclude).files
     sides = []
     for name in names[:: max(1, len(names) // limit)][:limit]:
         try:
-            with open_regular(root / name) as f, Image.open(f) as im:  # the header only
-                sides.append(min(im.size))
-        except Exception:  # noqa: BLE001,S112 - unreadable files are reported by training itself
+            sides.append(min(photo_info(root / name).size))  # the header only
+        except ImageDecodeError:  # unreadable files are reported by training itself
             continue
     return sides
 
@@ -279,13 +418,50 @@ def _orientation(img: Image.Image) -> int:
         return 1
 
 
+def _missing(p: Path) -> ImageDecodeError | None:
+    """The error for a photo whose format's package is missing (the fix named), else None."""
+    ext = p.suffix.lower()
+    fix = missing_support(ext)
+    return None if fix is None else ImageDecodeError(p, f"{ext} photos need a package that is not installed: {fix}")
+
+
+def _develop_raw(p: Path, fh: BinaryIO, max_pixels: int | None, target_short: int | None) -> Image.Image:
+    """A camera RAW file developed by LibRaw (rawpy) into RGB: the camera's white balance, sRGB, 8 bits, oriented as
+    the camera recorded; at half size (LibRaw's own, fast) when that keeps twice ``target_short``."""
+    import rawpy
+
+    try:
+        with rawpy.imread(fh) as raw:
+            size = (int(raw.sizes.width), int(raw.sizes.height))
+            if max_pixels is not None and size[0] * size[1] > max_pixels:
+                raise ImageDecodeError(p, _bomb_reason(size, max_pixels))
+            half = target_short is not None and min(size) / 2 >= target_short * _DRAFT_GAP
+            rgb = raw.postprocess(use_camera_wb=True, output_bps=8, half_size=half)  # H x W x 3 uint8
+    except ImageDecodeError:
+        raise
+    except Exception as err:  # noqa: BLE001 - LibRaw raises its own types on files it cannot develop
+        raise ImageDecodeError(p, f"not a RAW photo LibRaw can develop: {err or type(err).__name__}") from err
+    img = Image.fromarray(np.ascontiguousarray(rgb), "RGB")
+    if target_short is not None:
+        img = _reduce(img, int(min(img.size) // (target_short * _DRAFT_GAP)))
+    return img
+
+
 def _decode(path: str | Path, max_pixels: int | None, target_short: int | None = None) -> Image.Image:
     """Open (regular files only), bomb-check, reduce (JPEG draft, else box average), load, orient, RGB."""
     p = Path(path)
+    if (missing := _missing(p)) is not None:
+        raise missing
+    enable_formats()  # HEIC/HEIF open like any photo, whatever the file's name
     try:
         fh = open_regular(p)
     except OSError as err:
         raise _unreadable(p, err) from err
+    if p.suffix.lower() in RAW_EXTENSIONS:
+        with fh:
+            if os.fstat(fh.fileno()).st_size == 0:
+                raise ImageDecodeError(p, "empty file (0 bytes)")
+            return _develop_raw(p, fh, max_pixels, target_short)
     size: tuple[int, int] | None = None
     with fh, warnings.catch_warnings():
         warnings.simplefilter("error", Image.DecompressionBombWarning)
@@ -343,30 +519,60 @@ class PhotoInfo:
     def pixels(self) -> int:
         return self.width * self.height
 
+    @property
+    def size(self) -> tuple[int, int]:
+        return self.width, self.height
+
 
 _EXIF_IFD, _DATE_TAKEN, _MAKE, _MODEL = 0x8769, 0x9003, 0x010F, 0x0110
+_RAW_HEADER_BYTES = 1 << 20  # a TIFF-based RAW file's IFD0 and EXIF IFD are read from its first MiB
+
+
+def _raw_header(p: Path, fh: BinaryIO) -> tuple[int, int, Image.Exif]:
+    """(width, height, EXIF) of a camera RAW file: its size from LibRaw (nothing developed), its EXIF from its
+    TIFF structure (DNG, CR2, NEF and ARW are TIFF files; an unreadable one gives an empty EXIF)."""
+    import rawpy
+
+    try:
+        with rawpy.imread(fh) as raw:
+            width, height = int(raw.sizes.width), int(raw.sizes.height)
+    except Exception as err:  # noqa: BLE001 - LibRaw raises its own types on files it cannot parse
+        raise ImageDecodeError(p, f"not a RAW photo LibRaw can develop: {err or type(err).__name__}") from err
+    exif = Image.Exif()
+    try:
+        fh.seek(0)
+        exif.load(fh.read(_RAW_HEADER_BYTES))
+    except Exception as err:  # noqa: BLE001 - malformed EXIF must not lose the photo
+        logger.debug("ignoring unreadable EXIF in %s: %s", p, err)
+    return width, height, exif
 
 
 def photo_info(path: str | Path) -> PhotoInfo:
     """The header of the photo at ``path`` (no pixel is decoded): an :class:`ImageDecodeError` when it is no
-    image; a malformed date or camera is None."""
+    image (or its format's package is missing); a malformed date or camera is None."""
     p = Path(path)
+    if (missing := _missing(p)) is not None:
+        raise missing
+    enable_formats()
     try:
         fh = open_regular(p)
     except OSError as err:
         raise _unreadable(p, err) from err
     with fh, _pil_bomb_check_off():
-        try:
-            img = Image.open(fh)
-            width, height = img.size
-            exif = img.getexif()
-        except UnidentifiedImageError as err:
-            raise ImageDecodeError(p, "not an image (cannot identify format)") from err
-        except Exception as err:  # noqa: BLE001 - PIL plugins raise many types on corrupt headers
-            raise ImageDecodeError(p, f"truncated or corrupt: {err or type(err).__name__}") from err
+        if p.suffix.lower() in RAW_EXTENSIONS:
+            width, height, exif = _raw_header(p, fh)
+        else:
+            try:
+                img = Image.open(fh)
+                width, height = img.size
+                exif = img.getexif()
+            except UnidentifiedImageError as err:
+                raise ImageDecodeError(p, "not an image (cannot identify format)") from err
+            except Exception as err:  # noqa: BLE001 - PIL plugins raise many types on corrupt headers
+                raise ImageDecodeError(p, f"truncated or corrupt: {err or type(err).__name__}") from err
         taken, camera = None, None
         try:
-            taken = _exif_time(exif.get_ifd(_EXIF_IFD).get(_DATE_TAKEN))
+            taken = _exif_time(exif.get_ifd(_EXIF_IFD).get(_DATE_TAKEN) or exif.get(_DATE_TAKEN))
             camera = " ".join(str(v).strip("\x00 ") for v in (exif.get(_MAKE), exif.get(_MODEL)) if v) or None
         except Exception as err:  # noqa: BLE001 - malformed EXIF must not lose the photo
             logger.debug("ignoring unreadable EXIF in %s: %s", p, err)

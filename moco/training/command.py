@@ -66,10 +66,16 @@ def summary_line(summary: dict[str, Any], run_dir: Path) -> str:
     stages = f", {white['dim']}-d with the pooled {'/'.join(white['stages'])}" if white and white.get("stages") else ""
     fitted = (f"; whitening fitted on {white['rows']} photos{mirror}{stages} in {white['seconds']:.1f} s"
               if white else "")
+    from moco.data.photos import skipped_notes
+
+    left_out = "".join(f"; {note}" for note in skipped_notes(summary.get("unsupported") or {}))
+    if summary.get("excluded"):
+        left_out += f"; {summary['excluded']} files and folders left out by --exclude"
     return (
         f"trained {summary['steps']}/{summary['total_steps']} steps on {summary['images']} images "
         f"({summary['skipped']} skipped) on {summary['device']} {summary['precision']}{how}; "
         f"final loss {loss if loss is None else round(loss, 4)}{fitted}; checkpoint {run_dir / 'checkpoint.pt'}"
+        f"{left_out}"
     )
 
 
@@ -120,7 +126,7 @@ def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
             if preset == "cpu":
                 logger.info("a time budget on a CPU: the cpu preset (short-run recipe; --preset v2 for the paper's)")
         if preset == "cpu" and "image_size" not in overrides and not is_vit(overrides.get("arch", "")):
-            overrides["image_size"] = cpu_image_size(short_sides(data_dir))
+            overrides["image_size"] = cpu_image_size(short_sides(data_dir, exclude=overrides.get("exclude", ())))
             if overrides["image_size"] != PRESETS["cpu"]["image_size"]:
                 logger.info("small photos: the cpu preset trains at %d px, their own size (--image-size to choose)",
                             overrides["image_size"])

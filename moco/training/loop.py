@@ -198,7 +198,8 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
 
         plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
     summary = {"run_dir": str(run_dir), "steps": step, "total_steps": total_steps, "images": len(cache),
-               "skipped": len(cache.skipped), "stopped_by": stopped_by, "signal": stop.signal, "precision": precision,
+               "skipped": len(cache.skipped), "unsupported": dict(cache.unsupported), "excluded": cache.excluded,
+               "stopped_by": stopped_by, "signal": stop.signal, "precision": precision,
                "device": str(device), "final_loss": metrics.last_loss if metrics else None,
                "whitening": whitening_summary(whitening, fit_s),
                "planned_steps": saver.planned if saver.planned > step else None}

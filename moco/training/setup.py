@@ -160,7 +160,7 @@ def setup(cfg: TrainConfig, ckpt: dict | None, d: Dist, device: torch.device, pr
 def load_data(cfg: TrainConfig, run_dir: Path, ckpt: dict | None, d: Dist, progress: bool) -> ImageCache:
     size = cache_size_for(cfg.image_size, cfg.cache_size)
     files = list(ckpt["files"]) if ckpt is not None else None
-    kwargs = dict(files=files, workers=default_workers(cfg.workers), strict=ckpt is not None)
+    kwargs = dict(files=files, workers=default_workers(cfg.workers), strict=ckpt is not None, exclude=cfg.exclude)
     if d.main:
         cache = build_cache(cfg.data_dir, size, run_dir / "cache", progress=progress, **kwargs)
         if ckpt is None:  # a resumed run decodes only the files recorded: the first run's list stays
