@@ -513,6 +513,41 @@ def _embedding_space() -> list[str]:
     return (["## The embedding space", ""] + out) if out else []
 
 
+def _duplicates() -> list[str]:
+    """Issue 42: planted copies found as duplicates (``bench/dedup_copies.py``), per set and collection size; the
+    tiny results of a random network (the script's test) are left out."""
+    out: list[str] = []
+    for path in sorted(RESULTS.glob("dedup_copies_*.json")):
+        if "tiny" in path.stem:
+            continue
+        d = json.loads(path.read_text())
+        aim = d["aim"]
+        if not out:
+            out += ["## Duplicates: planted copies found", "",
+                    "```", d.get("command", "python bench/dedup_copies.py --dataset SET --sizes 2000,10000 "
+                                 "--backbone B --work W --json F"), "```", "",
+                    f"Aim: recall >= {aim['recall']} for every edit, pair precision >= {aim['pair_precision']}, no "
+                    f"group of more than {aim['largest_distinct']} distinct photos, at the index's default threshold "
+                    "(`moco index dedup` as it runs). Recall of an edit: the share of its copies in their photo's "
+                    "group; pair precision: of the pairs of photos in one group, the share that are a photo and its "
+                    "copy.", ""]
+        edits = d["edits"]
+        out += [f"{d['dataset']}, {d['backbone']}, photos of {d['photo_px']} px, {d['copies_share']:.1%} given a "
+                f"copy; {d['cpu']}.", "",
+                "| photos | threshold (rule) | " + " | ".join(f"recall {e}" for e in edits)
+                + " | recall | pair precision | largest group (distinct) | crowded photos | aim |",
+                "|---|---|" + "---|" * len(edits) + "---|---|---|---|---|"]
+        for r in d["sizes"]:
+            ok = (min(r["recall"].values()) >= aim["recall"] and r["pair_precision"] >= aim["pair_precision"]
+                  and r["largest_distinct"] <= aim["largest_distinct"])
+            out.append(f"| {r['photos']} | {r['threshold']} ({r['rule']}) | "
+                       + " | ".join(f"{r['recall'][e]:.3f}" for e in edits)
+                       + f" | {r['recall_all']:.3f} | {r['pair_precision']:.3f} ({r['real_pairs']}/{r['pairs']}) | "
+                       f"{r['largest_distinct']} | {r['crowded_photos']} | {_verdict(ok)} |")
+        out.append("")
+    return out
+
+
 def _gpu() -> list[str]:
     d, out = _section("gpu_check.json", "The device check on a GPU", "python bench/gpu_check.py")
     if d is None:
@@ -545,7 +580,8 @@ def main() -> None:
             "`bench/results/*.json`. Every figure comes from a script that runs ours and the peer side by side in "
             "the same run on the same machine. Machine: 2 CPU cores (avx512_bf16), 24 GiB RAM, no GPU.",
             ""]
-    current = _summary() + _current_cpu() + _fashion() + _embedding_space() + _train() + _layout() + _embed()
+    current = (_summary() + _current_cpu() + _fashion() + _embedding_space() + _duplicates() + _train() + _layout()
+               + _embed())
     older = ["## Older rounds", "",
              "Every 20-minute comparison and 5-minute screen of the rounds that chose the `cpu` preset, one table per "
              "result file, kept as measured (earlier rounds' presets, other protocols); how each came about is in "
