@@ -405,9 +405,20 @@ def test_the_catalog_records_the_date_taken_camera_and_pixels(dated):
         if day is None:
             local = datetime.datetime.fromtimestamp(1_600_000_000).strftime("%Y-%m-%dT%H:%M:%S")
             assert taken_text(row.taken) == local and row.camera is None  # the file's date, on this clock
+            assert row.taken_exif == 0
         else:
             assert taken_text(row.taken) == day.replace(":", "-", 2).replace(" ", "T")
-            assert row.camera.startswith("Cam Model ")
+            assert row.camera.startswith("Cam Model ") and row.taken_exif == 1
+
+
+def test_the_keeper_rule_reads_only_a_camera_date_as_a_date_taken(dated):
+    from index.keeper import photo_facts
+
+    tmp, dates = dated
+    rows = Catalog(tmp / "idx" / "catalog.sqlite").rows()
+    facts = {path: photo_facts(tmp / "photos", rows[path]) for path in dates}
+    assert {path for path, f in facts.items() if f.taken is not None} == {p for p, d in dates.items() if d}
+    assert all(f.taken == rows[path].taken for path, f in facts.items() if dates[path])
 
 
 OLD_COLUMNS = "id, path, size, mtime_ns, hash, status, error, thumb, added, indexed, deleted"
