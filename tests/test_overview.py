@@ -196,3 +196,68 @@ def test_pca_layout_is_deterministic_and_scale_unit_keeps_proportions():
     assert np.allclose(xy, [[0, 0.25], [1, 0.75], [0.5, 0.5]])
     assert scale_unit(np.zeros((3, 2))).tolist() == [[0.5, 0.5]] * 3
     assert auto_themes(0) == 0 and auto_themes(1) == 1 and auto_themes(100) == 7 and auto_themes(10**6) == 64
+
+
+# ------------------------------------------------------------------------------------------ the command line
+def _json(capsys) -> object:
+    import json
+
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_commands_print_the_views(built, tmp_path, capsys):
+    from app.cli.commands import main
+
+    idx = ImageIndex.open(built["idx"])
+    m, themes = collection_map(idx), collection_themes(idx)
+    capsys.readouterr()
+    assert main(["index", "map", str(built["idx"]), "--json", "-o", str(tmp_path / "map.png")]) == 0
+    rows = _json(capsys)
+    paths = {r.id: r.path for r in idx.catalog.rows_by_id(m.ids).values()}
+    assert [r["id"] for r in rows] == m.ids.tolist() and [r["path"] for r in rows] == [paths[i] for i in m.ids]
+    assert np.allclose([[r["x"], r["y"]] for r in rows], m.xy, atol=1e-5)
+    assert [r["theme"] for r in rows] == m.theme.tolist()
+    with Image.open(tmp_path / "map.png") as png:
+        assert png.format == "PNG" and png.size == (1200, 1200)
+    assert main(["index", "themes", str(built["idx"]), "--json"]) == 0
+    doc = _json(capsys)
+    assert doc["k"] == themes.k and doc["count"] == len(themes.ids)
+    assert [(t["id"], t["size"], [c["id"] for c in t["central"]]) for t in doc["themes"]] == [
+        (t.id, t.size, t.central) for t in themes.themes]
+    assert main(["index", "themes", str(built["idx"]), "--themes", "2", "--json"]) == 0
+    assert _json(capsys)["k"] == 2
+    assert main(["index", "unusual", str(built["idx"]), "-n", "5", "--json"]) == 0
+    doc = _json(capsys)
+    assert [(p["id"], round(p["closest"], 4)) for p in doc["photos"]] == [
+        (i, round(c, 4)) for i, c in unusual_photos(idx, 0, 5)[0]]
+    assert doc["total"] == len(idx) and doc["next_offset"] == 5
+    assert main(["index", "browse", str(built["idx"]), "--theme", "1", "--sort=-date", "--json"]) == 0
+    doc = _json(capsys)
+    rows, total = idx.browse(theme=1, sort="-date")
+    assert doc["total"] == total and [p["id"] for p in doc["photos"]] == [r.id for r in rows]
+    assert main(["index", "themes", str(built["idx"])]) == 0
+    assert "theme 0: " in capsys.readouterr().out
+
+
+def test_the_commands_refuse_bad_input_clearly(built, tmp_path, capsys):
+    from app.cli.commands import main
+
+    for argv, words in [(["map", "-o", str(tmp_path / "map.jpg")], "give a name ending in .png"),
+                        (["themes", "--themes", "0"], "--themes 0"),
+                        (["unusual", "-n", "0"], "-n 0"),
+                        (["browse", "--folder", "nowhere"], "no sub-folder 'nowhere'"),
+                        (["browse", "--theme", "99"], "theme 99: this collection has themes 0 to")]:
+        capsys.readouterr()
+        assert main(["index", argv[0], str(built["idx"]), *argv[1:]]) == 2, argv
+        assert words in capsys.readouterr().err, argv
+
+
+def test_umap_without_its_extra_names_the_extra(built):
+    try:
+        import umap  # noqa: F401
+    except ImportError:
+        with pytest.raises(UserError, match=r"pip install 'moco-retrieval\[map\]'"):
+            collection_map(ImageIndex.open(built["idx"]), "umap")
+    else:
+        m = collection_map(ImageIndex.open(built["idx"]), "umap")
+        assert m.method == "umap" and m.xy.min() >= 0 and m.xy.max() <= 1 and len(m.ids) == len(set(m.ids.tolist()))

@@ -11,16 +11,20 @@ version (:mod:`index.overview.cache`, ``IDX/map-<method>.npz``): computed again 
 
 from __future__ import annotations
 
+import io
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from index.overview.cache import Collection, cached, space_vectors
 from index.overview.themes import collection_themes
 from moco.errors import UserError
+from moco.files import atomic_write
 
-__all__ = ["CollectionMap", "collection_map", "pca_layout", "umap_layout", "scale_unit", "METHODS", "MAP_EXTRA"]
+__all__ = ["CollectionMap", "collection_map", "pca_layout", "umap_layout", "scale_unit", "save_map_png", "METHODS",
+           "MAP_EXTRA"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,3 +116,51 @@ def collection_map(index: Collection, method: str = "pca", refresh: bool = False
         hit = themes.ids[at] == ids
         theme[hit] = themes.labels[at[hit]]
     return CollectionMap(ids, arrays["xy"], theme, method, version)
+
+
+def save_map_png(m: CollectionMap, path: str | Path, title: str = "") -> Path:
+    """Draw the map ``m`` as a PNG at ``path``, each point coloured by its theme and each theme's id written at its
+    photos' median point; a UserError naming the ``plot`` extra when matplotlib is not installed, or naming ``path``
+    when it is not a .png."""
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise UserError(f"-o {path}: the map is drawn as a PNG: give a name ending in .png")
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UserError(f"-o {path} draws the map with matplotlib: pip install 'moco-retrieval[plot]' (or leave out "
+                        "-o: the map is computed and kept all the same)") from None
+    fig = Figure(figsize=(8, 8), dpi=150)  # no pyplot: no global state shared with a server's threads
+    FigureCanvasAgg(fig)
+    ax = fig.add_axes((0.02, 0.02, 0.96, 0.92 if title else 0.96))
+    n = len(m.ids)
+    colours = _theme_colours(m.theme)  # N x 4
+    ax.scatter(m.xy[:, 0], m.xy[:, 1], s=max(0.5, min(24.0, 20_000 / max(n, 1))), c=colours, linewidths=0)
+    for t in np.unique(m.theme[m.theme >= 0]):
+        cx, cy = np.median(m.xy[m.theme == t], axis=0)
+        ax.text(cx, cy, str(int(t)), fontsize=8, ha="center", va="center", weight="bold",
+                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7})
+    ax.set_xlim(-0.02, 1.02)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_aspect("equal")
+    ax.set_xticks([])
+    ax.set_yticks([])
+    if title:
+        ax.set_title(title, fontsize=10)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    atomic_write(path, lambda f: f.write(buf.getvalue()))
+    return path
+
+
+def _theme_colours(theme: np.ndarray) -> np.ndarray:
+    """N x 4 RGBA: a theme's colour from a fixed cycle of 20 well-separated ones (grey for none)."""
+    from matplotlib import colormaps
+
+    cycle = np.asarray(colormaps["tab20"].colors, np.float64)  # 20 x 3
+    out = np.empty((len(theme), 4))
+    out[:, :3] = cycle[np.maximum(theme, 0) % len(cycle)]
+    out[:, 3] = 0.85
+    out[theme < 0] = (0.6, 0.6, 0.6, 0.5)
+    return out
