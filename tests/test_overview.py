@@ -17,7 +17,7 @@ from PIL import Image
 
 from index.build.runner import build_index, update_index
 from index.image_index import ImageIndex
-from index.overview.cache import cache_file, forget_views, index_version, space_vectors
+from index.overview.cache import cache_file, centred_vectors, forget_views, index_version, space_vectors
 from index.overview.layout import collection_map, pca_layout, scale_unit
 from index.overview.themes import auto_themes, collection_themes, theme_members
 from index.overview.unusual import unusual_photos
@@ -40,13 +40,21 @@ def built(backbone, tmp_path_factory) -> dict:
 
 
 def _live(idx: ImageIndex) -> tuple[np.ndarray, np.ndarray]:
+    """The search space's vectors: what the unusual photos are scored in."""
     ids, raw = idx.catalog.vectors(dim=idx.dim)
     return ids, idx.center(raw)  # N, N x D
 
 
+def _centred(idx: ImageIndex) -> tuple[np.ndarray, np.ndarray]:
+    """The features centred on the index's mean, unit length, not whitened: what the map and the themes read."""
+    ids, raw = idx.catalog.vectors(dim=idx.dim)
+    c = raw - idx.mean
+    return ids, c / np.linalg.norm(c, axis=1, keepdims=True)  # N, N x D
+
+
 def test_the_map_covers_every_photo_once_in_the_unit_square(built):
     idx = ImageIndex.open(built["idx"])
-    ids, x = _live(idx)
+    ids, x = _centred(idx)
     m = collection_map(idx)
     assert m.method == "pca" and m.version == index_version(idx)
     assert np.array_equal(np.sort(m.ids), ids) and len(set(m.ids.tolist())) == len(ids) == len(idx)
@@ -106,7 +114,7 @@ def test_a_read_only_index_computes_its_views_without_writing(built, tmp_path):
 
 def test_themes_partition_the_collection_as_spherical_k_means(built):
     idx = ImageIndex.open(built["idx"])
-    ids, x = _live(idx)
+    ids, x = _centred(idx)
     themes = collection_themes(idx)
     assert themes.k == auto_themes(len(ids)) == len(themes.themes) and np.array_equal(themes.ids, ids)
     assert [t.id for t in themes.themes] == list(range(themes.k))
@@ -179,12 +187,15 @@ def test_browse_pages_sorts_and_filters_by_folder_and_theme(built):
         idx.browse(theme=999)
 
 
-def test_space_vectors_are_the_search_space(built):
+def test_the_views_read_the_search_space_and_the_centred_features(built, tmp_path):
     idx = ImageIndex.open(built["idx"])
     ids, x = space_vectors(idx)
     scores, found = idx.store.search(x[:3], 1)
     assert np.allclose(scores[:, 0], 1.0, atol=1e-5)
     assert np.allclose(np.linalg.norm(x, axis=1), 1.0, atol=1e-5)
+    same, c = centred_vectors(idx)
+    assert np.array_equal(same, ids) and np.allclose(c, _centred(idx)[1], atol=1e-6)
+    assert not idx.whitened and np.allclose(c, x, atol=1e-5)  # an index that only centres: one space for both
 
 
 def test_pca_layout_is_deterministic_and_scale_unit_keeps_proportions():

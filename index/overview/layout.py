@@ -1,8 +1,10 @@
-"""A map of the collection: every photo a point in the plane, alike photos close, computed from the index's space.
+"""A map of the collection: every photo a point in the plane, alike photos close, computed from the index's centred
+features (:func:`index.overview.cache.centred_vectors`: centred on the index's mean, without its whitening, whose
+equal weight on every direction leaves a plane of most spread with little in it).
 
-``pca`` (the default, numpy only): the two directions along which the photos' vectors (as search scores them)
-spread most; deterministic, seconds for 100,000 photos. ``umap`` (the ``map`` extra, umap-learn): a layout that
-keeps each photo's neighbours beside it, so themes show as islands; slower, seeded.
+``pca`` (the default, numpy only): the two directions along which the photos' vectors spread most; deterministic,
+seconds for 100,000 photos. ``umap`` (the ``map`` extra, umap-learn): a layout that keeps each photo's neighbours
+beside it, so themes show as islands; slower (about a minute for 10,000 photos on one core), seeded.
 
 The points are scaled into [0, 1] with one factor for both axes (distances keep their proportions; the shorter
 axis is centred). Each point carries its photo's theme (:mod:`index.overview.themes`). Cached with the index's
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from index.overview.cache import Collection, cached, space_vectors
+from index.overview.cache import Collection, cached, centred_vectors
 from index.overview.themes import collection_themes
 from moco.errors import UserError
 from moco.files import atomic_write
@@ -102,12 +104,13 @@ def collection_map(index: Collection, method: str = "pca", refresh: bool = False
                 from None
 
     def compute() -> dict[str, np.ndarray]:
-        ids, x = space_vectors(index)  # N, N x D
+        ids, x = centred_vectors(index)  # N, N x D
         logger.info("laying out %d photos (%s)", len(ids), method)
         xy = pca_layout(x) if method == "pca" else umap_layout(x)  # N x 2
         return {"ids": ids, "xy": scale_unit(xy)}
 
-    arrays, version = cached(index, f"map-{method}", {"method": method}, compute, refresh=refresh)
+    arrays, version = cached(index, f"map-{method}", {"method": method, "vectors": "centred"}, compute,
+                              refresh=refresh)
     themes = collection_themes(index)
     ids = arrays["ids"]
     theme = np.full(len(ids), -1, np.int32)  # N; -1 only if the catalog changed between the two reads

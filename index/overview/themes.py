@@ -1,9 +1,10 @@
-"""Themes: the collection cut into groups of alike photos by spherical k-means in the index's own space.
+"""Themes: the collection cut into groups of alike photos by spherical k-means on the index's centred features.
 
-Every photo belongs to exactly one theme, the one whose centre (a unit vector) it scores highest with, as search
-would score it (centred cosine); its ``centrality`` is that score. Themes are numbered by size, the largest 0 (ties:
-the theme holding the smaller photo id first), and shown by their most central photos, their size and their top
-folders. The number of themes, unless given, follows the collection's size (:func:`auto_themes`).
+Every photo belongs to exactly one theme, the one whose centre (a unit vector) it scores highest with (cosine of the
+features centred on the index's mean, :func:`index.overview.cache.centred_vectors`: without the whitening, which
+flattens what tells kinds of photos apart); its ``centrality`` is that score. Themes are numbered by size, the
+largest 0 (ties: the theme holding the smaller photo id first), and shown by their most central photos, their size
+and their top folders. The number of themes, unless given, follows the collection's size (:func:`auto_themes`).
 
 FAISS's own ``Kmeans`` (``spherical=True``: centres renormalized after each step, so they stay on the unit sphere
 with the photos), seeded: the same index gives the same themes. It trains on at most 256 photos per theme (a
@@ -23,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from index.overview.cache import Collection, cached, space_vectors
+from index.overview.cache import Collection, cached, centred_vectors
 from index.store import require_faiss
 from moco.errors import UserError
 
@@ -116,12 +117,13 @@ def collection_themes(index: Collection, k: int | None = None, refresh: bool = F
     auto = k is None
 
     def compute() -> dict[str, np.ndarray]:
-        vids, x = space_vectors(index)  # N, N x D
+        vids, x = centred_vectors(index)  # N, N x D
         want = auto_themes(len(vids)) if auto else min(k, len(vids))
         logger.info("cutting %d photos into %d themes (spherical k-means in the index's space)", len(vids), want)
         return {"ids": vids, **_kmeans(x, want)}
 
-    arrays, version = cached(index, "themes", {"k": "auto" if auto else k}, compute, refresh=refresh, keep=auto)
+    arrays, version = cached(index, "themes", {"k": "auto" if auto else k, "vectors": "centred"}, compute,
+                             refresh=refresh, keep=auto)
     vids, labels, centrality = arrays["ids"], arrays["labels"], arrays["centrality"]
     path_of = dict(zip(ids.tolist(), paths))
     themes = []
