@@ -233,7 +233,7 @@ class ThemeCard(BaseModel):
 
 
 class ThemesResponse(BaseModel):
-    """The collection's themes (spherical k-means in the index's space), largest first."""
+    """The collection's themes (spherical k-means on the index's centred features), largest first."""
 
     k: int = Field(description="the number of themes")
     version: str = Field(description="the index version they were computed for")

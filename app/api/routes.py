@@ -586,7 +586,7 @@ def api_routes(service: SearchService) -> list[Any]:
                 tags=["collection"])
     def collection_map(method: Literal["pca", "umap"] = Query("pca", description="pca, or umap where the server has "
                                                               "the map extra")) -> CollectionMap:
-        """Every indexed photo once, a point in [0, 1]² (alike photos close, from the index's own space) with its
+        """Every indexed photo once, a point in [0, 1]² (alike photos close, from the index's centred features) with its
         theme: compact, one array per field. Computed once per index version and kept with the index."""
         service._ready()
         return CollectionMap.model_validate(map_document(app.ready_index(), method))
@@ -595,7 +595,7 @@ def api_routes(service: SearchService) -> list[Any]:
                 tags=["collection"])
     def themes(k: int | None = Query(None, ge=1, le=MAX_THEMES_ASKED, description="this many themes (default: "
                                      "from the collection's size, round(sqrt(N/2)) from 2 to 64)")) -> ThemesResponse:
-        """Groups of alike photos (spherical k-means in the index's space), largest first, each with its most
+        """Groups of alike photos (spherical k-means on the index's centred features), largest first, each with its most
         central photos and its top folders; every photo in exactly one."""
         service._ready()
         return ThemesResponse.model_validate(themes_document(app.ready_index(), k))

@@ -97,11 +97,11 @@ def add_index(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_views(cmds: argparse._SubParsersAction) -> None:
-    """`moco index map|themes|unusual|browse`: the whole collection, from the index's own space."""
+    """`moco index map|themes|unusual|browse`: the whole collection, from the index's own vectors."""
     p = cmds.add_parser("map", help="a map of the collection: every photo a point, alike photos close",
-                        description="A 2-D layout of every indexed photo from the index's own space, coloured by "
-                        "theme; kept in the index directory with the index's version (computed again only after "
-                        "the index changed).")
+                        description="A 2-D layout of every indexed photo from the index's centred features, "
+                        "coloured by theme; kept in the index directory with the index's version (computed again "
+                        "only after the index changed).")
     p.add_argument("index_dir", metavar="IDX")
     p.add_argument("-o", "--out", default=None, metavar="MAP.png",
                    help="draw the map as a PNG, coloured by theme (needs the plot extra: matplotlib)")
@@ -113,8 +113,8 @@ def _add_views(cmds: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_map)
 
     p = cmds.add_parser("themes", help="the collection's themes: groups of alike photos (k-means)",
-                        description="Themes: spherical k-means in the index's own space (FAISS), each theme with its "
-                        "size, its most central photos and its top folders; the number of themes follows the "
+                        description="Themes: spherical k-means on the index's centred features (FAISS), each theme "
+                        "with its size, its most central photos and its top folders; the number of themes follows the "
                         "collection's size (round(sqrt(N/2)), from 2 to 64) unless --themes says.")
     p.add_argument("index_dir", metavar="IDX")
     p.add_argument("--themes", type=int, default=None, metavar="K", help="this many themes (default: from the size)")
@@ -372,7 +372,7 @@ def cmd_themes(args: argparse.Namespace) -> int:
         print(f"theme {t['id']}: {t['size']} photos; folders: {folders}")
         for c in t["central"][:5]:
             print(f"  {c['id']:>6}  {c['path']}")
-    print(f"{doc['k']} themes of {doc['count']} photos (spherical k-means in the index's space); "
+    print(f"{doc['k']} themes of {doc['count']} photos (spherical k-means on the index's centred features); "
           f"`moco index browse {args.index_dir} --theme ID` lists one")
     return 0
 

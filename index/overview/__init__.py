@@ -1,4 +1,4 @@
-"""index.overview: views of the whole collection, computed from the index's own space and kept with its version.
+"""index.overview: views of the whole collection, computed from the index's own vectors and kept with its version.
 
     from index import ImageIndex
     from index.overview import collection_map, collection_themes, unusual_photos

@@ -119,7 +119,8 @@ def collection_themes(index: Collection, k: int | None = None, refresh: bool = F
     def compute() -> dict[str, np.ndarray]:
         vids, x = centred_vectors(index)  # N, N x D
         want = auto_themes(len(vids)) if auto else min(k, len(vids))
-        logger.info("cutting %d photos into %d themes (spherical k-means in the index's space)", len(vids), want)
+        logger.info("cutting %d photos into %d themes (spherical k-means on the index's centred features)",
+                    len(vids), want)
         return {"ids": vids, **_kmeans(x, want)}
 
     arrays, version = cached(index, "themes", {"k": "auto" if auto else k, "vectors": "centred"}, compute,
