@@ -45,7 +45,8 @@ logger = logging.getLogger(__name__)
 
 _MEMO_SIZE = 32  # views kept in memory (a server shows the same few again and again)
 _memo: dict[tuple[str, str, str], tuple[str, dict[str, np.ndarray]]] = {}
-_lock = threading.RLock()
+_lock = threading.Lock()  # guards _memo and _computing
+_computing: dict[tuple[str, str, str], threading.Lock] = {}  # one lock per view: a long UMAP blocks no other view
 
 
 class Collection(Protocol):
@@ -137,19 +138,26 @@ def cached(index: Collection, name: str, params: dict[str, Any], compute: Callab
     version = index_version(index)
     ps = json.dumps(params, sort_keys=True)
     key = (str(Path(index.dir).resolve()), name, ps)
-    with _lock:  # one computation at a time: two requests for the same view compute it once
+    with _lock:
         hit = _memo.get(key)
         if hit is not None and hit[0] == version and not refresh:
             return hit[1], version
+        one = _computing.setdefault(key, threading.Lock())
+    with one:  # two requests for the same view compute it once: the second finds the first's in memory
+        with _lock:
+            hit = _memo.get(key)
+        if hit is not None and hit[0] == version and not refresh:
+            return hit[1], version
         path = cache_file(index, name)
-        arrays = None if refresh else _load(path, version, ps) if keep else None
+        arrays = None if refresh or not keep else _load(path, version, ps)
         if arrays is None:
             arrays = compute()
             if keep and not index.catalog.read_only and os.access(index.dir, os.W_OK):
                 _save(path, arrays, version, ps)
-        if len(_memo) >= _MEMO_SIZE:
-            _memo.pop(next(iter(_memo)))
-        _memo[key] = (version, arrays)
+        with _lock:
+            if len(_memo) >= _MEMO_SIZE:
+                _memo.pop(next(iter(_memo)))
+            _memo[key] = (version, arrays)
         return arrays, version
 
 
