@@ -193,8 +193,10 @@ function nearest(x, y, radius) {  // the point nearest (x, y) in CSS px within `
   return best;
 }
 
-function toMap(x, y) {  // CSS px -> the map's coordinates, quantised as the payload's (0..65535)
-  const q = v => Math.round(Math.min(65535, Math.max(0, v)));
+// CSS px -> the map's coordinates in the payload's steps. The points lie in 0..65535, a selection may reach past
+// them: never clamped, or an edge drawn beyond the points would pass through the outermost ones.
+function toMap(x, y) {
+  const q = v => Math.round(v);
   return [q((x - st.t.ox) / st.t.sc), q((y - st.t.oy) / st.t.sc)];
 }
 
@@ -324,6 +326,7 @@ element.cmap = {
   place: id => { const i = st.data ? st.data.index.get(id) : undefined;
     return i === undefined ? null : [st.px[i], st.py[i]]; },
   load: value => { load(value); draw(); },
+  selection: () => st.selected && {tool: st.selected.tool, path: st.selected.path, count: st.selected.points.length},
 };
 let queued = false;
 new ResizeObserver(() => {
