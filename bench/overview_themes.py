@@ -76,7 +76,14 @@ def _backbone(args: argparse.Namespace) -> tuple[Path, str]:
     from bench.dedup_copies import _backbone as dedup_backbone
 
     args.size = 32  # a random network's input size (bench/dedup_copies.py exports it at --size)
-    return dedup_backbone(args)
+    path, described = dedup_backbone(args)
+    if args.run and (args.run / "config.json").is_file():  # what the run was: its preset, arch, budget and steps
+        cfg = json.loads((args.run / "config.json").read_text())
+        lines = (args.run / "metrics.jsonl").read_text().splitlines() if (args.run / "metrics.jsonl").is_file() else []
+        steps = json.loads(lines[-1]).get("step") if lines else None
+        described += (f": the {cfg.get('preset')} preset, {cfg.get('arch')} at {cfg.get('image_size')} px, "
+                      f"{cfg.get('time_budget')} min, {steps} steps on {cfg.get('data_dir')}")
+    return path, described
 
 
 def _split(name: str, images: np.ndarray, args: argparse.Namespace, backbone: Path) -> Any:
