@@ -82,6 +82,11 @@ def test_the_map_and_the_themes_agree_with_the_cli(http, idx, capsys):
     r = http.get(f"/themes/{themes['k']}")
     assert r.status_code == 404 and "themes 0 to" in r.json()["detail"]
     assert http.get("/map", params={"method": "tsne"}).status_code == 400
+    try:
+        import umap  # noqa: F401
+    except ImportError:  # the server says which extra brings it
+        r = http.get("/map", params={"method": "umap"})
+        assert r.status_code == 400 and "pip install 'moco-retrieval[map]'" in r.json()["detail"]
 
 
 def test_unusual_and_browse_agree_with_the_cli(http, idx, capsys):
