@@ -58,7 +58,7 @@ const PALETTE = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b
   '#756bb1', '#636363', '#f7b6d2', '#9edae5', '#c49c94', '#dbdb8d'];
 const OTHER = '#b0b0b0';
 const st = {colour: 'theme', tool: 'box', data: null, n: 0, px: null, py: null, cells: null, cellStart: null,
-  cell: 16, cols: 0, rows: 0, w: 0, h: 0, drag: null, selected: null, lastId: null};
+  cell: 16, cols: 0, rows: 0, w: 0, h: 0, drag: null, selected: null, lastId: null, hover: -1};
 
 function decode(b64, Type) {
   const bin = atob(b64 || ''), bytes = new Uint8Array(bin.length);
@@ -81,7 +81,7 @@ function hexOf(css) {  // any CSS colour as '#rrggbb' (the hsl() ones past the p
 }
 
 function load(value) {
-  st.data = null; st.selected = null;
+  st.data = null; st.selected = null; st.hover = -1;
   if (!value || !value.n) { st.n = 0; return; }
   const d = {...value};
   d.ids = d.ids_type === 'f64' ? decode(value.ids, Float64Array) : decode(value.ids, Uint32Array);
@@ -130,15 +130,17 @@ function draw() {
   const other = rgba(OTHER);
   const img = new ImageData(W, H), px = new Uint32Array(img.data.buffer);
   const s = Math.max(1, Math.round((n > 50000 ? 1.5 : n > 5000 ? 2.5 : n > 1000 ? 4 : 6) * dpr)), half = s >> 1;
+  const disc = [];  // a point's pixels: a disc of diameter s (a square below 4 px)
+  for (let dy = 0; dy < s; dy++) for (let dx = 0; dx < s; dx++)
+    if (s < 4 || (dx + 0.5 - s / 2) ** 2 + (dy + 0.5 - s / 2) ** 2 <= (s / 2) ** 2) disc.push(dx, dy);
   for (let i = 0; i < n; i++) {
     const x = st.t.ox + d.xy[2 * i] * sc, y = st.t.oy + d.xy[2 * i + 1] * sc;
     xs[i] = x; ys[i] = y;
     const k = keys[i], word = k < words.length ? words[k] : other;
     const X = Math.round(x * dpr) - half, Y = Math.round(y * dpr) - half;
-    for (let dy = 0; dy < s; dy++) {
-      const row = Y + dy;
-      if (row < 0 || row >= H) continue;
-      for (let dx = 0, at = row * W + X; dx < s; dx++, at++) if (X + dx >= 0 && X + dx < W) px[at] = word;
+    for (let j = 0; j < disc.length; j += 2) {
+      const cx = X + disc[j], cy = Y + disc[j + 1];
+      if (cx >= 0 && cx < W && cy >= 0 && cy < H) px[cy * W + cx] = word;
     }
   }
   p.points.getContext('2d').putImageData(img, 0, 0);
@@ -234,6 +236,10 @@ function overlay() {  // the selection's shape and its points, over the points (
     g.fillStyle = 'rgba(0, 0, 0, 0.9)';
     for (const i of st.selected.points) g.fillRect(st.px[i] - 1.5, st.py[i] - 1.5, 3, 3);
   }
+  if (st.hover >= 0 && st.px && !st.drag) {  // the point under the pointer
+    g.strokeStyle = '#111'; g.lineWidth = 2; g.setLineDash([]);
+    g.beginPath(); g.arc(st.px[st.hover], st.py[st.hover], 6, 0, 2 * Math.PI); g.stroke();
+  }
   if (path && path.length > 1) {
     g.strokeStyle = '#111'; g.lineWidth = 1.5; g.setLineDash([5, 4]); g.fillStyle = 'rgba(255, 200, 0, 0.15)';
     g.beginPath();
@@ -257,6 +263,7 @@ function at(e) {
 function tip(i, x, y) {
   const p = parts();
   if (!p.tip) return;
+  if (i !== st.hover) { st.hover = i; overlay(); }
   if (i < 0) { p.tip.hidden = true; st.lastId = null; return; }
   const d = st.data, id = d.ids[i];
   if (st.lastId !== id) {
@@ -326,6 +333,7 @@ element.cmap = {
   place: id => { const i = st.data ? st.data.index.get(id) : undefined;
     return i === undefined ? null : [st.px[i], st.py[i]]; },
   load: value => { load(value); draw(); },
+  ids: () => (st.data ? Array.from(st.data.ids) : []),
   selection: () => st.selected && {tool: st.selected.tool, path: st.selected.path, count: st.selected.points.length},
 };
 let queued = false;
