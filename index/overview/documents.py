@@ -13,7 +13,7 @@ import numpy as np
 from index.catalog import Row, display_path, taken_text
 from index.overview.cache import Collection
 from index.overview.layout import collection_map
-from index.overview.themes import collection_themes
+from index.overview.themes import collection_themes, theme_labels, theme_members
 from index.overview.unusual import unusual_photos
 from moco.errors import UserError
 
@@ -79,17 +79,12 @@ def theme_document(index: Collection, theme_id: int, offset: int = 0, limit: int
     """A page of one theme: ``{"id", "size", "offset", "limit", "next_offset", "photos": [{"id", "path",
     "centrality"}]}``, most central first (centrality: the photo's cosine to the theme's centre)."""
     offset, limit = _page(offset, limit)
-    themes = collection_themes(index)
-    if isinstance(theme_id, bool) or not isinstance(theme_id, int) or not 0 <= theme_id < themes.k:
-        raise UserError(f"theme {theme_id!r}: this collection has themes 0 to {themes.k - 1} (GET /api/v1/themes, "
-                        "`moco index themes` list them)" if themes.k else
-                        f"theme {theme_id!r}: this collection has no themes (no photos indexed)")
-    members = themes.members(theme_id)
-    page = [int(i) for i in members[offset : offset + limit]]
+    page, size = theme_members(index, theme_id, offset, limit)  # a UserError naming a theme the collection lacks
+    ids, _, centrality = theme_labels(index)
     paths = _paths(index, page)
-    cos = themes.centrality[np.searchsorted(themes.ids, np.asarray(page, np.int64))] if page else []
-    return {"id": theme_id, "size": len(members), "offset": offset, "limit": limit,
-            "next_offset": _next(offset, len(page), len(members)),
+    cos = centrality[np.searchsorted(ids, np.asarray(page, np.int64))] if page else []
+    return {"id": theme_id, "size": size, "offset": offset, "limit": limit,
+            "next_offset": _next(offset, len(page), size),
             "photos": [{"id": i, "path": paths.get(i), "centrality": round(float(c), 6)} for i, c in zip(page, cos)]}
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from index.overview.cache import Collection, cached, centred_vectors
-from index.overview.themes import collection_themes
+from index.overview.themes import theme_labels
 from moco.errors import UserError
 from moco.files import atomic_write
 
@@ -111,13 +111,13 @@ def collection_map(index: Collection, method: str = "pca", refresh: bool = False
 
     arrays, version = cached(index, f"map-{method}", {"method": method, "vectors": "centred"}, compute,
                               refresh=refresh)
-    themes = collection_themes(index)
+    t_ids, t_labels, _ = theme_labels(index)
     ids = arrays["ids"]
     theme = np.full(len(ids), -1, np.int32)  # N; -1 only if the catalog changed between the two reads
-    if len(themes.ids):
-        at = np.clip(np.searchsorted(themes.ids, ids), 0, len(themes.ids) - 1)
-        hit = themes.ids[at] == ids
-        theme[hit] = themes.labels[at[hit]]
+    if len(t_ids):
+        at = np.clip(np.searchsorted(t_ids, ids), 0, len(t_ids) - 1)
+        hit = t_ids[at] == ids
+        theme[hit] = t_labels[at[hit]]
     return CollectionMap(ids, arrays["xy"], theme, method, version)
 
 

@@ -28,8 +28,8 @@ from index.overview.cache import Collection, cached, centred_vectors
 from index.store import require_faiss
 from moco.errors import UserError
 
-__all__ = ["Theme", "Themes", "collection_themes", "theme_members", "auto_themes", "MIN_THEMES", "MAX_THEMES",
-           "CENTRAL", "TOP_FOLDERS"]
+__all__ = ["Theme", "Themes", "collection_themes", "theme_members", "theme_labels", "auto_themes", "MIN_THEMES",
+           "MAX_THEMES", "CENTRAL", "TOP_FOLDERS"]
 
 logger = logging.getLogger(__name__)
 
@@ -106,12 +106,11 @@ def _kmeans(x: np.ndarray, k: int) -> dict[str, np.ndarray]:
     return {"labels": rank[labels].astype(np.int32), "centrality": score, "centres": centres[kept]}
 
 
-def collection_themes(index: Collection, k: int | None = None, refresh: bool = False) -> Themes:
-    """The themes of ``index``'s collection: ``k`` of them (None: :func:`auto_themes` of its size), computed or
-    read for its current version (``refresh``: computed again)."""
-    ids, paths, _ = index.catalog.entries()
-    n_live = len(ids)
+def _theme_arrays(index: Collection, k: int | None = None, refresh: bool = False) -> tuple[dict[str, np.ndarray], str]:
+    """The themes' arrays (``ids``, ``labels``, ``centrality``, ``centres``) and the index version, computed or read
+    (:func:`index.overview.cache.cached`); the automatic ones are kept in the index directory, others in memory."""
     if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        n_live = index.catalog.counts()["ok"]
         raise UserError(f"--themes {k!r}: give a whole number of themes of at least 1 (or leave it out: "
                         f"{auto_themes(n_live)} for this collection of {n_live} photos)")
     auto = k is None
@@ -123,9 +122,17 @@ def collection_themes(index: Collection, k: int | None = None, refresh: bool = F
                     len(vids), want)
         return {"ids": vids, **_kmeans(x, want)}
 
-    arrays, version = cached(index, "themes", {"k": "auto" if auto else k, "vectors": "centred"}, compute,
-                             refresh=refresh, keep=auto)
+    return cached(index, "themes", {"k": "auto" if auto else k, "vectors": "centred"}, compute, refresh=refresh,
+                  keep=auto)
+
+
+def collection_themes(index: Collection, k: int | None = None, refresh: bool = False) -> Themes:
+    """The themes of ``index``'s collection: ``k`` of them (None: :func:`auto_themes` of its size), computed or
+    read for its current version (``refresh``: computed again), each with its most central photos and its folders
+    (read from the catalog now: a photo moved since counts where it is)."""
+    arrays, version = _theme_arrays(index, k, refresh)
     vids, labels, centrality = arrays["ids"], arrays["labels"], arrays["centrality"]
+    ids, paths, _ = index.catalog.entries()
     path_of = dict(zip(ids.tolist(), paths))
     themes = []
     k_found = len(arrays["centres"])
@@ -138,14 +145,23 @@ def collection_themes(index: Collection, k: int | None = None, refresh: bool = F
     return Themes(vids, labels, centrality, themes, k_found, version)
 
 
+def theme_labels(index: Collection) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ids N ascending, labels N, centrality N) of the automatic themes, without reading the catalog's rows (for
+    the map, a page of a theme, browsing by theme)."""
+    arrays, _ = _theme_arrays(index)
+    return arrays["ids"], arrays["labels"], arrays["centrality"]
+
+
 def theme_members(index: Collection, theme_id: int, offset: int = 0, limit: int = 60) -> tuple[list[int], int]:
-    """A page of theme ``theme_id``'s photo ids, most central first, and the theme's size; a UserError naming the
-    id and the themes there are when it has none."""
-    themes = collection_themes(index)
-    if isinstance(theme_id, bool) or not isinstance(theme_id, (int, np.integer)) or not 0 <= theme_id < themes.k:
-        raise UserError(f"theme {theme_id!r}: this collection has themes 0 to {themes.k - 1} "
-                        f"(`moco index themes {index.dir}` lists them)" if themes.k else
+    """A page of theme ``theme_id``'s photo ids, most central first (ties: the smaller id), and the theme's size; a
+    UserError naming the id and the themes there are when it has none."""
+    ids, labels, centrality = theme_labels(index)
+    k = int(labels.max()) + 1 if len(labels) else 0
+    if isinstance(theme_id, bool) or not isinstance(theme_id, (int, np.integer)) or not 0 <= theme_id < k:
+        raise UserError(f"theme {theme_id!r}: this collection has themes 0 to {k - 1} "
+                        f"(`moco index themes {index.dir}` lists them)" if k else
                         f"theme {theme_id!r}: this collection has no themes (no photos indexed)")
-    members = themes.members(int(theme_id))
+    at = np.flatnonzero(labels == theme_id)  # M
+    members = ids[at[np.lexsort((ids[at], -centrality[at]))]]
     offset, limit = max(0, int(offset)), max(0, int(limit))
     return [int(i) for i in members[offset : offset + limit]], len(members)
