@@ -72,7 +72,7 @@ def catalog(served) -> dict[int, str]:
 
 def _map_page(browser: Any, served: dict, viewport: str = "desktop") -> Any:
     """A page at ``viewport`` on the Map tab, drawn; collects uncaught page and console errors."""
-    p = browser.new_context(viewport=VIEWPORTS[viewport]).new_page()
+    p = browser.new_context(viewport=VIEWPORTS[viewport], has_touch=viewport == "phone").new_page()
     p.errors = []
     p.on("pageerror", lambda e: p.errors.append(f"page error: {e}"))
     p.on("console", lambda m: p.errors.append(f"console {m.text}") if m.type == "error" else None)
@@ -151,6 +151,22 @@ def test_a_click_on_a_point_searches_with_its_photo_and_shows_it(browser, served
     first = page.locator("#results button.thumbnail-item .caption-label").first.inner_text()
     assert first.startswith("#1 · 1.000") and first.endswith(catalog[one])  # the photo itself first
     assert page.locator("#detail-path input, #detail-path textarea").first.input_value().endswith(catalog[one])
+    page.get_by_role("tab", name="Map").click()  # back on the map: still drawn, the same map, selections work
+    page.wait_for_function(f"document.querySelector('{POINTS}').dataset.points == {len(catalog)}", timeout=30_000)
+    box = page.locator(OVER).bounding_box()
+    _drag(page, [(1, 1), (box["width"] - 1, box["height"] - 1)])
+    _selected_paths(page, f"{len(catalog)} photos selected")
+    _close(page)
+
+
+def test_a_tap_on_a_phone_searches_with_the_photo(browser, served, catalog):
+    page = _map_page(browser, served, "phone")
+    places = _places(page, list(catalog))
+    one = _isolated(places)
+    box = page.locator(OVER).bounding_box()
+    page.touchscreen.tap(box["x"] + places[one][0], box["y"] + places[one][1])
+    page.wait_for_function(f"document.querySelector('#search-info').innerText.includes({json.dumps(catalog[one])})",
+                           timeout=60_000)
     _close(page)
 
 

@@ -119,6 +119,10 @@ def test_the_region_handler_selects_on_the_index_map_and_caps_what_it_shows(app)
     left = quantise(cmap.xy)[:, 0] <= 30000
     ids, total = app.overview.region("box", [[0, 0], [30000, 65535]])
     assert total == int(left.sum()) and ids == cmap.ids[left].tolist()
+    payload = app.overview.map("thumbs/")
+    assert app.overview.region("box", everything, version=payload["version"])[1] == len(cmap.ids)
+    with pytest.raises(UserError, match="the collection changed since this map was drawn"):
+        app.overview.region("box", everything, version="an older map")
     gallery = app.overview.gallery(ids)
     paths = app.index.catalog.rows_by_id(ids)
     assert [c.split(" · ")[-1] for _, c in gallery] == [paths[i].path for i in ids]

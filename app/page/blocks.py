@@ -323,11 +323,15 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 chosen = gr.Gallery(label="Selected photos (click one to search with it)", columns=6, height="auto",
                                     allow_preview=False, elem_id="map-selection", elem_classes=["results"])
                 chosen_ids = gr.State([])
+                map_shown = gr.State("")  # the map's version this page holds: not sent again while it is current
 
-            def do_map(request: gr.Request) -> tuple:
+            def do_map(shown: str) -> tuple:
                 index = app.ready_index()
                 thumbs = f"gradio_api/file={encode_file_path(str(index.dir / THUMBS_DIR))}/"
-                return app.overview.map(thumbs), app.overview.map_text()
+                payload = app.overview.map(thumbs)
+                if payload["version"] == shown:
+                    return gr.skip(), gr.skip(), shown
+                return payload, app.overview.map_text(), payload["version"]
 
             def do_pick(k_: int, folder_: str, mode_: str | None, from_: str | None, to_: str | None,
                         evt: gr.EventData, request: gr.Request) -> tuple:
@@ -338,16 +342,18 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
 
             def do_region(evt: gr.EventData, request: gr.Request) -> tuple:
                 data = evt._data if isinstance(getattr(evt, "_data", None), dict) else {}
-                ids, total = app.overview.region(str(data.get("shape")), data.get("points") or [])
+                ids, total = app.overview.region(str(data.get("shape")), data.get("points") or [],
+                                                 version=str(data.get("version")))
                 text = (f"**{total} photos selected**" + (f" (the first {len(ids)} shown)" if total > len(ids) else "")
                         if total else "**No photos in the selection**: draw around some points.")
                 return _file_urls(app.overview.gallery(ids), request), ids, text
 
-            for fn in (do_map, do_pick, do_region):
+            for fn in (do_pick, do_region):
                 fn.__annotations__["request"] = gr.Request
             do_pick.__annotations__["evt"] = gr.EventData
             do_region.__annotations__["evt"] = gr.EventData
-            map_tab.select(_safe(2, 1)(do_map), None, [cmap, map_info], api_name=False, concurrency_id="overview")
+            map_tab.select(_safe(3, 1)(do_map), [map_shown], [cmap, map_info, map_shown], api_name=False,
+                           concurrency_id="overview")
             cmap.pick(_safe(n_open, n_open - 1)(do_pick), search_inputs, [*opened, map_message], api_name=False,
                       concurrency_id="model")
             cmap.region(_safe(3, 2)(do_region), None, [chosen, chosen_ids, map_message], api_name=False,
@@ -425,8 +431,13 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
             theme_cards.theme(_safe(9, 8)(do_theme_card), None,
                               [*browse_view, browse_theme, browse_folder, tabs, themes_message], api_name=False,
                               concurrency_id="overview")
-            browse_tab.select(_safe(5, 4)(do_browse), [*browse_filters, browse_offset], browse_view, api_name=False,
-                              concurrency_id="overview")
+            def browse_opened(f_: str, t_: int | None, s_: str, o_: int, request: gr.Request) -> tuple:
+                _, choices = app.overview.themes()  # the theme filter's choices, also before the Themes tab
+                return (*do_browse(f_, t_, s_, o_, request), gr.update(choices=theme_choices(choices)))
+
+            browse_opened.__annotations__["request"] = gr.Request
+            browse_tab.select(_safe(6, 4)(browse_opened), [*browse_filters, browse_offset],
+                              [*browse_view, browse_theme], api_name=False, concurrency_id="overview")
             for changed in (browse_folder.input, browse_theme.input, browse_sort.input):
                 changed(_safe(5, 4)(browse_first), browse_filters, browse_view, api_name=False,
                         concurrency_id="overview")

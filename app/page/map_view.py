@@ -1,12 +1,12 @@
-"""The Map tab's drawing, in the browser: every photo a point of a 2-D canvas (one ``ImageData`` written per draw,
-so 100,000 points draw in milliseconds on a phone as on a desktop), coloured by theme or by folder.
+"""The Map tab's drawing, in the browser: every photo a point of a 2-D canvas (one ``ImageData`` written per draw:
+100,000 points in tens of milliseconds, BENCHMARKS.md), coloured by theme or by folder; and the Themes tab's cards.
 
 The server sends the map once, as :func:`app.page.overview.map_payload` encodes it (base64 typed arrays in the
 component's value); this module holds the component that draws it: its markup (``MAP_HTML``), its style
 (``MAP_CSS``) and its script (``MAP_JS``). Hovering a point shows its thumbnail; a click sends the event ``pick``
-``{id}``; a drag draws a box, or a lasso, and sends ``region`` ``{shape, points}`` in the map's own coordinates
-(0..1, quantised to 1/65535 as the payload's), which the server turns into the photos inside
-(:func:`app.page.overview.region_mask`), counting them the same way.
+``{id}``; a drag draws a box, or a lasso, and sends ``region`` ``{shape, points, version}``, its corners in the
+payload's steps (1/65535 of the map, never clamped), which the server turns into the photos inside
+(:func:`app.page.overview.region_mask`), counting them as the script does.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ MAP_CSS = """
 .cmap-bar button.on { background: var(--color-accent); color: white; border-color: var(--color-accent); }
 .cmap-count { color: var(--body-text-color-subdued); }
 .cmap-stage { position: relative; width: 100%; height: min(72vh, 100vw - 32px, 760px); min-height: 240px;
-  border-radius: 8px; background: var(--background-fill-secondary); overflow: hidden; }
+  background: var(--background-fill-secondary); overflow: hidden; }  /* square corners: a drag may start in one */
 .cmap-stage canvas { position: absolute; inset: 0; width: 100%; height: 100%; touch-action: none; }
 .cmap-over { cursor: crosshair; }
 .cmap-tip { position: absolute; pointer-events: none; background: var(--background-fill-primary);
@@ -287,13 +287,13 @@ element.addEventListener('click', e => {
   if (b.dataset.tool) { st.tool = b.dataset.tool; draw(); }
 });
 element.addEventListener('pointerdown', e => {
-  if (!e.target.classList.contains('cmap-over') || !st.data || e.button > 0) return;
-  e.target.setPointerCapture(e.pointerId);
+  if (!e.target.closest('.cmap-stage') || !st.data || e.button > 0) return;
+  parts().over.setPointerCapture(e.pointerId);
   st.drag = {tool: st.tool, path: [at(e)]};
   e.preventDefault();
 });
 element.addEventListener('pointermove', e => {
-  if (!e.target.classList.contains('cmap-over') || !st.data) return;
+  if (!e.target.closest('.cmap-stage') || !st.data) return;
   const [x, y] = at(e);
   if (st.drag) {
     const path = st.drag.path, last = path[path.length - 1];
@@ -323,7 +323,7 @@ element.addEventListener('pointerup', e => {
   overlay();
   parts().count.textContent = `${chosen.length.toLocaleString()} of ${st.n.toLocaleString()} photos selected`;
   parts().over.dataset.selected = String(chosen.length);
-  trigger('region', {shape: drag.tool, points: pts});
+  trigger('region', {shape: drag.tool, points: pts, version: st.data.version});
 });
 element.addEventListener('pointerleave', () => { if (!st.drag) tip(-1); });
 

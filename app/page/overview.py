@@ -158,14 +158,18 @@ class CollectionOverview:
                 f"index's space, {len(payload['themes'])} themes). Hover a point to see its photo, click it to "
                 "search with it; drag a box (or a lasso) to see the photos inside.")
 
-    def region(self, shape: str, points: Sequence[Sequence[float]],
-               limit: int = MAX_SELECTED) -> tuple[list[int], int]:
+    def region(self, shape: str, points: Sequence[Sequence[float]], limit: int = MAX_SELECTED,
+               version: str | None = None) -> tuple[list[int], int]:
         """The photos inside a selection drawn on the map (:func:`region_mask`): the first ``limit`` ids (in the
-        map's order: by id) and how many there are."""
+        map's order: by id) and how many there are. ``version``: the map's the selection was drawn on (a
+        UserError when the map is no longer that one)."""
         if self._map is None:
             self.map()
         assert self._map is not None
-        _, _, ids, q = self._map
+        _, payload, ids, q = self._map
+        if version is not None and version != payload["version"]:
+            raise UserError("the collection changed since this map was drawn: open the Map tab again (or reload "
+                            "the page) and draw the selection again")
         inside = ids[region_mask(q, shape, points)]  # M
         return [int(i) for i in inside[: max(0, int(limit))]], len(inside)
 
