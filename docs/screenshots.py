@@ -74,7 +74,8 @@ def map_shot(browser: Any, url: str, out: Path) -> None:
     page.mouse.down()
     page.mouse.move(box["x"] + box["width"] * 0.38, box["y"] + box["height"] * 0.4, steps=8)
     page.mouse.up()
-    page.wait_for_function("document.querySelector('#map-message').innerText.includes('selected')", timeout=60_000)
+    page.wait_for_function("document.querySelector('#map-selection-info').innerText.includes('selected')",
+                           timeout=60_000)
     api = "[...document.querySelectorAll('#collection-map *')].find(e => e.cmap).cmap"
     middle = page.evaluate(f"""([w, h]) => {{ const ids = {api}.ids(); let best = null, bd = Infinity;
         for (const id of ids) {{ const [x, y] = {api}.place(id), d = (x - w / 2) ** 2 + (y - h / 2) ** 2;

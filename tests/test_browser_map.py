@@ -106,7 +106,7 @@ def _isolated(places: dict[int, tuple[float, float]], far: float = 14) -> int:
 
 
 def _selected_paths(page: Any, words: str) -> list[str]:
-    page.wait_for_function(f"document.querySelector('#map-message').innerText.includes({json.dumps(words)})",
+    page.wait_for_function(f"document.querySelector('#map-selection-info').innerText.includes({json.dumps(words)})",
                            timeout=60_000)
     return page.evaluate(f"[...document.querySelectorAll('{SELECTED} .caption-label')].map(c => c.innerText)")
 

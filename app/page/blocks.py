@@ -319,7 +319,8 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
             with gr.Tab("Map", id="map") as map_tab:
                 map_info = gr.Markdown(elem_id="map-info")
                 cmap = map_component(elem_id="collection-map")
-                map_message = gr.Markdown(elem_id="map-message")
+                map_message = gr.Markdown(elem_id="map-message")  # what went wrong, apart from the selection
+                chosen_info = gr.Markdown(elem_id="map-selection-info")
                 chosen = gr.Gallery(label="Selected photos (click one to search with it)", columns=6, height="auto",
                                     allow_preview=False, elem_id="map-selection", elem_classes=["results"])
                 chosen_ids = gr.State([])
@@ -346,7 +347,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                                                  version=str(data.get("version")))
                 text = (f"**{total} photos selected**" + (f" (the first {len(ids)} shown)" if total > len(ids) else "")
                         if total else "**No photos in the selection**: draw around some points.")
-                return _file_urls(app.overview.gallery(ids), request), ids, text
+                return _file_urls(app.overview.gallery(ids), request), ids, text, ""
 
             for fn in (do_pick, do_region):
                 fn.__annotations__["request"] = gr.Request
@@ -356,7 +357,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                            concurrency_id="overview")
             cmap.pick(_safe(n_open, n_open - 1)(do_pick), search_inputs, [*opened, map_message], api_name=False,
                       concurrency_id="model")
-            cmap.region(_safe(3, 2)(do_region), None, [chosen, chosen_ids, map_message], api_name=False,
+            cmap.region(_safe(4, 3)(do_region), None, [chosen, chosen_ids, chosen_info, map_message], api_name=False,
                         concurrency_id="overview")
             wire_gallery(chosen, chosen_ids, map_message)
 
