@@ -135,8 +135,9 @@ class CollectionOverview:
         if self._map is not None and self._map[0] == key:
             return self._map[1]
         themes = collection_themes(index)
-        place = {t.id: n for n, t in enumerate(themes.themes)}
-        theme = np.array([place.get(int(t), NO_THEME) for t in cmap.theme], np.int64)  # N
+        place = np.full(max([t.id for t in themes.themes], default=0) + 2, NO_THEME, np.int64)  # theme id -> its card
+        place[[t.id for t in themes.themes]] = np.arange(len(themes.themes))
+        theme = place[np.where((cmap.theme >= 0) & (cmap.theme < len(place) - 1), cmap.theme, -1)]  # N; none: NO_THEME
         labels = [{"id": t.id, "size": t.size, "label": f"theme {t.id + 1} ({t.size})"} for t in themes.themes]
         rows = index.catalog.rows_by_id(cmap.ids.tolist())
         top = [_top_folder(rows[int(i)].path) if int(i) in rows else "" for i in cmap.ids]
