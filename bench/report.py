@@ -346,6 +346,14 @@ def _summary() -> list[str]:
                     f"{a['searches_per_s']:.1f} searches/s, {a['errors']} errors | the page: p99 "
                     f"{pg['p99_ms']:.0f} ms, {pg['searches_per_s']:.1f} searches/s | "
                     "[Search UI under load](#search-ui-under-load) |")
+    t = _load("overview_themes_fashion.json")
+    if t:
+        r, d = t["report"], t["pixel_dims_chosen"]
+        row = r["k"][str(r["auto_k"])]
+        rows.append(f"| themes of {r['photos']:,} Fashion-MNIST photos ({r['auto_k']}), purity / NMI | "
+                    f"{row['ours']['purity']:.3f} / {row['ours']['nmi']:.3f} | k-means on pixels whitened to {d}: "
+                    f"{row[f'pixels_{d}']['purity']:.3f} / {row[f'pixels_{d}']['nmi']:.3f} | "
+                    "[The whole collection](#the-whole-collection-map-and-themes) |")
     return ["## Current figures", "", "| question | ours | against | section |", "|---|---|---|---|", *rows, ""]
 
 
@@ -548,6 +556,46 @@ def _duplicates() -> list[str]:
     return out
 
 
+def _overview() -> list[str]:
+    """Issue 43: the map's layout and the themes' time (``bench/overview_layout.py``), the themes' purity on a
+    labelled set against k-means on whitened pixels (``bench/overview_themes.py``)."""
+    out: list[str] = []
+    d = _load("overview_layout.json")
+    if d:
+        out += _head("Time to lay out and cut into themes", d["command"], level=3)
+        out += [f"{d['cpu']}, {d['threads']} thread(s); 512-d unit vectors of a seeded mixture of 64 groups (the "
+                "script's docstring); what `moco index map` and `themes` compute once per index version, reading "
+                "the vectors from the catalog not counted.", "",
+                "| photos | PCA layout | themes (k-means) | themes | UMAP | UMAP's first call (numba compiles) |",
+                "|---|---|---|---|---|---|"]
+        for r in d["sizes"]:
+            umap = f"{r['umap_seconds']:.1f} s" if "umap_seconds" in r else "-"
+            first = f"{r['umap_first_call_seconds']:.1f} s" if "umap_first_call_seconds" in r else "-"
+            out.append(f"| {r['photos']:,} | {r['pca_seconds']:.2f} s | {r['kmeans_seconds']:.2f} s | {r['themes']} | "
+                       f"{umap} | {first} |")
+        out.append("")
+    t = _load("overview_themes_fashion.json")
+    if t:
+        dim = t["pixel_dims_chosen"]
+        out += _head("Themes on a labelled set", t["command"], level=3)
+        out += [f"{t['cpu']}, {t['threads']} thread(s); backbone: {t['backbone']}. Fashion-MNIST photos indexed as "
+                "PNG files in numbered folders (labels only score): purity (the share of photos in their theme's "
+                "majority class) and NMI. The pixels' whitening width was chosen on the choose split (the best "
+                f"purity at the automatic k: {dim} components), then used on the report split.", "",
+                f"| split | photos | k | ours (centred features): purity / NMI | the same in the search space "
+                f"(whitened) | k-means on pixels whitened to {dim} |", "|---|---|---|---|---|---|"]
+        for split in ("choose", "report"):
+            r = t[split]
+            for k, row in r["k"].items():
+                px = row[f"pixels_{dim}"]
+                ws = row.get("search_space") or {"purity": float("nan"), "nmi": float("nan")}
+                out.append(f"| {split} | {r['photos']:,} | {k} | {row['ours']['purity']:.3f} / "
+                           f"{row['ours']['nmi']:.3f} | {ws['purity']:.3f} / {ws['nmi']:.3f} | {px['purity']:.3f} / "
+                           f"{px['nmi']:.3f} |")
+        out.append("")
+    return (["## The whole collection: map and themes", ""] + out) if out else []
+
+
 def _gpu() -> list[str]:
     d, out = _section("gpu_check.json", "The device check on a GPU", "python bench/gpu_check.py")
     if d is None:
@@ -574,14 +622,34 @@ def _gpu() -> list[str]:
     return out + [""]
 
 
+def _map_draw() -> list[str]:
+    """Issue 43: the Map tab's drawing in Chromium, 10,000 and 100,000 points (``bench/map_draw.py``)."""
+    d = _load("map_draw.json")
+    if not d:
+        return []
+    out = _head("Drawing the Map tab", d["command"], level=3)
+    out += [f"{d['cpu']}; {d['browser']}. The page's own map component on a static page, fed the payload the server "
+            "sends for a synthetic map (32 themes as Gaussian blobs, 12 folders; no index built). First draw: JSON "
+            "parse, decode, the hover grid and the pixels; redraw: colour by folder. Medians of "
+            f"{d['repeats']}; a phone's screen at 3 device pixels per CSS pixel, on this CPU, not a phone's.", "",
+            "| points | screen | payload | server encodes | first draw | redraw | drawn | a box over half |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in d["rows"]:
+        v = r["viewport"]
+        out.append(f"| {r['points']:,} | {r['screen']} {v['width']}x{v['height']} @{r['device_pixel_ratio']}x | "
+                   f"{r['payload_bytes'] / 1e6:.2f} MB | {r['encode_ms']:.0f} ms | {r['first_draw_ms']:.0f} ms | "
+                   f"{r['redraw_ms']:.0f} ms | {r['drawn']:,} | {r['selected']:,} selected |")
+    return [*out, ""]
+
+
 def main() -> None:
     head = ["# Benchmarks", "",
             "Generated by `python bench/report.py` (`make bench` runs every script under `bench/` first) from "
             "`bench/results/*.json`. Every figure comes from a script that runs ours and the peer side by side in "
             "the same run on the same machine. Machine: 2 CPU cores (avx512_bf16), 24 GiB RAM, no GPU.",
             ""]
-    current = (_summary() + _current_cpu() + _fashion() + _embedding_space() + _duplicates() + _train() + _layout()
-               + _embed())
+    current = (_summary() + _current_cpu() + _fashion() + _embedding_space() + _duplicates() + _overview()
+               + _map_draw() + _train() + _layout() + _embed())
     older = ["## Older rounds", "",
              "Every 20-minute comparison and 5-minute screen of the rounds that chose the `cpu` preset, one table per "
              "result file, kept as measured (earlier rounds' presets, other protocols); how each came about is in "

@@ -3,7 +3,9 @@
     python docs/screenshots.py http://127.0.0.1:7860 runs/default/sample/photos/mountains/mountains_003.jpg
 
 Writes docs/screenshot.png (desktop, 1280x800) and docs/screenshot-phone.png (390x844): a search, then a
-click on the third result (details panel). Uses Debian's chromium through Playwright (never `playwright install`).
+click on the third result (details panel); and docs/screenshot-map.png: the Map tab (1280x800), a box drawn over
+some points and the pointer over another (``--map-only``: that one alone). Uses Debian's chromium through
+Playwright (never `playwright install`).
 """
 
 from __future__ import annotations
@@ -11,11 +13,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.live import ARGS, CHROMIUM  # noqa: E402
 
+MAP_SHOT = "screenshot-map.png"
 VIEWS = {"screenshot.png": {"width": 1280, "height": 800}, "screenshot-phone.png": {"width": 390, "height": 844}}
 
 
@@ -25,12 +29,14 @@ def main() -> int:
     p.add_argument("photo", type=Path)
     p.add_argument("--k", type=int, default=12)
     p.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
+    p.add_argument("--map-only", action="store_true", help=f"write {MAP_SHOT} alone")
     args = p.parse_args()
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        for name, viewport in VIEWS.items():
+        map_shot(browser, args.url, args.out / MAP_SHOT)
+        for name, viewport in {} if args.map_only else VIEWS.items():
             page = browser.new_page(viewport=viewport)
             page.goto(args.url)
             page.get_by_role("tab", name="Search").click()
@@ -53,6 +59,34 @@ def main() -> int:
             page.close()
         browser.close()
     return 0
+
+
+def map_shot(browser: Any, url: str, out: Path) -> None:
+    """The Map tab at 1280x800: a box over the points of the upper left, the pointer over the point nearest the
+    middle (its thumbnail shown)."""
+    page = browser.new_page(viewport=VIEWS["screenshot.png"])
+    page.goto(url)
+    page.get_by_role("tab", name="Map").click()
+    points = "document.querySelector('#collection-map canvas.cmap-points')"
+    page.wait_for_function(f"{points} && {points}.dataset.points > 0", timeout=60_000)
+    box = page.locator("#collection-map canvas.cmap-over").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.2, box["y"] + box["height"] * 0.05)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.38, box["y"] + box["height"] * 0.4, steps=8)
+    page.mouse.up()
+    page.wait_for_function("document.querySelector('#map-selection-info').innerText.includes('selected')",
+                           timeout=60_000)
+    api = "[...document.querySelectorAll('#collection-map *')].find(e => e.cmap).cmap"
+    middle = page.evaluate(f"""([w, h]) => {{ const ids = {api}.ids(); let best = null, bd = Infinity;
+        for (const id of ids) {{ const [x, y] = {api}.place(id), d = (x - w / 2) ** 2 + (y - h / 2) ** 2;
+          if (d < bd) {{ bd = d; best = [x, y]; }} }} return best; }}""", [box["width"], box["height"]])
+    page.mouse.move(box["x"] + middle[0], box["y"] + middle[1])
+    page.wait_for_function("(() => { const i = document.querySelector('#collection-map .cmap-tip img'); "
+                           "return i && i.complete && i.naturalWidth > 0; })()", timeout=30_000)
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=str(out))
+    print(f"wrote {out}")
+    page.close()
 
 
 if __name__ == "__main__":

@@ -514,6 +514,16 @@ class Catalog:
         with self.transaction() as db:
             db.execute("UPDATE images SET indexed = 0")
 
+    def entries(self) -> tuple[np.ndarray, list[str], np.ndarray]:
+        """(ids N int64 ascending, paths, taken N float64 with NaN where unknown) of every live photo indexed
+        without error: the collection as browsing and the views of it list it (no vectors read)."""
+        cur = self.db.execute(f"SELECT id, path, {'taken' if 'NULL AS taken' not in self._select else 'NULL'} "
+                              "FROM images WHERE deleted = 0 AND status = 'ok' ORDER BY id")
+        got = cur.fetchall()
+        ids = np.fromiter((r[0] for r in got), np.int64, len(got))
+        taken = np.fromiter((np.nan if r[2] is None else r[2] for r in got), np.float64, len(got))
+        return ids, [_os_path(r[1]) for r in got], taken
+
     # ---------------------------------------------------------------------------------- counts
     def counts(self) -> dict[str, int]:
         """Rows by state: ok, error, pending (embedded, not yet searchable), deleted."""

@@ -46,11 +46,12 @@ from moco.errors import UserError
 from moco.whiten import Whitening
 
 # with the names of index.index_dir, importable from here as well
-__all__ = ["ImageIndex", "SearchResult", "check_query_size", "MIN_SIDE_PX", "row_filter"]
+__all__ = ["ImageIndex", "SearchResult", "check_query_size", "MIN_SIDE_PX", "row_filter", "BROWSE_SORTS"]
 
 logger = logging.getLogger(__name__)
 
 _REQUIRED_META = ("root", "dim", "backbone_sha256", "backbone_path")  # what search and stats read from index.json
+BROWSE_SORTS = ("name", "date", "-date")  # :meth:`ImageIndex.browse`'s orders: by path, taken oldest / newest first
 MIN_SIDE_PX = 16  # a query image smaller than this on a side has too little in it to search with
 
 
@@ -394,6 +395,39 @@ class ImageIndex:
             check_query_size(*size)
         return self.search(embedder.embed(image), k=k, folder=folder, offset=offset,
                            exclude_folders=exclude_folders, taken=taken)
+
+    def browse(self, folder: str | None = None, theme: int | None = None, sort: str = "name", offset: int = 0,
+               limit: int = 60) -> tuple[list[Row], int]:
+        """A page of the collection's photos (live, indexed without error) and how many there are: under
+        ``folder`` (the rule of :meth:`search`'s: :func:`row_filter`), of ``theme`` (an id of
+        :func:`index.overview.themes.collection_themes`), by ``sort``: ``"name"`` (the path), ``"date"`` (taken,
+        oldest first) or ``"-date"`` (newest first); photos without a date come last, ties go by path."""
+        if sort not in BROWSE_SORTS:
+            raise UserError(f"sort {sort!r}: choose among {', '.join(BROWSE_SORTS)}")
+        self.refresh()
+        ids, paths, taken = self.catalog.entries()  # N, N, N
+        keep = np.ones(len(ids), bool)  # N
+        if folder and folder.strip("/"):
+            prefix = folder.strip("/") + "/"  # the prefix of row_filter
+            keep &= np.array([p.startswith(prefix) for p in paths], bool)
+        if theme is not None:
+            from index.overview.themes import theme_members
+
+            members, _ = theme_members(self, theme, 0, len(ids))
+            keep &= np.isin(ids, np.asarray(members, np.int64))
+        at = np.flatnonzero(keep)
+        by_path = np.array(sorted(at.tolist(), key=lambda i: paths[i]), np.int64)  # ties of dates go by path
+        if sort == "name":
+            order = by_path
+        else:
+            t = taken[by_path]
+            known = ~np.isnan(t)
+            dated = by_path[known][np.argsort(t[known] if sort == "date" else -t[known], kind="stable")]
+            order = np.concatenate([dated, by_path[~known]])
+        offset, limit = max(0, int(offset)), max(0, int(limit))
+        page = ids[order[offset : offset + limit]]
+        rows = self.catalog.rows_by_id(page)
+        return [rows[int(i)] for i in page if int(i) in rows], len(order)
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         """Stored raw vectors (len(ids) x D, uncentred: what :meth:`search` takes) in the order of ``ids``."""

@@ -97,6 +97,7 @@ def test_core_dependencies_are_the_light_set():
     assert all(f"[{name}" in extras_text["all"] or f",{name}" in extras_text["all"]
                for name in ("ui", "tensorboard", "plot", "heic", "raw"))
     assert extras["heic"] == {"pillow-heif"} and extras["raw"] == {"rawpy"}  # photos as phones and cameras keep them
+    assert extras["map"] == {"umap-learn"} and "map" not in extras_text["all"]  # numba & co. only when asked for
 
     # every package `moco` imports is declared: at module level a core one, inside functions core or an extra
     top, inner = _third_party_imports(ROOT / "moco")

@@ -11,7 +11,9 @@ from index.catalog import MAX_ID
 
 __all__ = ["FOLDER_FIELD", "EXCLUDE_FIELD", "TAKEN_FROM_FIELD", "TAKEN_TO_FIELD", "IMAGE_TYPES", "BASE64_PATTERN",
            "Hit", "SearchResponse", "Base64Query", "Stats", "Member", "Group", "Duplicates", "Kind", "KeeperRequest",
-           "MoveRequest", "UndoRequest", "Moved", "NotMoved", "MoveResult", "ErrorResponse"]
+           "MoveRequest", "UndoRequest", "Moved", "NotMoved", "MoveResult", "ErrorResponse", "CollectionMap",
+           "PhotoRef", "FolderCount", "ThemeCard", "ThemesResponse", "ThemePhoto", "ThemePage", "UnusualPhoto",
+           "UnusualPage", "BrowsePhoto", "PhotosPage", "Sort"]
 
 
 # The folder filter's field, everywhere: '' or a sub-folder written as FOLDER_PATTERN says (else 400; one that is
@@ -195,6 +197,107 @@ class MoveResult(BaseModel):
     finished: int = Field(description="moves a kill had cut off, finished first")
     updated: bool = Field(description="the index was updated (the moved photos left it)")
     groups: int | None = Field(description="groups found by the search made again afterwards")
+
+
+# ------------------------------------------------------------------------------- the whole collection
+# The documents of index.overview.documents (the CLI's --json prints the same), typed.
+class CollectionMap(BaseModel):
+    """Every indexed photo once, a point of the map: one array per field, in the order of ``ids``."""
+
+    method: Literal["pca", "umap"] = Field(description="pca (the two directions of most spread) or umap")
+    version: str = Field(description="the index version the map was computed for (it changes with every update)")
+    count: int = Field(description="photos on the map")
+    ids: list[int] = Field(description="photo ids, ascending (for /photos/{id}/...)")
+    x: list[float] = Field(description="in [0, 1]; both axes scaled by one factor, the shorter centred")
+    y: list[float] = Field(description="in [0, 1]")
+    theme: list[int] = Field(description="each photo's theme id (GET /api/v1/themes)")
+
+
+class PhotoRef(BaseModel):
+    id: int
+    path: str | None = Field(description="relative to the collection root")
+
+
+class FolderCount(BaseModel):
+    folder: str = Field(description="a folder relative to the collection root ('': its top folder)")
+    count: int = Field(description="the theme's photos in it")
+
+
+class ThemeCard(BaseModel):
+    """A theme: its size, its most central photos, its top folders."""
+
+    id: int = Field(description="0 for the largest theme")
+    size: int
+    central: list[PhotoRef] = Field(description="its most central photos, most central first")
+    folders: list[FolderCount] = Field(description="its top folders, most photos first")
+
+
+class ThemesResponse(BaseModel):
+    """The collection's themes (spherical k-means on the index's centred features), largest first."""
+
+    k: int = Field(description="the number of themes")
+    version: str = Field(description="the index version they were computed for")
+    count: int = Field(description="photos in the themes (every indexed photo, each in one theme)")
+    themes: list[ThemeCard]
+
+
+class ThemePhoto(BaseModel):
+    id: int
+    path: str | None
+    centrality: float = Field(description="the photo's cosine to its theme's centre")
+
+
+class ThemePage(BaseModel):
+    """A page of one theme's photos, most central first."""
+
+    id: int
+    size: int = Field(description="the theme's photos")
+    offset: int
+    limit: int
+    next_offset: int | None = Field(description="`offset` of the next page, or null after the last")
+    photos: list[ThemePhoto]
+
+
+class UnusualPhoto(BaseModel):
+    id: int
+    path: str | None
+    closest: float = Field(description="the photo's centred cosine to its closest other photo (1: it has a copy)")
+
+
+class UnusualPage(BaseModel):
+    """A page of the photos farthest from any other, the most unusual first."""
+
+    total: int = Field(description="photos ranked (all, in a collection of two or more)")
+    offset: int
+    limit: int
+    next_offset: int | None = Field(description="`offset` of the next page, or null after the last")
+    photos: list[UnusualPhoto]
+
+
+class BrowsePhoto(BaseModel):
+    id: int
+    path: str
+    taken: str | None = Field(description="when it was taken, ISO 8601 on the camera's clock: EXIF "
+                              "DateTimeOriginal, else the file's date")
+    width: int | None = None
+    height: int | None = None
+
+
+Sort = Literal["name", "date", "-date"]
+
+
+class PhotosPage(BaseModel):
+    """A page of the collection's photos, by folder or theme."""
+
+    total: int = Field(description="photos that pass the filters")
+    offset: int
+    limit: int
+    next_offset: int | None = Field(description="`offset` of the next page, or null after the last")
+    folder: str | None = Field(description="the sub-folder listed (null: all)")
+    theme: int | None = Field(description="the theme listed (null: all)")
+    sort: Sort = Field(description="name (the path), date (taken, oldest first), -date (newest first); photos "
+                       "without a date last")
+    photos: list[BrowsePhoto]
 
 
 class ErrorResponse(BaseModel):

@@ -20,6 +20,14 @@ that needs nothing from the internet):
     POST /api/v1/duplicates/move           JSON {"groups" | "kinds", "keepers", "dry_run"}: the others of each group
                                            moved to ROOT/.moco-duplicates, journalled; the index updated
     POST /api/v1/duplicates/undo           JSON {"batch"}: moved photos put back; the index updated
+    GET  /api/v1/map                       every photo a point of the map (ids, x, y, theme arrays): method
+    GET  /api/v1/themes                    the collection's themes, largest first: k
+    GET  /api/v1/themes/{id}               a page of one theme's photos, most central first: offset, limit
+    GET  /api/v1/unusual                   a page of the photos farthest from any other: offset, limit
+    GET  /api/v1/photos                    a page of the collection: folder, theme, sort, offset, limit
+
+The views of the whole collection are :mod:`index.overview.documents`' (what ``moco index map|themes|unusual|browse
+--json`` print), computed with the index's version and kept with it.
 
 Searches run through :meth:`SearchApp.search_vectors`, the page's own code (the same checks of ``k``, the folders
 and the dates, the same scores and weak-match threshold as the page and ``moco index search --json``). Concurrent
@@ -47,7 +55,7 @@ import urllib.parse
 import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Literal
 
 import anyio
 import numpy as np
@@ -68,6 +76,7 @@ from app.api.models import (
     TAKEN_FROM_FIELD,
     TAKEN_TO_FIELD,
     Base64Query,
+    CollectionMap,
     Duplicates,
     ErrorResponse,
     Group,
@@ -77,9 +86,14 @@ from app.api.models import (
     Member,
     MoveRequest,
     MoveResult,
+    PhotosPage,
     SearchResponse,
+    Sort,
     Stats,
+    ThemePage,
+    ThemesResponse,
     UndoRequest,
+    UnusualPage,
 )
 from app.guard.access import API_PREFIX, ApiSettings, check_access
 from app.page.handlers import MAX_RESULTS, NoSuchFolder, SearchApp
@@ -87,12 +101,21 @@ from app.page.review import MAX_PAGE
 from app.page.uploads import read_upload, upload_suffix
 from index.catalog import MAX_ID, display_path, taken_text
 from index.image_index import ImageIndex
+from index.overview.documents import MAX_PAGE as MAX_VIEW_PAGE
+from index.overview.documents import (
+    browse_document,
+    map_document,
+    theme_document,
+    themes_document,
+    unusual_document,
+)
 from moco.errors import UserError, clipped, quoted
 
 __all__ = ["SearchService", "Filters", "api_routes"]
 
 logger = logging.getLogger(__name__)
 
+MAX_THEMES_ASKED = 1000  # themes a request may ask for (the automatic number is at most 64)
 DECODE_WORKERS = 2  # uploads decoded at once (the rest wait for a thread; all count against max_pending)
 MAX_DETAIL = 1000  # characters of an error's one line at most (what it quotes of the request: far fewer)
 # what each error code means, in the schema
@@ -558,6 +581,57 @@ def api_routes(service: SearchService) -> list[Any]:
         index is updated."""
         service._ready()
         return MoveResult.model_validate(app.duplicates.undo(request.batch).as_dict())
+
+    @router.get("/map", response_model=CollectionMap, responses=ERRORS, summary="The map of the collection",
+                tags=["collection"])
+    def collection_map(method: Literal["pca", "umap"] = Query("pca", description="pca, or umap where the server has "
+                                                              "the map extra")) -> CollectionMap:
+        """Every indexed photo once, a point in [0, 1]² (alike photos close, from the index's centred features) with its
+        theme: compact, one array per field. Computed once per index version and kept with the index."""
+        service._ready()
+        return CollectionMap.model_validate(map_document(app.ready_index(), method))
+
+    @router.get("/themes", response_model=ThemesResponse, responses=ERRORS, summary="The collection's themes",
+                tags=["collection"])
+    def themes(k: int | None = Query(None, ge=1, le=MAX_THEMES_ASKED, description="this many themes (default: "
+                                     "from the collection's size, round(sqrt(N/2)) from 2 to 64)")) -> ThemesResponse:
+        """Groups of alike photos (spherical k-means on the index's centred features), largest first, each with its most
+        central photos and its top folders; every photo in exactly one."""
+        service._ready()
+        return ThemesResponse.model_validate(themes_document(app.ready_index(), k))
+
+    @router.get("/themes/{theme_id}", response_model=ThemePage, responses=ERRORS, summary="A theme's photos, a page",
+                tags=["collection"])
+    def theme(theme_id: int = PathParam(ge=0, le=MAX_ID), offset: int = Query(0, ge=0),
+              limit: int = Query(60, ge=1, le=MAX_VIEW_PAGE)) -> ThemePage:
+        """A page of one theme's photos (of the default themes, as GET /api/v1/themes lists them), most central
+        first; `next_offset` for the next page."""
+        service._ready()
+        try:
+            return ThemePage.model_validate(theme_document(app.ready_index(), theme_id, offset, limit))
+        except UserError as e:
+            raise NotFound(str(e)) from None
+
+    @router.get("/unusual", response_model=UnusualPage, responses=ERRORS, summary="Unusual photos, a page",
+                tags=["collection"])
+    def unusual(offset: int = Query(0, ge=0), limit: int = Query(60, ge=1, le=MAX_VIEW_PAGE)) -> UnusualPage:
+        """The photos farthest from any other, by their centred cosine to their closest other photo, lowest first
+        (a photo with an exact copy scores 1: never unusual)."""
+        service._ready()
+        return UnusualPage.model_validate(unusual_document(app.ready_index(), offset, limit))
+
+    @router.get("/photos", response_model=PhotosPage, responses=ERRORS, summary="Browse the collection, a page",
+                tags=["collection"])
+    def photos(folder: str = Query("", **FOLDER_FIELD),  # type: ignore[arg-type]
+               theme: int | None = Query(None, ge=0, le=MAX_ID, description="only the photos of this theme"),
+               sort: Sort = Query("name", description="name (the path), date (taken, oldest first) or -date (newest "
+                                  "first)"),
+               offset: int = Query(0, ge=0), limit: int = Query(60, ge=1, le=MAX_VIEW_PAGE)) -> PhotosPage:
+        """A page of the collection's photos under `folder`, of `theme`, sorted; photos without a date come last
+        when sorted by date."""
+        service._ready()
+        on_disk = app._folder(folder)  # the page's check: a bad name 400, a folder the collection lacks 404
+        return PhotosPage.model_validate(browse_document(app.ready_index(), on_disk, theme, sort, offset, limit))
 
     routes = list(router.routes)
     schema: dict[str, Any] = {}

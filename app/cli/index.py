@@ -1,4 +1,5 @@
-"""`moco index build|update|search|stats|dedup`: the batch indexing commands."""
+"""`moco index build|update|search|stats|dedup|map|themes|unusual|browse`: the batch indexing commands, and the views
+of the whole collection (:mod:`index.overview`)."""
 
 from __future__ import annotations
 
@@ -92,6 +93,58 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="JSON: the groups (a list), or what a move, an undo or a mark "
                    "did (an object)")
     p.set_defaults(handler=cmd_dedup)
+    _add_views(cmds)
+
+
+def _add_views(cmds: argparse._SubParsersAction) -> None:
+    """`moco index map|themes|unusual|browse`: the whole collection, from the index's own vectors."""
+    p = cmds.add_parser("map", help="a map of the collection: every photo a point, alike photos close",
+                        description="A 2-D layout of every indexed photo from the index's centred features, "
+                        "coloured by theme; kept in the index directory with the index's version (computed again "
+                        "only after the index changed).")
+    p.add_argument("index_dir", metavar="IDX")
+    p.add_argument("-o", "--out", default=None, metavar="MAP.png",
+                   help="draw the map as a PNG, coloured by theme (needs the plot extra: matplotlib)")
+    p.add_argument("--method", choices=["pca", "umap"], default="pca",
+                   help="pca (default: numpy only) or umap (the map extra: umap-learn; keeps neighbours together)")
+    p.add_argument("--refresh", action="store_true", help="compute it again even if the index did not change")
+    p.add_argument("--json", action="store_true",
+                   help='JSON: [{"id", "path", "x", "y", "theme"}, ...], x and y in [0, 1]')
+    p.set_defaults(handler=cmd_map)
+
+    p = cmds.add_parser("themes", help="the collection's themes: groups of alike photos (k-means)",
+                        description="Themes: spherical k-means on the index's centred features (FAISS), each theme "
+                        "with its size, its most central photos and its top folders; the number of themes follows the "
+                        "collection's size (round(sqrt(N/2)), from 2 to 64) unless --themes says.")
+    p.add_argument("index_dir", metavar="IDX")
+    p.add_argument("--themes", type=int, default=None, metavar="K", help="this many themes (default: from the size)")
+    p.add_argument("--refresh", action="store_true", help="compute them again even if the index did not change")
+    p.add_argument("--json", action="store_true", help='JSON: {"k", "version", "count", "themes": [{"id", "size", '
+                   '"central": [{"id", "path"}], "folders": [{"folder", "count"}]}]}')
+    p.set_defaults(handler=cmd_themes)
+
+    p = cmds.add_parser("unusual", help="the photos farthest from any other photo of the collection",
+                        description="Each photo's cosine to its closest other photo (as search scores it), lowest "
+                        "first: the photos unlike anything else. A photo with an exact copy is never unusual.")
+    p.add_argument("index_dir", metavar="IDX")
+    p.add_argument("-n", type=int, default=20, help="photos to list (default: 20)")
+    p.add_argument("--offset", type=int, default=0, help="photos to skip first")
+    p.add_argument("--json", action="store_true", help='JSON: {"total", "offset", "limit", "next_offset", "photos": '
+                   '[{"id", "path", "closest"}]}')
+    p.set_defaults(handler=cmd_unusual)
+
+    p = cmds.add_parser("browse", help="list the collection's photos by folder or theme, by name or date",
+                        description="A page of the collection's photos: under --folder, of --theme, sorted.")
+    p.add_argument("index_dir", metavar="IDX")
+    p.add_argument("--folder", default=None, help="only photos under this sub-folder of the collection")
+    p.add_argument("--theme", type=int, default=None, help="only photos of this theme (ids: `moco index themes`)")
+    p.add_argument("--sort", choices=["name", "date", "-date"], default="name",
+                   help="name (the path), date (taken, oldest first) or -date (newest first: --sort=-date)")
+    p.add_argument("-n", type=int, default=60, help="photos to list (default: 60)")
+    p.add_argument("--offset", type=int, default=0, help="photos to skip first")
+    p.add_argument("--json", action="store_true", help='JSON: {"total", "offset", "limit", "next_offset", "folder", '
+                   '"theme", "sort", "photos": [{"id", "path", "taken", "width", "height"}]}')
+    p.set_defaults(handler=cmd_browse)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -283,3 +336,80 @@ def _keep(idx: ImageIndex, args: argparse.Namespace) -> None:
                             f"(`moco index dedup {idx.dir}`) and give an id it lists")
         choose_keeper(idx, group["id"], photo)
         print(f"keeping {photo} of group {group['id']}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------------------- the whole collection
+def cmd_map(args: argparse.Namespace) -> int:
+    from index.image_index import ImageIndex
+    from index.overview.documents import map_document, map_rows
+    from index.overview.layout import collection_map, save_map_png
+
+    idx = ImageIndex.open(args.index_dir)
+    doc = map_document(idx, args.method, args.refresh)
+    if args.out:
+        m = collection_map(idx, args.method)  # the same map: read back from memory
+        save_map_png(m, args.out, f"{display_path(idx.root.name)}: {doc['count']} photos ({args.method}), "
+                                  f"{len(set(doc['theme']))} themes")
+    if args.json:
+        print(json.dumps(map_rows(idx, doc)))
+    else:
+        print(f"map of {doc['count']} photos ({doc['method']}, index version {doc['version']})"
+              + (f": drawn to {display_path(str(args.out))}" if args.out else ""))
+    return 0
+
+
+def cmd_themes(args: argparse.Namespace) -> int:
+    from index.image_index import ImageIndex
+    from index.overview.documents import themes_document
+
+    idx = ImageIndex.open(args.index_dir)
+    doc = themes_document(idx, args.themes, args.refresh)
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    for t in doc["themes"]:
+        folders = ", ".join(f"{f['folder'] or '(top)'} {f['count']}" for f in t["folders"])
+        print(f"theme {t['id']}: {t['size']} photos; folders: {folders}")
+        for c in t["central"][:5]:
+            print(f"  {c['id']:>6}  {c['path']}")
+    print(f"{doc['k']} themes of {doc['count']} photos (spherical k-means on the index's centred features); "
+          f"`moco index browse {args.index_dir} --theme ID` lists one")
+    return 0
+
+
+def cmd_unusual(args: argparse.Namespace) -> int:
+    from index.image_index import ImageIndex
+    from index.overview.documents import MAX_PAGE, unusual_document
+
+    if not 1 <= args.n <= MAX_PAGE:
+        raise UserError(f"-n {args.n}: list from 1 to {MAX_PAGE} photos at a time (--offset for the next ones)")
+    idx = ImageIndex.open(args.index_dir)
+    doc = unusual_document(idx, args.offset, args.n)
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    for p in doc["photos"]:
+        print(f"{p['closest']:.4f}  {p['id']:>6}  {p['path']}")
+    print(f"{len(doc['photos'])} of {doc['total']} photos, by the cosine to their closest other photo (lowest: the "
+          "most unusual)", file=sys.stderr)
+    return 0
+
+
+def cmd_browse(args: argparse.Namespace) -> int:
+    from index.image_index import ImageIndex
+    from index.overview.documents import MAX_PAGE, browse_document
+
+    if not 1 <= args.n <= MAX_PAGE:
+        raise UserError(f"-n {args.n}: list from 1 to {MAX_PAGE} photos at a time (--offset for the next ones)")
+    if args.offset < 0:
+        raise UserError(f"--offset {args.offset}: give 0 or more photos to skip")
+    idx = ImageIndex.open(args.index_dir)
+    folder = _check_folder(idx, args.folder)
+    doc = browse_document(idx, folder, args.theme, args.sort, args.offset, args.n)
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    for p in doc["photos"]:
+        print(f"{p['id']:>6}  {(p['taken'] or '')[:10]:<10}  {p['path']}")
+    print(f"{len(doc['photos'])} of {doc['total']} photos", file=sys.stderr)
+    return 0

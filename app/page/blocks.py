@@ -16,6 +16,8 @@ from collections.abc import Callable
 from typing import Any
 
 from app.page.handlers import FOLDER_MODES, Results, SearchApp, folder_filter
+from app.page.map_view import THEME_CARDS_CSS, THEME_CARDS_JS, map_component
+from app.page.overview import PAGE, SORTS
 from app.page.review import PAGE_SIZE
 from app.page.uploads import QueryImage
 from app.page.views import (
@@ -28,6 +30,7 @@ from app.page.views import (
     status_outputs,
 )
 from index.calibrate import DEDUP_THRESHOLD
+from index.index_dir import THUMBS_DIR
 from moco.errors import UserError
 
 __all__ = ["build_ui", "CSS", "GRADIO_CACHE_S"]
@@ -163,10 +166,11 @@ def _skip() -> Any:
 
 
 def build_ui(app: SearchApp, service: Any = None) -> Any:
-    """The Gradio Blocks of the four tabs. With ``service`` (the JSON API's :class:`app.api.routes.SearchService`),
+    """The Gradio Blocks of the tabs. With ``service`` (the JSON API's :class:`app.api.routes.SearchService`),
     Search goes through its batcher: uploads decoded in its pool and embedded together, the page's and the API's
     alike."""
     import gradio as gr
+    from gradio_client.utils import encode_file_path
 
     sources = ["upload", "clipboard", "webcam"]
     ready = app.ready
@@ -284,6 +288,180 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 open_btn.click(_safe(2, 1)(lambda i: (do_open(i), gr.skip())), [picked], [original, detail_md],
                                api_name=False).then(
                     None, [original], None, js="(f) => { if (f && f.url) window.open(f.url, '_blank'); }")
+            # ------------------------------------------------- the whole collection: Map, Themes, Browse, Unusual
+            # A photo picked on one of them is searched with and shown in the Search tab, as a clicked result is.
+            opened = [*results, query, details, preview, detail_md, path_box, picked, original, tabs]
+
+            def open_photo(image_id: int, k_: int, folder_: str, mode_: str | None, from_: str | None,
+                           to_: str | None, request: gr.Request) -> tuple:  # opened + the tab's message ("")
+                gal, text, st = app.search_id(int(image_id), k_, **filters(folder_, mode_, from_, to_))
+                d = app.details(int(image_id))
+                return (_file_urls(gal, request), text, st, *export_buttons(st), "", d["thumb"],
+                        gr.Column(visible=True), d["preview"], d["markdown"], d["full_path"], d["id"],
+                        gr.File(value=None, visible=False), gr.Tabs(selected="search"), "")
+
+            def open_shown(ids: list[int] | None, k_: int, folder_: str, mode_: str | None, from_: str | None,
+                           to_: str | None, evt: gr.SelectData, request: gr.Request) -> tuple:
+                if not ids or not 0 <= int(evt.index) < len(ids):
+                    raise UserError("that photo is no longer shown: load the page again")
+                return open_photo(ids[int(evt.index)], k_, folder_, mode_, from_, to_, request)
+
+            for fn in (open_photo, open_shown):
+                fn.__annotations__["request"] = gr.Request
+            open_shown.__annotations__["evt"] = gr.SelectData
+            n_open = len(opened) + 1
+
+            def wire_gallery(shown: Any, ids: Any, message: Any) -> None:  # a click on a photo searches with it
+                shown.select(_safe(n_open, n_open - 1)(open_shown), [ids, *search_inputs], [*opened, message],
+                             api_name=False, concurrency_id="model").then(
+                    None, None, None, js="() => { if (document.activeElement) document.activeElement.blur(); }")
+
+            with gr.Tab("Map", id="map") as map_tab:
+                map_info = gr.Markdown(elem_id="map-info")
+                cmap = map_component(elem_id="collection-map")
+                map_message = gr.Markdown(elem_id="map-message")  # what went wrong, apart from the selection
+                chosen_info = gr.Markdown(elem_id="map-selection-info")
+                chosen = gr.Gallery(label="Selected photos (click one to search with it)", columns=6, height="auto",
+                                    allow_preview=False, elem_id="map-selection", elem_classes=["results"])
+                chosen_ids = gr.State([])
+                map_shown = gr.State("")  # the map's version this page holds: not sent again while it is current
+
+            def do_map(shown: str) -> tuple:
+                index = app.ready_index()
+                thumbs = f"gradio_api/file={encode_file_path(str(index.dir / THUMBS_DIR))}/"
+                payload = app.overview.map(thumbs)
+                if payload["version"] == shown:
+                    return gr.skip(), gr.skip(), shown
+                return payload, app.overview.map_text(), payload["version"]
+
+            def do_pick(k_: int, folder_: str, mode_: str | None, from_: str | None, to_: str | None,
+                        evt: gr.EventData, request: gr.Request) -> tuple:
+                data = evt._data if isinstance(getattr(evt, "_data", None), dict) else {}
+                if not isinstance(data.get("id"), int):
+                    raise UserError("click a point of the map")
+                return open_photo(data["id"], k_, folder_, mode_, from_, to_, request)
+
+            def do_region(evt: gr.EventData, request: gr.Request) -> tuple:
+                data = evt._data if isinstance(getattr(evt, "_data", None), dict) else {}
+                ids, total = app.overview.region(str(data.get("shape")), data.get("points") or [],
+                                                 version=str(data.get("version")))
+                text = (f"**{total} photos selected**" + (f" (the first {len(ids)} shown)" if total > len(ids) else "")
+                        if total else "**No photos in the selection**: draw around some points.")
+                return _file_urls(app.overview.gallery(ids), request), ids, text, ""
+
+            for fn in (do_pick, do_region):
+                fn.__annotations__["request"] = gr.Request
+            do_pick.__annotations__["evt"] = gr.EventData
+            do_region.__annotations__["evt"] = gr.EventData
+            map_tab.select(_safe(3, 1)(do_map), [map_shown], [cmap, map_info, map_shown], api_name=False,
+                           concurrency_id="overview")
+            cmap.pick(_safe(n_open, n_open - 1)(do_pick), search_inputs, [*opened, map_message], api_name=False,
+                      concurrency_id="model")
+            cmap.region(_safe(4, 3)(do_region), None, [chosen, chosen_ids, chosen_info, map_message], api_name=False,
+                        concurrency_id="overview")
+            wire_gallery(chosen, chosen_ids, map_message)
+
+            with gr.Tab("Themes", id="themes") as themes_tab:
+                themes_message = gr.Markdown(elem_id="themes-message")
+                theme_cards = gr.HTML(elem_id="theme-cards", js_on_load=THEME_CARDS_JS, css_template=THEME_CARDS_CSS)
+            with gr.Tab("Browse", id="browse") as browse_tab:
+                with gr.Row():
+                    browse_folder = gr.Dropdown(app.folder_choices(), value="", label="Folder", elem_id="browse-folder")
+                    browse_theme = gr.Dropdown([("All themes", -1)], value=-1, label="Theme", elem_id="browse-theme")
+                    browse_sort = gr.Radio(list(SORTS), value=next(iter(SORTS)), label="Sort by",
+                                           elem_id="browse-sort")
+                with gr.Row():
+                    browse_prev = gr.Button("◀ Previous", elem_id="browse-prev", scale=0)
+                    browse_where = gr.Markdown(elem_id="browse-where")
+                    browse_next = gr.Button("Next ▶", elem_id="browse-next", scale=0)
+                browse_message = gr.Markdown(elem_id="browse-message")
+                browse_grid = gr.Gallery(label="Photos (click one to search with it)", columns=6, height="auto",
+                                         allow_preview=False, elem_id="browse-grid", elem_classes=["results"])
+                browse_ids, browse_offset = gr.State([]), gr.State(0)
+            with gr.Tab("Unusual", id="unusual") as unusual_tab:
+                with gr.Row():
+                    unusual_prev = gr.Button("◀ Previous", elem_id="unusual-prev", scale=0)
+                    unusual_where = gr.Markdown(elem_id="unusual-where")
+                    unusual_next = gr.Button("Next ▶", elem_id="unusual-next", scale=0)
+                unusual_message = gr.Markdown(elem_id="unusual-message")
+                unusual_grid = gr.Gallery(label="The photos least like any other (click one to search with it)",
+                                          columns=6, height="auto", allow_preview=False, elem_id="unusual-grid",
+                                          elem_classes=["results"])
+                unusual_ids, unusual_offset = gr.State([]), gr.State(0)
+
+            def theme_choices(choices: list[tuple[str, int]]) -> list[tuple[str, int]]:
+                return [("All themes", -1), *choices]
+
+            def do_themes() -> tuple:
+                cards, choices = app.overview.themes()
+                return cards, gr.update(choices=theme_choices(choices)), ""
+
+            themes_tab.select(_safe(3, 2)(do_themes), None, [theme_cards, browse_theme, themes_message],
+                              api_name=False, concurrency_id="overview")
+            browse_view = [browse_grid, browse_ids, browse_where, browse_offset, browse_message]
+
+            def do_browse(folder_: str, theme_: int | None, sort_: str, offset_: int, request: gr.Request) -> tuple:
+                theme_ = None if theme_ is None or int(theme_) < 0 else int(theme_)
+                gal, ids, where, offset_ = app.overview.browse(app.folder_on_disk(folder_), theme_,
+                                                               SORTS.get(sort_, "name"), offset_)
+                return _file_urls(gal, request), ids, where, offset_, ""
+
+            def do_theme_card(evt: gr.EventData, request: gr.Request) -> tuple:
+                data = evt._data if isinstance(getattr(evt, "_data", None), dict) else {}
+                if not isinstance(data.get("id"), int):
+                    raise UserError("click a theme")
+                _, choices = app.overview.themes()
+                return (*do_browse("", data["id"], next(iter(SORTS)), 0, request),
+                        gr.update(choices=theme_choices(choices), value=data["id"]), gr.update(value=""),
+                        gr.Tabs(selected="browse"), "")
+
+            def browse_step(step: int) -> Callable:  # the Previous / Next buttons
+                def page(f_: str, t_: int | None, s_: str, o_: int, request: gr.Request) -> tuple:
+                    return do_browse(f_, t_, s_, max(0, int(o_ or 0) + step), request)
+
+                page.__annotations__["request"] = gr.Request
+                return page
+
+            def browse_first(f_: str, t_: int | None, s_: str, request: gr.Request) -> tuple:  # a filter changed
+                return do_browse(f_, t_, s_, 0, request)
+
+            for fn in (do_browse, do_theme_card, browse_first):
+                fn.__annotations__["request"] = gr.Request
+            do_theme_card.__annotations__["evt"] = gr.EventData
+            browse_filters = [browse_folder, browse_theme, browse_sort]
+            theme_cards.theme(_safe(9, 8)(do_theme_card), None,
+                              [*browse_view, browse_theme, browse_folder, tabs, themes_message], api_name=False,
+                              concurrency_id="overview")
+            def browse_opened(f_: str, t_: int | None, s_: str, o_: int, request: gr.Request) -> tuple:
+                _, choices = app.overview.themes()  # the theme filter's choices, also before the Themes tab
+                return (*do_browse(f_, t_, s_, o_, request), gr.update(choices=theme_choices(choices)))
+
+            browse_opened.__annotations__["request"] = gr.Request
+            browse_tab.select(_safe(6, 4)(browse_opened), [*browse_filters, browse_offset],
+                              [*browse_view, browse_theme], api_name=False, concurrency_id="overview")
+            for changed in (browse_folder.input, browse_theme.input, browse_sort.input):
+                changed(_safe(5, 4)(browse_first), browse_filters, browse_view, api_name=False,
+                        concurrency_id="overview")
+            for button, step in ((browse_prev, -PAGE), (browse_next, PAGE)):
+                button.click(_safe(5, 4)(browse_step(step)), [*browse_filters, browse_offset], browse_view,
+                             api_name=False, concurrency_id="overview")
+            wire_gallery(browse_grid, browse_ids, browse_message)
+            unusual_view = [unusual_grid, unusual_ids, unusual_where, unusual_offset, unusual_message]
+
+            def unusual_step(step: int) -> Callable:  # the tab opened (0), Previous, Next
+                def page(o_: int, request: gr.Request) -> tuple:
+                    gal, ids, where, shown = app.overview.unusual(max(0, int(o_ or 0) + step))
+                    return _file_urls(gal, request), ids, where, shown, ""
+
+                page.__annotations__["request"] = gr.Request
+                return page
+
+            unusual_tab.select(_safe(5, 4)(unusual_step(0)), [unusual_offset], unusual_view, api_name=False,
+                               concurrency_id="overview")
+            for button, step in ((unusual_prev, -PAGE), (unusual_next, PAGE)):
+                button.click(_safe(5, 4)(unusual_step(step)), [unusual_offset], unusual_view, api_name=False,
+                             concurrency_id="overview")
+            wire_gallery(unusual_grid, unusual_ids, unusual_message)
             with gr.Tab("Negatives", id="negatives"):
                 gr.Markdown("The InfoNCE view: the two training views of a photo, and the negatives closest to its "
                             "query embedding, with their logits and share of the softmax over [positive + negatives]. "

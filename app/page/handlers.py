@@ -32,6 +32,7 @@ from PIL import Image
 from app.page.negatives.from_index import IndexNegatives
 from app.page.negatives.from_queue import QueueNegatives
 from app.page.negatives.view import NegativesView
+from app.page.overview import CollectionOverview
 from app.page.review import DuplicateReview
 from app.page.uploads import read_upload
 from index.catalog import display_path, taken_bound, taken_text
@@ -161,6 +162,7 @@ class SearchApp:
         self._writing = 0  # result folders made and being written (counted in _KEEP_EXPORTS)
         self._lock = threading.Lock()
         self.duplicates = DuplicateReview(self.ready_index)  # the Collection tab's review, and the API's
+        self.overview = CollectionOverview(self.ready_index)  # the Map, Themes, Unusual and Browse tabs
         if index is not None:
             self._attach(index, embedder, checkpoint)
 
@@ -251,6 +253,11 @@ class SearchApp:
             raise (UserError if bad_name else NoSuchFolder)(f"{which}no sub-folder {quoted(folder)} in the collection: "
                                                              f"pick one from the list, or {ALL_FOLDERS}")
         return self._folder_names.get(folder, folder) if folder else None
+
+    def folder_on_disk(self, given: str | None) -> str | None:
+        """A folder as the page's pickers give it (shown, maybe escaped) on disk; None for all; a UserError naming
+        a folder the collection does not have."""
+        return self._folder(given)
 
     def _query(self, k: int, folder: str | None, exclude_folders: Sequence[str] = (), taken_from: str | None = None,
                taken_to: str | None = None) -> tuple[ImageIndex, int, str | None, tuple[str, ...], tuple]:
@@ -360,6 +367,18 @@ class SearchApp:
         assert state is not None
         return self.from_vector(vector, state.k, state.folder, display_path(path), 0.0,
                                 {"id": image_id, "path": path}, state.exclude_folders, *state.taken_given)
+
+    def search_id(self, image_id: int, k: int = 12, folder: str | None = None, exclude_folders: Sequence[str] = (),
+                  taken_from: str | None = None, taken_to: str | None = None) -> tuple:
+        """Search with an indexed photo (a point of the map, a photo of a theme): its stored vector, no
+        re-embedding. Returns (gallery, info, state) as :meth:`select`, the state's ``source`` naming the photo."""
+        index = self.ready_index()
+        row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
+        if row is None or row.deleted or row.status != "ok":
+            raise UserError(f"photo id {image_id} is no longer in the index: draw the map again")
+        vector = index.vectors(np.array([row.id]))[0]  # D
+        return self.from_vector(vector, k, folder, display_path(row.path), 0.0, {"id": row.id, "path": row.path},
+                                exclude_folders, taken_from, taken_to)
 
     def details(self, image_id: int) -> dict[str, Any]:
         """An indexed photo for the details panel: full path, thumbnail, size, date, dimensions when readable."""
