@@ -3,14 +3,17 @@ Playwright (never `playwright install`) and the UI's search gesture."""
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
         "--disable-sync", "--no-first-run"]
@@ -38,19 +41,44 @@ def wait_served(url: str, proc: subprocess.Popen, timeout: float = 300) -> Any:
 
 
 @contextmanager
-def chromium_page(url: str) -> Iterator[Any]:
-    """A page of a fresh headless chromium at ``url``."""
+def moco_serve(index_dir: Path, log: Path, *flags: str) -> Iterator[str]:
+    """`moco serve INDEX_DIR FLAGS` in a process of its own on a free port (CPU, one thread), its output in ``log``:
+    the page's URL once it answers; the server is stopped at the end."""
+    port = free_port()
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(index_dir), "--port", str(port),
+                                 "--device", "cpu", *flags], env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/"
+    try:
+        wait_served(url, proc, timeout=180)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """A fresh headless Debian chromium (a Playwright ``Browser``)."""
     from playwright.sync_api import sync_playwright
 
     assert Path(CHROMIUM).exists(), "install Debian's chromium (`make test` does: apt-get install chromium)"
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.goto(url)
-            yield page
+            yield browser
         finally:
             browser.close()
+
+
+@contextmanager
+def chromium_page(url: str) -> Iterator[Any]:
+    """A page of a fresh headless chromium at ``url``."""
+    with chromium() as browser:
+        page = browser.new_page(viewport={"width": 1400, "height": 900})
+        page.goto(url)
+        yield page
 
 
 def search_in_page(page: Any, image: Path, k: int) -> None:

@@ -23,7 +23,7 @@ import pytest
 from PIL import Image
 
 from .conftest import trained_index
-from .live import ARGS, CHROMIUM, free_port, wait_served
+from .live import chromium, free_port, moco_serve
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,30 +36,15 @@ def served(tmp_path_factory) -> Iterator[dict[str, Any]]:
     """`moco serve` over a tiny trained run's index (queue negatives), its log in a file."""
     tmp = tmp_path_factory.mktemp("browser")
     photos = trained_index(tmp, photo_size=64)["photos"]
-    port, log = free_port(), tmp / "server.log"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(tmp / "idx"), "--port", str(port),
-                                 "--checkpoint", str(tmp / "run" / "checkpoint.pt"), "--device", "cpu"], env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        wait_served(url, proc, timeout=180)
+    log = tmp / "server.log"
+    with moco_serve(tmp / "idx", log, "--checkpoint", str(tmp / "run" / "checkpoint.pt")) as url:
         yield {"url": url, "photos": photos, "idx": tmp / "idx", "log": log, "tmp": tmp}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    assert Path(CHROMIUM).exists(), "install Debian's chromium (`make test` does: apt-get install chromium)"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 # a line of the Status tab's log as `moco run` writes them, long enough to need two lines on a desktop
@@ -427,17 +412,8 @@ def dup_served(backbone, tmp_path_factory) -> Iterator[dict[str, Any]]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     subprocess.run([sys.executable, "-m", "app.cli", "index", "dedup", str(tmp / "idx")], env=env, check=True,
                    capture_output=True)
-    port, log = free_port(), tmp / "server.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(tmp / "idx"), "--port", str(port),
-                                 "--device", "cpu"], env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        wait_served(url, proc, timeout=180)
+    with moco_serve(tmp / "idx", tmp / "server.log") as url:
         yield {"url": url, "photos": photos, "idx": tmp / "idx", "expected": expected, "before": _bytes(photos)}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def _dup_message(page: Any, words: str) -> str:

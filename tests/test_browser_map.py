@@ -6,9 +6,6 @@ ranks as the index does."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from .live import ARGS, CHROMIUM, free_port, wait_served
+from .live import chromium, moco_serve
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,29 +33,15 @@ def served(backbone, tmp_path_factory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("browser_map")
     make_sample_collection(tmp / "photos", per_family=8, size=48, seed=7)
     build_index(tmp / "photos", backbone, tmp / "idx", progress=False, device="cpu")
-    port, log = free_port(), tmp / "server.log"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "app.cli", "serve", str(tmp / "idx"), "--port", str(port),
-                                 "--device", "cpu"], env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    try:
-        wait_served(url, proc, timeout=180)
+    log = tmp / "server.log"
+    with moco_serve(tmp / "idx", log) as url:
         yield {"url": url, "idx": tmp / "idx", "photos": tmp / "photos", "log": log}
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    assert Path(CHROMIUM).exists(), "install Debian's chromium (`make test` does: apt-get install chromium)"
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    with chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
