@@ -1,0 +1,134 @@
+"""Search with several photos: index.query's rules against numpy, and ImageIndex.search with a combined query, its own
+photos left out and near-copies hidden, on generated photos with a real backbone and a real FAISS index."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from index.build.plan import file_hash
+from index.build.runner import build_index
+from index.image_index import ImageIndex
+from index.query import RULES, check_query_vector, combine
+from moco.data.sample import make_sample_collection
+from moco.errors import UserError
+
+
+def _unit_rows(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+    x = rng.normal(size=(n, d)).astype(np.float32)  # n x d
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_the_rules_against_numpy():
+    rng = np.random.default_rng(0)
+    pos, neg, bg = _unit_rows(rng, 3, 16), _unit_rows(rng, 2, 16), _unit_rows(rng, 64, 16)
+    one = combine(pos[:1])
+    assert one.dtype == np.float32 and np.array_equal(one, pos[0])  # one photo: itself, bit for bit
+    for rule in ("mean", "difference", "rocchio"):
+        assert np.array_equal(combine(pos[:1], rule=rule), pos[0])
+    m = pos.mean(0)
+    np.testing.assert_allclose(combine(pos, rule="mean"), m / np.linalg.norm(m), atol=1e-6)
+    np.testing.assert_allclose(combine(pos, neg, rule="mean"), m / np.linalg.norm(m), atol=1e-6)  # ignores them
+    d = m - 0.5 * neg.mean(0)
+    np.testing.assert_allclose(combine(pos, neg, rule="difference", beta=0.5), d / np.linalg.norm(d), atol=1e-6)
+    u = m / np.linalg.norm(m) - 0.25 * neg.mean(0) / np.linalg.norm(neg.mean(0))
+    np.testing.assert_allclose(combine(pos, neg, rule="rocchio", beta=0.25), u / np.linalg.norm(u), atol=1e-6)
+    w = combine(pos, neg, rule="logistic", background=bg)
+    assert w.shape == (16,) and np.linalg.norm(w) == pytest.approx(1.0, abs=1e-5)
+    # the fitted direction separates: every positive scores above every negative and the background's median
+    assert (pos @ w).min() > (neg @ w).max() and (pos @ w).min() > np.median(bg @ w)
+    for rule in RULES:
+        for q in (combine(pos, neg, rule=rule, background=bg), combine(pos, None, rule=rule, background=bg)):
+            assert np.isfinite(q).all() and np.linalg.norm(q) == pytest.approx(1.0, abs=1e-5)
+
+
+def test_bad_queries_are_refused_with_the_fix():
+    with pytest.raises(UserError, match="at least one positive"):
+        combine(np.zeros((0, 4), np.float32))
+    with pytest.raises(UserError, match="unknown query rule 'max'"):
+        combine(np.ones((1, 4), np.float32), rule="max")
+    with pytest.raises(UserError, match="background"):
+        combine(np.ones((2, 4), np.float32), rule="logistic")
+    np.testing.assert_allclose(check_query_vector([3, 0, 4], 3), [0.6, 0, 0.8], atol=1e-7)
+    for bad, says in (([1, 2], "has 2 numbers.*give 3"), ([0, 0, 0], "all zeros"), ([1, float("nan"), 0], "NaN"),
+                      ([1, float("inf"), 0], "NaN or an infinity"), ("abc", "list of 3 numbers"),
+                      ([[1, 2, 3]], "give 3")):
+        with pytest.raises(UserError, match=says):
+            check_query_vector(bad, 3)
+
+
+@pytest.fixture(scope="module")
+def collection(tmp_path_factory, backbone) -> dict[str, object]:
+    """6 families x 8 generated photos (48 px) with one byte-identical copy, indexed with the random backbone."""
+    tmp = tmp_path_factory.mktemp("query")
+    photos = tmp / "photos"
+    make_sample_collection(photos, per_family=8, size=48, seed=5)
+    first = sorted((photos / sorted(p.name for p in photos.iterdir())[0]).iterdir())[0]
+    shutil.copyfile(first, first.with_name("copy_" + first.name))
+    build_index(photos, backbone, tmp / "idx", progress=False, device="cpu", kind="flat")
+    idx = ImageIndex.open(tmp / "idx")
+    ids = idx.catalog.ok_ids()
+    rows = idx.catalog.rows_by_id(ids)
+    return {"idx": idx, "photos": photos, "copy": first, "family": {int(i): rows[int(i)].path.split("/")[0]
+                                                                   for i in ids}}
+
+
+def test_one_positive_is_todays_search_bit_for_bit(collection):
+    idx: ImageIndex = collection["idx"]
+    ids = idx.catalog.ok_ids()
+    f = idx.vectors(ids[[3, 17]])  # 2 x D: features, as the embedder gives them
+    q = idx.query_vector(f[:1])
+    assert np.array_equal(q, idx.center(f[:1])[0])
+    today, multi = idx.search(f[:1], k=12), idx.search(q, k=12, centred=True)
+    assert np.array_equal(today.ids, multi.ids) and np.array_equal(today.scores, multi.scores)
+
+
+def test_three_positives_of_a_family_and_a_negative_of_another(collection):
+    idx: ImageIndex = collection["idx"]
+    family = collection["family"]
+    names = sorted(set(family.values()))
+    by = {n: sorted(i for i, f in family.items() if f == n) for n in names}
+    a, b = names[1], names[2]
+    pos, neg = by[a][:3], by[b][:1]
+    q = idx.query_vector(idx.vectors(np.array(pos)), idx.vectors(np.array(neg)))
+    hits = idx.search(q, k=len(family), centred=True, exclude_ids=pos + neg)
+    ranked = [int(i) for i in hits.ids[0] if i >= 0]
+    assert not set(ranked) & set(pos + neg)  # the query photos are never results
+    rank_a = [r for r, i in enumerate(ranked) if family[i] == a]
+    rank_b = [r for r, i in enumerate(ranked) if family[i] == b]
+    assert len(rank_a) == len(by[a]) - 3 and len(rank_b) == len(by[b]) - 1
+    assert max(rank_a) < min(rank_b)  # every photo of the first family ahead of every photo of the second
+    # the same ranking from numpy: the centred collection against the combined query
+    x = idx.center(idx.vectors(np.array(ranked)))  # N x D
+    assert np.all(np.diff(x @ q) <= 1e-6)
+    np.testing.assert_allclose(hits.scores[0][: len(ranked)], x @ q, atol=1e-5)
+
+
+def test_near_copies_hidden_and_uploads_matched_by_their_bytes(collection):
+    idx: ImageIndex = collection["idx"]
+    copy: Path = collection["copy"]
+    twins = idx.ids_of_files([file_hash(copy)])
+    assert len(twins) == 2  # the photo and its byte-identical copy
+    f = idx.vectors(np.array(twins[:1]))  # 1 x D
+    plain = idx.search(f, k=10)
+    assert set(twins) <= set(plain.ids[0].tolist())
+    left_out = idx.search(f, k=10, exclude_ids=twins)
+    assert not set(twins) & set(left_out.ids[0].tolist()) and (left_out.ids[0] >= 0).all()
+    np.testing.assert_array_equal(left_out.ids[0][:8], [i for i in plain.ids[0] if i not in twins][:8])
+    # deduplicate: greedy over the full ranking in numpy, no kept result within the threshold of a better one
+    ids = idx.catalog.ok_ids()
+    x = idx.center(idx.vectors(ids))  # N x D
+    order = ids[np.argsort(-(x @ idx.center(f)[0]), kind="stable")]
+    near, kept = idx.dedup_threshold, []
+    xs = dict(zip(ids.tolist(), x))
+    for i in order.tolist():
+        if all(float(xs[i] @ xs[j]) < near for j in kept):
+            kept.append(i)
+    got = idx.search(f, k=10, deduplicate=True).ids[0].tolist()
+    # the twins tie (the same vector): either one comes first, the other is hidden, the rest follow as numpy's
+    assert got[0] in twins and kept[0] in twins and got[1:] == kept[1:10] and not set(twins) & set(got[1:])
+    page2 = idx.search(f, k=5, offset=5, deduplicate=True)
+    assert page2.ids[0].tolist() == kept[5:10]
