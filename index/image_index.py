@@ -440,6 +440,15 @@ class ImageIndex:
         return self.search(embedder.embed(image), k=k, folder=folder, offset=offset,
                            exclude_folders=exclude_folders, taken=taken)
 
+    def embed_queries(self, images: Sequence[Any], embedder: Any) -> np.ndarray:
+        """Features (N x D: what :meth:`search` and :meth:`query_vector` take) of query images (paths, PIL images or
+        H x W x 3 uint8 arrays), each refused as at every door when too small (:func:`check_query_size`)."""
+        for image in images:
+            size = _query_size(image)
+            if size is not None:
+                check_query_size(*size)
+        return np.asarray(embedder.embed(list(images)), np.float32)  # N x D
+
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         """Stored raw vectors (len(ids) x D, uncentred: what :meth:`search` takes) in the order of ``ids``."""
         got_ids, vecs = self.catalog.vectors(ids, self.dim)

@@ -271,13 +271,16 @@ class SearchApp:
 
     def search_vectors(self, vectors: np.ndarray, k: int = 12, folder: str | None = None, offset: int = 0,
                        exclude_folders: Sequence[str] = (), taken_from: str | None = None,
-                       taken_to: str | None = None) -> SearchResult:
-        """Q query vectors (what the embedder gives) -> the page's ranking of each: the same checks of ``k``,
-        ``folder``, ``exclude_folders`` and the dates taken (``YYYY-MM-DD``, both days included), the same scores.
-        The JSON API searches through this, many queries at once."""
+                       taken_to: str | None = None, centred: bool = False, exclude_ids: Sequence[int] = (),
+                       deduplicate: bool = False) -> SearchResult:
+        """Q query vectors (what the embedder gives; ``centred``: already in the index's space, as
+        :meth:`ImageIndex.query_vector` makes them) -> the page's ranking of each: the same checks of ``k``,
+        ``folder``, ``exclude_folders`` and the dates taken (``YYYY-MM-DD``, both days included), the same scores;
+        never the photos ``exclude_ids``; ``deduplicate``: no near-copy of a better result. The JSON API searches
+        through this, many queries at once."""
         index, k, folder, away, taken = self._query(k, folder, exclude_folders, taken_from, taken_to)
         return index.search(vectors, k=k, folder=folder, offset=max(0, int(offset)), exclude_folders=away,
-                            taken=taken)
+                            taken=taken, centred=centred, exclude_ids=exclude_ids, deduplicate=deduplicate)
 
     def from_vector(self, vector: np.ndarray, k: int, folder: str | None, label: str, embed_ms: float,
                     source: dict[str, Any] | None = None, exclude_folders: Sequence[str] = (),
