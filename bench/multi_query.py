@@ -42,9 +42,11 @@ NEGATIVES = 3
 # (name, rule, parameters of index.query.combine)
 CANDIDATES: tuple[tuple[str, str, dict[str, float]], ...] = (
     ("mean", "mean", {}),
+    ("difference b=0.1", "difference", {"beta": 0.1}),
     ("difference b=0.25", "difference", {"beta": 0.25}),
     ("difference b=0.5", "difference", {"beta": 0.5}),
     ("difference b=1", "difference", {"beta": 1.0}),
+    ("rocchio b=0.1", "rocchio", {"beta": 0.1}),
     ("rocchio b=0.25", "rocchio", {"beta": 0.25}),
     ("rocchio b=0.5", "rocchio", {"beta": 0.5}),
     ("rocchio b=1", "rocchio", {"beta": 1.0}),

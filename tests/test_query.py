@@ -132,3 +132,41 @@ def test_near_copies_hidden_and_uploads_matched_by_their_bytes(collection):
     assert got[0] in twins and kept[0] in twins and got[1:] == kept[1:10] and not set(twins) & set(got[1:])
     page2 = idx.search(f, k=5, offset=5, deduplicate=True)
     assert page2.ids[0].tolist() == kept[5:10]
+
+
+def test_the_page_searches_again_with_ticked_results_and_added_photos(collection, tmp_path):
+    from app.page.handlers import SearchApp
+
+    idx: ImageIndex = collection["idx"]
+    family = collection["family"]
+    app = SearchApp(idx, idx.load_embedder(device="cpu"))
+    photos: Path = collection["photos"]
+    q = sorted(photos.rglob("*.jpg"))[9]
+    _, _, state = app.search(str(q), k=12)
+    assert app.tick_choices(state)[0] == (f"1. {state.paths[0].rsplit('/', 1)[-1]}", state.ids[0])
+    mine = family[state.ids[0]]
+    more = [i for i in state.ids[1:] if family[i] == mine][:2]
+    less = [i for i in state.ids if family[i] != mine][:1] or [next(i for i in family if family[i] != mine)]
+    extra = sorted(p for p in photos.rglob("*.png") if p.parent.name == mine)[0]
+    gallery, info, again = app.search_again(state, more, less, [str(extra)], [], k=12)
+    # the same query from the library: the upload's features, the ticked photos', the added photo's
+    emb = app.embedder
+    pos = np.concatenate([emb.embed(str(q)), idx.vectors(np.array(more)), emb.embed(str(extra))])  # P x D
+    query = idx.query_vector(pos, idx.vectors(np.array(less)))
+    left_out = sorted({*more, *less, *idx.ids_of_files([file_hash(extra)])})
+    ref = idx.search(query, k=12, centred=True, exclude_ids=left_out)
+    assert again.ids == ref.ids[0].tolist() and len(gallery) == 12 and "4 photos, less like 1" in info
+    np.testing.assert_allclose(again.scores, ref.scores[0], atol=1e-6)
+    assert not set(left_out) & set(again.ids) and again.centred and again.query_ids == tuple(left_out)
+    _, _, further = app.more(again)  # More continues that ranking, the query photos still left out
+    assert further.ids == idx.search(query, k=24, centred=True, exclude_ids=left_out).ids[0].tolist()
+    _, _, narrower = app.rerun(again, 5, None)  # a new k keeps the query
+    assert narrower.ids == again.ids[:5]
+    # a second round adds to the first: its photos stay in the query
+    _, _, round2 = app.search_again(again, [], [again.ids[-1]], [], [], k=12)
+    assert len(round2.positives) == 4 and len(round2.negatives) == 2 and again.ids[-1] in round2.query_ids
+    for ticks, says in (((), "tick results"), (([more[0]], [more[0]]), "both")):
+        with pytest.raises(UserError, match=says):
+            app.search_again(state, *ticks)
+    with pytest.raises(UserError, match="search with a photo first"):
+        app.search_again(None, more)
