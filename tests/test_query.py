@@ -153,7 +153,9 @@ def test_the_page_searches_again_with_ticked_results_and_added_photos(collection
     emb = app.embedder
     pos = np.concatenate([emb.embed(str(q)), idx.vectors(np.array(more)), emb.embed(str(extra))])  # P x D
     query = idx.query_vector(pos, idx.vectors(np.array(less)))
-    left_out = sorted({*more, *less, *idx.ids_of_files([file_hash(extra)])})
+    left_out = sorted({*more, *less, *idx.ids_of_files([file_hash(extra), file_hash(q)])})  # q is indexed too
+    assert state.photo_ids and state.photo_ids == tuple(idx.ids_of_files([file_hash(q)]))
+    assert set(state.photo_ids) <= set(left_out)
     ref = idx.search(query, k=12, centred=True, exclude_ids=left_out)
     assert again.ids == ref.ids[0].tolist() and len(gallery) == 12 and "4 photos, less like 1" in info
     np.testing.assert_allclose(again.scores, ref.scores[0], atol=1e-6)

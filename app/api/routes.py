@@ -159,6 +159,7 @@ class _Query:
     page: bool = False  # the page's search: its result is the page's (gallery, info, state), not a SearchResponse
     filters: Filters = Filters()
     deduplicate: bool = False
+    twins: tuple[int, ...] = ()  # the page's upload: the indexed photos with its bytes
 
 
 class SearchService:
@@ -254,10 +255,11 @@ class SearchService:
         filters = Filters(folder or "", tuple(exclude_folders or ()), taken_from or "", taken_to or "")
         self._check(int(k), filters)
         async with self.batcher.admit():
-            decoded = await asyncio.get_running_loop().run_in_executor(self._decode, read_upload, image,
-                                                                       self.app.embedder.resize)
+            loop = asyncio.get_running_loop()
+            decoded = await loop.run_in_executor(self._decode, read_upload, image, self.app.embedder.resize)
+            twins = await loop.run_in_executor(self._decode, self.app.upload_twins, image)
             return await self.batcher.submit(_Query(int(k), folder or "", 0, image=decoded, page=True,
-                                                    filters=filters))
+                                                    filters=filters, twins=tuple(twins)))
 
     async def search_id(self, image_id: int, k: int, folder: str, offset: int,
                         filters: Filters | None = None, deduplicate: bool = False) -> SearchResponse:
@@ -313,7 +315,7 @@ class SearchService:
             if q.page:  # the page's own result, from the batch's vector
                 try:
                     out[i] = self.app.from_vector(vectors[i], q.k, q.folder or None, "the uploaded image", embed_ms,
-                                                  None, **q.filters.args())
+                                                  None, **q.filters.args(), photo_ids=q.twins)
                 except Exception as e:  # noqa: BLE001 - that search's caller gets it (the page shows it)
                     out[i] = e
         for i, q in enumerate(queries):

@@ -114,6 +114,7 @@ class Results:
     positives: np.ndarray | None = None  # P x D: features of the photos searched with (None: ``vector``)
     negatives: np.ndarray | None = None  # N x D: features of the photos to be less like (None: none)
     query_ids: tuple[int, ...] = ()  # indexed photos of the query: never among its results
+    photo_ids: tuple[int, ...] = ()  # indexed photos that are the query's photos (an upload's byte-identical files)
 
     def heading(self) -> str:
         """The query in the results' heading: an indexed photo's path as code, else the label as it is."""
@@ -290,10 +291,11 @@ class SearchApp:
                     source: dict[str, Any] | None = None, exclude_folders: Sequence[str] = (),
                     taken_from: str | None = None, taken_to: str | None = None, centred: bool = False,
                     positives: np.ndarray | None = None, negatives: np.ndarray | None = None,
-                    query_ids: Sequence[int] = ()) -> tuple:
+                    query_ids: Sequence[int] = (), photo_ids: Sequence[int] = ()) -> tuple:
         """The page's (gallery, info, state) for a query vector (D; ``centred``: already in the index's space, a
         query of several photos: their features ``positives`` and ``negatives``, the indexed ones ``query_ids``, left
-        out) labelled ``label``: every search of the page ends here, and so does the page's Search batched by the
+        out; ``photo_ids``: the indexed photos the query's photos are, left out of a later Search again) labelled
+        ``label``: every search of the page ends here, and so does the page's Search batched by the
         JSON API's service."""
         index, k, folder, away, taken = self._query(k, folder, exclude_folders, taken_from, taken_to)
         t0 = time.perf_counter()
@@ -306,7 +308,8 @@ class SearchApp:
                         thumbs=[str(index.thumb_path(r)) if r.thumb else None for r in rows],
                         dates=[r.taken for r in rows], exclude_folders=away, taken=taken,
                         taken_given=(taken_from or "", taken_to or ""), centred=centred, positives=positives,
-                        negatives=negatives, query_ids=tuple(int(i) for i in query_ids))
+                        negatives=negatives, query_ids=tuple(int(i) for i in query_ids),
+                        photo_ids=tuple(int(i) for i in photo_ids))
         where = f" in `{display_path(folder)}/`" if folder else ""
         where += "".join(f" not in `{display_path(f)}/`" for f in away)
         if taken != (None, None):
@@ -328,7 +331,21 @@ class SearchApp:
         t0 = time.perf_counter()
         vector = self.embedder.embed(img)[0]  # D
         return self.from_vector(vector, k, folder, "the uploaded image", (time.perf_counter() - t0) * 1000,
-                                exclude_folders=exclude_folders, taken_from=taken_from, taken_to=taken_to)
+                                exclude_folders=exclude_folders, taken_from=taken_from, taken_to=taken_to,
+                                photo_ids=self.upload_twins(image))
+
+    def upload_twins(self, *uploads: Any) -> list[int]:
+        """Ids of the indexed photos with an upload's very bytes (uploads that are files; others match none)."""
+        from index.build.plan import file_hash
+
+        hashes = []
+        for u in uploads:
+            if isinstance(u, (str, os.PathLike)):
+                try:
+                    hashes.append(file_hash(u))
+                except OSError:  # gone, or not a regular file: read_upload has said so, nothing to match
+                    pass
+        return self.ready_index().ids_of_files(hashes) if hashes else []
 
     def rerun(self, state: Results | None, k: int, folder: str | None, exclude_folders: Sequence[str] = (),
               taken_from: str | None = None, taken_to: str | None = None) -> tuple:
@@ -337,7 +354,7 @@ class SearchApp:
             raise UserError("upload a photo and press Search first")
         return self.from_vector(state.vector, k, folder, state.label, 0.0, state.source, exclude_folders,
                                 taken_from, taken_to, state.centred, state.positives, state.negatives,
-                                state.query_ids)
+                                state.query_ids, state.photo_ids)
 
     def search_again(self, state: Results | None, more_like: Sequence[Any] = (), less_like: Sequence[Any] = (),
                      uploads: Sequence[Any] = (), avoid: Sequence[Any] = (), k: int = 12, folder: str | None = None,
@@ -348,8 +365,6 @@ class SearchApp:
         be less like, searched as one query of the index's space (:meth:`ImageIndex.query_vector`); the query's
         indexed photos (and indexed files with an upload's bytes) are left out of the results. Returns (gallery,
         info, state); the state keeps every photo, so a next round adds to them."""
-        from index.build.plan import file_hash
-
         if not state:
             raise UserError("search with a photo first, then tick results to search again with them")
         more = [int(i) for i in more_like or ()]
@@ -378,18 +393,12 @@ class SearchApp:
         negatives = np.concatenate([x for x in neg if x is not None and len(x)] or [np.zeros((0, index.dim),
                                                                                               np.float32)])  # N x D
         query = index.query_vector(positives, negatives)  # D, in the index's space
-        hashes = []
-        for u in uploads + avoid:
-            try:
-                hashes.append(file_hash(u))
-            except (OSError, TypeError):  # not a file (a pasted image): nothing indexed has its bytes to match
-                pass
-        ids = [*state.query_ids, *([state.source["id"]] if state.source else []), *more, *less,
-               *index.ids_of_files(hashes)]
+        ids = [*state.query_ids, *state.photo_ids, *([state.source["id"]] if state.source else []), *more, *less,
+               *self.upload_twins(*uploads, *avoid)]
         label = f"{len(positives)} photos" + (f", less like {len(negatives)}" if len(negatives) else "")
         return self.from_vector(query, k, folder, label, embed_ms, None, exclude_folders, taken_from, taken_to,
                                 centred=True, positives=positives, negatives=negatives if len(negatives) else None,
-                                query_ids=sorted(set(ids)))
+                                query_ids=sorted(set(ids)), photo_ids=sorted(set(ids)))
 
     def tick_choices(self, state: Results | None) -> list[tuple[str, int]]:
         """The results shown as choices to tick ("rank. name", id), best first."""
