@@ -96,8 +96,8 @@ class QueryImage(BaseModel):
 class MultiQuery(BaseModel):
     """A search with several photos: more like ``images`` and ``ids``, less like ``not_images`` and ``not_ids``; or
     with a raw ``vector`` of the index's space. The positives and negatives become one query of the index's space (the
-    mean of the positives minus half the mean of the negatives, each photo mapped into the space as a one-photo search
-    maps it), searched as one photo is. One image alone, without negatives, searches as /search/base64 does."""
+    mean of the positives minus a tenth of the mean of the negatives, each photo mapped into the space as a one-photo
+    search maps it), searched as one photo is. One image alone, without negatives, searches as /search/base64 does."""
 
     images: list[QueryImage] = Field([], max_length=MAX_QUERY_PHOTOS, description="photos to search with")
     ids: list[PhotoId] = Field([], max_length=MAX_QUERY_PHOTOS, description="indexed photos to search with (their ids)")

@@ -36,7 +36,7 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p = cmds.add_parser("search", help="nearest neighbours of an image, or of several", description="Rank the "
                         "collection by cosine similarity to IMAGE. With several photos (more IMAGEs, --id) and photos "
                         "to avoid (--not, --not-id), the query is one vector of the index's space: the mean of the "
-                        "positives minus half the mean of the negatives (index.query; BENCHMARKS.md 'Search with "
+                        "positives minus a tenth of the mean of the negatives (index.query; BENCHMARKS.md 'Search with "
                         "several photos'), and the query photos themselves are left out of the results unless "
                         "--include-queries. One IMAGE alone searches as it always did (itself first when indexed).")
     p.add_argument("index_dir", metavar="IDX")
