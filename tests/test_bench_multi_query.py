@@ -34,3 +34,22 @@ def test_the_bench_runs_at_a_tiny_size(tmp_path, capsys):
         assert all(table[n]["1+0"] == table["one photo"]["1+0"] for n in names if not n.startswith("logistic"))
     assert report["chosen"] in names[1:]
     assert "chosen on the tuning split" in capsys.readouterr().out
+
+
+def test_the_report_tables_every_rule_on_both_splits(tmp_path, monkeypatch):
+    from bench import report
+
+    keys = ["1+0", "1+3", "3+0", "3+3", "5+0", "5+3"]
+    table = {n: {**{k: 0.5 for k in keys}, "mean": 0.5} for n in ("one photo", "mean", "difference b=0.1")}
+    table["difference b=0.1"]["mean"] = 0.75
+    split = {"photos": 20, "trials": 3, "seconds": 1.0, "space": "centred", "table": table}
+    d = {"backbone": "a test model", "photos": 20, "size": 32, "chosen": "difference b=0.1", "cpu": "Test CPU",
+         "command": "python bench/multi_query.py --photos 20", "tuning": split, "report": split}
+    (tmp_path / "multi_query_test.json").write_text(json.dumps(d))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    text = "\n".join(report._multi_query())
+    assert "## Search with several photos" in text and "### a test model" in text and "Test CPU" in text
+    assert "| difference b=0.1 | report | 0.500 | 0.500 | 0.500 | 0.500 | 0.500 | 0.500 | **0.750** |" in text
+    assert "| one photo | tuning |" in text and "**difference b=0.1**" in text
+    monkeypatch.setattr(report, "RESULTS", tmp_path / "none")
+    assert report._multi_query() == []
