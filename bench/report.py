@@ -346,6 +346,12 @@ def _summary() -> list[str]:
                     f"{a['searches_per_s']:.1f} searches/s, {a['errors']} errors | the page: p99 "
                     f"{pg['p99_ms']:.0f} ms, {pg['searches_per_s']:.1f} searches/s | "
                     "[Search UI under load](#search-ui-under-load) |")
+    m = _load("multi_query_trained.json")
+    if m:
+        t, c = m["report"]["table"], m["chosen"]
+        rows.append(f"| search with 3 / 5 photos (+ 3 negatives), precision@10, Fashion-MNIST, the rule kept ({c}) | "
+                    f"{t[c]['3+0']:.3f} / {t[c]['5+0']:.3f} ({t[c]['3+3']:.3f} / {t[c]['5+3']:.3f}) | one photo "
+                    f"{t['one photo']['1+0']:.3f} | [Search with several photos](#search-with-several-photos) |")
     return ["## Current figures", "", "| question | ours | against | section |", "|---|---|---|---|", *rows, ""]
 
 
