@@ -155,3 +155,13 @@ def test_the_routes_are_in_the_schema(http):
     similar = {p["name"] for p in schema["paths"]["/api/v1/photos/{photo_id}/similar"]["get"]["parameters"]}
     assert "deduplicate" in similar
     assert "POST /api/v1/search/multi" in http.get("/docs").text
+
+
+def test_the_cli_refuses_a_search_without_a_photo_or_with_an_unknown_id(setup, capsys):
+    idx = str(setup["idx"])
+    q = str(sorted((setup["photos"] / setup["families"][0]).glob("*.jpg"))[1])
+    for args, says in (([idx], "give a photo to search with"), ([idx, "--not", q], "give a photo to search with"),
+                       ([idx, q, "--id", "999999"], "--id/--not-id 999999: no indexed photo"),
+                       ([idx, q, "--not", "missing.jpg"], "image not found: missing.jpg")):
+        assert main(["index", "search", *args]) == 2
+        assert says in capsys.readouterr().err
