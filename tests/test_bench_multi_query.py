@@ -50,6 +50,6 @@ def test_the_report_tables_every_rule_on_both_splits(tmp_path, monkeypatch):
     text = "\n".join(report._multi_query())
     assert "## Search with several photos" in text and "### a test model" in text and "Test CPU" in text
     assert "| difference b=0.1 | report | 0.500 | 0.500 | 0.500 | 0.500 | 0.500 | 0.500 | **0.750** |" in text
-    assert "| one photo | tuning |" in text and "**difference b=0.1**" in text
+    assert "| one photo | tuning |" in text and "tuning split: **difference b=0.1**" in text
     monkeypatch.setattr(report, "RESULTS", tmp_path / "none")
     assert report._multi_query() == []
