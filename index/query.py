@@ -39,27 +39,35 @@ def _unit(v: np.ndarray) -> np.ndarray:
 
 
 def _logistic(pos: np.ndarray, neg: np.ndarray, background: np.ndarray, l2: float) -> np.ndarray:
-    """Weights (D) of a weighted L2-regularized logistic regression (bias unpenalized): the positives (total weight 1)
-    against the negatives (1/2, or none) and the background (1/2, or 1 without negatives)."""
+    """Weights (D) of a weighted L2-regularized logistic regression with a free bias: the positives (total weight 1)
+    against the negatives (1/2, or none) and the background (1/2, or 1 without negatives).
+
+    Fitted by Newton's method in the samples' span (the weights are ``X^T a``: the L2 penalty keeps them there), so a
+    step solves M+1 equations for M samples instead of D+1: the same optimum, far fewer operations when M < D."""
     x = np.concatenate([pos, neg, background]).astype(np.float64)  # M x D
-    x = np.concatenate([x, np.ones((len(x), 1))], axis=1)  # M x (D+1): the bias column
     y = np.concatenate([np.ones(len(pos)), np.zeros(len(neg) + len(background))])  # M
     share_neg = 0.5 if len(neg) and len(background) else (1.0 if len(neg) else 0.0)
-    w_s = np.concatenate([np.full(len(pos), 1 / len(pos)),
-                          np.full(len(neg), share_neg / max(len(neg), 1)),
-                          np.full(len(background), (1 - share_neg) / max(len(background), 1))])  # M
-    reg = np.full(x.shape[1], l2)  # D+1
-    reg[-1] = 1e-6  # the bias is (nearly) free
-    w = np.zeros(x.shape[1])  # D+1
-    for _ in range(25):  # Newton's method: a convex problem, a few steps
-        p = 1 / (1 + np.exp(-(x @ w)))  # M
-        grad = x.T @ (w_s * (p - y)) + reg * w  # D+1
-        hess = (x * (w_s * p * (1 - p))[:, None]).T @ x + np.diag(reg)  # D+1 x D+1
-        step = np.linalg.solve(hess, grad)  # D+1
-        w -= step
-        if float(np.abs(step).max()) < 1e-7:
+    s = np.concatenate([np.full(len(pos), 1 / len(pos)),
+                        np.full(len(neg), share_neg / max(len(neg), 1)),
+                        np.full(len(background), (1 - share_neg) / max(len(background), 1))])  # M: sample weights
+    k = x @ x.T  # M x M
+    m = len(x)
+    a, b = np.zeros(m), 0.0  # M, the bias
+    for _ in range(50):  # Newton's method on a convex problem: a few steps
+        p = 1 / (1 + np.exp(-(k @ a + b)))  # M
+        r = s * (p - y)  # M: the loss's gradient in the scores
+        w = s * p * (1 - p)  # M
+        # the Newton system with the samples' Gram matrix factored out of the weights' rows
+        lhs = np.zeros((m + 1, m + 1))  # M+1 x M+1
+        lhs[:m, :m] = w[:, None] * k + l2 * np.eye(m)
+        lhs[:m, m] = w
+        lhs[m, :m] = w @ k
+        lhs[m, m] = w.sum() + 1e-12
+        step = np.linalg.solve(lhs, np.concatenate([r + l2 * a, [r.sum()]]))  # M+1
+        a, b = a - step[:m], b - step[m]
+        if float(np.abs(step).max()) < 1e-9:
             break
-    return w[:-1]
+    return x.T @ a  # D
 
 
 def combine(positives: np.ndarray, negatives: np.ndarray | None = None, rule: str = RULE, beta: float = BETA,

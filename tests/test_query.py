@@ -172,3 +172,29 @@ def test_the_page_searches_again_with_ticked_results_and_added_photos(collection
             app.search_again(state, *ticks)
     with pytest.raises(UserError, match="search with a photo first"):
         app.search_again(None, more)
+
+
+def _primal_logistic(pos, neg, bg, l2):
+    """The logistic rule's weights by Newton's method over the D weights and the bias: the reference."""
+    x = np.concatenate([pos, neg, bg]).astype(np.float64)
+    x = np.concatenate([x, np.ones((len(x), 1))], axis=1)  # M x (D+1)
+    y = np.concatenate([np.ones(len(pos)), np.zeros(len(neg) + len(bg))])
+    s = np.concatenate([np.full(len(pos), 1 / len(pos)), np.full(len(neg), 0.5 / len(neg)),
+                        np.full(len(bg), 0.5 / len(bg))])
+    reg = np.full(x.shape[1], l2)
+    reg[-1] = 0.0
+    w = np.zeros(x.shape[1])
+    for _ in range(100):
+        p = 1 / (1 + np.exp(-(x @ w)))
+        hess = (x * (s * p * (1 - p))[:, None]).T @ x + np.diag(reg)
+        w -= np.linalg.solve(hess, x.T @ (s * (p - y)) + reg * w)
+    return w[:-1]
+
+
+@pytest.mark.parametrize(("d", "n_bg", "l2"), [(16, 64, 1.0), (48, 20, 0.1), (8, 40, 0.01)])
+def test_the_logistic_rule_is_the_primal_optimum(d, n_bg, l2):
+    rng = np.random.default_rng(d)
+    pos, neg, bg = _unit_rows(rng, 4, d), _unit_rows(rng, 3, d), _unit_rows(rng, n_bg, d)
+    ref = _primal_logistic(pos, neg, bg, l2)
+    got = combine(pos, neg, "logistic", background=bg, l2=l2)
+    np.testing.assert_allclose(got, ref / np.linalg.norm(ref), atol=1e-5)
