@@ -354,6 +354,12 @@ def _summary() -> list[str]:
                     f"{row['ours']['purity']:.3f} / {row['ours']['nmi']:.3f} | k-means on pixels whitened to {d}: "
                     f"{row[f'pixels_{d}']['purity']:.3f} / {row[f'pixels_{d}']['nmi']:.3f} | "
                     "[The whole collection](#the-whole-collection-map-and-themes) |")
+    m = _load("multi_query_trained.json")
+    if m:
+        t, c = m["report"]["table"], m["chosen"]
+        rows.append(f"| search with 3 / 5 photos (+ 3 negatives), precision@10, Fashion-MNIST, the rule kept ({c}) | "
+                    f"{t[c]['3+0']:.3f} / {t[c]['5+0']:.3f} ({t[c]['3+3']:.3f} / {t[c]['5+3']:.3f}) | one photo "
+                    f"{t['one photo']['1+0']:.3f} | [Search with several photos](#search-with-several-photos) |")
     return ["## Current figures", "", "| question | ours | against | section |", "|---|---|---|---|", *rows, ""]
 
 
@@ -596,6 +602,36 @@ def _overview() -> list[str]:
     return (["## The whole collection: map and themes", ""] + out) if out else []
 
 
+def _multi_query() -> list[str]:
+    """Issue 43: precision@10 of a query of several photos, per rule of ``index.query`` (``bench/multi_query.py``)."""
+    out: list[str] = []
+    for path in sorted(RESULTS.glob("multi_query*.json")):
+        d = json.loads(path.read_text())
+        keys = [k for k in d["report"]["table"]["one photo"] if k != "mean"]
+        out += [f"### {d['backbone']}", "", "```", d.get("command", "python bench/multi_query.py"), "```", "",
+                f"{d['photos']} Fashion-MNIST photos per split ({d['size']} px), {d['report']['trials']} queries each; "
+                f"{d.get('cpu', '?')}, one thread. Space: {d['report'].get('space', '?')}. Columns: positives + "
+                f"negatives. Best mean on the tuning split: **{d['chosen']}**.", "",
+                "| rule | split | " + " | ".join(keys) + " | mean |", "|---|---|" + "---|" * (len(keys) + 1)]
+        for name in d["report"]["table"]:
+            for split in ("tuning", "report"):
+                per = d[split]["table"][name]
+                bold = "**" if name == d["chosen"] and split == "report" else ""
+                out.append(f"| {name} | {split} | " + " | ".join(f"{per[k]:.3f}" for k in keys)
+                           + f" | {bold}{per['mean']:.3f}{bold} |")
+        out.append("")
+    if not out:
+        return []
+    return ["## Search with several photos", "",
+            "`bench/multi_query.py`: a trial draws a class and 5 of its photos (the first 1, 3 or 5 are the "
+            "positives); the 3 negatives are what a person would tick, the first 3 results of another class in the "
+            "search with the positives alone. Each query is searched through the index with its own photos left out "
+            "(the negatives too, so even `mean`, which ignores them, gains from 3 wrong results taken away); "
+            "precision@10 is the share of the 10 results of the drawn class; `one photo` is the first positive's own "
+            "search. The doors use the best of the trained model's tuning split (`index.query.RULE`, `BETA`).", "",
+            *out]
+
+
 def _gpu() -> list[str]:
     d, out = _section("gpu_check.json", "The device check on a GPU", "python bench/gpu_check.py")
     if d is None:
@@ -654,7 +690,7 @@ def main() -> None:
              "Every 20-minute comparison and 5-minute screen of the rounds that chose the `cpu` preset, one table per "
              "result file, kept as measured (earlier rounds' presets, other protocols); how each came about is in "
              "the notes below.", "", *_quality(level=3)]
-    body = head + current + _search() + _ui() + _gpu() + older
+    body = head + current + _search() + _multi_query() + _ui() + _gpu() + older
     notes = ROOT / "bench" / "NOTES.md"
     if notes.is_file():
         body += ["## Notes", "", notes.read_text().strip(), ""]

@@ -486,6 +486,23 @@ class Catalog:
                               "WHERE i.hash = ? AND i.status = 'ok' LIMIT 1", (content_hash,)).fetchone()
         return (row[0], np.frombuffer(row[1], np.float32)) if row else None
 
+    def ids_with_hashes(self, hashes: Iterable[str]) -> list[int]:
+        """Ids of the live ok rows whose bytes have one of these content hashes, sorted."""
+        hashes = sorted({str(h) for h in hashes})
+        out: list[int] = []
+        for start in range(0, len(hashes), 900):
+            chunk = hashes[start : start + 900]
+            out += [r[0] for r in self.db.execute(
+                f"SELECT id FROM images WHERE deleted = 0 AND status = 'ok' AND hash IN ({','.join('?' * len(chunk))})",
+                chunk)]
+        return sorted(out)
+
+    def ok_ids(self) -> np.ndarray:
+        """Ids of the live ok rows (those with a vector), sorted."""
+        cur = self.db.execute("SELECT v.id FROM vectors v JOIN images i ON i.id = v.id "
+                              "WHERE i.deleted = 0 AND i.status = 'ok' ORDER BY v.id")
+        return np.array([r[0] for r in cur], np.int64)
+
     # ----------------------------------------------------------------------------- index sync
     def pending(self) -> np.ndarray:
         """Ids of ok rows whose current vector is not yet in ``index.faiss``."""

@@ -20,7 +20,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from index.calibrate import dedup_threshold, threshold_source
-from index.catalog import Catalog, Row
+from index.catalog import Catalog, Row, sample_ids
 from index.index_dir import (
     CATALOG_FILE,
     DEDUP_LAST_KEY,
@@ -40,6 +40,7 @@ from index.index_dir import (
     load_store,
     read_meta,
 )
+from index.query import BACKGROUND, RULE, combine
 from index.store import require_faiss
 from index.trailer import read_space_arrays
 from moco.errors import UserError
@@ -338,21 +339,29 @@ class ImageIndex:
     # ---------------------------------------------------------------------------------- search
     def search(self, vectors: np.ndarray, k: int = 10, folder: str | None = None, offset: int = 0,
                exclude_folders: Sequence[str] = (),
-               taken: tuple[float | None, float | None] = (None, None)) -> SearchResult:
+               taken: tuple[float | None, float | None] = (None, None), centred: bool = False,
+               exclude_ids: Collection[int] = (), deduplicate: bool = False) -> SearchResult:
         """Top-``k`` (after skipping ``offset``) by cosine for each row of ``vectors`` (Q x D); ``k`` is capped at
         the number of vectors in the index.
 
-        ``folder``: only files under this sub-folder of the collection root; ``exclude_folders``: none under these;
-        ``taken``: only photos taken in this range (:func:`row_filter`). The filters apply before ``k`` and
-        ``offset``: a page holds ``k`` photos that pass them (fewer only at the end). Ids the catalog no longer lists
-        (deleted since the index file was written) are skipped.
+        ``vectors`` are features (what :meth:`load_embedder` embeds), mapped into the index's space by
+        :meth:`center`; ``centred``: they are already in it (:meth:`query_vector`'s, or a raw query vector), searched
+        as they are. ``folder``: only files under this sub-folder of the collection root; ``exclude_folders``: none
+        under these; ``taken``: only photos taken in this range (:func:`row_filter`); ``exclude_ids``: never these
+        photos (the query's own); ``deduplicate``: no result within the near-copy threshold
+        (:attr:`dedup_threshold`) of a better-ranked result kept. The filters apply before ``k`` and ``offset``: a
+        page holds ``k`` photos that pass them (fewer only at the end). Ids the catalog no longer lists (deleted
+        since the index file was written) are skipped.
         """
         self.refresh()
         q = np.ascontiguousarray(np.atleast_2d(vectors), np.float32)  # Q x D
         if q.shape[1] != self.dim:
             raise UserError(f"vectors have dimension {q.shape[1]}, this index holds {self.dim}: embed with "
                             f"the index's backbone ({self.meta.get('backbone_path')})")
-        q = self.center(q)  # Q x D, as the stored vectors
+        if not centred:
+            q = self.center(q)  # Q x D, as the stored vectors
+        skip = {int(i) for i in exclude_ids}
+        near = self.dedup_threshold if deduplicate else None
         ntotal = self.store.ntotal
         k = min(k, ntotal)  # never more results than vectors: a huge k allocates nothing more
         want = offset + k
@@ -370,7 +379,9 @@ class ImageIndex:
             again = []
             for t, i in enumerate(todo):
                 keep = [(int(j), float(s), rows[int(j)]) for j, s in zip(ids[t], scores[t])
-                        if j >= 0 and int(j) in rows and (keeps is None or keeps(rows[int(j)]))]
+                        if j >= 0 and int(j) in rows and int(j) not in skip and (keeps is None or keeps(rows[int(j)]))]
+                if near is not None:
+                    keep = self._distinct(keep, near, want)
                 found[i] = keep
                 if len(keep) < want and fetch < ntotal:
                     again.append(i)
@@ -383,6 +394,40 @@ class ImageIndex:
             out_paths.append([row.path for _, _, row in hits])
             out_rows.append([row for _, _, row in hits])
         return SearchResult(out_ids, out_scores, out_paths, out_rows)
+
+    def _distinct(self, hits: list[tuple[int, float, Row]], near: float,
+                  want: int) -> list[tuple[int, float, Row]]:
+        """``hits`` (best first) less every one within ``near`` (centred cosine) of a better one kept, up to ``want``
+        of them kept."""
+        if not hits:
+            return hits
+        x = self.center(self.vectors(np.array([j for j, _, _ in hits], np.int64)))  # H x D, as stored
+        kept: list[int] = []
+        for n in range(len(hits)):
+            if not kept or float((x[kept] @ x[n]).max()) < near:
+                kept.append(n)
+                if len(kept) == want:
+                    break
+        return [hits[n] for n in kept]
+
+    def query_vector(self, positives: np.ndarray, negatives: np.ndarray | None = None, rule: str = RULE,
+                     seed: int = 0) -> np.ndarray:
+        """One query (D, in the index's space: what :meth:`search` takes with ``centred=True``) from the features of
+        ``positives`` (P x D) and ``negatives`` (N x D or None), each mapped by :meth:`center` as one photo's query
+        is, then combined by :func:`index.query.combine` (``rule``; the logistic rule's background: a seeded
+        sample of the collection). One positive alone gives exactly the vector a search with that photo uses."""
+        pos = self.center(np.atleast_2d(positives))  # P x D
+        neg = None if negatives is None or len(negatives) == 0 else self.center(np.atleast_2d(negatives))  # N x D
+        background = None
+        if rule == "logistic":
+            picked = sample_ids(self.catalog.ok_ids(), BACKGROUND, np.random.default_rng(seed))  # B
+            background = self.center(self.vectors(picked)) if len(picked) else None  # B x D
+        return combine(pos, neg, rule, background=background)
+
+    def ids_of_files(self, hashes: Collection[str]) -> list[int]:
+        """Ids of the indexed photos whose bytes have one of these content hashes (blake2b-128 hex, as
+        :func:`index.build.plan.file_hash`): an uploaded query that is a photo of the collection."""
+        return self.catalog.ids_with_hashes(hashes)
 
     def search_image(self, image: Any, embedder: Any, k: int = 10, folder: str | None = None,
                      offset: int = 0, exclude_folders: Sequence[str] = (),
@@ -428,6 +473,15 @@ class ImageIndex:
         page = ids[order[offset : offset + limit]]
         rows = self.catalog.rows_by_id(page)
         return [rows[int(i)] for i in page if int(i) in rows], len(order)
+
+    def embed_queries(self, images: Sequence[Any], embedder: Any) -> np.ndarray:
+        """Features (N x D: what :meth:`search` and :meth:`query_vector` take) of query images (paths, PIL images or
+        H x W x 3 uint8 arrays), each refused as at every door when too small (:func:`check_query_size`)."""
+        for image in images:
+            size = _query_size(image)
+            if size is not None:
+                check_query_size(*size)
+        return np.asarray(embedder.embed(list(images)), np.float32)  # N x D
 
     def vectors(self, ids: np.ndarray) -> np.ndarray:
         """Stored raw vectors (len(ids) x D, uncentred: what :meth:`search` takes) in the order of ``ids``."""

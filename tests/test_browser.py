@@ -255,6 +255,27 @@ def test_click_replaces_query_details_copy_open_and_search_uses_it(page, served)
     assert _captions(page)[0]["text"].split(" · ")[-1] == third
 
 
+def test_tick_results_and_search_again_with_them(page, served):
+    if page.viewport_name == "phone":
+        pytest.skip("the same components at both sizes: one run is enough for the events")
+    q = _query(served)
+    _search(page, q, k=8)
+    names = [c["text"].split(" · ")[-1] for c in _captions(page)]
+    assert names[0] == q.relative_to(served["photos"]).as_posix()  # the upload is indexed: itself first
+    more = page.locator("#more-like input[type=checkbox]")
+    more.first.wait_for()
+    assert more.count() == 8
+    more.nth(1).check()
+    more.nth(2).check()
+    page.locator("#less-like input[type=checkbox]").nth(7).check()
+    page.locator("#again-btn").click()
+    _wait_results(page, 8, "3 photos, less like 1")
+    again = [c["text"].split(" · ")[-1] for c in _captions(page)]
+    assert not {names[0], names[1], names[2], names[7]} & set(again), again  # the query's photos are left out
+    page.wait_for_function("document.querySelectorAll('#more-like input[type=checkbox]').length == 8 && "
+                           "[...document.querySelectorAll('#more-like input[type=checkbox]')].every(c => !c.checked)")
+
+
 def test_k_and_folder_rerun_and_export(page, served, tmp_path):
     exports = page.locator("#export-csv, #export-json")
     page.locator("#export-json").wait_for(state="attached")  # the page renders in parts: #query may come first

@@ -41,7 +41,7 @@ PAGES = {
     "index build": ["PHOTOS", *BUILD_FLAGS],
     "index update": ["IDX", *UPDATE_FLAGS],
     "index search": ["IDX", "IMAGE", "-k", "--folder", "--exclude-folder", "--taken-from", "--taken-to", "--backbone",
-                     "--json"],
+                     "--not", "--id", "--not-id", "--deduplicate", "--include-queries", "--json"],
     "index stats": ["IDX", "--json"],
     "index dedup": ["IDX", "--threshold", "--similar-threshold", "--kind", "--group", "--move-to", "--dry-run",
                     "--undo", "--keep", "--not-duplicates", "--exclude-folder", "--device", "--json"],

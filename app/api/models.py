@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -10,10 +10,11 @@ from app.page.handlers import FOLDER_PATTERN, MAX_RESULTS
 from index.catalog import MAX_ID
 
 __all__ = ["FOLDER_FIELD", "EXCLUDE_FIELD", "TAKEN_FROM_FIELD", "TAKEN_TO_FIELD", "IMAGE_TYPES", "BASE64_PATTERN",
-           "Hit", "SearchResponse", "Base64Query", "Stats", "Member", "Group", "Duplicates", "Kind", "KeeperRequest",
-           "MoveRequest", "UndoRequest", "Moved", "NotMoved", "MoveResult", "ErrorResponse", "CollectionMap",
-           "PhotoRef", "FolderCount", "ThemeCard", "ThemesResponse", "ThemePhoto", "ThemePage", "UnusualPhoto",
-           "UnusualPage", "BrowsePhoto", "PhotosPage", "Sort"]
+           "Hit", "SearchResponse", "Base64Query", "QueryImage", "MultiQuery", "MAX_QUERY_PHOTOS", "Stats", "Member",
+           "Group", "Duplicates", "Kind", "KeeperRequest", "MoveRequest", "UndoRequest", "DEDUPLICATE", "Moved",
+           "NotMoved", "MoveResult", "ErrorResponse", "CollectionMap", "PhotoRef", "FolderCount", "ThemeCard",
+           "ThemesResponse", "ThemePhoto", "ThemePage", "UnusualPhoto", "UnusualPage", "BrowsePhoto", "PhotosPage",
+           "Sort"]
 
 
 # The folder filter's field, everywhere: '' or a sub-folder written as FOLDER_PATTERN says (else 400; one that is
@@ -31,6 +32,9 @@ TAKEN_TO_FIELD = {"description": "only photos taken on or before this day, `YYYY
                   "`YYYY-MM-DDTHH:MM`, that moment excluded) ('': no bound)", "json_schema_extra": {"pattern": _DATE}}
 IMAGE_TYPES = ("image/jpeg, image/png, image/webp, image/gif, image/bmp, image/tiff, image/avif, image/heic, "
                "image/heif")  # what an upload may be (HEIC with the heic extra)
+
+DEDUPLICATE = ("hide a result within the index's near-copy threshold (`dedup_threshold` of /stats) of a better result "
+               "kept (more are fetched, so a page still holds `k`)")
 
 # Padded standard base64 of at least one byte: what `image_base64` must be (anything else is a 400).
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)$"
@@ -76,6 +80,44 @@ class Base64Query(BaseModel):
     taken_from: str = Field("", **TAKEN_FROM_FIELD)  # type: ignore[arg-type]
     taken_to: str = Field("", **TAKEN_TO_FIELD)  # type: ignore[arg-type]
     offset: int = Field(0, ge=0, description="results to skip (the next page: `next_offset`)")
+    deduplicate: bool = Field(False, description=DEDUPLICATE)
+
+
+MAX_QUERY_PHOTOS = 32  # images, and ids, on each side of a query at most
+PhotoId = Annotated[int, Field(ge=0, le=MAX_ID)]
+
+
+class QueryImage(BaseModel):
+    """An image of a query, its file's bytes as base64."""
+
+    image_base64: str = Field(description="the image file's bytes, base64 (standard alphabet, padded)",
+                              json_schema_extra={"minLength": 4, "pattern": BASE64_PATTERN})  # checked by the route
+    filename: str = Field("upload", description="a name for the image in messages")
+
+
+class MultiQuery(BaseModel):
+    """A search with several photos: more like ``images`` and ``ids``, less like ``not_images`` and ``not_ids``; or
+    with a raw ``vector`` of the index's space. The positives and negatives become one query of the index's space (the
+    mean of the positives minus a tenth of the mean of the negatives, each photo mapped into the space as a one-photo
+    search maps it), searched as one photo is. One image alone, without negatives, searches as /search/base64 does."""
+
+    images: list[QueryImage] = Field([], max_length=MAX_QUERY_PHOTOS, description="photos to search with")
+    ids: list[PhotoId] = Field([], max_length=MAX_QUERY_PHOTOS, description="indexed photos to search with (their ids)")
+    not_images: list[QueryImage] = Field([], max_length=MAX_QUERY_PHOTOS, description="photos to be less like")
+    not_ids: list[PhotoId] = Field([], max_length=MAX_QUERY_PHOTOS, description="indexed photos to be less like")
+    vector: list[float] | None = Field(None, max_length=65536, description="instead of photos: a query vector in the "
+                                       "index's space (`dim` numbers of /stats, finite, not all zero; normalized "
+                                       "here), as `ImageIndex.center` or `Embedder.load(B, space=INDEX_DIR)` give "
+                                       "them")
+    k: int = Field(12, ge=1, le=MAX_RESULTS, description="results per page")
+    folder: str = Field("", **FOLDER_FIELD)  # type: ignore[arg-type]
+    exclude_folders: list[str] = Field(default_factory=list, **EXCLUDE_FIELD)  # type: ignore[arg-type]
+    taken_from: str = Field("", **TAKEN_FROM_FIELD)  # type: ignore[arg-type]
+    taken_to: str = Field("", **TAKEN_TO_FIELD)  # type: ignore[arg-type]
+    offset: int = Field(0, ge=0, description="results to skip (the next page: `next_offset`)")
+    deduplicate: bool = Field(False, description=DEDUPLICATE)
+    include_queries: bool = Field(False, description="keep the query photos among the results (by id, and indexed "
+                                  "files with an uploaded image's bytes); one image alone always keeps them")
 
 
 class Stats(BaseModel):

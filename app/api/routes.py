@@ -7,6 +7,9 @@ that needs nothing from the internet):
                                            taken_to, offset
     POST /api/v1/search/base64             JSON: {"image_base64", "filename", "k", "folder", "exclude_folders",
                                            "taken_from", "taken_to", "offset"}
+    POST /api/v1/search/multi              JSON: several photos, more like "images" and "ids", less like
+                                           "not_images" and "not_ids" (or a raw "vector" of the index's space), as
+                                           one query (index.query); "deduplicate", "include_queries", the filters
     GET  /api/v1/photos/{id}/similar       an indexed photo as the query (its stored vector): k, folder,
                                            exclude_folders, taken_from, taken_to, offset
     GET  /api/v1/photos/{id}/thumbnail     the thumbnail the page shows (JPEG)
@@ -29,7 +32,8 @@ that needs nothing from the internet):
 The views of the whole collection are :mod:`index.overview.documents`' (what ``moco index map|themes|unusual|browse
 --json`` print), computed with the index's version and kept with it.
 
-Searches run through :meth:`SearchApp.search_vectors`, the page's own code (the same checks of ``k``, the folders
+Every search takes ``deduplicate`` (no result within the near-copy threshold of a better one). Searches run
+through :meth:`SearchApp.search_vectors`, the page's own code (the same checks of ``k``, the folders
 and the dates, the same scores and weak-match threshold as the page and ``moco index search --json``). Concurrent
 searches share the model: uploads are decoded in a small thread pool, then embedded and searched in batches
 (:mod:`app.api.batcher`); past ``max_pending`` requests in flight the API answers 503 with ``Retry-After``.
@@ -70,6 +74,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from app.api.batcher import Batcher, Overloaded
 from app.api.docs import docs_html
 from app.api.models import (
+    DEDUPLICATE,
     EXCLUDE_FIELD,
     FOLDER_FIELD,
     IMAGE_TYPES,
@@ -86,6 +91,7 @@ from app.api.models import (
     Member,
     MoveRequest,
     MoveResult,
+    MultiQuery,
     PhotosPage,
     SearchResponse,
     Sort,
@@ -99,6 +105,7 @@ from app.guard.access import API_PREFIX, ApiSettings, check_access
 from app.page.handlers import MAX_RESULTS, NoSuchFolder, SearchApp
 from app.page.review import MAX_PAGE
 from app.page.uploads import read_upload, upload_suffix
+from index.build.plan import content_hash
 from index.catalog import MAX_ID, display_path, taken_text
 from index.image_index import ImageIndex
 from index.overview.documents import MAX_PAGE as MAX_VIEW_PAGE
@@ -109,6 +116,7 @@ from index.overview.documents import (
     themes_document,
     unusual_document,
 )
+from index.query import check_query_vector
 from moco.errors import UserError, clipped, quoted
 
 __all__ = ["SearchService", "Filters", "api_routes"]
@@ -152,14 +160,29 @@ class Filters:
 
 
 @dataclass
+class _Multi:
+    """A search with several photos, checked: decoded images, indexed photos' ids, or a vector of the space."""
+
+    images: list[Any]
+    ids: list[int]
+    not_images: list[Any]
+    not_ids: list[int]
+    vector: np.ndarray | None  # D, in the index's space (instead of photos)
+    exclude_ids: list[int]  # the query photos, left out of the results
+
+
+@dataclass
 class _Query:
     k: int
     folder: str
     offset: int
     image: Any = None  # a decoded PIL image, or ...
-    image_id: int | None = None  # ... an indexed photo's id
+    image_id: int | None = None  # ... an indexed photo's id, or ...
+    multi: _Multi | None = None  # ... several photos
     page: bool = False  # the page's search: its result is the page's (gallery, info, state), not a SearchResponse
     filters: Filters = Filters()
+    deduplicate: bool = False
+    twins: tuple[int, ...] = ()  # the page's upload: the indexed photos with its bytes
 
 
 class SearchService:
@@ -200,7 +223,7 @@ class SearchService:
             shutil.rmtree(folder, ignore_errors=True)
 
     async def search_image(self, data: bytes, name: str, k: int, folder: str, offset: int,
-                           filters: Filters | None = None) -> SearchResponse:
+                           filters: Filters | None = None, deduplicate: bool = False) -> SearchResponse:
         """An uploaded image's results (decoded in the pool, embedded and searched in a batch)."""
         self._ready()
         filters = replace(filters or Filters(), folder=folder)
@@ -208,7 +231,43 @@ class SearchService:
         t0 = time.perf_counter()
         async with self.batcher.admit():
             image = await asyncio.get_running_loop().run_in_executor(self._decode, self._read, data, _safe_name(name))
-            out = await self.batcher.submit(_Query(k, folder, offset, image=image, filters=filters))
+            out = await self.batcher.submit(_Query(k, folder, offset, image=image, filters=filters,
+                                                   deduplicate=deduplicate))
+        return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
+
+    async def search_multi(self, query: MultiQuery) -> SearchResponse:
+        """A search with several photos (:class:`MultiQuery`): every field checked before it joins a batch (a bad
+        one is this request's 400 or 404 alone), the images decoded in the pool, then embedded in a batch and combined
+        into one query of the index's space (:meth:`ImageIndex.query_vector`)."""
+        self._ready()
+        filters = Filters(query.folder, tuple(query.exclude_folders), query.taken_from, query.taken_to)
+        self._check(query.k, filters)
+        index = self.app.ready_index()
+        vector = None
+        if query.vector is not None:
+            if query.images or query.ids or query.not_images or query.not_ids:
+                raise UserError("vector is a whole query: send it without images, ids, not_images or not_ids")
+            vector = check_query_vector(query.vector, index.dim)  # D
+        elif not (query.images or query.ids):
+            raise UserError("a search needs a photo to search with: images (base64) or ids of indexed photos (or a "
+                            "vector)")
+        for i in (*query.ids, *query.not_ids):
+            self._vector(i)  # an unknown id: its 404 now
+        data = {side: [(_base64(q.image_base64, f"{side}[{n}] ({_safe_name(q.filename)})"), _safe_name(q.filename))
+                       for n, q in enumerate(getattr(query, side))] for side in ("images", "not_images")}
+        one = len(query.images) == 1 and not (query.ids or query.not_images or query.not_ids)
+        skip: list[int] = []
+        if not (query.include_queries or one):
+            hashes = [content_hash(b) for side in data.values() for b, _ in side]
+            skip = [*query.ids, *query.not_ids, *index.ids_of_files(hashes)]
+        t0 = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        async with self.batcher.admit():
+            decoded = {side: [await loop.run_in_executor(self._decode, self._read, b, name) for b, name in items]
+                       for side, items in data.items()}
+            multi = _Multi(decoded["images"], list(query.ids), decoded["not_images"], list(query.not_ids), vector, skip)
+            out = await self.batcher.submit(_Query(query.k, query.folder, query.offset, multi=multi, filters=filters,
+                                                   deduplicate=query.deduplicate))
         return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
 
     async def search_page(self, image: Any, k: int, folder: str | None, exclude_folders: Any = (),
@@ -219,13 +278,14 @@ class SearchService:
         filters = Filters(folder or "", tuple(exclude_folders or ()), taken_from or "", taken_to or "")
         self._check(int(k), filters)
         async with self.batcher.admit():
-            decoded = await asyncio.get_running_loop().run_in_executor(self._decode, read_upload, image,
-                                                                       self.app.embedder.resize)
+            loop = asyncio.get_running_loop()
+            decoded = await loop.run_in_executor(self._decode, read_upload, image, self.app.embedder.resize)
+            twins = await loop.run_in_executor(self._decode, self.app.upload_twins, image)
             return await self.batcher.submit(_Query(int(k), folder or "", 0, image=decoded, page=True,
-                                                    filters=filters))
+                                                    filters=filters, twins=tuple(twins)))
 
     async def search_id(self, image_id: int, k: int, folder: str, offset: int,
-                        filters: Filters | None = None) -> SearchResponse:
+                        filters: Filters | None = None, deduplicate: bool = False) -> SearchResponse:
         """An indexed photo's results, from its stored vector (nothing decoded or embedded)."""
         self._ready()
         filters = replace(filters or Filters(), folder=folder)
@@ -233,7 +293,8 @@ class SearchService:
         self._vector(image_id)  # an unknown id: its 404 now, before it joins a batch
         t0 = time.perf_counter()
         async with self.batcher.admit():
-            out = await self.batcher.submit(_Query(k, folder, offset, image_id=image_id, filters=filters))
+            out = await self.batcher.submit(_Query(k, folder, offset, image_id=image_id, filters=filters,
+                                                   deduplicate=deduplicate))
         return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
 
     def _check(self, k: int, filters: Filters) -> None:
@@ -257,16 +318,27 @@ class SearchService:
         out: list[SearchResponse | BaseException | None] = [None] * len(queries)
         vectors: list[np.ndarray | None] = [None] * len(queries)
         uploads = [i for i, q in enumerate(queries) if q.image is not None]
+        images = [queries[i].image for i in uploads]
+        for q in queries:
+            if q.multi is not None:
+                images += q.multi.images + q.multi.not_images
         t0 = time.perf_counter()
-        if uploads:
-            for i, v in zip(uploads, self.app.embedder.embed([queries[i].image for i in uploads])):  # B x D
-                vectors[i] = v
+        embedded = self.app.embedder.embed(images) if images else np.zeros((0, 0), np.float32)  # B x D
+        for i, v in zip(uploads, embedded):
+            vectors[i] = v
         embed_ms = (time.perf_counter() - t0) * 1000
+        at = len(uploads)
+        for i, q in enumerate(queries):
+            if q.multi is not None:
+                n_pos, n_neg = len(q.multi.images), len(q.multi.not_images)
+                pos, neg = embedded[at : at + n_pos], embedded[at + n_pos : at + n_pos + n_neg]  # P x D, N x D
+                at += n_pos + n_neg
+                out[i] = self._multi(q, pos, neg)
         for i, q in enumerate(queries):
             if q.page:  # the page's own result, from the batch's vector
                 try:
                     out[i] = self.app.from_vector(vectors[i], q.k, q.folder or None, "the uploaded image", embed_ms,
-                                                  None, **q.filters.args())
+                                                  None, **q.filters.args(), photo_ids=q.twins)
                 except Exception as e:  # noqa: BLE001 - that search's caller gets it (the page shows it)
                     out[i] = e
         for i, q in enumerate(queries):
@@ -275,25 +347,50 @@ class SearchService:
                     vectors[i] = self._vector(q.image_id)
                 except Exception as e:  # noqa: BLE001 - that search's own error (NotFound: its 404)
                     out[i] = e
-        groups: dict[tuple[int, Filters, int], list[int]] = {}
+        groups: dict[tuple[int, Filters, int, bool], list[int]] = {}
         for i, q in enumerate(queries):
             if out[i] is None:
-                groups.setdefault((q.k, q.filters, q.offset), []).append(i)
-        for (k, filters, offset), members in groups.items():
+                groups.setdefault((q.k, q.filters, q.offset, q.deduplicate), []).append(i)
+        for (k, filters, offset, dedup), members in groups.items():
             try:
                 hits = self.app.search_vectors(np.stack([vectors[i] for i in members]), k, filters.folder, offset,
-                                               **filters.args())  # Q x D
+                                               **filters.args(), deduplicate=dedup)  # Q x D
                 responses = [self._response(hits, n, k, filters, offset) for n in range(len(members))]
             except Exception:  # noqa: BLE001 - one query may fail the group's search: each one alone, its own error
-                responses = [self._alone(vectors[i], k, filters, offset) for i in members]
+                responses = [self._alone(vectors[i], k, filters, offset, dedup) for i in members]
             for i, r in zip(members, responses):
                 out[i] = r
         return out  # type: ignore[return-value]
 
-    def _alone(self, vector: np.ndarray, k: int, filters: Filters, offset: int) -> SearchResponse | BaseException:
+    def _multi(self, q: _Query, pos: np.ndarray, neg: np.ndarray) -> SearchResponse | BaseException:
+        """A search with several photos, from its images' features (``pos`` P x D, ``neg`` N x D, embedded in the
+        batch): its response, or its own error."""
+        assert q.multi is not None
+        m = q.multi
+        try:
+            index = self.app.ready_index()
+            if m.vector is not None:
+                query = m.vector  # D, in the space already
+            else:
+                sides = [[x for x in (feats if len(feats) else None,
+                                      index.vectors(np.array(ids, np.int64)) if ids else None) if x is not None]
+                         for feats, ids in ((pos, m.ids), (neg, m.not_ids))]
+                query = index.query_vector(np.concatenate(sides[0]),  # P x D: the images', then the ids'
+                                           np.concatenate(sides[1]) if sides[1] else None)  # D
+            hits = self.app.search_vectors(query[None], q.k, q.filters.folder, q.offset, **q.filters.args(),
+                                           centred=True, exclude_ids=m.exclude_ids, deduplicate=q.deduplicate)
+            return self._response(hits, 0, q.k, q.filters, q.offset)
+        except KeyError:  # an id removed since it was checked
+            return NotFound("a photo of the query is no longer indexed: search again for current ids")
+        except Exception as e:  # noqa: BLE001 - this request's caller gets it, no other
+            return e
+
+    def _alone(self, vector: np.ndarray, k: int, filters: Filters, offset: int,
+               deduplicate: bool = False) -> SearchResponse | BaseException:
         """One query's search by itself (its group's search failed): its response, or its own error."""
         try:
-            hits = self.app.search_vectors(vector[None], k, filters.folder, offset, **filters.args())
+            hits = self.app.search_vectors(vector[None], k, filters.folder, offset, **filters.args(),
+                                           deduplicate=deduplicate)
             return self._response(hits, 0, k, filters, offset)
         except Exception as e:  # noqa: BLE001 - this request's caller gets it, no other
             return e
@@ -363,6 +460,15 @@ def _attachment(name: str) -> str:
     """``Content-Disposition`` for a download named ``name``, as Starlette's FileResponse writes it."""
     quoted_name = urllib.parse.quote(name)
     return f"attachment; filename*=utf-8''{quoted_name}" if quoted_name != name else f'attachment; filename="{name}"'
+
+
+def _base64(text: str, what: str) -> bytes:
+    """The bytes of a base64 field, or the UserError (400) naming ``what`` and how to encode a file."""
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise UserError(f"{what}: image_base64 is not base64 (standard alphabet, padded): encode the file's bytes, "
+                        "e.g. base64.b64encode(open(path, 'rb').read()).decode()") from None
 
 
 def _safe_name(name: str | None) -> str:
@@ -462,34 +568,40 @@ def api_routes(service: SearchService) -> list[Any]:
                      k: int = Form(12, ge=1, le=MAX_RESULTS), folder: str = Form("", **FOLDER_FIELD),
                      exclude_folders: list[str] = Form([], **EXCLUDE_FIELD),
                      taken_from: str = Form("", **TAKEN_FROM_FIELD), taken_to: str = Form("", **TAKEN_TO_FIELD),
-                     offset: int = Form(0, ge=0)) -> SearchResponse:
+                     offset: int = Form(0, ge=0),
+                     deduplicate: bool = Form(False, description=DEDUPLICATE)) -> SearchResponse:
         """The nearest photos to an uploaded image (multipart/form-data), ranked by score."""
         data = await image.read()
         filters = Filters(folder, tuple(exclude_folders), taken_from, taken_to)
-        return await service.search_image(data, image.filename or "upload", k, folder, offset, filters)
+        return await service.search_image(data, image.filename or "upload", k, folder, offset, filters, deduplicate)
 
     @router.post("/search/base64", response_model=SearchResponse, responses=ERRORS,
                  summary="Search by an image sent as base64 in JSON")
     async def search_base64(query: Base64Query) -> SearchResponse:
         """The same search with the image's bytes as base64 in a JSON body."""
-        try:
-            data = base64.b64decode(query.image_base64, validate=True)
-        except (binascii.Error, ValueError):
-            raise UserError(f"{_safe_name(query.filename)}: image_base64 is not base64 (standard alphabet, padded): "
-                            "encode the file's bytes, e.g. base64.b64encode(open(path, 'rb').read()).decode()"
-                            ) from None
+        data = _base64(query.image_base64, _safe_name(query.filename))
         filters = Filters(query.folder, tuple(query.exclude_folders), query.taken_from, query.taken_to)
-        return await service.search_image(data, query.filename, query.k, query.folder, query.offset, filters)
+        return await service.search_image(data, query.filename, query.k, query.folder, query.offset, filters,
+                                          query.deduplicate)
+
+    @router.post("/search/multi", response_model=SearchResponse, responses=ERRORS,
+                 summary="Search with several photos (more like these, less like those), or a vector")
+    async def search_multi(query: MultiQuery) -> SearchResponse:
+        """The nearest photos to one query made of several: images (base64) and indexed photos (ids) to be like,
+        others to be less like; or a raw vector of the index's space. The query photos are left out of the results
+        unless `include_queries` (one image alone keeps them, as /search/base64)."""
+        return await service.search_multi(query)
 
     @router.get("/photos/{photo_id}/similar", response_model=SearchResponse, responses=ERRORS,
                 summary="Search by an indexed photo")
     async def similar(photo_id: int = PathParam(ge=0, le=MAX_ID), k: int = Query(12, ge=1, le=MAX_RESULTS),
                       folder: str = Query("", **FOLDER_FIELD), exclude_folders: list[str] = Query([], **EXCLUDE_FIELD),
                       taken_from: str = Query("", **TAKEN_FROM_FIELD), taken_to: str = Query("", **TAKEN_TO_FIELD),
-                      offset: int = Query(0, ge=0)) -> SearchResponse:
+                      offset: int = Query(0, ge=0),
+                      deduplicate: bool = Query(False, description=DEDUPLICATE)) -> SearchResponse:
         """The nearest photos to a photo of the index (its stored vector: the page's click on a result)."""
         filters = Filters(folder, tuple(exclude_folders), taken_from, taken_to)
-        return await service.search_id(photo_id, k, folder, offset, filters)
+        return await service.search_id(photo_id, k, folder, offset, filters, deduplicate)
 
     @router.get("/photos/{photo_id}/thumbnail", responses={**ERRORS, 200: {"content": {"image/jpeg": {}}}},
                 response_class=FileResponse, summary="A photo's thumbnail")

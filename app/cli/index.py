@@ -34,10 +34,24 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     cli_args.add_update_arguments(p)
     p.set_defaults(handler=cmd_update)
 
-    p = cmds.add_parser("search", help="nearest neighbours of an image", description="Rank the collection by "
-                        "cosine similarity to IMAGE.")
+    p = cmds.add_parser("search", help="nearest neighbours of an image, or of several", description="Rank the "
+                        "collection by cosine similarity to IMAGE. With several photos (more IMAGEs, --id) and photos "
+                        "to avoid (--not, --not-id), the query is one vector of the index's space: the mean of the "
+                        "positives minus a tenth of the mean of the negatives (index.query; BENCHMARKS.md 'Search with "
+                        "several photos'), and the query photos themselves are left out of the results unless "
+                        "--include-queries. One IMAGE alone searches as it always did (itself first when indexed).")
     p.add_argument("index_dir", metavar="IDX")
-    p.add_argument("image", metavar="IMAGE")
+    p.add_argument("images", metavar="IMAGE", nargs="*", help="photos to search with (more like these)")
+    p.add_argument("--not", dest="not_images", action="append", default=[], metavar="IMAGE",
+                   help="a photo the results should be less like (repeat for more)")
+    p.add_argument("--id", dest="ids", action="append", default=[], type=int, metavar="N",
+                   help="an indexed photo (its id in --json results) to search with (repeat for more)")
+    p.add_argument("--not-id", dest="not_ids", action="append", default=[], type=int, metavar="N",
+                   help="an indexed photo the results should be less like (repeat for more)")
+    p.add_argument("--deduplicate", action="store_true",
+                   help="hide results within the index's near-copy threshold of a better result shown")
+    p.add_argument("--include-queries", action="store_true",
+                   help="keep the query photos (by id, or indexed files with the same bytes) among the results")
     p.add_argument("-k", type=int, default=10, help="results (default: 10)")
     p.add_argument("--folder", default=None, help="only results under this sub-folder of the collection")
     p.add_argument("--exclude-folder", action="append", default=[], metavar="FOLDER",
@@ -160,21 +174,39 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    from index.build.plan import file_hash
     from index.image_index import ImageIndex
 
     if args.k < 1:
         raise UserError(f"-k {args.k}: ask for at least one result")
-    if not Path(args.image).exists():  # a folder, a pipe or a device gets its reason from the decoder
-        raise UserError(f"image not found: {args.image}")
+    if not args.images and not args.ids:
+        raise UserError("give a photo to search with: IMAGE, or --id N of an indexed photo")
+    for image in (*args.images, *args.not_images):
+        if not Path(image).exists():  # a folder, a pipe or a device gets its reason from the decoder
+            raise UserError(f"image not found: {image}")
     taken = (taken_bound(args.taken_from, False, "--taken-from"), taken_bound(args.taken_to, True, "--taken-to"))
     if None not in taken and taken[0] >= taken[1]:
         raise UserError(f"--taken-from {args.taken_from} is after --taken-to {args.taken_to}: swap them")
     idx = ImageIndex.open(args.index_dir)
     folder = _check_folder(idx, args.folder)
-    away = [_check_folder(idx, f, "--exclude-folder") for f in args.exclude_folder]
+    away = [f for f in (_check_folder(idx, f, "--exclude-folder") for f in args.exclude_folder) if f]
+    given = (*args.ids, *args.not_ids)
+    unknown = sorted(set(given) - set(idx.catalog.rows_by_id(given)))
+    if unknown:
+        raise UserError(f"--id/--not-id {unknown[0]}: no indexed photo has this id (ids are in `moco index search "
+                        "--json` results)")
     emb = idx.load_embedder(args.backbone)
-    hits = idx.search_image(args.image, emb, k=args.k, folder=folder,  # refused as at every door: too small
-                            exclude_folders=[f for f in away if f], taken=taken)
+    one = len(args.images) == 1 and not (args.not_images or given)
+    if one and not args.deduplicate:  # the one-photo search of always (refused as at every door: too small)
+        hits = idx.search_image(args.images[0], emb, k=args.k, folder=folder, exclude_folders=away, taken=taken)
+    else:
+        query = idx.query_vector(_features(idx, emb, args.images, args.ids),
+                                 _features(idx, emb, args.not_images, args.not_ids))  # D, in the index's space
+        skip: list[int] = []
+        if not (args.include_queries or one):
+            skip = [*given, *idx.ids_of_files([file_hash(f) for f in (*args.images, *args.not_images)])]
+        hits = idx.search(query, k=args.k, folder=folder, exclude_folders=away, taken=taken, centred=True,
+                          exclude_ids=skip, deduplicate=args.deduplicate)
     weak = idx.weak_below  # None for an index from before centred scores
     out = [{"rank": r + 1, "id": int(i), "path": p, "score": round(float(s), 6),
             "weak": weak is not None and float(s) < weak, "taken": taken_text(row.taken)}
@@ -193,6 +225,16 @@ def cmd_search(args: argparse.Namespace) -> int:
             print("no results (the index is empty, or nothing passes --folder, --exclude-folder and the dates)",
                   file=sys.stderr)
     return 0
+
+
+def _features(idx: ImageIndex, emb: Any, images: list[str], ids: list[int]) -> Any:
+    """Features (N x D, as :meth:`ImageIndex.search` takes them) of query images and indexed photos, in that order."""
+    import numpy as np
+
+    parts = [idx.embed_queries(images, emb)] if images else []  # each n x D
+    if ids:
+        parts.append(idx.vectors(np.array(ids, np.int64)))
+    return np.concatenate(parts) if parts else np.zeros((0, idx.dim), np.float32)
 
 
 def _check_folder(idx: ImageIndex, folder: str | None, flag: str = "--folder") -> str | None:

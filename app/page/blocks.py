@@ -157,6 +157,13 @@ def _file_urls(gallery: list[tuple[str | None, str]], request: Any) -> list[tupl
     return [(f"{root}/gradio_api/file={encode_file_path(t)}" if t else t, caption) for t, caption in gallery]
 
 
+def _paths(files: Any) -> list[str]:
+    """The paths of a ``gr.File(file_count="multiple")``'s files (Gradio gives paths, or file objects with a name)."""
+    if not files:
+        return []
+    return [str(getattr(f, "name", None) or getattr(f, "path", None) or f) for f in files]
+
+
 def _skip() -> Any:
     try:
         import gradio as gr
@@ -203,6 +210,16 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                             more = gr.Button("More results", elem_id="more-btn", interactive=ready)
                             csv_btn = gr.DownloadButton("Export CSV", elem_id="export-csv", interactive=False)
                             json_btn = gr.DownloadButton("Export JSON", elem_id="export-json", interactive=False)
+                        with gr.Accordion("More like these, less like those", open=True, elem_id="multi"):
+                            more_like = gr.CheckboxGroup([], label="More like these (tick results)",
+                                                         elem_id="more-like")
+                            less_like = gr.CheckboxGroup([], label="Less like these", elem_id="less-like")
+                            with gr.Row():
+                                add_photos = gr.File(file_count="multiple", file_types=["image"], height=120,
+                                                     label="More photos to search with", elem_id="add-photos")
+                                avoid_photos = gr.File(file_count="multiple", file_types=["image"], height=120,
+                                                       label="Photos to be less like", elem_id="avoid-photos")
+                            again = gr.Button("Search again with these", elem_id="again-btn", interactive=ready)
                         with gr.Column(visible=False, elem_id="details") as details:
                             gr.Markdown("### Selected photo")
                             with gr.Row():
@@ -259,26 +276,47 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                             d["thumb"], gr.Column(visible=True), d["preview"], d["markdown"], d["full_path"], d["id"],
                             gr.File(value=None, visible=False))
 
-                for fn in (do_search, do_batched_search, do_rerun, do_more, do_select):  # resolvable without
+                def do_again(st: Results | None, more_: list[int] | None, less_: list[int] | None, add_: Any,
+                             avoid_: Any, k_: int, folder_: str, mode_: str, from_: str, to_: str,
+                             request: gr.Request) -> tuple:
+                    gal, *out = app.search_again(st, more_ or [], less_ or [], _paths(add_), _paths(avoid_), k_,
+                                                 **filters(folder_, mode_, from_, to_))
+                    return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
+
+                def do_ticks(st: Results | None, more_: list[int] | None, less_: list[int] | None) -> tuple:
+                    choices = app.tick_choices(st)  # the results shown; a tick stays while its photo is shown
+                    shown = {i for _, i in choices}
+                    return (gr.CheckboxGroup(choices=choices, value=[i for i in more_ or [] if i in shown]),
+                            gr.CheckboxGroup(choices=choices, value=[i for i in less_ or [] if i in shown]), gr.skip())
+
+                for fn in (do_search, do_batched_search, do_rerun, do_more, do_select, do_again):  # resolvable without
                     fn.__annotations__["request"] = gr.Request  # `from __future__` strings
                 do_select.__annotations__["evt"] = gr.SelectData
                 # an error goes to `error`: the results shown stay, and so does their heading (`info`)
                 results = [gallery, info, state, csv_btn, json_btn, error]
                 search_inputs = [k, folder, folder_mode, taken_from, taken_to]
+                ticks = _safe(3, 2)(do_ticks)  # after every search: the results shown, to tick
+                tick_io = ([state, more_like, less_like], [more_like, less_like, error])
                 if service is None:
                     go.click(_safe(6, 5)(do_search), [query, *search_inputs], results, api_name="search",
-                             concurrency_id="model")
+                             concurrency_id="model").then(ticks, *tick_io, api_name=False)
                 else:  # searches run together (the batcher holds the model); more wait in Gradio's queue
                     go.click(_safe(6, 5)(do_batched_search), [query, *search_inputs], results, api_name="search",
-                             concurrency_id="search", concurrency_limit=service.settings.max_batch)
+                             concurrency_id="search", concurrency_limit=service.settings.max_batch).then(
+                        ticks, *tick_io, api_name=False)
                 for changed in (k.release, folder.input, folder_mode.input, taken_from.submit, taken_to.submit):
                     changed(_safe(6, 5)(do_rerun), [state, *search_inputs], results, api_name=False,
-                            concurrency_id="model")
-                more.click(_safe(6, 5)(do_more), [state], results, api_name="more", concurrency_id="model")
+                            concurrency_id="model").then(ticks, *tick_io, api_name=False)
+                more.click(_safe(6, 5)(do_more), [state], results, api_name="more", concurrency_id="model").then(
+                    ticks, *tick_io, api_name=False)
+                again.click(_safe(6, 5)(do_again), [state, more_like, less_like, add_photos, avoid_photos,
+                                                    *search_inputs], results, api_name="search_again",
+                            concurrency_id="model").then(ticks, *tick_io, api_name=False)
                 gallery.select(_safe(13, 5)(do_select), [state],
                                [*results, query, details, preview, detail_md, path_box, picked, original],
                                api_name=False, concurrency_id="model").then(
-                    None, None, None, js="() => { if (document.activeElement) document.activeElement.blur(); }")
+                    None, None, None, js="() => { if (document.activeElement) document.activeElement.blur(); }").then(
+                    ticks, *tick_io, api_name=False)
 
                 def do_open(image_id: int | None) -> Any:
                     if image_id is None:

@@ -98,7 +98,7 @@ class Results:
     """A query and the results the page shows for it, kept between the page's events (its ``gr.State``): Search,
     More, a click on a result and the exports all start from it."""
 
-    vector: np.ndarray  # D: the query in the index's space
+    vector: np.ndarray  # D: the query's features (``centred``: the query in the index's space)
     k: int
     folder: str | None  # the folder filter, on disk (None: the whole collection)
     label: str  # the query in words: "the uploaded image", or an indexed photo's path
@@ -111,6 +111,11 @@ class Results:
     exclude_folders: tuple[str, ...] = ()  # on disk: no result under these
     taken: tuple[float | None, float | None] = (None, None)  # the date range searched (catalog ``taken`` values)
     taken_given: tuple[str, str] = ("", "")  # ... as the user wrote it
+    centred: bool = False  # ``vector`` is in the index's space already: a query made of several photos
+    positives: np.ndarray | None = None  # P x D: features of the photos searched with (None: ``vector``)
+    negatives: np.ndarray | None = None  # N x D: features of the photos to be less like (None: none)
+    query_ids: tuple[int, ...] = ()  # indexed photos of the query: never among its results
+    photo_ids: tuple[int, ...] = ()  # indexed photos that are the query's photos (an upload's byte-identical files)
 
     def heading(self) -> str:
         """The query in the results' heading: an indexed photo's path as code, else the label as it is."""
@@ -278,29 +283,40 @@ class SearchApp:
 
     def search_vectors(self, vectors: np.ndarray, k: int = 12, folder: str | None = None, offset: int = 0,
                        exclude_folders: Sequence[str] = (), taken_from: str | None = None,
-                       taken_to: str | None = None) -> SearchResult:
-        """Q query vectors (what the embedder gives) -> the page's ranking of each: the same checks of ``k``,
-        ``folder``, ``exclude_folders`` and the dates taken (``YYYY-MM-DD``, both days included), the same scores.
-        The JSON API searches through this, many queries at once."""
+                       taken_to: str | None = None, centred: bool = False, exclude_ids: Sequence[int] = (),
+                       deduplicate: bool = False) -> SearchResult:
+        """Q query vectors (what the embedder gives; ``centred``: already in the index's space, as
+        :meth:`ImageIndex.query_vector` makes them) -> the page's ranking of each: the same checks of ``k``,
+        ``folder``, ``exclude_folders`` and the dates taken (``YYYY-MM-DD``, both days included), the same scores;
+        never the photos ``exclude_ids``; ``deduplicate``: no near-copy of a better result. The JSON API searches
+        through this, many queries at once."""
         index, k, folder, away, taken = self._query(k, folder, exclude_folders, taken_from, taken_to)
         return index.search(vectors, k=k, folder=folder, offset=max(0, int(offset)), exclude_folders=away,
-                            taken=taken)
+                            taken=taken, centred=centred, exclude_ids=exclude_ids, deduplicate=deduplicate)
 
     def from_vector(self, vector: np.ndarray, k: int, folder: str | None, label: str, embed_ms: float,
                     source: dict[str, Any] | None = None, exclude_folders: Sequence[str] = (),
-                    taken_from: str | None = None, taken_to: str | None = None) -> tuple:
-        """The page's (gallery, info, state) for a query vector (D) labelled ``label``: every search of the page
-        ends here, and so does the page's Search batched by the JSON API's service."""
+                    taken_from: str | None = None, taken_to: str | None = None, centred: bool = False,
+                    positives: np.ndarray | None = None, negatives: np.ndarray | None = None,
+                    query_ids: Sequence[int] = (), photo_ids: Sequence[int] = ()) -> tuple:
+        """The page's (gallery, info, state) for a query vector (D; ``centred``: already in the index's space, a
+        query of several photos: their features ``positives`` and ``negatives``, the indexed ones ``query_ids``, left
+        out; ``photo_ids``: the indexed photos the query's photos are, left out of a later Search again) labelled
+        ``label``: every search of the page ends here, and so does the page's Search batched by the
+        JSON API's service."""
         index, k, folder, away, taken = self._query(k, folder, exclude_folders, taken_from, taken_to)
         t0 = time.perf_counter()
-        hits = index.search(vector[None], k=k, folder=folder, exclude_folders=away, taken=taken)
+        hits = index.search(vector[None], k=k, folder=folder, exclude_folders=away, taken=taken, centred=centred,
+                            exclude_ids=query_ids)
         search_ms = (time.perf_counter() - t0) * 1000
         rows = hits.rows[0]
         state = Results(vector, k, folder, label, source, ids=[r.id for r in rows], paths=hits.paths[0],
                         scores=[float(s) for s in hits.scores[0][: len(rows)]],
                         thumbs=[str(index.thumb_path(r)) if r.thumb else None for r in rows],
                         dates=[r.taken for r in rows], exclude_folders=away, taken=taken,
-                        taken_given=(taken_from or "", taken_to or ""))
+                        taken_given=(taken_from or "", taken_to or ""), centred=centred, positives=positives,
+                        negatives=negatives, query_ids=tuple(int(i) for i in query_ids),
+                        photo_ids=tuple(int(i) for i in photo_ids))
         where = f" in `{display_path(folder)}/`" if folder else ""
         where += "".join(f" not in `{display_path(f)}/`" for f in away)
         if taken != (None, None):
@@ -322,7 +338,21 @@ class SearchApp:
         t0 = time.perf_counter()
         vector = self.embedder.embed(img)[0]  # D
         return self.from_vector(vector, k, folder, "the uploaded image", (time.perf_counter() - t0) * 1000,
-                                exclude_folders=exclude_folders, taken_from=taken_from, taken_to=taken_to)
+                                exclude_folders=exclude_folders, taken_from=taken_from, taken_to=taken_to,
+                                photo_ids=self.upload_twins(image))
+
+    def upload_twins(self, *uploads: Any) -> list[int]:
+        """Ids of the indexed photos with an upload's very bytes (uploads that are files; others match none)."""
+        from index.build.plan import file_hash
+
+        hashes = []
+        for u in uploads:
+            if isinstance(u, (str, os.PathLike)):
+                try:
+                    hashes.append(file_hash(u))
+                except OSError:  # gone, or not a regular file: read_upload has said so, nothing to match
+                    pass
+        return self.ready_index().ids_of_files(hashes) if hashes else []
 
     def rerun(self, state: Results | None, k: int, folder: str | None, exclude_folders: Sequence[str] = (),
               taken_from: str | None = None, taken_to: str | None = None) -> tuple:
@@ -330,7 +360,59 @@ class SearchApp:
         if not state:
             raise UserError("upload a photo and press Search first")
         return self.from_vector(state.vector, k, folder, state.label, 0.0, state.source, exclude_folders,
-                                taken_from, taken_to)
+                                taken_from, taken_to, state.centred, state.positives, state.negatives,
+                                state.query_ids, state.photo_ids)
+
+    def search_again(self, state: Results | None, more_like: Sequence[Any] = (), less_like: Sequence[Any] = (),
+                     uploads: Sequence[Any] = (), avoid: Sequence[Any] = (), k: int = 12, folder: str | None = None,
+                     exclude_folders: Sequence[str] = (), taken_from: str | None = None,
+                     taken_to: str | None = None) -> tuple:
+        """"More like these, less like those": the query shown, with the results ticked ``more_like`` (ids) and the
+        photos ``uploads`` added to its photos, and ``less_like`` (ids) and ``avoid`` (uploads) to the photos it is to
+        be less like, searched as one query of the index's space (:meth:`ImageIndex.query_vector`); the query's
+        indexed photos (and indexed files with an upload's bytes) are left out of the results. Returns (gallery,
+        info, state); the state keeps every photo, so a next round adds to them."""
+        if not state:
+            raise UserError("search with a photo first, then tick results to search again with them")
+        more = [int(i) for i in more_like or ()]
+        less = [int(i) for i in less_like or ()]
+        uploads, avoid = [u for u in uploads or () if u], [u for u in avoid or () if u]
+        both = sorted(set(more) & set(less))
+        if both:
+            raise UserError(f"photo {both[0]} is ticked both 'more like' and 'less like': untick one")
+        if not (more or less or uploads or avoid):
+            raise UserError("tick results under 'More like these' or 'Less like these' (or add photos), then search "
+                            "again")
+        self._query(k, folder, exclude_folders, taken_from, taken_to)  # bad filters: said before the model runs
+        index = self.ready_index()
+        known = index.catalog.rows_by_id(more + less)
+        gone = [i for i in more + less if i not in known or known[i].deleted or known[i].status != "ok"]
+        if gone:
+            raise UserError(f"photo {gone[0]} is no longer in the index: search again")
+        t0 = time.perf_counter()
+        images = [read_upload(u, self.embedder.resize) for u in uploads + avoid]
+        feats = self.embedder.embed(images) if images else np.zeros((0, index.dim), np.float32)  # U x D
+        embed_ms = (time.perf_counter() - t0) * 1000
+        pos = [state.positives if state.positives is not None else state.vector[None], index.vectors(np.array(
+            more, np.int64)) if more else None, feats[: len(uploads)]]
+        neg = [state.negatives, index.vectors(np.array(less, np.int64)) if less else None, feats[len(uploads):]]
+        positives = np.concatenate([x for x in pos if x is not None and len(x)])  # P x D
+        negatives = np.concatenate([x for x in neg if x is not None and len(x)] or [np.zeros((0, index.dim),
+                                                                                              np.float32)])  # N x D
+        query = index.query_vector(positives, negatives)  # D, in the index's space
+        ids = [*state.query_ids, *state.photo_ids, *([state.source["id"]] if state.source else []), *more, *less,
+               *self.upload_twins(*uploads, *avoid)]
+        label = f"{len(positives)} photos" + (f", less like {len(negatives)}" if len(negatives) else "")
+        return self.from_vector(query, k, folder, label, embed_ms, None, exclude_folders, taken_from, taken_to,
+                                centred=True, positives=positives, negatives=negatives if len(negatives) else None,
+                                query_ids=sorted(set(ids)), photo_ids=sorted(set(ids)))
+
+    def tick_choices(self, state: Results | None) -> list[tuple[str, int]]:
+        """The results shown as choices to tick ("rank. name", id), best first."""
+        if not state:
+            return []
+        return [(f"{r}. {display_path(p).rsplit('/', 1)[-1]}", int(i))
+                for r, (i, p) in enumerate(zip(state.ids, state.paths), 1)]
 
     def more(self, state: Results | None) -> tuple:
         """The next ``k`` results after those shown."""
@@ -339,7 +421,8 @@ class SearchApp:
         index = self.ready_index()
         t0 = time.perf_counter()
         hits = index.search(state.vector[None], k=state.k, folder=state.folder, offset=len(state.ids),
-                            exclude_folders=state.exclude_folders, taken=state.taken)
+                            exclude_folders=state.exclude_folders, taken=state.taken, centred=state.centred,
+                            exclude_ids=state.query_ids)
         rows = hits.rows[0]
         dates = state.dates or [None] * len(state.ids)
         state = replace(state, ids=state.ids + [r.id for r in rows], paths=state.paths + hits.paths[0],

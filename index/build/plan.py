@@ -23,7 +23,7 @@ from typing import Any
 from index.catalog import Catalog, Row
 from moco.data.photos import open_regular, scan_photos
 
-__all__ = ["Plan", "make_plan", "file_hash", "Stat", "Summary"]
+__all__ = ["Plan", "make_plan", "file_hash", "content_hash", "Stat", "Summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,11 @@ class Plan:
     stats: dict[str, Stat] = field(default_factory=dict)
     unsupported: dict[str, int] = field(default_factory=dict)  # extension -> files not read: its package is missing
     excluded: int = 0  # files and folders left out by the --exclude patterns
+
+
+def content_hash(data: bytes) -> str:
+    """blake2b-128 of ``data`` (hex): :func:`file_hash` of a file holding these bytes (an upload)."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
 
 
 def file_hash(path: str | Path) -> str:
