@@ -145,23 +145,10 @@ def score(groups: list[dict[str, Any]], copies: dict[str, str]) -> dict[str, Any
 
 
 def _backbone(args: argparse.Namespace) -> tuple[Path, str]:
-    """The backbone file and how it is described."""
-    args.work.mkdir(parents=True, exist_ok=True)
-    if args.backbone:
-        return args.backbone, str(args.backbone)
-    from moco.export.exporter import export_backbone
+    """The backbone file and how it is described (:func:`bench._backbone.bench_backbone`)."""
+    from bench._backbone import bench_backbone
 
-    out = args.work / "backbone.safetensors"
-    if args.run:
-        export_backbone(args.run / "checkpoint.pt", out)
-        return out, f"{args.run} (exported)"
-    import torch
-    import torchvision
-
-    torch.manual_seed(0)
-    torch.save(torchvision.models.resnet18(weights=None).state_dict(), args.work / "random.pth")
-    export_backbone(args.work / "random.pth", out, image_size=args.size)
-    return out, "random ResNet-18 (no training: the weakest model)"
+    return bench_backbone(args.work, args.backbone, args.run, args.size)
 
 
 def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]:
