@@ -538,15 +538,15 @@ def _duplicates() -> list[str]:
         aim = d["aim"]
         if not out:
             out += ["## Duplicates: planted copies found", "",
-                    "```", d.get("command", "python bench/dedup_copies.py --dataset SET --sizes 2000,10000 "
-                                 "--backbone B --work W --json F"), "```", "",
                     f"Aim: recall >= {aim['recall']} for every edit, pair precision >= {aim['pair_precision']}, no "
                     f"group of more than {aim['largest_distinct']} distinct photos, at the index's default threshold "
                     "(`moco index dedup` as it runs). Recall of an edit: the share of its copies in their photo's "
                     "group; pair precision: of the pairs of photos in one group, the share that are a photo and its "
                     "copy.", ""]
         edits = d["edits"]
-        out += [f"{d['dataset']}, {d['backbone']}, photos of {d['photo_px']} px, {d['copies_share']:.1%} given a "
+        out += ["```", d.get("command", "python bench/dedup_copies.py --dataset SET --sizes 2000,10000 --backbone B "
+                             "--work W --json F"), "```", "",
+                f"{d['dataset']}, {d['backbone']}, photos of {d['photo_px']} px, {d['copies_share']:.1%} given a "
                 f"copy; {d['cpu']}.", "",
                 "| photos | threshold (rule) | " + " | ".join(f"recall {e}" for e in edits)
                 + " | recall | pair precision | largest group (distinct) | crowded photos | aim |",
