@@ -86,7 +86,7 @@ def test_the_map_and_the_themes_agree_with_the_cli(http, idx, capsys):
         import umap  # noqa: F401
     except ImportError:  # the server says which extra brings it
         r = http.get("/map", params={"method": "umap"})
-        assert r.status_code == 400 and "pip install 'moco-retrieval[map]'" in r.json()["detail"]
+        assert r.status_code == 404 and "pip install 'moco-retrieval[map]'" in r.json()["detail"]
 
 
 def test_unusual_and_browse_agree_with_the_cli(http, idx, capsys):
@@ -104,7 +104,8 @@ def test_unusual_and_browse_agree_with_the_cli(http, idx, capsys):
     r = http.get("/photos", params={"folder": "nosuch"})
     assert r.status_code == 404 and "nosuch" in r.json()["detail"]
     assert http.get("/photos", params={"sort": "size"}).status_code == 400
-    assert http.get("/photos", params={"theme": 999}).status_code == 400
+    r = http.get("/photos", params={"theme": 999})  # a theme the collection lacks, as GET /themes/999
+    assert r.status_code == 404 and "themes 0 to" in r.json()["detail"]
     assert http.get("/unusual", params={"limit": 0}).status_code == 400
 
 

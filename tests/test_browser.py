@@ -479,11 +479,12 @@ def test_review_a_page_of_groups_change_a_keeper_move_and_undo(browser, dup_serv
     page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group').length == 1", timeout=30_000)
     # every exact group at once, then undo both moves
     page.locator("#dup-bulk-btn").click()
+    # the message of the move before says "1 photos moved" too: the groups gone say this move is done
+    page.wait_for_function("document.querySelector('#dup-where').innerText.includes('No exact or near groups')",
+                           timeout=60_000)
     _dup_message(page, "1 photos moved")
     where = _where(dup_served["before"], photos, dups)
     assert sorted(p for p, w in where.items() if w == "dest") == sorted([near[0], exact[1]])
-    page.wait_for_function("document.querySelector('#dup-where').innerText.includes('No exact or near groups')",
-                           timeout=30_000)
     _turns_enabled(page.locator("#dup-undo-btn"))
     page.locator("#dup-undo-btn").click()
     _dup_message(page, "2 photos put back")

@@ -537,7 +537,7 @@ def test_skipped_notes_say_the_fix():
     assert skipped_notes({".heic": 412, ".dng": 1, ".jpg": 0}) == [
         "1 .dng file skipped: pip install 'moco-retrieval[raw]'",
         "412 .heic files skipped: pip install 'moco-retrieval[heic]'"]
-    assert scan_photos(ROOT / "docs").files == ["screenshot-phone.png", "screenshot.png"]
+    assert scan_photos(ROOT / "docs").files == ["screenshot-map.png", "screenshot-phone.png", "screenshot.png"]
 
 
 def test_dedup_leaves_excluded_folders_out_and_shows_the_dates(dated, capsys):

@@ -701,7 +701,12 @@ def api_routes(service: SearchService) -> list[Any]:
         """Every indexed photo once, a point in [0, 1]² (alike photos close, from the index's centred features) with its
         theme: compact, one array per field. Computed once per index version and kept with the index."""
         service._ready()
-        return CollectionMap.model_validate(map_document(app.ready_index(), method))
+        try:
+            return CollectionMap.model_validate(map_document(app.ready_index(), method))
+        except UserError as e:
+            if method == "umap":  # this server lacks the map extra: it has no such map (the message names the fix)
+                raise NotFound(str(e)) from None
+            raise
 
     @router.get("/themes", response_model=ThemesResponse, responses=ERRORS, summary="The collection's themes",
                 tags=["collection"])
@@ -743,7 +748,13 @@ def api_routes(service: SearchService) -> list[Any]:
         when sorted by date."""
         service._ready()
         on_disk = app._folder(folder)  # the page's check: a bad name 400, a folder the collection lacks 404
-        return PhotosPage.model_validate(browse_document(app.ready_index(), on_disk, theme, sort, offset, limit))
+        index = app.ready_index()
+        if theme is not None:
+            try:
+                theme_document(index, theme, 0, 1)  # a theme the collection lacks: 404, as GET /themes/{id}
+            except UserError as e:
+                raise NotFound(str(e)) from None
+        return PhotosPage.model_validate(browse_document(index, on_disk, theme, sort, offset, limit))
 
     routes = list(router.routes)
     schema: dict[str, Any] = {}
