@@ -350,8 +350,8 @@ class SearchApp:
             if isinstance(u, (str, os.PathLike)):
                 try:
                     hashes.append(file_hash(u))
-                except OSError:  # gone, or not a regular file: read_upload has said so, nothing to match
-                    pass
+                except OSError as e:  # gone, or not a regular file: read_upload has said so, nothing to match
+                    logger.debug("no content hash of the upload %s: %s", u, e)
         return self.ready_index().ids_of_files(hashes) if hashes else []
 
     def rerun(self, state: Results | None, k: int, folder: str | None, exclude_folders: Sequence[str] = (),

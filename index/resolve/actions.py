@@ -105,8 +105,8 @@ def _writable(folders: Iterable[Path], what: str) -> None:
             ro = False
             try:
                 ro = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
-            except OSError:
-                pass
+            except OSError as e:  # no file system flags: the permission's message below
+                logger.debug("no file system flags for %s: %s", folder, e)
             why = "a read-only file system" if ro else "no write permission"
             raise UserError(f"{folder} is read-only ({why}): {what}; make it writable, then run the same command "
                             "(nothing was moved)")
@@ -332,8 +332,8 @@ def search_again(index: ImageIndex) -> Search:
     doc = None
     try:
         doc = load_duplicates(index.dir)
-    except UserError:
-        pass
+    except UserError as e:  # a damaged dedup.json: the index's own thresholds and the default kinds
+        logger.warning("%s; searching with the index's thresholds", e)
     settings = (doc or {}).get("decision", {}).get("given", {})
     kinds = (doc or {}).get("kinds") or DEFAULT_KINDS
     return search_duplicates(index, settings.get("threshold"), kinds, settings.get("similar_threshold"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,8 +112,7 @@ class Journal:
 
     def mark_synced(self) -> None:
         """After an index update: every entry's last state is in the index."""
-        try:
-            with self.catalog.transaction() as db:
-                db.execute("UPDATE dedup_moves SET synced = 1 WHERE synced = 0")
-        except sqlite3.OperationalError:  # no table: nothing was ever moved
-            pass
+        if not self.catalog.has_table("dedup_moves"):  # nothing was ever moved
+            return
+        with self.catalog.transaction() as db:
+            db.execute("UPDATE dedup_moves SET synced = 1 WHERE synced = 0")

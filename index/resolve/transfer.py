@@ -66,17 +66,15 @@ def _sync_dir(folder: Path) -> None:
         return
     try:
         os.fsync(fd)
-    except OSError:  # a file system that cannot sync a folder (some network ones): what it has is what we get
-        pass
+    except OSError as e:  # a file system that cannot sync a folder (some network ones): what it has is what we get
+        logger.debug("cannot sync the folder %s: %s", folder, e)
     finally:
         os.close(fd)
 
 
 def _unlink(path: Path) -> None:
     try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+        path.unlink(missing_ok=True)
     except OSError as e:
         raise storage_error(e, path) from e
     _sync_dir(path.parent)
