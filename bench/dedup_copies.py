@@ -2,13 +2,14 @@
 of distinct photos, at the index's default threshold, for collection sizes.
 
     OMP_NUM_THREADS=1 python bench/dedup_copies.py --dataset fashion --sizes 2000,10000 --backbone B.safetensors \\
-        --work .bench_runs/dedup_copies --json bench/results/dedup_copies_fashion.json
+        --split report --work .bench_runs/dedup_copies --json bench/results/dedup_copies_fashion.json
     python bench/dedup_copies.py --dataset fashion --sizes 200,400 --work /tmp/dc        # tiny, a random network
 
 A collection of N photos of a set (``fashion``: Fashion-MNIST images, 28 px enlarged to ``--size``, saved as PNG;
 ``backgrounds``: crops of the gnome-backgrounds pictures, bench/_datasets.py; overlapping crops of one picture are
-distinct photos here, so its precision is a lower bound; pixel-identical images of a set count once) in which a
-seeded ``--copies`` share of the photos each get one copy, the edits taken in turn: ``exact`` (the same bytes),
+distinct photos here, so its precision is a lower bound; pixel-identical images of a set count once; ``--split
+choose`` draws other images than ``report``, the default, so rules are tuned on one and reported on the other) in
+which a seeded ``--copies`` share of the photos each get one copy, the edits taken in turn: ``exact`` (the same bytes),
 ``jpeg`` (re-encoded, quality 70), ``resized`` (60%), ``cropped`` (its central 85%), ``brightened`` (x1.3) and
 ``mirrored`` (left-right). The index is built with the backbone (``--backbone``: an export; ``--run``: a training
 run's checkpoint, exported; neither: a randomly initialized ResNet-18, the weakest model there is), its exact and
@@ -77,19 +78,34 @@ def _distinct(images: np.ndarray, n: int) -> np.ndarray:
     raise SystemExit(f"--sizes {n}: only {len(keep)} distinct images")
 
 
-def _images(dataset: str, n: int, size: int, seed: int) -> np.ndarray:
-    """``n`` distinct images of ``dataset`` (N x size x size x 3 uint8), a seeded choice."""
-    from bench._datasets import background_crops, fashion_mnist
+FASHION_TRAINED = 20000  # a bench model trains on Fashion-MNIST's first 20,000 train images: never in a collection
+
+
+def _fashion_pool(split: str) -> np.ndarray:
+    """Fashion-MNIST images of one split of this bench (N x 28 x 28 uint8), none a bench model trained on: ``choose``
+    (train images 20,000-39,999: where thresholds and rules are chosen) or ``report`` (the 10,000 t10k images, then
+    train images 40,000-59,999: where figures are reported)."""
+    from bench._datasets import fashion_mnist
+
+    train, _ = fashion_mnist("train")
+    if split == "choose":
+        return train[FASHION_TRAINED : 2 * FASHION_TRAINED]
+    test, _ = fashion_mnist("t10k")
+    return np.concatenate([test, train[2 * FASHION_TRAINED :]])
+
+
+def _images(dataset: str, n: int, size: int, seed: int, split: str = "report") -> np.ndarray:
+    """``n`` distinct images of ``dataset`` (N x size x size x 3 uint8), a seeded choice from ``split``."""
+    from bench._datasets import background_crops
 
     rng = np.random.default_rng(seed)
     if dataset == "fashion":
-        train, _ = fashion_mnist("train")
-        test, _ = fashion_mnist("t10k")
-        pool = np.concatenate([test, train])
+        pool = _fashion_pool(split)
         pool = _distinct(pool[rng.permutation(len(pool))], min(len(pool), n + n // 10 + 100))
         return np.stack([np.asarray(Image.fromarray(x).convert("RGB").resize((size, size), Image.Resampling.BICUBIC))
                          for x in _distinct(pool, n)])
-    tr, _, _, _, _ = background_crops(n_train=2 * n + 64, n_val=64, size=size, seed=seed)  # per picture, rounded
+    tr, _, _, _, _ = background_crops(n_train=2 * n + 64, n_val=64, size=size,
+                                      seed=seed + (split == "choose") * 1000)  # per picture, rounded
     return _distinct(tr[rng.permutation(len(tr))], n)
 
 
@@ -159,7 +175,8 @@ def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]
 
     root = args.work / str(n)
     shutil.rmtree(root, ignore_errors=True)
-    copies = write_collection(root, _images(args.dataset, n, args.size, args.seed), args.copies, args.seed)
+    copies = write_collection(root, _images(args.dataset, n, args.size, args.seed, args.split), args.copies,
+                              args.seed)
     shutil.rmtree(args.work / f"{n}.idx", ignore_errors=True)
     t0 = time.perf_counter()
     build_index(root, backbone, args.work / f"{n}.idx", progress=False, device=args.device)
@@ -171,6 +188,7 @@ def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]
     return {"photos": n, "copies_planted": len(copies), "index": str(args.work / f"{n}.idx"),
             "space": idx.describe_space(), "threshold": d["threshold"], "rule": d["rule"], "base": d["base"],
             "base_rule": d["base_rule"], "crowd_level": d["crowd_level"], "crowded_photos": d["crowded_photos"],
+            "local_ratio": d.get("local_ratio"),
             "calibration": idx.meta.get("dedup_calibration"), "seconds_build": round(built, 1),
             "seconds_dedup": round(time.perf_counter() - t0, 2), **score(found.groups, copies)}
 
@@ -178,6 +196,8 @@ def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dataset", choices=["fashion", "backgrounds"], default="fashion")
+    p.add_argument("--split", choices=["choose", "report"], default="report",
+                   help="choose: the images rules are tuned on; report: the others, for the figures (default)")
     p.add_argument("--sizes", default="2000,10000", help="collection sizes, comma separated (default 2000,10000)")
     p.add_argument("--copies", type=float, default=0.075, help="share of the photos given a copy (default 0.075)")
     p.add_argument("--size", type=int, default=64, help="pixels per side of a photo (default 64)")
@@ -193,7 +213,8 @@ def main(argv: list[str] | None = None) -> int:
 
     backbone, described = _backbone(args)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
-    report: dict[str, Any] = {"dataset": args.dataset, "backbone": described, "photo_px": args.size,
+    report: dict[str, Any] = {"dataset": args.dataset, "split": args.split, "backbone": described,
+                              "photo_px": args.size,
                               "copies_share": args.copies, "edits": list(EDITS), "aim": AIM, "cpu": _cpu_model(),
                               "command": shlex.join(["python", "bench/dedup_copies.py", *(argv or sys.argv[1:])]),
                               "sizes": [run_size(n, args, backbone) for n in sizes]}

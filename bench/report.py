@@ -546,10 +546,13 @@ def _duplicates() -> list[str]:
         edits = d["edits"]
         out += ["```", d.get("command", "python bench/dedup_copies.py --dataset SET --sizes 2000,10000 --backbone B "
                              "--work W --json F"), "```", "",
-                f"{d['dataset']}, {d['backbone']}, photos of {d['photo_px']} px, {d['copies_share']:.1%} given a "
-                f"copy; {d['cpu']}.", "",
+                f"{d['dataset']} ({d.get('split', 'one')} split), {d['backbone']}, photos of {d['photo_px']} px, "
+                f"{d['copies_share']:.1%} given a copy; {d['cpu']}"
+                + (f"; a near link at most {d['sizes'][0]['local_ratio']} times as far as each photo's 10th closest "
+                   "other photo (the local rule)" if d["sizes"] and d["sizes"][0].get("local_ratio") else "") + ".",
+                "",
                 "| photos | threshold (rule) | " + " | ".join(f"recall {e}" for e in edits)
-                + " | recall | pair precision | largest group (distinct) | crowded photos | aim |",
+                + " | recall | pair precision | largest group (distinct) | photos the local rule held apart | aim |",
                 "|---|---|" + "---|" * len(edits) + "---|---|---|---|---|"]
         for r in d["sizes"]:
             ok = (min(r["recall"].values()) >= aim["recall"] and r["pair_precision"] >= aim["pair_precision"]

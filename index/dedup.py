@@ -15,9 +15,16 @@ is ``near`` (its byte-identical members are marked), one of a single content ``e
 
 The near threshold is the index's own (:func:`index.calibrate.dedup_threshold`, calibrated on copies of its photos
 at build time), raised above the collection's crowd level where a weak model or a collection of very alike photos
-puts distinct photos that close (:func:`index.calibrate.near_threshold`; its rule is reported). And a photo with
-more than :data:`~index.calibrate.CROWD` other photos within it is in a crowd: its links count only where they are
-at least twice as close (in 1 - cosine) as its crowd (the (CROWD+1)-th closest), as a copy is.
+puts distinct photos that close (:func:`index.calibrate.near_threshold`; its rule is reported). And a link of two
+photos counts only where it is local: at most :data:`LOCAL_RATIO` times as far (in 1 - cosine) as each end's
+:data:`~index.calibrate.CROWD`-th closest other photo over the whole collection (:func:`local_levels`). A copy sits
+far closer to its photo than the photo's other neighbours; a distinct photo among alike ones (a crowd of t-shirts,
+planes against blue sky) sits about as close as they do, whatever the threshold. The ratio adapts to each photo's
+neighbourhood, so a collection grown tenfold, which puts ten times as many distinct photos close to each photo,
+does not group them. 0.35 was chosen on planted copies of one split of Fashion-MNIST (``bench/dedup_copies.py
+--split choose``: at 0.33-0.5 every re-encoded, resized and mirrored copy kept its link; at 10,000 photos 11 links
+of distinct photos passed, against 81 at 0.5, and without it 1,289 pairs of distinct photos were grouped) and is
+reported on the other (BENCHMARKS.md).
 
 Each group has a stable id (its kind, its smallest member id and a digest of its member ids), a suggested keeper and
 the reason (:mod:`index.keeper`), and its members' pixels, size, date taken and age.
@@ -49,16 +56,18 @@ from index.catalog import Row, sample_ids
 from index.image_index import ImageIndex, row_filter
 from index.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
 from index.keeper import photo_facts, suggest_keeper
+from index.store import VectorStore
 from moco.errors import UserError
 from moco.files import atomic_write
 
 __all__ = ["find_duplicates", "search_duplicates", "Search", "load_duplicates", "save_duplicates", "write_duplicates",
-           "find_group", "tight_groups", "group_id", "KINDS",
+           "find_group", "tight_groups", "group_id", "local_levels", "local_cut", "LOCAL_RATIO", "KINDS",
            "DEFAULT_KINDS"]
 
 KINDS = ("exact", "near", "similar")
 DEFAULT_KINDS = ("exact", "near")  # similar groups only when asked
-CROWD_RATIO = 0.5  # in a crowd, a link counts when its 1 - cosine is at most this share of the crowd's
+LOCAL_RATIO = 0.35  # a near link counts when its 1 - cosine is at most this share of each end's local level's
+SAME_BYTES_MARGIN = 8  # k-NN slots beyond CROWD + 1 for photos with the same bytes (not other photos)
 
 
 def group_id(kind: str, members: Iterable[int]) -> str:
@@ -125,22 +134,35 @@ def _content(ids: np.ndarray, rows: Mapping[int, Row]) -> np.ndarray:
     return np.array([codes[h] if h else len(codes) + n for n, h in enumerate(hashes)], np.int64)
 
 
-def _crowd_cut(graph: dict[int, dict[int, float]], content: Mapping[int, int]) -> int:
-    """Keep, of a photo with more than CROWD other photos among its neighbours, only the links at least twice as close
-    (1 - cosine) as its (CROWD+1)-th closest other photo, and the same for the other end (same bytes: always).
-    Returns the photos in a crowd."""
-    level: dict[int, float] = {}
+def local_levels(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
+                 chunk: int = 1024) -> dict[int, float]:
+    """Each photo's local level: the centred cosine of its :data:`CROWD`-th closest other photo (other bytes, among
+    ``ids``) over the whole collection, from the index's own k-NN search of every photo (``vecs``: N x D in the index's
+    space, searched in ``store``, the index's vectors); -1.0 where it has fewer other photos."""
+    live = set(ids.tolist())
+    k = CROWD + 1 + SAME_BYTES_MARGIN
+    levels: dict[int, float] = {}
+    for start in range(0, len(ids), chunk):
+        scores, found = store.search(vecs[start : start + chunk], k)  # B x k, B x k
+        for q in range(len(scores)):
+            own = int(ids[start + q])
+            others = [s for j, s in zip(found[q].tolist(), scores[q].tolist())
+                      if j >= 0 and j != own and j in live and content[j] != content[own]]
+            levels[own] = float(others[CROWD - 1]) if len(others) >= CROWD else -1.0
+    return levels
+
+
+def local_cut(graph: dict[int, dict[int, float]], content: Mapping[int, int], levels: Mapping[int, float]) -> int:
+    """Keep a link of two photos with other bytes only where it is at least 1 / :data:`LOCAL_RATIO` times closest (in
+    1 - cosine) than the local level of each end (:func:`local_levels`), as a copy is. Returns the photos that lost a
+    link: photos among alike ones, where the threshold alone would have grouped distinct photos."""
+    cut: set[int] = set()
     for i, nb in graph.items():
-        others = sorted((s for j, s in nb.items() if content[j] != content[i]), reverse=True)
-        if len(others) > CROWD:
-            level[i] = 1.0 - CROWD_RATIO * (1.0 - others[CROWD])  # a link must score at least this
-    if not level:
-        return 0
-    for i, nb in graph.items():
-        for j in [j for j, s in nb.items() if content[j] != content[i] and s < max(level.get(i, -1.0),
-                                                                                   level.get(j, -1.0))]:
+        for j in [j for j, s in nb.items() if content[j] != content[i]
+                  and 1.0 - s > LOCAL_RATIO * (1.0 - max(levels.get(i, -1.0), levels.get(j, -1.0)))]:
             del nb[j]
-    return len(level)
+            cut.add(i)
+    return len(cut)
 
 
 def _graph(index: ImageIndex, ids: np.ndarray, raw: np.ndarray, content: np.ndarray, low: float,
@@ -241,7 +263,8 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     graph = _graph(index, ids, raw, content, similar_t if "similar" in kinds else near_t, chunk)
     by_id = dict(zip(ids.tolist(), content.tolist()))
     near = {i: {j: s for j, s in nb.items() if s >= near_t} for i, nb in graph.items()}
-    decision["crowded_photos"] = _crowd_cut(near, by_id)
+    levels = local_levels(index.store, ids, vecs, by_id, chunk)
+    decision.update(local_ratio=LOCAL_RATIO, local_k=CROWD, crowded_photos=local_cut(near, by_id, levels))
     found = [(rep, members, "exact" if len({by_id[m] for m in members}) == 1 else "near", near)
              for rep, members in tight_groups(near)]
     if "similar" in kinds:

@@ -25,12 +25,13 @@ from PIL import Image
 from app.cli.commands import main
 from index.build.runner import build_index, update_index
 from index.calibrate import CROWD, MIN_PHOTOS, near_threshold, neighbour_levels
-from index.dedup import KINDS, load_duplicates, search_duplicates
+from index.dedup import KINDS, LOCAL_RATIO, load_duplicates, local_cut, local_levels, search_duplicates
 from index.image_index import ImageIndex
 from index.keeper import CHOSEN, Facts, suggest_keeper
 from index.resolve.actions import DUPLICATES_DIR, PAUSE_ENV, destination, move_duplicates, undo_moves
 from index.resolve.journal import Journal
 from index.resolve.transfer import PARTIAL_SUFFIX, TransferError, free_name, transfer
+from index.store import VectorStore
 from moco.data.sample import make_sample_collection
 from moco.errors import UserError
 
@@ -151,6 +152,40 @@ def test_the_crowd_level_against_brute_force_and_its_guard():
     kept = near_threshold(0.999, "calibrated", all_first, all_kth)
     assert kept["rule"] == "calibrated" and kept["threshold"] == 0.999
     assert near_threshold(0.9, "default", all_first[: MIN_PHOTOS - 1], all_kth[: MIN_PHOTOS - 1])["crowd_level"] is None
+
+
+def test_the_local_levels_against_brute_force_and_the_local_cut():
+    """A crowd of alike distinct photos, one of them with a copy, and photos far apart with a copy each: at a low
+    threshold every crowd photo links to every other, the local rule keeps only photo-copy links."""
+    rng = np.random.default_rng(1)
+    base = rng.standard_normal(16).astype(np.float32)
+    crowd = base + 0.35 * rng.standard_normal((30, 16)).astype(np.float32)  # 30 alike, distinct photos
+    far = 3 * np.eye(16, dtype=np.float32)[:4] + 0.1 * rng.standard_normal((4, 16)).astype(np.float32)
+    photos = np.concatenate([crowd, far])  # 34 x 16
+    copies = photos[[0, 30, 31, 32, 33]] + 0.02 * rng.standard_normal((5, 16)).astype(np.float32)  # 5 x 16
+    v = np.concatenate([photos, copies, photos[[5]]])  # 40 x 16; the last: photo 5's bytes again
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    ids = np.arange(100, 140)
+    content = {int(i): int(i) for i in ids}
+    content[139] = 105
+    store = VectorStore.create("flat", 16, len(v), use_gpu="no")
+    store.add(ids, v)
+    levels = local_levels(store, ids, v, content, chunk=7)
+    sim = v @ v.T  # 40 x 40
+    for a, i in enumerate(ids.tolist()):
+        other = sorted((float(sim[a, b]) for b, j in enumerate(ids.tolist()) if content[j] != content[i]), reverse=True)
+        assert levels[i] == pytest.approx(other[CROWD - 1], abs=1e-5)
+    threshold = float(np.quantile(sim[:30, :30][~np.eye(30, dtype=bool)], 0.05))  # links 95% of crowd pairs
+    graph = {int(ids[a]): {int(ids[b]): float(sim[a, b]) for b in range(40) if b != a and sim[a, b] >= threshold}
+             for a in range(40)}
+    want = {(i, j) for i, nb in graph.items() for j, s in nb.items() if content[i] == content[j]
+            or 1 - s <= LOCAL_RATIO * (1 - max(levels[i], levels[j]))}  # the rule, by hand
+    assert sum(len(nb) for nb in graph.values()) > 500  # the threshold alone: one crowd
+    cut = local_cut(graph, content, levels)
+    kept = {(i, j) for i, nb in graph.items() for j in nb}
+    assert kept == want and cut >= 25
+    pairs = {frozenset(p) for p in kept}
+    assert pairs == {frozenset(p) for p in [(100, 134), (130, 135), (131, 136), (132, 137), (133, 138), (105, 139)]}
 
 
 KEEPER_CASES = [  # (width, height, bytes, taken, mtime) per member, the keeper's position, the reason's start

@@ -82,7 +82,9 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold", type=float, default=None,
                    help="near: centred cosine similarity (as search scores) of a group's photos to its representative "
                         "(default: the index's, calibrated at build time on copies of its photos, raised above the "
-                        "collection's crowd level; the output says which rule set it)")
+                        "collection's crowd level; the output says which rule set it). At any threshold, a near link also "
+                        "has to be at most 0.35 times as far as each photo's 10th closest other photo: copies are, "
+                        "alike distinct photos are not")
     p.add_argument("--similar-threshold", type=float, default=None, metavar="F",
                    help="similar: the same, for --kind similar (default: measured on the collection)")
     p.add_argument("--kind", action="append", choices=["exact", "near", "similar"], default=None,
@@ -317,7 +319,8 @@ def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
     counts = ", ".join(f"{sum(g['kind'] == k for g in groups)} {k}" for k in kinds)
     similar = f"; similar at >= {d['similar_threshold']}" if "similar" in kinds else ""
     print(f"{len(groups)} groups ({counts}), every photo at cosine >= {d['threshold']} to its group's representative "
-          f"({describe_threshold(d)}){similar}; {d['crowded_photos']} photos in crowds of alike photos; saved to "
+          f"({describe_threshold(d)}){similar}; {d['crowded_photos']} photos among alike ones kept out of near groups "
+          f"by the local rule; saved to "
           f"{display_path(str(Path(args.index_dir) / 'dedup.json'))}")
     return 0
 
