@@ -51,9 +51,26 @@ def _timed(fn: Any, *args: Any) -> tuple[Any, float]:
     return out, time.perf_counter() - t0
 
 
+def knn_seconds(x: np.ndarray, k: int) -> tuple[str, float]:
+    """(the store kind ``auto`` picks for ``x``, seconds for a k-NN search of every row): what the themes' averaging
+    over each photo's closest photos costs (:func:`index.overview.themes.smoothed_vectors`); building and training
+    the store is the index build's, not counted."""
+    from index.store import VectorStore, choose_kind
+
+    kind = choose_kind(len(x), x.shape[1], 1 << 40)
+    store = VectorStore.create(kind, x.shape[1], len(x), use_gpu="no")
+    if not store.is_trained:
+        store.train(x)
+    store.add(np.arange(len(x), dtype=np.int64), x)
+    t0 = time.perf_counter()
+    for start in range(0, len(x), 2048):
+        store.search(x[start : start + 2048], k)
+    return kind, time.perf_counter() - t0
+
+
 def run_size(n: int, args: argparse.Namespace, first_umap: bool) -> dict[str, Any]:
     from index.overview.layout import pca_layout, scale_unit, umap_layout
-    from index.overview.themes import _kmeans, auto_themes
+    from index.overview.themes import _ASK_MORE, SMOOTH, _kmeans, auto_themes
 
     x, group = mixture(n, args.dim, args.seed)
     xy, pca_s = _timed(lambda v: scale_unit(pca_layout(v)), x)
@@ -64,6 +81,8 @@ def run_size(n: int, args: argparse.Namespace, first_umap: bool) -> dict[str, An
     out = {"photos": n, "dim": args.dim, "pca_seconds": round(pca_s, 3), "themes": int(len(sizes)),
            "kmeans_seconds": round(kmeans_s, 3), "themes_purity_vs_groups": round(float(majority / n), 4),
            "xy_range": [float(xy.min()), float(xy.max())]}
+    out["store"], knn_s = knn_seconds(x, SMOOTH + 1 + _ASK_MORE)
+    out["knn_seconds"] = round(knn_s, 2)
     if n <= args.umap_up_to:
         try:
             import umap  # noqa: F401
@@ -95,11 +114,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows[-1]), flush=True)
     report = {"command": " ".join(["python bench/overview_layout.py", *(argv if argv is not None else sys.argv[1:])]),
               "cpu": lscpu_model(), "threads": os.environ.get("OMP_NUM_THREADS"), "sizes": rows}
-    print("| photos | PCA layout (s) | themes: k-means (s) | themes | UMAP (s) |")
-    print("|---|---|---|---|---|")
+    print("| photos | PCA layout (s) | themes: k-NN averaging (s, store) | themes: k-means (s) | themes | UMAP (s) |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['photos']:,} | {r['pca_seconds']} | {r['kmeans_seconds']} | {r['themes']} | "
-              f"{r.get('umap_seconds', '-')} |")
+        print(f"| {r['photos']:,} | {r['pca_seconds']} | {r['knn_seconds']} ({r['store']}) | {r['kmeans_seconds']} | "
+              f"{r['themes']} | {r.get('umap_seconds', '-')} |")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1) + "\n")

@@ -583,6 +583,14 @@ def _overview() -> list[str]:
             out.append(f"| {r['photos']:,} | {r['pca_seconds']:.2f} s | {r['kmeans_seconds']:.2f} s | {r['themes']} | "
                        f"{umap} | {first} |")
         out.append("")
+    d = _load("overview_layout_knn.json")
+    if d:
+        out += _head("The themes' averaging over each photo's closest photos", d["command"], level=3)
+        out += [f"{d['cpu']}, {d['threads']} thread(s); the same vectors: a k-NN search of every photo by the store "
+                "`auto` picks (its building and training are the index build's), once per index version, before the "
+                "k-means.", "", "| photos | store | k-NN of every photo | k-means |", "|---|---|---|---|"]
+        out += [f"| {r['photos']:,} | {r['store']} | {r['knn_seconds']:.1f} s | {r['kmeans_seconds']:.2f} s |"
+                for r in d["sizes"]] + [""]
     t = _load("overview_themes_fashion.json")
     if t:
         dim = t["pixel_dims_chosen"]
@@ -591,7 +599,8 @@ def _overview() -> list[str]:
                 "PNG files in numbered folders (labels only score): purity (the share of photos in their theme's "
                 "majority class) and NMI. The pixels' whitening width was chosen on the choose split (the best "
                 f"purity at the automatic k: {dim} components), then used on the report split.", "",
-                f"| split | photos | k | ours (centred features): purity / NMI | the same in the search space "
+                "| split | photos | k | ours (centred features, each averaged with its 10 closest photos): purity / "
+                f"NMI | the same in the search space "
                 f"(whitened) | k-means on pixels whitened to {dim} |", "|---|---|---|---|---|---|"]
         for split in ("choose", "report"):
             r = t[split]

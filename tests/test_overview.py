@@ -19,7 +19,7 @@ from index.build.runner import build_index, update_index
 from index.image_index import ImageIndex
 from index.overview.cache import cache_file, centred_vectors, forget_views, index_version, space_vectors
 from index.overview.layout import collection_map, pca_layout, scale_unit
-from index.overview.themes import auto_themes, collection_themes, theme_members
+from index.overview.themes import SMOOTH, auto_themes, collection_themes, smoothed_vectors, theme_members
 from index.overview.unusual import unusual_photos
 from moco.data.sample import make_sample_collection
 from moco.errors import UserError
@@ -50,6 +50,18 @@ def _centred(idx: ImageIndex) -> tuple[np.ndarray, np.ndarray]:
     ids, raw = idx.catalog.vectors(dim=idx.dim)
     c = raw - idx.mean
     return ids, c / np.linalg.norm(c, axis=1, keepdims=True)  # N, N x D
+
+
+def _smoothed(idx: ImageIndex) -> tuple[np.ndarray, np.ndarray]:
+    """What the themes cut, by brute force: each photo's centred features plus those of its SMOOTH closest other
+    photos by search score (the index's space), unit length."""
+    ids, c = _centred(idx)
+    _, s = space_vectors(idx)
+    sim = s @ s.T  # N x N
+    np.fill_diagonal(sim, -np.inf)
+    near = np.argsort(-sim, axis=1, kind="stable")[:, :SMOOTH]  # N x SMOOTH
+    out = c + c[near].sum(1)
+    return ids, out / np.linalg.norm(out, axis=1, keepdims=True)
 
 
 def test_the_map_covers_every_photo_once_in_the_unit_square(built):
@@ -114,7 +126,10 @@ def test_a_read_only_index_computes_its_views_without_writing(built, tmp_path):
 
 def test_themes_partition_the_collection_as_spherical_k_means(built):
     idx = ImageIndex.open(built["idx"])
-    ids, x = _centred(idx)
+    ids, x = _smoothed(idx)
+    c_ids, c = _centred(idx)
+    assert np.allclose(smoothed_vectors(idx, c_ids, c), x, atol=1e-5)  # the index's k-NN: exact here (flat)
+    assert not np.allclose(x, c, atol=1e-2)  # the neighbours moved every photo
     themes = collection_themes(idx)
     assert themes.k == auto_themes(len(ids)) == len(themes.themes) and np.array_equal(themes.ids, ids)
     assert [t.id for t in themes.themes] == list(range(themes.k))
