@@ -81,6 +81,40 @@ def photo_crops(
 
     A picture shipped in several sizes or as light and dark variants is one class (its largest file).
     """
+    found = _other_pictures()
+    names = sorted(found)
+    return (*_crops([(found[n], i) for i, n in enumerate(names)], n_train, n_val, size, seed, sides), tuple(names))
+
+
+def picture_tiles(part: int, parts: int = 3, tile: int = 64, short_side: int = 1024,
+                  min_std: float = 16.0) -> np.ndarray:
+    """Non-overlapping ``tile``-px squares (N x tile x tile x 3 uint8) of the desktop pictures of
+    :func:`photo_crops` (photos and artwork), each picture scaled to a ``short_side`` first: distinct photos that share
+    no pixel, many alike (the sky of one picture). The pictures are split in ``parts`` by their sorted names (picture
+    i goes to part i % parts), so tiles a model trains on (one part) and tiles a bench scores (another) never come
+    from one picture. Tiles with a pixel standard deviation under ``min_std`` (flat colour: copies of each other in
+    all but name) are left out."""
+    found = _other_pictures()
+    out = []
+    for n, name in enumerate(sorted(found)):
+        if n % parts != part:
+            continue
+        with Image.open(found[name]) as im:
+            img = im.convert("RGB")
+        scale = short_side / min(img.size)
+        img = img.resize((round(img.width * scale), round(img.height * scale)), Image.Resampling.BICUBIC)
+        a = np.asarray(img)
+        for y in range(0, a.shape[0] - tile + 1, tile):
+            for x in range(0, a.shape[1] - tile + 1, tile):
+                t = a[y : y + tile, x : x + tile]
+                if t.std() >= min_std:
+                    out.append(t)
+    return np.stack(out)
+
+
+def _other_pictures() -> dict[str, Path]:
+    """The desktop pictures other than gnome-backgrounds' (MATE, Sway, UKUI, Lomiri, KDE Plasma), one file per
+    picture: its largest."""
     found: dict[str, Path] = {}
     candidates = [p for p in BACKGROUNDS_DIR.rglob("*") if "gnome" not in p.relative_to(BACKGROUNDS_DIR).parts]
     candidates += list(WALLPAPERS_DIR.glob("*/contents/images/*"))
@@ -96,8 +130,7 @@ def photo_crops(
         raise SystemExit(f"only {len(found)} pictures under {BACKGROUNDS_DIR} and {WALLPAPERS_DIR}: apt-get install "
                          "mate-backgrounds ukui-wallpapers lomiri-wallpapers plasma-workspace-wallpapers "
                          "sway-backgrounds")
-    names = sorted(found)
-    return (*_crops([(found[n], i) for i, n in enumerate(names)], n_train, n_val, size, seed, sides), tuple(names))
+    return found
 
 
 def _crops(labelled: list[tuple[Path, int]], n_train: int, n_val: int, size: int, seed: int,

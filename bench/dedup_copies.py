@@ -7,13 +7,14 @@ of distinct photos, at the index's default threshold, for collection sizes.
 
 A collection of N photos of a set (``fashion``: Fashion-MNIST images, 28 px enlarged to ``--size``, saved as PNG;
 ``backgrounds``: crops of the gnome-backgrounds pictures, bench/_datasets.py; overlapping crops of one picture are
-distinct photos here, so its precision is a lower bound; pixel-identical images of a set count once; ``--split
-choose`` draws other images than ``report``, the default, so rules are tuned on one and reported on the other) in
-which a seeded ``--copies`` share of the photos each get one copy, the edits taken in turn: ``exact`` (the same bytes),
-``jpeg`` (re-encoded, quality 70), ``resized`` (60%), ``cropped`` (its central 85%), ``brightened`` (x1.3) and
-``mirrored`` (left-right). The index is built with the backbone (``--backbone``: an export; ``--run``: a training
-run's checkpoint, exported; neither: a randomly initialized ResNet-18, the weakest model there is), its exact and
-near groups found as `moco index dedup` finds them, then:
+distinct photos here, so its precision is a lower bound; ``tiles``: 64-px squares of the other desktop pictures that
+share no pixel, flat ones left out, :func:`bench._datasets.picture_tiles`, a third of the pictures per split;
+pixel-identical images of a set count once; ``--split choose`` draws other images than ``report``, the default, so
+rules are tuned on one and reported on the other) in which a seeded ``--copies`` share of the photos each get one copy,
+the edits taken in turn: ``exact`` (the same bytes), ``jpeg`` (re-encoded, quality 70), ``resized`` (60%), ``cropped``
+(its central 85%), ``brightened`` (x1.3) and ``mirrored`` (left-right). The index is built with the backbone
+(``--backbone``: an export; ``--run``: a training run's checkpoint, exported; neither: a randomly initialized
+ResNet-18, the weakest model there is), its exact and near groups found as `moco index dedup` finds them, then:
 
 - recall of an edit: the share of its copies in the same group as their photo;
 - pair precision: of all pairs of photos in one group, the share that are a photo and its copy;
@@ -104,6 +105,11 @@ def _images(dataset: str, n: int, size: int, seed: int, split: str = "report") -
         pool = _distinct(pool[rng.permutation(len(pool))], min(len(pool), n + n // 10 + 100))
         return np.stack([np.asarray(Image.fromarray(x).convert("RGB").resize((size, size), Image.Resampling.BICUBIC))
                          for x in _distinct(pool, n)])
+    if dataset == "tiles":
+        from bench._datasets import picture_tiles
+
+        tiles = picture_tiles(1 if split == "choose" else 2)  # part 0: what a bench model of tiles trains on
+        return _distinct(tiles[rng.permutation(len(tiles))], n)
     tr, _, _, _, _ = background_crops(n_train=2 * n + 64, n_val=64, size=size,
                                       seed=seed + (split == "choose") * 1000)  # per picture, rounded
     return _distinct(tr[rng.permutation(len(tr))], n)
@@ -195,7 +201,7 @@ def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", choices=["fashion", "backgrounds"], default="fashion")
+    p.add_argument("--dataset", choices=["fashion", "backgrounds", "tiles"], default="fashion")
     p.add_argument("--split", choices=["choose", "report"], default="report",
                    help="choose: the images rules are tuned on; report: the others, for the figures (default)")
     p.add_argument("--sizes", default="2000,10000", help="collection sizes, comma separated (default 2000,10000)")
