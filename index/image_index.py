@@ -431,16 +431,15 @@ class ImageIndex:
 
     def search_image(self, image: Any, embedder: Any, k: int = 10, folder: str | None = None,
                      offset: int = 0, exclude_folders: Sequence[str] = (),
-                     taken: tuple[float | None, float | None] = (None, None),
-                     exclude_ids: Collection[int] = ()) -> SearchResult:
+                     taken: tuple[float | None, float | None] = (None, None)) -> SearchResult:
         """:meth:`search` with one image (a path, a PIL image or an H x W x 3 uint8 array) embedded by ``embedder``
         (:meth:`load_embedder`); an image too small to search with is refused, as at every door
-        (:func:`check_query_size`). ``exclude_ids``: never these photos (the query's own: :meth:`ids_of_files`)."""
+        (:func:`check_query_size`)."""
         size = _query_size(image)
         if size is not None:
             check_query_size(*size)
         return self.search(embedder.embed(image), k=k, folder=folder, offset=offset,
-                           exclude_folders=exclude_folders, taken=taken, exclude_ids=exclude_ids)
+                           exclude_folders=exclude_folders, taken=taken)
 
     def browse(self, folder: str | None = None, theme: int | None = None, sort: str = "name", offset: int = 0,
                limit: int = 60) -> tuple[list[Row], int]:

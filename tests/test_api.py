@@ -195,7 +195,7 @@ def test_pages_and_folders(http, sample_photos):
     assert [h["rank"] for h in second["results"]] == [6, 7, 8, 9, 10] and second["offset"] == 5
     assert ten["next_offset"] == 10 and ten["images"] == len(list(sample_photos.rglob("*.*")))
     last = _upload(http, q, k=10, offset=ten["images"] - 3).json()
-    assert len(last["results"]) == 2 and last["next_offset"] is None  # the query, an indexed photo, is left out
+    assert len(last["results"]) == 3 and last["next_offset"] is None
     family = ten["results"][0]["path"].split("/")[0]
     only = _upload(http, q, k=50, folder=family).json()
     assert only["results"] and all(h["path"].startswith(family + "/") for h in only["results"])
@@ -399,9 +399,7 @@ def test_the_docs_example_runs_against_a_live_server(server, sample_photos, tmp_
                        timeout=120)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    own = _query(sample_photos).relative_to(sample_photos).as_posix()  # query.jpg has its bytes: left out
-    assert len(lines) == 5 and lines[0].startswith("1 ") and lines[0].split()[2].endswith(".jpg")
-    assert not any(line.split()[2] == own for line in lines)
+    assert len(lines) == 5 and lines[0].startswith("1 1.000 ") and lines[0].split()[2].endswith(".jpg")
     r = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env={**env, "MOCO_API_TOKEN": "wrong-token"},
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "401: wrong token" in r.stderr
@@ -461,7 +459,7 @@ def test_two_servers_on_one_index_keep_answering_through_an_update(backbone, tmp
         while time.time() < deadline and not all(switched):
             for n, p in enumerate(ports):
                 hits = httpx.post(f"http://127.0.0.1:{p}/api/v1/search", files={"image": (new.name, new.read_bytes())},
-                                  data={"k": "1", "include_queries": "true"}, timeout=60).json()["results"]
+                                  data={"k": "1"}, timeout=60).json()["results"]
                 switched[n] = hits[0]["path"] == str(new.relative_to(photos)) and httpx.get(
                     f"http://127.0.0.1:{p}/api/v1/stats", timeout=60).json()["images"] == after
             time.sleep(0.2)

@@ -89,8 +89,7 @@ def test_build_search_stats_against_numpy(photos, backbone, tmp_path, capsys):
     assert only.paths[0] and all(p.startswith(family + "/") for p in only.paths[0])
     assert len(only.paths[0]) == sum(p.startswith(family + "/") for p in ok)
     # the CLI search and stats
-    assert main(["index", "search", str(out), str(photos / sorted(ok)[0]), "-k", "3", "--json",
-                 "--include-queries"]) == 0  # as the library's search: the photo itself too
+    assert main(["index", "search", str(out), str(photos / sorted(ok)[0]), "-k", "3", "--json"]) == 0
     res = _json_out(capsys)
     assert [r["path"] for r in res] == hits.paths[0][:3] and res[0]["rank"] == 1
     assert main(["index", "stats", str(out), "--json"]) == 0

@@ -86,28 +86,14 @@ def test_the_api_and_the_cli_agree_and_leave_the_queries_out(setup, http, capsys
     assert [h["id"] for h in cli_kept] == [h["id"] for h in kept["results"]]
 
 
-def test_one_image_alone_leaves_itself_out_at_every_door_unless_asked(setup, http, capsys):
+def test_one_image_alone_is_the_search_of_always(setup, http, capsys):
     q = sorted((setup["photos"] / setup["families"][4]).glob("*.jpg"))[2]
-    own = ImageIndex.open(setup["idx"]).catalog.row_by_path(q.relative_to(setup["photos"]).as_posix()).id
-    got: dict[bool, list[int]] = {}
-    for asked in (False, True):
-        flag = {"include_queries": asked}
-        old = http.post("/search/base64", json={**_b64(q), "k": 6, **flag}).json()["results"]
-        upload = http.post("/search", files={"image": (q.name, q.read_bytes())},
-                           data={"k": "6", "include_queries": str(asked).lower()}).json()["results"]
-        multi = http.post("/search/multi", json={"images": [_b64(q)], "k": 6, **flag}).json()["results"]
-        similar = http.get(f"/photos/{own}/similar", params={"k": 6, **flag}).json()["results"]
-        cli = _cli(capsys, setup["idx"], q, "-k", 6, *(["--include-queries"] if asked else []))
-        by_id = _cli(capsys, setup["idx"], "--id", own, "-k", 6, *(["--include-queries"] if asked else []))
-        ids = [h["id"] for h in old]
-        assert len(ids) == 6 and all([h["id"] for h in r] == ids for r in (upload, multi, similar, cli, by_id))
-        assert [h["score"] for h in multi] == pytest.approx([h["score"] for h in old], abs=1e-6)
-        if asked:
-            assert ids[0] == own and old[0]["score"] == pytest.approx(1.0, abs=1e-5)  # itself first
-        else:
-            assert own not in ids
-        got[asked] = ids
-    assert got[False][:5] == got[True][1:]  # left out, the rest moves up: still k results
+    old = http.post("/search/base64", json={**_b64(q), "k": 6}).json()["results"]
+    multi = http.post("/search/multi", json={"images": [_b64(q)], "k": 6}).json()["results"]
+    cli = _cli(capsys, setup["idx"], q, "-k", 6)
+    assert [h["id"] for h in old] == [h["id"] for h in multi] == [h["id"] for h in cli]
+    assert [h["score"] for h in multi] == pytest.approx([h["score"] for h in old], abs=1e-6)
+    assert old[0]["score"] == pytest.approx(1.0, abs=1e-5)  # itself first, as always
 
 
 def test_a_raw_vector_of_the_space(setup, http):
@@ -115,8 +101,8 @@ def test_a_raw_vector_of_the_space(setup, http):
     some = int(idx.catalog.ok_ids()[9])
     v = idx.center(idx.vectors(np.array([some])))[0] * 3.0  # any length: normalized by the API
     got = http.post("/search/multi", json={"vector": v.tolist(), "k": 7}).json()["results"]
-    similar = http.get(f"/photos/{some}/similar", params={"k": 7, "include_queries": True}).json()["results"]
-    assert [h["id"] for h in got] == [h["id"] for h in similar] and got[0]["id"] == some  # a vector is no photo
+    similar = http.get(f"/photos/{some}/similar", params={"k": 7}).json()["results"]
+    assert [h["id"] for h in got] == [h["id"] for h in similar]
     assert [h["score"] for h in got] == pytest.approx([h["score"] for h in similar], abs=1e-5)
 
 
@@ -126,22 +112,16 @@ def test_deduplicate_on_every_route_hides_the_copy(setup, http, capsys):
     twins = sorted(r.id for r in idx.catalog.rows().values() if r.path.endswith(copy.name))
     assert len(twins) == 2
     for dedup in (False, True):
-        for asked in (True, False):
-            both = {"deduplicate": dedup, "include_queries": asked}
-            results = [http.post("/search/base64", json={**_b64(copy), "k": 8, **both}).json(),
-                       http.post("/search", files={"image": (copy.name, copy.read_bytes())},
-                                 data={"k": "8", **{k: str(v).lower() for k, v in both.items()}}).json(),
-                       http.post("/search/multi", json={"images": [_b64(copy)], "k": 8, **both}).json(),
-                       http.get(f"/photos/{twins[0]}/similar", params={"k": 8, **both}).json()]
-            for n, r in enumerate(results):
-                ids = [h["id"] for h in r["results"]]
-                # asked: both files with these bytes, one when deduplicated; not asked: an upload's bytes are both
-                # query photos, left out; a photo searched by id is itself, and its byte-identical twin another file
-                want = (1 if dedup else 2) if asked else (1 if n == 3 else 0)
-                assert len(ids) == 8 and len(set(twins) & set(ids)) == want, (dedup, asked, n, ids)
-            cli = _cli(capsys, setup["idx"], copy, "-k", 8, *(["--deduplicate"] if dedup else []),
-                       *(["--include-queries"] if asked else []))
-            assert [h["id"] for h in cli] == [h["id"] for h in results[2]["results"]]
+        results = [http.post("/search/base64", json={**_b64(copy), "k": 8, "deduplicate": dedup}).json(),
+                   http.post("/search", files={"image": (copy.name, copy.read_bytes())},
+                             data={"k": "8", "deduplicate": str(dedup).lower()}).json(),
+                   http.get(f"/photos/{twins[0]}/similar", params={"k": 8, "deduplicate": dedup}).json(),
+                   http.post("/search/multi", json={"images": [_b64(copy)], "k": 8, "deduplicate": dedup}).json()]
+        for r in results:
+            ids = [h["id"] for h in r["results"]]
+            assert len(ids) == 8 and len(set(twins) & set(ids)) == (1 if dedup else 2), (dedup, ids)
+        cli = _cli(capsys, setup["idx"], copy, "-k", 8, *(["--deduplicate"] if dedup else []))
+        assert [h["id"] for h in cli] == [h["id"] for h in results[-1]["results"]]
 
 
 def test_bad_fields_are_each_requests_own_400_or_404(setup, http):

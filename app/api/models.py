@@ -33,9 +33,6 @@ TAKEN_TO_FIELD = {"description": "only photos taken on or before this day, `YYYY
 IMAGE_TYPES = ("image/jpeg, image/png, image/webp, image/gif, image/bmp, image/tiff, image/avif, image/heic, "
                "image/heif")  # what an upload may be (HEIC with the heic extra)
 
-INCLUDE_QUERIES = ("keep the query photos among the results: the indexed photo searched with (by id), and indexed "
-                   "files with an uploaded image's very bytes (a copy that differs by a byte is another photo); "
-                   "by default they are left out")
 DEDUPLICATE = ("hide a result within the index's near-copy threshold (`dedup_threshold` of /stats) of a better result "
                "kept (more are fetched, so a page still holds `k`)")
 
@@ -84,7 +81,6 @@ class Base64Query(BaseModel):
     taken_to: str = Field("", **TAKEN_TO_FIELD)  # type: ignore[arg-type]
     offset: int = Field(0, ge=0, description="results to skip (the next page: `next_offset`)")
     deduplicate: bool = Field(False, description=DEDUPLICATE)
-    include_queries: bool = Field(False, description=INCLUDE_QUERIES)
 
 
 MAX_QUERY_PHOTOS = 32  # images, and ids, on each side of a query at most
@@ -120,7 +116,8 @@ class MultiQuery(BaseModel):
     taken_to: str = Field("", **TAKEN_TO_FIELD)  # type: ignore[arg-type]
     offset: int = Field(0, ge=0, description="results to skip (the next page: `next_offset`)")
     deduplicate: bool = Field(False, description=DEDUPLICATE)
-    include_queries: bool = Field(False, description=INCLUDE_QUERIES)
+    include_queries: bool = Field(False, description="keep the query photos among the results (by id, and indexed "
+                                  "files with an uploaded image's bytes); one image alone always keeps them")
 
 
 class Stats(BaseModel):

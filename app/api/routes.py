@@ -78,7 +78,6 @@ from app.api.models import (
     EXCLUDE_FIELD,
     FOLDER_FIELD,
     IMAGE_TYPES,
-    INCLUDE_QUERIES,
     TAKEN_FROM_FIELD,
     TAKEN_TO_FIELD,
     Base64Query,
@@ -184,7 +183,6 @@ class _Query:
     filters: Filters = Filters()
     deduplicate: bool = False
     twins: tuple[int, ...] = ()  # the page's upload: the indexed photos with its bytes
-    exclude: tuple[int, ...] = ()  # the query's own photos (an upload's indexed twins, a searched id): left out
 
 
 class SearchService:
@@ -225,19 +223,16 @@ class SearchService:
             shutil.rmtree(folder, ignore_errors=True)
 
     async def search_image(self, data: bytes, name: str, k: int, folder: str, offset: int,
-                           filters: Filters | None = None, deduplicate: bool = False,
-                           include_queries: bool = False) -> SearchResponse:
-        """An uploaded image's results (decoded in the pool, embedded and searched in a batch); the indexed photos
-        with its very bytes left out unless ``include_queries``."""
+                           filters: Filters | None = None, deduplicate: bool = False) -> SearchResponse:
+        """An uploaded image's results (decoded in the pool, embedded and searched in a batch)."""
         self._ready()
         filters = replace(filters or Filters(), folder=folder)
         self._check(k, filters)
-        exclude = () if include_queries else tuple(self.app.ready_index().ids_of_files([content_hash(data)]))
         t0 = time.perf_counter()
         async with self.batcher.admit():
             image = await asyncio.get_running_loop().run_in_executor(self._decode, self._read, data, _safe_name(name))
             out = await self.batcher.submit(_Query(k, folder, offset, image=image, filters=filters,
-                                                   deduplicate=deduplicate, exclude=exclude))
+                                                   deduplicate=deduplicate))
         return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
 
     async def search_multi(self, query: MultiQuery) -> SearchResponse:
@@ -260,8 +255,9 @@ class SearchService:
             self._vector(i)  # an unknown id: its 404 now
         data = {side: [(_base64(q.image_base64, f"{side}[{n}] ({_safe_name(q.filename)})"), _safe_name(q.filename))
                        for n, q in enumerate(getattr(query, side))] for side in ("images", "not_images")}
+        one = len(query.images) == 1 and not (query.ids or query.not_images or query.not_ids)
         skip: list[int] = []
-        if not query.include_queries:
+        if not (query.include_queries or one):
             hashes = [content_hash(b) for side in data.values() for b, _ in side]
             skip = [*query.ids, *query.not_ids, *index.ids_of_files(hashes)]
         t0 = time.perf_counter()
@@ -289,10 +285,8 @@ class SearchService:
                                                     filters=filters, twins=tuple(twins)))
 
     async def search_id(self, image_id: int, k: int, folder: str, offset: int,
-                        filters: Filters | None = None, deduplicate: bool = False,
-                        include_queries: bool = False) -> SearchResponse:
-        """An indexed photo's results, from its stored vector (nothing decoded or embedded); the photo itself left
-        out unless ``include_queries``."""
+                        filters: Filters | None = None, deduplicate: bool = False) -> SearchResponse:
+        """An indexed photo's results, from its stored vector (nothing decoded or embedded)."""
         self._ready()
         filters = replace(filters or Filters(), folder=folder)
         self._check(k, filters)
@@ -300,8 +294,7 @@ class SearchService:
         t0 = time.perf_counter()
         async with self.batcher.admit():
             out = await self.batcher.submit(_Query(k, folder, offset, image_id=image_id, filters=filters,
-                                                   deduplicate=deduplicate,
-                                                   exclude=() if include_queries else (int(image_id),)))
+                                                   deduplicate=deduplicate))
         return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
 
     def _check(self, k: int, filters: Filters) -> None:
@@ -345,7 +338,7 @@ class SearchService:
             if q.page:  # the page's own result, from the batch's vector
                 try:
                     out[i] = self.app.from_vector(vectors[i], q.k, q.folder or None, "the uploaded image", embed_ms,
-                                                  None, **q.filters.args(), query_ids=q.twins, photo_ids=q.twins)
+                                                  None, **q.filters.args(), photo_ids=q.twins)
                 except Exception as e:  # noqa: BLE001 - that search's caller gets it (the page shows it)
                     out[i] = e
         for i, q in enumerate(queries):
@@ -354,17 +347,17 @@ class SearchService:
                     vectors[i] = self._vector(q.image_id)
                 except Exception as e:  # noqa: BLE001 - that search's own error (NotFound: its 404)
                     out[i] = e
-        groups: dict[tuple[int, Filters, int, bool, tuple[int, ...]], list[int]] = {}
+        groups: dict[tuple[int, Filters, int, bool], list[int]] = {}
         for i, q in enumerate(queries):
             if out[i] is None:
-                groups.setdefault((q.k, q.filters, q.offset, q.deduplicate, q.exclude), []).append(i)
-        for (k, filters, offset, dedup, exclude), members in groups.items():
+                groups.setdefault((q.k, q.filters, q.offset, q.deduplicate), []).append(i)
+        for (k, filters, offset, dedup), members in groups.items():
             try:
                 hits = self.app.search_vectors(np.stack([vectors[i] for i in members]), k, filters.folder, offset,
-                                               **filters.args(), exclude_ids=exclude, deduplicate=dedup)  # Q x D
+                                               **filters.args(), deduplicate=dedup)  # Q x D
                 responses = [self._response(hits, n, k, filters, offset) for n in range(len(members))]
             except Exception:  # noqa: BLE001 - one query may fail the group's search: each one alone, its own error
-                responses = [self._alone(vectors[i], k, filters, offset, dedup, exclude) for i in members]
+                responses = [self._alone(vectors[i], k, filters, offset, dedup) for i in members]
             for i, r in zip(members, responses):
                 out[i] = r
         return out  # type: ignore[return-value]
@@ -393,11 +386,11 @@ class SearchService:
             return e
 
     def _alone(self, vector: np.ndarray, k: int, filters: Filters, offset: int,
-               deduplicate: bool = False, exclude: tuple[int, ...] = ()) -> SearchResponse | BaseException:
+               deduplicate: bool = False) -> SearchResponse | BaseException:
         """One query's search by itself (its group's search failed): its response, or its own error."""
         try:
             hits = self.app.search_vectors(vector[None], k, filters.folder, offset, **filters.args(),
-                                           exclude_ids=exclude, deduplicate=deduplicate)
+                                           deduplicate=deduplicate)
             return self._response(hits, 0, k, filters, offset)
         except Exception as e:  # noqa: BLE001 - this request's caller gets it, no other
             return e
@@ -576,14 +569,11 @@ def api_routes(service: SearchService) -> list[Any]:
                      exclude_folders: list[str] = Form([], **EXCLUDE_FIELD),
                      taken_from: str = Form("", **TAKEN_FROM_FIELD), taken_to: str = Form("", **TAKEN_TO_FIELD),
                      offset: int = Form(0, ge=0),
-                     deduplicate: bool = Form(False, description=DEDUPLICATE),
-                     include_queries: bool = Form(False, description=INCLUDE_QUERIES)) -> SearchResponse:
-        """The nearest photos to an uploaded image (multipart/form-data), ranked by score; the indexed photos with
-        its very bytes left out unless `include_queries`."""
+                     deduplicate: bool = Form(False, description=DEDUPLICATE)) -> SearchResponse:
+        """The nearest photos to an uploaded image (multipart/form-data), ranked by score."""
         data = await image.read()
         filters = Filters(folder, tuple(exclude_folders), taken_from, taken_to)
-        return await service.search_image(data, image.filename or "upload", k, folder, offset, filters, deduplicate,
-                                          include_queries)
+        return await service.search_image(data, image.filename or "upload", k, folder, offset, filters, deduplicate)
 
     @router.post("/search/base64", response_model=SearchResponse, responses=ERRORS,
                  summary="Search by an image sent as base64 in JSON")
@@ -592,14 +582,14 @@ def api_routes(service: SearchService) -> list[Any]:
         data = _base64(query.image_base64, _safe_name(query.filename))
         filters = Filters(query.folder, tuple(query.exclude_folders), query.taken_from, query.taken_to)
         return await service.search_image(data, query.filename, query.k, query.folder, query.offset, filters,
-                                          query.deduplicate, query.include_queries)
+                                          query.deduplicate)
 
     @router.post("/search/multi", response_model=SearchResponse, responses=ERRORS,
                  summary="Search with several photos (more like these, less like those), or a vector")
     async def search_multi(query: MultiQuery) -> SearchResponse:
         """The nearest photos to one query made of several: images (base64) and indexed photos (ids) to be like,
         others to be less like; or a raw vector of the index's space. The query photos are left out of the results
-        unless `include_queries`, as at every search."""
+        unless `include_queries` (one image alone keeps them, as /search/base64)."""
         return await service.search_multi(query)
 
     @router.get("/photos/{photo_id}/similar", response_model=SearchResponse, responses=ERRORS,
@@ -608,12 +598,10 @@ def api_routes(service: SearchService) -> list[Any]:
                       folder: str = Query("", **FOLDER_FIELD), exclude_folders: list[str] = Query([], **EXCLUDE_FIELD),
                       taken_from: str = Query("", **TAKEN_FROM_FIELD), taken_to: str = Query("", **TAKEN_TO_FIELD),
                       offset: int = Query(0, ge=0),
-                      deduplicate: bool = Query(False, description=DEDUPLICATE),
-                      include_queries: bool = Query(False, description=INCLUDE_QUERIES)) -> SearchResponse:
-        """The nearest photos to a photo of the index (its stored vector: the page's click on a result), the photo
-        itself left out unless `include_queries`."""
+                      deduplicate: bool = Query(False, description=DEDUPLICATE)) -> SearchResponse:
+        """The nearest photos to a photo of the index (its stored vector: the page's click on a result)."""
         filters = Filters(folder, tuple(exclude_folders), taken_from, taken_to)
-        return await service.search_id(photo_id, k, folder, offset, filters, deduplicate, include_queries)
+        return await service.search_id(photo_id, k, folder, offset, filters, deduplicate)
 
     @router.get("/photos/{photo_id}/thumbnail", responses={**ERRORS, 200: {"content": {"image/jpeg": {}}}},
                 response_class=FileResponse, summary="A photo's thumbnail")

@@ -38,9 +38,8 @@ def add_index(sub: argparse._SubParsersAction) -> None:
                         "collection by cosine similarity to IMAGE. With several photos (more IMAGEs, --id) and photos "
                         "to avoid (--not, --not-id), the query is one vector of the index's space: the mean of the "
                         "positives minus a tenth of the mean of the negatives (index.query; BENCHMARKS.md 'Search with "
-                        "several photos'). The query photos themselves (--id, and indexed files with a query image's "
-                        "very bytes) are left out of the results unless --include-queries; a copy that differs by a "
-                        "byte is another photo, and is found.")
+                        "several photos'), and the query photos themselves are left out of the results unless "
+                        "--include-queries. One IMAGE alone searches as it always did (itself first when indexed).")
     p.add_argument("index_dir", metavar="IDX")
     p.add_argument("images", metavar="IMAGE", nargs="*", help="photos to search with (more like these)")
     p.add_argument("--not", dest="not_images", action="append", default=[], metavar="IMAGE",
@@ -200,15 +199,14 @@ def cmd_search(args: argparse.Namespace) -> int:
                         "--json` results)")
     emb = idx.load_embedder(args.backbone)
     one = len(args.images) == 1 and not (args.not_images or given)
-    skip: list[int] = []  # the query's photos: by id, and indexed files with a query image's very bytes
-    if not args.include_queries:
-        skip = [*given, *idx.ids_of_files([file_hash(f) for f in (*args.images, *args.not_images)])]
     if one and not args.deduplicate:  # the one-photo search of always (refused as at every door: too small)
-        hits = idx.search_image(args.images[0], emb, k=args.k, folder=folder, exclude_folders=away, taken=taken,
-                                exclude_ids=skip)
+        hits = idx.search_image(args.images[0], emb, k=args.k, folder=folder, exclude_folders=away, taken=taken)
     else:
         query = idx.query_vector(_features(idx, emb, args.images, args.ids),
                                  _features(idx, emb, args.not_images, args.not_ids))  # D, in the index's space
+        skip: list[int] = []
+        if not (args.include_queries or one):
+            skip = [*given, *idx.ids_of_files([file_hash(f) for f in (*args.images, *args.not_images)])]
         hits = idx.search(query, k=args.k, folder=folder, exclude_folders=away, taken=taken, centred=True,
                           exclude_ids=skip, deduplicate=args.deduplicate)
     weak = idx.weak_below  # None for an index from before centred scores

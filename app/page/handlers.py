@@ -323,8 +323,6 @@ class SearchApp:
             where += f" taken {taken_from or '…'} – {taken_to or '…'}"
         info = (f"**{len(rows)} results** for {state.heading()}{where} · embed {embed_ms:.0f} ms · search "
                 f"{search_ms:.1f} ms · {len(index)} images")
-        if query_ids:
-            info += " · the query's own photos left out"
         weak = index.weak_below
         if weak is not None and state.scores and state.scores[0] < weak:
             info += (f" · **no close match in the collection** (the best scores {score_text(state.scores[0])}, "
@@ -339,10 +337,9 @@ class SearchApp:
         img = read_upload(image, self.embedder.resize)
         t0 = time.perf_counter()
         vector = self.embedder.embed(img)[0]  # D
-        twins = self.upload_twins(image)  # the upload itself, where it is a photo of the collection: left out
         return self.from_vector(vector, k, folder, "the uploaded image", (time.perf_counter() - t0) * 1000,
                                 exclude_folders=exclude_folders, taken_from=taken_from, taken_to=taken_to,
-                                query_ids=twins, photo_ids=twins)
+                                photo_ids=self.upload_twins(image))
 
     def upload_twins(self, *uploads: Any) -> list[int]:
         """Ids of the indexed photos with an upload's very bytes (uploads that are files; others match none)."""
@@ -452,8 +449,7 @@ class SearchApp:
         vector = index.vectors(np.array([image_id]))[0]  # D
         assert state is not None
         return self.from_vector(vector, state.k, state.folder, display_path(path), 0.0,
-                                {"id": image_id, "path": path}, state.exclude_folders, *state.taken_given,
-                                query_ids=(image_id,), photo_ids=(image_id,))
+                                {"id": image_id, "path": path}, state.exclude_folders, *state.taken_given)
 
     def search_id(self, image_id: int, k: int = 12, folder: str | None = None, exclude_folders: Sequence[str] = (),
                   taken_from: str | None = None, taken_to: str | None = None) -> tuple:
@@ -465,7 +461,7 @@ class SearchApp:
             raise UserError(f"photo id {image_id} is no longer in the index: draw the map again")
         vector = index.vectors(np.array([row.id]))[0]  # D
         return self.from_vector(vector, k, folder, display_path(row.path), 0.0, {"id": row.id, "path": row.path},
-                                exclude_folders, taken_from, taken_to, query_ids=(row.id,), photo_ids=(row.id,))
+                                exclude_folders, taken_from, taken_to)
 
     def details(self, image_id: int) -> dict[str, Any]:
         """An indexed photo for the details panel: full path, thumbnail, size, date, dimensions when readable."""
