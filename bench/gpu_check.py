@@ -5,7 +5,7 @@
 1. train: a few real training steps per preset in bf16 (fp16 where bf16 is not supported) and channels_last,
    through the real ``train()`` (decoded cache, augmentation on the GPU, MoCo step): images/s and peak memory;
 2. run: ``moco run`` on a few hundred generated photos for a few dozen steps, end to end (train, export, index on the
-   GPU, serve), then one search through the JSON API, which must answer with the photo itself first;
+   GPU, serve), then one search through the JSON API (include_queries), which must answer with the photo itself first;
 3. faiss: the same vectors indexed and searched on the GPU and on the CPU: a flat index finds the same ids, an ivf
    index reaches its recall against the flat one;
 4. embed: the same photos embedded on the GPU and on the CPU: images/s of each, the same vectors;
@@ -90,6 +90,7 @@ def _get_json(url: str, timeout: float = 10) -> Any:
 def _search(url: str, photo: Path, k: int) -> dict[str, Any]:
     boundary = "gpucheckboundary"
     body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"k\"\r\n\r\n{k}\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"include_queries\"\r\n\r\ntrue\r\n"
             f"--{boundary}\r\nContent-Disposition: form-data; name=\"image\"; filename=\"{photo.name}\"\r\n"
             "Content-Type: image/jpeg\r\n\r\n").encode() + photo.read_bytes() + f"\r\n--{boundary}--\r\n".encode()
     req = urllib.request.Request(f"{url}/search", data=body,

@@ -340,7 +340,8 @@ class ImageIndex:
     def search(self, vectors: np.ndarray, k: int = 10, folder: str | None = None, offset: int = 0,
                exclude_folders: Sequence[str] = (),
                taken: tuple[float | None, float | None] = (None, None), centred: bool = False,
-               exclude_ids: Collection[int] = (), deduplicate: bool = False) -> SearchResult:
+               exclude_ids: Collection[int] = (), deduplicate: bool = False,
+               exclude_each: Sequence[Collection[int]] = ()) -> SearchResult:
         """Top-``k`` (after skipping ``offset``) by cosine for each row of ``vectors`` (Q x D); ``k`` is capped at
         the number of vectors in the index.
 
@@ -348,10 +349,11 @@ class ImageIndex:
         :meth:`center`; ``centred``: they are already in it (:meth:`query_vector`'s, or a raw query vector), searched
         as they are. ``folder``: only files under this sub-folder of the collection root; ``exclude_folders``: none
         under these; ``taken``: only photos taken in this range (:func:`row_filter`); ``exclude_ids``: never these
-        photos (the query's own); ``deduplicate``: no result within the near-copy threshold
-        (:attr:`dedup_threshold`) of a better-ranked result kept. The filters apply before ``k`` and ``offset``: a
-        page holds ``k`` photos that pass them (fewer only at the end). Ids the catalog no longer lists (deleted
-        since the index file was written) are skipped.
+        photos (the query's own); ``exclude_each``: one collection of ids per row of ``vectors``, never that row's
+        results (a batch of queries, each leaving out its own photo); ``deduplicate``: no result within the
+        near-copy threshold (:attr:`dedup_threshold`) of a better-ranked result kept (photos left out hide nothing).
+        The filters apply before ``k`` and ``offset``: a page holds ``k`` photos that pass them (fewer only at the
+        end). Ids the catalog no longer lists (deleted since the index file was written) are skipped.
         """
         self.refresh()
         q = np.ascontiguousarray(np.atleast_2d(vectors), np.float32)  # Q x D
@@ -360,7 +362,11 @@ class ImageIndex:
                             f"the index's backbone ({self.meta.get('backbone_path')})")
         if not centred:
             q = self.center(q)  # Q x D, as the stored vectors
+        if exclude_each and len(exclude_each) != len(q):
+            raise ValueError(f"exclude_each has {len(exclude_each)} collections of ids for {len(q)} query vectors: "
+                             "give one per query (empty for none)")
         skip = {int(i) for i in exclude_ids}
+        skips = [skip | {int(i) for i in own} for own in exclude_each] if exclude_each else [skip] * len(q)
         near = self.dedup_threshold if deduplicate else None
         ntotal = self.store.ntotal
         k = min(k, ntotal)  # never more results than vectors: a huge k allocates nothing more
@@ -378,8 +384,8 @@ class ImageIndex:
             rows = self.catalog.rows_by_id(np.unique(ids[ids >= 0]))
             again = []
             for t, i in enumerate(todo):
-                keep = [(int(j), float(s), rows[int(j)]) for j, s in zip(ids[t], scores[t])
-                        if j >= 0 and int(j) in rows and int(j) not in skip and (keeps is None or keeps(rows[int(j)]))]
+                keep = [(int(j), float(s), rows[int(j)]) for j, s in zip(ids[t], scores[t]) if j >= 0
+                        and int(j) in rows and int(j) not in skips[i] and (keeps is None or keeps(rows[int(j)]))]
                 if near is not None:
                     keep = self._distinct(keep, near, want)
                 found[i] = keep
@@ -431,15 +437,17 @@ class ImageIndex:
 
     def search_image(self, image: Any, embedder: Any, k: int = 10, folder: str | None = None,
                      offset: int = 0, exclude_folders: Sequence[str] = (),
-                     taken: tuple[float | None, float | None] = (None, None)) -> SearchResult:
+                     taken: tuple[float | None, float | None] = (None, None),
+                     exclude_ids: Collection[int] = ()) -> SearchResult:
         """:meth:`search` with one image (a path, a PIL image or an H x W x 3 uint8 array) embedded by ``embedder``
         (:meth:`load_embedder`); an image too small to search with is refused, as at every door
-        (:func:`check_query_size`)."""
+        (:func:`check_query_size`); ``exclude_ids``: never these photos (the doors leave out the indexed files with
+        the image's very bytes: :meth:`ids_of_files`)."""
         size = _query_size(image)
         if size is not None:
             check_query_size(*size)
         return self.search(embedder.embed(image), k=k, folder=folder, offset=offset,
-                           exclude_folders=exclude_folders, taken=taken)
+                           exclude_folders=exclude_folders, taken=taken, exclude_ids=exclude_ids)
 
     def browse(self, folder: str | None = None, theme: int | None = None, sort: str = "name", offset: int = 0,
                limit: int = 60) -> tuple[list[Row], int]:

@@ -23,6 +23,7 @@ from PIL import Image
 from app.guard.access import MAX_BODY_BYTES, ApiSettings
 from app.page.blocks import _safe
 from app.server.launch import serve
+from index.build.plan import file_hash
 from index.build.runner import build_index
 from index.dedup import find_duplicates, load_duplicates
 from index.image_index import ImageIndex
@@ -81,7 +82,9 @@ def test_api_results_equal_the_page_and_the_cli(http, server, idx, sample_photos
     assert main(["index", "search", str(idx), str(q), "-k", "8", "--json"]) == 0
     cli = json.loads(capsys.readouterr().out)
     _, _, page = server[1].search(str(q), k=8)  # the page's handler
-    weak = ImageIndex.open(idx).weak_below
+    index = ImageIndex.open(idx)
+    weak = index.weak_below
+    assert index.ids_of_files([file_hash(q)])[0] not in page.ids  # the photo itself left out at every door alike
     for got in (by_upload["results"], by_b64["results"]):
         assert [h["id"] for h in got] == [h["id"] for h in cli] == page.ids
         assert [h["path"] for h in got] == [h["path"] for h in cli] == page.paths
@@ -194,7 +197,7 @@ def test_pages_and_folders(http, sample_photos):
     assert [h["id"] for h in second["results"]] == [h["id"] for h in ten["results"][5:]]
     assert [h["rank"] for h in second["results"]] == [6, 7, 8, 9, 10] and second["offset"] == 5
     assert ten["next_offset"] == 10 and ten["images"] == len(list(sample_photos.rglob("*.*")))
-    last = _upload(http, q, k=10, offset=ten["images"] - 3).json()
+    last = _upload(http, q, k=10, offset=ten["images"] - 4).json()  # the photo itself is left out: one less
     assert len(last["results"]) == 3 and last["next_offset"] is None
     family = ten["results"][0]["path"].split("/")[0]
     only = _upload(http, q, k=50, folder=family).json()
@@ -315,10 +318,10 @@ def test_schema_and_docs_page_work_offline(http):
     hit = schema["components"]["schemas"]["Hit"]["properties"]
     assert set(hit) == {"rank", "id", "path", "score", "weak", "taken"}
     query = schema["components"]["schemas"]["Base64Query"]["properties"]
-    assert {"exclude_folders", "taken_from", "taken_to"} <= set(query) and "YYYY-MM-DD" in query["taken_from"][
-        "description"]
+    assert {"exclude_folders", "taken_from", "taken_to", "include_queries"} <= set(query) and "YYYY-MM-DD" in query[
+        "taken_from"]["description"]
     similar = {p["name"] for p in schema["paths"]["/api/v1/photos/{photo_id}/similar"]["get"]["parameters"]}
-    assert {"exclude_folders", "taken_from", "taken_to"} <= similar
+    assert {"exclude_folders", "taken_from", "taken_to", "include_queries"} <= similar
     assert "multipart/form-data" in schema["paths"]["/api/v1/search"]["post"]["requestBody"]["content"]
     docs = http.get("/docs")
     assert docs.status_code == 200 and "POST /api/v1/search" in docs.text and "image_base64" in docs.text
@@ -399,7 +402,10 @@ def test_the_docs_example_runs_against_a_live_server(server, sample_photos, tmp_
                        timeout=120)
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert len(lines) == 5 and lines[0].startswith("1 1.000 ") and lines[0].split()[2].endswith(".jpg")
+    assert [line.split()[0] for line in lines] == ["1", "2", "3", "4", "5"]
+    assert all(line.split()[2].endswith((".jpg", ".png")) for line in lines)
+    itself = _query(sample_photos).relative_to(sample_photos).as_posix()
+    assert itself not in [line.split()[2] for line in lines]  # query.jpg is a photo of the collection: left out
     r = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env={**env, "MOCO_API_TOKEN": "wrong-token"},
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 1 and "401: wrong token" in r.stderr
@@ -459,7 +465,7 @@ def test_two_servers_on_one_index_keep_answering_through_an_update(backbone, tmp
         while time.time() < deadline and not all(switched):
             for n, p in enumerate(ports):
                 hits = httpx.post(f"http://127.0.0.1:{p}/api/v1/search", files={"image": (new.name, new.read_bytes())},
-                                  data={"k": "1"}, timeout=60).json()["results"]
+                                  data={"k": "1", "include_queries": "true"}, timeout=60).json()["results"]
                 switched[n] = hits[0]["path"] == str(new.relative_to(photos)) and httpx.get(
                     f"http://127.0.0.1:{p}/api/v1/stats", timeout=60).json()["images"] == after
             time.sleep(0.2)

@@ -67,17 +67,18 @@ def test_undecodable_file_name_is_indexed_searched_and_moved(photos, backbone, t
     stored = db.execute("SELECT path FROM images WHERE typeof(path) = 'blob'").fetchone()[0]
     db.close()
     assert kinds == {"text": 12, "blob": 1} and stored == b"caf\xe9.jpg"  # the exact bytes; valid names unchanged
-    # search with it: rank 1 is itself, with its exact original path, which opens from the root
-    assert main(["index", "search", str(out), str(photos / BAD), "-k", "3", "--json"]) == 0
+    # search with it (itself kept): rank 1 is itself, with its exact original path, which opens from the root
+    assert main(["index", "search", str(out), str(photos / BAD), "-k", "3", "--json", "--include-queries"]) == 0
     hits = _last_json(capsys)
     assert hits[0]["path"] == BAD and hits[0]["rank"] == 1
     root = Path(json.loads((out / "index.json").read_text())["root"])
     assert (root / hits[0]["path"]).read_bytes() == (photos / BAD).read_bytes()
     # plain output shows the undecodable byte escaped
-    assert main(["index", "search", str(out), str(photos / BAD), "-k", "1"]) == 0
+    assert main(["index", "search", str(out), str(photos / BAD), "-k", "1", "--include-queries"]) == 0
     assert capsys.readouterr().out.split()[-1] == "caf\\xe9.jpg" == display_path(BAD)
     # and so does a real process writing to a pipe
-    cmd = [sys.executable, "-m", "app.cli", "index", "search", os.fsencode(out), os.fsencode(photos / BAD), "-k", "1"]
+    cmd = [sys.executable, "-m", "app.cli", "index", "search", os.fsencode(out), os.fsencode(photos / BAD), "-k", "1",
+           "--include-queries"]
     proc = subprocess.run(cmd, capture_output=True, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert proc.returncode == 0 and proc.stdout.split()[-1] == b"caf\\xe9.jpg", proc.stderr.decode()
     # an update sees it unchanged; a rename of it is a move (same id, nothing embedded)
@@ -88,7 +89,7 @@ def test_undecodable_file_name_is_indexed_searched_and_moved(photos, backbone, t
     assert main(["index", "update", str(out), "--quiet", "--json"]) == 0
     s = _last_json(capsys)
     assert (s["moved"], s["embedded"], s["removed"]) == (1, 0, 0), s
-    assert main(["index", "search", str(out), str(photos / RENAMED), "-k", "1", "--json"]) == 0
+    assert main(["index", "search", str(out), str(photos / RENAMED), "-k", "1", "--json", "--include-queries"]) == 0
     hit = _last_json(capsys)[0]
     assert hit["path"] == RENAMED and hit["id"] == hits[0]["id"]
     assert main(["index", "stats", str(out)]) == 0 and main(["index", "dedup", str(out)]) == 0
@@ -107,7 +108,8 @@ def test_read_only_index_searches_and_refuses_writes_clearly(photos, backbone, t
         remount_ro(mnt)
         one = sorted(photos.rglob("*.jpg"))[0]
         capsys.readouterr()
-        assert main(["index", "search", str(out), str(one), "-k", "2", "--json"]) == 0, capsys.readouterr().err
+        assert main(["index", "search", str(out), str(one), "-k", "2", "--json", "--include-queries"]) == 0, \
+            capsys.readouterr().err
         assert _last_json(capsys)[0]["path"] == one.relative_to(photos).as_posix()
         assert main(["index", "stats", str(out), "--json"]) == 0
         assert _last_json(capsys)["vectors"] == 12

@@ -146,13 +146,14 @@ def test_keep_move_and_undo_through_the_api(served, http):
 def test_a_running_server_follows_a_move_made_by_the_cli(served, http, capsys):
     photos, dest = served["photos"], served["tmp"] / "moved"
     query = photos / served["expected"]["exact"][1]
-    hits = http.post("/search", files={"image": (query.name, query.read_bytes())}, data={"k": "40"}).json()
+    hits = http.post("/search", files={"image": (query.name, query.read_bytes())},
+                     data={"k": "40", "include_queries": "true"}).json()  # the copies of its bytes kept
     assert served["expected"]["exact"][1] in [h["path"] for h in hits["results"]]
     assert main(["index", "dedup", str(served["idx"]), "--move-to", str(dest), "--kind", "exact", "--json"]) == 0
     moved = json.loads(capsys.readouterr().out)
     assert [d["from"] for d in moved["done"]] == [served["expected"]["exact"][1]]
     hits = http.post("/search", files={"image": (query.name, (dest / moved["done"][0]["from"]).read_bytes())},
-                     data={"k": "40"}).json()
+                     data={"k": "40", "include_queries": "true"}).json()
     assert served["expected"]["exact"][1] not in [h["path"] for h in hits["results"]]  # the server reloaded
     assert hits["images"] == len(served["before"]) - 1
     assert main(["index", "dedup", str(served["idx"]), "--undo"]) == 0

@@ -73,14 +73,18 @@ def test_every_door_gives_the_same_vector(built, sample_photos, capsys):
     emb = idx.load_embedder(device="cpu")
     via_index = idx.center(emb.embed([query]))  # 1 x D (bf16 autocast on the CPU)
     assert float(via_index[0] @ vecs[5]) > 0.99
-    # CLI search --json: the scores of the hits are the reference cosines
+    # CLI search --json (the photo itself kept): the scores of the hits are the reference cosines
+    assert main(["index", "search", str(built / "idx"), str(query), "-k", "6", "--json", "--include-queries"]) == 0
+    kept = json.loads(capsys.readouterr().out)
+    by_path = {str(f.relative_to(sample_photos)): n for n, f in enumerate(files)}
+    ref_scores = [float(vecs[5] @ vecs[by_path[h["path"]]]) for h in kept]
+    np.testing.assert_allclose([h["score"] for h in kept], ref_scores, atol=2e-2)
+    assert kept[0]["path"] == str(query.relative_to(sample_photos))
+    # by default the CLI leaves the photo itself out: the same ranking, less it
     assert main(["index", "search", str(built / "idx"), str(query), "-k", "5", "--json"]) == 0
     hits = json.loads(capsys.readouterr().out)
-    by_path = {str(f.relative_to(sample_photos)): n for n, f in enumerate(files)}
-    ref_scores = [float(vecs[5] @ vecs[by_path[h["path"]]]) for h in hits]
-    np.testing.assert_allclose([h["score"] for h in hits], ref_scores, atol=2e-2)
-    assert hits[0]["path"] == str(query.relative_to(sample_photos))
-    # the page's handler: same ranking and scores
+    assert [h["path"] for h in hits] == [h["path"] for h in kept[1:]]
+    # the page's handler, which leaves it out too: same ranking and scores
     app = SearchApp(idx, emb)
     _, _, state = app.search(str(query), k=5)
     assert state.paths == [h["path"] for h in hits]

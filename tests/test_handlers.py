@@ -16,6 +16,7 @@ from PIL import Image
 import app.page.handlers as handlers
 from app.page.handlers import ALL_FOLDERS, SearchApp, score_text
 from app.page.uploads import MAX_UPLOAD_MB, read_upload
+from index.build.plan import file_hash
 from index.build.runner import build_index
 from index.image_index import MIN_SIDE_PX, ImageIndex
 from moco.data.sample import make_sample_collection
@@ -102,17 +103,18 @@ def test_the_title_names_the_photo_folder(app):
 
 
 def test_rerun_folder_and_export_match_the_index(app, tmp_path):
-    _, _, state = app.search(str(_photo(app)), k=6, folder="")
-    ref = app.index.search(app.embedder.embed(_photo(app)), k=6)
-    assert state.ids == list(ref.ids[0])
+    _, info, state = app.search(str(_photo(app)), k=6, folder="")
+    itself = app.index.ids_of_files([file_hash(_photo(app))])  # an indexed photo: left out of its results
+    ref = app.index.search(app.embedder.embed(_photo(app)), k=6, exclude_ids=itself)
+    assert itself and state.ids == list(ref.ids[0]) and "the photo itself is left out" in info
     _, _, again = app.rerun(state, 3, ALL_FOLDERS)
     assert again.ids == state.ids[:3] and again.label == state.label
     family = _photo(app).parent.name
-    _, info, only = app.rerun(state, 4, family)
+    _, info, only = app.rerun(state, 3, family)  # the family's photos but the photo itself
     assert only.paths and all(p.startswith(family + "/") for p in only.paths) and f"`{family}/`" in info
     csv_path, json_path = app.export(only)
     rows = list(csv.DictReader(open(csv_path, encoding="utf-8")))
-    assert [r["path"] for r in rows] == only.paths and [int(r["rank"]) for r in rows] == list(range(1, 5))
+    assert [r["path"] for r in rows] == only.paths and [int(r["rank"]) for r in rows] == list(range(1, 4))
     assert [r["score"] for r in rows] == [score_text(s) for s in only.scores]  # as the page shows them
     weak = app.index.weak_below
     assert [r["weak_match"] for r in rows] == [str(s < weak).lower() for s in only.scores]  # true/false
@@ -161,9 +163,9 @@ def test_select_uses_the_stored_vector_and_names_the_photo(app):
     _, _, state = app.search(str(_photo(app)), k=5)
     _, info, picked = app.select(state, 3)
     vec = app.index.vectors(np.array([state.ids[3]]))[0]
-    ref = app.index.search(vec[None], k=5)
+    ref = app.index.search(vec[None], k=5, exclude_ids=[state.ids[3]])  # the photo itself left out
     assert picked.ids == list(ref.ids[0]) and picked.source == {"id": state.ids[3], "path": state.paths[3]}
-    assert state.paths[3] in info
+    assert state.paths[3] in info and "the photo itself is left out" in info
 
 
 def test_a_pending_page_says_the_index_is_not_ready(tmp_path):
@@ -195,7 +197,10 @@ def hostile_export(tmp_path_factory) -> tuple[list[dict[str, str]], dict]:
     build_index(tmp / "photos", random_backbone(tmp), tmp / "idx", progress=False)
     index = ImageIndex.open(tmp / "idx")
     app = SearchApp(index, index.load_embedder(device="cpu"))
-    _, _, state = app.search(str(photos[0]), k=len(FORMULA_STARTS) + 1)
+    query = tmp / "query.png"  # other bytes than every indexed photo: none of them is left out as the photo itself
+    with Image.open(photos[0]) as im:
+        im.save(query)
+    _, _, state = app.search(str(query), k=len(FORMULA_STARTS) + 1)
     csv_path, json_path = app.export(state)
     rows = list(csv.DictReader(open(csv_path, newline="", encoding="utf-8")))
     return rows, json.loads(Path(json_path).read_text())

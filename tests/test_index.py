@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from app.cli.commands import main
+from index.build.plan import file_hash
 from index.image_index import ImageIndex
 from moco.data.sample import make_sample_collection
 from moco.embed import Embedder, center
@@ -89,9 +90,15 @@ def test_build_search_stats_against_numpy(photos, backbone, tmp_path, capsys):
     assert only.paths[0] and all(p.startswith(family + "/") for p in only.paths[0])
     assert len(only.paths[0]) == sum(p.startswith(family + "/") for p in ok)
     # the CLI search and stats
-    assert main(["index", "search", str(out), str(photos / sorted(ok)[0]), "-k", "3", "--json"]) == 0
+    assert main(["index", "search", str(out), str(photos / sorted(ok)[0]), "-k", "3", "--json",
+                 "--include-queries"]) == 0
     res = _json_out(capsys)
     assert [r["path"] for r in res] == hits.paths[0][:3] and res[0]["rank"] == 1
+    assert main(["index", "search", str(out), str(photos / sorted(ok)[0]), "-k", "3", "--json"]) == 0
+    itself = set(idx.ids_of_files([file_hash(photos / sorted(ok)[0])]))  # the photo (and its byte twins): left out
+    res = _json_out(capsys)
+    assert [r["path"] for r in res] == [p for i, p in zip(hits.ids[0], hits.paths[0]) if i not in itself][:3]
+    assert itself and res[0]["rank"] == 1 and not itself & {r["id"] for r in res}
     assert main(["index", "stats", str(out), "--json"]) == 0
     st = _json_out(capsys)
     assert st["vectors"] == 36 and st["error"] == 2 and st["backbone_sha256"] == emb.sha256

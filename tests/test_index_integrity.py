@@ -271,7 +271,7 @@ def test_an_index_faiss_of_another_index_is_refused_then_repaired_by_update(two_
     assert len(set(_ids(b))) == 1
     _finds_itself(b)
     photo = sorted((b.parent / "photos_b").rglob("*.jpg"))[0]
-    assert main(["index", "search", str(b), str(photo), "--json", "-k", "1"]) == 0
+    assert main(["index", "search", str(b), str(photo), "--json", "-k", "1", "--include-queries"]) == 0
     hit = json.loads(capsys.readouterr().out.strip().splitlines()[-1])[0]
     assert Path(hit["path"]).name == photo.name and hit["score"] == pytest.approx(1.0, abs=1e-3)
 

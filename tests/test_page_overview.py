@@ -131,9 +131,10 @@ def test_the_region_handler_selects_on_the_index_map_and_caps_what_it_shows(app)
 def test_a_point_searches_with_the_photo_s_stored_vector(app):
     photo = sorted(app.index.catalog.rows().values(), key=lambda r: r.id)[5]
     gallery, info, state = app.search_id(photo.id, k=6)
-    ref = app.index.search(app.index.vectors(np.array([photo.id])), k=6)
-    assert state.ids == ref.ids[0].tolist() and state.ids[0] == photo.id
+    ref = app.index.search(app.index.vectors(np.array([photo.id])), k=7)  # the ranking with the photo itself
+    assert ref.ids[0][0] == photo.id and state.ids == ref.ids[0][1:].tolist()  # ... which the page leaves out
     assert state.source == {"id": photo.id, "path": photo.path} and photo.path in info and len(gallery) == 6
+    assert "the photo itself is left out" in info
     with pytest.raises(UserError, match="no longer in the index"):
         app.search_id(10**9)
 

@@ -506,7 +506,7 @@ def test_dates_at_every_door(dated, capsys):
 
     tmp, dates = dated
     query = next(p for p, d in dates.items() if d and d.startswith("2021"))
-    argv = ["index", "search", str(tmp / "idx"), str(tmp / "photos" / query), "-k", "4", "--json",
+    argv = ["index", "search", str(tmp / "idx"), str(tmp / "photos" / query), "-k", "4", "--json", "--include-queries",
             "--taken-from", "2021-12-31", "--taken-to", "2021-12-31", "--exclude-folder", "sunset"]
     assert main(argv) == 0
     hits = json.loads(capsys.readouterr().out)

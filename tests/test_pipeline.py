@@ -109,7 +109,7 @@ def test_pipeline_then_reuse(work, capsys):
         assert (w / artifact).is_file(), artifact
     assert "training: MoCo cpu on 48 photos" in out and "48 photos searchable" in out
     query = sorted(work["photos"].rglob("*.jpg"))[5]
-    assert main(["index", "search", str(w / "index"), str(query), "-k", "3", "--json"]) == 0
+    assert main(["index", "search", str(w / "index"), str(query), "-k", "3", "--json", "--include-queries"]) == 0
     hits = json.loads(capsys.readouterr().out)
     assert hits[0]["path"] == query.relative_to(work["photos"]).as_posix() and hits[0]["score"] > 0.999
     stamp = os.stat(w / "backbone.safetensors").st_mtime_ns

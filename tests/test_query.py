@@ -86,6 +86,23 @@ def test_one_positive_is_todays_search_bit_for_bit(collection):
     assert np.array_equal(today.ids, multi.ids) and np.array_equal(today.scores, multi.scores)
 
 
+def test_each_query_of_a_batch_leaves_out_its_own_photos(collection):
+    """exclude_each: one collection of ids per query vector, left out of that query's results only (the JSON API's
+    batch of searches, each without its own photo); k results still, as each query alone."""
+    idx: ImageIndex = collection["idx"]
+    ids = idx.catalog.ok_ids()
+    f = idx.vectors(ids[[3, 3, 30]])  # 3 x D: one photo twice, leaving it out once
+    own = [[int(ids[3])], [int(ids[17]), int(ids[5])], []]
+    batch = idx.search(f, k=9, exclude_each=own, exclude_ids=[int(ids[40])])
+    for n in range(3):
+        alone = idx.search(f[n : n + 1], k=9, exclude_ids=[*own[n], int(ids[40])])
+        np.testing.assert_array_equal(batch.ids[n], alone.ids[0])
+        assert (batch.ids[n] >= 0).all() and not {*own[n], int(ids[40])} & set(batch.ids[n].tolist())
+    assert batch.ids[1][0] == ids[3] and batch.ids[2][0] == ids[30]  # another query's photo stays: first here
+    with pytest.raises(ValueError, match="one per query"):
+        idx.search(f, k=3, exclude_each=own[:2])
+
+
 def test_three_positives_of_a_family_and_a_negative_of_another(collection):
     idx: ImageIndex = collection["idx"]
     family = collection["family"]
@@ -144,8 +161,8 @@ def test_the_page_searches_again_with_ticked_results_and_added_photos(collection
     q = sorted(photos.rglob("*.jpg"))[9]
     _, _, state = app.search(str(q), k=12)
     assert app.tick_choices(state)[0] == (f"1. {state.paths[0].rsplit('/', 1)[-1]}", state.ids[0])
-    mine = family[state.ids[0]]
-    more = [i for i in state.ids[1:] if family[i] == mine][:2]
+    mine = q.parent.name
+    more = [i for i in state.ids if family[i] == mine][:2]
     less = [i for i in state.ids if family[i] != mine][:1] or [next(i for i in family if family[i] != mine)]
     extra = sorted(p for p in photos.rglob("*.png") if p.parent.name == mine)[0]
     gallery, info, again = app.search_again(state, more, less, [str(extra)], [], k=12)

@@ -151,6 +151,7 @@ def test_index_inside_the_photo_folder_serves_thumbs_not_originals(tmp_path, bac
 
     import httpx
     from gradio_client import Client, handle_file
+    from PIL import Image
 
     from app.server.launch import launch_kwargs, make_demo
     from moco.data.sample import make_sample_collection
@@ -171,7 +172,9 @@ def test_index_inside_the_photo_folder_serves_thumbs_not_originals(tmp_path, bac
         query = photos / "top.jpg"
         gallery, info = Client(url, verbose=False).predict(handle_file(str(query)), 4, "", api_name="/search")[:2]
         assert "4 results" in info and len(gallery) == 4
-        upload = shutil.copy(odd / os.fsdecode(b"\xff.jpg"), tmp_path / "upload.jpg")  # the client needs UTF-8
+        upload = tmp_path / "upload.png"  # the client needs UTF-8; other bytes: the photo itself would be left out
+        with Image.open(odd / os.fsdecode(b"\xff.jpg")) as im:
+            im.save(upload)
         gallery, info = Client(url, verbose=False).predict(handle_file(str(upload)), 3, "caf\\xe9 odd",
                                                            api_name="/search")[:2]
         assert gallery[0]["caption"].endswith("caf\\xe9 odd/\\xff.jpg") and "caf\\xe9 odd/" in info

@@ -18,6 +18,7 @@ from PIL import Image
 from app.page.handlers import SearchApp
 from app.page.views import groups_html, negatives_outputs
 from app.server.launch import launch_kwargs, make_demo
+from index.build.plan import file_hash
 from index.build.runner import build_index
 from index.image_index import ImageIndex
 from moco.config import from_plain
@@ -52,15 +53,19 @@ def _query(setup) -> Path:
 def test_search_handlers_equal_image_index(app, setup):
     q = _query(setup)
     gallery, info, state = app.search(str(q), k=5, folder="")
-    ref = app.index.search(app.embedder.embed(q), k=10)
-    assert state.ids == list(ref.ids[0, :5]) and len(gallery) == 5
+    itself = app.index.ids_of_files([file_hash(q)])  # an indexed photo: left out of its own results
+    ref = app.index.search(app.embedder.embed(q), k=10, exclude_ids=itself)
+    assert itself and state.ids == list(ref.ids[0, :5]) and len(gallery) == 5
     np.testing.assert_allclose(state.scores, ref.scores[0, :5], atol=1e-6)
-    assert gallery[0][1].startswith("#1 · 1.000 · ") and "embed" in info and "search" in info
+    assert gallery[0][1].startswith("#1 · ") and "embed" in info and "search" in info
+    assert "the photo itself is left out" in info
     assert all(Path(t).parent == setup["idx"] / "thumbs" for t, _ in gallery)
     gallery2, _, state2 = app.more(state)  # "more" continues the ranking
     assert state2.ids == list(ref.ids[0, :10]) and len(gallery2) == 10
-    _, _, state3 = app.select(state2, 7)  # clicking a result searches with it
-    assert state3.ids[0] == ref.ids[0, 7] and state3.scores[0] == pytest.approx(1.0, abs=1e-5)
+    _, _, state3 = app.select(state2, 7)  # clicking a result searches with it, itself left out
+    clicked = int(ref.ids[0, 7])
+    assert state3.ids == app.index.search(app.index.vectors(np.array([clicked])), k=5,
+                                          exclude_ids=[clicked]).ids[0].tolist() and clicked not in state3.ids
     family = state.paths[0].split("/")[0]
     _, _, only = app.search(str(q), k=50, folder=family)
     assert only.paths and all(p.startswith(family + "/") for p in only.paths)
@@ -202,9 +207,10 @@ def test_gradio_client_search_and_negatives(server, setup):
     url, app = server
     client = Client(url, verbose=False)
     gallery, info, = client.predict(handle_file(str(_query(setup))), 6, "", api_name="/search")[:2]
-    ref = app.index.search(app.embedder.embed(_query(setup)), k=6)
+    ref = app.index.search(app.embedder.embed(_query(setup)), k=6,
+                           exclude_ids=app.index.ids_of_files([file_hash(_query(setup))]))  # itself left out
     assert [item["caption"].split(" · ")[-1] for item in gallery] == ref.paths[0]
-    assert "6 results" in info
+    assert "6 results" in info and "the photo itself is left out" in info
     views, summary, negs, table = client.predict(handle_file(str(_query(setup))), 4, 0, api_name="/negatives")
     assert "InfoNCE loss" in summary and "saved MoCo queue" in summary and len(table["data"]) == 4
 

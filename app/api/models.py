@@ -14,7 +14,7 @@ __all__ = ["FOLDER_FIELD", "EXCLUDE_FIELD", "TAKEN_FROM_FIELD", "TAKEN_TO_FIELD"
            "Group", "Duplicates", "Kind", "KeeperRequest", "MoveRequest", "UndoRequest", "DEDUPLICATE", "Moved",
            "NotMoved", "MoveResult", "ErrorResponse", "CollectionMap", "PhotoRef", "FolderCount", "ThemeCard",
            "ThemesResponse", "ThemePhoto", "ThemePage", "UnusualPhoto", "UnusualPage", "BrowsePhoto", "PhotosPage",
-           "Sort"]
+           "Sort", "INCLUDE_QUERIES"]
 
 
 # The folder filter's field, everywhere: '' or a sub-folder written as FOLDER_PATTERN says (else 400; one that is
@@ -35,6 +35,10 @@ IMAGE_TYPES = ("image/jpeg, image/png, image/webp, image/gif, image/bmp, image/t
 
 DEDUPLICATE = ("hide a result within the index's near-copy threshold (`dedup_threshold` of /stats) of a better result "
                "kept (more are fetched, so a page still holds `k`)")
+
+INCLUDE_QUERIES = ("keep the query photos among the results: the photo searched by id, and indexed files with an "
+                   "uploaded image's very bytes (left out by default; a near-copy with other bytes is a result as any "
+                   "other). With it a photo of the collection finds itself first")
 
 # Padded standard base64 of at least one byte: what `image_base64` must be (anything else is a 400).
 BASE64_PATTERN = r"^(?:[A-Za-z0-9+/]{4})*(?:[A-Za-z0-9+/]{4}|[A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)$"
@@ -81,6 +85,7 @@ class Base64Query(BaseModel):
     taken_to: str = Field("", **TAKEN_TO_FIELD)  # type: ignore[arg-type]
     offset: int = Field(0, ge=0, description="results to skip (the next page: `next_offset`)")
     deduplicate: bool = Field(False, description=DEDUPLICATE)
+    include_queries: bool = Field(False, description=INCLUDE_QUERIES)
 
 
 MAX_QUERY_PHOTOS = 32  # images, and ids, on each side of a query at most
@@ -99,7 +104,8 @@ class MultiQuery(BaseModel):
     """A search with several photos: more like ``images`` and ``ids``, less like ``not_images`` and ``not_ids``; or
     with a raw ``vector`` of the index's space. The positives and negatives become one query of the index's space (the
     mean of the positives minus a tenth of the mean of the negatives, each photo mapped into the space as a one-photo
-    search maps it), searched as one photo is. One image alone, without negatives, searches as /search/base64 does."""
+    search maps it), searched as one photo is. One image alone, without negatives, searches as /search/base64 does.
+    The query photos are left out of the results unless ``include_queries``."""
 
     images: list[QueryImage] = Field([], max_length=MAX_QUERY_PHOTOS, description="photos to search with")
     ids: list[PhotoId] = Field([], max_length=MAX_QUERY_PHOTOS, description="indexed photos to search with (their ids)")
@@ -116,8 +122,7 @@ class MultiQuery(BaseModel):
     taken_to: str = Field("", **TAKEN_TO_FIELD)  # type: ignore[arg-type]
     offset: int = Field(0, ge=0, description="results to skip (the next page: `next_offset`)")
     deduplicate: bool = Field(False, description=DEDUPLICATE)
-    include_queries: bool = Field(False, description="keep the query photos among the results (by id, and indexed "
-                                  "files with an uploaded image's bytes); one image alone always keeps them")
+    include_queries: bool = Field(False, description=INCLUDE_QUERIES)
 
 
 class Stats(BaseModel):

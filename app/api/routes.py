@@ -4,14 +4,15 @@ Routes (typed request and response models; the schema at ``/api/v1/openapi.json`
 that needs nothing from the internet):
 
     POST /api/v1/search                    multipart: image (a file), k, folder, exclude_folders, taken_from,
-                                           taken_to, offset
+                                           taken_to, offset, deduplicate, include_queries
     POST /api/v1/search/base64             JSON: {"image_base64", "filename", "k", "folder", "exclude_folders",
-                                           "taken_from", "taken_to", "offset"}
+                                           "taken_from", "taken_to", "offset", "deduplicate", "include_queries"}
     POST /api/v1/search/multi              JSON: several photos, more like "images" and "ids", less like
                                            "not_images" and "not_ids" (or a raw "vector" of the index's space), as
                                            one query (index.query); "deduplicate", "include_queries", the filters
     GET  /api/v1/photos/{id}/similar       an indexed photo as the query (its stored vector): k, folder,
-                                           exclude_folders, taken_from, taken_to, offset
+                                           exclude_folders, taken_from, taken_to, offset, deduplicate,
+                                           include_queries
     GET  /api/v1/photos/{id}/thumbnail     the thumbnail the page shows (JPEG)
     GET  /api/v1/photos/{id}/original      the original, under the page's rules (indexed, inside the collection,
                                            a regular file, at most MAX_ORIGINAL_BYTES)
@@ -32,7 +33,9 @@ that needs nothing from the internet):
 The views of the whole collection are :mod:`index.overview.documents`' (what ``moco index map|themes|unusual|browse
 --json`` print), computed with the index's version and kept with it.
 
-Every search takes ``deduplicate`` (no result within the near-copy threshold of a better one). Searches run
+Every search takes ``deduplicate`` (no result within the near-copy threshold of a better one) and leaves the query
+photos out of its results unless ``include_queries`` (the photo searched by id; indexed files with an uploaded
+image's very bytes), one photo as several: each request's own, even in a batch. Searches run
 through :meth:`SearchApp.search_vectors`, the page's own code (the same checks of ``k``, the folders
 and the dates, the same scores and weak-match threshold as the page and ``moco index search --json``). Concurrent
 searches share the model: uploads are decoded in a small thread pool, then embedded and searched in batches
@@ -78,6 +81,7 @@ from app.api.models import (
     EXCLUDE_FIELD,
     FOLDER_FIELD,
     IMAGE_TYPES,
+    INCLUDE_QUERIES,
     TAKEN_FROM_FIELD,
     TAKEN_TO_FIELD,
     Base64Query,
@@ -182,7 +186,7 @@ class _Query:
     page: bool = False  # the page's search: its result is the page's (gallery, info, state), not a SearchResponse
     filters: Filters = Filters()
     deduplicate: bool = False
-    twins: tuple[int, ...] = ()  # the page's upload: the indexed photos with its bytes
+    exclude_ids: tuple[int, ...] = ()  # the query photo, left out: its id, or the indexed files with an upload's bytes
 
 
 class SearchService:
@@ -223,17 +227,25 @@ class SearchService:
             shutil.rmtree(folder, ignore_errors=True)
 
     async def search_image(self, data: bytes, name: str, k: int, folder: str, offset: int,
-                           filters: Filters | None = None, deduplicate: bool = False) -> SearchResponse:
-        """An uploaded image's results (decoded in the pool, embedded and searched in a batch)."""
+                           filters: Filters | None = None, deduplicate: bool = False,
+                           include_queries: bool = False) -> SearchResponse:
+        """An uploaded image's results (decoded in the pool, embedded and searched in a batch); the indexed files
+        with its very bytes left out unless ``include_queries``."""
         self._ready()
         filters = replace(filters or Filters(), folder=folder)
         self._check(k, filters)
         t0 = time.perf_counter()
         async with self.batcher.admit():
-            image = await asyncio.get_running_loop().run_in_executor(self._decode, self._read, data, _safe_name(name))
+            loop = asyncio.get_running_loop()
+            image = await loop.run_in_executor(self._decode, self._read, data, _safe_name(name))
+            skip = () if include_queries else await loop.run_in_executor(self._decode, self._twins, [data])
             out = await self.batcher.submit(_Query(k, folder, offset, image=image, filters=filters,
-                                                   deduplicate=deduplicate))
+                                                   deduplicate=deduplicate, exclude_ids=skip))
         return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
+
+    def _twins(self, uploads: list[bytes]) -> tuple[int, ...]:
+        """Ids of the indexed photos with one of these uploads' very bytes: the query photos themselves."""
+        return tuple(self.app.ready_index().ids_of_files([content_hash(b) for b in uploads]))
 
     async def search_multi(self, query: MultiQuery) -> SearchResponse:
         """A search with several photos (:class:`MultiQuery`): every field checked before it joins a batch (a bad
@@ -255,16 +267,16 @@ class SearchService:
             self._vector(i)  # an unknown id: its 404 now
         data = {side: [(_base64(q.image_base64, f"{side}[{n}] ({_safe_name(q.filename)})"), _safe_name(q.filename))
                        for n, q in enumerate(getattr(query, side))] for side in ("images", "not_images")}
-        one = len(query.images) == 1 and not (query.ids or query.not_images or query.not_ids)
-        skip: list[int] = []
-        if not (query.include_queries or one):
-            hashes = [content_hash(b) for side in data.values() for b, _ in side]
-            skip = [*query.ids, *query.not_ids, *index.ids_of_files(hashes)]
         t0 = time.perf_counter()
         loop = asyncio.get_running_loop()
         async with self.batcher.admit():
             decoded = {side: [await loop.run_in_executor(self._decode, self._read, b, name) for b, name in items]
                        for side, items in data.items()}
+            skip: list[int] = []  # the query photos (one image alone as several), unless include_queries
+            if not query.include_queries:
+                uploads = [b for side in data.values() for b, _ in side]
+                skip = [*query.ids, *query.not_ids, *(await loop.run_in_executor(self._decode, self._twins, uploads)
+                                                      if uploads else ())]
             multi = _Multi(decoded["images"], list(query.ids), decoded["not_images"], list(query.not_ids), vector, skip)
             out = await self.batcher.submit(_Query(query.k, query.folder, query.offset, multi=multi, filters=filters,
                                                    deduplicate=query.deduplicate))
@@ -282,11 +294,12 @@ class SearchService:
             decoded = await loop.run_in_executor(self._decode, read_upload, image, self.app.embedder.resize)
             twins = await loop.run_in_executor(self._decode, self.app.upload_twins, image)
             return await self.batcher.submit(_Query(int(k), folder or "", 0, image=decoded, page=True,
-                                                    filters=filters, twins=tuple(twins)))
+                                                    filters=filters, exclude_ids=tuple(twins)))
 
-    async def search_id(self, image_id: int, k: int, folder: str, offset: int,
-                        filters: Filters | None = None, deduplicate: bool = False) -> SearchResponse:
-        """An indexed photo's results, from its stored vector (nothing decoded or embedded)."""
+    async def search_id(self, image_id: int, k: int, folder: str, offset: int, filters: Filters | None = None,
+                        deduplicate: bool = False, include_queries: bool = False) -> SearchResponse:
+        """An indexed photo's results, from its stored vector (nothing decoded or embedded); the photo itself left
+        out unless ``include_queries``."""
         self._ready()
         filters = replace(filters or Filters(), folder=folder)
         self._check(k, filters)
@@ -294,7 +307,8 @@ class SearchService:
         t0 = time.perf_counter()
         async with self.batcher.admit():
             out = await self.batcher.submit(_Query(k, folder, offset, image_id=image_id, filters=filters,
-                                                   deduplicate=deduplicate))
+                                                   deduplicate=deduplicate,
+                                                   exclude_ids=() if include_queries else (int(image_id),)))
         return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
 
     def _check(self, k: int, filters: Filters) -> None:
@@ -313,8 +327,8 @@ class SearchService:
             raise NotFound(f"photo id {image_id} has no vector: search again for current ids") from None
 
     def _batch(self, queries: list[_Query]) -> list[SearchResponse | BaseException]:
-        """One batch (in the batcher's thread): embed every upload in one call, then one search per (k, folder,
-        offset) group."""
+        """One batch (in the batcher's thread): embed every upload in one call, then one search per (k, filters,
+        offset, deduplicate) group, each query leaving out its own photos."""
         out: list[SearchResponse | BaseException | None] = [None] * len(queries)
         vectors: list[np.ndarray | None] = [None] * len(queries)
         uploads = [i for i, q in enumerate(queries) if q.image is not None]
@@ -338,7 +352,8 @@ class SearchService:
             if q.page:  # the page's own result, from the batch's vector
                 try:
                     out[i] = self.app.from_vector(vectors[i], q.k, q.folder or None, "the uploaded image", embed_ms,
-                                                  None, **q.filters.args(), photo_ids=q.twins)
+                                                  None, **q.filters.args(), query_ids=q.exclude_ids,
+                                                  photo_ids=q.exclude_ids)
                 except Exception as e:  # noqa: BLE001 - that search's caller gets it (the page shows it)
                     out[i] = e
         for i, q in enumerate(queries):
@@ -354,10 +369,13 @@ class SearchService:
         for (k, filters, offset, dedup), members in groups.items():
             try:
                 hits = self.app.search_vectors(np.stack([vectors[i] for i in members]), k, filters.folder, offset,
-                                               **filters.args(), deduplicate=dedup)  # Q x D
-                responses = [self._response(hits, n, k, filters, offset) for n in range(len(members))]
+                                               **filters.args(), deduplicate=dedup,
+                                               exclude_each=[queries[i].exclude_ids for i in members])  # Q x D
+                responses = [self._response(hits, n, k, filters, offset, len(set(queries[i].exclude_ids)))
+                             for n, i in enumerate(members)]
             except Exception:  # noqa: BLE001 - one query may fail the group's search: each one alone, its own error
-                responses = [self._alone(vectors[i], k, filters, offset, dedup) for i in members]
+                responses = [self._alone(vectors[i], k, filters, offset, dedup, queries[i].exclude_ids)
+                             for i in members]
             for i, r in zip(members, responses):
                 out[i] = r
         return out  # type: ignore[return-value]
@@ -379,30 +397,33 @@ class SearchService:
                                            np.concatenate(sides[1]) if sides[1] else None)  # D
             hits = self.app.search_vectors(query[None], q.k, q.filters.folder, q.offset, **q.filters.args(),
                                            centred=True, exclude_ids=m.exclude_ids, deduplicate=q.deduplicate)
-            return self._response(hits, 0, q.k, q.filters, q.offset)
+            return self._response(hits, 0, q.k, q.filters, q.offset, len(set(m.exclude_ids)))
         except KeyError:  # an id removed since it was checked
             return NotFound("a photo of the query is no longer indexed: search again for current ids")
         except Exception as e:  # noqa: BLE001 - this request's caller gets it, no other
             return e
 
-    def _alone(self, vector: np.ndarray, k: int, filters: Filters, offset: int,
-               deduplicate: bool = False) -> SearchResponse | BaseException:
+    def _alone(self, vector: np.ndarray, k: int, filters: Filters, offset: int, deduplicate: bool = False,
+               exclude_ids: tuple[int, ...] = ()) -> SearchResponse | BaseException:
         """One query's search by itself (its group's search failed): its response, or its own error."""
         try:
             hits = self.app.search_vectors(vector[None], k, filters.folder, offset, **filters.args(),
-                                           deduplicate=deduplicate)
-            return self._response(hits, 0, k, filters, offset)
+                                           deduplicate=deduplicate, exclude_ids=exclude_ids)
+            return self._response(hits, 0, k, filters, offset, len(set(exclude_ids)))
         except Exception as e:  # noqa: BLE001 - this request's caller gets it, no other
             return e
 
-    def _response(self, hits: Any, n: int, k: int, filters: Filters, offset: int) -> SearchResponse:
+    def _response(self, hits: Any, n: int, k: int, filters: Filters, offset: int,
+                  left_out: int = 0) -> SearchResponse:
+        """Query ``n`` of ``hits`` as the API answers it; ``left_out``: indexed photos the query left out (its own),
+        which no page holds (the last page is the one that reaches the index's size less them)."""
         index = self.app.ready_index()
         weak = index.weak_below
         k = max(1, min(int(k), MAX_RESULTS))
         results = [Hit(rank=offset + r + 1, id=int(i), path=_json_path(p), score=float(s),
                        weak=weak is not None and float(s) < weak, taken=taken_text(row.taken))
                    for r, (i, s, p, row) in enumerate(zip(hits.ids[n], hits.scores[n], hits.paths[n], hits.rows[n]))]
-        last = len(results) < k or offset + len(results) >= len(index)
+        last = len(results) < k or offset + len(results) >= len(index) - left_out
         return SearchResponse(results=results, k=k, offset=offset, folder=filters.folder.strip("/") or None,
                               exclude_folders=[f.strip("/") for f in filters.exclude_folders if f.strip("/")],
                               taken_from=filters.taken_from or None, taken_to=filters.taken_to or None,
@@ -569,27 +590,31 @@ def api_routes(service: SearchService) -> list[Any]:
                      exclude_folders: list[str] = Form([], **EXCLUDE_FIELD),
                      taken_from: str = Form("", **TAKEN_FROM_FIELD), taken_to: str = Form("", **TAKEN_TO_FIELD),
                      offset: int = Form(0, ge=0),
-                     deduplicate: bool = Form(False, description=DEDUPLICATE)) -> SearchResponse:
-        """The nearest photos to an uploaded image (multipart/form-data), ranked by score."""
+                     deduplicate: bool = Form(False, description=DEDUPLICATE),
+                     include_queries: bool = Form(False, description=INCLUDE_QUERIES)) -> SearchResponse:
+        """The nearest photos to an uploaded image (multipart/form-data), ranked by score; the indexed files with the
+        image's very bytes are left out unless `include_queries`."""
         data = await image.read()
         filters = Filters(folder, tuple(exclude_folders), taken_from, taken_to)
-        return await service.search_image(data, image.filename or "upload", k, folder, offset, filters, deduplicate)
+        return await service.search_image(data, image.filename or "upload", k, folder, offset, filters, deduplicate,
+                                          include_queries)
 
     @router.post("/search/base64", response_model=SearchResponse, responses=ERRORS,
                  summary="Search by an image sent as base64 in JSON")
     async def search_base64(query: Base64Query) -> SearchResponse:
-        """The same search with the image's bytes as base64 in a JSON body."""
+        """The same search with the image's bytes as base64 in a JSON body (the indexed files with those bytes left
+        out unless `include_queries`)."""
         data = _base64(query.image_base64, _safe_name(query.filename))
         filters = Filters(query.folder, tuple(query.exclude_folders), query.taken_from, query.taken_to)
         return await service.search_image(data, query.filename, query.k, query.folder, query.offset, filters,
-                                          query.deduplicate)
+                                          query.deduplicate, query.include_queries)
 
     @router.post("/search/multi", response_model=SearchResponse, responses=ERRORS,
                  summary="Search with several photos (more like these, less like those), or a vector")
     async def search_multi(query: MultiQuery) -> SearchResponse:
         """The nearest photos to one query made of several: images (base64) and indexed photos (ids) to be like,
         others to be less like; or a raw vector of the index's space. The query photos are left out of the results
-        unless `include_queries` (one image alone keeps them, as /search/base64)."""
+        unless `include_queries` (one image alone too, as /search/base64 leaves it out)."""
         return await service.search_multi(query)
 
     @router.get("/photos/{photo_id}/similar", response_model=SearchResponse, responses=ERRORS,
@@ -598,10 +623,12 @@ def api_routes(service: SearchService) -> list[Any]:
                       folder: str = Query("", **FOLDER_FIELD), exclude_folders: list[str] = Query([], **EXCLUDE_FIELD),
                       taken_from: str = Query("", **TAKEN_FROM_FIELD), taken_to: str = Query("", **TAKEN_TO_FIELD),
                       offset: int = Query(0, ge=0),
-                      deduplicate: bool = Query(False, description=DEDUPLICATE)) -> SearchResponse:
-        """The nearest photos to a photo of the index (its stored vector: the page's click on a result)."""
+                      deduplicate: bool = Query(False, description=DEDUPLICATE),
+                      include_queries: bool = Query(False, description=INCLUDE_QUERIES)) -> SearchResponse:
+        """The nearest photos to a photo of the index (its stored vector: the page's click on a result); the photo
+        itself is left out unless `include_queries`."""
         filters = Filters(folder, tuple(exclude_folders), taken_from, taken_to)
-        return await service.search_id(photo_id, k, folder, offset, filters, deduplicate)
+        return await service.search_id(photo_id, k, folder, offset, filters, deduplicate, include_queries)
 
     @router.get("/photos/{photo_id}/thumbnail", responses={**ERRORS, 200: {"content": {"image/jpeg": {}}}},
                 response_class=FileResponse, summary="A photo's thumbnail")

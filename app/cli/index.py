@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from index.image_index import ImageIndex
 
 __all__ = ["add_index"]
+
+logger = logging.getLogger(__name__)
 
 
 def add_index(sub: argparse._SubParsersAction) -> None:
@@ -38,8 +41,9 @@ def add_index(sub: argparse._SubParsersAction) -> None:
                         "collection by cosine similarity to IMAGE. With several photos (more IMAGEs, --id) and photos "
                         "to avoid (--not, --not-id), the query is one vector of the index's space: the mean of the "
                         "positives minus a tenth of the mean of the negatives (index.query; BENCHMARKS.md 'Search with "
-                        "several photos'), and the query photos themselves are left out of the results unless "
-                        "--include-queries. One IMAGE alone searches as it always did (itself first when indexed).")
+                        "several photos'). The query photos themselves (indexed files with an IMAGE's very bytes, the "
+                        "photos of --id and --not-id) are left out of the results unless --include-queries, one IMAGE "
+                        "alone as several; a near-copy with other bytes is a result as any other.")
     p.add_argument("index_dir", metavar="IDX")
     p.add_argument("images", metavar="IMAGE", nargs="*", help="photos to search with (more like these)")
     p.add_argument("--not", dest="not_images", action="append", default=[], metavar="IMAGE",
@@ -51,7 +55,8 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--deduplicate", action="store_true",
                    help="hide results within the index's near-copy threshold of a better result shown")
     p.add_argument("--include-queries", action="store_true",
-                   help="keep the query photos (by id, or indexed files with the same bytes) among the results")
+                   help="keep the query photos (by id, or indexed files with an IMAGE's very bytes) among the "
+                   "results: a photo of the collection then finds itself first")
     p.add_argument("-k", type=int, default=10, help="results (default: 10)")
     p.add_argument("--folder", default=None, help="only results under this sub-folder of the collection")
     p.add_argument("--exclude-folder", action="append", default=[], metavar="FOLDER",
@@ -176,7 +181,6 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from index.build.plan import file_hash
     from index.image_index import ImageIndex
 
     if args.k < 1:
@@ -198,15 +202,16 @@ def cmd_search(args: argparse.Namespace) -> int:
         raise UserError(f"--id/--not-id {unknown[0]}: no indexed photo has this id (ids are in `moco index search "
                         "--json` results)")
     emb = idx.load_embedder(args.backbone)
+    skip: list[int] = []  # the query photos, left out: by id, and indexed files with an image's very bytes
+    if not args.include_queries:
+        skip = [*given, *_twins(idx, [*args.images, *args.not_images])]
     one = len(args.images) == 1 and not (args.not_images or given)
-    if one and not args.deduplicate:  # the one-photo search of always (refused as at every door: too small)
-        hits = idx.search_image(args.images[0], emb, k=args.k, folder=folder, exclude_folders=away, taken=taken)
+    if one and not args.deduplicate:  # one photo (refused as at every door: too small)
+        hits = idx.search_image(args.images[0], emb, k=args.k, folder=folder, exclude_folders=away, taken=taken,
+                                exclude_ids=skip)
     else:
         query = idx.query_vector(_features(idx, emb, args.images, args.ids),
                                  _features(idx, emb, args.not_images, args.not_ids))  # D, in the index's space
-        skip: list[int] = []
-        if not (args.include_queries or one):
-            skip = [*given, *idx.ids_of_files([file_hash(f) for f in (*args.images, *args.not_images)])]
         hits = idx.search(query, k=args.k, folder=folder, exclude_folders=away, taken=taken, centred=True,
                           exclude_ids=skip, deduplicate=args.deduplicate)
     weak = idx.weak_below  # None for an index from before centred scores
@@ -227,6 +232,20 @@ def cmd_search(args: argparse.Namespace) -> int:
             print("no results (the index is empty, or nothing passes --folder, --exclude-folder and the dates)",
                   file=sys.stderr)
     return 0
+
+
+def _twins(idx: ImageIndex, images: list[str]) -> list[int]:
+    """Ids of the indexed photos with one of these query files' very bytes (the query photos themselves); a file
+    that cannot be hashed (a pipe, a device) matches none: the decoder says why it cannot be searched with."""
+    from index.build.plan import file_hash
+
+    hashes = []
+    for image in images:
+        try:
+            hashes.append(file_hash(image))
+        except OSError as e:
+            logger.debug("no content hash of the query %s: %s", image, e)
+    return idx.ids_of_files(hashes) if hashes else []
 
 
 def _features(idx: ImageIndex, emb: Any, images: list[str], ids: list[int]) -> Any:

@@ -284,15 +284,17 @@ class SearchApp:
     def search_vectors(self, vectors: np.ndarray, k: int = 12, folder: str | None = None, offset: int = 0,
                        exclude_folders: Sequence[str] = (), taken_from: str | None = None,
                        taken_to: str | None = None, centred: bool = False, exclude_ids: Sequence[int] = (),
-                       deduplicate: bool = False) -> SearchResult:
+                       deduplicate: bool = False, exclude_each: Sequence[Sequence[int]] = ()) -> SearchResult:
         """Q query vectors (what the embedder gives; ``centred``: already in the index's space, as
         :meth:`ImageIndex.query_vector` makes them) -> the page's ranking of each: the same checks of ``k``,
         ``folder``, ``exclude_folders`` and the dates taken (``YYYY-MM-DD``, both days included), the same scores;
-        never the photos ``exclude_ids``; ``deduplicate``: no near-copy of a better result. The JSON API searches
-        through this, many queries at once."""
+        never the photos ``exclude_ids``, nor for each query its own ``exclude_each`` (one per query: its photo
+        itself); ``deduplicate``: no near-copy of a better result. The JSON API searches through this, many queries
+        at once."""
         index, k, folder, away, taken = self._query(k, folder, exclude_folders, taken_from, taken_to)
         return index.search(vectors, k=k, folder=folder, offset=max(0, int(offset)), exclude_folders=away,
-                            taken=taken, centred=centred, exclude_ids=exclude_ids, deduplicate=deduplicate)
+                            taken=taken, centred=centred, exclude_ids=exclude_ids, deduplicate=deduplicate,
+                            exclude_each=exclude_each)
 
     def from_vector(self, vector: np.ndarray, k: int, folder: str | None, label: str, embed_ms: float,
                     source: dict[str, Any] | None = None, exclude_folders: Sequence[str] = (),
@@ -300,10 +302,11 @@ class SearchApp:
                     positives: np.ndarray | None = None, negatives: np.ndarray | None = None,
                     query_ids: Sequence[int] = (), photo_ids: Sequence[int] = ()) -> tuple:
         """The page's (gallery, info, state) for a query vector (D; ``centred``: already in the index's space, a
-        query of several photos: their features ``positives`` and ``negatives``, the indexed ones ``query_ids``, left
-        out; ``photo_ids``: the indexed photos the query's photos are, left out of a later Search again) labelled
-        ``label``: every search of the page ends here, and so does the page's Search batched by the
-        JSON API's service."""
+        query of several photos: their features ``positives`` and ``negatives``) labelled ``label``; ``query_ids``:
+        the query's indexed photos (the photo searched with, an upload's byte-identical files, the photos of several),
+        left out of the results, and the info line says so; ``photo_ids``: the indexed photos the query's photos are,
+        left out of a later Search again. Every search of the page ends here, and so does the page's Search batched
+        by the JSON API's service."""
         index, k, folder, away, taken = self._query(k, folder, exclude_folders, taken_from, taken_to)
         t0 = time.perf_counter()
         hits = index.search(vector[None], k=k, folder=folder, exclude_folders=away, taken=taken, centred=centred,
@@ -323,6 +326,8 @@ class SearchApp:
             where += f" taken {taken_from or '…'} – {taken_to or '…'}"
         info = (f"**{len(rows)} results** for {state.heading()}{where} · embed {embed_ms:.0f} ms · search "
                 f"{search_ms:.1f} ms · {len(index)} images")
+        if query_ids:
+            info += " · the query photos are left out" if centred else " · the photo itself is left out"
         weak = index.weak_below
         if weak is not None and state.scores and state.scores[0] < weak:
             info += (f" · **no close match in the collection** (the best scores {score_text(state.scores[0])}, "
@@ -337,9 +342,10 @@ class SearchApp:
         img = read_upload(image, self.embedder.resize)
         t0 = time.perf_counter()
         vector = self.embedder.embed(img)[0]  # D
+        twins = self.upload_twins(image)  # the photo itself, when it is indexed: left out of its results
         return self.from_vector(vector, k, folder, "the uploaded image", (time.perf_counter() - t0) * 1000,
                                 exclude_folders=exclude_folders, taken_from=taken_from, taken_to=taken_to,
-                                photo_ids=self.upload_twins(image))
+                                query_ids=twins, photo_ids=twins)
 
     def upload_twins(self, *uploads: Any) -> list[int]:
         """Ids of the indexed photos with an upload's very bytes (uploads that are files; others match none)."""
@@ -439,7 +445,8 @@ class SearchApp:
         return state.ids[int(position)], state.paths[int(position)]
 
     def select(self, state: Results | None, position: int) -> tuple:
-        """Search again with the result at ``position`` (its stored vector, no re-embedding).
+        """Search again with the result at ``position`` (its stored vector, no re-embedding), the photo itself left
+        out of its results.
 
         Returns (gallery, info, state); the new state's ``source`` names the photo, which the page shows
         as the query and in the details panel.
@@ -449,19 +456,21 @@ class SearchApp:
         vector = index.vectors(np.array([image_id]))[0]  # D
         assert state is not None
         return self.from_vector(vector, state.k, state.folder, display_path(path), 0.0,
-                                {"id": image_id, "path": path}, state.exclude_folders, *state.taken_given)
+                                {"id": image_id, "path": path}, state.exclude_folders, *state.taken_given,
+                                query_ids=[image_id], photo_ids=[image_id])
 
     def search_id(self, image_id: int, k: int = 12, folder: str | None = None, exclude_folders: Sequence[str] = (),
                   taken_from: str | None = None, taken_to: str | None = None) -> tuple:
         """Search with an indexed photo (a point of the map, a photo of a theme): its stored vector, no
-        re-embedding. Returns (gallery, info, state) as :meth:`select`, the state's ``source`` naming the photo."""
+        re-embedding, the photo itself left out of its results. Returns (gallery, info, state) as :meth:`select`, the
+        state's ``source`` naming the photo."""
         index = self.ready_index()
         row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
         if row is None or row.deleted or row.status != "ok":
             raise UserError(f"photo id {image_id} is no longer in the index: draw the map again")
         vector = index.vectors(np.array([row.id]))[0]  # D
         return self.from_vector(vector, k, folder, display_path(row.path), 0.0, {"id": row.id, "path": row.path},
-                                exclude_folders, taken_from, taken_to)
+                                exclude_folders, taken_from, taken_to, query_ids=[row.id], photo_ids=[row.id])
 
     def details(self, image_id: int) -> dict[str, Any]:
         """An indexed photo for the details panel: full path, thumbnail, size, date, dimensions when readable."""
