@@ -90,7 +90,7 @@ def main() -> int:
     ref_scores = [float(q @ ref.embed([idx.root / h["path"]])[0]) for h in hits]
     doors["moco index search --json (scores)"] = float(np.abs(np.array([h["score"] for h in hits]) - ref_scores).max())
     _, _, state = SearchApp(idx, emb).search(str(files[0]), k=10)
-    page = {p: s for p, s in zip(state["paths"], state["scores"])}
+    page = {p: s for p, s in zip(state.paths, state.scores)}
     doors["page search handler (scores)"] = float(max(abs(page[h["path"]] - r) for h, r in zip(hits, ref_scores)
                                                       if h["path"] in page))
     print(f"{idx.describe_space()}; {len(files)} photos; reference: Embedder.load(B, space=INDEX) in fp32")
