@@ -135,17 +135,20 @@ def _content(ids: np.ndarray, rows: Mapping[int, Row]) -> np.ndarray:
 
 
 def local_levels(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
-                 chunk: int = 1024) -> dict[int, float]:
+                 chunk: int = 1024, at: np.ndarray | None = None) -> dict[int, float]:
     """Each photo's local level: the centred cosine of its :data:`CROWD`-th closest other photo (other bytes, among
     ``ids``) over the whole collection, from the index's own k-NN search of every photo (``vecs``: N x D in the index's
-    space, searched in ``store``, the index's vectors); -1.0 where it has fewer other photos."""
+    space, searched in ``store``, the index's vectors); -1.0 where it has fewer other photos. ``at``: only the
+    photos at these positions (those with a link to cut; None: all)."""
     live = set(ids.tolist())
     k = CROWD + 1 + SAME_BYTES_MARGIN
+    at = np.arange(len(ids)) if at is None else np.asarray(at, np.int64)  # M positions
     levels: dict[int, float] = {}
-    for start in range(0, len(ids), chunk):
-        scores, found = store.search(vecs[start : start + chunk], k)  # B x k, B x k
+    for start in range(0, len(at), chunk):
+        rows = at[start : start + chunk]  # B
+        scores, found = store.search(vecs[rows], k)  # B x k, B x k
         for q in range(len(scores)):
-            own = int(ids[start + q])
+            own = int(ids[rows[q]])
             others = [s for j, s in zip(found[q].tolist(), scores[q].tolist())
                       if j >= 0 and j != own and j in live and content[j] != content[own]]
             levels[own] = float(others[CROWD - 1]) if len(others) >= CROWD else -1.0
@@ -263,7 +266,8 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     graph = _graph(index, ids, raw, content, similar_t if "similar" in kinds else near_t, chunk)
     by_id = dict(zip(ids.tolist(), content.tolist()))
     near = {i: {j: s for j, s in nb.items() if s >= near_t} for i, nb in graph.items()}
-    levels = local_levels(index.store, ids, vecs, by_id, chunk)
+    linked = np.array([n for n, i in enumerate(ids.tolist()) if near.get(i)], np.int64)  # only photos with a link
+    levels = local_levels(index.store, ids, vecs, by_id, chunk, at=linked)
     decision.update(local_ratio=LOCAL_RATIO, local_k=CROWD, crowded_photos=local_cut(near, by_id, levels))
     found = [(rep, members, "exact" if len({by_id[m] for m in members}) == 1 else "near", near)
              for rep, members in tight_groups(near)]

@@ -171,6 +171,8 @@ def test_the_local_levels_against_brute_force_and_the_local_cut():
     store = VectorStore.create("flat", 16, len(v), use_gpu="no")
     store.add(ids, v)
     levels = local_levels(store, ids, v, content, chunk=7)
+    some = np.array([3, 30, 39])
+    assert local_levels(store, ids, v, content, chunk=2, at=some) == {int(ids[n]): levels[int(ids[n])] for n in some}
     sim = v @ v.T  # 40 x 40
     for a, i in enumerate(ids.tolist()):
         other = sorted((float(sim[a, b]) for b, j in enumerate(ids.tolist()) if content[j] != content[i]), reverse=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,8 +16,6 @@ if TYPE_CHECKING:
     from index.image_index import ImageIndex
 
 __all__ = ["add_index"]
-
-logger = logging.getLogger(__name__)
 
 
 def add_index(sub: argparse._SubParsersAction) -> None:
@@ -237,14 +234,9 @@ def cmd_search(args: argparse.Namespace) -> int:
 def _twins(idx: ImageIndex, images: list[str]) -> list[int]:
     """Ids of the indexed photos with one of these query files' very bytes (the query photos themselves); a file
     that cannot be hashed (a pipe, a device) matches none: the decoder says why it cannot be searched with."""
-    from index.build.plan import file_hash
+    from index.build.plan import file_hashes
 
-    hashes = []
-    for image in images:
-        try:
-            hashes.append(file_hash(image))
-        except OSError as e:
-            logger.debug("no content hash of the query %s: %s", image, e)
+    hashes = file_hashes(images)
     return idx.ids_of_files(hashes) if hashes else []
 
 

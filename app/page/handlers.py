@@ -349,15 +349,9 @@ class SearchApp:
 
     def upload_twins(self, *uploads: Any) -> list[int]:
         """Ids of the indexed photos with an upload's very bytes (uploads that are files; others match none)."""
-        from index.build.plan import file_hash
+        from index.build.plan import file_hashes
 
-        hashes = []
-        for u in uploads:
-            if isinstance(u, (str, os.PathLike)):
-                try:
-                    hashes.append(file_hash(u))
-                except OSError as e:  # gone, or not a regular file: read_upload has said so, nothing to match
-                    logger.debug("no content hash of the upload %s: %s", u, e)
+        hashes = file_hashes(u for u in uploads if isinstance(u, (str, os.PathLike)))
         return self.ready_index().ids_of_files(hashes) if hashes else []
 
     def rerun(self, state: Results | None, k: int, folder: str | None, exclude_folders: Sequence[str] = (),

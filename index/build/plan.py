@@ -15,7 +15,7 @@ import concurrent.futures
 import hashlib
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from typing import Any
 from index.catalog import Catalog, Row
 from moco.data.photos import open_regular, scan_photos
 
-__all__ = ["Plan", "make_plan", "file_hash", "content_hash", "Stat", "Summary"]
+__all__ = ["Plan", "make_plan", "file_hash", "file_hashes", "content_hash", "Stat", "Summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,18 @@ def file_hash(path: str | Path) -> str:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
+
+
+def file_hashes(paths: Iterable[str | os.PathLike[str]]) -> list[str]:
+    """:func:`file_hash` of each file that can be read (a query photo's, to find its indexed twins); one that cannot
+    (gone, a pipe, a device) has none and is logged at DEBUG: whoever decodes it says why it cannot be used."""
+    hashes = []
+    for path in paths:
+        try:
+            hashes.append(file_hash(path))
+        except OSError as e:
+            logger.debug("no content hash of %s: %s", path, e)
+    return hashes
 
 
 def _stat(path: Path) -> Stat | None:
