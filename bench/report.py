@@ -548,11 +548,13 @@ def _duplicates() -> list[str]:
                              "--work W --json F"), "```", "",
                 f"{d['dataset']} ({d.get('split', 'one')} split), {d['backbone']}, photos of {d['photo_px']} px, "
                 f"{d['copies_share']:.1%} given a copy; {d['cpu']}"
-                + (f"; a near link at most {d['sizes'][0]['local_ratio']} times as far as each photo's 10th closest "
-                   "other photo (the local rule)" if d["sizes"] and d["sizes"][0].get("local_ratio") else "") + ".",
+                + (f"; a near pair is a copy by its pixels (copy score >= {d['sizes'][0]['copy_score']}, "
+                   "index/verify.py)" if d["sizes"] and d["sizes"][0].get("copy_score") else
+                   "; before the pixel check (a run of an older version)") + ".",
                 "",
                 "| photos | threshold (rule) | " + " | ".join(f"recall {e}" for e in edits)
-                + " | recall | pair precision | largest group (distinct) | photos the local rule held apart | aim |",
+                + " | recall | pair precision | largest group (distinct) | the model's pairs the pixel check turned "
+                "down | aim |",
                 "|---|---|" + "---|" * len(edits) + "---|---|---|---|---|"]
         for r in d["sizes"]:
             ok = (min(r["recall"].values()) >= aim["recall"] and r["pair_precision"] >= aim["pair_precision"]
@@ -560,7 +562,7 @@ def _duplicates() -> list[str]:
             out.append(f"| {r['photos']} | {r['threshold']} ({r['rule']}) | "
                        + " | ".join(f"{r['recall'][e]:.3f}" for e in edits)
                        + f" | {r['recall_all']:.3f} | {r['pair_precision']:.3f} ({r['real_pairs']}/{r['pairs']}) | "
-                       f"{r['largest_distinct']} | {r['crowded_photos']} | {_verdict(ok)} |")
+                       f"{r['largest_distinct']} | {r.get('turned_down', '-')} | {_verdict(ok)} |")
         out.append("")
     return out
 

@@ -13,18 +13,19 @@ never one group: a photo joins a group only by being close to its representative
 linkage once merged 90 different airplane photos of one collection). A near group holding photos of two contents
 is ``near`` (its byte-identical members are marked), one of a single content ``exact``.
 
-The near threshold is the index's own (:func:`index.calibrate.dedup_threshold`, calibrated on copies of its photos
-at build time), raised above the collection's crowd level where a weak model or a collection of very alike photos
-puts distinct photos that close (:func:`index.calibrate.near_threshold`; its rule is reported). And a link of two
-photos counts only where it is local: at most :data:`LOCAL_RATIO` times as far (in 1 - cosine) as each end's
-:data:`~index.calibrate.CROWD`-th closest other photo over the whole collection (:func:`local_levels`). A copy sits
-far closer to its photo than the photo's other neighbours; a distinct photo among alike ones (a crowd of t-shirts,
-planes against blue sky) sits about as close as they do, whatever the threshold. The ratio adapts to each photo's
-neighbourhood, so a collection grown tenfold, which puts ten times as many distinct photos close to each photo,
-does not group them. 0.35 was chosen on planted copies of one split of Fashion-MNIST (``bench/dedup_copies.py
---split choose``: at 0.33-0.5 every re-encoded, resized and mirrored copy kept its link; at 10,000 photos 11 links
-of distinct photos passed, against 81 at 0.5, and without it 1,289 pairs of distinct photos were grouped) and is
-reported on the other (BENCHMARKS.md).
+Near links are copies by their pixels. The model proposes pairs: those at the near threshold, the index's own
+(:func:`index.calibrate.dedup_threshold`, calibrated on copies of its photos at build time), raised above the
+collection's crowd level where a weak model or a collection of very alike photos puts distinct photos that close
+(:func:`index.calibrate.near_threshold`; its rule is reported), and each photo's :data:`PROPOSE_K` closest photos by
+the model and by the NCC of their pixels (a brighter copy, which a model may not see as close; :func:`proposals`).
+A proposed pair is a near link only where :func:`index.verify.copy_scores` finds one photo to be the other
+re-encoded, resized, cropped, brightened or mirrored (copy score at least :data:`~index.verify.COPY_SCORE`,
+:func:`verify_links`). Distinct photos of alike things (a crowd of t-shirts, planes against blue sky, tiles of one
+texture) sit as close to each other as copies to a weak model; their pixels differ, so no threshold a model sets can
+group them: the pixel check is the guard, and it does not depend on the model. 0.992 was chosen on planted copies of
+one split of Fashion-MNIST (``bench/dedup_copies.py --split choose``: at 10,000 photos 0.99 grouped pairs of distinct
+trousers, 0.992 kept every re-encoded, resized, mirrored copy and all but one brightened one) and is reported on the
+other (BENCHMARKS.md).
 
 Each group has a stable id (its kind, its smallest member id and a digest of its member ids), a suggested keeper and
 the reason (:mod:`index.keeper`), and its members' pixels, size, date taken and age.
@@ -36,15 +37,15 @@ import datetime
 import hashlib
 import heapq
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 from index.calibrate import (  # the threshold: re-exported here, where its users look for it
-    CROWD,
     GUARD_SAMPLE,
     dedup_threshold,
     describe_threshold,
@@ -57,17 +58,21 @@ from index.image_index import ImageIndex, row_filter
 from index.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
 from index.keeper import photo_facts, suggest_keeper
 from index.store import VectorStore
+from index.verify import COPY_SCORE, SIDE, Frame, copy_scores, frames
+from moco.data.photos import ImageDecodeError, load_rgb
 from moco.errors import UserError
 from moco.files import atomic_write
 
 __all__ = ["find_duplicates", "search_duplicates", "Search", "load_duplicates", "save_duplicates", "write_duplicates",
-           "find_group", "tight_groups", "group_id", "local_levels", "local_cut", "LOCAL_RATIO", "KINDS",
+           "find_group", "tight_groups", "group_id", "proposals", "pixel_neighbours", "verify_links", "KINDS",
            "DEFAULT_KINDS"]
 
 KINDS = ("exact", "near", "similar")
 DEFAULT_KINDS = ("exact", "near")  # similar groups only when asked
-LOCAL_RATIO = 0.35  # a near link counts when its 1 - cosine is at most this share of each end's local level's
-SAME_BYTES_MARGIN = 8  # k-NN slots beyond CROWD + 1 for photos with the same bytes (not other photos)
+PROPOSE_K = 5  # each photo's closest photos by the model and by pixels go to the pixel check
+SAME_BYTES_MARGIN = 8  # k-NN slots beyond k + 1 for photos with the same bytes (not other photos)
+PIXEL_SIDE = 16  # pixels a side of the frames whose NCC proposes pairs
+PIXEL_EXACT_UP_TO = 20000  # photos: above, the pixel proposals come from an approximate (HNSW) index
 
 
 def group_id(kind: str, members: Iterable[int]) -> str:
@@ -134,38 +139,100 @@ def _content(ids: np.ndarray, rows: Mapping[int, Row]) -> np.ndarray:
     return np.array([codes[h] if h else len(codes) + n for n, h in enumerate(hashes)], np.int64)
 
 
-def local_levels(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
-                 chunk: int = 1024, at: np.ndarray | None = None) -> dict[int, float]:
-    """Each photo's local level: the centred cosine of its :data:`CROWD`-th closest other photo (other bytes, among
-    ``ids``) over the whole collection, from the index's own k-NN search of every photo (``vecs``: N x D in the index's
-    space, searched in ``store``, the index's vectors); -1.0 where it has fewer other photos. ``at``: only the
-    photos at these positions (those with a link to cut; None: all)."""
+def _frame_fallback(index: ImageIndex, rows: Mapping[int, Row]) -> Callable[[int], Image.Image | None]:
+    """A photo decoded from its file, for a frame where its thumbnail is missing; None where it cannot be."""
+    def decode(i: int) -> Image.Image | None:
+        try:
+            return load_rgb(index.root / rows[i].path, min_short=2 * SIDE)
+        except (ImageDecodeError, KeyError):
+            return None
+    return decode
+
+
+def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
+              frames_: Mapping[int, Frame], links: Mapping[int, Mapping[int, float]], chunk: int = 1024,
+              k: int = PROPOSE_K) -> set[tuple[int, int]]:
+    """The pairs (a < b) of photos with other bytes that the pixel check looks at: the ``links`` (the model's, at the
+    near threshold), each photo's ``k`` closest other photos by the model (``vecs``: N x D in the index's space,
+    searched in ``store``) and by pixels (the NCC of the whole frames, :data:`PIXEL_SIDE` a side, mirrored or not:
+    the copies a model does not see as close, like a brighter one)."""
     live = set(ids.tolist())
-    k = CROWD + 1 + SAME_BYTES_MARGIN
-    at = np.arange(len(ids)) if at is None else np.asarray(at, np.int64)  # M positions
-    levels: dict[int, float] = {}
-    for start in range(0, len(at), chunk):
-        rows = at[start : start + chunk]  # B
-        scores, found = store.search(vecs[rows], k)  # B x k, B x k
-        for q in range(len(scores)):
-            own = int(ids[rows[q]])
-            others = [s for j, s in zip(found[q].tolist(), scores[q].tolist())
-                      if j >= 0 and j != own and j in live and content[j] != content[own]]
-            levels[own] = float(others[CROWD - 1]) if len(others) >= CROWD else -1.0
-    return levels
+    out: set[tuple[int, int]] = set()
+
+    def add(i: int, j: int) -> None:
+        if j >= 0 and j != i and j in live and content[i] != content[j]:
+            out.add((min(i, j), max(i, j)))
+
+    for i, nb in links.items():
+        for j in nb:
+            add(i, j)
+    depth = k + 1 + SAME_BYTES_MARGIN
+    for start in range(0, len(ids), chunk):
+        _, found = store.search(vecs[start : start + chunk], depth)  # B x depth
+        for q, row in enumerate(found.tolist()):
+            i = int(ids[start + q])
+            others = [j for j in row if j >= 0 and j != i and j in live and content[j] != content[i]]
+            for j in others[:k]:
+                add(i, j)
+    have = [int(i) for i in ids if int(i) in frames_]
+    if len(have) > 1:
+        for i, row in pixel_neighbours(have, frames_, depth, chunk):
+            for j in [j for j in row if j != i and content[j] != content[i]][:k]:
+                add(i, j)
+    return out
 
 
-def local_cut(graph: dict[int, dict[int, float]], content: Mapping[int, int], levels: Mapping[int, float]) -> int:
-    """Keep a link of two photos with other bytes only where it is at least 1 / :data:`LOCAL_RATIO` times closest (in
-    1 - cosine) than the local level of each end (:func:`local_levels`), as a copy is. Returns the photos that lost a
-    link: photos among alike ones, where the threshold alone would have grouped distinct photos."""
-    cut: set[int] = set()
-    for i, nb in graph.items():
-        for j in [j for j, s in nb.items() if content[j] != content[i]
-                  and 1.0 - s > LOCAL_RATIO * (1.0 - max(levels.get(i, -1.0), levels.get(j, -1.0)))]:
-            del nb[j]
-            cut.add(i)
-    return len(cut)
+def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int,
+                     chunk: int = 1024) -> Iterable[tuple[int, list[int]]]:
+    """For each photo of ``ids``, twice (its query plain and mirrored), its ``k`` closest photos by the NCC of
+    their whole grey frames (shrunk to :data:`PIXEL_SIDE` a side): exact (a flat inner-product index) up to
+    :data:`PIXEL_EXACT_UP_TO` photos, approximate (HNSW) above."""
+    import faiss
+
+    def flat(f: Frame, mirror: bool) -> np.ndarray:
+        g = np.asarray(Image.fromarray(f.grey).resize((PIXEL_SIDE, PIXEL_SIDE), Image.Resampling.BOX), np.float32)
+        g = (g[:, ::-1] if mirror else g).ravel()
+        g = g - g.mean()
+        return g / max(float(np.linalg.norm(g)), 1e-6)
+
+    plain = np.stack([flat(frames_[i], False) for i in ids])  # N x P^2
+    mirrored = np.stack([flat(frames_[i], True) for i in ids])  # N x P^2
+    exact = len(ids) <= PIXEL_EXACT_UP_TO
+    store = faiss.IndexFlatIP(plain.shape[1]) if exact else faiss.IndexHNSWFlat(plain.shape[1], 32,
+                                                                                  faiss.METRIC_INNER_PRODUCT)
+    store.add(plain)
+    k = min(k, len(ids))
+    for start in range(0, len(ids), chunk):
+        for q in (plain[start : start + chunk], mirrored[start : start + chunk]):  # B x P^2
+            _, found = store.search(q, k)  # B x k
+            for n, row in enumerate(found.tolist()):
+                yield ids[start + n], [ids[j] for j in row if j >= 0]
+
+
+def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
+                 rows: Mapping[int, Row], links: Mapping[int, Mapping[int, float]],
+                 chunk: int = 1024) -> tuple[dict[int, dict[int, float]], dict[tuple[int, int], float], dict[str, int]]:
+    """The near links: the pairs of :func:`proposals` that :func:`index.verify.copy_scores` finds to be copies
+    (score at least :data:`~index.verify.COPY_SCORE`), each with its centred cosine (``{id: {other: cosine}}``,
+    symmetric), their copy scores ``{(a, b): score}`` (a < b), and counts: ``proposed``, ``verified``,
+    ``turned_down`` (the model's links at the near threshold that are no copies) and ``unchecked`` (photos without
+    a frame: no thumbnail and no decodable file)."""
+    pos = {int(i): n for n, i in enumerate(ids.tolist())}
+    frames_ = frames({int(i): index.thumb_path(rows[int(i)]) if int(i) in rows else None for i in ids},
+                     _frame_fallback(index, rows))
+    pairs = proposals(index.store, ids, vecs, content, frames_, links, chunk)
+    scores = copy_scores(sorted(pairs), frames_)
+    near: dict[int, dict[int, float]] = {}
+    kept: dict[tuple[int, int], float] = {}
+    for (a, b), s in scores.items():
+        if s >= COPY_SCORE:
+            cos = float(vecs[pos[a]] @ vecs[pos[b]])
+            near.setdefault(a, {})[b] = near.setdefault(b, {})[a] = cos
+            kept[a, b] = round(s, 5)
+    turned = sum(1 for i, nb in links.items() for j in nb
+                 if i < j and content[i] != content[j] and (i, j) not in kept)
+    return near, kept, {"proposed": len(pairs), "verified": len(kept), "turned_down": turned,
+                        "unchecked": len(ids) - len(frames_)}
 
 
 def _graph(index: ImageIndex, ids: np.ndarray, raw: np.ndarray, content: np.ndarray, low: float,
@@ -217,7 +284,8 @@ def _check_kinds(kinds: Iterable[str]) -> tuple[str, ...]:
 @dataclass
 class Search:
     """A search for duplicates: its groups, its thresholds with their rule (:func:`index.calibrate.near_threshold`,
-    with ``kinds`` and ``crowded_photos``) and the photos searched."""
+    with ``kinds`` and the pixel check's ``copy_score``, ``proposed``, ``verified``, ``turned_down`` and ``unchecked``)
+    and the photos searched."""
 
     groups: list[dict[str, Any]]
     decision: dict[str, Any]
@@ -265,10 +333,16 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     near_t, similar_t = decision["threshold"], decision["similar_threshold"]
     graph = _graph(index, ids, raw, content, similar_t if "similar" in kinds else near_t, chunk)
     by_id = dict(zip(ids.tolist(), content.tolist()))
-    near = {i: {j: s for j, s in nb.items() if s >= near_t} for i, nb in graph.items()}
-    linked = np.array([n for n, i in enumerate(ids.tolist()) if near.get(i)], np.int64)  # only photos with a link
-    levels = local_levels(index.store, ids, vecs, by_id, chunk, at=linked)
-    decision.update(local_ratio=LOCAL_RATIO, local_k=CROWD, crowded_photos=local_cut(near, by_id, levels))
+    model_links = {i: {j: s for j, s in nb.items() if s >= near_t and by_id[j] != by_id[i]} for i, nb in graph.items()}
+    near, copy_of, counts = verify_links(index, ids, vecs, by_id, rows, model_links, chunk)
+    for i, nb in graph.items():  # the same bytes: always near
+        for j, s in nb.items():
+            if by_id[j] == by_id[i]:
+                near.setdefault(i, {})[j] = s
+    for a, b in index.catalog.not_duplicate_pairs():
+        near.get(a, {}).pop(b, None)
+        near.get(b, {}).pop(a, None)
+    decision.update(copy_score=COPY_SCORE, propose_k=PROPOSE_K, **counts)
     found = [(rep, members, "exact" if len({by_id[m] for m in members}) == 1 else "near", near)
              for rep, members in tight_groups(near)]
     if "similar" in kinds:
@@ -281,7 +355,7 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
         live = [m for m in members if m in rows]
         if kind not in kinds or rep not in rows or len(live) < 2:
             continue  # not asked for, or deleted since the vectors were read
-        groups.append(_group(index, kind, rep, live, links, rows, chosen))
+        groups.append(_group(index, kind, rep, live, links, rows, chosen, copy_of))
     rank = {k: n for n, k in enumerate(KINDS)}
     groups.sort(key=lambda g: (rank[g["kind"]], -g["size"], g["representative"]["path"]))
     decision["kinds"] = list(kinds)
@@ -293,14 +367,16 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
 
 
 def _group(index: ImageIndex, kind: str, rep: int, live: list[int], links: Mapping[int, Mapping[int, float]],
-           rows: Mapping[int, Row], chosen: set[int]) -> dict[str, Any]:
+           rows: Mapping[int, Row], chosen: set[int], copy_of: Mapping[tuple[int, int], float]) -> dict[str, Any]:
     """One group as :func:`find_duplicates` returns it."""
     sim = {m: 1.0 if m == rep else round(links[rep][m], 5) for m in live}
+    same = {m for m in live if rows[m].hash and rows[m].hash == rows[rep].hash}
+    copy = {m: 1.0 if m in same else copy_of.get((min(m, rep), max(m, rep))) for m in live}
     others = [sim[m] for m in live if m != rep]
     facts = {m: photo_facts(index.root, rows[m]) for m in live}
     keep, reason = suggest_keeper(list(facts.values()), chosen)
     members = [{"id": m, "path": rows[m].path, "thumb": rows[m].thumb, "hash": rows[m].hash, "similarity": sim[m],
-                "best_similarity": round(max(links[m].values()), 5), **facts[m].as_dict()}
+                "copy_score": copy[m], "best_similarity": round(max(links[m].values()), 5), **facts[m].as_dict()}
                for m in sorted(live, key=lambda m: (m != rep, -sim[m], rows[m].path))]
     return {"id": group_id(kind, live), "kind": kind, "size": len(live),
             "representative": {"id": rep, "path": rows[rep].path}, "tightest": max(others), "loosest": min(others),

@@ -264,8 +264,9 @@ class ImageIndex:
     @property
     def dedup_last(self) -> dict[str, Any] | None:
         """The last search for duplicates (``moco index dedup``, the page): its near and similar thresholds, the rule
-        that set the near one (``calibrated``, ``default``, ``crowd`` or ``given``), the crowd level, when, and how
-        many groups; None before a first one."""
+        that set the near one (``calibrated``, ``default``, ``crowd`` or ``given``), the crowd level, the copy score of
+        the pixel check with the pairs it was given and those of the model it turned down, when, and how many groups;
+        None before a first one."""
         try:
             value = json.loads(self.catalog.get_meta(DEDUP_LAST_KEY) or "null")
         except ValueError:
@@ -273,7 +274,7 @@ class ImageIndex:
         if not isinstance(value, dict):
             return None
         return {k: value.get(k) for k in ("threshold", "rule", "similar_threshold", "crowd_level", "kinds",
-                                          "crowded_photos", "groups", "created")}
+                                          "copy_score", "proposed", "turned_down", "groups", "created")}
 
     @property
     def augment_level(self) -> dict[str, Any] | None:

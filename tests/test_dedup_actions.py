@@ -20,18 +20,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, ImageEnhance, ImageOps
 
 from app.cli.commands import main
 from index.build.runner import build_index, update_index
 from index.calibrate import CROWD, MIN_PHOTOS, near_threshold, neighbour_levels
-from index.dedup import KINDS, LOCAL_RATIO, load_duplicates, local_cut, local_levels, search_duplicates
+from index.dedup import KINDS, PIXEL_SIDE, load_duplicates, proposals, search_duplicates
 from index.image_index import ImageIndex
 from index.keeper import CHOSEN, Facts, suggest_keeper
 from index.resolve.actions import DUPLICATES_DIR, PAUSE_ENV, destination, move_duplicates, undo_moves
 from index.resolve.journal import Journal
 from index.resolve.transfer import PARTIAL_SUFFIX, TransferError, free_name, transfer
-from index.store import VectorStore
+from index.verify import COPY_SCORE, frames
 from moco.data.sample import make_sample_collection
 from moco.errors import UserError
 
@@ -154,40 +154,51 @@ def test_the_crowd_level_against_brute_force_and_its_guard():
     assert near_threshold(0.9, "default", all_first[: MIN_PHOTOS - 1], all_kth[: MIN_PHOTOS - 1])["crowd_level"] is None
 
 
-def test_the_local_levels_against_brute_force_and_the_local_cut():
-    """A crowd of alike distinct photos, one of them with a copy, and photos far apart with a copy each: at a low
-    threshold every crowd photo links to every other, the local rule keeps only photo-copy links."""
-    rng = np.random.default_rng(1)
-    base = rng.standard_normal(16).astype(np.float32)
-    crowd = base + 0.35 * rng.standard_normal((30, 16)).astype(np.float32)  # 30 alike, distinct photos
-    far = 3 * np.eye(16, dtype=np.float32)[:4] + 0.1 * rng.standard_normal((4, 16)).astype(np.float32)
-    photos = np.concatenate([crowd, far])  # 34 x 16
-    copies = photos[[0, 30, 31, 32, 33]] + 0.02 * rng.standard_normal((5, 16)).astype(np.float32)  # 5 x 16
-    v = np.concatenate([photos, copies, photos[[5]]])  # 40 x 16; the last: photo 5's bytes again
-    v /= np.linalg.norm(v, axis=1, keepdims=True)
-    ids = np.arange(100, 140)
+def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
+    """At a threshold of -1 every pair of photos is a link of the model (the weakest model there is, or a collection
+    of very alike photos): the pixel check turns down every pair of distinct photos and keeps the copies, a
+    brightened one and one cropped off-centre among them; proposals brute-forced by hand agree."""
+    root = tmp_path / "photos"
+    make_sample_collection(root, per_family=3, size=96, seed=2)
+    paths = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.jpg"))
+    (root / "copies").mkdir()
+    a, b, c = (Image.open(root / paths[n]).convert("RGB") for n in (0, 4, 8))
+    ImageEnhance.Brightness(a).enhance(1.3).save(root / "copies" / "brighter.png")
+    b.crop((2, 11, 2 + 82, 11 + 82)).save(root / "copies" / "cropped.png")  # 85%, off-centre
+    ImageOps.mirror(c).save(root / "copies" / "mirrored.png")
+    build_index(root, backbone, tmp_path / "idx", progress=False, device="cpu")
+    index = ImageIndex.open(tmp_path / "idx")
+    found = search_duplicates(index, threshold=-1.0, save=False)
+    got = sorted(sorted(m["path"] for m in g["members"]) for g in found.groups)
+    assert got == sorted([sorted([paths[0], "copies/brighter.png"]), sorted([paths[4], "copies/cropped.png"]),
+                          sorted([paths[8], "copies/mirrored.png"])])
+    assert all(g["kind"] == "near" and all(m["copy_score"] >= COPY_SCORE for m in g["members"])
+               for g in found.groups)
+    d = found.decision
+    n = len(paths) + 3
+    assert d["rule"] == "given" and d["proposed"] == n * (n - 1) // 2 and d["verified"] == 3
+    assert d["turned_down"] == d["proposed"] - 3 and d["unchecked"] == 0
+    # without the model's links, the proposals are each photo's 5 closest by the model and by pixels, by hand
+    ids, raw = index.catalog.vectors(dim=index.dim)
+    rows = index.catalog.rows_by_id(ids)
     content = {int(i): int(i) for i in ids}
-    content[139] = 105
-    store = VectorStore.create("flat", 16, len(v), use_gpu="no")
-    store.add(ids, v)
-    levels = local_levels(store, ids, v, content, chunk=7)
-    some = np.array([3, 30, 39])
-    assert local_levels(store, ids, v, content, chunk=2, at=some) == {int(ids[n]): levels[int(ids[n])] for n in some}
-    sim = v @ v.T  # 40 x 40
-    for a, i in enumerate(ids.tolist()):
-        other = sorted((float(sim[a, b]) for b, j in enumerate(ids.tolist()) if content[j] != content[i]), reverse=True)
-        assert levels[i] == pytest.approx(other[CROWD - 1], abs=1e-5)
-    threshold = float(np.quantile(sim[:30, :30][~np.eye(30, dtype=bool)], 0.05))  # links 95% of crowd pairs
-    graph = {int(ids[a]): {int(ids[b]): float(sim[a, b]) for b in range(40) if b != a and sim[a, b] >= threshold}
-             for a in range(40)}
-    want = {(i, j) for i, nb in graph.items() for j, s in nb.items() if content[i] == content[j]
-            or 1 - s <= LOCAL_RATIO * (1 - max(levels[i], levels[j]))}  # the rule, by hand
-    assert sum(len(nb) for nb in graph.values()) > 500  # the threshold alone: one crowd
-    cut = local_cut(graph, content, levels)
-    kept = {(i, j) for i, nb in graph.items() for j in nb}
-    assert kept == want and cut >= 25
-    pairs = {frozenset(p) for p in kept}
-    assert pairs == {frozenset(p) for p in [(100, 134), (130, 135), (131, 136), (132, 137), (133, 138), (105, 139)]}
+    fr = frames({int(i): index.thumb_path(rows[int(i)]) for i in ids}, lambda i: None)
+    vecs = index.center(raw)
+    got = proposals(index.store, ids, vecs, content, fr, {}, chunk=4, k=2)
+    sim = vecs @ vecs.T  # N x N
+    np.fill_diagonal(sim, -np.inf)
+    flat = {}
+    for i in ids.tolist():
+        g = np.asarray(Image.fromarray(fr[i].grey).resize((PIXEL_SIDE, PIXEL_SIDE), Image.Resampling.BOX), np.float32)
+        flat[i] = [(x - x.mean()) / np.linalg.norm(x - x.mean()) for x in (g.ravel(), g[:, ::-1].ravel())]
+    want = set()
+    for n, i in enumerate(ids.tolist()):
+        for j in ids[np.argsort(-sim[n])[:2]].tolist():
+            want.add((min(i, j), max(i, j)))
+        for q in flat[i]:
+            near = sorted((j for j in ids.tolist() if j != i), key=lambda j: -float(q @ flat[j][0]))[:2]
+            want |= {(min(i, j), max(i, j)) for j in near}
+    assert got == want
 
 
 KEEPER_CASES = [  # (width, height, bytes, taken, mtime) per member, the keeper's position, the reason's start

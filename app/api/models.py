@@ -152,6 +152,9 @@ class Member(BaseModel):
     id: int
     path: str
     score: float = Field(description="centred cosine to the group's representative")
+    copy_score: float | None = Field(None, description="near and exact groups: how well its pixels match the "
+                                     "representative's, cropped, mirrored, brightened (a near member: at least the "
+                                     "search's copy score); null in similar groups")
     width: int | None = Field(None, description="pixels across (null: its header could not be read)")
     height: int | None = None
     bytes: int | None = Field(None, description="the file's size")
@@ -163,7 +166,8 @@ class Member(BaseModel):
 
 
 class Group(BaseModel):
-    """A group of duplicates: every member within the threshold of its representative."""
+    """A group of duplicates: every member a copy of its representative by its pixels (near), the same bytes
+    (exact), or within the similar threshold of it (similar)."""
 
     id: str = Field("", description="stable while the group keeps its photos: `kind-smallest id-digest`")
     kind: str = Field("near", description="exact (the same bytes), near (the same shot re-encoded, resized, cropped, "
@@ -179,7 +183,8 @@ class Group(BaseModel):
 class Duplicates(BaseModel):
     """A page of the groups of the last search, exact first, then near, then similar, each kind largest first."""
 
-    threshold: float = Field(description="near: centred cosine of every member to its group's representative")
+    threshold: float = Field(description="near: the centred cosine at which the model proposed pairs to the pixel "
+                             "check (each photo's 5 closest by the model and by pixels are proposed too)")
     similar_threshold: float | None = None
     rule: str | None = Field(None, description="what set the near threshold: calibrated (on copies of the "
                              "collection's photos), default, crowd (raised above the collection's crowd of alike "

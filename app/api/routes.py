@@ -437,7 +437,8 @@ def _group(index: ImageIndex, g: dict[str, Any]) -> Group:
 
     def member(m: dict[str, Any]) -> Member:
         return Member(id=int(m["id"]), path=_json_path(m["path"]),
-                      score=float(m.get("similarity", m.get("best_similarity", 1.0))), width=m.get("width"),
+                      score=float(m.get("similarity", m.get("best_similarity", 1.0))), copy_score=m.get("copy_score"),
+                      width=m.get("width"),
                       height=m.get("height"), bytes=m.get("bytes"),
                       taken=taken_text(m.get("taken")), mtime=m.get("mtime"),
                       identical=bool(keep_hash) and m.get("hash") == keep_hash and m["id"] != g.get("keep_id"))

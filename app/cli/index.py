@@ -82,11 +82,12 @@ def add_index(sub: argparse._SubParsersAction) -> None:
                         "overwriting), journalled; --undo puts them back.")
     p.add_argument("index_dir", metavar="IDX")
     p.add_argument("--threshold", type=float, default=None,
-                   help="near: centred cosine similarity (as search scores) of a group's photos to its representative "
+                   help="near: the centred cosine similarity (as search scores) at which the model proposes two photos "
                         "(default: the index's, calibrated at build time on copies of its photos, raised above the "
-                        "collection's crowd level; the output says which rule set it). At any threshold, a near link "
-                        "also has to be at most 0.35 times as far as each photo's 10th closest other photo: copies "
-                        "are, alike distinct photos are not")
+                        "collection's crowd level; the output says which rule set it). Each photo's 5 closest photos "
+                        "by the model and by pixels are proposed too. A proposed pair is near only where its pixels "
+                        "show a copy: one re-encoded, resized, cropped (70%% of a side or more), brightened or "
+                        "mirrored from the other (copy score >= 0.992); alike distinct photos are not")
     p.add_argument("--similar-threshold", type=float, default=None, metavar="F",
                    help="similar: the same, for --kind similar (default: measured on the collection)")
     p.add_argument("--kind", action="append", choices=["exact", "near", "similar"], default=None,
@@ -325,13 +326,15 @@ def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
         for m in g["members"]:
             marks = [w for w, on in (("representative", m["id"] == g["representative"]["id"]),
                                      ("keep", m["id"] == g["keep_id"])) if on]
-            print(f"  {m['similarity']:.4f}  {m['id']:>6}  {display_path(m['path'])}"
+            copy = f"  copy {m['copy_score']:.3f}" if m.get("copy_score") is not None else ""
+            print(f"  {m['similarity']:.4f}  {m['id']:>6}  {display_path(m['path'])}{copy}"
                   f"{'  (' + ', '.join(marks) + ')' if marks else ''}")
     counts = ", ".join(f"{sum(g['kind'] == k for g in groups)} {k}" for k in kinds)
     similar = f"; similar at >= {d['similar_threshold']}" if "similar" in kinds else ""
-    print(f"{len(groups)} groups ({counts}), every photo at cosine >= {d['threshold']} to its group's representative "
-          f"({describe_threshold(d)}){similar}; {d['crowded_photos']} photos among alike ones kept out of near groups "
-          f"by the local rule; saved to "
+    print(f"{len(groups)} groups ({counts}); near: every photo a copy of its group's representative by its pixels "
+          f"(copy score >= {d['copy_score']}), of {d['proposed']} pairs proposed by the model at cosine >= "
+          f"{d['threshold']} ({describe_threshold(d)}) and by each photo's {d['propose_k']} closest photos; "
+          f"{d['turned_down']} of the model's pairs at that cosine are no copies{similar}; saved to "
           f"{display_path(str(Path(args.index_dir) / 'dedup.json'))}")
     return 0
 

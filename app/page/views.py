@@ -101,8 +101,9 @@ def groups_html(groups: list[dict[str, Any]], index: ImageIndex, start: int = 0,
             img = (f'<img src="gradio_api/file={html.escape(str(thumb))}" alt="">' if thumb and thumb.is_file()
                    else "")
             cos = score_text(m.get("similarity", m.get("best_similarity", 1.0)))
+            copy = f"copy {m['copy_score']:.3f} · " if m.get("copy_score") is not None else ""
             label = ("✓ keep" if m["id"] == keep else "identical to the keeper" if keep_hash and m.get("hash") ==
-                     keep_hash else f"cos {cos}")
+                     keep_hash else f"{copy}cos {cos}")
             facts = " · ".join(x for x in (f"{m['width']}×{m['height']}" if m.get("width") else "",
                                             _size(m.get("bytes")), _when(m)) if x)
             figures.append(f'<figure data-id="{m["id"]}"{" class=dup-keep" if m["id"] == keep else ""}>{img}'

@@ -1,0 +1,259 @@
+"""Is one photo a copy of another? A check of a candidate pair on their pixels, as copy detection verifies the
+candidates of a nearest-neighbour search.
+
+Each photo becomes a small grey frame (:data:`SIDE` pixels a side, its whole picture squeezed into the square, from
+the index's thumbnail; :func:`frames`). A copy of a photo is the same pixels after a re-encode, a resize, a crop,
+a change of brightness or contrast, or a mirror. So for two photos ``a`` and ``b`` the check takes the best
+normalized cross-correlation (NCC: the Pearson correlation of pixels, blind to brightness and contrast) of ``b``,
+shrunk to a crop's size, over every place of ``a`` it could have been cut from, and the same with the two swapped
+and with ``b`` mirrored (:func:`copy_scores`)::
+
+    score(a, b) = max over s in SCALES, mirror, a<->b, offset of NCC(window of a at offset, b shrunk to s)
+
+A crop that changes the shape (a 4:3 photo cut square) shrinks ``b`` by the two sides' own shares, from the two
+photos' aspect ratios. Two distinct photos of alike things (two t-shirts, two tiles of one texture, planes against
+blue sky) differ in their pixels wherever an embedding finds them alike: their score stays under
+:data:`COPY_SCORE`; a copy scores above it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from PIL import Image
+
+__all__ = ["Frame", "frame_of", "frames", "copy_scores", "ncc_brute", "SIDE", "SCALES", "COPY_SCORE"]
+
+logger = logging.getLogger(__name__)
+
+SIDE = 48  # pixels a side of a photo's grey frame
+SCALES = (1.0, 0.92, 0.85, 0.78, 0.7)  # the share of a side a crop may keep
+REFINE_FROM = 0.92  # a pair scoring this much on whole pixels is refined by fractions of a pixel
+COPY_SCORE = 0.994  # a pair scoring at least this is a copy
+_EPS = 1e-6
+FLAT = 0.5  # grey levels: a window whose pixels spread less than this is flat
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One photo's grey frame (``SIDE x SIDE`` uint8), its aspect ratio (width / height) and its grey image (at most
+    twice ``SIDE`` a side), kept for templates of other shapes and windows between pixels."""
+
+    grey: np.ndarray
+    aspect: float
+    image: Image.Image
+
+
+def frame_of(img: Image.Image) -> Frame:
+    """A photo's :class:`Frame` from a decoded image (a thumbnail is plenty)."""
+    grey = img.convert("L")
+    w, h = grey.size
+    small = grey.resize((SIDE, SIDE), Image.Resampling.BILINEAR, reducing_gap=2.0)
+    kept = grey.copy()
+    kept.thumbnail((2 * SIDE, 2 * SIDE), Image.Resampling.BILINEAR)  # enough for a window's fractions of a pixel
+    return Frame(np.asarray(small, np.uint8), w / max(h, 1), kept)
+
+
+def frames(paths: Mapping[int, Path | None], fallback: Callable[[int], Image.Image | None]) -> dict[int, Frame]:
+    """Frames of photos ``{id: thumbnail path}``; a photo whose thumbnail is missing or unreadable is decoded with
+    ``fallback(id)`` (None: it has no frame, and no pair of it can be checked)."""
+    out: dict[int, Frame] = {}
+    for i, path in paths.items():
+        img = None
+        if path is not None:
+            try:
+                with Image.open(path) as im:
+                    im.draft("L", (2 * SIDE, 2 * SIDE))
+                    img = im.convert("L")
+            except OSError as e:
+                logger.debug("thumbnail %s unreadable (%s): decoding the photo", path, e)
+        if img is None:
+            img = fallback(i)
+        if img is not None:
+            out[i] = frame_of(img)
+    return out
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    """Patches (... x h x w) less their mean, over their norm; a flat patch (pixels spread under :data:`FLAT` grey
+    levels) is all zero: it matches nothing."""
+    x = x - x.mean(axis=(-2, -1), keepdims=True)
+    norm = np.sqrt((x * x).sum(axis=(-2, -1), keepdims=True))
+    flat = norm < FLAT * np.sqrt(x.shape[-2] * x.shape[-1])
+    return np.where(flat, 0.0, x / np.maximum(norm, _EPS)).astype(x.dtype)
+
+
+def _crop_size(s: float, aspect_big: float, aspect_small: float) -> tuple[int, int] | None:
+    """(width, height) in frame pixels of a crop of the frame of a photo of ``aspect_big`` that another photo of
+    ``aspect_small`` could be, keeping the share ``s`` of its more-cut side; None where the crop would not fit."""
+    rho = aspect_small / aspect_big  # = share of width kept / share of height kept
+    sx, sy = (s, s / rho) if rho <= 1.0 else (s * rho, s)
+    if sx > 1.0 + 1e-6 or sy > 1.0 + 1e-6:
+        return None
+    return max(2, min(SIDE, round(sx * SIDE))), max(2, min(SIDE, round(sy * SIDE)))
+
+
+def _template(f: Frame, size: tuple[int, int]) -> np.ndarray:
+    """A photo shrunk to ``size`` (w, h), plain and mirrored, each normalized: 2 x h x w."""
+    if size == (SIDE, SIDE):
+        t = f.grey.astype(np.float32)
+    else:
+        t = np.asarray(f.image.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0), np.float32)
+    return _unit(np.stack([t, t[:, ::-1]]))
+
+
+@dataclass(frozen=True)
+class _Hit:
+    """The best coarse hypothesis of one ordered pair: its score, the window (x, y, w, h, in frame pixels) of the
+    larger photo, and whether the other was mirrored."""
+
+    score: float
+    box: tuple[int, int, int, int]
+    mirror: bool
+
+
+def _window_norms(grey: np.ndarray, h: int, w: int) -> np.ndarray:
+    """The norm of every h x w window of ``grey`` less its mean, from summed-area tables: (Y x X) flattened."""
+    pad = np.pad(grey.astype(np.float64), ((1, 0), (1, 0)))
+    one, two = pad.cumsum(0).cumsum(1), (pad * pad).cumsum(0).cumsum(1)
+
+    def box(t: np.ndarray) -> np.ndarray:
+        return t[h:, w:] - t[:-h, w:] - t[h:, :-w] + t[:-h, :-w]  # Y x X
+
+    return np.sqrt(np.maximum(box(two) - box(one) ** 2 / (h * w), 0.0)).ravel()
+
+
+def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
+            ) -> tuple[dict[tuple[int, int], np.ndarray], dict[tuple[int, int, bool], _Hit]]:
+    """The best whole-pixel hypotheses of each ordered pair (big, small), both ways round for every pair: ``{(big,
+    small): 4 scores}`` (the whole frame, ``small`` plain and mirrored, then the best crop, plain and mirrored) and
+    the crops that :func:`_refine` may lift (at least :data:`REFINE_FROM`): ``{(big, small, mirrored): hit}``.
+
+    Pairs are worked through by their larger photo: its windows of one crop size are cut once and scored against the
+    templates of every photo paired with it in one product. A template has mean 0, so a window's mean drops out of
+    the product; only its norm divides."""
+    partners: dict[int, list[int]] = {}
+    for a, b in pairs:
+        partners.setdefault(a, []).append(b)
+        partners.setdefault(b, []).append(a)
+    scores: dict[tuple[int, int], np.ndarray] = {}
+    crops: dict[tuple[int, int, bool], _Hit] = {}
+    templates: dict[tuple[int, tuple[int, int]], np.ndarray] = {}
+    for big, smalls in partners.items():
+        fb = frames_[big]
+        grey = fb.grey.astype(np.float32)  # SIDE x SIDE
+        best = np.full((len(smalls), 4), -2.0, np.float32)  # S x (whole plain, whole mirrored, crop plain, mirrored)
+        where = np.zeros((len(smalls), 2, 4), np.int64)  # the best crop window per mirror: x, y, w, h
+        for s in SCALES:
+            by_size: dict[tuple[int, int], list[int]] = {}
+            for n, small in enumerate(smalls):
+                size = _crop_size(s, fb.aspect, frames_[small].aspect)
+                if size is not None:
+                    by_size.setdefault(size, []).append(n)
+            for (w, h), group in by_size.items():
+                view = sliding_window_view(grey, (h, w))  # Y x X x h x w
+                norms = _window_norms(grey, h, w).astype(np.float32)  # W
+                norms[norms < FLAT * np.sqrt(h * w)] = np.inf  # a flat window matches nothing (score 0)
+                for n in group:
+                    if (smalls[n], (w, h)) not in templates:
+                        templates[smalls[n], (w, h)] = _template(frames_[smalls[n]], (w, h)).reshape(2, h * w)
+                t = np.concatenate([templates[smalls[n], (w, h)] for n in group])  # 2G x hw
+                got = (view.reshape(-1, h * w) @ t.T) / norms[:, None]  # W x 2G
+                at = got.argmax(axis=0)  # 2G
+                top = got[at, np.arange(len(at))].reshape(len(group), 2)  # G x 2
+                crop = (w, h) != (SIDE, SIDE)
+                rows = np.asarray(group)
+                for f in (0, 1):
+                    col = 2 * crop + f
+                    better = top[:, f] > best[rows, col]  # G
+                    best[rows[better], col] = top[better, f]
+                    if crop:
+                        y, x = np.divmod(at.reshape(len(group), 2)[better, f], view.shape[1])
+                        where[rows[better], f] = np.stack([x, y, np.full_like(x, w), np.full_like(x, h)], axis=1)
+        for n, small in enumerate(smalls):
+            scores[big, small] = best[n]
+            for f in (0, 1):
+                if best[n, 2 + f] >= REFINE_FROM:
+                    crops[big, small, bool(f)] = _Hit(float(best[n, 2 + f]), tuple(where[n, f].tolist()), bool(f))
+    return scores, crops
+
+
+def _refine(big: Frame, small: Frame, hit: _Hit) -> float:
+    """The NCC of ``small``'s whole frame with the window of ``big`` that ``hit`` found, the window's four sides
+    moved by fractions of a pixel (coordinate ascent, steps halved from half a frame pixel): a crop's edges rarely
+    fall on the frame's pixels, and its size rarely on one of :data:`SCALES`."""
+    target = small.grey.astype(np.float32)
+    target = _unit(target[:, ::-1] if hit.mirror else target).ravel()  # SIDE^2
+    iw, ih = big.image.size
+    fx, fy = iw / SIDE, ih / SIDE  # image pixels per frame pixel
+    x, y, w, h = hit.box
+    box = [x * fx, y * fy, (x + w) * fx, (y + h) * fy]
+
+    def score(b: list[float]) -> float:
+        win = np.frombuffer(big.image.resize((SIDE, SIDE), Image.Resampling.BILINEAR, box=tuple(b)).tobytes(),
+                            np.uint8).astype(np.float32)  # SIDE^2
+        win -= win.mean()
+        norm = float(np.sqrt(win @ win))
+        return float(win @ target) / norm if norm >= FLAT * SIDE else 0.0
+
+    best, passes = score(box), 0
+    for step, reach in ((0.5, 0.03), (0.25, 0.015), (0.125, 0.006)):
+        moved = True
+        while moved:
+            if best >= COPY_SCORE or (passes and best < COPY_SCORE - reach):
+                return best  # a copy already, or after a pass too far below one for more passes to reach it
+            passes += 1
+            moved = False
+            for side, limit in ((0, fx), (1, fy), (2, fx), (3, fy)):
+                for sign in (-1.0, 1.0):
+                    b = list(box)
+                    b[side] = min(max(b[side] + sign * step * limit, 0.0), float(iw if side % 2 == 0 else ih))
+                    if b[2] - b[0] < 2 or b[3] - b[1] < 2:
+                        continue
+                    got = score(b)
+                    if got > best + 1e-6:
+                        best, box, moved = got, b, True
+    return best
+
+
+def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame]) -> dict[tuple[int, int], float]:
+    """The copy score (module docstring) of each pair of photos that both have a frame: ``{(a, b): score}``.
+
+    A pair under :data:`COPY_SCORE` whose best whole-pixel crop window (plain or mirrored, either way round) scores
+    at least :data:`REFINE_FROM` and more than its whole frames do has that window refined by fractions of a pixel
+    (:func:`_refine`). Whole frames are not refined: a re-encoded, resized, brightened or mirrored copy scores high
+    on whole pixels, and refining would only lift distinct photos of one shape (two plain trousers), which match
+    best whole, towards the copies."""
+    pairs = [(a, b) for a, b in pairs if a in frames_ and b in frames_]
+    coarse, crops = _coarse(pairs, frames_)
+    out = {}
+    for a, b in pairs:
+        ab, ba = coarse[a, b], coarse[b, a]  # 4 scores each
+        score = float(max(ab.max(), ba.max()))
+        whole = float(max(ab[:2].max(), ba[:2].max()))
+        if score < COPY_SCORE:
+            found = [(big, small, crops.get((big, small, f))) for big, small in ((a, b), (b, a)) for f in (False, True)]
+            score = max([score, *(_refine(frames_[big], frames_[small], hit) for big, small, hit in found
+                                  if hit is not None and hit.score > whole)])
+        out[a, b] = score
+    return out
+
+
+def ncc_brute(big: np.ndarray, small: np.ndarray) -> float:
+    """The best NCC of ``small`` (h x w) over every window of ``big`` by plain loops: the reference the tests hold
+    :func:`copy_scores` to."""
+    h, w = small.shape
+    s = small - small.mean()
+    best = -1.0
+    for y in range(big.shape[0] - h + 1):
+        for x in range(big.shape[1] - w + 1):
+            win = big[y : y + h, x : x + w]
+            d = win - win.mean()
+            den = max(float(np.sqrt((d * d).sum())), _EPS) * max(float(np.sqrt((s * s).sum())), _EPS)
+            best = max(best, float((d * s).sum()) / den)
+    return best
