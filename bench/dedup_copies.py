@@ -195,6 +195,7 @@ def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]
             "space": idx.describe_space(), "threshold": d["threshold"], "rule": d["rule"], "base": d["base"],
             "base_rule": d["base_rule"], "crowd_level": d["crowd_level"], "copy_score": d["copy_score"],
             "proposed": d["proposed"], "verified": d["verified"], "turned_down": d["turned_down"],
+            "crowded": d["crowded"],
             "calibration": idx.meta.get("dedup_calibration"), "seconds_build": round(built, 1),
             "seconds_dedup": round(time.perf_counter() - t0, 2), **score(found.groups, copies)}
 

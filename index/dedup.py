@@ -1,7 +1,7 @@
-"""Groups of duplicates, each of one kind, in which every photo is within the threshold of its group's representative.
+"""Groups of duplicates, each of one kind, in which every photo is a duplicate of its group's representative.
 
 Kinds: **exact** (every member has the same bytes: the catalog's content hash), **near** (the same shot re-encoded,
-resized, cropped, recoloured: centred cosine, as search scores, at least the near threshold) and **similar** (bursts,
+resized, cropped, recoloured: a copy by its pixels, see below) and **similar** (bursts,
 the same scene: at least the lower similar threshold, among the photos no exact or near group holds; only when
 asked). Photos with the same bytes are always neighbours; two photos the user said are not duplicates
 (the catalog's ``not_duplicates``) never are.
@@ -22,10 +22,14 @@ A proposed pair is a near link only where :func:`index.verify.copy_scores` finds
 re-encoded, resized, cropped, brightened or mirrored (copy score at least :data:`~index.verify.COPY_SCORE`,
 :func:`verify_links`). Distinct photos of alike things (a crowd of t-shirts, planes against blue sky, tiles of one
 texture) sit as close to each other as copies to a weak model; their pixels differ, so no threshold a model sets can
-group them: the pixel check is the guard, and it does not depend on the model. 0.992 was chosen on planted copies of
-one split of Fashion-MNIST (``bench/dedup_copies.py --split choose``: at 10,000 photos 0.99 grouped pairs of distinct
-trousers, 0.992 kept every re-encoded, resized, mirrored copy and all but one brightened one) and is reported on the
-other (BENCHMARKS.md).
+group them: the pixel check is the guard, and it does not depend on the model. Where pixels cannot tell either (a
+photo that is a copy by pixels of :data:`~index.calibrate.CROWD` others or more: a clear sky, a gradient, a blank
+page), the photo keeps no near link, so no near group holds more than that many distinct photos.
+
+The copy score :data:`~index.verify.COPY_SCORE` (0.994) was chosen on planted copies of one split of Fashion-MNIST
+(``bench/dedup_copies.py --split choose``, 10,000 photos: at 0.992 pairs of distinct plain trousers passed, pair
+precision 0.92; at 0.994 0.98, every re-encoded and mirrored copy and 98-99% of the resized and brightened ones kept)
+and is reported on the other (BENCHMARKS.md).
 
 Each group has a stable id (its kind, its smallest member id and a digest of its member ids), a suggested keeper and
 the reason (:mod:`index.keeper`), and its members' pixels, size, date taken and age.
@@ -46,6 +50,7 @@ import numpy as np
 from PIL import Image
 
 from index.calibrate import (  # the threshold: re-exported here, where its users look for it
+    CROWD,
     GUARD_SAMPLE,
     dedup_threshold,
     describe_threshold,
@@ -215,8 +220,10 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
     """The near links: the pairs of :func:`proposals` that :func:`index.verify.copy_scores` finds to be copies
     (score at least :data:`~index.verify.COPY_SCORE`), each with its centred cosine (``{id: {other: cosine}}``,
     symmetric), their copy scores ``{(a, b): score}`` (a < b), and counts: ``proposed``, ``verified``,
-    ``turned_down`` (the model's links at the near threshold that are no copies) and ``unchecked`` (photos without
-    a frame: no thumbnail and no decodable file)."""
+    ``turned_down`` (the model's links at the near threshold that are no copies), ``unchecked`` (photos without
+    a frame: no thumbnail and no decodable file) and ``crowded``: photos that are copies by pixels of
+    :data:`~index.calibrate.CROWD` or more other photos (a clear sky, a gradient, a blank page has too little of its
+    own to tell a copy from another such photo), whose near links are all dropped."""
     pos = {int(i): n for n, i in enumerate(ids.tolist())}
     frames_ = frames({int(i): index.thumb_path(rows[int(i)]) if int(i) in rows else None for i in ids},
                      _frame_fallback(index, rows))
@@ -229,10 +236,15 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
             cos = float(vecs[pos[a]] @ vecs[pos[b]])
             near.setdefault(a, {})[b] = near.setdefault(b, {})[a] = cos
             kept[a, b] = round(s, 5)
+    crowded = {i for i, nb in near.items() if len({content[j] for j in nb}) >= CROWD}  # no group over CROWD
+    for i in crowded:  # too little of its own to tell a copy from another such photo: no near link
+        for j in near.pop(i):
+            near.get(j, {}).pop(i, None)
+            kept.pop((min(i, j), max(i, j)), None)
     turned = sum(1 for i, nb in links.items() for j in nb
                  if i < j and content[i] != content[j] and (i, j) not in kept)
     return near, kept, {"proposed": len(pairs), "verified": len(kept), "turned_down": turned,
-                        "unchecked": len(ids) - len(frames_)}
+                        "unchecked": len(ids) - len(frames_), "crowded": len(crowded)}
 
 
 def _graph(index: ImageIndex, ids: np.ndarray, raw: np.ndarray, content: np.ndarray, low: float,

@@ -201,6 +201,27 @@ def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
     assert got == want
 
 
+def test_a_photo_that_matches_crowd_others_by_pixels_has_no_near_link(backbone, tmp_path):
+    """Eleven shades of one smooth picture (a sky, a gradient: each a copy by pixels of every other) are a crowd, not
+    copies: none of them is grouped; a photo and three shades of it are one near group."""
+    root = tmp_path / "photos"
+    make_sample_collection(root, per_family=2, size=64, seed=4)
+    (root / "shades").mkdir()
+    ramp = np.linspace(40, 200, 64, dtype=np.float32)[None, :] + np.linspace(0, 30, 64, dtype=np.float32)[:, None]
+    for n in range(CROWD + 1):  # 11 shades of the gradient: 10 others each, CROWD
+        Image.fromarray(np.clip(ramp * (0.7 + 0.05 * n), 0, 255).astype(np.uint8)).convert("RGB").save(
+            root / "shades" / f"sky{n:02d}.png")
+    first = sorted(root.rglob("*.jpg"))[0]
+    other = Image.open(first).convert("RGB")
+    for n in range(3):
+        ImageEnhance.Brightness(other).enhance(0.9 + 0.1 * n).save(root / "shades" / f"photo{n}.png")
+    build_index(root, backbone, tmp_path / "idx", progress=False, device="cpu")
+    found = search_duplicates(ImageIndex.open(tmp_path / "idx"), threshold=-1.0, save=False)
+    near = [sorted(m["path"] for m in g["members"]) for g in found.groups if g["kind"] == "near"]
+    assert near == [sorted([first.relative_to(root).as_posix(), *(f"shades/photo{n}.png" for n in range(3))])]
+    assert found.decision["crowded"] == CROWD + 1
+
+
 KEEPER_CASES = [  # (width, height, bytes, taken, mtime) per member, the keeper's position, the reason's start
     ([(64, 64, 10, None, 5), (48, 48, 99, 1.0, 1)], 0, "most pixels (64 x 64)"),
     ([(64, 64, 10, None, 5), (64, 64, 11, None, 9)], 1, "largest file"),

@@ -334,7 +334,8 @@ def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
     print(f"{len(groups)} groups ({counts}); near: every photo a copy of its group's representative by its pixels "
           f"(copy score >= {d['copy_score']}), of {d['proposed']} pairs proposed by the model at cosine >= "
           f"{d['threshold']} ({describe_threshold(d)}) and by each photo's {d['propose_k']} closest photos; "
-          f"{d['turned_down']} of the model's pairs at that cosine are no copies{similar}; saved to "
+          f"{d['turned_down']} of the model's pairs at that cosine are no copies; {d['crowded']} photos matching "
+          f"10 others or more by pixels left out of near groups{similar}; saved to "
           f"{display_path(str(Path(args.index_dir) / 'dedup.json'))}")
     return 0
 
