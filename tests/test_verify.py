@@ -134,3 +134,29 @@ def test_a_frame_keeps_a_thumbnail_sized_image(tmp_path: Path):
     f = frame_of(Image.new("RGB", (1000, 500), "white"))
     assert f.grey.dtype == np.uint8 and f.grey.shape == (SIDE, SIDE) and f.aspect == 2.0
     assert f.image.size == (2 * SIDE, SIDE) and f.image.mode == "L"
+
+
+def test_pixel_neighbours_exact_and_approximate(monkeypatch):
+    """The pixel proposals: the flat index's neighbours are the brute-force NCC top k of the 16-px frames (plain and
+    mirrored queries); above PIXEL_EXACT_UP_TO photos an HNSW index finds nearly the same."""
+    import index.dedup as dedup
+
+    rng = np.random.default_rng(5)
+    fr = {100 + n: _frame(rng, 48, 48) for n in range(150)}
+    ids = list(fr)
+
+    def flat(i: int, mirror: bool) -> np.ndarray:
+        g = np.asarray(Image.fromarray(fr[i].grey).resize((dedup.PIXEL_SIDE,) * 2, Image.Resampling.BOX), np.float32)
+        g = (g[:, ::-1] if mirror else g).ravel() - g.mean()
+        return g / np.linalg.norm(g)
+
+    got = list(dedup.pixel_neighbours(ids, fr, 4, chunk=32))
+    keys = [(i, mirror) for s in range(0, len(ids), 32) for mirror in (False, True) for i in ids[s : s + 32]]
+    assert len(got) == len(keys) == 2 * len(ids)  # each chunk: its plain queries, then its mirrored ones
+    for (i, mirror), (j, row) in zip(keys, got):
+        q = flat(i, mirror)
+        assert j == i and row == sorted(ids, key=lambda o: -float(q @ flat(o, False)))[:4]
+    monkeypatch.setattr(dedup, "PIXEL_EXACT_UP_TO", 10)
+    approx = list(dedup.pixel_neighbours(ids, fr, 4, chunk=32))
+    hits = sum(len(set(a) & set(b)) for (_, a), (_, b) in zip(approx, got))
+    assert hits >= 0.9 * 4 * len(got)
