@@ -2,7 +2,7 @@
 candidates of a nearest-neighbour search.
 
 Each photo becomes a small grey frame (:data:`SIDE` pixels a side, its whole picture squeezed into the square, from
-the index's thumbnail; :func:`frames`). A copy of a photo is the same pixels after a re-encode, a resize, a crop,
+the index's thumbnail, or from the photo where that is small; :func:`frames`). A copy of a photo is the same pixels after a re-encode, a resize, a crop,
 a change of brightness or contrast, or a mirror. So for two photos ``a`` and ``b`` the check takes the best
 normalized cross-correlation (NCC: the Pearson correlation of pixels, blind to brightness and contrast) of ``b``,
 shrunk to a crop's size, over every place of ``a`` it could have been cut from, and the same with the two swapped
@@ -32,7 +32,7 @@ __all__ = ["Frame", "frame_of", "frames", "copy_scores", "ncc_brute", "SIDE", "S
 logger = logging.getLogger(__name__)
 
 SIDE = 48  # pixels a side of a photo's grey frame
-SCALES = (1.0, 0.92, 0.85, 0.78, 0.7)  # the share of a side a crop may keep
+SCALES = (1.0, 0.96, 0.92, 0.85, 0.78, 0.7)  # the share of a side a crop may keep
 REFINE_FROM = 0.92  # a pair scoring this much on whole pixels is refined by fractions of a pixel
 COPY_SCORE = 0.994  # a pair scoring at least this is a copy
 _EPS = 1e-6
@@ -53,6 +53,9 @@ def frame_of(img: Image.Image) -> Frame:
     """A photo's :class:`Frame` from a decoded image (a thumbnail is plenty)."""
     grey = img.convert("L")
     w, h = grey.size
+    if min(w, h) < 2 * SIDE:  # every frame shrunk from twice its side: a small photo and its enlarged copy alike
+        grey = grey.resize((max(2 * SIDE, round(2 * SIDE * w / h)), max(2 * SIDE, round(2 * SIDE * h / w))),
+                           Image.Resampling.BICUBIC)
     small = grey.resize((SIDE, SIDE), Image.Resampling.BILINEAR, reducing_gap=2.0)
     kept = grey.copy()
     kept.thumbnail((2 * SIDE, 2 * SIDE), Image.Resampling.BILINEAR)  # enough for a window's fractions of a pixel
@@ -60,8 +63,9 @@ def frame_of(img: Image.Image) -> Frame:
 
 
 def frames(paths: Mapping[int, Path | None], fallback: Callable[[int], Image.Image | None]) -> dict[int, Frame]:
-    """Frames of photos ``{id: thumbnail path}``; a photo whose thumbnail is missing or unreadable is decoded with
-    ``fallback(id)`` (None: it has no frame, and no pair of it can be checked)."""
+    """Frames of photos ``{id: thumbnail path}``. A photo whose thumbnail is missing or unreadable is decoded with
+    ``fallback(id)`` (None: it has no frame, and no pair of it can be checked), and so is a small photo (a thumbnail
+    under twice the frame's side: the photo is as cheap to read, and its thumbnail's JPEG would blur fine dots)."""
     out: dict[int, Frame] = {}
     for i, path in paths.items():
         img = None
@@ -72,8 +76,8 @@ def frames(paths: Mapping[int, Path | None], fallback: Callable[[int], Image.Ima
                     img = im.convert("L")
             except OSError as e:
                 logger.debug("thumbnail %s unreadable (%s): decoding the photo", path, e)
-        if img is None:
-            img = fallback(i)
+        if img is None or min(img.size) < 2 * SIDE:
+            img = fallback(i) or img
         if img is not None:
             out[i] = frame_of(img)
     return out
@@ -91,6 +95,8 @@ def _unit(x: np.ndarray) -> np.ndarray:
 def _crop_size(s: float, aspect_big: float, aspect_small: float) -> tuple[int, int] | None:
     """(width, height) in frame pixels of a crop of the frame of a photo of ``aspect_big`` that another photo of
     ``aspect_small`` could be, keeping the share ``s`` of its more-cut side; None where the crop would not fit."""
+    if s >= 1.0:
+        return SIDE, SIDE  # the whole frame: a resize that changed the shape (squeezed, stretched) is a copy too
     rho = aspect_small / aspect_big  # = share of width kept / share of height kept
     sx, sy = (s, s / rho) if rho <= 1.0 else (s * rho, s)
     if sx > 1.0 + 1e-6 or sy > 1.0 + 1e-6:

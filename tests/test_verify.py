@@ -50,9 +50,10 @@ def test_the_whole_pixel_search_against_brute_force():
         for big, small in ((a, b), (b, a)):
             whole, crop = _brute_best(photos[big], photos[small])
             got = coarse[big, small]  # whole plain, whole mirrored, crop plain, crop mirrored
-            assert max(got[0], got[1], -1.0) == pytest.approx(whole, abs=1e-4)  # -1: no whole frame of one shape
+            assert max(got[0], got[1]) == pytest.approx(whole, abs=1e-4)
             assert max(got[2], got[3], -1.0) == pytest.approx(crop, abs=1e-4)
-    assert max(coarse[0, 1][:2]) < -1.0 and max(coarse[0, 3][:2]) > -1.0  # other shapes: crops only
+    assert all(max(coarse[a, b][:2]) > -1.0 for a, b in pairs)  # whole frames of every shape (a squeezed copy)
+    assert max(coarse[1, 2][2:]) < -1.0  # but no crop of a 4:3 photo is a 3:4 one at 70% or more
 
 
 def _jpeg(img: Image.Image, quality: int) -> Image.Image:
@@ -100,23 +101,31 @@ def test_copies_score_above_copy_score_and_other_photos_under_it(tmp_path):
     assert copy_scores([(0, 1)], {0: fr[0], 1: frame_of(_crop(photo, 0.5, 0.5, 0.5, 0.5))})[0, 1] < COPY_SCORE
 
 
+def _picture(rng: np.random.Generator, w: int, h: int) -> Image.Image:
+    """A smooth random RGB picture of w x h pixels."""
+    small = rng.integers(0, 256, (max(2, h // 6), max(2, w // 6), 3), dtype=np.uint8)
+    return Image.fromarray(small).resize((w, h), Image.Resampling.BICUBIC)
+
+
 def test_frames_from_thumbnails_the_photo_or_none(tmp_path):
-    img = _frame(np.random.default_rng(1), 60, 40).image.convert("RGB")  # a smooth picture
+    img = _picture(np.random.default_rng(1), 150, 100)
     img.save(tmp_path / "thumb.jpg")
+    img.resize((60, 40)).save(tmp_path / "small.jpg")  # a small photo's thumbnail: the photo is read instead
     (tmp_path / "broken.jpg").write_bytes(b"not a jpeg")
     decoded: list[int] = []
 
     def fallback(i: int) -> Image.Image | None:
         decoded.append(i)
-        return img if i == 2 else None
+        return img if i in (2, 5) else None
 
-    got = frames({1: tmp_path / "thumb.jpg", 2: tmp_path / "broken.jpg", 3: None, 4: tmp_path / "missing.jpg"},
-                 fallback)
-    assert sorted(got) == [1, 2] and decoded == [2, 3, 4]  # the thumbnail read, the rest decoded or left out
+    got = frames({1: tmp_path / "thumb.jpg", 2: tmp_path / "broken.jpg", 3: None, 4: tmp_path / "missing.jpg",
+                  5: tmp_path / "small.jpg", 6: tmp_path / "small.jpg"}, fallback)
+    assert sorted(got) == [1, 2, 5, 6] and decoded == [2, 3, 4, 5, 6]  # 6: the photo unreadable, its thumbnail
     assert got[1].grey.shape == (SIDE, SIDE) and got[1].aspect == pytest.approx(1.5)
-    assert max(got[2].image.size) <= 2 * SIDE
+    assert max(got[2].image.size) <= 2 * SIDE and got[6].aspect == pytest.approx(1.5)
     assert copy_scores([(1, 2), (1, 3)], got) == {(1, 2): pytest.approx(copy_scores([(1, 2)], got)[1, 2])}
-    assert copy_scores([(1, 2)], got)[1, 2] >= COPY_SCORE  # the JPEG thumbnail of the same pixels
+    scores = copy_scores([(1, 2), (1, 5), (1, 6)], got)
+    assert min(scores.values()) >= COPY_SCORE  # the JPEG thumbnail of the same pixels, and its small copy
 
 
 def test_ncc_brute_is_the_pearson_correlation():

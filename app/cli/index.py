@@ -326,9 +326,9 @@ def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
         for m in g["members"]:
             marks = [w for w, on in (("representative", m["id"] == g["representative"]["id"]),
                                      ("keep", m["id"] == g["keep_id"])) if on]
-            copy = f"  copy {m['copy_score']:.3f}" if m.get("copy_score") is not None else ""
-            print(f"  {m['similarity']:.4f}  {m['id']:>6}  {display_path(m['path'])}{copy}"
-                  f"{'  (' + ', '.join(marks) + ')' if marks else ''}")
+            copy = f"  copy score {m['copy_score']:.4f}" if m.get("copy_score") is not None else ""
+            print(f"  {m['similarity']:.4f}  {m['id']:>6}  {display_path(m['path'])}"
+                  f"{'  (' + ', '.join(marks) + ')' if marks else ''}{copy}")
     counts = ", ".join(f"{sum(g['kind'] == k for g in groups)} {k}" for k in kinds)
     similar = f"; similar at >= {d['similar_threshold']}" if "similar" in kinds else ""
     print(f"{len(groups)} groups ({counts}); near: every photo a copy of its group's representative by its pixels "
