@@ -236,6 +236,16 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
             cos = float(vecs[pos[a]] @ vecs[pos[b]])
             near.setdefault(a, {})[b] = near.setdefault(b, {})[a] = cos
             kept[a, b] = round(s, 5)
+    same: dict[int, list[int]] = {}
+    for i in ids.tolist():
+        same.setdefault(content[i], []).append(i)
+    for (a, b), s in list(kept.items()):  # the same bytes score the same: a copy of one is a copy of each
+        for x in same[content[a]]:
+            for y in same[content[b]]:
+                if (min(x, y), max(x, y)) not in kept:
+                    cos = float(vecs[pos[x]] @ vecs[pos[y]])
+                    near.setdefault(x, {})[y] = near.setdefault(y, {})[x] = cos
+                    kept[min(x, y), max(x, y)] = s
     crowded = {i for i, nb in near.items() if len({content[j] for j in nb}) >= CROWD}  # no group over CROWD
     for i in crowded:  # too little of its own to tell a copy from another such photo: no near link
         for j in near.pop(i):

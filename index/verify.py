@@ -2,18 +2,19 @@
 candidates of a nearest-neighbour search.
 
 Each photo becomes a small grey frame (:data:`SIDE` pixels a side, its whole picture squeezed into the square, from
-the index's thumbnail, or from the photo where that is small; :func:`frames`). A copy of a photo is the same pixels after a re-encode, a resize, a crop,
-a change of brightness or contrast, or a mirror. So for two photos ``a`` and ``b`` the check takes the best
-normalized cross-correlation (NCC: the Pearson correlation of pixels, blind to brightness and contrast) of ``b``,
-shrunk to a crop's size, over every place of ``a`` it could have been cut from, and the same with the two swapped
-and with ``b`` mirrored (:func:`copy_scores`)::
+the index's thumbnail, or from the photo where that is small; :func:`frames`). A copy of a photo is the same pixels
+after a re-encode, a resize, a crop, a change of brightness or contrast, or a mirror. So for two photos ``a`` and
+``b`` the check takes the best normalized cross-correlation (NCC: the Pearson correlation of pixels, blind to
+brightness and contrast) of ``b``, shrunk to a crop's size, over every place of ``a`` it could have been cut from,
+and the same with the two swapped and with ``b`` mirrored (:func:`copy_scores`)::
 
     score(a, b) = max over s in SCALES, mirror, a<->b, offset of NCC(window of a at offset, b shrunk to s)
 
 A crop that changes the shape (a 4:3 photo cut square) shrinks ``b`` by the two sides' own shares, from the two
-photos' aspect ratios. Two distinct photos of alike things (two t-shirts, two tiles of one texture, planes against
-blue sky) differ in their pixels wherever an embedding finds them alike: their score stays under
-:data:`COPY_SCORE`; a copy scores above it.
+photos' aspect ratios; whole frames are compared whatever the shapes (a squeezed copy). The best crop window is then
+refined by fractions of a pixel. Two distinct photos of alike things (two t-shirts, two tiles of one texture, planes
+against blue sky) differ in their pixels wherever an embedding finds them alike: their score stays under
+:data:`COPY_SCORE`; a copy scores above it. A flat window (a clear sky) matches nothing.
 """
 
 from __future__ import annotations
