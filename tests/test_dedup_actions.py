@@ -222,6 +222,30 @@ def test_a_photo_that_matches_crowd_others_by_pixels_has_no_near_link(backbone, 
     assert found.decision["crowded"] == CROWD + 1
 
 
+def test_photos_of_the_same_bytes_share_their_copies(backbone, tmp_path, monkeypatch):
+    """Only the pair (brighter copy, photo) is proposed; the photo's exact copy is linked to the brighter copy too, so
+    greedy grouping can never put a photo and its exact copy in two groups."""
+    import index.dedup as dedup
+
+    root = tmp_path / "photos"
+    make_sample_collection(root, per_family=2, size=96, seed=6)
+    photo = sorted(root.rglob("*.jpg"))[0]
+    shutil.copyfile(photo, root / "same.jpg")
+    ImageEnhance.Brightness(Image.open(photo).convert("RGB")).enhance(1.2).save(root / "brighter.png")
+    build_index(root, backbone, tmp_path / "idx", progress=False, device="cpu")
+    index = ImageIndex.open(tmp_path / "idx")
+    ids, raw = index.catalog.vectors(dim=index.dim)
+    rows = index.catalog.rows_by_id(ids)
+    by_path = {r.path: i for i, r in rows.items()}
+    p, same, b = by_path[photo.relative_to(root).as_posix()], by_path["same.jpg"], by_path["brighter.png"]
+    content = {int(i): int(i) for i in ids}
+    content[same] = content[p]
+    monkeypatch.setattr(dedup.proposals, "__defaults__", (1024, 0))  # no k-NN proposals: the links alone
+    near, copy_of, counts = dedup.verify_links(index, ids, index.center(raw), content, rows, {b: {p: 0.5}, p: {b: 0.5}})
+    assert counts["proposed"] == 1 and set(near[b]) == {p, same} and set(near[same]) == {b}
+    assert copy_of[min(b, same), max(b, same)] == copy_of[min(b, p), max(b, p)] >= COPY_SCORE
+
+
 KEEPER_CASES = [  # (width, height, bytes, taken, mtime) per member, the keeper's position, the reason's start
     ([(64, 64, 10, None, 5), (48, 48, 99, 1.0, 1)], 0, "most pixels (64 x 64)"),
     ([(64, 64, 10, None, 5), (64, 64, 11, None, 9)], 1, "largest file"),
