@@ -28,8 +28,8 @@ page), the photo keeps no near link, so no near group holds more than that many 
 
 The copy score :data:`~index.verify.COPY_SCORE` (0.994) was chosen on planted copies of one split of Fashion-MNIST
 (``bench/dedup_copies.py --split choose``, 10,000 photos: at 0.992 pairs of distinct plain trousers passed, pair
-precision 0.92; at 0.994 0.98, every re-encoded and mirrored copy and 98-99% of the resized and brightened ones kept)
-and is reported on the other (BENCHMARKS.md).
+precision 0.84; at 0.994 0.958, every re-encoded, resized and mirrored copy and 98% of the brightened ones kept) and
+is reported on the other (BENCHMARKS.md).
 
 Each group has a stable id (its kind, its smallest member id and a digest of its member ids), a suggested keeper and
 the reason (:mod:`index.keeper`), and its members' pixels, size, date taken and age.
@@ -306,8 +306,8 @@ def _check_kinds(kinds: Iterable[str]) -> tuple[str, ...]:
 @dataclass
 class Search:
     """A search for duplicates: its groups, its thresholds with their rule (:func:`index.calibrate.near_threshold`,
-    with ``kinds`` and the pixel check's ``copy_score``, ``proposed``, ``verified``, ``turned_down`` and ``unchecked``)
-    and the photos searched."""
+    with ``kinds`` and the pixel check's ``copy_score``, ``proposed``, ``verified``, ``turned_down``, ``unchecked``
+    and ``crowded``) and the photos searched."""
 
     groups: list[dict[str, Any]]
     decision: dict[str, Any]

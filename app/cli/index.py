@@ -87,7 +87,8 @@ def add_index(sub: argparse._SubParsersAction) -> None:
                         "collection's crowd level; the output says which rule set it). Each photo's 5 closest photos "
                         "by the model and by pixels are proposed too. A proposed pair is near only where its pixels "
                         "show a copy: one re-encoded, resized, cropped (70%% of a side or more), brightened or "
-                        "mirrored from the other (copy score >= 0.992); alike distinct photos are not")
+                        "mirrored from the other (its copy score, listed per photo, at least the one the summary "
+                        "states); alike distinct photos are not")
     p.add_argument("--similar-threshold", type=float, default=None, metavar="F",
                    help="similar: the same, for --kind similar (default: measured on the collection)")
     p.add_argument("--kind", action="append", choices=["exact", "near", "similar"], default=None,
