@@ -1,5 +1,6 @@
 """The file layer of the three packages: a file written atomically (temp file, fsync, rename) with the mode a plain
-``open`` gives, a directory made with its undo, a directory's lock, a safetensors file read, a file's sha256."""
+``open`` gives, a scratch folder that never outlives its block (Ctrl+C or SIGTERM included), a directory made with its
+undo, a directory's lock, a safetensors file read, a file's sha256."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import hashlib
 import logging
 import os
 import shutil
+import signal
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -18,8 +20,8 @@ import filelock
 
 from moco.errors import UserError, storage_error
 
-__all__ = ["LOCK_FILE", "holder", "write_holder", "atomic_write", "file_mode", "lock_dir", "make_dirs",
-           "read_safetensors", "sha256_file"]
+__all__ = ["LOCK_FILE", "holder", "write_holder", "atomic_write", "file_mode", "held_signals", "scratch_dir",
+           "lock_dir", "make_dirs", "read_safetensors", "sha256_file"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,20 +65,61 @@ class _Recording:
         return getattr(self._f, name)
 
 
+@contextlib.contextmanager
+def held_signals() -> Iterator[None]:
+    """SIGINT and SIGTERM received in the block are held and delivered as it ends.
+
+    Wrap the step that makes a temporary file, so the name is in the caller's hands (inside its ``try``) before an
+    interrupt can land. Off the main thread, where Python handles no signal, it holds nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    old: dict[int, Any] = {}
+    try:
+        for s in (signal.SIGINT, signal.SIGTERM):
+            handler = signal.getsignal(s)
+            if handler is None:  # installed outside Python: leave it alone
+                continue
+            old[s] = handler
+            signal.signal(s, lambda signum, frame: pending.append(signum))
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for s in pending:
+            signal.raise_signal(s)  # now, with the caller's handler: KeyboardInterrupt where the CLI maps it so
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str, parent: str | Path | None = None) -> Iterator[Path]:
+    """A new private folder (in ``parent``, else the temporary folder) removed with its contents when the block ends,
+    however it ends: an interrupt cannot land between the folder's creation and the cleanup that owns it."""
+    made: str | None = None
+    try:
+        with held_signals():
+            made = tempfile.mkdtemp(prefix=prefix, dir=parent)
+        yield Path(made)
+    finally:
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+
+
 def atomic_write(path: str | Path, write: Any) -> None:
     """Call ``write(file_object)`` on a temp file beside ``path``, fsync it, then rename it over ``path``.
 
-    A crash at any moment leaves either the old file or the new one, never a partial file. The file gets
-    the mode a plain ``open`` would give it (0666 less the umask). A failed write (disk full, read-only,
-    I/O error) raises :class:`~moco.errors.StorageError` naming ``path``, the cause and the fix.
+    A crash at any moment leaves either the old file or the new one, never a partial file, and an interrupt
+    (Ctrl+C, SIGTERM) leaves no temp file. The file gets the mode a plain ``open`` would give it (0666 less the
+    umask). A failed write (disk full, read-only, I/O error) raises :class:`~moco.errors.StorageError` naming
+    ``path``, the cause and the fix.
     """
     path = Path(path)
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise storage_error(e, path) from e
+    tmp: str | None = None
     rec = None
     try:
+        with held_signals():  # the temp file's name is ours before an interrupt can land
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         os.fchmod(fd, file_mode())  # mkstemp's is 0600
         with os.fdopen(fd, "wb") as f:
             rec = _Recording(f)
@@ -85,7 +128,8 @@ def atomic_write(path: str | Path, write: Any) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
         cause = rec.error if rec is not None and rec.error is not None else e
         if isinstance(cause, OSError):
             raise storage_error(cause, path) from e

@@ -98,6 +98,39 @@ def test_atomic_write_gives_the_mode_of_a_plain_open(tmp_path, umask):
     assert ours == plain == 0o666 & ~umask
 
 
+def _interrupt_right_after(monkeypatch, name: str) -> None:
+    """``tempfile.NAME`` makes its file, then a Ctrl+C lands at once: the moment a plain try/finally misses."""
+    import signal
+    import tempfile
+
+    real = getattr(tempfile, name)
+
+    def made_then_interrupted(*args, **kwargs):
+        made = real(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGINT)  # Python runs the handler at its next check, before this returns
+        return made
+
+    monkeypatch.setattr(tempfile, name, made_then_interrupted)
+
+
+@pytest.mark.parametrize("where", ["atomic_write", "scratch_dir", "image cache"])
+def test_an_interrupt_right_after_a_temp_file_is_made_leaves_nothing(tmp_path, monkeypatch, sample_photos, where):
+    from moco.data.cache import build_cache
+    from moco.files import scratch_dir
+
+    (tmp_path / "out").mkdir()
+    _interrupt_right_after(monkeypatch, "mkdtemp" if where == "scratch_dir" else "mkstemp")
+    with pytest.raises(KeyboardInterrupt):
+        if where == "atomic_write":
+            atomic_write(tmp_path / "out" / "a.json", lambda f: f.write(b"{}"))
+        elif where == "scratch_dir":
+            with scratch_dir(".x.", tmp_path / "out") as d:
+                (d / "inside").write_text("y")
+        else:
+            build_cache(sample_photos, 32, tmp_path / "out", progress=False)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 @pytest.mark.parametrize("umask", [0o022, 0o077, 0o002])
 def test_the_image_cache_follows_the_umask_too(sample_photos, tmp_path, umask):
     from moco.data.cache import build_cache

@@ -187,6 +187,7 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _tmp_file(cache_dir: Path, final: Path) -> tuple[Any, Path]:
+    """A temp file beside ``final``, open for writing; call it inside ``held_signals()`` and the caller's ``try``."""
     from moco.files import file_mode  # not at the top: decoding workers import this module without torch
 
     fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=cache_dir)
@@ -278,12 +279,16 @@ def _write_cache(
     progress: bool,
     strict: bool,
 ) -> ImageCache:
+    from moco.files import held_signals
+
     data_path, manifest_path = _cache_paths(cache_dir, size)
     files: list[str] = []
     skipped: list[tuple[str, str]] = []
     paths = [str(root / c) for c in candidates]
-    out, tmp_data = _tmp_file(cache_dir, data_path)
+    tmp_data: Path | None = None
     try:
+        with held_signals():  # the temp file's name is ours before an interrupt can land
+            out, tmp_data = _tmp_file(cache_dir, data_path)
         with (
             out,
             tqdm(
@@ -318,7 +323,8 @@ def _write_cache(
         manifest_path.unlink(missing_ok=True)
         os.replace(tmp_data, data_path)
     except BaseException:
-        tmp_data.unlink(missing_ok=True)
+        if tmp_data is not None:
+            tmp_data.unlink(missing_ok=True)
         raise
     manifest = {
         "version": _MANIFEST_VERSION,
@@ -330,15 +336,18 @@ def _write_cache(
         "skipped": [[p, r] for p, r in skipped],
         "skipped_stats": [stats[p] for p, _ in skipped],
     }
-    mf, tmp_manifest = _tmp_file(cache_dir, manifest_path)
+    tmp_manifest: Path | None = None
     try:
+        with held_signals():
+            mf, tmp_manifest = _tmp_file(cache_dir, manifest_path)
         with mf:
             mf.write(json.dumps(manifest, indent=1).encode("utf-8"))
             mf.flush()
             os.fsync(mf.fileno())
         os.replace(tmp_manifest, manifest_path)
     except BaseException:
-        tmp_manifest.unlink(missing_ok=True)
+        if tmp_manifest is not None:
+            tmp_manifest.unlink(missing_ok=True)
         raise
     _fsync_dir(cache_dir)
     logger.info("wrote image cache %s (%d images, %d skipped)", data_path, len(files), len(skipped))

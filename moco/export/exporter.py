@@ -15,7 +15,6 @@ import contextlib
 import json
 import logging
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -170,26 +169,28 @@ def _private_caches(modules: list[str]) -> Iterator[None]:
     import sys
     import tempfile
 
-    private = tempfile.mkdtemp(prefix="moco-export-")
+    from moco.files import scratch_dir
+
     saved = {k: os.environ.get(k) for k in ("TMPDIR", "TORCHINDUCTOR_CACHE_DIR")}
-    try:
-        if saved["TORCHINDUCTOR_CACHE_DIR"] is None:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(private, "torchinductor")
-        todo = [m for m in modules if m not in sys.modules]
-        if todo:
-            saved_tempdir = tempfile.tempdir  # gettempdir()'s cached answer
-            os.environ["TMPDIR"] = tempfile.tempdir = private
-            try:
-                for name in todo:
-                    with contextlib.suppress(ImportError):  # onnxruntime missing: write_onnx says how to install it
-                        importlib.import_module(name)
-            finally:
-                tempfile.tempdir = saved_tempdir
-                _restore("TMPDIR", saved["TMPDIR"])
-        yield
-    finally:
-        _restore("TORCHINDUCTOR_CACHE_DIR", saved["TORCHINDUCTOR_CACHE_DIR"])
-        shutil.rmtree(private, ignore_errors=True)
+    with scratch_dir("moco-export-") as folder:
+        private = str(folder)
+        try:
+            if saved["TORCHINDUCTOR_CACHE_DIR"] is None:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(private, "torchinductor")
+            todo = [m for m in modules if m not in sys.modules]
+            if todo:
+                saved_tempdir = tempfile.tempdir  # gettempdir()'s cached answer
+                os.environ["TMPDIR"] = tempfile.tempdir = private
+                try:
+                    for name in todo:
+                        with contextlib.suppress(ImportError):  # onnxruntime missing: write_onnx says how to install it
+                            importlib.import_module(name)
+                finally:
+                    tempfile.tempdir = saved_tempdir
+                    _restore("TMPDIR", saved["TMPDIR"])
+            yield
+        finally:
+            _restore("TORCHINDUCTOR_CACHE_DIR", saved["TORCHINDUCTOR_CACHE_DIR"])
 
 
 def _restore(key: str, value: str | None) -> None:

@@ -129,16 +129,15 @@ def _timm_config(backbone: nn.Module, meta: dict[str, str]) -> dict[str, Any]:
 def write_timm(backbone: nn.Module, meta: dict[str, str], out: Path, space: Whitening | None = None) -> None:
     """A folder timm loads with ``create_model("local-dir:OUT", pretrained=True)``: config.json, model.safetensors,
     and the embedding space (``space.safetensors``, for :func:`moco.apply_space`) where the export has one."""
-    import tempfile
-
     import timm
 
+    from moco.files import scratch_dir
     from moco.whiten import SPACE_FILE, save_space
 
     config = _timm_config(backbone, meta)  # refusals come before anything is written
     if out.exists() and not out.is_dir():
         raise UserError(f"--format timm writes a folder, but {out} is a file: pass a folder path to -o")
-    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as tmp, _naming(out):  # then moved
+    with scratch_dir(f".{out.name}.", out.parent) as tmp, _naming(out):  # then moved
         write_safetensors(backbone, meta, Path(tmp) / "model.safetensors")  # our metadata: moco.Embedder loads it
         (Path(tmp) / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         model = timm.create_model(f"local-dir:{tmp}", pretrained=True).eval()
