@@ -17,7 +17,8 @@ Near links are copies by their pixels. The model proposes pairs: those at the ne
 (:func:`index.calibrate.dedup_threshold`, calibrated on copies of its photos at build time), raised above the
 collection's crowd level where a weak model or a collection of very alike photos puts distinct photos that close
 (:func:`index.calibrate.near_threshold`; its rule is reported), and each photo's :data:`PROPOSE_K` closest photos by
-the model and by the NCC of their pixels (a brighter copy, which a model may not see as close; :func:`proposals`).
+the model, by the NCC of their pixels (a brighter copy, which a model may not see as close) and the photos it could
+have been cut from (:func:`index.propose.proposals`).
 A proposed pair is a near link only where :func:`index.verify.copy_scores` finds one photo to be the other
 re-encoded, resized, cropped, brightened or mirrored (copy score at least :data:`~index.verify.COPY_SCORE`,
 :func:`verify_links`). Distinct photos of alike things (a crowd of t-shirts, planes against blue sky, tiles of one
@@ -62,22 +63,18 @@ from index.catalog import Row, sample_ids
 from index.image_index import ImageIndex, row_filter
 from index.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
 from index.keeper import photo_facts, suggest_keeper
-from index.store import VectorStore
-from index.verify import COPY_SCORE, SIDE, Frame, copy_scores, frames
+from index.propose import PROPOSE_K, proposals
+from index.verify import COPY_SCORE, SIDE, copy_scores, frames
 from moco.data.photos import ImageDecodeError, load_rgb
 from moco.errors import UserError
 from moco.files import atomic_write
 
 __all__ = ["find_duplicates", "search_duplicates", "Search", "load_duplicates", "save_duplicates", "write_duplicates",
-           "find_group", "tight_groups", "group_id", "proposals", "pixel_neighbours", "verify_links", "KINDS",
+           "find_group", "tight_groups", "group_id", "verify_links", "KINDS",
            "DEFAULT_KINDS"]
 
 KINDS = ("exact", "near", "similar")
 DEFAULT_KINDS = ("exact", "near")  # similar groups only when asked
-PROPOSE_K = 5  # each photo's closest photos by the model and by pixels go to the pixel check
-SAME_BYTES_MARGIN = 8  # k-NN slots beyond k + 1 for photos with the same bytes (not other photos)
-PIXEL_SIDE = 16  # pixels a side of the frames whose NCC proposes pairs
-PIXEL_EXACT_UP_TO = 20000  # photos: above, the pixel proposals come from an approximate (HNSW) index
 
 
 def group_id(kind: str, members: Iterable[int]) -> str:
@@ -154,71 +151,11 @@ def _frame_fallback(index: ImageIndex, rows: Mapping[int, Row]) -> Callable[[int
     return decode
 
 
-def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
-              frames_: Mapping[int, Frame], links: Mapping[int, Mapping[int, float]], chunk: int = 1024,
-              k: int = PROPOSE_K) -> set[tuple[int, int]]:
-    """The pairs (a < b) of photos with other bytes that the pixel check looks at: the ``links`` (the model's, at the
-    near threshold), each photo's ``k`` closest other photos by the model (``vecs``: N x D in the index's space,
-    searched in ``store``) and by pixels (the NCC of the whole frames, :data:`PIXEL_SIDE` a side, mirrored or not:
-    the copies a model does not see as close, like a brighter one)."""
-    live = set(ids.tolist())
-    out: set[tuple[int, int]] = set()
-
-    def add(i: int, j: int) -> None:
-        if j >= 0 and j != i and j in live and content[i] != content[j]:
-            out.add((min(i, j), max(i, j)))
-
-    for i, nb in links.items():
-        for j in nb:
-            add(i, j)
-    depth = k + 1 + SAME_BYTES_MARGIN
-    for start in range(0, len(ids), chunk):
-        _, found = store.search(vecs[start : start + chunk], depth)  # B x depth
-        for q, row in enumerate(found.tolist()):
-            i = int(ids[start + q])
-            others = [j for j in row if j >= 0 and j != i and j in live and content[j] != content[i]]
-            for j in others[:k]:
-                add(i, j)
-    have = [int(i) for i in ids if int(i) in frames_]
-    if len(have) > 1:
-        for i, row in pixel_neighbours(have, frames_, depth, chunk):
-            for j in [j for j in row if j != i and content[j] != content[i]][:k]:
-                add(i, j)
-    return out
-
-
-def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int,
-                     chunk: int = 1024) -> Iterable[tuple[int, list[int]]]:
-    """For each photo of ``ids``, twice (its query plain and mirrored), its ``k`` closest photos by the NCC of
-    their whole grey frames (shrunk to :data:`PIXEL_SIDE` a side): exact (a flat inner-product index) up to
-    :data:`PIXEL_EXACT_UP_TO` photos, approximate (HNSW) above."""
-    import faiss
-
-    def flat(f: Frame, mirror: bool) -> np.ndarray:
-        g = np.asarray(Image.fromarray(f.grey).resize((PIXEL_SIDE, PIXEL_SIDE), Image.Resampling.BOX), np.float32)
-        g = (g[:, ::-1] if mirror else g).ravel()
-        g = g - g.mean()
-        return g / max(float(np.linalg.norm(g)), 1e-6)
-
-    plain = np.stack([flat(frames_[i], False) for i in ids])  # N x P^2
-    mirrored = np.stack([flat(frames_[i], True) for i in ids])  # N x P^2
-    exact = len(ids) <= PIXEL_EXACT_UP_TO
-    store = faiss.IndexFlatIP(plain.shape[1]) if exact else faiss.IndexHNSWFlat(plain.shape[1], 32,
-                                                                                  faiss.METRIC_INNER_PRODUCT)
-    store.add(plain)
-    k = min(k, len(ids))
-    for start in range(0, len(ids), chunk):
-        for q in (plain[start : start + chunk], mirrored[start : start + chunk]):  # B x P^2
-            _, found = store.search(q, k)  # B x k
-            for n, row in enumerate(found.tolist()):
-                yield ids[start + n], [ids[j] for j in row if j >= 0]
-
-
 def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
                  rows: Mapping[int, Row], links: Mapping[int, Mapping[int, float]],
                  chunk: int = 1024) -> tuple[dict[int, dict[int, float]], dict[tuple[int, int], float], dict[str, int]]:
-    """The near links: the pairs of :func:`proposals` that :func:`index.verify.copy_scores` finds to be copies
-    (score at least :data:`~index.verify.COPY_SCORE`), each with its centred cosine (``{id: {other: cosine}}``,
+    """The near links: the pairs of :func:`index.propose.proposals` that :func:`index.verify.copy_scores` finds to be
+    copies (score at least :data:`~index.verify.COPY_SCORE`), each with its centred cosine (``{id: {other: cosine}}``,
     symmetric), their copy scores ``{(a, b): score}`` (a < b), and counts: ``proposed``, ``verified``,
     ``turned_down`` (the model's links at the near threshold that are no copies), ``unchecked`` (photos without
     a frame: no thumbnail and no decodable file) and ``crowded``: photos that are copies by pixels of

@@ -15,6 +15,12 @@ photos' aspect ratios; whole frames are compared whatever the shapes (a squeezed
 refined by fractions of a pixel. Two distinct photos of alike things (two t-shirts, two tiles of one texture, planes
 against blue sky) differ in their pixels wherever an embedding finds them alike: their score stays under
 :data:`COPY_SCORE`; a copy scores above it. A flat window (a clear sky) matches nothing.
+
+NCC is blind to a change of brightness or contrast only while it is linear. A copy brightened until its highlights
+clip, or given a gamma, is a non-decreasing function of the photo's grey, not a line: a pair whose best NCC reaches
+:data:`TONE_FROM` is scored again by how well such a function (a tone curve, fitted by isotonic regression) maps
+one's aligned grey onto the other's (:func:`tone_score`). Such a curve has more freedom than a line, and lifts
+distinct photos of one shape too: its misfit counts :data:`TONE_WEIGHT` times a line's.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from PIL import Image
 
-__all__ = ["Frame", "frame_of", "frames", "copy_scores", "ncc_brute", "SIDE", "SCALES", "COPY_SCORE"]
+__all__ = ["Frame", "frame_of", "frames", "copy_scores", "unit_patches", "tone_score", "ncc_brute", "SIDE", "SCALES",
+           "COPY_SCORE"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +43,8 @@ SIDE = 48  # pixels a side of a photo's grey frame
 SCALES = (1.0, 0.96, 0.92, 0.85, 0.78, 0.7)  # the share of a side a crop may keep
 REFINE_FROM = 0.92  # a pair scoring this much on whole pixels is refined by fractions of a pixel
 COPY_SCORE = 0.994  # a pair scoring at least this is a copy
+TONE_FROM = 0.97  # a pair whose NCC reaches this (and not COPY_SCORE) is scored again through a tone curve
+TONE_WEIGHT = 6.0  # a tone curve fits all a line fits and more: its misfit (1 - tone score) counts this many times
 _EPS = 1e-6
 FLAT = 0.5  # grey levels: a window whose pixels spread less than this is flat
 
@@ -84,7 +93,7 @@ def frames(paths: Mapping[int, Path | None], fallback: Callable[[int], Image.Ima
     return out
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
+def unit_patches(x: np.ndarray) -> np.ndarray:
     """Patches (... x h x w) less their mean, over their norm; a flat patch (pixels spread under :data:`FLAT` grey
     levels) is all zero: it matches nothing."""
     x = x - x.mean(axis=(-2, -1), keepdims=True)
@@ -111,7 +120,7 @@ def _template(f: Frame, size: tuple[int, int]) -> np.ndarray:
         t = f.grey.astype(np.float32)
     else:
         t = np.asarray(f.image.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0), np.float32)
-    return _unit(np.stack([t, t[:, ::-1]]))
+    return unit_patches(np.stack([t, t[:, ::-1]]))
 
 
 @dataclass(frozen=True)
@@ -190,20 +199,23 @@ def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
     return scores, crops
 
 
-def _refine(big: Frame, small: Frame, hit: _Hit) -> float:
-    """The NCC of ``small``'s whole frame with the window of ``big`` that ``hit`` found, the window's four sides
+def _refine(big: Frame, small: Frame, hit: _Hit) -> tuple[float, np.ndarray, np.ndarray]:
+    """The best NCC of ``small``'s whole frame with the window of ``big`` that ``hit`` found, the window's four sides
     moved by fractions of a pixel (coordinate ascent, steps halved from half a frame pixel): a crop's edges rarely
-    fall on the frame's pixels, and its size rarely on one of :data:`SCALES`."""
-    target = small.grey.astype(np.float32)
-    target = _unit(target[:, ::-1] if hit.mirror else target).ravel()  # SIDE^2
+    fall on the frame's pixels, and its size rarely on one of :data:`SCALES`. With it, the two aligned frames
+    (SIDE x SIDE uint8: the window, ``small`` mirrored where the hit was)."""
+    aligned = small.grey[:, ::-1] if hit.mirror else small.grey  # SIDE x SIDE
+    target = unit_patches(aligned.astype(np.float32)).ravel()  # SIDE^2
     iw, ih = big.image.size
     fx, fy = iw / SIDE, ih / SIDE  # image pixels per frame pixel
     x, y, w, h = hit.box
     box = [x * fx, y * fy, (x + w) * fx, (y + h) * fy]
 
+    def window(b: list[float]) -> np.ndarray:
+        return np.asarray(big.image.resize((SIDE, SIDE), Image.Resampling.BILINEAR, box=tuple(b)))  # SIDE x SIDE
+
     def score(b: list[float]) -> float:
-        win = np.frombuffer(big.image.resize((SIDE, SIDE), Image.Resampling.BILINEAR, box=tuple(b)).tobytes(),
-                            np.uint8).astype(np.float32)  # SIDE^2
+        win = window(b).astype(np.float32).ravel()  # SIDE^2
         win -= win.mean()
         norm = float(np.sqrt(win @ win))
         return float(win @ target) / norm if norm >= FLAT * SIDE else 0.0
@@ -213,7 +225,7 @@ def _refine(big: Frame, small: Frame, hit: _Hit) -> float:
         moved = True
         while moved:
             if best >= COPY_SCORE or (passes and best < COPY_SCORE - reach):
-                return best  # a copy already, or after a pass too far below one for more passes to reach it
+                return best, window(box), aligned  # a copy already, or too far below one for more passes to reach
             passes += 1
             moved = False
             for side, limit in ((0, fx), (1, fy), (2, fx), (3, fy)):
@@ -225,7 +237,49 @@ def _refine(big: Frame, small: Frame, hit: _Hit) -> float:
                     got = score(b)
                     if got > best + 1e-6:
                         best, box, moved = got, b, True
+    return best, window(box), aligned
+
+
+def _isotonic(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The non-decreasing sequence closest to ``y`` in the ``w``-weighted least squares (pool adjacent violators)."""
+    means: list[float] = []
+    weights: list[float] = []
+    counts: list[int] = []
+    for v, u in zip(y.tolist(), w.tolist()):
+        means.append(v)
+        weights.append(u)
+        counts.append(1)
+        while len(means) > 1 and means[-2] > means[-1]:
+            u2 = weights[-2] + weights[-1]
+            means[-2:] = [(means[-2] * weights[-2] + means[-1] * weights[-1]) / u2]
+            weights[-2:] = [u2]
+            counts[-2:] = [counts[-2] + counts[-1]]
+    return np.repeat(means, counts)
+
+
+def tone_score(x: np.ndarray, y: np.ndarray) -> float:
+    """How well one of two aligned grey frames (uint8, one shape) is the other through a tone curve (brightness,
+    contrast, gamma, highlights clipped to white): the correlation of ``y`` with the best non-decreasing function of
+    ``x``'s grey levels, or the other way round, whichever is higher. It is never under their NCC (a line is such a
+    function); a pair that differs in where things are, not in their tones, stays where its NCC puts it."""
+    best = 0.0
+    for a, b in ((x, y), (y, x)):
+        a, b = a.ravel().astype(np.int64), b.ravel().astype(np.float64)
+        count = np.bincount(a, minlength=256).astype(np.float64)  # 256
+        levels = np.flatnonzero(count)
+        curve = np.zeros(256)
+        curve[levels] = _isotonic(np.bincount(a, weights=b, minlength=256)[levels] / count[levels], count[levels])
+        spread = float(((b - b.mean()) ** 2).sum())
+        if spread < FLAT**2 * b.size:  # a flat frame matches nothing
+            return 0.0
+        rest = b - curve[a]
+        best = max(best, float(np.sqrt(max(1.0 - (rest @ rest) / spread, 0.0))))
     return best
+
+
+def _toned(x: np.ndarray, y: np.ndarray) -> float:
+    """The copy score of two aligned frames through a tone curve: its misfit counted :data:`TONE_WEIGHT` times."""
+    return 1.0 - TONE_WEIGHT * (1.0 - tone_score(x, y))
 
 
 def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame]) -> dict[tuple[int, int], float]:
@@ -235,7 +289,10 @@ def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame]) 
     at least :data:`REFINE_FROM` and more than its whole frames do has that window refined by fractions of a pixel
     (:func:`_refine`). Whole frames are not refined: a re-encoded, resized, brightened or mirrored copy scores high
     on whole pixels, and refining would only lift distinct photos of one shape (two plain trousers), which match
-    best whole, towards the copies."""
+    best whole, towards the copies. A pair still under it whose whole frames or refined window reach
+    :data:`TONE_FROM` is scored again through a tone curve (:func:`tone_score`; its misfit counts
+    :data:`TONE_WEIGHT` times): a copy brightened until its highlights clip is no longer a linear function of the
+    photo's grey, but still a non-decreasing one."""
     pairs = [(a, b) for a, b in pairs if a in frames_ and b in frames_]
     coarse, crops = _coarse(pairs, frames_)
     out = {}
@@ -245,8 +302,15 @@ def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame]) 
         whole = float(max(ab[:2].max(), ba[:2].max()))
         if score < COPY_SCORE:
             found = [(big, small, crops.get((big, small, f))) for big, small in ((a, b), (b, a)) for f in (False, True)]
-            score = max([score, *(_refine(frames_[big], frames_[small], hit) for big, small, hit in found
-                                  if hit is not None and hit.score > whole)])
+            refined = [_refine(frames_[big], frames_[small], hit) for big, small, hit in found
+                       if hit is not None and hit.score > whole]
+            score = max([score, *(r[0] for r in refined)])
+            if score < COPY_SCORE and whole >= TONE_FROM:
+                mirror = max(ab[1], ba[1]) > max(ab[0], ba[0])
+                score = max(score, _toned(frames_[a].grey, frames_[b].grey[:, ::-1] if mirror else frames_[b].grey))
+            for ncc, window, aligned in refined:
+                if score < COPY_SCORE and ncc >= TONE_FROM:
+                    score = max(score, _toned(window, aligned))
         out[a, b] = score
     return out
 

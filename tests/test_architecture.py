@@ -19,7 +19,7 @@ ROOMS = {
              "moco.config": 2, "moco.whiten": 2, "moco.data": 2, "moco.model": 3, "moco.weights": 3, "moco.export": 4,
              "moco.training": 5, "moco.embed": 5},
     "index": {"index.trailer": 0, "index.catalog": 0, "index.query": 0, "index.verify": 0, "index.store": 1,
-              "index.calibrate": 1, "index.keeper": 1, "index.index_dir": 2, "index.overview": 3,
+              "index.calibrate": 1, "index.keeper": 1, "index.index_dir": 2, "index.propose": 2, "index.overview": 3,
               "index.image_index": 4, "index.dedup": 5, "index.build": 6, "index.resolve": 7},
     "app": {"app.run": 0, "app.page": 1, "app.guard": 2, "app.api": 3, "app.server": 4, "app.cli": 5},
 }

@@ -25,9 +25,10 @@ from PIL import Image, ImageEnhance, ImageOps
 from app.cli.commands import main
 from index.build.runner import build_index, update_index
 from index.calibrate import CROWD, MIN_PHOTOS, near_threshold, neighbour_levels
-from index.dedup import KINDS, PIXEL_SIDE, load_duplicates, proposals, search_duplicates
+from index.dedup import KINDS, load_duplicates, search_duplicates
 from index.image_index import ImageIndex
 from index.keeper import CHOSEN, Facts, suggest_keeper
+from index.propose import CROP_SIDE, PIXEL_SIDE, crop_windows, proposals
 from index.resolve.actions import DUPLICATES_DIR, PAUSE_ENV, destination, move_duplicates, undo_moves
 from index.resolve.journal import Journal
 from index.resolve.transfer import PARTIAL_SUFFIX, TransferError, free_name, transfer
@@ -178,7 +179,8 @@ def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
     n = len(paths) + 3
     assert d["rule"] == "given" and d["proposed"] == n * (n - 1) // 2 and d["verified"] == 3
     assert d["turned_down"] == d["proposed"] - 3 and d["unchecked"] == 0
-    # without the model's links, the proposals are each photo's 5 closest by the model and by pixels, by hand
+    # without the model's links, the proposals are each photo's 2 closest by the model, by whole pixels and by crops
+    # (the photos whose windows match it best), by hand
     ids, raw = index.catalog.vectors(dim=index.dim)
     rows = index.catalog.rows_by_id(ids)
     content = {int(i): int(i) for i in ids}
@@ -187,16 +189,21 @@ def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
     got = proposals(index.store, ids, vecs, content, fr, {}, chunk=4, k=2)
     sim = vecs @ vecs.T  # N x N
     np.fill_diagonal(sim, -np.inf)
-    flat = {}
-    for i in ids.tolist():
-        g = np.asarray(Image.fromarray(fr[i].grey).resize((PIXEL_SIDE, PIXEL_SIDE), Image.Resampling.BOX), np.float32)
-        flat[i] = [(x - x.mean()) / np.linalg.norm(x - x.mean()) for x in (g.ravel(), g[:, ::-1].ravel())]
+    flat: dict[int, dict[int, list[np.ndarray]]] = {PIXEL_SIDE: {}, CROP_SIDE: {}}
+    for side, i in ((side, i) for side in flat for i in ids.tolist()):
+        g = np.asarray(Image.fromarray(fr[i].grey).resize((side, side), Image.Resampling.BOX), np.float32)
+        flat[side][i] = [(x - x.mean()) / np.linalg.norm(x - x.mean()) for x in (g.ravel(), g[:, ::-1].ravel())]
+    windows = {i: crop_windows(fr[i]) for i in ids.tolist()}
     want = set()
     for n, i in enumerate(ids.tolist()):
         for j in ids[np.argsort(-sim[n])[:2]].tolist():
             want.add((min(i, j), max(i, j)))
-        for q in flat[i]:
-            near = sorted((j for j in ids.tolist() if j != i), key=lambda j: -float(q @ flat[j][0]))[:2]
+        others = [j for j in ids.tolist() if j != i]
+        for q in flat[PIXEL_SIDE][i]:
+            near = sorted(others, key=lambda j: -float(q @ flat[PIXEL_SIDE][j][0]))[:2]
+            want |= {(min(i, j), max(i, j)) for j in near}
+        for q in flat[CROP_SIDE][i]:
+            near = sorted(others, key=lambda j: -float((windows[j] @ q).max()))[:2]  # j's best window
             want |= {(min(i, j), max(i, j)) for j in near}
     assert got == want
 

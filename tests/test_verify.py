@@ -70,7 +70,7 @@ def _crop(img: Image.Image, sx: float, sy: float, fx: float, fy: float) -> Image
     return img.crop((x, y, x + cw, y + ch))
 
 
-def test_copies_score_above_copy_score_and_other_photos_under_it(tmp_path):
+def test_copies_score_above_copy_score_and_other_photos_under_it(tmp_path, monkeypatch):
     make_sample_collection(tmp_path, per_family=3, size=160, seed=3)
     paths = sorted(tmp_path.rglob("*.jpg"))
     photo = Image.open(paths[0]).convert("RGB")
@@ -84,6 +84,7 @@ def test_copies_score_above_copy_score_and_other_photos_under_it(tmp_path):
         "cropped 88%, off-centre": _crop(photo, 0.88, 0.88, 0.3, 0.8),
         "cropped to 4:3": _crop(photo, 0.9, 0.675, 0.4, 0.6),
         "brightened x1.3": ImageEnhance.Brightness(photo).enhance(1.3),
+        "gamma 2": photo.point(lambda v: round(255 * (v / 255) ** 2)),
         "contrast x0.8": ImageEnhance.Contrast(photo).enhance(0.8),
         "mirrored": ImageOps.mirror(photo),
         "mirrored and cropped": ImageOps.mirror(_crop(photo, 0.85, 0.85, 0.7, 0.2)),
@@ -97,6 +98,12 @@ def test_copies_score_above_copy_score_and_other_photos_under_it(tmp_path):
         assert scores[0, n] >= COPY_SCORE, (name, scores[0, n])
     assert all(scores[0, o] < COPY_SCORE for o in others), {o: scores[0, o] for o in others}
     assert max(scores[0, o] for o in others) < 0.95  # not near it either: the check is not balanced on an edge
+    import index.verify as verify
+
+    monkeypatch.setattr(verify, "TONE_FROM", 1.1)  # no tone curve: NCC alone misses the gamma copy
+    lined = copy_scores([(0, n) for n in range(1, len(copies) + 1)], fr)
+    assert [name for n, name in enumerate(copies, 1) if lined[0, n] < COPY_SCORE] == ["gamma 2"]
+    monkeypatch.undo()
     # a heavy crop (half of each side) is no longer a copy by pixels: only what SCALES covers is
     assert copy_scores([(0, 1)], {0: fr[0], 1: frame_of(_crop(photo, 0.5, 0.5, 0.5, 0.5))})[0, 1] < COPY_SCORE
 
@@ -145,27 +152,40 @@ def test_a_frame_keeps_a_thumbnail_sized_image(tmp_path: Path):
     assert f.image.size == (2 * SIDE, SIDE) and f.image.mode == "L"
 
 
-def test_pixel_neighbours_exact_and_approximate(monkeypatch):
-    """The pixel proposals: the flat index's neighbours are the brute-force NCC top k of the 16-px frames (plain and
-    mirrored queries); above PIXEL_EXACT_UP_TO photos an HNSW index finds nearly the same."""
-    import index.dedup as dedup
+def _isotonic_brute(y: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """The weighted least-squares non-decreasing fit by trying every cut into runs of constant value (its solution is
+    one: each run at its weighted mean, the means non-decreasing)."""
+    import itertools
 
-    rng = np.random.default_rng(5)
-    fr = {100 + n: _frame(rng, 48, 48) for n in range(150)}
-    ids = list(fr)
+    best, fit = np.inf, None
+    for cuts in itertools.product((False, True), repeat=len(y) - 1):
+        edges = [0, *(n + 1 for n, c in enumerate(cuts) if c), len(y)]
+        means = [float(y[a:b] @ w[a:b] / w[a:b].sum()) for a, b in zip(edges, edges[1:])]
+        if any(m2 < m1 - 1e-12 for m1, m2 in zip(means, means[1:])):
+            continue
+        f = np.concatenate([np.full(b - a, m) for (a, b), m in zip(zip(edges, edges[1:]), means)])
+        sse = float(((y - f) ** 2) @ w)
+        if sse < best:
+            best, fit = sse, f
+    return fit
 
-    def flat(i: int, mirror: bool) -> np.ndarray:
-        g = np.asarray(Image.fromarray(fr[i].grey).resize((dedup.PIXEL_SIDE,) * 2, Image.Resampling.BOX), np.float32)
-        g = (g[:, ::-1] if mirror else g).ravel() - g.mean()
-        return g / np.linalg.norm(g)
 
-    got = list(dedup.pixel_neighbours(ids, fr, 4, chunk=32))
-    keys = [(i, mirror) for s in range(0, len(ids), 32) for mirror in (False, True) for i in ids[s : s + 32]]
-    assert len(got) == len(keys) == 2 * len(ids)  # each chunk: its plain queries, then its mirrored ones
-    for (i, mirror), (j, row) in zip(keys, got):
-        q = flat(i, mirror)
-        assert j == i and row == sorted(ids, key=lambda o: -float(q @ flat(o, False)))[:4]
-    monkeypatch.setattr(dedup, "PIXEL_EXACT_UP_TO", 10)
-    approx = list(dedup.pixel_neighbours(ids, fr, 4, chunk=32))
-    hits = sum(len(set(a) & set(b)) for (_, a), (_, b) in zip(approx, got))
-    assert hits >= 0.9 * 4 * len(got)
+def test_tone_score_fits_a_tone_curve_and_nothing_else():
+    """The isotonic fit matches a brute force over every cut; a frame brightened until it clips, or through a gamma,
+    scores ~1 through its tone curve where its NCC is lower; tone is never under NCC; a shifted or mirrored frame
+    (the same tones, moved) stays near its NCC; a flat frame scores 0."""
+    from index.verify import _isotonic, tone_score
+
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        y, w = rng.normal(size=7), rng.uniform(0.5, 3.0, 7)
+        assert np.allclose(_isotonic(y, w), _isotonic_brute(y, w))
+    x = np.asarray(_frame(rng, 64, 64).grey)
+    ncc = lambda a, b: float(np.corrcoef(a.ravel().astype(float), b.ravel().astype(float))[0, 1])
+    clipped = np.clip(x.astype(float) * 1.6, 0, 255).astype(np.uint8)
+    gamma = (255 * (x / 255.0) ** 2.2).astype(np.uint8)
+    for y in (clipped, gamma):
+        assert ncc(x, y) < 0.99 and tone_score(x, y) > 0.999 and tone_score(y, x) == tone_score(x, y)
+    for y in (np.roll(x, 3, axis=1), x[:, ::-1], np.asarray(_frame(rng, 64, 64).grey)):
+        assert ncc(x, y) - 1e-9 <= tone_score(x, y) <= max(ncc(x, y), 0) + 0.5 * (1 - ncc(x, y))
+    assert tone_score(x, np.full_like(x, 7)) == 0.0

@@ -1,0 +1,122 @@
+"""The candidates of the pixel check (index/propose.py): whole-pixel and crop neighbours against brute-force NCC
+rankings (flat and HNSW indexes), crop windows against the photo's own crops, and crops of photos, off-centre and
+of any share the check tests, found among alike photos."""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+import index.propose as propose
+from index.verify import Frame, frame_of
+
+
+def _frame(rng: np.random.Generator, w: int, h: int) -> Frame:
+    """A frame of a smooth random picture of w x h pixels (noise, blurred by shrinking and enlarging)."""
+    return frame_of(_picture(rng, w, h))
+
+
+def _picture(rng: np.random.Generator, w: int, h: int) -> Image.Image:
+    small = rng.integers(0, 256, (max(2, h // 6), max(2, w // 6)), dtype=np.uint8)
+    return Image.fromarray(small).resize((w, h), Image.Resampling.BICUBIC).convert("RGB")
+
+
+def _flat(grey: np.ndarray, side: int, mirror: bool) -> np.ndarray:
+    g = np.asarray(Image.fromarray(grey).resize((side, side), Image.Resampling.BOX), np.float64)
+    g = (g[:, ::-1] if mirror else g).ravel()
+    g = g - g.mean()
+    return g / np.linalg.norm(g)
+
+
+def test_pixel_neighbours_exact_and_approximate(monkeypatch):
+    """The whole-pixel proposals: the flat index's neighbours are the brute-force NCC top k of the 16-px frames
+    (plain and mirrored queries); above PIXEL_EXACT_UP_TO photos an HNSW index finds nearly the same."""
+    rng = np.random.default_rng(5)
+    fr = {100 + n: _frame(rng, 48, 48) for n in range(150)}
+    ids = list(fr)
+    got = list(propose.pixel_neighbours(ids, fr, 4, chunk=32))
+    keys = [(i, mirror) for s in range(0, len(ids), 32) for mirror in (False, True) for i in ids[s : s + 32]]
+    assert len(got) == len(keys) == 2 * len(ids)  # each chunk: its plain queries, then its mirrored ones
+    for (i, mirror), (j, row) in zip(keys, got):
+        q = _flat(fr[i].grey, propose.PIXEL_SIDE, mirror)
+        assert j == i and row == sorted(ids, key=lambda o: -float(q @ _flat(fr[o].grey, propose.PIXEL_SIDE, False)))[:4]
+    monkeypatch.setattr(propose, "PIXEL_EXACT_UP_TO", 10)
+    approx = list(propose.pixel_neighbours(ids, fr, 4, chunk=32))
+    hits = sum(len(set(a) & set(b)) for (_, a), (_, b) in zip(approx, got))
+    assert hits >= 0.9 * 4 * len(got)
+
+
+def _overlap(lo: float, hi: float, n: int) -> np.ndarray:
+    """How much of each of n unit pixels lies in [lo, hi]."""
+    p = np.arange(n)
+    return np.clip(np.minimum(p + 1, hi) - np.maximum(p, lo), 0, None)
+
+
+def test_crop_windows_are_the_photos_own_crops():
+    """Each window is the photo's crop at its share and place (both sides' share, from corner to corner), its mean
+    grey over each cell of a CROP_SIDE grid, pixels cut by a cell's edge counted by the share inside: the same as a
+    brute-force sum over every pixel's overlap with every cell; a flat photo's windows are all zero."""
+    rng = np.random.default_rng(1)
+    S = propose.CROP_SIDE
+    for w, h in ((96, 96), (96, 60), (40, 96)):
+        f = frame_of(_picture(rng, 3 * w, 3 * h))
+        win = propose.crop_windows(f)
+        grey = np.asarray(f.image, np.float64)
+        H, W = grey.shape
+        n = 0
+        for s in propose.CROP_SHARES:
+            for gy in np.linspace(0, 1, propose.CROP_GRID):
+                for gx in np.linspace(0, 1, propose.CROP_GRID):
+                    x0, y0 = (1 - s) * W * gx, (1 - s) * H * gy
+                    want = np.empty((S, S))
+                    for r in range(S):
+                        wy = _overlap(y0 + s * H * r / S, y0 + s * H * (r + 1) / S, H)
+                        for c in range(S):
+                            wx = _overlap(x0 + s * W * c / S, x0 + s * W * (c + 1) / S, W)
+                            want[r, c] = wy @ grey @ wx / (wy.sum() * wx.sum())
+                    want = want.ravel() - want.mean()
+                    assert np.allclose(win[n], want / np.linalg.norm(want), atol=1e-5), (w, h, s, gx, gy)
+                    n += 1
+        assert n == len(win)
+    assert not propose.crop_windows(frame_of(Image.new("RGB", (64, 64), (90, 90, 90)))).any()
+
+
+def _brute_crop_neighbours(ids: list[int], fr: dict[int, Frame], k: int, mirror: bool) -> dict[int, list[int]]:
+    """Each photo's k other photos by their best window's NCC with its whole CROP_SIDE frame, by hand."""
+    windows = {i: propose.crop_windows(fr[i]).astype(np.float64) for i in ids}
+    out = {}
+    for i in ids:
+        q = _flat(fr[i].grey, propose.CROP_SIDE, mirror)
+        best = {o: float((windows[o] @ q).max()) for o in ids if o != i}
+        out[i] = sorted(best, key=lambda o: -best[o])[:k]
+    return out
+
+
+def test_crop_neighbours_exact_and_approximate(monkeypatch):
+    """Crop proposals are, for each photo (plain and mirrored), the k photos whose best window matches it most, by
+    brute force; every crop of a photo (off-centre, any share the check tests, mirrored) puts its photo first among
+    alike photos; HNSW (above PIXEL_EXACT_UP_TO photos) finds nearly the same."""
+    rng = np.random.default_rng(7)
+    pictures = [_picture(rng, 90, 72) for _ in range(60)]
+    fr = {n: frame_of(p) for n, p in enumerate(pictures)}
+    crops = {}  # the crop's id -> its photo's id
+    for n, (s, fx, fy, mirror) in enumerate([(0.9, 0.1, 0.8, False), (0.82, 0.95, 0.3, False), (0.75, 0.4, 0.0, True),
+                                             (0.7, 0.6, 0.6, False), (0.87, 0.0, 1.0, True)]):
+        src = pictures[n * 7]
+        x0, y0 = round((1 - s) * 90 * fx), round((1 - s) * 72 * fy)
+        c = src.crop((x0, y0, x0 + round(s * 90), y0 + round(s * 72)))
+        fr[1000 + n] = frame_of(c.transpose(Image.Transpose.FLIP_LEFT_RIGHT) if mirror else c)
+        crops[1000 + n] = n * 7
+    ids = list(fr)
+    got = list(propose.crop_neighbours(ids, fr, 3, chunk=16))
+    plain, mirrored = (_brute_crop_neighbours(ids, fr, 3, m) for m in (False, True))
+    keys = [(i, m) for s in range(0, len(ids), 16) for m in (False, True) for i in ids[s : s + 16]]
+    assert [i for i, _ in got] == [i for i, _ in keys]
+    for (i, m), (_, row) in zip(keys, got):
+        assert row == (mirrored if m else plain)[i], (i, m)
+    for c, photo in crops.items():
+        assert photo in {row[0] for i, row in got if i == c}, c  # first, plain or mirrored
+    monkeypatch.setattr(propose, "PIXEL_EXACT_UP_TO", 10)
+    approx = list(propose.crop_neighbours(ids, fr, 3, chunk=16))
+    hits = sum(len(set(a) & set(b)) for (_, a), (_, b) in zip(approx, got))
+    assert hits >= 0.9 * sum(len(b) for _, b in got)
