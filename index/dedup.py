@@ -27,10 +27,10 @@ group them: the pixel check is the guard, and it does not depend on the model. W
 photo that is a copy by pixels of :data:`~index.calibrate.CROWD` others or more: a clear sky, a gradient, a blank
 page), the photo keeps no near link, so no near group holds more than that many distinct photos.
 
-The copy score :data:`~index.verify.COPY_SCORE` (0.994) was chosen on planted copies of one split of Fashion-MNIST
-(``bench/dedup_copies.py --split choose``, 10,000 photos: at 0.992 pairs of distinct plain trousers passed, pair
-precision 0.84; at 0.994 0.958, every re-encoded, resized and mirrored copy and 98% of the brightened ones kept) and
-is reported on the other (BENCHMARKS.md).
+The copy score :data:`~index.verify.COPY_SCORE` (0.995) was chosen on planted copies of one split of Fashion-MNIST
+(``bench/dedup_copies.py --split choose``, 10,000 photos, with the crop proposals and the tone curve: at 0.994 pair
+precision 0.963, at 0.995 0.980, every re-encoded, resized, brightened and mirrored copy kept, and 98.4% of the crops
+with windows refined from 0.85) and is reported on the other (BENCHMARKS.md).
 
 Each group has a stable id (its kind, its smallest member id and a digest of its member ids), a suggested keeper and
 the reason (:mod:`index.keeper`), and its members' pixels, size, date taken and age.

@@ -41,8 +41,8 @@ logger = logging.getLogger(__name__)
 
 SIDE = 48  # pixels a side of a photo's grey frame
 SCALES = (1.0, 0.96, 0.92, 0.85, 0.78, 0.7)  # the share of a side a crop may keep
-REFINE_FROM = 0.92  # a pair scoring this much on whole pixels is refined by fractions of a pixel
-COPY_SCORE = 0.994  # a pair scoring at least this is a copy
+REFINE_FROM = 0.85  # a pair scoring this much on whole pixels is refined by fractions of a pixel
+COPY_SCORE = 0.995  # a pair scoring at least this is a copy
 TONE_FROM = 0.97  # a pair whose NCC reaches this (and not COPY_SCORE) is scored again through a tone curve
 TONE_WEIGHT = 6.0  # a tone curve fits all a line fits and more: its misfit (1 - tone score) counts this many times
 _EPS = 1e-6
@@ -199,33 +199,39 @@ def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
     return scores, crops
 
 
-def _refine(big: Frame, small: Frame, hit: _Hit) -> tuple[float, np.ndarray, np.ndarray]:
+def _refine(big: Frame, small: Frame, hit: _Hit) -> tuple[float, np.ndarray | None, np.ndarray]:
     """The best NCC of ``small``'s whole frame with the window of ``big`` that ``hit`` found, the window's four sides
     moved by fractions of a pixel (coordinate ascent, steps halved from half a frame pixel): a crop's edges rarely
     fall on the frame's pixels, and its size rarely on one of :data:`SCALES`. With it, the two aligned frames
-    (SIDE x SIDE uint8: the window, ``small`` mirrored where the hit was)."""
+    (SIDE x SIDE uint8: the window, None where no tone curve is to look at it, and ``small`` mirrored where the hit
+    was)."""
     aligned = small.grey[:, ::-1] if hit.mirror else small.grey  # SIDE x SIDE
-    target = unit_patches(aligned.astype(np.float32)).ravel()  # SIDE^2
+    target = unit_patches(aligned.astype(np.float64)).ravel()  # SIDE^2
     iw, ih = big.image.size
     fx, fy = iw / SIDE, ih / SIDE  # image pixels per frame pixel
     x, y, w, h = hit.box
     box = [x * fx, y * fy, (x + w) * fx, (y + h) * fy]
 
     def window(b: list[float]) -> np.ndarray:
-        return np.asarray(big.image.resize((SIDE, SIDE), Image.Resampling.BILINEAR, box=tuple(b)))  # SIDE x SIDE
+        return np.frombuffer(big.image.resize((SIDE, SIDE), Image.Resampling.BILINEAR, box=tuple(b)).tobytes(),
+                             np.uint8)  # SIDE^2
 
     def score(b: list[float]) -> float:
-        win = window(b).astype(np.float32).ravel()  # SIDE^2
-        win -= win.mean()
-        norm = float(np.sqrt(win @ win))
-        return float(win @ target) / norm if norm >= FLAT * SIDE else 0.0
+        win = window(b).astype(np.float64)  # SIDE^2; ``target`` has mean 0, so the window's mean drops out
+        total = float(win.sum())
+        spread = float(win @ win) - total * total / win.size  # its squared norm less its mean
+        return float(win @ target) / np.sqrt(spread) if spread >= (FLAT * SIDE) ** 2 else 0.0
+
+    def result(b: list[float], ncc: float) -> tuple[float, np.ndarray | None, np.ndarray]:
+        toned = TONE_FROM <= ncc < COPY_SCORE  # the window only where a tone curve will look at it
+        return ncc, window(b).reshape(SIDE, SIDE) if toned else None, aligned
 
     best, passes = score(box), 0
     for step, reach in ((0.5, 0.03), (0.25, 0.015), (0.125, 0.006)):
         moved = True
         while moved:
             if best >= COPY_SCORE or (passes and best < COPY_SCORE - reach):
-                return best, window(box), aligned  # a copy already, or too far below one for more passes to reach
+                return result(box, best)  # a copy already, or too far below one for more passes to reach
             passes += 1
             moved = False
             for side, limit in ((0, fx), (1, fy), (2, fx), (3, fy)):
@@ -237,7 +243,7 @@ def _refine(big: Frame, small: Frame, hit: _Hit) -> tuple[float, np.ndarray, np.
                     got = score(b)
                     if got > best + 1e-6:
                         best, box, moved = got, b, True
-    return best, window(box), aligned
+    return result(box, best)
 
 
 def _isotonic(y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -308,8 +314,8 @@ def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame]) 
             if score < COPY_SCORE and whole >= TONE_FROM:
                 mirror = max(ab[1], ba[1]) > max(ab[0], ba[0])
                 score = max(score, _toned(frames_[a].grey, frames_[b].grey[:, ::-1] if mirror else frames_[b].grey))
-            for ncc, window, aligned in refined:
-                if score < COPY_SCORE and ncc >= TONE_FROM:
+            for _, window, aligned in refined:
+                if score < COPY_SCORE and window is not None:
                     score = max(score, _toned(window, aligned))
         out[a, b] = score
     return out
