@@ -28,9 +28,9 @@ photo that is a copy by pixels of :data:`~index.calibrate.CROWD` others or more:
 page), the photo keeps no near link, so no near group holds more than that many distinct photos.
 
 The copy score :data:`~index.verify.COPY_SCORE` (0.995) was chosen on planted copies of one split of Fashion-MNIST
-(``bench/dedup_copies.py --split choose``, 10,000 photos, with the crop proposals and the tone curve: at 0.994 pair
-precision 0.963, at 0.995 0.980, every re-encoded, resized, brightened and mirrored copy kept, and 98.4% of the crops
-with windows refined from 0.85) and is reported on the other (BENCHMARKS.md).
+(``bench/dedup_copies.py --split choose``, 10,000 photos, with the crop proposals and the tone curve: windows refined
+from 0.85, pair precision 0.980, every re-encoded, resized, brightened and mirrored copy kept and 98.4% of the crops;
+at 0.994 precision fell to 0.963) and is reported on the other (BENCHMARKS.md; bench/NOTES.md has the table).
 
 Each group has a stable id (its kind, its smallest member id and a digest of its member ids), a suggested keeper and
 the reason (:mod:`index.keeper`), and its members' pixels, size, date taken and age.
