@@ -268,16 +268,16 @@ def tone_score(x: np.ndarray, y: np.ndarray) -> float:
     contrast, gamma, highlights clipped to white): the correlation of ``y`` with the best non-decreasing function of
     ``x``'s grey levels, or the other way round, whichever is higher. It is never under their NCC (a line is such a
     function); a pair that differs in where things are, not in their tones, stays where its NCC puts it."""
+    grey = [f.ravel().astype(np.int64) for f in (x, y)]
+    spreads = [float(((g - g.mean()) ** 2).sum()) for g in grey]
+    if min(spreads) < FLAT**2 * x.size:  # a flat frame matches nothing
+        return 0.0
     best = 0.0
-    for a, b in ((x, y), (y, x)):
-        a, b = a.ravel().astype(np.int64), b.ravel().astype(np.float64)
+    for (a, b), spread in zip(((grey[0], grey[1]), (grey[1], grey[0])), spreads[::-1]):
         count = np.bincount(a, minlength=256).astype(np.float64)  # 256
         levels = np.flatnonzero(count)
         curve = np.zeros(256)
         curve[levels] = _isotonic(np.bincount(a, weights=b, minlength=256)[levels] / count[levels], count[levels])
-        spread = float(((b - b.mean()) ** 2).sum())
-        if spread < FLAT**2 * b.size:  # a flat frame matches nothing
-            return 0.0
         rest = b - curve[a]
         best = max(best, float(np.sqrt(max(1.0 - (rest @ rest) / spread, 0.0))))
     return best

@@ -177,12 +177,12 @@ def _private_caches(modules: list[str]) -> Iterator[None]:
         try:
             if saved["TORCHINDUCTOR_CACHE_DIR"] is None:
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(private, "torchinductor")
-            todo = [m for m in modules if m not in sys.modules]
-            if todo:
+            unimported = [m for m in modules if m not in sys.modules]
+            if unimported:
                 saved_tempdir = tempfile.tempdir  # gettempdir()'s cached answer
                 os.environ["TMPDIR"] = tempfile.tempdir = private
                 try:
-                    for name in todo:
+                    for name in unimported:
                         with contextlib.suppress(ImportError):  # onnxruntime missing: write_onnx says how to install it
                             importlib.import_module(name)
                 finally:
