@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -23,6 +24,7 @@ import pytest
 from PIL import Image, ImageEnhance, ImageOps
 
 from app.cli.commands import main
+from index.build.plan import file_hash
 from index.build.runner import build_index, update_index
 from index.calibrate import CROWD, MIN_PHOTOS, near_threshold, neighbour_levels
 from index.dedup import KINDS, load_duplicates, search_duplicates
@@ -30,7 +32,7 @@ from index.image_index import ImageIndex
 from index.keeper import CHOSEN, Facts, suggest_keeper
 from index.propose import CROP_SIDE, PIXEL_SIDE, crop_windows, proposals
 from index.resolve.actions import DUPLICATES_DIR, PAUSE_ENV, destination, move_duplicates, undo_moves
-from index.resolve.journal import Journal
+from index.resolve.journal import MARK_FILE, Journal
 from index.resolve.transfer import PARTIAL_SUFFIX, TransferError, free_name, transfer
 from index.verify import COPY_SCORE, frames
 from moco.data.sample import make_sample_collection
@@ -61,9 +63,9 @@ def _collection(root: Path) -> dict[str, list[str]]:
 
 
 def _bytes(root: Path) -> dict[str, str]:
-    """Every file under ``root`` (hidden ones too): relative path -> blake2b of its bytes."""
+    """Every file under ``root`` (hidden ones too, but a destination's mark): relative path -> blake2b of its bytes."""
     return {p.relative_to(root).as_posix(): hashlib.blake2b(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != MARK_FILE}
 
 
 def _where(before: dict[str, str], photos: Path, dest: Path) -> dict[str, str]:
@@ -493,3 +495,92 @@ def test_a_read_only_collection_or_index_refuses_and_nothing_moves(backbone, tmp
             assert main(["index", "dedup", str(mnt / "idx"), *argv]) == 2
             assert f"{mnt / 'idx'} is read-only" in capsys.readouterr().err
         assert not (tmp_path / "dups2").exists()
+
+
+# ------------------------------------------------------------------------------------ a journal changed on disk
+def forge(idx: Path, path: str, dest: Path | str, digest: str, size: int, state: str = "moved",
+          back: str | None = None) -> int:
+    """A row written into the catalog's journal by something other than moco (as an attacker with the file would);
+    its seq."""
+    with sqlite3.connect(idx / "catalog.sqlite") as db:
+        cur = db.execute("INSERT INTO dedup_moves(batch, group_id, photo, path, dest, back, hash, size, state, "
+                         "updated) VALUES ('forged', 'exact-0-000000', 1, ?, ?, ?, ?, ?, ?, 0)",
+                         (os.fsencode(path), os.fsencode(str(dest)), None if back is None else os.fsencode(back),
+                          digest, size, state))
+        return cur.lastrowid
+
+
+def test_a_changed_journal_moves_no_file_outside_the_collection_or_its_destination(coll, capsys):
+    """Rows made up in ``dedup_moves`` (paths with ``..`` or absolute, a destination naming any file with its hash and
+    size, a ``planned`` move of a photo to an unmarked folder, a way back out of the collection): --undo and the next
+    --move-to refuse each, name it, and move nothing; a real move's own rows still go both ways."""
+    idx, photos, dest, tmp = coll["idx"], coll["photos"], coll["dest"], coll["tmp"]
+    assert main(["index", "dedup", str(idx), "--move-to", str(dest), "--kind", "exact"]) == 0
+    assert json.loads((dest / MARK_FILE).read_text())["indexes"]  # the destination carries the index's mark
+    outside = tmp / "outside"
+    outside.mkdir()
+    secret = outside / "secret.jpg"
+    shutil.copyfile(photos / sorted(coll["before"])[2], secret)
+    digest, size = file_hash(secret), secret.stat().st_size
+    moved = dest / "inbox" / "exact.jpg"
+    forged = [forge(idx, "secret.jpg", secret, digest, size),  # pulls an outside file in
+              forge(idx, "../outside/secret.jpg", dest / "x.jpg", digest, size),  # writes outside the collection
+              forge(idx, str(secret), dest / "secret.jpg", digest, size),  # an absolute path
+              forge(idx, "secret.jpg", f"{dest}/../outside/secret.jpg", digest, size),  # dest through ..
+              forge(idx, "inbox/exact.jpg", moved, file_hash(moved), 1, state="undoing", back="../escape.jpg")]
+    capsys.readouterr()
+    assert main(["index", "dedup", str(idx), "--undo", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    refused = [s for s in out["skipped"] if "is refused" in s["reason"]]
+    assert sorted(int(s["reason"].split("entry ")[1].split(" ")[0]) for s in refused) == forged
+    assert any("holds no mark" in s["reason"] for s in refused)
+    assert [d["from"] for d in out["done"]] == [str(dest / "inbox" / "exact.jpg")]  # the real move: put back
+    assert secret.is_file() and file_hash(secret) == digest and sorted(p.name for p in outside.iterdir()) == [
+        "secret.jpg"]
+    assert not (tmp / "escape.jpg").exists() and not (photos / "secret.jpg").exists()
+    assert _bytes(photos) == coll["before"] and "secret.jpg" not in _indexed(idx)
+    victim = sorted(coll["before"])[5]  # a photo of the collection that a forged plan moves to an unmarked folder
+    plan = forge(idx, victim, outside / victim, file_hash(photos / victim), 1, state="planned")
+    capsys.readouterr()
+    assert main(["index", "dedup", str(idx), "--move-to", str(dest), "--kind", "exact", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)  # the forged plan is not finished: the victim stays
+    assert (photos / victim).is_file() and not (outside / victim).exists()
+    assert [d["from"] for d in out["done"]] == ["inbox/exact.jpg"] and out["finished"] == 0
+    assert plan in {int(s["reason"].split("entry ")[1].split(" ")[0]) for s in out["skipped"]}
+    assert main(["index", "dedup", str(idx), "--undo"]) == 0  # its own rows still go back
+    assert set(_where(coll["before"], photos, dest).values()) == {"root"}
+
+
+def test_an_unmarked_destination_is_taken_back_from_once_named(coll, capsys):
+    """A folder moved into before destinations were marked (its mark removed here): --undo refuses it and says how;
+    --undo --move-to DIR takes the photos back and marks it."""
+    idx, photos, dest = coll["idx"], coll["photos"], coll["dest"]
+    assert main(["index", "dedup", str(idx), "--move-to", str(dest)]) == 0
+    (dest / MARK_FILE).unlink()
+    capsys.readouterr()
+    assert main(["index", "dedup", str(idx), "--undo"]) == 0
+    captured = capsys.readouterr()
+    assert "0 photos put back" in captured.out and f"say so with `--undo --move-to {dest.resolve()}`" in captured.err
+    assert main(["index", "dedup", str(idx), "--undo", "--move-to", str(dest)]) == 0
+    assert "2 photos put back" in capsys.readouterr().out and (dest / MARK_FILE).is_file()
+    assert set(_where(coll["before"], photos, dest).values()) == {"root"}
+
+
+def test_a_destination_that_holds_the_collection_or_a_link_out_is_refused(coll, capsys):
+    idx, photos, tmp = coll["idx"], coll["photos"], coll["tmp"]
+    capsys.readouterr()
+    for holder in (tmp, tmp.parent):  # the collection's parent, and above: photos would land in or beside it
+        assert main(["index", "dedup", str(idx), "--move-to", str(holder)]) == 2
+        assert f"holds the collection {photos.resolve()}" in capsys.readouterr().err
+    alias = tmp / "alias"
+    alias.symlink_to(tmp)  # the parent through a link: the same folder
+    assert main(["index", "dedup", str(idx), "--move-to", str(alias)]) == 2
+    assert "holds the collection" in capsys.readouterr().err
+    dest, elsewhere = coll["dest"], tmp / "elsewhere"
+    (dest).mkdir()
+    elsewhere.mkdir()
+    (dest / "inbox").symlink_to(elsewhere)  # a folder inside the destination that leads out of it
+    out = move_duplicates(ImageIndex.open(idx), _groups(idx), dest, search=False)
+    assert not out.done and {s["path"] for s in out.skipped} == {"inbox/exact.jpg", "inbox/small.png"}
+    assert all("leads out of it" in s["reason"] for s in out.skipped)
+    assert list(elsewhere.iterdir()) == [] and _bytes(photos) == coll["before"]

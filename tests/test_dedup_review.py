@@ -5,6 +5,8 @@ its undo (the files on disk checked), "not duplicates", and a server that follow
 from __future__ import annotations
 
 import json
+import shutil
+import sqlite3
 
 import httpx
 import pytest
@@ -14,13 +16,14 @@ from app.guard.access import ApiSettings
 from app.page.review import PAGE_SIZE
 from app.page.views import review_outputs
 from app.server.launch import serve
+from index.build.plan import file_hash
 from index.build.runner import build_index
 from index.dedup import group_id, load_duplicates, write_duplicates
 from index.image_index import ImageIndex
 from index.resolve.actions import DUPLICATES_DIR
 
 from .live import free_port
-from .test_dedup_actions import _bytes, _collection, _where
+from .test_dedup_actions import _bytes, _collection, _where, forge
 
 TOKEN = "review-token-0123456789abcdef"
 ROUTES = [("POST", "/duplicates/move", {"groups": ["x"]}), ("POST", "/duplicates/undo", {}),
@@ -161,3 +164,23 @@ def test_a_running_server_follows_a_move_made_by_the_cli(served, http, capsys):
     assert http.get("/stats").json()["images"] == len(served["before"])
     saved = load_duplicates(served["idx"])
     assert [g["kind"] for g in saved["groups"]] == ["exact"]  # the near group stays marked not duplicates
+
+
+def test_an_undo_through_the_api_never_pulls_in_a_file_a_changed_journal_names(served, http):
+    """A row made up in the catalog's journal naming an outside JPEG (its hash and size matching): the API's undo
+    refuses it; the file stays outside, unindexed and unserved."""
+    outside = served["tmp"] / "outside"
+    outside.mkdir(exist_ok=True)
+    secret = outside / "secret.jpg"
+    shutil.copyfile(served["photos"] / sorted(served["before"])[1], secret)
+    images = http.get("/stats").json()["images"]
+    seq = forge(served["idx"], "secret.jpg", secret, file_hash(secret), secret.stat().st_size)
+    try:
+        r = http.post("/duplicates/undo", json={})
+        assert r.status_code == 200, r.text
+        assert [s["reason"].startswith(f"the journal's entry {seq} is refused") for s in r.json()["skipped"]] == [True]
+        assert secret.is_file() and not (served["photos"] / "secret.jpg").exists()
+        assert http.get("/stats").json()["images"] == images and _bytes(served["photos"]) == served["before"]
+    finally:
+        with sqlite3.connect(served["idx"] / "catalog.sqlite") as db:
+            db.execute("DELETE FROM dedup_moves WHERE seq = ?", (seq,))

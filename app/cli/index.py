@@ -98,7 +98,9 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--move-to", default=None, metavar="DIR",
                    help="move every photo of the groups but its keeper into DIR, keeping its path relative to the "
                         "collection (a taken name gets a suffix), then update the index; a folder inside the "
-                        "collection must be hidden (like PHOTOS/.moco-duplicates)")
+                        "collection must be hidden (like PHOTOS/.moco-duplicates); with --undo: a folder photos were "
+                        "moved to that holds no mark of this index (undo takes photos back only from the folders moves "
+                        "marked, and PHOTOS/.moco-duplicates)")
     p.add_argument("--dry-run", action="store_true", help="with --move-to: say what would move, move nothing")
     p.add_argument("--undo", action="store_true", help="put back every photo moved (the journal in the catalog), "
                    "then update the index")
@@ -285,9 +287,9 @@ def cmd_stats(args: argparse.Namespace) -> int:
 def cmd_dedup(args: argparse.Namespace) -> int:
     from index.image_index import ImageIndex
 
-    if args.dry_run and not args.move_to:
+    if args.dry_run and (not args.move_to or args.undo):
         raise UserError("--dry-run goes with --move-to DIR: it says what a move would do")
-    actions = [name for name, on in (("--move-to", args.move_to), ("--undo", args.undo),
+    actions = [name for name, on in (("--move-to", args.move_to and not args.undo), ("--undo", args.undo),
                                      ("--not-duplicates", args.not_duplicates)) if on]
     if len(actions) > 1:
         raise UserError(f"{' and '.join(actions)}: one action at a time")
@@ -368,7 +370,7 @@ def _move(idx: ImageIndex, args: argparse.Namespace, groups: list[dict[str, Any]
 def _undo(idx: ImageIndex, args: argparse.Namespace) -> int:
     from index.resolve.actions import undo_moves
 
-    _print_outcome(undo_moves(idx, device=args.device), args)
+    _print_outcome(undo_moves(idx, device=args.device, moved_to=args.move_to), args)
     return 0
 
 

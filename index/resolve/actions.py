@@ -4,13 +4,15 @@ are not a group's keeper out of the collection (and undo it), choose another kee
 Moves never delete and never overwrite. Each moved photo keeps its path relative to the collection root under the
 destination (a name taken there gets `` (2)``, `` (3)``, ...). The destination is a hidden folder of the collection,
 ``ROOT/.moco-duplicates`` (which scans skip), unless one is named (``moco index dedup --move-to DIR``); a folder
-inside the collection must be hidden, else the photos moved there would be indexed again. Symbolic links are neither
-moved nor followed out of the collection. Every move is written in the journal (:mod:`index.resolve.journal`)
-before and after its file moves (:func:`index.resolve.transfer.transfer`), so a kill at any moment is finished by
-the next move or undo, nothing lost or moved twice. A photo is moved only while its bytes and its keeper's are what
-the index holds. After the files, the index is updated (:func:`index.build.runner.update_index`: the moved photos
-leave the catalog and ``index.faiss``; a running server follows, see ``ImageIndex.refresh``) and the duplicates are
-searched again with the same settings.
+inside the collection must be hidden, else the photos moved there would be indexed again, and one that holds the
+collection is refused. Symbolic links are neither moved nor followed out of the collection or the destination.
+Every move is written in the journal (:mod:`index.resolve.journal`) before and after its file moves
+(:func:`index.resolve.transfer.transfer`), so a kill at any moment is finished by the next move or undo, nothing
+lost or moved twice. The journal is read back with the collection's root and the destination folders this index
+marked (:func:`index.resolve.journal.entry_fault`): an entry that a changed catalog made up is refused, never acted
+on. A photo is moved only while its bytes and its keeper's are what the index holds. After the files, the index is
+updated (:func:`index.build.runner.update_index`: the moved photos leave the catalog and ``index.faiss``; a running
+server follows, see ``ImageIndex.refresh``) and the duplicates are searched again with the same settings.
 
 "Not duplicates" marks and chosen keepers live in the catalog (:meth:`index.catalog.Catalog.mark_not_duplicates`,
 :meth:`~index.catalog.Catalog.choose_keeper`) and survive ``moco index update``.
@@ -37,9 +39,9 @@ from index.dedup import (
     write_duplicates,
 )
 from index.image_index import ImageIndex
-from index.index_dir import DEDUP_FILE
+from index.index_dir import DEDUP_FILE, INDEX_ID_KEY
 from index.keeper import CHOSEN
-from index.resolve.journal import Entry, Journal
+from index.resolve.journal import Entry, Journal, is_marked, mark_destination
 from index.resolve.transfer import TransferError, free_name, same_file, transfer
 from moco.errors import UserError
 from moco.files import lock_dir
@@ -86,6 +88,9 @@ def destination(index: ImageIndex, dest: str | Path | None = None) -> Path:
     real = target.resolve()
     if real.exists() and not real.is_dir():
         raise UserError(f"--move-to {target}: not a folder; name a folder (it is made when missing)")
+    if real in root.parents:
+        raise UserError(f"--move-to {target} holds the collection {root}: the moved photos would land in or beside "
+                        "it; name a folder outside the collection")
     if real == index.dir.resolve() or index.dir.resolve() in real.parents:
         raise UserError(f"--move-to {target} is inside the index directory {index.dir}: name a folder outside it")
     inside = real == root or root in real.parents
@@ -112,12 +117,41 @@ def _writable(folders: Iterable[Path], what: str) -> None:
                             "(nothing was moved)")
 
 
+def _index_key(index: ImageIndex) -> str:
+    """What a destination folder's mark names this index by: its id (its folder's path for an index without one)."""
+    return index.catalog.get_meta(INDEX_ID_KEY) or str(index.dir.resolve())
+
+
+def _journal(index: ImageIndex, vouched: Iterable[Path] = ()) -> Journal:
+    """The index's journal as actions read it: only entries inside the collection and a destination folder this index
+    marked, its own ``.moco-duplicates`` or one of ``vouched`` (named by the user)."""
+    key = _index_key(index)
+    root = os.path.realpath(index.root)
+    own = os.path.realpath(index.root / DUPLICATES_DIR)
+    allowed = {os.path.realpath(f) for f in vouched}
+    if own.startswith(root + os.sep):  # not a link out of the collection
+        allowed.add(own)
+
+    def trusted(folder: Path) -> bool:
+        return os.path.realpath(folder) in allowed or is_marked(folder, key)
+
+    return Journal(index.catalog, index.root, trusted)
+
+
+def _refused(out: Outcome, journal: Journal) -> None:
+    """The journal's entries refused while acting, into ``out.skipped``."""
+    for seq, (e, why) in journal.refused.items():
+        out.skipped.append({"group": e.group_id, "path": display_path(e.path),
+                            "reason": f"the journal's entry {seq} is refused, nothing was moved for it: {why}"})
+
+
 @contextmanager
-def _acting(index: ImageIndex) -> Iterator[Journal]:
-    """The index's journal while this process alone acts on its duplicates (a second one is told who holds it)."""
+def _acting(index: ImageIndex, vouched: Iterable[Path] = ()) -> Iterator[Journal]:
+    """The index's journal (:func:`_journal`) while this process alone acts on its duplicates (a second one is told
+    who holds it)."""
     index.catalog.check_writable()
     with lock_dir(index.dir, "index"):
-        yield Journal(index.catalog)
+        yield _journal(index, vouched)
 
 
 def _update(index: ImageIndex, journal: Journal, device: str) -> None:
@@ -201,7 +235,7 @@ def _settle(index: ImageIndex, journal: Journal) -> int:
 def settle(index: ImageIndex, device: str = "auto") -> int:
     """Finish the moves and undos a kill cut off, and update the index if the journal is ahead of it; how many were
     finished. Nothing to do on an index without a journal (or a read-only one: it is left as it is)."""
-    journal = Journal(index.catalog)
+    journal = _journal(index)
     if index.catalog.read_only or not (journal.interrupted() or journal.unsynced()):
         return 0
     with _acting(index) as journal:
@@ -228,6 +262,7 @@ def _plan(index: ImageIndex, groups: list[dict[str, Any]], target: Path, keepers
     """(moves, skipped) for ``groups``: each non-keeper whose file is the photo the index holds, to a free name."""
     root = index.root
     real_root = root.resolve()
+    real_target = os.path.realpath(target)
     rows = index.catalog.rows_by_id([m["id"] for g in groups for m in g["members"]])
     moves: list[tuple[str, int, str, Path, str, int]] = []
     skipped: list[dict[str, Any]] = []
@@ -257,6 +292,11 @@ def _plan(index: ImageIndex, groups: list[dict[str, Any]], target: Path, keepers
                 skipped.append({"group": g["id"], "path": display_path(row.path if row else str(i)), "reason": why})
                 continue
             dest = free_name(target / row.path, claimed)
+            real = os.path.realpath(dest.parent)
+            if real != real_target and not real.startswith(real_target.rstrip(os.sep) + os.sep):
+                skipped.append({"group": g["id"], "path": display_path(row.path),
+                                "reason": f"a symbolic link in {target} leads out of it (to {real}): not moved"})
+                continue
             claimed.add(dest)
             moves.append((g["id"], i, row.path, dest, row.hash, row.size))
     return moves, skipped
@@ -285,6 +325,7 @@ def move_duplicates(index: ImageIndex, groups: list[dict[str, Any]], dest: str |
             raise UserError(f"cannot make {target} ({e.strerror or e}): name a folder you can write") from None
         _writable({target}, "nothing can be moved there")
         if moves:
+            mark_destination(target, _index_key(index))  # an undo takes photos back from a folder so marked only
             out.batch = journal.new_batch()
             for e in journal.plan(out.batch, moves):  # all written down before the first file moves
                 _record(out, _forward(index, journal, e))
@@ -292,17 +333,24 @@ def move_duplicates(index: ImageIndex, groups: list[dict[str, Any]], dest: str |
         if moves or out.finished or journal.unsynced():
             _update(index, journal, device)
             out.updated = True
+        _refused(out, journal)
     if search and out.updated:
         out.groups = len(search_again(index).groups)
     return out
 
 
-def undo_moves(index: ImageIndex, batch: str | None = None, device: str = "auto", search: bool = True) -> Outcome:
+def undo_moves(index: ImageIndex, batch: str | None = None, device: str = "auto", search: bool = True,
+               moved_to: str | Path | None = None) -> Outcome:
     """Put back the photos moved by action ``batch`` (None: every move not yet undone), the latest first, each to its
     place (or beside it with a suffix when another file took it meanwhile); then update the index and find the
-    duplicates again."""
+    duplicates again. ``moved_to``: a folder the user says moves went to (one moved into before moco marked its
+    destination folders), checked as a destination, then marked."""
     out = Outcome("undo", batch=batch)
-    with _acting(index) as journal:
+    vouched = [destination(index, moved_to)] if moved_to is not None else []
+    with _acting(index, vouched) as journal:
+        for folder in vouched:
+            if folder.is_dir():
+                mark_destination(folder, _index_key(index))
         cut = [e for e in journal.interrupted() if e.state == "undoing"]
         for e in cut:  # an undo cut off: finish it first
             _backward(index, journal, e)
@@ -321,6 +369,7 @@ def undo_moves(index: ImageIndex, batch: str | None = None, device: str = "auto"
         if entries or out.finished or journal.unsynced():
             _update(index, journal, device)
             out.updated = True
+        _refused(out, journal)
     if search and out.updated:
         out.groups = len(search_again(index).groups)
     return out
