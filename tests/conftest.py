@@ -11,9 +11,73 @@ import os
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
 
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+
+# The session's temporary folder: every temporary file of the run (pytest's tmp_path, tempfile's, Gradio's uploads,
+# the subprocesses') goes into one folder made for it, in the system's temporary folder; the process that made it
+# removes it when the session ends (a failed session keeps the failed tests' tmp_path folders, until the next
+# session starts). The workers and the subprocesses inherit it through $TMPDIR.
+SESSION_TMP_ENV = "MOCO_TEST_TMP"
+SESSION_TMP_PREFIX = "moco-tests-"
+_made_here: Path | None = None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _session_tmp() -> None:
+    """Make the session's temporary folder (once, in the first process), after removing those of earlier sessions
+    whose process is gone."""
+    global _made_here
+    if os.environ.get(SESSION_TMP_ENV):
+        return
+    system = Path(tempfile.gettempdir())
+    for old in system.glob(SESSION_TMP_PREFIX + "*"):
+        try:
+            pid = int((old / "pid").read_text())
+        except (OSError, ValueError):  # a session starting right now (or not ours): left alone
+            continue
+        if pid == 0 or not _alive(pid):
+            shutil.rmtree(old, ignore_errors=True)
+    _made_here = Path(tempfile.mkdtemp(prefix=SESSION_TMP_PREFIX, dir=system))
+    (_made_here / "pid").write_text(str(os.getpid()))
+    os.environ[SESSION_TMP_ENV] = os.environ["TMPDIR"] = tempfile.tempdir = str(_made_here)
+    os.environ["GRADIO_TEMP_DIR"] = str(_made_here / "gradio")
+
+
+_session_tmp()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session's temporary folder removed by the process that made it; after a failure, all but pytest's own
+    folders (which keep only the failed tests')."""
+    if _made_here is None:
+        return
+    failed = getattr(config, "_moco_failed", 0)
+    for item in _made_here.iterdir():
+        if failed and item.name.startswith("pytest-of-"):
+            continue
+        shutil.rmtree(item, ignore_errors=True) if item.is_dir() else item.unlink(missing_ok=True)
+    if failed:
+        (_made_here / "pid").write_text("0")  # ... kept only until the next session
+        print(f"\nthe failed tests' temporary folders are kept in {_made_here}")
+    else:
+        shutil.rmtree(_made_here, ignore_errors=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    session.config._moco_failed = session.testsfailed or (exitstatus not in (0, 5))
 
 from moco.data.sample import make_sample_collection  # noqa: E402
 

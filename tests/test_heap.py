@@ -17,7 +17,9 @@ from tests.conftest import random_backbone
 
 @pytest.fixture
 def frozen_heap():
-    """heap.freeze() for one test; the process (a test worker) unfrozen afterwards."""
+    """heap.freeze() for one test, in a process unfrozen before (a server an earlier test started may have frozen
+    it) and afterwards."""
+    gc.unfreeze()
     yield
     gc.unfreeze()
 
@@ -30,12 +32,11 @@ class _Node:
 
 
 def test_freeze_leaves_what_is_alive_out_of_later_collections(frozen_heap) -> None:
-    assert gc.get_freeze_count() == 0
     garbage, alive = _Node(), _Node()
     dead_ref, alive_ref = weakref.ref(garbage), weakref.ref(alive)
     del garbage  # a cycle that is garbage already: freeze collects it first
     count = heap.freeze()
-    assert count == gc.get_freeze_count() > 1000
+    assert count > 1000 and gc.get_freeze_count() > 1000  # (not equal: another thread may free a frozen object)
     assert dead_ref() is None
     del alive  # garbage now, but frozen: no collection walks it
     gc.collect()
