@@ -40,52 +40,19 @@ from index.index_dir import (
     load_store,
     read_meta,
 )
-from index.query import BACKGROUND, RULE, combine
+from index.query import BACKGROUND, RULE, check_query_size, combine, query_size
 from index.store import require_faiss
 from index.trailer import read_space_arrays
 from moco.errors import UserError
 from moco.whiten import Whitening
 
 # with the names of index.index_dir, importable from here as well
-__all__ = ["ImageIndex", "SearchResult", "check_query_size", "MIN_SIDE_PX", "row_filter", "BROWSE_SORTS"]
+__all__ = ["ImageIndex", "SearchResult", "row_filter", "BROWSE_SORTS"]
 
 logger = logging.getLogger(__name__)
 
 _REQUIRED_META = ("root", "dim", "backbone_sha256", "backbone_path")  # what search and stats read from index.json
 BROWSE_SORTS = ("name", "date", "-date")  # :meth:`ImageIndex.browse`'s orders: by path, taken oldest / newest first
-MIN_SIDE_PX = 16  # a query image smaller than this on a side has too little in it to search with
-
-
-def check_query_size(name: str, size: tuple[int, int]) -> None:
-    """The one size rule of every door that searches with an image (the CLI's ``moco index search``, the page, the
-    JSON API, :meth:`ImageIndex.search_image`): a UserError naming ``name``, its size and the fix when a side of
-    ``size`` (width, height) is under MIN_SIDE_PX."""
-    if min(size) < MIN_SIDE_PX:
-        raise UserError(f"{name} is {size[0]} x {size[1]} pixels: too small to search with (at least {MIN_SIDE_PX} px "
-                        "on each side): upload a larger photo (or give one to `moco index search`)")
-
-
-def _query_size(image: Any) -> tuple[str, tuple[int, int]] | None:
-    """(name, (width, height)) of a query image: a path's from its header (nothing decoded), None when its header
-    cannot be read (the decoder then says why)."""
-    import warnings
-
-    from PIL import Image
-
-    from moco.data.photos import ImageDecodeError, photo_info
-
-    if isinstance(image, Image.Image):
-        return "the image", image.size
-    if isinstance(image, np.ndarray):
-        return "the image", (image.shape[1] if image.ndim > 1 else 0, image.shape[0])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        try:
-            return str(image), photo_info(image).size  # any photo's header: HEIC and RAW too
-        except (ImageDecodeError, TypeError):  # unreadable or not an image: the embedder's decoder explains
-            return None
-
-
 def row_filter(folder: str | None = None, exclude_folders: Sequence[str] = (),
                taken: tuple[float | None, float | None] = (None, None)) -> Callable[[Row], bool] | None:
     """Which catalog rows a search keeps: under ``folder`` (None: all), under none of ``exclude_folders``, and
@@ -444,7 +411,7 @@ class ImageIndex:
         (:meth:`load_embedder`); an image too small to search with is refused, as at every door
         (:func:`check_query_size`); ``exclude_ids``: never these photos (the doors leave out the indexed files with
         the image's very bytes: :meth:`ids_of_files`)."""
-        size = _query_size(image)
+        size = query_size(image)
         if size is not None:
             check_query_size(*size)
         return self.search(embedder.embed(image), k=k, folder=folder, offset=offset,
@@ -487,7 +454,7 @@ class ImageIndex:
         """Features (N x D: what :meth:`search` and :meth:`query_vector` take) of query images (paths, PIL images or
         H x W x 3 uint8 arrays), each refused as at every door when too small (:func:`check_query_size`)."""
         for image in images:
-            size = _query_size(image)
+            size = query_size(image)
             if size is not None:
                 check_query_size(*size)
         return np.asarray(embedder.embed(list(images)), np.float32)  # N x D

@@ -17,12 +17,15 @@ One positive and no negative is that photo's own vector, bit for bit: a search w
 from __future__ import annotations
 
 import logging
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from moco.errors import UserError
 
-__all__ = ["combine", "check_query_vector", "RULES", "RULE", "BETA", "LOGISTIC_L2", "BACKGROUND"]
+__all__ = ["combine", "check_query_vector", "check_query_size", "check_query_file", "query_size", "MIN_SIDE_PX",
+           "RULES", "RULE", "BETA", "LOGISTIC_L2", "BACKGROUND"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +34,48 @@ RULE = "difference"  # the rule every door uses: the best mean precision@10 on t
 BETA = 0.1  # the weight of the negatives' mean: larger weights lost precision (BENCHMARKS.md)
 LOGISTIC_L2 = 1.0  # the logistic rule's L2 penalty (per unit of sample weight)
 BACKGROUND = 256  # random photos of the collection the logistic rule takes as unlabelled negatives
+
+
+MIN_SIDE_PX = 16  # a query image smaller than this on a side has too little in it to search with
+
+
+def check_query_size(name: str, size: tuple[int, int]) -> None:
+    """The one size rule of every door that searches with an image (the CLI's ``moco index search``, the page, the
+    JSON API, :meth:`ImageIndex.search_image`): a UserError naming ``name``, its size and the fix when a side of
+    ``size`` (width, height) is under MIN_SIDE_PX."""
+    if min(size) < MIN_SIDE_PX:
+        raise UserError(f"{name} is {size[0]} x {size[1]} pixels: too small to search with (at least {MIN_SIDE_PX} px "
+                        "on each side): upload a larger photo (or give one to `moco index search`)")
+
+
+def query_size(image: Any) -> tuple[str, tuple[int, int]] | None:
+    """(name, (width, height)) of a query image: a path's from its header (nothing decoded), None when its header
+    cannot be read (the decoder then says why)."""
+    import warnings
+
+    from PIL import Image
+
+    from moco.data.photos import ImageDecodeError, photo_info
+
+    if isinstance(image, Image.Image):
+        return "the image", image.size
+    if isinstance(image, np.ndarray):
+        return "the image", (image.shape[1] if image.ndim > 1 else 0, image.shape[0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            return str(image), photo_info(image).size  # any photo's header: HEIC and RAW too
+        except (ImageDecodeError, TypeError):  # unreadable or not an image: the embedder's decoder explains
+            return None
+
+
+def check_query_file(path: str | Path) -> None:
+    """A query photo's file checked from its header before any model loads (nothing decoded): an
+    :class:`~moco.data.photos.ImageDecodeError` naming it when it is no image (or unreadable), the rule of
+    :func:`check_query_size` when it is too small."""
+    from moco.data.photos import photo_info
+
+    check_query_size(str(path), photo_info(path).size)
 
 
 def _unit(v: np.ndarray) -> np.ndarray:

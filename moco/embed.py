@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-import torchvision
 from PIL import Image
 from torch import nn
 
@@ -364,6 +363,8 @@ class Embedder:
                and a.ndim == 1]
         if not raw:
             return results
+        import torchvision  # here only: importing it imports torch._dynamo, a second's work for one photo
+
         try:
             images = torchvision.io.decode_jpeg([results[i][1] for i in raw], mode=torchvision.io.ImageReadMode.RGB,
                                                 device=self.device, apply_exif_orientation=True)

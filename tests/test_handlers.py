@@ -18,7 +18,8 @@ from app.page.handlers import ALL_FOLDERS, SearchApp, score_text
 from app.page.uploads import MAX_UPLOAD_MB, read_upload
 from index.build.plan import file_hash
 from index.build.runner import build_index
-from index.image_index import MIN_SIDE_PX, ImageIndex
+from index.image_index import ImageIndex
+from index.query import MIN_SIDE_PX
 from moco.data.sample import make_sample_collection
 from moco.errors import UserError
 

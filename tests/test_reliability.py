@@ -78,6 +78,43 @@ def test_crafted_backbone_metadata_never_reaches_the_network(backbone, sample_ph
     assert seen == []
 
 
+def _vit_backbone(tmp_path: Path) -> Path:
+    """A real exported ViT (2 blocks, 32 px): about 11 MB."""
+    import timm
+
+    from moco.export.exporter import export_backbone
+
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, num_classes=0, img_size=32, depth=2)
+    torch.save({"state_dict": {f"module.base_encoder.{k}": v for k, v in vit.state_dict().items()}},
+               tmp_path / "vit.pth.tar")
+    out = tmp_path / "vit.safetensors"
+    export_backbone(tmp_path / "vit.pth.tar", out, arch="vit_tiny_patch16_224", image_size=32)
+    return out
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"arch_kwargs": json.dumps({"depth": 2000})}, "asks for depth = 2000, but its weights hold 2"),
+    ({"arch_kwargs": json.dumps({"embed_dim": 4096, "num_heads": 16})}, "asks for embed_dim = 4096, but its weights"),
+    ({"arch": "timm/vit_gigantic_patch14_clip_224", "arch_kwargs": "{}"}, "its weights are not those of its"),
+])
+def test_metadata_asking_for_a_larger_model_is_refused_before_it_is_built(tmp_path, changes, words):
+    """A small file whose metadata asks for thousands of blocks or a 1.8-billion-parameter model: refused, naming
+    the key, in a process whose peak memory stays far under that model's 7 GB (a subprocess, measured)."""
+    import subprocess
+    import sys
+
+    crafted = _crafted(_vit_backbone(tmp_path), tmp_path / "crafted.safetensors", **changes)
+    code = ("import resource, sys\nfrom moco.embed import Embedder\nfrom moco.errors import UserError\n"
+            f"try:\n    Embedder.load({str(crafted)!r}, device='cpu')\nexcept UserError as e:\n    print(e)\n"
+            "print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                         env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert words in out.stdout and str(crafted) in out.stdout and "export the backbone again" in out.stdout
+    peak_kb = int(out.stdout.split("peak ")[1])
+    assert peak_kb < 2_500_000, peak_kb  # the gigantic model alone is 7.4 GB in float32
+
+
 def test_allowed_architecture_settings_still_load(backbone, tmp_path):
     from moco.model.backbones import build_backbone
 

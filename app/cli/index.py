@@ -182,7 +182,7 @@ def cmd_update(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from index.image_index import ImageIndex
+    from index.query import check_query_file
 
     if args.k < 1:
         raise UserError(f"-k {args.k}: ask for at least one result")
@@ -191,9 +191,12 @@ def cmd_search(args: argparse.Namespace) -> int:
     for image in (*args.images, *args.not_images):
         if not Path(image).exists():  # a folder, a pipe or a device gets its reason from the decoder
             raise UserError(f"image not found: {image}")
+        check_query_file(image)  # no image, or too small: refused before torch, the index or the model loads
     taken = (taken_bound(args.taken_from, False, "--taken-from"), taken_bound(args.taken_to, True, "--taken-to"))
     if None not in taken and taken[0] >= taken[1]:
         raise UserError(f"--taken-from {args.taken_from} is after --taken-to {args.taken_to}: swap them")
+    from index.image_index import ImageIndex
+
     idx = ImageIndex.open(args.index_dir)
     folder = _check_folder(idx, args.folder)
     away = [f for f in (_check_folder(idx, f, "--exclude-folder") for f in args.exclude_folder) if f]

@@ -4,7 +4,7 @@ Gradio's ``Image`` opens an upload with PIL before any handler runs, so a text f
 empty file ends as a bare red "Error" with a traceback in the server log. ``QueryImage`` passes the
 uploaded file's path through untouched; ``read_upload`` then decodes it with the same decoder as the index
 and turns every failure into one line naming the file and the fix: an image with too many pixels (from its
-header, never decoded) or too few to search with (:func:`index.image_index.check_query_size`, the rule of every
+header, never decoded) or too few to search with (:func:`index.query.check_query_size`, the rule of every
 door) included. Files over the size cap never reach the server: Gradio refuses them in the browser, and
 ``SIZE_CHECK_JS`` writes our message on the page.
 """
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from index.image_index import check_query_size
+from index.query import check_query_size
 from moco.data.photos import DEFAULT_MAX_PIXELS, ImageDecodeError, load_rgb, open_regular
 from moco.errors import UserError
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from moco.errors import UserError
 from moco.model.backbones import ARCH_KWARGS, build_backbone, is_known_arch
+from moco.model.resnet import RESNETS
 from moco.whiten import Whitening, embedding_features, whiten_features
 
 __all__ = ["BACKBONE_ID", "WhitenedBackbone", "build_exported", "embedding_dim", "exported_whitening", "load_exported"]
@@ -206,18 +207,46 @@ def _check_output(state: dict[str, torch.Tensor], meta: dict[str, str], path: Pa
                         f"the backbone again with `moco export CHECKPOINT -o {path}`")
 
 
+def _check_settings(kwargs: dict, state: dict[str, torch.Tensor], path: str | Path) -> None:
+    """Refuse ``arch_kwargs`` that ask for more than the weights hold (a ViT's ``depth`` against its ``blocks.N``,
+    its ``embed_dim`` against its position embedding), before anything is built: a 20 MB file must not make us
+    build a model of gigabytes (or spend minutes making thousands of blocks) to find out."""
+    blocks = {k.split(".")[1] for k in state if k.startswith("blocks.")}
+    width = next((int(state[k].shape[-1]) for k in ("pos_embed", "cls_token") if k in state), None)
+    for key, held in (("depth", len(blocks) if blocks else None), ("embed_dim", width)):
+        if key in kwargs and held is not None and kwargs[key] != held:
+            raise UserError(f"{path}: its metadata 'arch_kwargs' asks for {key} = {kwargs[key]}, but its weights hold "
+                            f"{held}: export the backbone again with `moco export CHECKPOINT -o {path}`")
+
+
 def build_exported(state: dict[str, torch.Tensor], meta: dict[str, str], path: str | Path = "the backbone file",
                    ) -> nn.Module:
-    """The backbone module described by exported ``meta`` (read from ``path``), with ``state`` loaded exactly."""
-    backbone, dim = build_backbone(meta["arch"], json.loads(meta["small_stem"]), int(meta["image_size"]),
-                                   **json.loads(meta.get("arch_kwargs", "{}")))
-    try:
-        backbone.load_state_dict({k: v for k, v in state.items() if not k.startswith("whitening.")}, strict=True)
-    except RuntimeError as e:  # missing, unexpected or differently shaped tensors: the weights of another model
-        why = " ".join(str(e).split())[:160]
-        raise UserError(f"{path}: its weights are not those of its metadata 'arch' = {meta['arch'][:60]!r} ({why}): "
-                        f"export the backbone again with `moco export CHECKPOINT -o {path}`") from None
+    """The backbone module described by exported ``meta`` (read from ``path``), with ``state`` loaded exactly.
+
+    The module is first built without memory (on PyTorch's ``meta`` device) and its tensors compared with ``state``:
+    metadata that asks for another model (a larger one) is refused before a byte of it is allocated. A ResNet is
+    then given ``state``'s tensors as they are (nothing drawn at random first); another model is built and loaded."""
+    kwargs = json.loads(meta.get("arch_kwargs", "{}"))
+    _check_settings(kwargs, state, path)
+    weights = {k: v for k, v in state.items() if not k.startswith("whitening.")}
+    with torch.device("meta"):
+        backbone, dim = build_backbone(meta["arch"], json.loads(meta["small_stem"]), int(meta["image_size"]), **kwargs)
+    want = {k: tuple(v.shape) for k, v in backbone.state_dict().items()}
+    have = {k: tuple(v.shape) for k, v in weights.items()}
+    if want != have:
+        missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
+        shaped = sorted(k for k in set(want) & set(have) if want[k] != have[k])
+        why = "; ".join(f"{what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}" for what, keys in
+                        (("missing", missing), ("unexpected", extra), ("other shapes", shaped)) if keys)
+        raise UserError(f"{path}: its weights are not those of its metadata 'arch' = {meta['arch'][:60]!r} "
+                        f"({why[:200]}): export the backbone again with `moco export CHECKPOINT -o {path}`")
     if dim != int(meta["embed_dim"]):
         raise UserError(f"{path}: its metadata 'embed_dim' says {meta['embed_dim']}-d features but its {meta['arch']} "
                         f"gives {dim}: export the backbone again with `moco export CHECKPOINT -o {path}`")
+    if meta["arch"] in RESNETS:  # every tensor of our ResNet is in its state dict: nothing left unset
+        backbone = backbone.to_empty(device="cpu")
+        backbone.load_state_dict(weights, strict=True, assign=True)
+    else:
+        backbone, _ = build_backbone(meta["arch"], json.loads(meta["small_stem"]), int(meta["image_size"]), **kwargs)
+        backbone.load_state_dict(weights, strict=True)
     return backbone.eval()

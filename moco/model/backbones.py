@@ -1,4 +1,5 @@
-"""Build a backbone by name: any torchvision ResNet or any timm model, never downloading weights.
+"""Build a backbone by name: any ResNet of torchvision's family (our own module, :mod:`moco.model.resnet`) or any
+timm model, never downloading weights.
 
 A backbone maps images ``N x 3 x H x W`` to features ``N x D`` (no classifier). The heads live in
 ``moco.model``; keeping them apart makes export a prefix filter (STYLE.md 5).
@@ -15,6 +16,7 @@ from torch import nn
 
 from moco.config import is_vit  # torch-free (the CLI's parser needs it)
 from moco.errors import UserError
+from moco.model.resnet import RESNETS, resnet
 
 __all__ = ["build_backbone", "SplitBatchNorm", "convert_split_bn", "sincos_2d", "is_known_arch", "ARCH_KWARGS"]
 
@@ -52,15 +54,11 @@ def is_known_arch(arch: str) -> bool:
 
 
 def _is_torchvision_resnet(name: str) -> bool:
-    import torchvision.models.resnet as tvr
-
-    return name in tvr.__all__ and name[0].islower() and name not in ("resnet",)
+    return name in RESNETS
 
 
 def _torchvision_resnet(name: str, small_stem: bool, zero_init_residual: bool = False) -> tuple[nn.Module, int]:
-    import torchvision.models.resnet as tvr
-
-    model = getattr(tvr, name)(weights=None, zero_init_residual=zero_init_residual)
+    model = resnet(name, zero_init_residual=zero_init_residual)
     width = model.fc.in_features
     model.fc = nn.Identity()
     if small_stem:

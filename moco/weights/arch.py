@@ -27,8 +27,9 @@ class ArchGuess:
 
 
 def _resnet_candidates() -> list[str]:
-    return ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152", "wide_resnet50_2", "wide_resnet101_2",
-            "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d"]
+    from moco.model.resnet import RESNETS
+
+    return list(RESNETS)
 
 
 def detect_arch(split: SplitCheckpoint, image_size: int | None = None) -> ArchGuess:
@@ -44,10 +45,10 @@ def detect_arch(split: SplitCheckpoint, image_size: int | None = None) -> ArchGu
     hinted = split.meta.get("arch")
     names = ([hinted] if isinstance(hinted, str) and hinted in _resnet_candidates() else []) + _resnet_candidates()
     for name in names:
-        import torchvision.models.resnet as tvr
+        from moco.model.resnet import resnet
 
         with torch.device("meta"):
-            net = getattr(tvr, name)(weights=None)
+            net = resnet(name)
         if small:
             net.conv1 = nn.Conv2d(3, net.conv1.out_channels, 3, 1, 1, bias=False, device="meta")
         net.fc = nn.Identity()
