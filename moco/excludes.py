@@ -5,7 +5,9 @@ extensions are): ``*`` is any run of characters within one name, ``**`` any numb
 character, ``[abc]`` one of a set. A pattern without a ``/`` matches a name at any depth (``*.gif``,
 ``Screenshots``); one with a ``/`` matches from the root (``private/**``, ``2019/trip``). A folder that matches is
 left out whole (``private``, ``private/`` and ``private/**`` all leave out ``private/`` and everything under it):
-it is never listed, so nothing in it is ever opened.
+it is never listed, so nothing in it is ever opened. An absolute pattern (``/photos/private/**``,
+``~/Pictures/2019/**``) is taken relative to the collection when it lies under it, and refused otherwise: it would
+leave out nothing.
 
     >>> ex = Excludes(["private/**", "*.gif"])
     >>> ex.folder("private"), ex.file("a/b/anim.GIF"), ex.file("public/x.jpg")
@@ -14,17 +16,38 @@ it is never listed, so nothing in it is ever opened.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 from moco.errors import UserError
 
 __all__ = ["Excludes", "check_patterns"]
 
 
-def check_patterns(patterns: Iterable[str], flag: str = "--exclude") -> tuple[str, ...]:
-    """``patterns`` cleaned (``./`` and a leading ``/`` dropped, each once, in order), or a UserError naming the bad
-    one and the fix."""
+def _under_root(pattern: str, root: str | Path, flag: str, given: str) -> str:
+    """An absolute ``pattern`` made relative to the collection ``root`` (either of them as given or with its links
+    resolved), or a UserError naming it, the root and the fix."""
+    path = os.path.normpath(os.path.expanduser(pattern))
+    parts = path.split("/")
+    plain = next((i for i, part in enumerate(parts) if any(c in part for c in "*?[")), len(parts))
+    real = "/".join([os.path.realpath("/".join(parts[:plain]) or "/").rstrip("/"), *parts[plain:]])
+    for base in dict.fromkeys((os.path.abspath(os.path.expanduser(root)), os.path.realpath(root))):
+        base = base.rstrip("/")
+        for candidate in (path, real):
+            if candidate.startswith(base + "/") and candidate != base + "/":
+                return candidate[len(base) + 1:] + ("/" if pattern.endswith("/") else "")
+    tail = path.strip("/")
+    example = tail if 0 < tail.count("/") < 3 else "private/**"
+    raise UserError(f"{flag} {given!r} is not under the collection {root}: it would leave out nothing; give a pattern "
+                    f"relative to the collection (e.g. {flag} {example!r}) or an absolute one under it")
+
+
+def check_patterns(patterns: Iterable[str], flag: str = "--exclude", root: str | Path | None = None
+                   ) -> tuple[str, ...]:
+    """``patterns`` cleaned (``./`` dropped, each once, in order; an absolute one made relative to ``root``), or a
+    UserError naming the bad one and the fix. Without ``root``, an absolute pattern is kept for a later check."""
     out: list[str] = []
     for given in patterns:
         if not isinstance(given, str):
@@ -32,7 +55,12 @@ def check_patterns(patterns: Iterable[str], flag: str = "--exclude") -> tuple[st
         pattern = given.strip()
         while pattern.startswith("./"):
             pattern = pattern[2:]
-        pattern = pattern.lstrip("/")
+        if pattern.startswith(("/", "~")):
+            if root is None:
+                if pattern not in out:
+                    out.append(pattern)
+                continue
+            pattern = _under_root(pattern, root, flag, given)
         if not pattern.rstrip("/") or pattern.rstrip("/") in ("**", "*"):
             raise UserError(f"{flag} {given!r} would leave out the whole collection: name a folder or files, e.g. "
                             f"{flag} 'private/**' or {flag} '*.gif'")
@@ -81,8 +109,8 @@ def _regex(pattern: str) -> str:
 class Excludes:
     """Compiled ``--exclude`` patterns: ask :meth:`folder` before listing a folder, :meth:`file` for each file."""
 
-    def __init__(self, patterns: Iterable[str] = ()) -> None:
-        self.patterns = check_patterns(patterns)
+    def __init__(self, patterns: Iterable[str] = (), root: str | Path | None = None) -> None:
+        self.patterns = check_patterns(patterns, root=root)
         self._res = [re.compile(_regex(p), re.IGNORECASE | re.DOTALL) for p in self.patterns]
         self.used: set[str] = set()  # the patterns that left something out
 

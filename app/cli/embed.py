@@ -250,7 +250,7 @@ def embed_to_file(
     from moco.excludes import check_patterns
     from moco.files import lock_dir
 
-    exclude = check_patterns(exclude)
+    exclude = check_patterns(exclude, root=root)
 
     out, root = Path(out).expanduser(), Path(root).expanduser()
     if not root.is_dir():

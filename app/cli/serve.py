@@ -204,7 +204,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise UserError(f"--max-steps {args.max_steps}: give at least 1 step, or leave it out")
     from moco.excludes import check_patterns
 
-    args.exclude = check_patterns(args.exclude)
+    args.exclude = check_patterns(args.exclude, root=args.photos) if args.photos else check_patterns(args.exclude)
     auth = _check_serve_arguments(args)
     api = None if args.no_serve else _api_settings(args)
     limits = None if args.no_serve else _limits(args)

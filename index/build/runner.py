@@ -196,7 +196,7 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
     """
     if kind not in KINDS:
         raise UserError(f"--kind {kind!r} is not one of {', '.join(KINDS)}")
-    exclude = check_patterns(exclude)
+    exclude = check_patterns(exclude, root=photos)
     require_faiss()  # before any work: nothing is embedded or written without it
     dist = Dist.join(device)
     workers = workers or min(8, os.cpu_count() or 1)
@@ -289,6 +289,7 @@ def update_index(index_dir: str | Path, backbone: str | Path | None = None, root
                 raise UserError(f"--kind {kind!r} is not one of {', '.join(KINDS)}")
             changes["kind"] = kind
         if exclude or clear_excludes:
+            exclude = check_patterns(exclude, root=root if root is not None else cmeta["root"])
             earlier = [] if clear_excludes else list(cmeta.get("exclude") or [])
             changes["exclude"] = [*earlier, *(p for p in exclude if p not in earlier)]
         changes["features"] = _features_meta(embedder)["features"]

@@ -203,7 +203,7 @@ def scan_photos(root: str | Path, exclude: Iterable[str] | Excludes = ()) -> Sca
     never listed.
     """
     base = check_root(root)
-    rules = exclude if isinstance(exclude, Excludes) else Excludes(exclude)
+    rules = exclude if isinstance(exclude, Excludes) else Excludes(exclude, root=base)
     readable = readable_extensions()
     found: list[str] = []
     unsupported: dict[str, list[str]] = collections.defaultdict(list)
