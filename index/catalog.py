@@ -153,31 +153,42 @@ def wall_clock(seconds: float) -> float:
 
 
 def taken_text(taken: float | None) -> str | None:
-    """A ``taken`` value as ISO 8601 without a zone (the camera's clock): ``2024-05-06T07:08:09``; None for None."""
+    """A ``taken`` value as ISO 8601 without a zone (the camera's clock): ``2024-05-06T07:08:09`` (``0001-01-01T...``
+    for the year 1, four digits always); None for None."""
     if taken is None:
         return None
-    return datetime.datetime.fromtimestamp(float(taken), datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S")
+    try:
+        moment = _EPOCH + datetime.timedelta(seconds=float(taken))
+    except (OverflowError, ValueError):  # outside the years 1-9999 (no camera writes such a date): unknown
+        return None
+    return moment.isoformat(timespec="seconds")
+
+
+_EPOCH = datetime.datetime(1970, 1, 1)  # ``taken`` values: seconds of the camera's clock since then, read as UTC
+_SHOWN = 60  # characters of a bad value echoed in a message
 
 
 def taken_bound(text: str | None, end: bool, what: str = "--taken-from") -> float | None:
     """A date filter's bound as a ``taken`` value: ``YYYY-MM-DD`` (its start, or with ``end`` the start of the next
-    day: a day is included whole) or ``YYYY-MM-DDTHH:MM[:SS]``; None for an empty one; a UserError naming ``what``
-    and the form otherwise."""
+    day: a day is included whole, 9999-12-31 too) or ``YYYY-MM-DDTHH:MM[:SS]``; None for an empty one; a UserError
+    naming ``what``, the value (its first 60 characters) and the form otherwise."""
     text = (text or "").strip()
     if not text:
         return None
     try:
         if len(text) == 10:
             day = datetime.date.fromisoformat(text)
-            moment = datetime.datetime(day.year, day.month, day.day) + datetime.timedelta(days=1 if end else 0)
+            moment = datetime.datetime(day.year, day.month, day.day)
         else:
             moment = datetime.datetime.fromisoformat(text.replace(" ", "T"))
             if moment.tzinfo is not None:
                 raise ValueError("a zone")
     except (ValueError, OverflowError):
-        raise UserError(f"{what} {text!r}: give a date as YYYY-MM-DD (e.g. 2024-12-31) or a time as "
+        shown = text if len(text) <= _SHOWN else text[:_SHOWN] + "..."
+        raise UserError(f"{what} {shown!r}: give a date as YYYY-MM-DD (e.g. 2024-12-31) or a time as "
                         "YYYY-MM-DDTHH:MM, the camera's clock, without a zone") from None
-    return moment.replace(tzinfo=datetime.timezone.utc).timestamp()
+    seconds = (moment - _EPOCH).total_seconds()
+    return seconds + (86400.0 if end and len(text) == 10 else 0.0)
 
 
 def display_path(path: str) -> str:

@@ -266,3 +266,30 @@ checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404"]
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-6000:]
     assert " passed" in r.stdout and "failed" not in r.stdout.split("SUMMARY")[-1], r.stdout[-3000:]
+
+
+def test_values_the_page_refuses_cost_one_log_line_each_and_no_traceback(moco_serve, idx):
+    """40 page events with values Gradio's inputs refuse (k past its slider's maximum, a folder mode and a sort not
+    among the choices): each client told why, and the server's log gets one capped line per refusal, rate-limited
+    (5 a minute for the same line), never a traceback (Gradio's queue printed one per request)."""
+    from gradio_client import Client, handle_file
+
+    port, log = moco_serve
+    before = len(log.read_text())
+    photo = next(p for p in sorted((idx.parent / "photos").rglob("*.jpg")) if "big" not in p.parts)
+    client = Client(f"http://127.0.0.1:{port}/", verbose=False)
+    refused = 0
+    for n in range(40):
+        with pytest.raises(Exception, match="greater than maximum value 100|not in the list of choices"):
+            if n % 2:
+                client.predict(handle_file(str(photo)), 1000 + n, api_name="/search")
+            else:
+                client.predict(handle_file(str(photo)), 10, "", "x" * 5000, api_name="/search")
+        refused += 1
+    hits = client.predict(handle_file(str(photo)), 5, api_name="/search")  # the same door still searches
+    assert refused == 40 and hits[0]
+    time.sleep(0.5)
+    text = log.read_text()[before:]
+    assert "Traceback" not in text, text[-3000:]
+    lines = [line for line in text.splitlines() if "refused" in line]
+    assert 2 <= len(lines) <= 12 and all(len(line) < 400 for line in lines), lines

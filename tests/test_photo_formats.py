@@ -612,3 +612,22 @@ def test_moco_run_says_what_it_left_out_and_the_status_tab_shows_it(tmp_path, ba
     assert "**Excluded:** 2 files and folders" in text
     assert json.loads((out["index"] / "catalog.sqlite").with_name("index.json").read_text())
     assert Catalog(out["index"] / "catalog.sqlite").get_meta("exclude") == '["private/**", "*.gif"]'
+
+
+@pytest.mark.parametrize("day", ["0001-01-01", "0999-06-30", "1969-12-31", "2024-02-29", "9999-12-31"])
+def test_dates_of_every_year_go_both_ways_in_iso_8601(day):
+    """The first and the last day a date can have are filters like any other (9999-12-31 included whole), and a
+    date taken is written with four-digit years (``0001-01-01T00:00:00``, not ``1-01-01T...``)."""
+    import datetime
+
+    start, end = taken_bound(day, False), taken_bound(day, True)
+    assert taken_text(start) == f"{day}T00:00:00" and end - start == 86400
+    assert datetime.datetime.fromisoformat(taken_text(start)).date().isoformat() == day
+    assert taken_text(taken_bound(f"{day}T23:59:58", False)) == f"{day}T23:59:58"
+    assert taken_text(1e300) is None  # no camera's date: unknown rather than a crash
+
+
+def test_a_bad_date_is_echoed_in_60_characters_at_most():
+    with pytest.raises(UserError) as e:
+        taken_bound("2024-13-01" + "x" * 1000, False, "--taken-to")
+    assert "--taken-to '2024-13-01xxx" in str(e.value) and len(str(e.value)) < 220

@@ -179,6 +179,8 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
     import gradio as gr
     from gradio_client.utils import encode_file_path
 
+    from app.page import inputs
+
     sources = ["upload", "clipboard", "webcam"]
     ready = app.ready
     gr.set_static_paths([str(app.files_dir)])  # result files served as they are: no check, hash and copy per search
@@ -189,10 +191,10 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 with gr.Row():
                     with gr.Column(scale=1, min_width=280):
                         query = QueryImage(sources=sources, label="Query photo", elem_id="query")
-                        k = gr.Slider(1, 100, value=12, step=1, label="k (results)", elem_id="k")
-                        folder = gr.Dropdown(app.folder_choices(), value="", allow_custom_value=True,
+                        k = inputs.Slider(1, 100, value=12, step=1, label="k (results)", elem_id="k")
+                        folder = inputs.Dropdown(app.folder_choices(), value="", allow_custom_value=True,
                                              label="Folder", elem_id="folder")
-                        folder_mode = gr.Radio(list(FOLDER_MODES), value=FOLDER_MODES[0], show_label=False,
+                        folder_mode = inputs.Radio(list(FOLDER_MODES), value=FOLDER_MODES[0], show_label=False,
                                                elem_id="folder-mode")
                         with gr.Row():
                             taken_from = gr.Textbox("", label="Taken from", placeholder="YYYY-MM-DD", max_lines=1,
@@ -203,7 +205,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                     with gr.Column(scale=3, min_width=300):
                         error = gr.Markdown(elem_id="search-error")  # what went wrong, apart from the results
                         info = gr.Markdown(READY_HINT if ready else PENDING_HINT, elem_id="search-info")
-                        gallery = gr.Gallery(label="Nearest neighbours (click one to search with it)", columns=6,
+                        gallery = inputs.Gallery(label="Nearest neighbours (click one to search with it)", columns=6,
                                              height="auto", allow_preview=False, elem_id="results",
                                              elem_classes=["results"])
                         with gr.Row():
@@ -211,13 +213,13 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                             csv_btn = gr.DownloadButton("Export CSV", elem_id="export-csv", interactive=False)
                             json_btn = gr.DownloadButton("Export JSON", elem_id="export-json", interactive=False)
                         with gr.Accordion("More like these, less like those", open=True, elem_id="multi"):
-                            more_like = gr.CheckboxGroup([], label="More like these (tick results)",
+                            more_like = inputs.CheckboxGroup([], label="More like these (tick results)",
                                                          elem_id="more-like")
-                            less_like = gr.CheckboxGroup([], label="Less like these", elem_id="less-like")
+                            less_like = inputs.CheckboxGroup([], label="Less like these", elem_id="less-like")
                             with gr.Row():
-                                add_photos = gr.File(file_count="multiple", file_types=["image"], height=120,
+                                add_photos = inputs.File(file_count="multiple", file_types=["image"], height=120,
                                                      label="More photos to search with", elem_id="add-photos")
-                                avoid_photos = gr.File(file_count="multiple", file_types=["image"], height=120,
+                                avoid_photos = inputs.File(file_count="multiple", file_types=["image"], height=120,
                                                        label="Photos to be less like", elem_id="avoid-photos")
                             again = gr.Button("Search again with these", elem_id="again-btn", interactive=ready)
                         with gr.Column(visible=False, elem_id="details") as details:
@@ -232,7 +234,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                                     with gr.Row():
                                         open_btn = gr.Button("Open original", elem_id="open-original")
                                         inspect_btn = gr.Button("Inspect negatives", elem_id="inspect-btn")
-                                    original = gr.File(label="Original", visible=False, elem_id="original-file")
+                                    original = inputs.File(label="Original", visible=False, elem_id="original-file")
                 state = gr.State(None)
                 picked = gr.State(None)  # the id of the photo in the details panel
 
@@ -359,7 +361,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 cmap = map_component(elem_id="collection-map")
                 map_message = gr.Markdown(elem_id="map-message")  # what went wrong, apart from the selection
                 chosen_info = gr.Markdown(elem_id="map-selection-info")
-                chosen = gr.Gallery(label="Selected photos (click one to search with it)", columns=6, height="auto",
+                chosen = inputs.Gallery(label="Selected photos (click one to search with it)", columns=6, height="auto",
                                     allow_preview=False, elem_id="map-selection", elem_classes=["results"])
                 chosen_ids = gr.State([])
                 map_shown = gr.State("")  # the map's version this page holds: not sent again while it is current
@@ -404,16 +406,18 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 theme_cards = gr.HTML(elem_id="theme-cards", js_on_load=THEME_CARDS_JS, css_template=THEME_CARDS_CSS)
             with gr.Tab("Browse", id="browse") as browse_tab:
                 with gr.Row():
-                    browse_folder = gr.Dropdown(app.folder_choices(), value="", label="Folder", elem_id="browse-folder")
-                    browse_theme = gr.Dropdown([("All themes", -1)], value=-1, label="Theme", elem_id="browse-theme")
-                    browse_sort = gr.Radio(list(SORTS), value=next(iter(SORTS)), label="Sort by",
+                    browse_folder = inputs.Dropdown(app.folder_choices(), value="", label="Folder",
+                                                    elem_id="browse-folder")
+                    browse_theme = inputs.Dropdown([("All themes", -1)], value=-1, label="Theme",
+                                                   elem_id="browse-theme")
+                    browse_sort = inputs.Radio(list(SORTS), value=next(iter(SORTS)), label="Sort by",
                                            elem_id="browse-sort")
                 with gr.Row():
                     browse_prev = gr.Button("◀ Previous", elem_id="browse-prev", scale=0)
                     browse_where = gr.Markdown(elem_id="browse-where")
                     browse_next = gr.Button("Next ▶", elem_id="browse-next", scale=0)
                 browse_message = gr.Markdown(elem_id="browse-message")
-                browse_grid = gr.Gallery(label="Photos (click one to search with it)", columns=6, height="auto",
+                browse_grid = inputs.Gallery(label="Photos (click one to search with it)", columns=6, height="auto",
                                          allow_preview=False, elem_id="browse-grid", elem_classes=["results"])
                 browse_ids, browse_offset = gr.State([]), gr.State(0)
             with gr.Tab("Unusual", id="unusual") as unusual_tab:
@@ -422,7 +426,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                     unusual_where = gr.Markdown(elem_id="unusual-where")
                     unusual_next = gr.Button("Next ▶", elem_id="unusual-next", scale=0)
                 unusual_message = gr.Markdown(elem_id="unusual-message")
-                unusual_grid = gr.Gallery(label="The photos least like any other (click one to search with it)",
+                unusual_grid = inputs.Gallery(label="The photos least like any other (click one to search with it)",
                                           columns=6, height="auto", allow_preview=False, elem_id="unusual-grid",
                                           elem_classes=["results"])
                 unusual_ids, unusual_offset = gr.State([]), gr.State(0)
@@ -507,14 +511,14 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 with gr.Row():
                     with gr.Column(scale=1, min_width=280):
                         neg_image = QueryImage(sources=sources, label="Photo", elem_id="neg-query")
-                        n = gr.Slider(1, 64, value=12, step=1, label="closest negatives to show")
-                        seed = gr.Number(0, precision=0, label="augmentation seed")
+                        n = inputs.Slider(1, 64, value=12, step=1, label="closest negatives to show")
+                        seed = inputs.Number(0, precision=0, label="augmentation seed")
                         neg_go = gr.Button("Inspect negatives", variant="primary", elem_id="neg-btn", interactive=ready)
                     with gr.Column(scale=3, min_width=300):
                         summary = gr.Markdown(elem_id="neg-summary")
-                        views = gr.Gallery(label="query view · positive key view", columns=2, height="auto",
+                        views = inputs.Gallery(label="query view · positive key view", columns=2, height="auto",
                                            allow_preview=False, elem_id="views", object_fit="contain")
-                        negs = gr.Gallery(label="closest negatives", columns=6, height="auto", allow_preview=False,
+                        negs = inputs.Gallery(label="closest negatives", columns=6, height="auto", allow_preview=False,
                                           elem_id="negatives", elem_classes=["results"])
                         table = gr.Dataframe(headers=["rank", "photo", "cosine", "logit (cos/T)", "softmax share",
                                                       "likely false negative (evidence)"],
@@ -539,7 +543,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 stats = gr.Markdown(elem_id="collection-stats")
                 with gr.Row():
                     start = app.index.dedup_threshold if ready and app.index is not None else DEDUP_THRESHOLD
-                    threshold = gr.Slider(0.5, 1.0, value=start, step=0.005, elem_id="dedup-threshold",
+                    threshold = inputs.Slider(0.5, 1.0, value=start, step=0.005, elem_id="dedup-threshold",
                                           label="near-duplicate threshold (centred cosine)")
                     similar = gr.Checkbox(False, label="also similar photos (bursts, the same scene)",
                                           elem_id="dedup-similar")
@@ -547,15 +551,15 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                                           placeholder="e.g. screenshots, 2019/scans")
                     dedup = gr.Button("Find duplicates", elem_id="dedup-btn", interactive=ready)
                 with gr.Row():
-                    kind = gr.Dropdown(list(KIND_CHOICES), value="exact and near", label="Show",
+                    kind = inputs.Dropdown(list(KIND_CHOICES), value="exact and near", label="Show",
                                        elem_id="dup-kind", scale=1)
                     prev_btn = gr.Button("◀ Previous", elem_id="dup-prev", scale=0)
                     where = gr.Markdown(elem_id="dup-where")
                     next_btn = gr.Button("Next ▶", elem_id="dup-next", scale=0)
                 dups = gr.HTML(elem_id="dup-groups")
                 with gr.Row():
-                    group = gr.Dropdown([], label="Group", elem_id="dup-group", scale=1)
-                    keeper = gr.Radio([], label="Keep", elem_id="dup-keeper", scale=2)
+                    group = inputs.Dropdown([], label="Group", elem_id="dup-group", scale=1)
+                    keeper = inputs.Radio([], label="Keep", elem_id="dup-keeper", scale=2)
                 with gr.Row():
                     keep_btn = gr.Button("Keep the one chosen", elem_id="dup-keep-btn")
                     move_btn = gr.Button("Move the others", variant="primary", elem_id="dup-move-btn")
