@@ -208,6 +208,31 @@ def test_a_search_through_gradios_api_needs_the_credential_and_so_do_its_thumbna
         assert "4 results" in info and len(gallery) == 4
 
 
+def test_another_sites_page_cannot_upload_or_queue_with_the_visitors_login(server, sample_photos):
+    """Cross-site request forgery: a page on another site makes the visitor's browser POST to Gradio's upload and
+    queue routes, the login cookie attached (Origin: that site). Refused with 403 as the JSON API refuses it, nothing
+    stored; the page's own origin (and a program, which sends no Origin) still uploads."""
+    photo = sorted(sample_photos.rglob("*.jpg"))[2]
+    files = {"files": (photo.name, photo.read_bytes())}
+    from gradio.utils import get_upload_folder
+
+    cache = Path(get_upload_folder())
+    before = sorted(cache.rglob("*")) if cache.is_dir() else []
+    with _logged_in(server) as http:
+        for origin in ("https://attacker.example", "null"):
+            for method, path, kw in (("POST", "/gradio_api/upload", {"files": files}),
+                                     ("POST", "/gradio_api/queue/join", {"json": {"data": [], "fn_index": 0}}),
+                                     ("POST", "/api/v1/search", {"files": {"image": files["files"]}})):
+                r = http.request(method, path, headers={"Origin": origin}, **kw)
+                assert r.status_code == 403, (origin, path, r.status_code, r.text[:200])
+                assert "may not" in r.json()["detail"] and "access-control-allow-origin" not in r.headers
+        assert (sorted(cache.rglob("*")) if cache.is_dir() else []) == before  # nothing stored
+        own = http.post("/gradio_api/upload", files=files, headers={"Origin": server.url})
+        assert own.status_code == 200 and own.json()[0].endswith(photo.name)
+        assert http.post("/gradio_api/upload", files=files).status_code == 200
+        assert http.get("/gradio_api/info", headers={"Origin": "https://attacker.example"}).status_code == 200
+
+
 # ------------------------------------------------------------------------------------------ DNS rebinding
 def test_a_rebinding_pages_host_is_refused_on_every_door(server):
     """What a page on evil.example sends once its name resolves to 127.0.0.1: Host and Origin are its own. With

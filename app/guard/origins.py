@@ -13,8 +13,11 @@ and on the browser's preflight (:func:`guard_page_origins`, outside it, installe
 answers preflights itself, and without the origin when the server is reached as localhost). That outer layer also
 takes Gradio's CORS headers off the page's own routes (uploads, the queue, thumbnails) for a foreign origin: the page
 itself calls them from its own origin and never needs them, and no other site's script can then read what they
-answer. In the first moments of a server, before that layer is in place, Gradio's rules apply to the page's routes
-and to preflights; the API's answers are refused from the start.
+answer; and it refuses, with 403, every request of another site's page that would change something (any method but
+GET, HEAD and OPTIONS: an upload, a queued event, a login) and its websockets, which a browser sends with the
+visitor's login cookie even though the answer stays unread (cross-site request forgery). In the first moments of
+a server, before that layer is in place, Gradio's rules apply to the page's routes and to preflights; the API's
+answers are refused from the start.
 
 The ``Host`` header is checked too, on every route (:class:`HostGuardMiddleware`, from the server's first request):
 a page whose own name its DNS later points at this machine (DNS rebinding) calls the server as its own origin, with
@@ -224,22 +227,33 @@ async def _preflight(send: Any, origin: str) -> None:
     await send({"type": "http.response.body", "body": b""})
 
 
+_SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # what a foreign page may send to the page's routes: it changes nothing
+
+
 class _OuterLayer:
     """Outermost ASGI layer, around Gradio's CORS middleware: the API's preflights answered here; the page's routes
-    answer a foreign origin without CORS headers (Gradio's would let its script read them with the visitor's login);
-    the rest passes."""
+    answer a foreign origin without CORS headers (Gradio's would let its script read them with the visitor's login)
+    and refuse its requests that would change something and its websockets; the rest passes."""
 
     def __init__(self, app: Any, allowed: Sequence[str]) -> None:
         self.app, self.allowed = app, frozenset(allowed)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         headers = _headers(scope)
         sent, origin, own = _request_origin(headers)
         if not sent or own or (origin in self.allowed and not _is_api(scope)):
             await self.app(scope, receive, send)  # the page's routes and a named origin: Gradio's own rules
+            return
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        if not _is_api(scope) and scope["method"] not in _SAFE_METHODS:
+            detail = (f"a web page from {origin or repr(sent[:100])} may not send {scope['method']} requests to this "
+                      "page's routes (they carry the visitor's login): use the page itself")
+            await send_json(send, 403, detail)
             return
         if _is_api(scope):
             if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
