@@ -316,3 +316,102 @@ def test_a_served_page_leaves_no_result_files_after_sigterm(tmp_path, backbone, 
     assert not list(server_tmp.glob("moco-results-*"))
     left = [p for p in server_tmp.rglob("*") if p.is_file()]
     assert not [p for p in left if p.name.startswith("results.") or p.suffix in (".jpg", ".png")], left
+
+
+# ----------------------------------------------------------------------------------- the decoded cache
+_BUILD = """
+import signal, sys
+from moco.data.cache import build_cache
+signal.signal(signal.SIGTERM, signal.default_int_handler)  # as the CLI does
+try:
+    build_cache(sys.argv[1], int(sys.argv[2]), sys.argv[3], workers=2)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def _large_photos(root: Path, n: int) -> Path:
+    """``n`` photos of 800 x 600 px (tens of ms each to decode and resize to 1024 px)."""
+    import numpy as np
+    from PIL import Image
+
+    root.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (600, 800, 3), np.uint8)).save(root / f"p{i:03}.jpg", quality=90)
+    return root
+
+
+def _workers(pid: int) -> set[int]:
+    """The multiprocessing workers whose parent is ``pid`` (not its resource tracker)."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and b"spawn_main" in cmdline:
+            out.add(int(stat.parent.name))
+    return out
+
+
+def _has_a_photo_open(pid: int, photos: Path) -> bool:
+    try:
+        return any(os.readlink(fd).startswith(str(photos)) for fd in Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGKILL"])
+def test_a_cache_build_stopped_midway_leaves_no_worker_and_no_partial_file(tmp_path, sig):
+    """A build on two decoding workers, stopped once its partial file exists (its workers frozen by SIGSTOP first,
+    so that none ends by itself): SIGTERM (as the CLI takes it) stops the workers, not waiting for them, and removes
+    the file; SIGKILL leaves the file, but the workers die with their parent and the next build removes the file
+    before it starts."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    photos = _large_photos(tmp_path / "photos", 120)
+    cache = tmp_path / "cache"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([sys.executable, "-c", _BUILD, str(photos), "1024", str(cache)], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300  # a guard against a hang, not a measurement
+    workers: set[int] = set()
+    decoding: set[int] = set()  # workers seen with a photo open: started, their first step done
+    while not (list(cache.glob(".images-1024.u8.*.tmp")) and len(workers) >= 2 and decoding >= workers):
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.monotonic() < deadline, "no partial file or workers seen"
+        workers = _workers(proc.pid)
+        decoding |= {w for w in workers if _has_a_photo_open(w, photos)}
+        time.sleep(0.01)
+    for w in workers:  # stopped: a worker that only ended by itself (after its photos) would stay forever
+        os.kill(w, signal.SIGSTOP)
+    proc.send_signal(getattr(signal, sig))
+    code = proc.wait(timeout=300)
+    assert code == (130 if sig == "SIGTERM" else -signal.SIGKILL), proc.stderr.read()[-3000:]
+    while any(Path(f"/proc/{w}").exists() and "Z" not in Path(f"/proc/{w}/stat").read_text().split()[2]
+              for w in workers):
+        assert time.monotonic() < deadline, f"decoding workers {workers} outlived their parent"
+        time.sleep(0.05)
+    left = list(cache.glob(".*.tmp"))
+    assert left == [] if sig == "SIGTERM" else len(left) == 1
+    if sig == "SIGKILL":  # the next build removes what the killed one left, then builds
+        from moco.data.cache import build_cache
+
+        built = build_cache(photos, 32, cache, workers=0)
+        assert len(built) == 120 and sorted(p.name for p in cache.iterdir()) == ["images-32.json", "images-32.u8"]
+
+
+def test_a_cache_the_disk_cannot_hold_is_refused_before_decoding(sample_photos, tmp_path):
+    from moco.data.cache import build_cache
+
+    with tmpfs(tmp_path / "disk", "4m") as disk:
+        with pytest.raises(UserError, match=r"the decoded cache of 48 photos at 512 px needs 38 MB in .*, where "
+                                            r"4 MB are free: free space there, or make it smaller with --cache-size"):
+            build_cache(sample_photos, 512, disk / "cache")
+        assert list((disk / "cache").iterdir()) == []  # nothing written

@@ -1,7 +1,11 @@
 """A photo folder decoded once into a square uint8 cache on disk (:func:`build_cache`).
 
 The cache is a raw ``N x size x size x 3`` uint8 file plus a JSON manifest next to it; later runs
-reuse it as long as the folder's files (names, byte sizes, mtimes) are unchanged. What one photo's decoding is:
+reuse it as long as the folder's files (names, byte sizes, mtimes) are unchanged. Its size is known before the first
+photo is decoded (photos x side x side x 3 bytes): it is logged, and a cache that the disk cannot hold is refused with
+the figures and the fix. An interrupt (Ctrl+C, or SIGTERM through the CLI) stops the decoding workers at once and
+removes the partial file; the workers die with their parent even if it is killed (``PR_SET_PDEATHSIG``), and a
+partial file a killed run left is removed by the next. What one photo's decoding is:
 :mod:`moco.data.photos`. The photos the cache could not decode are a run's ``skipped.txt``
 (:func:`write_skipped`, :func:`read_skipped`), one ``PATH<tab>REASON`` line each, written so that any file name
 (tabs, newlines, bytes that are not UTF-8) reads back exactly.
@@ -18,6 +22,8 @@ import logging
 import multiprocessing
 import os
 import re
+import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -153,10 +159,25 @@ def _broken_pool_error(ctx: Any, workers: int) -> UserError:
                      "memory?): run again with fewer workers, or workers=0 to decode in this process")
 
 
+def _worker_start(parent: int) -> None:
+    """A decoding worker's first step: it dies with its parent (Linux: the kernel sends SIGKILL when the parent
+    exits, however it exits), and leaves Ctrl+C to the parent, which stops it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != parent:  # the parent was gone before the line above: nothing to decode for
+        os._exit(1)
+
+
 def _iter_decoded(
     paths: list[str], size: int, max_pixels: int | None, workers: int
 ) -> Iterator[tuple[np.ndarray | None, str]]:
-    """Decode ``paths`` in order, in-process or in ``workers`` processes, memory bounded."""
+    """Decode ``paths`` in order, in-process or in ``workers`` processes, memory bounded. However the caller stops
+    (an interrupt, an error, a generator closed early), the workers are stopped at once, not waited for."""
     jobs = [(p, size, max_pixels) for p in paths]
     if workers <= 0:
         for job in jobs:
@@ -164,14 +185,22 @@ def _iter_decoded(
         return
     chunk = max(1, min(16, len(jobs) // (workers * 4) or 1))
     ctx = multiprocessing.get_context("spawn")  # see REIMPORTED_MAIN_EXIT
+    before = set(multiprocessing.active_children())
+    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_start,
+                                                  initargs=(os.getpid(),))
+    finished = False
     try:
-        with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
-            for results in _ordered_window(
-                lambda c: pool.submit(_decode_chunk, c), _chunks(jobs, chunk), window=workers * 3
-            ):
-                yield from results
+        for results in _ordered_window(lambda c: pool.submit(_decode_chunk, c), _chunks(jobs, chunk),
+                                       window=workers * 3):
+            yield from results
+        finished = True
     except concurrent.futures.process.BrokenProcessPool:
         raise _broken_pool_error(ctx, workers) from None
+    finally:
+        if not finished:  # the pool's workers are this process's children it did not have before
+            for proc in set(multiprocessing.active_children()) - before:
+                proc.kill()
+        pool.shutdown(wait=finished, cancel_futures=True)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -187,10 +216,11 @@ def _fsync_dir(path: Path) -> None:
 
 
 def _tmp_file(cache_dir: Path, final: Path) -> tuple[Any, Path]:
-    """A temp file beside ``final``, open for writing; call it inside ``held_signals()`` and the caller's ``try``."""
+    """A temp file beside ``final`` (its name holds this process's id), open for writing; call it inside
+    ``held_signals()`` and the caller's ``try``."""
     from moco.files import file_mode  # not at the top: decoding workers import this module without torch
 
-    fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=cache_dir)
+    fd, name = tempfile.mkstemp(prefix=f".{final.name}.{os.getpid()}.", suffix=".tmp", dir=cache_dir)
     try:
         os.fchmod(fd, file_mode())  # mkstemp's is 0600; the cache gets the mode of every other file we write
     except BaseException:
@@ -198,6 +228,49 @@ def _tmp_file(cache_dir: Path, final: Path) -> tuple[Any, Path]:
         Path(name).unlink(missing_ok=True)
         raise
     return os.fdopen(fd, "wb"), Path(name)
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return pid > 0
+
+
+_PARTIAL = re.compile(r"^\.images-\d+\.(u8|json)\.(?:(\d+)\.)?[^.]+\.tmp$")  # a partial file (its writer's id)
+
+
+def _remove_stale(cache_dir: Path) -> None:
+    """Remove the partial cache files that killed processes left (their writer's id, in the name, is gone; a name
+    without one is from before ids were written: no process writes it now)."""
+    for tmp in cache_dir.glob(".images-*.tmp"):
+        match = _PARTIAL.match(tmp.name)
+        if match and not (match[2] and _alive(int(match[2]))):
+            with contextlib.suppress(OSError):
+                size = tmp.stat().st_size
+                tmp.unlink()
+                logger.info("removed %s (%.1f MB), left by a run that was killed", tmp, size / 1e6)
+
+
+def _bytes_text(n: int) -> str:
+    """``n`` bytes for people: 38 MB, 12.1 GB."""
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
+
+
+def _check_room(cache_dir: Path, n: int, size: int) -> None:
+    """Log what a cache of ``n`` photos of ``size`` px takes, and refuse it when ``cache_dir``'s disk cannot hold
+    it (a UserError with the figures and the fix)."""
+    need = n * size * size * 3
+    logger.info("decoding %d photos into a %s cache of %d px squares in %s", n, _bytes_text(need), size, cache_dir)
+    free = shutil.disk_usage(cache_dir).free
+    if need > free:
+        raise UserError(f"the decoded cache of {n} photos at {size} px needs {_bytes_text(need)} in {cache_dir}, "
+                        f"where {_bytes_text(free)} are free: free space there, or make it smaller with --cache-size "
+                        f"(its side in pixels; {n} photos at 256 px take {_bytes_text(n * 256 * 256 * 3)})")
 
 
 def _open_array(data_path: Path, n: int, size: int) -> np.ndarray | None:
@@ -282,6 +355,8 @@ def _write_cache(
     from moco.files import held_signals
 
     data_path, manifest_path = _cache_paths(cache_dir, size)
+    _remove_stale(cache_dir)
+    _check_room(cache_dir, len(candidates), size)
     files: list[str] = []
     skipped: list[tuple[str, str]] = []
     paths = [str(root / c) for c in candidates]
@@ -299,14 +374,16 @@ def _write_cache(
                 desc=f"decoding photos ({size}px)",
             ) as bar,
         ):
-            for rel, (arr, reason) in zip(candidates, _iter_decoded(paths, size, max_pixels, workers), strict=True):
-                if arr is None:
-                    logger.warning("skipping %s: %s", rel, reason)
-                    skipped.append((rel, reason))
-                else:
-                    out.write(arr.tobytes())
-                    files.append(rel)
-                bar.update(1)
+            decoded = _iter_decoded(paths, size, max_pixels, workers)
+            with contextlib.closing(decoded):  # stopped early (an interrupt here): its workers are stopped too
+                for rel, (arr, reason) in zip(candidates, decoded, strict=True):
+                    if arr is None:
+                        logger.warning("skipping %s: %s", rel, reason)
+                        skipped.append((rel, reason))
+                    else:
+                        out.write(arr.tobytes())
+                        files.append(rel)
+                    bar.update(1)
             out.flush()
             os.fsync(out.fileno())
         if strict and skipped:
