@@ -35,8 +35,8 @@ R = TypeVar("R")
 class Overloaded(Exception):
     """More requests are in flight than the server admits; ``retry_after`` is a polite wait in seconds."""
 
-    def __init__(self, pending: int, retry_after: int) -> None:
-        super().__init__(f"the server is busy ({pending} searches in flight, its limit): try again in {retry_after} s")
+    def __init__(self, pending: int, retry_after: int, what: str = "searches") -> None:
+        super().__init__(f"the server is busy ({pending} {what} in flight, its limit): try again in {retry_after} s")
         self.pending, self.retry_after = pending, retry_after
 
 

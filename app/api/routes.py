@@ -40,6 +40,8 @@ through :meth:`SearchApp.search_vectors`, the page's own code (the same checks o
 and the dates, the same scores and weak-match threshold as the page and ``moco index search --json``). Concurrent
 searches share the model: uploads are decoded in a small thread pool, then embedded and searched in batches
 (:mod:`app.api.batcher`); past ``max_pending`` requests in flight the API answers 503 with ``Retry-After``.
+The views of the whole collection (map, themes, unusual, browse) are computed one at a time in threads of their
+own, a few more waiting, past which they answer 503 too (:mod:`app.api.gate`): they never hold up a search.
 
 Errors are JSON ``{"detail": "one line"}``, the page's own messages. Access is the page's: with ``--auth`` a
 request needs the page's login cookie, HTTP Basic with the same USER:PASS, or ``Authorization: Bearer TOKEN``
@@ -76,6 +78,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.api.batcher import Batcher, Overloaded
 from app.api.docs import docs_html
+from app.api.gate import Gate
 from app.api.models import (
     DEDUPLICATE,
     EXCLUDE_FIELD,
@@ -129,6 +132,7 @@ logger = logging.getLogger(__name__)
 
 MAX_THEMES_ASKED = 1000  # themes a request may ask for (the automatic number is at most 64)
 DECODE_WORKERS = 2  # uploads decoded at once (the rest wait for a thread; all count against max_pending)
+VIEWS_RUNNING, VIEWS_WAITING = 1, 4  # views of the collection computed at once, and waiting (app/api/gate.py)
 MAX_DETAIL = 1000  # characters of an error's one line at most (what it quotes of the request: far fewer)
 # what each error code means, in the schema
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -197,12 +201,14 @@ class SearchService:
         s = self.settings
         self.batcher: Batcher[_Query, SearchResponse] = Batcher(self._batch, s.window_ms, s.max_batch, s.max_pending)
         self._decode = concurrent.futures.ThreadPoolExecutor(DECODE_WORKERS, thread_name_prefix="decode")
+        self.views = Gate(VIEWS_RUNNING, VIEWS_WAITING)  # the map, themes, unusual: one computed at a time
         self._tmp = Path(tempfile.mkdtemp(prefix="moco-api-"))  # uploads on their way to the decoder (0700)
         self._remove_tmp = weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
 
     def close(self) -> None:
         """Stop the worker threads and remove the uploads folder."""
         self.batcher.close()
+        self.views.close()
         self._decode.shutdown(wait=False, cancel_futures=True)
         self._remove_tmp()
 
@@ -724,13 +730,13 @@ def api_routes(service: SearchService) -> list[Any]:
 
     @router.get("/map", response_model=CollectionMap, responses=ERRORS, summary="The map of the collection",
                 tags=["collection"])
-    def collection_map(method: Literal["pca", "umap"] = Query("pca", description="pca, or umap where the server has "
-                                                              "the map extra")) -> CollectionMap:
+    async def collection_map(method: Literal["pca", "umap"] = Query("pca", description="pca, or umap where the server "
+                                                                    "has the map extra")) -> CollectionMap:
         """Every indexed photo once, a point in [0, 1]² (alike photos close, from the index's centred features) with its
         theme: compact, one array per field. Computed once per index version and kept with the index."""
         service._ready()
         try:
-            return CollectionMap.model_validate(map_document(app.ready_index(), method))
+            return CollectionMap.model_validate(await service.views.run(map_document, app.ready_index(), method))
         except UserError as e:
             if method == "umap":  # this server lacks the map extra: it has no such map (the message names the fix)
                 raise NotFound(str(e)) from None
@@ -738,51 +744,57 @@ def api_routes(service: SearchService) -> list[Any]:
 
     @router.get("/themes", response_model=ThemesResponse, responses=ERRORS, summary="The collection's themes",
                 tags=["collection"])
-    def themes(k: int | None = Query(None, ge=1, le=MAX_THEMES_ASKED, description="this many themes (default: "
-                                     "from the collection's size, round(sqrt(N/2)) from 2 to 64)")) -> ThemesResponse:
+    async def themes(k: int | None = Query(None, ge=1, le=MAX_THEMES_ASKED, description="this many themes (default: "
+                                           "from the collection's size, round(sqrt(N/2)) from 2 to 64)")
+                     ) -> ThemesResponse:
         """Groups of alike photos (spherical k-means on the index's centred features), largest first, each with its most
         central photos and its top folders; every photo in exactly one."""
         service._ready()
-        return ThemesResponse.model_validate(themes_document(app.ready_index(), k))
+        return ThemesResponse.model_validate(await service.views.run(themes_document, app.ready_index(), k))
 
     @router.get("/themes/{theme_id}", response_model=ThemePage, responses=ERRORS, summary="A theme's photos, a page",
                 tags=["collection"])
-    def theme(theme_id: int = PathParam(ge=0, le=MAX_ID), offset: int = Query(0, ge=0),
-              limit: int = Query(60, ge=1, le=MAX_VIEW_PAGE)) -> ThemePage:
+    async def theme(theme_id: int = PathParam(ge=0, le=MAX_ID), offset: int = Query(0, ge=0),
+                    limit: int = Query(60, ge=1, le=MAX_VIEW_PAGE)) -> ThemePage:
         """A page of one theme's photos (of the default themes, as GET /api/v1/themes lists them), most central
         first; `next_offset` for the next page."""
         service._ready()
         try:
-            return ThemePage.model_validate(theme_document(app.ready_index(), theme_id, offset, limit))
+            doc = await service.views.run(theme_document, app.ready_index(), theme_id, offset, limit)
+            return ThemePage.model_validate(doc)
         except UserError as e:
             raise NotFound(str(e)) from None
 
     @router.get("/unusual", response_model=UnusualPage, responses=ERRORS, summary="Unusual photos, a page",
                 tags=["collection"])
-    def unusual(offset: int = Query(0, ge=0), limit: int = Query(60, ge=1, le=MAX_VIEW_PAGE)) -> UnusualPage:
+    async def unusual(offset: int = Query(0, ge=0), limit: int = Query(60, ge=1, le=MAX_VIEW_PAGE)) -> UnusualPage:
         """The photos farthest from any other, by their centred cosine to their closest other photo, lowest first
         (a photo with an exact copy scores 1: never unusual)."""
         service._ready()
-        return UnusualPage.model_validate(unusual_document(app.ready_index(), offset, limit))
+        return UnusualPage.model_validate(await service.views.run(unusual_document, app.ready_index(), offset, limit))
 
     @router.get("/photos", response_model=PhotosPage, responses=ERRORS, summary="Browse the collection, a page",
                 tags=["collection"])
-    def photos(folder: str = Query("", **FOLDER_FIELD),  # type: ignore[arg-type]
-               theme: int | None = Query(None, ge=0, le=MAX_ID, description="only the photos of this theme"),
-               sort: Sort = Query("name", description="name (the path), date (taken, oldest first) or -date (newest "
-                                  "first)"),
-               offset: int = Query(0, ge=0), limit: int = Query(60, ge=1, le=MAX_VIEW_PAGE)) -> PhotosPage:
+    async def photos(folder: str = Query("", **FOLDER_FIELD),  # type: ignore[arg-type]
+                     theme: int | None = Query(None, ge=0, le=MAX_ID, description="only the photos of this theme"),
+                     sort: Sort = Query("name", description="name (the path), date (taken, oldest first) or -date "
+                                        "(newest first)"),
+                     offset: int = Query(0, ge=0), limit: int = Query(60, ge=1, le=MAX_VIEW_PAGE)) -> PhotosPage:
         """A page of the collection's photos under `folder`, of `theme`, sorted; photos without a date come last
         when sorted by date."""
         service._ready()
         on_disk = app._folder(folder)  # the page's check: a bad name 400, a folder the collection lacks 404
         index = app.ready_index()
-        if theme is not None:
-            try:
-                theme_document(index, theme, 0, 1)  # a theme the collection lacks: 404, as GET /themes/{id}
-            except UserError as e:
-                raise NotFound(str(e)) from None
-        return PhotosPage.model_validate(browse_document(index, on_disk, theme, sort, offset, limit))
+
+        def page() -> dict[str, Any]:
+            if theme is not None:
+                try:
+                    theme_document(index, theme, 0, 1)  # a theme the collection lacks: 404, as GET /themes/{id}
+                except UserError as e:
+                    raise NotFound(str(e)) from None
+            return browse_document(index, on_disk, theme, sort, offset, limit)
+
+        return PhotosPage.model_validate(await service.views.run(page))
 
     routes = list(router.routes)
     schema: dict[str, Any] = {}
