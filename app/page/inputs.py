@@ -7,7 +7,8 @@ tracebacks. These subclasses (Gradio's documented way to change what a component
 ``preprocess``) turn that refusal into one warning through ``logging``, the same words for every value sent to one
 input (where :class:`app.guard.log_limits.LogLimits` rate-limits it), and the same ``gr.Error``, its message capped,
 raised with ``print_exception=False``: the browser sees what it saw before. Each keeps Gradio's class name, which
-picks the component the browser draws.
+picks the component the browser draws. (Gradio writes ``inputs.pyi``, its typing stub of their events, beside this
+file when they are defined; git ignores it.)
 """
 
 from __future__ import annotations
