@@ -66,7 +66,7 @@ from index.keeper import photo_facts, suggest_keeper
 from index.propose import PROPOSE_K, proposals
 from index.verify import COPY_SCORE, SIDE, copy_scores, frames
 from moco.data.photos import ImageDecodeError, load_rgb
-from moco.errors import UserError
+from moco.errors import NotFoundError, UserError
 from moco.files import atomic_write
 
 __all__ = ["find_duplicates", "search_duplicates", "Search", "load_duplicates", "save_duplicates", "write_duplicates",
@@ -367,7 +367,7 @@ def find_group(doc: dict[str, Any], gid: str, index_dir: str | Path) -> dict[str
     for g in doc["groups"]:
         if g["id"] == gid:
             return g
-    raise UserError(f"no group {gid!r} in the last search ({Path(index_dir) / DEDUP_FILE}, {doc.get('created')}): "
+    raise NotFoundError(f"no group {gid!r} in the last search ({Path(index_dir) / DEDUP_FILE}, {doc.get('created')}): "
                     f"find the duplicates again (`moco index dedup {index_dir}`) and use one of its group ids")
 
 

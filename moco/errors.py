@@ -8,7 +8,8 @@ from __future__ import annotations
 import errno
 import os
 
-__all__ = ["UserError", "StorageError", "NetworkError", "storage_error", "quoted", "clipped", "MAX_QUOTED"]
+__all__ = ["UserError", "NotFoundError", "StorageError", "NetworkError", "storage_error", "quoted", "clipped",
+           "MAX_QUOTED"]
 
 # What a message repeats of a value it was given (a folder, a name, an id from a request) at most, in characters:
 # a 20 MB folder string never comes back in a 20 MB message, nor goes into a log.
@@ -23,6 +24,11 @@ class UserError(ValueError):
     """
 
     exit_code = 2
+
+
+class NotFoundError(UserError):
+    """The input names something that is not there (a group of the last search for duplicates, an action of the
+    journal, a saved search): the JSON API answers 404; the CLI exits 2, as for any bad input."""
 
 
 class StorageError(UserError):

@@ -184,3 +184,21 @@ def test_an_undo_through_the_api_never_pulls_in_a_file_a_changed_journal_names(s
     finally:
         with sqlite3.connect(served["idx"] / "catalog.sqlite") as db:
             db.execute("DELETE FROM dedup_moves WHERE seq = ?", (seq,))
+
+
+def test_what_the_request_names_but_is_not_there_is_404_and_what_the_schema_says_is_400(served, http):
+    assert main(["index", "dedup", str(served["idx"])]) == 0
+    for method, path, body in (("POST", "/duplicates/nope/keeper", {"photo_id": 1}),
+                               ("POST", "/duplicates/nope/not-duplicates", None),
+                               ("POST", "/duplicates/move", {"groups": ["nope"]}),
+                               ("POST", "/duplicates/undo", {"batch": "20990101T000000Z-abcdef"})):
+        r = http.request(method, path, json=body)
+        assert r.status_code == 404, (path, r.status_code, r.text)
+    for body in ({}, {"groups": [], "kinds": []}, {"kinds": ["similar"]}):
+        r = http.post("/duplicates/move", json=body)
+        assert r.status_code == 400, (body, r.text)
+    r = http.post("/search/multi", json={"vector": []})
+    assert r.status_code == 400 and "vector" in r.json()["detail"]
+    schema = http.get("/openapi.json").json()["components"]["schemas"]
+    assert {"required": ["groups"], "properties": {"groups": {"minItems": 1}}} in schema["MoveRequest"]["anyOf"]
+    assert schema["MoveRequest"]["properties"]["kinds"]["items"]["enum"] == ["exact", "near"]

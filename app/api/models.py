@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.page.handlers import FOLDER_PATTERN, MAX_RESULTS
-from index.catalog import MAX_ID
 
 __all__ = ["FOLDER_FIELD", "EXCLUDE_FIELD", "TAKEN_FROM_FIELD", "TAKEN_TO_FIELD", "IMAGE_TYPES", "BASE64_PATTERN",
            "Hit", "SearchResponse", "Base64Query", "QueryImage", "MultiQuery", "MAX_QUERY_PHOTOS", "Stats", "Member",
-           "Group", "Duplicates", "Kind", "KeeperRequest", "MoveRequest", "UndoRequest", "DEDUPLICATE", "Moved",
+           "Group", "Duplicates", "Kind", "MAX_ID", "KeeperRequest", "MoveRequest", "UndoRequest", "DEDUPLICATE",
+           "Moved",
            "NotMoved", "MoveResult", "ErrorResponse", "CollectionMap", "PhotoRef", "FolderCount", "ThemeCard",
            "ThemesResponse", "ThemePhoto", "ThemePage", "UnusualPhoto", "UnusualPage", "BrowsePhoto", "PhotosPage",
            "Sort", "INCLUDE_QUERIES"]
@@ -72,6 +72,16 @@ class SearchResponse(BaseModel):
     took_ms: float = Field(description="time in the server, decoding and queueing included")
 
 
+def _one_of(*names: str) -> dict:
+    """A schema rule: at least one of the list fields ``names`` given, with an item."""
+    return {"anyOf": [{"required": [n], "properties": {n: {"minItems": 1}}} for n in names]}
+
+
+def _check_one_of(model: BaseModel, names: tuple[str, ...], why: str) -> None:
+    if not any(getattr(model, n) for n in names):
+        raise ValueError(why)
+
+
 class Base64Query(BaseModel):
     """A search by an image sent as base64 in JSON."""
 
@@ -89,6 +99,7 @@ class Base64Query(BaseModel):
 
 
 MAX_QUERY_PHOTOS = 32  # images, and ids, on each side of a query at most
+MAX_ID = 2**53 - 1  # ids in requests: the largest integer every JSON reader holds exactly (JavaScript's safe integers)
 PhotoId = Annotated[int, Field(ge=0, le=MAX_ID)]
 
 
@@ -107,11 +118,14 @@ class MultiQuery(BaseModel):
     search maps it), searched as one photo is. One image alone, without negatives, searches as /search/base64 does.
     The query photos are left out of the results unless ``include_queries``."""
 
+    model_config = ConfigDict(json_schema_extra=_one_of("images", "ids", "vector"))
+
     images: list[QueryImage] = Field([], max_length=MAX_QUERY_PHOTOS, description="photos to search with")
     ids: list[PhotoId] = Field([], max_length=MAX_QUERY_PHOTOS, description="indexed photos to search with (their ids)")
     not_images: list[QueryImage] = Field([], max_length=MAX_QUERY_PHOTOS, description="photos to be less like")
     not_ids: list[PhotoId] = Field([], max_length=MAX_QUERY_PHOTOS, description="indexed photos to be less like")
-    vector: list[float] | None = Field(None, max_length=65536, description="instead of photos: a query vector in the "
+    vector: list[float] | None = Field(None, min_length=1, max_length=65536, description="instead of photos: a query "
+                                       "vector in the "
                                        "index's space (`dim` numbers of /stats, finite, not all zero; normalized "
                                        "here), as `ImageIndex.center` or `Embedder.load(B, space=INDEX_DIR)` give "
                                        "them")
@@ -123,6 +137,12 @@ class MultiQuery(BaseModel):
     offset: int = Field(0, ge=0, description="results to skip (the next page: `next_offset`)")
     deduplicate: bool = Field(False, description=DEDUPLICATE)
     include_queries: bool = Field(False, description=INCLUDE_QUERIES)
+
+    @model_validator(mode="after")
+    def _something(self) -> MultiQuery:
+        _check_one_of(self, ("images", "ids", "vector"), "give photos to search with (images or ids), or a "
+                      "vector")
+        return self
 
 
 class Stats(BaseModel):
@@ -210,11 +230,18 @@ class KeeperRequest(BaseModel):
 class MoveRequest(BaseModel):
     """Groups whose photos but the keeper move to the collection's hidden `.moco-duplicates` folder."""
 
+    model_config = ConfigDict(json_schema_extra=_one_of("groups", "kinds"))
+
     groups: list[str] = Field([], description="group ids; or:", max_length=10_000)
-    kinds: list[Kind] = Field([], description="every group of these kinds (exact, near; similar groups move only "
-                              "by id)", max_length=3)
+    kinds: list[Literal["exact", "near"]] = Field([], description="every group of these kinds (similar groups are "
+                                                  "moved only by id)", max_length=2)
     keepers: dict[str, int] = Field({}, description="{group id: photo id} to keep instead of the suggested one")
     dry_run: bool = Field(False, description="say what would move, move nothing")
+
+    @model_validator(mode="after")
+    def _named(self) -> MoveRequest:
+        _check_one_of(self, ("groups", "kinds"), "name the groups to move (their ids) or their kinds (exact, near)")
+        return self
 
 
 class UndoRequest(BaseModel):

@@ -85,6 +85,7 @@ from app.api.models import (
     FOLDER_FIELD,
     IMAGE_TYPES,
     INCLUDE_QUERIES,
+    MAX_ID,
     TAKEN_FROM_FIELD,
     TAKEN_TO_FIELD,
     Base64Query,
@@ -113,7 +114,7 @@ from app.page.handlers import MAX_RESULTS, NoSuchFolder, SearchApp
 from app.page.review import MAX_PAGE
 from app.page.uploads import read_upload, upload_suffix
 from index.build.plan import content_hash
-from index.catalog import MAX_ID, display_path, taken_text
+from index.catalog import display_path, taken_text
 from index.image_index import ImageIndex
 from index.overview.documents import MAX_PAGE as MAX_VIEW_PAGE
 from index.overview.documents import (
@@ -124,7 +125,7 @@ from index.overview.documents import (
     unusual_document,
 )
 from index.query import check_query_vector
-from moco.errors import UserError, clipped, quoted
+from moco.errors import NotFoundError, UserError, clipped, quoted
 
 __all__ = ["SearchService", "Filters", "api_routes"]
 
@@ -144,7 +145,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (503, "busy (shed with Retry-After) or the index is not ready yet")]}
 
 
-class NotFound(UserError):
+class NotFound(NotFoundError):
     """A photo id the index does not hold (HTTP 404)."""
 
 
@@ -572,7 +573,7 @@ def api_routes(service: SearchService) -> list[Any]:
                     return _error(503, str(e), {"Retry-After": str(e.retry_after)})
                 except NotReady as e:
                     return _error(503, str(e), {"Retry-After": "10"})
-                except (NotFound, NoSuchFolder) as e:
+                except (NotFoundError, NoSuchFolder) as e:
                     return _error(404, str(e))
                 except UserError as e:
                     logger.warning("%s", clipped(str(e), MAX_DETAIL))  # one line in the log, as the page's errors

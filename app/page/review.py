@@ -28,7 +28,7 @@ from index.resolve.actions import (
     undo_moves,
 )
 from index.resolve.journal import Journal
-from moco.errors import UserError
+from moco.errors import NotFoundError, UserError
 
 __all__ = ["DuplicateReview", "ReviewPage", "PAGE_SIZE", "MAX_PAGE"]
 
@@ -81,8 +81,8 @@ class DuplicateReview:
         """Groups ``offset`` .. ``offset + limit`` of the last search, of ``kinds`` (None: those it searched)."""
         doc = self.saved()
         if doc is None:
-            raise UserError(f"no search for duplicates yet: run `moco index dedup {self.ready_index().dir}` or press "
-                            "Find duplicates in the page's Collection tab")
+            raise NotFoundError(f"no search for duplicates yet: run `moco index dedup {self.ready_index().dir}` or "
+                                "press Find duplicates in the page's Collection tab")
         kinds = tuple(kinds or doc.get("kinds") or KINDS)
         bad = [k for k in kinds if k not in KINDS]
         if bad:
@@ -97,7 +97,7 @@ class DuplicateReview:
         for g in (self.saved() or {}).get("groups", []):
             if g["id"] == gid:
                 return g
-        raise UserError(f"no group {gid!r} in the last search: it was moved, marked, or the search was made again; "
+        raise NotFoundError(f"no group {gid!r} in the last search: it was moved, marked, or the search was made again; "
                         "reload the groups")
 
     def find(self, threshold: float | None = None, similar: bool = False,
@@ -131,12 +131,13 @@ class DuplicateReview:
                             "time")
         doc = self.saved()
         if doc is None:
-            raise UserError("no search for duplicates yet: find the duplicates first")
+            raise NotFoundError("no search for duplicates yet: find the duplicates first")
         groups = select_groups(doc["groups"], kinds or None, gids or None)
         if keepers:
             unknown = [g for g in keepers if g not in {x["id"] for x in groups}]
             if unknown:
-                raise UserError(f"keepers for groups not moved: {', '.join(map(repr, unknown))}")
+                raise NotFoundError(f"keepers for groups not moved: {', '.join(map(repr, unknown))}: no such group "
+                                    "among those the request moves")
         with self._acting:
             return move_duplicates(self.ready_index(), groups, None, keepers, dry_run, self.device)
 

@@ -43,7 +43,7 @@ from index.index_dir import DEDUP_FILE, INDEX_ID_KEY
 from index.keeper import CHOSEN
 from index.resolve.journal import Entry, Journal, is_marked, mark_destination
 from index.resolve.transfer import TransferError, free_name, same_file, transfer
-from moco.errors import UserError
+from moco.errors import NotFoundError, UserError
 from moco.files import lock_dir
 
 __all__ = ["move_duplicates", "undo_moves", "settle", "mark_not_duplicates", "choose_keeper", "destination",
@@ -251,7 +251,7 @@ def select_groups(groups: list[dict[str, Any]], kinds: Iterable[str] | None = No
         by_id = {g["id"]: g for g in groups}
         missing = [i for i in ids if i not in by_id]
         if missing:
-            raise UserError(f"no group {', '.join(map(repr, missing))} in the search: give ids it lists")
+            raise NotFoundError(f"no group {', '.join(map(repr, missing))} in the search: give ids it lists")
         return [by_id[i] for i in dict.fromkeys(ids)]
     kinds = tuple(kinds or DEFAULT_KINDS)
     return [g for g in groups if g["kind"] in kinds]
@@ -357,8 +357,8 @@ def undo_moves(index: ImageIndex, batch: str | None = None, device: str = "auto"
         out.finished = len(cut)
         entries = journal.outstanding(batch)
         if batch and not entries and not journal.batch(batch):
-            raise UserError(f"no moves {batch!r} in the journal of {index.dir}: `moco index dedup {index.dir} --undo` "
-                            "without one puts back every move")
+            raise NotFoundError(f"no moves {batch!r} in the journal of {index.dir}: `moco index dedup {index.dir} "
+                                "--undo` without one puts back every move")
         _writable({(index.root / e.path).parent for e in entries} | {Path(e.dest).parent for e in entries},
                   "the photos cannot be put back")
         for e in entries:
@@ -392,8 +392,8 @@ def search_again(index: ImageIndex) -> Search:
 def _saved(index: ImageIndex) -> dict[str, Any]:
     doc = load_duplicates(index.dir)
     if doc is None:
-        raise UserError(f"no search for duplicates yet ({index.dir / DEDUP_FILE}): run `moco index dedup {index.dir}` "
-                        "(or press Find duplicates on the page) first")
+        raise NotFoundError(f"no search for duplicates yet ({index.dir / DEDUP_FILE}): run `moco index dedup "
+                            f"{index.dir}` (or press Find duplicates on the page) first")
     return doc
 
 
