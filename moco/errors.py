@@ -9,7 +9,7 @@ import errno
 import os
 
 __all__ = ["UserError", "NotFoundError", "StorageError", "NetworkError", "storage_error", "quoted", "clipped",
-           "MAX_QUOTED"]
+           "plural", "MAX_QUOTED"]
 
 # What a message repeats of a value it was given (a folder, a name, an id from a request) at most, in characters:
 # a 20 MB folder string never comes back in a 20 MB message, nor goes into a log.
@@ -51,6 +51,12 @@ def clipped(text: str, limit: int = MAX_QUOTED) -> str:
     """``text`` itself when it has at most ``limit`` characters, else its start and how long it was."""
     text = str(text)
     return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``n`` and the noun for it, as a message counts: ``1 photo``, ``2 photos``, ``0 groups`` (``words``: an
+    irregular plural)."""
+    return f"{n} {word if n == 1 else words or word + 's'}"
 
 
 def quoted(value: object, limit: int = MAX_QUOTED) -> str:

@@ -61,7 +61,7 @@ def test_the_map_payload_holds_every_indexed_photo_once_as_the_index_lays_it_out
 def test_many_folders_share_one_colour_past_the_largest_and_big_ids_stay_exact():
     ids = np.array([3, 2**40 + 1], np.int64)
     p = map_payload(ids, np.array([[0, 0], [1, 1]], np.float32), np.array([0, NO_THEME]), np.array([0, NO_THEME]),
-                    [{"id": 0, "size": 1, "label": "theme 1 (1)"}], ["a"], "t/", other_folders=30)
+                    [{"id": 0, "size": 1, "label": "theme 0 (1)"}], ["a"], "t/", other_folders=30)
     assert p["ids_type"] == "f64" and _array(p, "ids", np.float64).tolist() == [3.0, 2.0**40 + 1]
     assert _array(p, "xy", np.uint16).tolist() == [0, 0, 65535, 65535] and p["other_folders"] == 30
 
@@ -170,6 +170,6 @@ def test_browse_pages_by_folder_theme_and_date(app):
     assert all(c.endswith(r.path) for (_, c), r in zip(gallery, rows))
     _, ids, where, offset = app.overview.browse(None, 0, "-date", 10**6, limit=4)
     rows, total = app.index.browse(theme=0, sort="-date", offset=offset, limit=4)
-    assert offset == (total - 1) // 4 * 4 and ids == [r.id for r in rows] and "of theme 1" in where
+    assert offset == (total - 1) // 4 * 4 and ids == [r.id for r in rows] and "of theme 0" in where
     with pytest.raises(UserError, match="no sub-folder"):
         app.folder_on_disk("no-such-folder")

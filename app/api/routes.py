@@ -89,6 +89,7 @@ from app.api.models import (
     TAKEN_FROM_FIELD,
     TAKEN_TO_FIELD,
     Base64Query,
+    BrowsePhoto,
     CollectionMap,
     Duplicates,
     ErrorResponse,
@@ -637,6 +638,18 @@ def api_routes(service: SearchService) -> list[Any]:
         itself is left out unless `include_queries`."""
         filters = Filters(folder, tuple(exclude_folders), taken_from, taken_to)
         return await service.search_id(photo_id, k, folder, offset, filters, deduplicate, include_queries)
+
+    @router.get("/photos/{photo_id}", response_model=BrowsePhoto, responses=ERRORS, summary="One indexed photo",
+                tags=["collection"])
+    def photo(photo_id: int = PathParam(ge=0, le=MAX_ID)) -> BrowsePhoto:
+        """An indexed photo's path (relative to the collection), date taken and pixels: what a page of /photos lists
+        for it (the page's map shows it on hover)."""
+        service._ready()
+        row = app.ready_index().catalog.rows_by_id([photo_id]).get(photo_id)
+        if row is None or row.deleted or row.status != "ok":
+            raise NotFound(f"photo id {photo_id} is not an indexed photo: search again for current ids")
+        return BrowsePhoto(id=row.id, path=display_path(row.path), taken=taken_text(row.taken), width=row.width,
+                           height=row.height)
 
     @router.get("/photos/{photo_id}/thumbnail", responses={**ERRORS, 200: {"content": {"image/jpeg": {}}}},
                 response_class=FileResponse, summary="A photo's thumbnail")

@@ -58,7 +58,7 @@ const PALETTE = ['#1f77b4', '#ff7f0e', '#2ca02c', '#d62728', '#9467bd', '#8c564b
   '#756bb1', '#636363', '#f7b6d2', '#9edae5', '#c49c94', '#dbdb8d'];
 const OTHER = '#b0b0b0';
 const st = {colour: 'theme', tool: 'box', data: null, n: 0, px: null, py: null, cells: null, cellStart: null,
-  cell: 16, cols: 0, rows: 0, w: 0, h: 0, drag: null, selected: null, lastId: null, hover: -1};
+  cell: 16, cols: 0, rows: 0, w: 0, h: 0, drag: null, selected: null, lastId: null, hover: -1, paths: new Map()};
 
 function decode(b64, Type) {
   const bin = atob(b64 || ''), bytes = new Uint8Array(bin.length);
@@ -268,9 +268,14 @@ function tip(i, x, y) {
   const d = st.data, id = d.ids[i];
   if (st.lastId !== id) {
     p.tip.querySelector('img').src = d.thumbs + id + '.jpg';
-    const theme = d.themes[d.theme[i]], folder = d.folders[d.folder[i]];
-    p.tip.querySelector('span').textContent = [theme ? theme.label : '', folder !== undefined ? folder + '/' : '']
-      .filter(Boolean).join(' · ');
+    const theme = d.themes[d.theme[i]], folder = d.folders[d.folder[i]], span = p.tip.querySelector('span');
+    const show = path => { span.textContent = [theme ? theme.label : '', path].filter(Boolean).join(' · '); };
+    show(st.paths.get(id) || (folder !== undefined ? folder + '/' : ''));
+    if (!st.paths.has(id)) {  // the file's name: asked once per photo, from the API the page's login opens
+      fetch('api/v1/photos/' + String(id), {credentials: 'same-origin'}).then(r => r.ok ? r.json() : null)
+        .then(j => { if (j && j.path) { st.paths.set(id, j.path); if (st.lastId === id) show(j.path); } })
+        .catch(() => {});
+    }
     p.tip.dataset.id = String(id);
     st.lastId = id;
   }

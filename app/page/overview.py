@@ -22,7 +22,7 @@ import numpy as np
 
 from index.catalog import Row, display_path, taken_text
 from index.image_index import ImageIndex
-from moco.errors import UserError
+from moco.errors import UserError, plural
 
 __all__ = ["CollectionOverview", "map_payload", "region_mask", "quantise", "SORTS", "PAGE", "MAX_SELECTED",
            "MAX_FOLDER_COLOURS", "MAX_LASSO_POINTS"]
@@ -138,7 +138,7 @@ class CollectionOverview:
         place = np.full(max([t.id for t in themes.themes], default=0) + 2, NO_THEME, np.int64)  # theme id -> its card
         place[[t.id for t in themes.themes]] = np.arange(len(themes.themes))
         theme = place[np.where((cmap.theme >= 0) & (cmap.theme < len(place) - 1), cmap.theme, -1)]  # N; none: NO_THEME
-        labels = [{"id": t.id, "size": t.size, "label": f"theme {t.id + 1} ({t.size})"} for t in themes.themes]
+        labels = [{"id": t.id, "size": t.size, "label": f"theme {t.id} ({t.size})"} for t in themes.themes]
         rows = index.catalog.rows_by_id(cmap.ids.tolist())
         top = [_top_folder(rows[int(i)].path) if int(i) in rows else "" for i in cmap.ids]
         counts = Counter(top).most_common()
@@ -210,11 +210,12 @@ class CollectionOverview:
             folders = " · ".join(f"<code>{html.escape(display_path(f) + '/' if f else '(top folder)')}</code> "
                                  f"{c}" for f, c in t.folders)
             cards.append(f'<div class="theme-card" data-theme="{t.id}" role="button" tabindex="0">'
-                         f"<h4>Theme {t.id + 1} · {t.size} photos</h4><div class=theme-thumbs>{''.join(imgs)}</div>"
+                         f"<h4>Theme {t.id} · {plural(t.size, 'photo')}</h4>"
+                         f"<div class=theme-thumbs>{''.join(imgs)}</div>"
                          f'<p class="theme-folders">{folders}</p></div>')
         head = (f"<p class=theme-head><b>{len(themes.themes)} themes</b> of {len(themes.ids)} photos, by size: each "
                 "shown by its most central photos and its folders. Click one to browse it.</p>")
-        choices = [(f"Theme {t.id + 1} ({t.size} photos)", t.id) for t in themes.themes]
+        choices = [(f"Theme {t.id} ({plural(t.size, 'photo')})", t.id) for t in themes.themes]
         return head + "".join(cards), choices
 
     # --------------------------------------------------------------------------------- unusual
@@ -249,7 +250,7 @@ class CollectionOverview:
         if not rows and total and offset:  # past the end: the last page
             return self.browse(folder, theme, sort, (total - 1) // limit * limit, limit)
         what = "".join([f" in `{display_path(folder)}/`" if folder else "",
-                        f" of theme {int(theme) + 1}" if theme is not None else ""])
+                        f" of theme {int(theme)}" if theme is not None else ""])
         order = next((label for label, value in SORTS.items() if value == sort), sort)
         where = (f"Photos {offset + 1}–{offset + len(rows)} of **{total}**{what}, by {order}" if rows
                  else f"No photos{what}.")

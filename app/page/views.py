@@ -84,10 +84,34 @@ def _size(n: int | None) -> str:
     return "" if n is None else f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
 
 
+def _to_keeper(group: dict[str, Any], index: ImageIndex) -> dict[int, tuple[float | None, float | None]]:
+    """Each member's (copy score, centred cosine) to the group's keeper. The search measured both to the
+    representative: they are the keeper's when the keeper is the representative, and the representative's own
+    pair is the keeper's row. Another member's cosine to another keeper comes from their vectors in the index's space
+    (its copy score to that keeper was never measured: None); a member no longer indexed gets (None, None)."""
+    keep = group.get("keep_id")
+    rep = (group.get("representative") or {}).get("id")
+    by_id = {m["id"]: m for m in group["members"]}
+    pair = lambda m: (m.get("copy_score"), m.get("similarity", m.get("best_similarity")))  # noqa: E731
+    if keep == rep or keep not in by_id:
+        return {i: pair(m) for i, m in by_id.items()}
+    out = {i: (None, None) for i in by_id}
+    out[rep] = pair(by_id[keep])
+    others = [i for i in by_id if i not in (keep, rep)]
+    if others:
+        try:
+            v = index.center(index.vectors(np.array([keep, *others], np.int64)))  # 1 + n x D, unit
+        except KeyError:  # a member moved or deleted since the search
+            return out
+        for i, cos in zip(others, (v[1:] @ v[0]).tolist()):
+            out[i] = (None, float(cos))
+    return out
+
+
 def groups_html(groups: list[dict[str, Any]], index: ImageIndex, start: int = 0, total: int | None = None) -> str:
     """Groups of duplicates, each in its own panel: its number (from ``start`` + 1, of ``total``), kind, size, id,
-    keeper and why; each member with its thumbnail, its pixels, size and date, its path, and its cosine to the
-    representative (or "keep", or "identical to the keeper")."""
+    keeper and why; each member with its thumbnail, its pixels, size and date, its path, and its copy score and
+    cosine to the keeper (or "keep", or "identical to the keeper")."""
     if not groups:
         return ""
     total = len(groups) if total is None else total
@@ -96,14 +120,16 @@ def groups_html(groups: list[dict[str, Any]], index: ImageIndex, start: int = 0,
         figures = []
         keep = group.get("keep_id")
         keep_hash = next((m.get("hash") for m in group["members"] if m["id"] == keep), None)
+        to_keeper = _to_keeper(group, index)
         for m in group["members"]:
             thumb = index.dir / m["thumb"] if m.get("thumb") else None
             img = (f'<img src="gradio_api/file={html.escape(str(thumb))}" alt="">' if thumb and thumb.is_file()
                    else "")
-            cos = score_text(m.get("similarity", m.get("best_similarity", 1.0)))
-            copy = f"copy {m['copy_score']:.3f} · " if m.get("copy_score") is not None else ""
+            copy_score, cosine = to_keeper[m["id"]]
+            copy = f"copy {copy_score:.3f} · " if copy_score is not None else ""
             label = ("✓ keep" if m["id"] == keep else "identical to the keeper" if keep_hash and m.get("hash") ==
-                     keep_hash else f"{copy}cos {cos}")
+                     keep_hash else f"{copy}cos {score_text(cosine)} to the keeper" if cosine is not None
+                     else "no longer indexed")
             facts = " · ".join(x for x in (f"{m['width']}×{m['height']}" if m.get("width") else "",
                                             _size(m.get("bytes")), _when(m)) if x)
             figures.append(f'<figure data-id="{m["id"]}"{" class=dup-keep" if m["id"] == keep else ""}>{img}'
