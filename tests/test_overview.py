@@ -18,7 +18,7 @@ from PIL import Image
 from index.build.runner import build_index, update_index
 from index.image_index import ImageIndex
 from index.overview.cache import cache_file, centred_vectors, forget_views, index_version, space_vectors
-from index.overview.layout import collection_map, pca_layout, scale_unit
+from index.overview.layout import collection_map, map_faces, pca_layout, save_map_png, scale_unit
 from index.overview.themes import SMOOTH, auto_themes, collection_themes, smoothed_vectors, theme_members
 from index.overview.unusual import unusual_photos
 from moco.data.sample import make_sample_collection
@@ -245,6 +245,12 @@ def test_the_commands_print_the_views(built, tmp_path, capsys):
     assert [r["theme"] for r in rows] == m.theme.tolist()
     with Image.open(tmp_path / "map.png") as png:
         assert png.format == "PNG" and png.size == (1200, 1200)
+        drawn = np.asarray(png.convert("RGB"), np.float32)
+    save_map_png(m, tmp_path / "dots.png", idx.root.name)  # the same map without thumbnails
+    with Image.open(tmp_path / "dots.png") as png:
+        dots = np.asarray(png.convert("RGB"), np.float32)
+    faces = map_faces(m.xy)
+    assert faces and np.abs(drawn - dots).mean(axis=2).__gt__(30).sum() > len(faces) * 400  # thumbnails drawn
     assert main(["index", "themes", str(built["idx"]), "--json"]) == 0
     doc = _json(capsys)
     assert doc["k"] == themes.k and doc["count"] == len(themes.ids)
@@ -287,3 +293,17 @@ def test_umap_without_its_extra_names_the_extra(built):
     else:
         m = collection_map(ImageIndex.open(built["idx"]), "umap")
         assert m.method == "umap" and m.xy.min() >= 0 and m.xy.max() <= 1 and len(m.ids) == len(set(m.ids.tolist()))
+
+
+@pytest.mark.parametrize("grid", [1, 3, 10])
+def test_the_maps_faces_are_each_cells_point_closest_to_its_centre(grid):
+    rng = np.random.default_rng(grid)
+    xy = np.concatenate([rng.random((200, 2)), [[0.0, 0.0], [1.0, 1.0]]]).astype(np.float32)
+    want = {}
+    for i, (x, y) in enumerate(xy.tolist()):  # brute force: every point against its cell's best so far
+        c = (min(int(x * grid), grid - 1), min(int(y * grid), grid - 1))
+        d = (x - (c[0] + 0.5) / grid) ** 2 + (y - (c[1] + 0.5) / grid) ** 2
+        if c not in want or d < want[c][0]:
+            want[c] = (d, i)
+    got = map_faces(xy, grid)
+    assert {(c, r): i for c, r, i in got} == {c: i for c, (_, i) in want.items()} and len(got) == len(want)

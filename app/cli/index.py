@@ -126,7 +126,8 @@ def _add_views(cmds: argparse._SubParsersAction) -> None:
                         "only after the index changed).")
     p.add_argument("index_dir", metavar="IDX")
     p.add_argument("-o", "--out", default=None, metavar="MAP.png",
-                   help="draw the map as a PNG, coloured by theme (needs the plot extra: matplotlib)")
+                   help="draw the map as a PNG, coloured by theme, with a thumbnail of a photo in each part of it "
+                   "(needs the plot extra: matplotlib)")
     p.add_argument("--method", choices=["pca", "umap"], default="pca",
                    help="pca (default: numpy only) or umap (the map extra: umap-learn; keeps neighbours together)")
     p.add_argument("--refresh", action="store_true", help="compute it again even if the index did not change")
@@ -414,8 +415,10 @@ def cmd_map(args: argparse.Namespace) -> int:
     doc = map_document(idx, args.method, args.refresh)
     if args.out:
         m = collection_map(idx, args.method)  # the same map: read back from memory
+        rows = idx.catalog.rows_by_id(m.ids)
         save_map_png(m, args.out, f"{display_path(idx.root.name)}: {doc['count']} photos ({args.method}), "
-                                  f"{len(set(doc['theme']))} themes")
+                                  f"{len(set(doc['theme']))} themes",
+                     thumbs=lambda i: idx.thumb_path(rows[i]) if i in rows else None)
     if args.json:
         print(json.dumps(map_rows(idx, doc)))
     else:

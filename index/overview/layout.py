@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import io
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,8 +27,8 @@ from index.overview.themes import theme_labels
 from moco.errors import UserError
 from moco.files import atomic_write
 
-__all__ = ["CollectionMap", "collection_map", "pca_layout", "umap_layout", "scale_unit", "save_map_png", "METHODS",
-           "MAP_EXTRA"]
+__all__ = ["CollectionMap", "collection_map", "pca_layout", "umap_layout", "scale_unit", "save_map_png", "map_faces",
+           "METHODS", "MAP_EXTRA", "FACES_GRID"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +36,7 @@ METHODS = ("pca", "umap")
 MAP_EXTRA = "pip install 'moco-retrieval[map]'"
 UMAP_NEIGHBOURS = 15  # umap-learn's default
 SEED = 0
+FACES_GRID = 10  # the drawn map shows a photo's thumbnail in each occupied cell of a 10 x 10 grid
 
 
 @dataclass(frozen=True)
@@ -121,10 +124,27 @@ def collection_map(index: Collection, method: str = "pca", refresh: bool = False
     return CollectionMap(ids, arrays["xy"], theme, method, version)
 
 
-def save_map_png(m: CollectionMap, path: str | Path, title: str = "") -> Path:
-    """Draw the map ``m`` as a PNG at ``path``, each point coloured by its theme and each theme's id written at its
-    photos' median point; a UserError naming the ``plot`` extra when matplotlib is not installed, or naming ``path``
-    when it is not a .png."""
+def map_faces(xy: np.ndarray, grid: int = FACES_GRID) -> list[tuple[int, int, int]]:
+    """The photos a drawn map shows as thumbnails: in each cell of a ``grid`` x ``grid`` split of [0, 1]² that holds
+    points, the point closest to the cell's centre (ties: the first); as (column, row, position in ``xy``)."""
+    if not len(xy):
+        return []
+    xy = np.asarray(xy, np.float64)  # N x 2
+    cell = np.clip((xy * grid).astype(np.int64), 0, grid - 1)  # N x 2
+    key = cell[:, 1] * grid + cell[:, 0]  # N
+    centre = (cell + 0.5) / grid  # N x 2
+    d = ((xy - centre) ** 2).sum(1)  # N
+    order = np.lexsort((np.arange(len(xy)), d, key))  # by cell, then distance, then position
+    first = order[np.r_[True, key[order][1:] != key[order][:-1]]]  # the closest point of each occupied cell
+    return [(int(cell[i, 0]), int(cell[i, 1]), int(i)) for i in first]
+
+
+def save_map_png(m: CollectionMap, path: str | Path, title: str = "",
+                 thumbs: Callable[[int], Path | None] | None = None) -> Path:
+    """Draw the map ``m`` as a PNG at ``path``, each point coloured by its theme, each theme's id written at its
+    photos' median point, and (``thumbs``: a photo id's thumbnail file, or None) a thumbnail of one photo in each
+    occupied cell of a grid (:func:`map_faces`), framed in its theme's colour; a UserError naming the ``plot`` extra
+    when matplotlib is not installed, or naming ``path`` when it is not a .png."""
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise UserError(f"-o {path}: the map is drawn as a PNG: give a name ending in .png")
@@ -140,9 +160,11 @@ def save_map_png(m: CollectionMap, path: str | Path, title: str = "") -> Path:
     n = len(m.ids)
     colours = _theme_colours(m.theme)  # N x 4
     ax.scatter(m.xy[:, 0], m.xy[:, 1], s=max(0.5, min(24.0, 20_000 / max(n, 1))), c=colours, linewidths=0)
+    if thumbs is not None:
+        _draw_faces(ax, m, colours, thumbs)
     for t in np.unique(m.theme[m.theme >= 0]):
         cx, cy = np.median(m.xy[m.theme == t], axis=0)
-        ax.text(cx, cy, str(int(t)), fontsize=8, ha="center", va="center", weight="bold",
+        ax.text(cx, cy, str(int(t)), fontsize=8, ha="center", va="center", weight="bold", zorder=5,
                 bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.7})
     ax.set_xlim(-0.02, 1.02)
     ax.set_ylim(-0.02, 1.02)
@@ -155,6 +177,32 @@ def save_map_png(m: CollectionMap, path: str | Path, title: str = "") -> Path:
     fig.savefig(buf, format="png")
     atomic_write(path, lambda f: f.write(buf.getvalue()))
     return path
+
+
+def _draw_faces(ax: Any, m: CollectionMap, colours: np.ndarray, thumbs: Callable[[int], Path | None]) -> None:
+    """Each face of :func:`map_faces` drawn at its point, about 70% of a grid cell wide (within the map)."""
+    from PIL import Image
+
+    half = 0.35 / FACES_GRID
+    for _, _, i in map_faces(m.xy):
+        thumb = thumbs(int(m.ids[i]))
+        if thumb is None:
+            continue
+        try:
+            with Image.open(thumb) as im:
+                face = np.asarray(im.convert("RGB").resize((96, 96), Image.Resampling.BICUBIC))
+        except OSError as e:  # a thumbnail gone or damaged: that cell keeps its dots
+            logger.debug("no thumbnail for photo %d on the map: %s", int(m.ids[i]), e)
+            continue
+        x, y = np.clip(m.xy[i], half, 1 - half)
+        ax.imshow(face, extent=(x - half, x + half, y - half, y + half), zorder=3, interpolation="antialiased")
+        ax.add_patch(_frame(x, y, half, colours[i]))
+
+
+def _frame(x: float, y: float, half: float, colour: np.ndarray) -> Any:
+    from matplotlib.patches import Rectangle
+
+    return Rectangle((x - half, y - half), 2 * half, 2 * half, fill=False, lw=1.5, ec=tuple(colour[:3]), zorder=4)
 
 
 def _theme_colours(theme: np.ndarray) -> np.ndarray:
