@@ -477,17 +477,17 @@ def test_review_a_page_of_groups_change_a_keeper_move_and_undo(browser, dup_serv
     page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group')[1].innerText.includes('chosen by "
                            "you')", timeout=30_000)
     page.locator("#dup-move-btn").click()
-    text = _dup_message(page, "photos moved")
-    assert "1 photos moved" in text and "index updated" in text
+    text = _dup_message(page, "photo moved")
+    assert "1 photo moved" in text and "index updated" in text
     where = _where(dup_served["before"], photos, dups)
     assert [p for p, w in where.items() if w == "dest"] == [near[0]]  # the original moved, the chosen copy kept
     page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group').length == 1", timeout=30_000)
     # every exact group at once, then undo both moves
     page.locator("#dup-bulk-btn").click()
-    # the message of the move before says "1 photos moved" too: the groups gone say this move is done
+    # the message of the move before says "1 photo moved" too: the groups gone say this move is done
     page.wait_for_function("document.querySelector('#dup-where').innerText.includes('No exact or near groups')",
                            timeout=60_000)
-    _dup_message(page, "1 photos moved")
+    _dup_message(page, "1 photo moved")
     where = _where(dup_served["before"], photos, dups)
     assert sorted(p for p, w in where.items() if w == "dest") == sorted([near[0], exact[1]])
     _turns_enabled(page.locator("#dup-undo-btn"))

@@ -327,7 +327,7 @@ def test_move_and_undo_through_the_cli(coll, capsys):
     assert _bytes(photos) == coll["before"] and not dest.exists()  # a dry run moves nothing
     assert main(["index", "dedup", idx, "--move-to", str(dest), "--kind", "exact"]) == 0
     out = capsys.readouterr().out
-    assert "1 photos moved" in out and "index updated" in out
+    assert "1 photo moved" in out and "index updated" in out
     where = _where(coll["before"], photos, dest)
     assert [p for p, w in where.items() if w == "dest"] == ["inbox/exact.jpg"]  # its path kept under DIR
     assert "inbox/exact.jpg" not in _indexed(coll["idx"]) and "inbox/small.png" in _indexed(coll["idx"])

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from index.catalog import display_path, taken_bound, taken_text
-from moco.errors import UserError
+from moco.errors import UserError, plural
 
 if TYPE_CHECKING:
     from index.image_index import ImageIndex
@@ -328,7 +328,7 @@ def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
         print(json.dumps(groups))
         return 0
     for n, g in enumerate(groups, 1):
-        print(f"group {n} {g['id']} ({g['kind']}, {g['size']} images, {g['loosest']:.4f}-{g['tightest']:.4f} to "
+        print(f"group {n} {g['id']} ({g['kind']}, {g['size']} photos, {g['loosest']:.4f}-{g['tightest']:.4f} to "
               f"{display_path(g['representative']['path'])}); keep {display_path(g['keep'])}: {g['reason']}")
         for m in g["members"]:
             marks = [w for w, on in (("representative", m["id"] == g["representative"]["id"]),
@@ -337,13 +337,17 @@ def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
             print(f"  {m['similarity']:.4f}  {m['id']:>6}  {display_path(m['path'])}"
                   f"{'  (' + ', '.join(marks) + ')' if marks else ''}{copy}")
     counts = ", ".join(f"{sum(g['kind'] == k for g in groups)} {k}" for k in kinds)
-    similar = f"; similar at >= {d['similar_threshold']}" if "similar" in kinds else ""
-    print(f"{len(groups)} groups ({counts}); near: every photo a copy of its group's representative by its pixels "
-          f"(copy score >= {d['copy_score']}), of {d['proposed']} pairs proposed by the model at cosine >= "
-          f"{d['threshold']} ({describe_threshold(d)}) and by each photo's {d['propose_k']} closest photos; "
-          f"{d['turned_down']} of the model's pairs at that cosine are no copies; {d['crowded']} photos matching "
-          f"10 others or more by pixels left out of near groups{similar}; saved to "
-          f"{display_path(str(Path(args.index_dir) / 'dedup.json'))}")
+    lines = [f"{plural(len(groups), 'group')} ({counts}), saved to "
+             f"{display_path(str(Path(args.index_dir) / 'dedup.json'))}",
+             f"  near: every photo a copy of its group's representative by its pixels (copy score >= "
+             f"{d['copy_score']})",
+             f"  proposed: {plural(d['proposed'], 'pair')}, by the model at cosine >= {d['threshold']} "
+             f"({describe_threshold(d)}) and by each photo's {d['propose_k']} closest photos",
+             f"  turned down: {d['turned_down']} of the model's pairs at that cosine are no copies",
+             f"  left out: {plural(d['crowded'], 'photo')} matching 10 others or more by pixels (a sky, a gradient)"]
+    if "similar" in kinds:
+        lines.append(f"  similar: cosine >= {d['similar_threshold']}")
+    print("\n".join(lines))
     return 0
 
 
@@ -357,9 +361,10 @@ def _print_outcome(out: Any, args: argparse.Namespace) -> None:
     for s in out.skipped:
         print(f"skipped  {s['path']}: {s['reason']}", file=sys.stderr)
     tail = (f"; finished {out.finished} cut off by an earlier kill" if out.finished else "") + (
-        f"; index updated, {out.groups} groups left" if out.updated and out.groups is not None else "")
+        f"; index updated, {plural(out.groups, 'group')} left" if out.updated and out.groups is not None else "")
     what = f" (action {out.batch})" if out.batch else ""
-    print(f"{len(out.done)} photos {verb}{what}{tail}" + (f"; destination {out.destination}" if out.destination
+    done = plural(len(out.done), "photo")
+    print(f"{done} {verb}{what}{tail}" + (f"; destination {out.destination}" if out.destination
                                                           else ""))
 
 

@@ -38,7 +38,7 @@ from app.page.uploads import read_upload
 from index.catalog import display_path, taken_bound, taken_text
 from index.image_index import ImageIndex, SearchResult
 from moco.data.photos import load_rgb, open_regular
-from moco.errors import UserError, quoted
+from moco.errors import UserError, plural, quoted
 
 __all__ = ["SearchApp", "Results", "NoSuchFolder", "FOLDER_PATTERN", "MAX_RESULTS", "ALL_FOLDERS", "VIEW_PX",
            "MAX_ORIGINAL_BYTES", "score_text", "FOLDER_MODES", "folder_filter"]
@@ -650,7 +650,7 @@ class SearchApp:
         recall = st["recall_at_10"]
         weak = st.get("weak_below")
         text = [
-            f"**{st['vectors']} images** searchable · {st['error']} unreadable · {st['pending']} pending",
+            f"**{plural(st['vectors'], 'image')}** searchable · {st['error']} unreadable · {st['pending']} pending",
             f"**Index:** {st['kind']} ({st['factory'] or 'faiss'}, {st['params'] or 'exact'}) · measured "
             f"recall@10 {recall if recall is not None else 'n/a'} · {'GPU' if st['on_gpu'] else 'CPU'} · "
             f"{st['size_on_disk_bytes'] / 1e6:.1f} MB on disk",
@@ -667,7 +667,8 @@ class SearchApp:
             groups = dup["groups"]
             counts = ", ".join(f"{sum(g['kind'] == k for g in groups)} {k}" for k in dup.get("kinds", ["near"]))
             source = dup.get("threshold_source", "")
-            text.append(f"**{len(groups)} groups of duplicates** ({counts}) · near: every photo at centred cosine ≥ "
+            text.append(f"**{plural(len(groups), 'group')} of duplicates** ({counts}) · near: every photo at centred "
+                        "cosine ≥ "
                         f"{dup['threshold']} to its group's representative{f' ({source})' if source else ''}"
                         + (f" · similar ≥ {dup['similar_threshold']}" if "similar" in dup.get("kinds", []) else "")
                         + f" · found {dup['created']}")

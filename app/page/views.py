@@ -19,7 +19,7 @@ from app.page.handlers import VIEW_PX, SearchApp, score_text
 from app.page.negatives.view import NegativesView
 from index.catalog import display_path
 from index.image_index import ImageIndex
-from moco.errors import UserError
+from moco.errors import UserError, plural
 
 __all__ = ["negatives_outputs", "groups_html", "review_outputs", "outcome_text", "status_outputs",
            "KIND_CHOICES", "READY_HINT", "PENDING_HINT"]
@@ -179,14 +179,15 @@ def review_outputs(app: SearchApp, kind: str, offset: int, gid: str | None = Non
     return (groups_html(page.groups, index, page.offset, page.total), where,
             gr.update(choices=labels, value=gid), gr.update(choices=keepers, value=str(group["keep_id"]) if group
                                                             else None),
-            message, page.offset, gr.update(interactive=moved > 0, value=f"Undo moves ({moved} photos)" if moved
+            message, page.offset, gr.update(interactive=moved > 0, value=f"Undo moves ({plural(moved, 'photo')})"
+                                            if moved
                                             else "Undo moves"))
 
 
 def outcome_text(out: Any) -> str:
     """A move's or an undo's result for the page: what moved, what did not and why."""
     verb = "moved" if out.action == "move" else "put back"
-    text = f"**{len(out.done)} photos {verb}**" + (f" to `{out.destination}`" if out.destination and out.done
+    text = f"**{plural(len(out.done), 'photo')} {verb}**" + (f" to `{out.destination}`" if out.destination and out.done
                                                   else "")
     if out.finished:
         text += f" · {out.finished} cut off by an earlier kill finished first"
