@@ -105,7 +105,7 @@ def _query(served) -> Path:
 
 def _search(page: Any, image: Path, k: int | None = None) -> None:
     page.locator("#query input[type=file]").set_input_files(str(image))
-    page.wait_for_timeout(300)
+    _turns_enabled(page.locator("#search-btn"))  # on once the photo is there
     if k is not None:
         _set_k(page, k, wait=False)
     page.locator("#search-btn").click()
@@ -178,11 +178,11 @@ def _breaks_only_after_a_slash(page: Any, box: str, path: str) -> None:
     assert set(out["before"]) == {"/"} and not out["out"], out
 
 
-def _turns_enabled(locator: Any) -> None:
-    """The element is enabled now or within Playwright's expect timeout (5 s)."""
+def _turns_enabled(locator: Any, enabled: bool = True) -> None:
+    """The element is enabled (or not) now or within 30 s (a guard, not a measurement)."""
     from playwright.sync_api import expect
 
-    expect(locator).to_be_enabled()
+    (expect(locator).to_be_enabled if enabled else expect(locator).to_be_disabled)(timeout=30_000)
 
 
 def _captions(page: Any) -> list[dict[str, Any]]:
@@ -407,18 +407,26 @@ def test_the_search_hint_and_buttons_follow_the_index(browser, pending):
     assert "turns on by itself when the index is ready" in before.locator(HINT).inner_text()
     for button in ("#search-btn", "#export-csv", "#export-json"):
         assert before.locator(button).is_disabled(), button
+    before.locator("#query input[type=file]").set_input_files(str(_query(pending)))  # a photo while it waits
+    before.wait_for_timeout(1000)
+    assert before.locator("#search-btn").is_disabled()  # no index yet: nothing to search
     pending["app"].attach(pending["idx"], device="cpu")
     before.wait_for_function(f"{HINT_TEXT}.includes('Upload a photo and press Search')", timeout=30_000)
-    _turns_enabled(before.locator("#search-btn"))
+    _turns_enabled(before.locator("#search-btn"))  # the photo given before: on with the index
     after = _new_page(browser, pending["url"], "desktop", "#title")  # a page opened once search is on
-    after.wait_for_function("document.querySelector('#search-btn') && !document.querySelector('#search-btn').disabled",
-                            timeout=30_000)  # it opens on the Search tab
+    after.wait_for_selector("#search-btn", timeout=30_000)  # it opens on the Search tab
     after.wait_for_function(f"{HINT_TEXT}.includes('Upload a photo and press Search')", timeout=30_000)
     for page in (before, after):
         assert "turns on by itself" not in page.locator(HINT).inner_text()
         assert page.locator("#export-csv").is_disabled() and page.locator("#export-json").is_disabled()  # no results
+        assert page.locator("#more-btn").is_disabled() and page.locator("#again-btn").is_disabled()  # no search
+    assert after.locator("#search-btn").is_disabled()  # no photo given: nothing to search with
     _search(after, _query(pending), k=4)
     _turns_enabled(after.locator("#export-csv"))
+    _turns_enabled(after.locator("#more-btn"))  # a full page of 4: more may follow
+    assert after.locator("#again-btn").is_disabled()  # nothing ticked yet
+    after.locator("#more-like label").first.click()
+    _turns_enabled(after.locator("#again-btn"))
     _close(before)
     _close(after)
 
@@ -472,10 +480,12 @@ def test_review_a_page_of_groups_change_a_keeper_move_and_undo(browser, dup_serv
     page.wait_for_function(f"document.querySelector('#dup-keeper').innerText.includes({json.dumps(near[1])})",
                            timeout=30_000)
     page.locator("#dup-keeper label", has_text=near[1]).click()
+    _turns_enabled(page.locator("#dup-keep-btn"))  # another photo than the keeper chosen
     page.locator("#dup-keep-btn").click()
     _dup_message(page, f"keeping {near[1]}")  # the path as code
     page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group')[1].innerText.includes('chosen by "
                            "you')", timeout=30_000)
+    _turns_enabled(page.locator("#dup-move-btn"))
     page.locator("#dup-move-btn").click()
     text = _dup_message(page, "photo moved")
     assert "1 photo moved" in text and "index updated" in text

@@ -88,6 +88,13 @@ CSS = """
 """
 
 
+# After a photo is opened: the focus off the clicked thumbnail, and on a narrow screen (a phone: one column, the
+# details panel far below the results) the details scrolled into view once drawn.
+SHOW_DETAILS = """() => { if (document.activeElement) document.activeElement.blur();
+  const d = document.querySelector('#details');
+  if (d && window.innerWidth < 800) setTimeout(() => d.scrollIntoView({block: 'start'}), 50); }"""
+
+
 def _error_text(e: BaseException) -> str:
     if isinstance(e, UserError):
         logger.warning("%s", e)  # one line in the server log, no traceback: the page says the same
@@ -201,7 +208,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                                                     elem_id="taken-from")
                             taken_to = gr.Textbox("", label="Taken to", placeholder="YYYY-MM-DD", max_lines=1,
                                                   elem_id="taken-to")
-                        go = gr.Button("Search", variant="primary", elem_id="search-btn", interactive=ready)
+                        go = gr.Button("Search", variant="primary", elem_id="search-btn", interactive=False)
                     with gr.Column(scale=3, min_width=300):
                         error = gr.Markdown(elem_id="search-error")  # what went wrong, apart from the results
                         info = gr.Markdown(READY_HINT if ready else PENDING_HINT, elem_id="search-info")
@@ -209,7 +216,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                                              height="auto", allow_preview=False, elem_id="results",
                                              elem_classes=["results"])
                         with gr.Row():
-                            more = gr.Button("More results", elem_id="more-btn", interactive=ready)
+                            more = gr.Button("More results", elem_id="more-btn", interactive=False)
                             csv_btn = gr.DownloadButton("Export CSV", elem_id="export-csv", interactive=False)
                             json_btn = gr.DownloadButton("Export JSON", elem_id="export-json", interactive=False)
                         with gr.Accordion("More like these, less like those", open=True, elem_id="multi"):
@@ -221,7 +228,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                                                      label="More photos to search with", elem_id="add-photos")
                                 avoid_photos = inputs.File(file_count="multiple", file_types=["image"], height=120,
                                                        label="Photos to be less like", elem_id="avoid-photos")
-                            again = gr.Button("Search again with these", elem_id="again-btn", interactive=ready)
+                            again = gr.Button("Search again with these", elem_id="again-btn", interactive=False)
                         with gr.Column(visible=False, elem_id="details") as details:
                             gr.Markdown("### Selected photo")
                             with gr.Row():
@@ -237,6 +244,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                                     original = inputs.File(label="Original", visible=False, elem_id="original-file")
                 state = gr.State(None)
                 picked = gr.State(None)  # the id of the photo in the details panel
+                has_image = gr.State(False)  # a query photo is given (Search can act)
 
                 def export_buttons(st: Results | None) -> tuple:  # on only with results to export
                     files = app.export(st) if st and st.ids else (None, None)
@@ -297,8 +305,30 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 # an error goes to `error`: the results shown stay, and so does their heading (`info`)
                 results = [gallery, info, state, csv_btn, json_btn, error]
                 search_inputs = [k, folder, folder_mode, taken_from, taken_to]
-                ticks = _safe(3, 2)(do_ticks)  # after every search: the results shown, to tick
-                tick_io = ([state, more_like, less_like], [more_like, less_like, error])
+                def do_buttons(st: Results | None, image: bool, more_: list[int] | None, less_: list[int] | None,
+                               add_: Any, avoid_: Any) -> tuple:  # each of them on exactly when it can act
+                    on = app.search_buttons(st, True if image else None, more_ or [], less_ or [], _paths(add_),
+                                            _paths(avoid_))
+                    return tuple(gr.Button(interactive=x) for x in on)
+
+                buttons = ([state, has_image, more_like, less_like, add_photos, avoid_photos], [go, more, again])
+                query.change(lambda img: img is not None, [query], [has_image], api_name=False, queue=False,
+                             show_progress="hidden").then(do_buttons, *buttons, api_name=False, queue=False,
+                                                          show_progress="hidden")
+                for source in (more_like, less_like, add_photos, avoid_photos):
+                    source.change(do_buttons, *buttons, api_name=False, queue=False, show_progress="hidden")
+
+                def do_ticks_then_buttons(st: Results | None, more_: list[int] | None, less_: list[int] | None,
+                                          image: bool, add_: Any, avoid_: Any) -> tuple:
+                    ticked = do_ticks(st, more_, less_)
+                    shown = {c for _, c in app.tick_choices(st)}
+                    ticks_now = [[i for i in x or [] if i in shown] for x in (more_, less_)]
+                    return (*ticked, *do_buttons(st, image, *ticks_now, add_, avoid_))
+
+                # after every search: the results shown, to tick, and the buttons that can act on them
+                ticks = _safe(6, 2)(do_ticks_then_buttons)
+                tick_io = ([state, more_like, less_like, has_image, add_photos, avoid_photos],
+                           [more_like, less_like, error, go, more, again])
                 if service is None:
                     go.click(_safe(6, 5)(do_search), [query, *search_inputs], results, api_name="search",
                              concurrency_id="model").then(ticks, *tick_io, api_name=False)
@@ -317,7 +347,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 gallery.select(_safe(13, 5)(do_select), [state],
                                [*results, query, details, preview, detail_md, path_box, picked, original],
                                api_name=False, concurrency_id="model").then(
-                    None, None, None, js="() => { if (document.activeElement) document.activeElement.blur(); }").then(
+                    None, None, None, js=SHOW_DETAILS).then(
                     ticks, *tick_io, api_name=False)
 
                 def do_open(image_id: int | None) -> Any:
@@ -354,7 +384,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
             def wire_gallery(shown: Any, ids: Any, message: Any) -> None:  # a click on a photo searches with it
                 shown.select(_safe(n_open, n_open - 1)(open_shown), [ids, *search_inputs], [*opened, message],
                              api_name=False, concurrency_id="model").then(
-                    None, None, None, js="() => { if (document.activeElement) document.activeElement.blur(); }")
+                    None, None, None, js=SHOW_DETAILS)
 
             with gr.Tab("Map", id="map") as map_tab:
                 map_info = gr.Markdown(elem_id="map-info")
@@ -561,16 +591,18 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                     group = inputs.Dropdown([], label="Group", elem_id="dup-group", scale=1)
                     keeper = inputs.Radio([], label="Keep", elem_id="dup-keeper", scale=2)
                 with gr.Row():
-                    keep_btn = gr.Button("Keep the one chosen", elem_id="dup-keep-btn")
-                    move_btn = gr.Button("Move the others", variant="primary", elem_id="dup-move-btn")
-                    not_btn = gr.Button("Not duplicates", elem_id="dup-not-btn")
+                    keep_btn = gr.Button("Keep the one chosen", elem_id="dup-keep-btn", interactive=False)
+                    move_btn = gr.Button("Move the others", variant="primary", elem_id="dup-move-btn",
+                                         interactive=False)
+                    not_btn = gr.Button("Not duplicates", elem_id="dup-not-btn", interactive=False)
                 with gr.Row():
                     bulk_btn = gr.Button("Move the others of every group shown (their keepers stay)",
-                                         elem_id="dup-bulk-btn")
+                                         elem_id="dup-bulk-btn", interactive=False)
                     undo_btn = gr.Button("Undo moves", elem_id="dup-undo-btn", interactive=False)
                 dup_message = gr.Markdown(elem_id="dup-message")
                 offset = gr.State(0)
-                review = [dups, where, group, keeper, dup_message, offset, undo_btn]
+                review = [dups, where, group, keeper, dup_message, offset, undo_btn, move_btn, not_btn, bulk_btn,
+                          keep_btn]
 
                 def do_collection(threshold_: float | None = None, similar_: bool = False, kind_: str = "",
                                   away_: str = "", offset_: int = 0) -> tuple:
@@ -610,22 +642,29 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 def do_group(kind_: str, offset_: int, gid: str | None) -> tuple:
                     return review_outputs(app, kind_, offset_, gid)
 
-                collection_fn = _safe(9, 6)(do_collection)
-                demo.load(lambda: collection_fn() if app.ready else (gr.skip(),) * 9, None,
+                collection_fn = _safe(13, 6)(do_collection)
+                demo.load(lambda: collection_fn() if app.ready else (gr.skip(),) * 13, None,
                           [stats, kind, *review], api_name="collection")
                 dedup.click(collection_fn, [threshold, similar, kind, dup_away], [stats, kind, *review],
                             api_name="dedup",
                             concurrency_id="dedup")
-                kind.input(_safe(7, 4)(lambda k_: review_outputs(app, k_, 0)), [kind], review, api_name=False)
-                prev_btn.click(_safe(7, 4)(lambda k_, o_: do_page(k_, o_, -1)), [kind, offset], review,
+                kind.input(_safe(11, 4)(lambda k_: review_outputs(app, k_, 0)), [kind], review, api_name=False)
+                prev_btn.click(_safe(11, 4)(lambda k_, o_: do_page(k_, o_, -1)), [kind, offset], review,
                                api_name=False)
-                next_btn.click(_safe(7, 4)(lambda k_, o_: do_page(k_, o_, 1)), [kind, offset], review,
+                next_btn.click(_safe(11, 4)(lambda k_, o_: do_page(k_, o_, 1)), [kind, offset], review,
                                api_name=False)
-                group.input(_safe(7, 4)(do_group), [kind, offset, group], review, api_name=False)
+                group.input(_safe(11, 4)(do_group), [kind, offset, group], review, api_name=False)
+
+                def do_keeper(gid: str | None, photo: str | None) -> Any:  # Keep: a photo other than the keeper
+                    current = app.duplicates.group(gid)["keep_id"] if gid else None
+                    return gr.Button(interactive=photo is not None and current is not None and int(photo) != current)
+
+                keeper.input(_safe(2, 1)(lambda g, p: (do_keeper(g, p), gr.skip())), [group, keeper],
+                             [keep_btn, dup_message], api_name=False, queue=False)
                 acting = [kind, offset, group, keeper]
                 for button, action in ((keep_btn, "keep"), (move_btn, "move"), (not_btn, "not"), (bulk_btn, "bulk"),
                                        (undo_btn, "undo")):
-                    button.click(_safe(8, 5)(functools.partial(do_act, action)), acting, [stats, *review],
+                    button.click(_safe(12, 5)(functools.partial(do_act, action)), acting, [stats, *review],
                                  api_name=False, concurrency_id="dedup")
             with gr.Tab("Status", id="status"):
                 status_md = gr.Markdown(elem_id="status-info")
@@ -635,12 +674,23 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                                        elem_id="knn-plot", visible=False)
         was_ready = gr.State(ready)
         timer = gr.Timer(STATUS_EVERY_S)
-        status_outs = [status_md, loss_plot, knn_plot, title, go, more, neg_go, dedup, folder, stats, dups, threshold,
-                       info, was_ready]
+        status_outs = [status_md, loss_plot, knn_plot, title, neg_go, dedup, folder, stats, dups, threshold, info,
+                       was_ready]
+        buttons_seen = gr.State(False)  # the Search tab's buttons were set with the index ready
+
+        def buttons_once(seen: bool, *search_state: Any) -> tuple:  # once the index is ready (a timer's tick)
+            if seen or not app.ready:
+                return (gr.skip(),) * 3 + (seen,)
+            return (*do_buttons(*search_state), True)
+
+        once = ([buttons_seen, *buttons[0]], [*buttons[1], buttons_seen])
         timer.tick(lambda r: status_outputs(app, r), [was_ready], status_outs, api_name=False,
-                   show_progress="hidden", queue=False)
+                   show_progress="hidden", queue=False).then(buttons_once, *once, api_name=False, queue=False,
+                                                             show_progress="hidden")
+
         def on_load(was: bool) -> tuple:  # a page opened once search is on shows the Search tab
             return (*status_outputs(app, was), gr.Tabs(selected="search") if app.ready and not was else gr.skip())
 
-        demo.load(on_load, [was_ready], [*status_outs, tabs], api_name="status", queue=False)
+        demo.load(on_load, [was_ready], [*status_outs, tabs], api_name="status", queue=False).then(
+            buttons_once, *once, api_name=False, queue=False, show_progress="hidden")
     return demo

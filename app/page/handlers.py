@@ -407,6 +407,18 @@ class SearchApp:
                                 centred=True, positives=positives, negatives=negatives if len(negatives) else None,
                                 query_ids=sorted(set(ids)), photo_ids=sorted(set(ids)))
 
+    def search_buttons(self, state: Results | None, image: Any = None, more_like: Sequence[Any] = (),
+                       less_like: Sequence[Any] = (), uploads: Sequence[Any] = (), avoid: Sequence[Any] = ()
+                       ) -> tuple[bool, bool, bool]:
+        """Which of Search, More results and Search again with these can act now: Search with a photo given once the
+        index is ready; More after a search whose last page was full (a shorter one was the last); Search again
+        after a search, with results ticked or photos added."""
+        ready = self.ready and self.index is not None
+        more = (ready and state is not None and 0 < len(state.ids) < len(self.index)
+                and len(state.ids) % state.k == 0)
+        again = ready and state is not None and bool(more_like or less_like or uploads or avoid)
+        return ready and image is not None, bool(more), again
+
     def tick_choices(self, state: Results | None) -> list[tuple[str, int]]:
         """The results shown as choices to tick ("rank. name", id), best first."""
         if not state:

@@ -154,15 +154,17 @@ KIND_CHOICES = {"exact and near": ("exact", "near"), "exact": ("exact",), "near"
 
 def review_outputs(app: SearchApp, kind: str, offset: int, gid: str | None = None, message: str = "") -> tuple:
     """The Collection tab's review of one page: (groups HTML, page markdown, group choice, keeper choice, message,
-    offset, undo button). ``gid``: the group to choose a keeper of (default: the page's first)."""
+    offset, undo button, and the buttons Move the others, Not duplicates, Move every group shown and Keep the one
+    chosen: each on only when there is what it acts on; Keep waits for another photo to be chosen). ``gid``: the
+    group to choose a keeper of (default: the page's first)."""
     import gradio as gr
 
     kinds = KIND_CHOICES.get(kind or "exact and near", ("exact", "near"))
     index = app.ready_index()
     if app.duplicates.saved() is None:
-        empty = gr.update(choices=[], value=None)
-        return ("", "_No search for duplicates yet: press Find duplicates._", empty, empty, message, 0,
-                gr.update(interactive=False))
+        empty, off = gr.update(choices=[], value=None), gr.update(interactive=False)
+        return ("", "_No search for duplicates yet: press Find duplicates._", empty, empty, message, 0, off,
+                off, off, off, off)
     page = app.duplicates.page(kinds, offset)
     if page.groups == [] and page.total and page.offset:  # past the end (groups left since): the last page
         page = app.duplicates.page(kinds, (page.total - 1) // page.limit * page.limit)
@@ -181,7 +183,9 @@ def review_outputs(app: SearchApp, kind: str, offset: int, gid: str | None = Non
                                                             else None),
             message, page.offset, gr.update(interactive=moved > 0, value=f"Undo moves ({plural(moved, 'photo')})"
                                             if moved
-                                            else "Undo moves"))
+                                            else "Undo moves"),
+            gr.update(interactive=group is not None), gr.update(interactive=group is not None),
+            gr.update(interactive=bool(page.groups) and not set(kinds) & {"similar"}), gr.update(interactive=False))
 
 
 def outcome_text(out: Any) -> str:
@@ -200,8 +204,9 @@ def outcome_text(out: Any) -> str:
 
 
 def status_outputs(app: SearchApp, was_ready: bool) -> tuple:
-    """Status refresh: (status markdown, loss plot, kNN plot, title, 4 buttons, folders, collection x2, the
-    near-duplicate threshold, the Search tab's hint, ready flag)."""
+    """Status refresh: (status markdown, loss plot, kNN plot, title, the Negatives' and the Collection's buttons,
+    folders, collection x2, the near-duplicate threshold, the Search tab's hint, ready flag). The Search tab's
+    buttons follow from what it holds (:meth:`SearchApp.search_buttons`)."""
     import gradio as gr
 
     if app.status is None:
@@ -227,8 +232,8 @@ def status_outputs(app: SearchApp, was_ready: bool) -> tuple:
             first = review_outputs(app, "exact and near", 0)[0]  # the first page of groups
         except UserError as e:  # a damaged dedup.json: said by the tab's own events
             first = html.escape(str(e))
-        ready = (app.title(), on, on, on, on, gr.Dropdown(choices=app.folder_choices(), value=""), stats,
+        ready = (app.title(), on, on, gr.Dropdown(choices=app.folder_choices(), value=""), stats,
                  first, gr.Slider(value=app.index.dedup_threshold), READY_HINT, True)
     else:
-        ready = (gr.skip(),) * 10 + (was_ready,)
+        ready = (gr.skip(),) * 8 + (was_ready,)
     return (text, loss, knn, *ready)
