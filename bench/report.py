@@ -217,6 +217,24 @@ def _ui() -> list[str]:
     return [*out, ""]
 
 
+def _cli() -> list[str]:
+    d, out = _section("cli_latency.json", "A one-shot search from the command line",
+                      "python bench/cli_latency.py --repeats 7")
+    if d is None:
+        return out
+    out += [f"`moco index search IDX PHOTO` on a {d['photos']}-photo index (a random ResNet-18 at 64 px) against its "
+            f"floor, Python importing torch, faiss and PIL, in the same run, the commands interleaved; median of "
+            f"{d['repeats']} runs each; {d['cpu']}, {d['cores']} cores.", "",
+            "| command | CPU s | wall s |", "|---|---|---|"]
+    for name, r in d["rows"].items():
+        out.append(f"| {name} | {r['cpu_s']:.2f} | {r['wall_s']:.2f} |")
+    over = d["search_over_floor_s"]
+    out += ["", f"Aim (a search costs at most {d['aim_s']:.0f} CPU-second beyond the floor): {over:.2f} s, "
+            f"{_verdict(over <= d['aim_s'])}. A photo that is no image is refused before torch, the index or the "
+            "model loads (`not an image`).", ""]
+    return out
+
+
 CHECKPOINTS = (5, 10, 20)  # minutes of training at which the quality table reads each curve
 DATASETS = {"fashion": "Fashion-MNIST (leave-one-out on the 10,000 test images)",
             "backgrounds": "gnome-backgrounds crops (held-out crops against the training crops, by source picture)",
@@ -704,7 +722,7 @@ def main() -> None:
              "Every 20-minute comparison and 5-minute screen of the rounds that chose the `cpu` preset, one table per "
              "result file, kept as measured (earlier rounds' presets, other protocols); how each came about is in "
              "the notes below.", "", *_quality(level=3)]
-    body = head + current + _search() + _multi_query() + _ui() + _gpu() + older
+    body = head + current + _search() + _multi_query() + _ui() + _cli() + _gpu() + older
     notes = ROOT / "bench" / "NOTES.md"
     if notes.is_file():
         body += ["## Notes", "", notes.read_text().strip(), ""]

@@ -4,13 +4,17 @@
 
 Writes docs/screenshot.png (desktop, 1280x800) and docs/screenshot-phone.png (390x844): a search, then a
 click on the third result (details panel); and docs/screenshot-map.png: the Map tab (1280x800), a box drawn over
-some points and the pointer over another (``--map-only``: that one alone). Uses Debian's chromium through
-Playwright (never `playwright install`).
+some points and the pointer over another (``--map-only``: that one alone). Beside them, docs/screenshots.json: for
+each picture, its sha256 and the tabs it shows (read from the page when it was taken), which
+tests/test_readme.py holds against the page's tabs. Uses Debian's chromium through Playwright (never `playwright
+install`).
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,6 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.live import ARGS, CHROMIUM  # noqa: E402
 
 MAP_SHOT = "screenshot-map.png"
+RECORD = "screenshots.json"  # each picture's sha256 and the tabs it shows
+TABS = """[...document.querySelectorAll('button[role=tab]')].map(b => [b.innerText.trim(), b.offsetParent !== null])"""
 VIEWS = {"screenshot.png": {"width": 1280, "height": 800}, "screenshot-phone.png": {"width": 390, "height": 844}}
 
 
@@ -33,9 +39,11 @@ def main() -> int:
     args = p.parse_args()
     from playwright.sync_api import sync_playwright
 
+    record_path = args.out / RECORD
+    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        map_shot(browser, args.url, args.out / MAP_SHOT)
+        record[MAP_SHOT] = map_shot(browser, args.url, args.out / MAP_SHOT)
         for name, viewport in {} if args.map_only else VIEWS.items():
             page = browser.new_page(viewport=viewport)
             page.goto(args.url)
@@ -43,7 +51,7 @@ def main() -> int:
             page.locator("#query input[type=file]").set_input_files(str(args.photo))
             page.locator("#k input[type=number]").fill(str(args.k))
             page.locator("#k input[type=number]").press("Enter")
-            page.wait_for_timeout(500)
+            page.wait_for_function("!document.querySelector('#search-btn').disabled", timeout=60_000)
             page.locator("#search-btn").click()
             images = "document.querySelectorAll('#results button.thumbnail-item img')"
             page.wait_for_function(f"{images}.length == {args.k} && [...{images}].every(i => i.complete)",
@@ -55,13 +63,24 @@ def main() -> int:
             page.wait_for_timeout(1500)
             page.evaluate("window.scrollTo(0, 0)")
             page.screenshot(path=str(args.out / name), full_page=True)
-            print(f"wrote {args.out / name}")
+            record[name] = _shown(page, args.out / name)
             page.close()
         browser.close()
+    record_path.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {record_path}")
     return 0
 
 
-def map_shot(browser: Any, url: str, out: Path) -> None:
+def _shown(page: Any, path: Path) -> dict[str, Any]:
+    """What the picture at ``path`` shows: its sha256, the page's tabs and those of them on screen (a phone puts the
+    others in a menu) when it was taken."""
+    print(f"wrote {path}")
+    tabs = page.evaluate(TABS)
+    return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "tabs": [t for t, _ in tabs],
+            "visible": [t for t, on in tabs if on]}
+
+
+def map_shot(browser: Any, url: str, out: Path) -> dict[str, Any]:
     """The Map tab at 1280x800: a box over the points of the upper left, the pointer over the point nearest the
     middle (its thumbnail shown)."""
     page = browser.new_page(viewport=VIEWS["screenshot.png"])
@@ -85,8 +104,9 @@ def map_shot(browser: Any, url: str, out: Path) -> None:
                            "return i && i.complete && i.naturalWidth > 0; })()", timeout=30_000)
     page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(path=str(out))
-    print(f"wrote {out}")
+    shown = _shown(page, out)
     page.close()
+    return shown
 
 
 if __name__ == "__main__":

@@ -359,3 +359,22 @@ def test_every_readme_example_runs(tmp_path):
     assert not failures, "\n\n".join(failures)
     assert (tmp_path / "runs" / "default" / "sample" / "index" / "index.json").is_file()  # `make run` ran
     assert (tmp_path / "pictures.idx" / "index.json").is_file() and (tmp_path / "idx.onnx").is_file()
+
+
+def test_the_screenshots_are_of_todays_page():
+    """docs/screenshots.py records each picture's sha256 and the tabs the page had when it was taken: every
+    picture the README shows is that file, of a page with today's tabs (on a desktop all on screen). A tab added
+    without new screenshots fails here."""
+    import hashlib
+    import json
+    import re
+
+    record = json.loads((ROOT / "docs" / "screenshots.json").read_text())
+    tabs = re.findall(r'gr\.Tab\("([^"]+)"', (ROOT / "app" / "page" / "blocks.py").read_text())
+    shown = re.findall(r'(?:\(|src=")docs/(screenshot[^")]*\.png)', (ROOT / "README.md").read_text())
+    assert len(tabs) >= 8 and sorted(set(shown)) == sorted(record), (shown, sorted(record))
+    for name, seen in record.items():
+        assert hashlib.sha256((ROOT / "docs" / name).read_bytes()).hexdigest() == seen["sha256"], name
+        assert seen["tabs"] == tabs, (name, seen["tabs"], tabs)
+        if "phone" not in name:
+            assert seen["visible"] == tabs, (name, seen["visible"])
