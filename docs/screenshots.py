@@ -76,8 +76,16 @@ def _shown(page: Any, path: Path) -> dict[str, Any]:
     others in a menu) when it was taken."""
     print(f"wrote {path}")
     tabs = page.evaluate(TABS)
-    return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "tabs": [t for t, _ in tabs],
-            "visible": [t for t, on in tabs if on]}
+    visible = [t for t, on in tabs if on]
+    menu = page.locator(".overflow-menu button").first  # a phone: the tabs that do not fit are in this menu
+    if menu.count() and menu.is_visible():
+        menu.click()
+        page.wait_for_timeout(300)
+        tabs += page.evaluate("[...document.querySelectorAll('.overflow-dropdown button')].map(b => "
+                              "[b.innerText.trim(), false])")
+    names = [t for t, _ in tabs]
+    return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "tabs": list(dict.fromkeys(names)),
+            "visible": visible}
 
 
 def map_shot(browser: Any, url: str, out: Path) -> dict[str, Any]:

@@ -375,6 +375,5 @@ def test_the_screenshots_are_of_todays_page():
     assert len(tabs) >= 8 and sorted(set(shown)) == sorted(record), (shown, sorted(record))
     for name, seen in record.items():
         assert hashlib.sha256((ROOT / "docs" / name).read_bytes()).hexdigest() == seen["sha256"], name
-        assert seen["tabs"] == tabs, (name, seen["tabs"], tabs)
-        if "phone" not in name:
-            assert seen["visible"] == tabs, (name, seen["visible"])
+        assert sorted(seen["tabs"]) == sorted(tabs), (name, seen["tabs"], tabs)  # a phone: some in a menu
+        assert seen["visible"] == (tabs if "phone" not in name else tabs[: len(seen["visible"])]), name
