@@ -16,8 +16,8 @@ PACKAGES = {"moco": 0, "index": 1, "app": 2}  # a module imports only its own pa
 # floors of its package. A new room must be placed here.
 ROOMS = {
     "moco": {"moco._lazy": 0, "moco.errors": 0, "moco.files": 1, "moco.runtime": 1, "moco.excludes": 1,
-             "moco.config": 2, "moco.whiten": 2, "moco.data": 2, "moco.model": 3, "moco.weights": 3, "moco.export": 4,
-             "moco.training": 5, "moco.embed": 5},
+             "moco.config": 2, "moco.whiten": 2, "moco.data": 2, "moco.model": 3, "moco.weights": 4, "moco.export": 5,
+             "moco.training": 6, "moco.embed": 6},
     "index": {"index.trailer": 0, "index.catalog": 0, "index.query": 0, "index.verify": 0, "index.store": 1,
               "index.calibrate": 1, "index.keeper": 1, "index.index_dir": 2, "index.propose": 2, "index.overview": 3,
               "index.image_index": 4, "index.dedup": 5, "index.build": 6, "index.resolve": 7},
