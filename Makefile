@@ -89,6 +89,8 @@ $(CHROMIUM):
 # once): about 1.3x faster than one process on 2 cores. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: install $(CHROMIUM)
+	@echo "make test: about 10 minutes on 2 cores (about 20 with both cores busy); PYTEST_ARGS='-m \"not slow\"'" \
+		"leaves out the slow ones"
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # make bench: every benchmark under bench/ (about 1.5 hours on 2 cores), then BENCHMARKS.md from the results.

@@ -206,7 +206,7 @@ def test_copies_are_grouped_with_their_photo_at_the_index_threshold(copied, caps
     out = capsys.readouterr().out
     g = groups[0]
     rep, rep_id = g["representative"]["path"], g["representative"]["id"]
-    assert f"group 1 {g['id']} (near, 4 images, {g['loosest']:.4f}-{g['tightest']:.4f} to {rep}); keep " in out
+    assert f"group 1 {g['id']} (near, 4 photos, {g['loosest']:.4f}-{g['tightest']:.4f} to {rep}); keep " in out
     assert f"  1.0000  {rep_id:>6}  {rep}  (representative" in out and f"by the model at cosine >= {threshold} (" in out
     other = g["members"][1]
     assert f"{other['id']:>6}  {other['path']}" in out and f"copy score {other['copy_score']:.4f}" in out

@@ -148,7 +148,7 @@ def test_themes_are_cards_of_their_central_photos_sizes_and_folders(app):
                                                                                                "</p></div>"), cards)
         assert card, t.id
         text = html.unescape(card.group(0))
-        assert f"Theme {t.id + 1} · {t.size} photos" in text
+        assert f"Theme {t.id} · {t.size} photos" in text
         assert [int(m) for m in re.findall(r"thumbs/(\d+)\.jpg", text)] == t.central
         assert all(f"{f}/</code> {c}" in text for f, c in t.folders if f)
 

@@ -165,7 +165,7 @@ def _walk(page, work: Path, photos: Path) -> None:
 def _dup_counts(page) -> tuple[str, str]:
     stats = page.locator("#collection-stats").inner_text()
     line = next(x for x in stats.splitlines() if "of duplicates" in x)
-    return line, page.locator("#dup-where").inner_text()
+    return line.strip(), page.locator("#dup-where").inner_text().strip()
 
 
 def _phone(browser, url: str, photo: Path) -> None:

@@ -236,7 +236,7 @@ def test_near_duplicates_of_a_whitened_index_use_its_threshold(run, sample_photo
     grouped = {m["path"] for g in groups for m in g["members"]}
     assert {f"copy{n}{f.suffix}" for n, f in enumerate(originals)} <= grouped  # exact copies: cosine 1
     assert main(["index", "dedup", str(tmp_path / "idx")]) == 0
-    assert f"proposed by the model at cosine >= {threshold} (calibrated on" in capsys.readouterr().out
+    assert f"by the model at cosine >= {threshold} (calibrated on" in capsys.readouterr().out
     del idx.meta["dedup_calibration"]  # an index from before calibrations: the default of its kind
     assert not idx.whitened and idx.stats()["dedup_threshold"] == DEDUP_THRESHOLD  # 52 photos: centred
     from dataclasses import replace

@@ -15,7 +15,7 @@ import timm
 import torch
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
-from torchvision.models.resnet import BasicBlock, Bottleneck
+from moco.model.resnet import BasicBlock, Bottleneck
 
 from app.cli.commands import main
 from moco.config import resolve_config, to_plain

@@ -140,8 +140,8 @@ class MultiQuery(BaseModel):
 
     @model_validator(mode="after")
     def _something(self) -> MultiQuery:
-        _check_one_of(self, ("images", "ids", "vector"), "give photos to search with (images or ids), or a "
-                      "vector")
+        _check_one_of(self, ("images", "ids", "vector"), "a search needs a photo to search with: images (base64) "
+                      "or ids of indexed photos (or a vector)")
         return self
 
 

@@ -609,6 +609,9 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                     text, _ = app.collection(threshold_, similar_, away_ or "")
                     if threshold_ is not None:  # a new search: its kinds shown
                         kind_ = "all kinds" if similar_ else "exact and near"
+                    elif not kind_:  # a page (re)loaded: the kinds of the saved search, as its counts say
+                        saved = app.duplicates.saved() or {}
+                        kind_ = "all kinds" if "similar" in (saved.get("kinds") or ()) else "exact and near"
                     return (text, gr.update(value=kind_) if kind_ else gr.skip(),
                             *review_outputs(app, kind_, 0 if threshold_ is not None else offset_))
 

@@ -236,10 +236,10 @@ def build_exported(state: dict[str, torch.Tensor], meta: dict[str, str], path: s
     if want != have:
         missing, extra = sorted(set(want) - set(have)), sorted(set(have) - set(want))
         shaped = sorted(k for k in set(want) & set(have) if want[k] != have[k])
-        why = "; ".join(f"{what}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}" for what, keys in
+        why = "; ".join(f"{what}: {', '.join(keys[:2])}{', ...' if len(keys) > 2 else ''}" for what, keys in
                         (("missing", missing), ("unexpected", extra), ("other shapes", shaped)) if keys)
         raise UserError(f"{path}: its weights are not those of its metadata 'arch' = {meta['arch'][:60]!r} "
-                        f"({why[:200]}): export the backbone again with `moco export CHECKPOINT -o {path}`")
+                        f"({why[:160]}): export the backbone again with `moco export CHECKPOINT -o {path}`")
     if dim != int(meta["embed_dim"]):
         raise UserError(f"{path}: its metadata 'embed_dim' says {meta['embed_dim']}-d features but its {meta['arch']} "
                         f"gives {dim}: export the backbone again with `moco export CHECKPOINT -o {path}`")
