@@ -230,7 +230,8 @@ def build_exported(state: dict[str, torch.Tensor], meta: dict[str, str], path: s
     _check_settings(kwargs, state, path)
     weights = {k: v for k, v in state.items() if not k.startswith("whitening.")}
     with torch.device("meta"):
-        backbone, dim = build_backbone(meta["arch"], json.loads(meta["small_stem"]), int(meta["image_size"]), **kwargs)
+        backbone, dim = build_backbone(meta["arch"], json.loads(meta["small_stem"]), int(meta["image_size"]),
+                                       init=False, **kwargs)
     want = {k: tuple(v.shape) for k, v in backbone.state_dict().items()}
     have = {k: tuple(v.shape) for k, v in weights.items()}
     if want != have:

@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 def build_backbone(
     arch: str, small_stem: bool = False, image_size: int = 224, zero_init_residual: bool = False, *,
-    moco_v3_vit: bool = False, **timm_kwargs: Any,
+    moco_v3_vit: bool = False, init: bool = True, **timm_kwargs: Any,
 ) -> tuple[nn.Module, int]:
     """Return ``(backbone, num_features)`` for ``arch``, randomly initialized.
 
@@ -35,11 +35,12 @@ def build_backbone(
     zeroes the last BN gamma of each torchvision residual block (MoCo v3; timm ResNets do it by default).
     ``moco_v3_vit``: a ViT becomes MoCo v3's (vits.py: its init, fixed sin-cos positions, frozen patch
     projection), as the official code trains from scratch; else timm's ViT, every weight learnable.
-    ``timm_kwargs`` go to ``timm.create_model`` (e.g. ``num_heads=12`` for MoCo v3's ViT-S).
+    ``timm_kwargs`` go to ``timm.create_model`` (e.g. ``num_heads=12`` for MoCo v3's ViT-S). ``init`` False: a
+    ResNet's weights are left uninitialized (to be loaded; timm initializes its models always).
     """
     name = arch.removeprefix("timm/")
     if not arch.startswith("timm/") and _is_torchvision_resnet(name) and not timm_kwargs:
-        return _torchvision_resnet(name, small_stem, zero_init_residual)
+        return _torchvision_resnet(name, small_stem, zero_init_residual, init)
     return _timm_model(name, small_stem, image_size, timm_kwargs, moco_v3_vit)
 
 
@@ -57,8 +58,9 @@ def _is_torchvision_resnet(name: str) -> bool:
     return name in RESNETS
 
 
-def _torchvision_resnet(name: str, small_stem: bool, zero_init_residual: bool = False) -> tuple[nn.Module, int]:
-    model = resnet(name, zero_init_residual=zero_init_residual)
+def _torchvision_resnet(name: str, small_stem: bool, zero_init_residual: bool = False,
+                        init: bool = True) -> tuple[nn.Module, int]:
+    model = resnet(name, zero_init_residual=zero_init_residual, init=init)
     width = model.fc.in_features
     model.fc = nn.Identity()
     if small_stem:

@@ -95,7 +95,7 @@ class ResNet(nn.Module):
 
     def __init__(self, block: type[BasicBlock | Bottleneck], layers: tuple[int, int, int, int],
                  num_classes: int = 1000, zero_init_residual: bool = False, groups: int = 1,
-                 width_per_group: int = 64) -> None:
+                 width_per_group: int = 64, init: bool = True) -> None:
         super().__init__()
         self.inplanes, self.groups, self.base_width = 64, groups, width_per_group
         self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
@@ -108,6 +108,8 @@ class ResNet(nn.Module):
         self.layer4 = self._make_layer(block, 512, layers[3], stride=2)
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.fc = nn.Linear(512 * block.expansion, num_classes)
+        if not init:  # weights to be loaded, or a shape to be read (on the meta device: no init there, where it
+            return  # runs through torch's reference ops, which import torch._dynamo)
         for m in self.modules():  # after every module is made: the draws come in torchvision's order
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
@@ -140,8 +142,10 @@ class ResNet(nn.Module):
         return self.fc(x)  # N x num_classes
 
 
-def resnet(name: str, zero_init_residual: bool = False) -> ResNet:
-    """The ResNet ``name`` (a key of :data:`RESNETS`), randomly initialized."""
+def resnet(name: str, zero_init_residual: bool = False, init: bool = True) -> ResNet:
+    """The ResNet ``name`` (a key of :data:`RESNETS`), randomly initialized (``init``: else its parameters as
+    PyTorch's layers make them, to be overwritten)."""
     kind, layers, groups, width = RESNETS[name]
     block = BasicBlock if kind == "basic" else Bottleneck
-    return ResNet(block, layers, zero_init_residual=zero_init_residual, groups=groups, width_per_group=width)
+    return ResNet(block, layers, zero_init_residual=zero_init_residual, groups=groups, width_per_group=width,
+                  init=init)

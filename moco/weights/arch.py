@@ -48,7 +48,7 @@ def detect_arch(split: SplitCheckpoint, image_size: int | None = None) -> ArchGu
         from moco.model.resnet import resnet
 
         with torch.device("meta"):
-            net = resnet(name)
+            net = resnet(name, init=False)
         if small:
             net.conv1 = nn.Conv2d(3, net.conv1.out_channels, 3, 1, 1, bias=False, device="meta")
         net.fc = nn.Identity()
