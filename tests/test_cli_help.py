@@ -139,6 +139,26 @@ def test_the_parser_and_help_load_no_torch():
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
 
 
+def test_a_query_that_is_no_image_is_refused_before_torch_the_index_or_a_model_loads(backbone, sample_photos,
+                                                                                   tmp_path):
+    """`moco index search IDX notes.txt` (and a photo too small) exits 2 naming the file, in a process that never
+    imported torch, read the index or built a backbone."""
+    from index.build.runner import build_index
+
+    build_index(sample_photos, backbone, tmp_path / "idx", progress=False)
+    (tmp_path / "notes.jpg").write_text("not a photo")
+    from PIL import Image
+
+    Image.new("RGB", (8, 8)).save(tmp_path / "tiny.png")
+    for name, says in (("notes.jpg", "not an image"), ("tiny.png", "too small to search with")):
+        code = ("import sys; from app.cli import main; rc = main(['index', 'search', sys.argv[1], sys.argv[2]]); "
+                "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'torchvision', 'timm', 'gradio'}); "
+                "print(heavy); sys.exit(rc + 10 * bool(heavy))")
+        proc = _python("-c", code, str(tmp_path / "idx"), str(tmp_path / name))
+        assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+        assert str(tmp_path / name) in proc.stderr and says in proc.stderr, proc.stderr[-2000:]
+
+
 def test_version():
     import moco
 
