@@ -104,9 +104,10 @@ def test_metadata_asking_for_a_larger_model_is_refused_before_it_is_built(tmp_pa
     import sys
 
     crafted = _crafted(_vit_backbone(tmp_path), tmp_path / "crafted.safetensors", **changes)
-    code = ("import resource, sys\nfrom moco.embed import Embedder\nfrom moco.errors import UserError\n"
+    code = ("import re, sys\nfrom moco.embed import Embedder\nfrom moco.errors import UserError\n"
             f"try:\n    Embedder.load({str(crafted)!r}, device='cpu')\nexcept UserError as e:\n    print(e)\n"
-            "print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+            "print('peak', re.search(r'VmHWM:\\s+(\\d+)', open('/proc/self/status').read())[1])")
+    # (VmHWM: this process's own peak; ru_maxrss would carry over the forking test worker's, through exec)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                          env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])))
     assert out.returncode == 0, out.stderr[-3000:]

@@ -141,10 +141,7 @@ def _walk(page, work: Path, photos: Path) -> None:
     page.get_by_role("tab", name="Collection").click()
     page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group').length == 2", timeout=60_000)
     assert _dup_counts(page) == counts  # the same search, the same words
-    page.locator("#dup-group input").click()
-    page.get_by_role("option", name="Group 2 · near · 2 photos").click()
-    page.wait_for_function("document.querySelector('#dup-keeper').innerText.includes('inbox/small.png')",
-                           timeout=30_000)  # the near group's photos to choose from
+    _choose(page, "Group 2 · near · 2 photos", "inbox/small.png")
     _enabled(page, "#dup-keep-btn", False)  # its keeper is chosen already
     page.locator("#dup-keeper label").filter(has=page.locator("input:not(:checked)")).first.click()
     _enabled(page, "#dup-keep-btn")
@@ -160,6 +157,23 @@ def _walk(page, work: Path, photos: Path) -> None:
     index = ImageIndex.open(work / "index")
     v = index.center(index.vectors(__import__("numpy").array([keep, *[i for i in ids if i != keep]])))
     assert f"cos {float(v[1] @ v[0]):.3f} to the keeper" in card, card
+
+
+def _choose(page, group: str, member: str, tries: int = 5) -> None:
+    """Choose ``group`` in the Collection tab's group list until its photos (``member`` among them) are offered as
+    keepers; again when the list was drawn anew under the pointer (a page still loading its events)."""
+    from playwright.sync_api import Error
+
+    for _ in range(tries):
+        try:
+            page.locator("#dup-group input").click()
+            page.get_by_role("option", name=group).click(timeout=10_000)
+            page.wait_for_function(f"document.querySelector('#dup-keeper').innerText.includes({member!r})",
+                                   timeout=10_000)
+            return
+        except Error:
+            page.keyboard.press("Escape")
+    raise AssertionError(f"{group} could not be chosen in {tries} tries")
 
 
 def _dup_counts(page) -> tuple[str, str]:

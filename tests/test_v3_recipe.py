@@ -15,7 +15,6 @@ import timm
 import torch
 from timm.models.vision_transformer import VisionTransformer
 from torch import nn
-from moco.model.resnet import BasicBlock, Bottleneck
 
 from app.cli.commands import main
 from moco.config import resolve_config, to_plain
@@ -24,6 +23,7 @@ from moco.embed import Embedder
 from moco.errors import UserError
 from moco.model.backbones import build_backbone
 from moco.model.builder import build_mlp
+from moco.model.resnet import BasicBlock, Bottleneck
 from moco.training.checkpoints import save_checkpoint
 from moco.training.setup import build_model
 from moco.weights.layouts import load_init
