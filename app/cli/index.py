@@ -363,9 +363,8 @@ def _print_outcome(out: Any, args: argparse.Namespace) -> None:
     tail = (f"; finished {out.finished} cut off by an earlier kill" if out.finished else "") + (
         f"; index updated, {plural(out.groups, 'group')} left" if out.updated and out.groups is not None else "")
     what = f" (action {out.batch})" if out.batch else ""
-    done = plural(len(out.done), "photo")
-    print(f"{done} {verb}{what}{tail}" + (f"; destination {out.destination}" if out.destination
-                                                          else ""))
+    dest = f"; destination {out.destination}" if out.destination else ""
+    print(f"{plural(len(out.done), 'photo')} {verb}{what}{tail}{dest}")
 
 
 def _move(idx: ImageIndex, args: argparse.Namespace, groups: list[dict[str, Any]]) -> int:

@@ -22,12 +22,12 @@ from index.index_dir import DEDUP_FILE
 from index.resolve.actions import (
     Outcome,
     choose_keeper,
+    journal_of,
     mark_not_duplicates,
     move_duplicates,
     select_groups,
     undo_moves,
 )
-from index.resolve.journal import Journal
 from moco.errors import NotFoundError, UserError
 
 __all__ = ["DuplicateReview", "ReviewPage", "PAGE_SIZE", "MAX_PAGE"]
@@ -149,4 +149,4 @@ class DuplicateReview:
     def moved(self) -> int:
         """Photos moved and not yet put back (what Undo would put back)."""
         index = self.ready_index()
-        return sum(e.state != "planned" for e in Journal(index.catalog).outstanding())
+        return sum(e.state != "planned" for e in journal_of(index).outstanding())

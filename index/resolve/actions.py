@@ -46,8 +46,8 @@ from index.resolve.transfer import TransferError, free_name, same_file, transfer
 from moco.errors import NotFoundError, UserError
 from moco.files import lock_dir
 
-__all__ = ["move_duplicates", "undo_moves", "settle", "mark_not_duplicates", "choose_keeper", "destination",
-           "select_groups", "search_again", "Outcome", "DUPLICATES_DIR", "PAUSE_ENV"]
+__all__ = ["move_duplicates", "undo_moves", "settle", "journal_of", "mark_not_duplicates", "choose_keeper",
+           "destination", "select_groups", "search_again", "Outcome", "DUPLICATES_DIR", "PAUSE_ENV"]
 
 logger = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ def _index_key(index: ImageIndex) -> str:
     return index.catalog.get_meta(INDEX_ID_KEY) or str(index.dir.resolve())
 
 
-def _journal(index: ImageIndex, vouched: Iterable[Path] = ()) -> Journal:
+def journal_of(index: ImageIndex, vouched: Iterable[Path] = ()) -> Journal:
     """The index's journal as actions read it: only entries inside the collection and a destination folder this index
     marked, its own ``.moco-duplicates`` or one of ``vouched`` (named by the user)."""
     key = _index_key(index)
@@ -151,7 +151,7 @@ def _acting(index: ImageIndex, vouched: Iterable[Path] = ()) -> Iterator[Journal
     who holds it)."""
     index.catalog.check_writable()
     with lock_dir(index.dir, "index"):
-        yield _journal(index, vouched)
+        yield journal_of(index, vouched)
 
 
 def _update(index: ImageIndex, journal: Journal, device: str) -> None:
@@ -235,7 +235,7 @@ def _settle(index: ImageIndex, journal: Journal) -> int:
 def settle(index: ImageIndex, device: str = "auto") -> int:
     """Finish the moves and undos a kill cut off, and update the index if the journal is ahead of it; how many were
     finished. Nothing to do on an index without a journal (or a read-only one: it is left as it is)."""
-    journal = _journal(index)
+    journal = journal_of(index)
     if index.catalog.read_only or not (journal.interrupted() or journal.unsynced()):
         return 0
     with _acting(index) as journal:
