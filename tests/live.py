@@ -19,6 +19,31 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
         "--disable-sync", "--no-first-run"]
 
 
+def run_tree(cmd: list[str], *, timeout: float, **kwargs: Any) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, capture_output=True, text=True, timeout=...)`` for a command that starts processes of
+    its own (torchrun's ranks, pytest's workers), in a process group of its own: past ``timeout`` the whole group is
+    killed and the test fails with what it printed. (``subprocess.run`` kills only the first process, then waits
+    for the end of an output that a rank blocked in a collective keeps open: forever.)"""
+    import signal
+
+    import pytest
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            **kwargs)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd[:6])} ... ran past {timeout} s: killed with its processes\n"
+                    f"{out[-2000:]}\n{err[-3000:]}")
+    finally:
+        if proc.poll() is None:  # the test stopped some other way (its own timeout, Ctrl+C): nothing left behind
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now."""
     with socket.socket() as s:

@@ -19,6 +19,8 @@ from moco.errors import UserError
 from moco.model.backbones import build_backbone
 from moco.model.builder import MoCo
 
+from .live import run_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -59,7 +61,7 @@ def _torchrun(
         *extra,
     ]
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_tree(cmd, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
 

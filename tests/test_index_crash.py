@@ -19,6 +19,8 @@ from index.image_index import ImageIndex
 from moco.data.sample import make_sample_collection
 from moco.embed import center
 
+from .live import run_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
 
@@ -132,7 +134,7 @@ def test_torchrun_sharded_build_equals_single_process(photos, backbone, tmp_path
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "index.build",
            str(photos), "--backbone", str(backbone), "-o", str(tmp_path / "dist"), "--quiet", "--batch-size", "8",
            "--device", "cpu", "--workers", "1"]
-    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    proc = run_tree(cmd, env=ENV, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert main(["index", "build", str(photos), "--backbone", str(backbone), "-o", str(tmp_path / "single"),
                  "--quiet"]) == 0
@@ -143,6 +145,5 @@ def test_torchrun_sharded_build_equals_single_process(photos, backbone, tmp_path
     ra, rb = a.search(q, k=8), b.search(q, k=8)
     np.testing.assert_allclose(ra.scores, rb.scores, atol=1e-5)
     # and the sharded update path: nothing to do on either
-    proc = subprocess.run([*cmd[:7], "update", str(tmp_path / "dist"), "--quiet", "--device", "cpu"], env=ENV,
-                          capture_output=True, text=True, timeout=600)
+    proc = run_tree([*cmd[:7], "update", str(tmp_path / "dist"), "--quiet", "--device", "cpu"], env=ENV, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -29,6 +29,8 @@ import pytest
 
 from moco.data.sample import make_sample_collection
 
+from .live import run_tree
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 MAX_LINES = 350  # issue 31: a manual, not a lab notebook
@@ -218,7 +220,7 @@ def _torchrun(words: list[str], ws: Workspace) -> tuple[int, str]:
     args = [("--nproc_per_node=2" if w.startswith("--nproc_per_node") else w) for w in words[1:]]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", *_small(args)]
     env = dict(ws.env, OMP_NUM_THREADS="1")  # one core per process, as tests/test_distributed.py
-    proc = subprocess.run(cmd, cwd=ws.root, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_tree(cmd, cwd=ws.root, env=env, timeout=600)
     return proc.returncode, (proc.stdout + proc.stderr)[-3000:]
 
 

@@ -6,12 +6,14 @@ tapped on a phone); Ctrl+C/SIGTERM during training stops the run without exporti
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from .live import ARGS, CHROMIUM, free_port, wait_served
@@ -100,6 +102,7 @@ def test_status_while_training_then_search_turns_on(tmp_path):
                                    timeout=60_000)
             assert "12 results" in page.locator("#search-info").inner_text()
             _walk(page, work, photos)
+            _opened_at(browser, f"http://127.0.0.1:{port}/")
             _phone(browser, f"http://127.0.0.1:{port}/", photo)
             browser.close()
         assert not errors, errors
@@ -134,46 +137,98 @@ def _walk(page, work: Path, photos: Path) -> None:
     page.wait_for_function("document.querySelector('#search-info').innerText.includes('2 photos')", timeout=60_000)
     page.get_by_role("tab", name="Collection").click()
     page.locator("#dedup-btn").click()
-    page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group').length == 2", timeout=180_000)
-    counts = _dup_counts(page)
-    assert counts[0].startswith("2 groups of duplicates (1 exact, 1 near") and "Groups 1–2 of 2" in counts[1]
+    panels = "document.querySelectorAll('#dup-groups .dup-group')"
+    page.wait_for_function(f"{panels}.length >= 2", timeout=180_000)  # the exact copy's group and a near one
+    counts, n = _dup_counts(page), page.evaluate(f"{panels}.length")
+    assert re.match(rf"{n} groups of duplicates \(1 exact, {n - 1} near", counts[0]), counts
+    assert f"Groups 1–{n} of {n}" in counts[1], counts
     page.reload()
     page.get_by_role("tab", name="Collection").click()
-    page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group').length == 2", timeout=60_000)
+    page.wait_for_function(f"{panels}.length == {n}", timeout=60_000)
     assert _dup_counts(page) == counts  # the same search, the same words
-    _choose(page, "Group 2 · near · 2 photos", "inbox/small.png")
+    at = page.evaluate(f"[...{panels}].findIndex(g => g.innerText.includes('· near ·'))")
+    ids = page.evaluate(f"[...{panels}[{at}].querySelectorAll('figure')].map(f => f.dataset.id)")
+    _choose(page, at, ids)
     _enabled(page, "#dup-keep-btn", False)  # its keeper is chosen already
     page.locator("#dup-keeper label").filter(has=page.locator("input:not(:checked)")).first.click()
     _enabled(page, "#dup-keep-btn")
     page.locator("#dup-keep-btn").click()
     page.wait_for_function("document.querySelector('#dup-message').innerText.includes('keeping')", timeout=60_000)
-    page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group')[1].innerText.includes('chosen by "
-                           "you')", timeout=30_000)
-    card = page.locator("#dup-groups .dup-group").nth(1).locator("figure:not(.dup-keep) figcaption").inner_text()
-    ids = [int(x) for x in page.evaluate("[...document.querySelectorAll('#dup-groups .dup-group')[1]"
-                                         ".querySelectorAll('figure')].map(f => f.dataset.id)")]
-    keep = int(page.evaluate("document.querySelector('#dup-groups .dup-group:nth-child(2) figure.dup-keep')"
-                             ".dataset.id"))
+    page.wait_for_function(f"{panels}[{at}].innerText.includes('chosen by you')", timeout=30_000)
+    keep = int(page.evaluate(f"{panels}[{at}].querySelector('figure.dup-keep').dataset.id"))
     index = ImageIndex.open(work / "index")
-    v = index.center(index.vectors(__import__("numpy").array([keep, *[i for i in ids if i != keep]])))
-    assert f"cos {float(v[1] @ v[0]):.3f} to the keeper" in card, card
+    for other in (int(i) for i in ids if int(i) != keep):  # each other card: its cosine to the new keeper
+        card = page.locator("#dup-groups .dup-group").nth(at).locator(f"figure[data-id='{other}'] figcaption")
+        v = index.center(index.vectors(np.array([keep, other])))  # 2 x D, unit
+        assert f"cos {float(v[1] @ v[0]):.3f} to the keeper" in card.inner_text(), card.inner_text()
 
 
-def _choose(page, group: str, member: str, tries: int = 5) -> None:
-    """Choose ``group`` in the Collection tab's group list until its photos (``member`` among them) are offered as
-    keepers; again when the list was drawn anew under the pointer (a page still loading its events)."""
+def _choose(page, at: int, ids: list[str], tries: int = 5) -> None:
+    """Choose the group at position ``at`` in the Collection tab's list until its photos (``ids``) are offered as
+    keepers; again when the list was drawn anew under the pointer (a page still loading its events). The server's
+    answer may take long on a loaded machine: it is awaited while the choice stands."""
     from playwright.sync_api import Error
 
+    offered = "[...document.querySelectorAll('#dup-keeper input')].map(i => i.value).sort().join()"
+    value = "document.querySelector('#dup-group input').value"
+    seen: list[str] = []
     for _ in range(tries):
         try:
             page.locator("#dup-group input").click()
-            page.get_by_role("option", name=group).click(timeout=10_000)
-            page.wait_for_function(f"document.querySelector('#dup-keeper').innerText.includes({member!r})",
-                                   timeout=10_000)
-            return
-        except Error:
+            option = page.get_by_role("option").nth(at)
+            want = option.inner_text(timeout=10_000).strip()
+            option.click(timeout=10_000)
+            page.wait_for_function(f"{value} == {want!r}", timeout=10_000)  # the choice took, on the page
+            # the keepers offered (the server's answer), or the choice undone by a list drawn anew
+            page.wait_for_function(f"{offered} == {','.join(sorted(ids))!r} || {value} != {want!r}",
+                                   timeout=120_000)
+            if page.evaluate(f"{offered} == {','.join(sorted(ids))!r}"):
+                return
+            seen.append(f"chose {want!r}, then the list read {page.evaluate(value)!r}")
+        except Error as e:
+            if not seen:
+                page.screenshot(path="/work/choose.png", full_page=True)
+                Path("/work/choose.txt").write_text(str(e))
+            seen.append(f"{str(e).splitlines()[0]} | offered {page.evaluate(offered)!r} | options "
+                        f"{page.get_by_role('option').all_inner_texts()} | value {page.evaluate(value)!r}")
             page.keyboard.press("Escape")
-    raise AssertionError(f"{group} could not be chosen in {tries} tries")
+    raise AssertionError(f"group {at + 1} (ids {sorted(ids)}) could not be chosen in {tries} tries: {seen}")
+
+
+def _holder(held: list):
+    """A route handler that keeps the page's POSTs (its events) in ``held``, unanswered, while ``held`` is a list
+    whose last item is not None (None: let them go), and lets the rest go."""
+    def hold(route) -> None:
+        held.append(route) if route.request.method == "POST" and held[-1:] != [None] else route.continue_()
+    return hold
+
+
+def _opened_at(browser, url: str) -> None:
+    """A page opened once search is on (its tabs built before: at Status) goes to the Search tab; a tab the person
+    picked before the load's answers came stays picked. The answers are held here until the pick is made: a slow
+    machine, made certain."""
+    import time
+
+    from playwright.sync_api import expect
+
+    for pick in (None, "Collection"):
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        held: list = []
+        page.route("**/gradio_api/**", _holder(held))
+        page.goto(url)
+        deadline = time.monotonic() + 60  # a guard against a hang, not a measurement
+        while not held:
+            assert time.monotonic() < deadline, "the page sent no event at its load"
+            page.wait_for_timeout(50)
+        if pick:
+            page.get_by_role("tab", name=pick).click()
+        waiting = list(held)
+        held.append(None)  # the later ones go at once
+        for route in waiting:
+            route.continue_()
+        page.wait_for_function("window.mocoTabChecked === true", timeout=60_000)  # the page's script has looked
+        expect(page.get_by_role("tab", name=pick or "Search")).to_have_attribute("aria-selected", "true")
+        page.close()
 
 
 def _dup_counts(page) -> tuple[str, str]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import SESSION_TMP_ENV, SESSION_TMP_PREFIX
+from .live import run_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,8 +23,7 @@ def _pytest(system: Path, *args: str) -> subprocess.CompletedProcess:
            if k not in (SESSION_TMP_ENV, "GRADIO_TEMP_DIR", "PYTEST_XDIST_WORKER", "PYTEST_CURRENT_TEST")
            and not k.startswith("PYTEST_XDIST")}
     env.update(TMPDIR=str(system), PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=900)
+    return run_tree([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=ROOT, env=env, timeout=900)
 
 
 @pytest.mark.slow
@@ -57,3 +57,27 @@ def test_a_failed_session_keeps_its_failed_tests_folders_until_the_next(tmp_path
     done = _pytest(system, *args, "-k", "passes", str(tests / "test_some.py"))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert list(system.iterdir()) == []  # the kept folder went with the next session's start
+
+
+def test_a_command_past_its_time_is_killed_with_the_processes_it_started(tmp_path):
+    """``run_tree``: a command whose child holds its output open (a torchrun rank blocked in a collective) fails the
+    test at its timeout, and the child goes with it (where ``subprocess.run`` would wait for the child forever)."""
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    script = f"sleep 600 & echo $! > {pid_file}; echo started; wait"
+    with pytest.raises(pytest.fail.Exception, match=r"ran past 1 s: killed with its processes\n(.|\n)*started"):
+        run_tree(["sh", "-c", script], timeout=1)
+    stat = Path(f"/proc/{pid_file.read_text().strip()}/stat")
+    deadline = time.monotonic() + 60  # a guard against a hang, not a measurement
+    while _state(stat) not in ("gone", "Z"):
+        assert time.monotonic() < deadline, "the command's child outlived it"
+        time.sleep(0.05)
+
+
+def _state(stat: Path) -> str:
+    """A process's state letter from its /proc stat (Z: dead, not yet reaped), or "gone"."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,6 +12,8 @@ import torch
 from torch import nn
 
 from moco.model.sync_bn import AllReduceBatchNorm, convert_sync_bn
+
+from .live import run_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +24,7 @@ def test_two_processes_equal_one_batch_norm_over_the_concatenated_batch(tmp_path
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(ROOT / "tests" / "dist_bn_check.py"), str(tmp_path)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_tree(cmd, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     for rank in (0, 1):
         results = json.loads((tmp_path / f"rank{rank}.json").read_text())

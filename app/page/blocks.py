@@ -19,7 +19,7 @@ from app.page.handlers import FOLDER_MODES, Results, SearchApp, folder_filter
 from app.page.map_view import THEME_CARDS_CSS, THEME_CARDS_JS, map_component
 from app.page.overview import PAGE, SORTS
 from app.page.review import PAGE_SIZE
-from app.page.uploads import QueryImage
+from app.page.uploads import QueryImage, size_check_js
 from app.page.views import (
     KIND_CHOICES,
     PENDING_HINT,
@@ -33,7 +33,7 @@ from index.calibrate import DEDUP_THRESHOLD
 from index.index_dir import THUMBS_DIR
 from moco.errors import UserError
 
-__all__ = ["build_ui", "CSS", "GRADIO_CACHE_S"]
+__all__ = ["build_ui", "CSS", "GRADIO_CACHE_S", "page_js"]
 
 logger = logging.getLogger(__name__)
 
@@ -93,6 +93,23 @@ CSS = """
 SHOW_DETAILS = """() => { if (document.activeElement) document.activeElement.blur();
   const d = document.querySelector('#details');
   if (d && window.innerWidth < 800) setTimeout(() => d.scrollIntoView({block: 'start'}), 50); }"""
+
+
+# A page built while the index was being made opens at Status; once its load has turned search on, the page goes to
+# the Search tab, on the page itself: unless the person picked a tab before that answer came (a slow machine), which
+# stays. TAB_WATCH (part of the page's script) notes such a pick: a click of theirs on the tab bar or its overflow.
+TAB_WATCH = """document.addEventListener("click", e => {
+  const bars = [...document.querySelectorAll("[role=tablist]")].map(t => t.parentElement);
+  if (e.isTrusted && bars.some(b => b && b.contains(e.target))) window.mocoTabPicked = true; }, true);"""
+TO_SEARCH = """(go) => { window.mocoTabChecked = true;  // (what a test waits for)
+  if (!go || window.mocoTabPicked) return;
+  const search = [...document.querySelectorAll('[role=tab]')].find(b => b.textContent.trim() === 'Search');
+  if (search) search.click(); }"""
+
+
+def page_js() -> str:
+    """The page's own script, run once it is drawn: the upload size check and the watch on tab picks."""
+    return f"() => {{ ({size_check_js()})();\n{TAB_WATCH} }}"
 
 
 def _error_text(e: BaseException) -> str:
@@ -691,9 +708,9 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                    show_progress="hidden", queue=False).then(buttons_once, *once, api_name=False, queue=False,
                                                              show_progress="hidden")
 
-        def on_load(was: bool) -> tuple:  # a page opened once search is on shows the Search tab
-            return (*status_outputs(app, was), gr.Tabs(selected="search") if app.ready and not was else gr.skip())
-
-        demo.load(on_load, [was_ready], [*status_outs, tabs], api_name="status", queue=False).then(
-            buttons_once, *once, api_name=False, queue=False, show_progress="hidden")
+        to_search = gr.Checkbox(False, visible=False)  # this page's load turned search on (TO_SEARCH reads it)
+        demo.load(lambda r: (*status_outputs(app, r), app.ready and not r), [was_ready], [*status_outs, to_search],
+                  api_name="status", queue=False).then(
+            buttons_once, *once, api_name=False, queue=False, show_progress="hidden").then(
+            None, [to_search], None, js=TO_SEARCH)  # a page opened once search is on shows the Search tab
     return demo

@@ -14,9 +14,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.page.blocks import CSS, build_ui
+from app.page.blocks import CSS, build_ui, page_js
 from app.page.handlers import SearchApp
-from app.page.uploads import MAX_UPLOAD_MB, size_check_js
+from app.page.uploads import MAX_UPLOAD_MB
 from app.server import heap
 from index.image_index import ImageIndex
 from index.index_dir import CATALOG_FILE, DEDUP_FILE, INDEX_FILE, META_FILE, THUMBS_DIR
@@ -95,7 +95,7 @@ def launch_kwargs(index: ImageIndex | Path, host: str, port: int, auth: tuple[st
     return {"server_name": host, "server_port": port, "auth": page_login(settings),
             "allowed_paths": [str(index_dir / THUMBS_DIR)],
             "blocked_paths": _blocked_paths(index_dir, root), "max_file_size": MAX_UPLOAD, "show_error": False,
-            "quiet": True, "footer_links": ["api"], "css": CSS, "js": size_check_js(),
+            "quiet": True, "footer_links": ["api"], "css": CSS, "js": page_js(),
             "app_kwargs": app_kwargs}
 
 
