@@ -164,15 +164,15 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
     pos = {int(i): n for n, i in enumerate(ids.tolist())}
     frames_ = frames({int(i): index.thumb_path(rows[int(i)]) if int(i) in rows else None for i in ids},
                      _frame_fallback(index, rows))
-    pairs = proposals(index.store, ids, vecs, content, frames_, links, chunk)
-    scores = copy_scores(sorted(pairs), frames_)
+    pairs, _ = proposals(index.store, ids, vecs, content, frames_, links, chunk)  # P x 2, P
+    listed = (tuple(pair) for start in range(0, len(pairs), 65536) for pair in pairs[start : start + 65536].tolist())
+    scores = copy_scores(listed, frames_, at_least=COPY_SCORE)  # only the copies, checked a chunk at a time
     near: dict[int, dict[int, float]] = {}
     kept: dict[tuple[int, int], float] = {}
     for (a, b), s in scores.items():
-        if s >= COPY_SCORE:
-            cos = float(vecs[pos[a]] @ vecs[pos[b]])
-            near.setdefault(a, {})[b] = near.setdefault(b, {})[a] = cos
-            kept[a, b] = round(s, 5)
+        cos = float(vecs[pos[a]] @ vecs[pos[b]])
+        near.setdefault(a, {})[b] = near.setdefault(b, {})[a] = cos
+        kept[a, b] = round(s, 5)
     same: dict[int, list[int]] = {}
     for i in ids.tolist():
         same.setdefault(content[i], []).append(i)

@@ -33,59 +33,101 @@ __all__ = ["proposals", "pixel_neighbours", "crop_neighbours", "crop_windows", "
 logger = logging.getLogger(__name__)
 
 PROPOSE_K = 5  # each photo's closest photos by the model, by whole pixels and by crops go to the pixel check
+LINKED = 2.0  # the proposal score of a pair the model links at the near threshold: always checked
+MODEL_ONLY = -1.0  # the proposal score of a pair only the model's k nearest put forward
 SAME_BYTES_MARGIN = 8  # k-NN slots beyond k + 1 for photos with the same bytes (not other photos)
 PIXEL_SIDE = 16  # pixels a side of the whole frames whose NCC proposes pairs
 CROP_SIDE = 8  # pixels a side of the crop windows (and of the whole frames that look them up)
 CROP_GRID = 3  # places a side for the windows of one crop share: the corners, the edges' middles, the centre
 CROP_SHARES = tuple(s for s in SCALES if s < 1.0)  # the crop shares the pixel check tests
-PIXEL_EXACT_UP_TO = 20000  # photos: above, the pixel proposals come from approximate (HNSW) indexes
+PIXEL_EXACT_UP_TO = 20000  # photos: above, the pixel proposals come from approximate indexes (inverted files)
+IVF_CELLS_PER_ROOT = 4  # cells of an inverted file for n vectors: this many times sqrt(n)
+IVF_PROBE = 16  # cells a query looks in
 
 
 def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
               frames_: Mapping[int, Frame], links: Mapping[int, Mapping[int, float]], chunk: int = 1024,
-              k: int = PROPOSE_K) -> set[tuple[int, int]]:
-    """The pairs (a < b) of photos with other bytes that the pixel check looks at: the ``links`` (the model's, at the
-    near threshold), each photo's ``k`` closest other photos by the model (``vecs``: N x D in the index's space,
-    searched in ``store``), by whole pixels (:func:`pixel_neighbours`) and the ``k`` it could be cut from
-    (:func:`crop_neighbours`)."""
+              k: int = PROPOSE_K) -> np.ndarray:
+    """The pairs of photos with other bytes that the pixel check looks at: P x 2 ids (a < b, sorted, each pair once;
+    8 bytes a pair in all): the ``links`` (the model's, at the near threshold), each photo's ``k`` closest other
+    photos by the model (``vecs``: N x D in the index's space, searched in ``store``), by whole pixels
+    (:func:`pixel_neighbours`) and the ``k`` that could be cut from it (:func:`crop_neighbours`)."""
     live = set(ids.tolist())
-    out: set[tuple[int, int]] = set()
+    found = _Pairs()
 
-    def add(i: int, j: int) -> None:
-        if j >= 0 and j != i and j in live and content[i] != content[j]:
-            out.add((min(i, j), max(i, j)))
+    def add(i: int, row: Iterable[int], sims: Iterable[float]) -> None:
+        kept = [(j, s) for j, s in zip(row, sims) if j >= 0 and j != i and j in live and content[i] != content[j]][:k]
+        found.add(i, [j for j, _ in kept], [s for _, s in kept])
 
     for i, nb in links.items():
-        for j in nb:
-            add(i, j)
+        others = [j for j in nb if j in live and content[i] != content[j]]
+        found.add(i, others, [LINKED] * len(others))
     depth = k + 1 + SAME_BYTES_MARGIN
     for start in range(0, len(ids), chunk):
-        _, found = store.search(vecs[start : start + chunk], depth)  # B x depth
-        for q, row in enumerate(found.tolist()):
-            i = int(ids[start + q])
-            others = [j for j in row if j >= 0 and j != i and j in live and content[j] != content[i]]
-            for j in others[:k]:
-                add(i, j)
+        _, near = store.search(vecs[start : start + chunk], depth)  # B x depth
+        for q, row in enumerate(near.tolist()):
+            add(int(ids[start + q]), row, [MODEL_ONLY] * len(row))
     have = [int(i) for i in ids if int(i) in frames_]
     if len(have) > 1 and k > 0:
-        for i, row in pixel_neighbours(have, frames_, depth, chunk):
-            for j in [j for j in row if j != i and content[j] != content[i]][:k]:
-                add(i, j)
-        for i, row in crop_neighbours(have, frames_, k + SAME_BYTES_MARGIN, chunk):
-            for j in [j for j in row if content[j] != content[i]][:k]:
-                add(i, j)
-    return out
+        for i, row, sims in pixel_neighbours(have, frames_, depth, chunk):
+            add(i, row, sims)
+        for i, row, sims in crop_neighbours(have, frames_, k + SAME_BYTES_MARGIN, chunk):
+            add(i, row, sims)
+    return found.pairs()
 
 
-def _inner_product_index(dim: int, n: int, photos: int):  # -> faiss.Index
-    """A flat inner-product index up to :data:`PIXEL_EXACT_UP_TO` photos, HNSW above (``n`` vectors to come)."""
+class _Pairs:
+    """Pairs of ids gathered as 64-bit keys (a << 32 | b, a < b) with their best proposal score, made unique now and
+    then: memory of 12 bytes a distinct pair."""
+
+    def __init__(self) -> None:
+        self._keys, self._scores = np.empty(0, np.int64), np.empty(0, np.float32)
+        self._new: list[int] = []
+        self._new_scores: list[float] = []
+
+    def add(self, i: int, others: Sequence[int], scores: Sequence[float]) -> None:
+        self._new.extend((min(i, j) << 32) | max(i, j) for j in others)
+        self._new_scores.extend(scores)
+        if len(self._new) > 1 << 22:
+            self._merge()
+
+    def _merge(self) -> None:
+        keys = np.concatenate([self._keys, np.array(self._new, np.int64)])
+        scores = np.concatenate([self._scores, np.array(self._new_scores, np.float32)])
+        order = np.lexsort((-scores, keys))  # by key, the best score first
+        keys, scores = keys[order], scores[order]
+        first = np.ones(len(keys), bool)
+        first[1:] = keys[1:] != keys[:-1]
+        self._keys, self._scores = keys[first], scores[first]
+        self._new, self._new_scores = [], []
+
+    def pairs(self) -> tuple[np.ndarray, np.ndarray]:
+        """The distinct pairs, sorted (P x 2), and each one's best proposal score (P)."""
+        self._merge()
+        return np.stack([self._keys >> 32, self._keys & 0xFFFFFFFF], axis=1), self._scores
+
+
+def _inner_product_index(vectors: np.ndarray, photos: int, what: str):  # -> faiss.Index
+    """An inner-product index for ``vectors`` (added here): flat (exact) up to :data:`PIXEL_EXACT_UP_TO` photos;
+    above, an inverted file of :data:`IVF_CELLS_PER_ROOT` x sqrt(n) cells searched :data:`IVF_PROBE` at a time,
+    one byte a dimension (8-bit scalar quantizer): a quarter of the vectors' own memory, and a query's cost grows
+    with the root of their number."""
     import faiss
 
+    n, dim = vectors.shape
     if photos <= PIXEL_EXACT_UP_TO:
-        return faiss.IndexFlatIP(dim)
-    store = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
-    store.hnsw.efSearch = max(store.hnsw.efSearch, 128)
-    logger.info("pixel proposals: an HNSW index of %d vectors (%d photos)", n, photos)
+        store = faiss.IndexFlatIP(dim)
+    else:
+        cells = max(1, min(n // 39, int(IVF_CELLS_PER_ROOT * np.sqrt(n))))
+        quantizer = faiss.IndexFlatIP(dim)
+        store = faiss.IndexIVFScalarQuantizer(quantizer, dim, cells, faiss.ScalarQuantizer.QT_8bit,
+                                              faiss.METRIC_INNER_PRODUCT)
+        step = max(1, n // (64 * cells))  # k-means on at most 64 vectors a cell, spread over all of them
+        store.train(np.ascontiguousarray(vectors[::step]))
+        store.nprobe = min(cells, IVF_PROBE)
+        logger.info("%s proposals: an inverted file of %d vectors in %d cells (%d photos)", what, n, cells, photos)
+    for start in range(0, n, 65536):
+        store.add(np.ascontiguousarray(vectors[start : start + 65536]))
     return store
 
 
@@ -98,19 +140,19 @@ def _flat(grey: np.ndarray, side: int, mirror: bool) -> np.ndarray:
 
 
 def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int,
-                     chunk: int = 1024) -> Iterable[tuple[int, list[int]]]:
+                     chunk: int = 1024) -> Iterable[tuple[int, list[int], list[float]]]:
     """For each photo of ``ids``, twice (its query plain and mirrored), its ``k`` closest photos by the NCC of
-    their whole grey frames (shrunk to :data:`PIXEL_SIDE` a side)."""
+    their whole grey frames (shrunk to :data:`PIXEL_SIDE` a side), and those NCCs."""
     plain = np.stack([_flat(frames_[i].grey, PIXEL_SIDE, False) for i in ids])  # N x P^2
-    mirrored = np.stack([_flat(frames_[i].grey, PIXEL_SIDE, True) for i in ids])  # N x P^2
-    store = _inner_product_index(plain.shape[1], len(ids), len(ids))
-    store.add(plain)
+    store = _inner_product_index(plain, len(ids), "whole-pixel")
     k = min(k, len(ids))
     for start in range(0, len(ids), chunk):
-        for q in (plain[start : start + chunk], mirrored[start : start + chunk]):  # B x P^2
-            _, found = store.search(q, k)  # B x k
-            for n, row in enumerate(found.tolist()):
-                yield ids[start + n], [ids[j] for j in row if j >= 0]
+        part = plain[start : start + chunk]  # B x P^2
+        mirrored = part.reshape(-1, PIXEL_SIDE, PIXEL_SIDE)[:, :, ::-1].reshape(len(part), -1)  # B x P^2
+        for q in (part, np.ascontiguousarray(mirrored)):
+            sims, found = store.search(q, k)  # B x k
+            for n, (row, sim) in enumerate(zip(found.tolist(), sims.tolist())):
+                yield ids[start + n], [ids[j] for j in row if j >= 0], [s for j, s in zip(row, sim) if j >= 0]
 
 
 def crop_windows(f: Frame) -> np.ndarray:
@@ -150,28 +192,33 @@ def _at(table: np.ndarray, y: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int,
-                    chunk: int = 1024) -> Iterable[tuple[int, list[int]]]:
-    """For each photo of ``ids``, twice (its whole frame plain and mirrored), the other photos (at most ``k``, the
-    best first) whose :func:`crop_windows` are closest to it by NCC: the photos it could have been cut from."""
-    per = len(CROP_SHARES) * CROP_GRID**2
-    windows = np.concatenate([crop_windows(frames_[i]) for i in ids])  # (N * per) x CROP_SIDE^2
-    owner = np.repeat(np.arange(len(ids)), per)  # N * per
-    store = _inner_product_index(windows.shape[1], len(windows), len(ids))
-    store.add(windows)
-    plain = np.stack([_flat(frames_[i].grey, CROP_SIDE, False) for i in ids])  # N x CROP_SIDE^2
-    mirrored = np.stack([_flat(frames_[i].grey, CROP_SIDE, True) for i in ids])  # N x CROP_SIDE^2
-    depth = min(len(windows), 16 * (k + 1))  # neighbouring windows of one photo are alike: room for k photos
+                    chunk: int = 1024) -> Iterable[tuple[int, list[int], list[float]]]:
+    """For each photo of ``ids``, twice (its :func:`crop_windows` plain, then mirrored), the other photos (at most
+    ``k``, the best first) whose whole frames (:data:`CROP_SIDE` a side) are closest by NCC to one of its windows:
+    the photos that could have been cut from it, mirrored or not, with those NCCs. Only the whole frames are indexed
+    (one vector a photo); each photo's windows are made and looked up a chunk of photos at a time, so memory does not
+    grow with the windows."""
+    whole = np.stack([_flat(frames_[i].grey, CROP_SIDE, False) for i in ids])  # N x CROP_SIDE^2
+    store = _inner_product_index(whole, len(ids), "crop")
+    depth = min(len(ids), k + 2)  # frames a window looks up (the photo's own whole frame may be one)
     for start in range(0, len(ids), chunk):
-        for q in (plain[start : start + chunk], mirrored[start : start + chunk]):  # B x CROP_SIDE^2
-            sims, found = store.search(q, depth)  # B x depth
-            for n in range(len(found)):
-                me, row = start + n, []
-                for w, s in zip(found[n].tolist(), sims[n].tolist()):
-                    if w < 0 or s <= 0.0:  # no window left, or a flat one
+        part = range(start, min(start + chunk, len(ids)))
+        windows = np.concatenate([crop_windows(frames_[ids[me]]) for me in part])  # (B * per) x CROP_SIDE^2
+        flipped = windows.reshape(-1, CROP_SIDE, CROP_SIDE)[:, :, ::-1].reshape(len(windows), -1)
+        for q in (windows, np.ascontiguousarray(flipped)):
+            sims, found = store.search(q, depth)  # (B * per) x depth
+            sims, found = sims.reshape(len(part), -1), found.reshape(len(part), -1)  # B x (per * depth)
+            order = np.argsort(-sims, axis=1, kind="stable")  # B x (per * depth): the best window's match first
+            for n, me in enumerate(part):
+                row: list[int] = []
+                best: list[float] = []
+                for at in order[n].tolist():
+                    o, s = int(found[n, at]), float(sims[n, at])
+                    if s <= 0.0:  # no frame left, or a flat window
                         break
-                    o = int(owner[w])
-                    if o != me and ids[o] not in row:
+                    if o >= 0 and o != me and ids[o] not in row:
                         row.append(ids[o])
+                        best.append(s)
                         if len(row) == k:
                             break
-                yield ids[me], row
+                yield ids[me], row, best

@@ -159,8 +159,8 @@ def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
         partners.setdefault(b, []).append(a)
     scores: dict[tuple[int, int], np.ndarray] = {}
     crops: dict[tuple[int, int, bool], _Hit] = {}
-    templates: dict[tuple[int, tuple[int, int]], np.ndarray] = {}
     for big, smalls in partners.items():
+        templates: dict[tuple[int, tuple[int, int]], np.ndarray] = {}  # this photo's partners' (memory: bounded)
         fb = frames_[big]
         grey = fb.grey.astype(np.float32)  # SIDE x SIDE
         best = np.full((len(smalls), 4), -2.0, np.float32)  # S x (whole plain, whole mirrored, crop plain, mirrored)
@@ -288,7 +288,8 @@ def _toned(x: np.ndarray, y: np.ndarray) -> float:
     return 1.0 - TONE_WEIGHT * (1.0 - tone_score(x, y))
 
 
-def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame]) -> dict[tuple[int, int], float]:
+def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], at_least: float | None = None,
+                chunk: int = 4096) -> dict[tuple[int, int], float]:
     """The copy score (module docstring) of each pair of photos that both have a frame: ``{(a, b): score}``.
 
     A pair under :data:`COPY_SCORE` whose best whole-pixel crop window (plain or mirrored, either way round) scores
@@ -298,8 +299,25 @@ def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame]) 
     best whole, towards the copies. A pair still under it whose whole frames or refined window reach
     :data:`TONE_FROM` is scored again through a tone curve (:func:`tone_score`; its misfit counts
     :data:`TONE_WEIGHT` times): a copy brightened until its highlights clip is no longer a linear function of the
-    photo's grey, but still a non-decreasing one."""
-    pairs = [(a, b) for a, b in pairs if a in frames_ and b in frames_]
+    photo's grey, but still a non-decreasing one.
+
+    With ``at_least``, only the pairs scoring that much are returned. The pairs are checked ``chunk`` at a time (in
+    the order given: sorted pairs keep a photo's partners together), so memory does not grow with their number."""
+    out: dict[tuple[int, int], float] = {}
+    part: list[tuple[int, int]] = []
+    for a, b in pairs:
+        if a in frames_ and b in frames_:
+            part.append((a, b))
+        if len(part) == chunk:
+            out.update(_scores(part, frames_, at_least))
+            part = []
+    out.update(_scores(part, frames_, at_least))
+    return out
+
+
+def _scores(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame],
+            at_least: float | None) -> dict[tuple[int, int], float]:
+    """:func:`copy_scores` of one chunk of pairs."""
     coarse, crops = _coarse(pairs, frames_)
     out = {}
     for a, b in pairs:
@@ -317,7 +335,8 @@ def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame]) 
             for _, window, aligned in refined:
                 if score < COPY_SCORE and window is not None:
                     score = max(score, _toned(window, aligned))
-        out[a, b] = score
+        if at_least is None or score >= at_least:
+            out[a, b] = score
     return out
 
 

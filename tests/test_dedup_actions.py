@@ -182,13 +182,13 @@ def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
     assert d["rule"] == "given" and d["proposed"] == n * (n - 1) // 2 and d["verified"] == 3
     assert d["turned_down"] == d["proposed"] - 3 and d["unchecked"] == 0
     # without the model's links, the proposals are each photo's 2 closest by the model, by whole pixels and by crops
-    # (the photos whose windows match it best), by hand
+    # (the photos whose frames match one of its windows best), by hand
     ids, raw = index.catalog.vectors(dim=index.dim)
     rows = index.catalog.rows_by_id(ids)
     content = {int(i): int(i) for i in ids}
     fr = frames({int(i): index.thumb_path(rows[int(i)]) for i in ids}, lambda i: None)
     vecs = index.center(raw)
-    got = proposals(index.store, ids, vecs, content, fr, {}, chunk=4, k=2)
+    got, _ = proposals(index.store, ids, vecs, content, fr, {}, chunk=4, k=2)
     sim = vecs @ vecs.T  # N x N
     np.fill_diagonal(sim, -np.inf)
     flat: dict[int, dict[int, list[np.ndarray]]] = {PIXEL_SIDE: {}, CROP_SIDE: {}}
@@ -204,10 +204,12 @@ def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
         for q in flat[PIXEL_SIDE][i]:
             near = sorted(others, key=lambda j: -float(q @ flat[PIXEL_SIDE][j][0]))[:2]
             want |= {(min(i, j), max(i, j)) for j in near}
-        for q in flat[CROP_SIDE][i]:
-            near = sorted(others, key=lambda j: -float((windows[j] @ q).max()))[:2]  # j's best window
+        for mirrored in (False, True):  # the photos whose whole frames match one of i's windows best
+            w = windows[i].reshape(-1, CROP_SIDE, CROP_SIDE)
+            w = (w[:, :, ::-1] if mirrored else w).reshape(len(w), -1)
+            near = sorted(others, key=lambda j: -float((w @ flat[CROP_SIDE][j][0]).max()))[:2]
             want |= {(min(i, j), max(i, j)) for j in near}
-    assert got == want
+    assert {(int(a), int(b)) for a, b in got} == want and len(got) == len(want)
 
 
 def test_a_photo_that_matches_crowd_others_by_pixels_has_no_near_link(backbone, tmp_path):

@@ -30,19 +30,19 @@ def _flat(grey: np.ndarray, side: int, mirror: bool) -> np.ndarray:
 
 def test_pixel_neighbours_exact_and_approximate(monkeypatch):
     """The whole-pixel proposals: the flat index's neighbours are the brute-force NCC top k of the 16-px frames
-    (plain and mirrored queries); above PIXEL_EXACT_UP_TO photos an HNSW index finds nearly the same."""
+    (plain and mirrored queries); above PIXEL_EXACT_UP_TO photos an inverted file finds nearly the same."""
     rng = np.random.default_rng(5)
     fr = {100 + n: _frame(rng, 48, 48) for n in range(150)}
     ids = list(fr)
     got = list(propose.pixel_neighbours(ids, fr, 4, chunk=32))
     keys = [(i, mirror) for s in range(0, len(ids), 32) for mirror in (False, True) for i in ids[s : s + 32]]
     assert len(got) == len(keys) == 2 * len(ids)  # each chunk: its plain queries, then its mirrored ones
-    for (i, mirror), (j, row) in zip(keys, got):
+    for (i, mirror), (j, row, _) in zip(keys, got):
         q = _flat(fr[i].grey, propose.PIXEL_SIDE, mirror)
         assert j == i and row == sorted(ids, key=lambda o: -float(q @ _flat(fr[o].grey, propose.PIXEL_SIDE, False)))[:4]
     monkeypatch.setattr(propose, "PIXEL_EXACT_UP_TO", 10)
     approx = list(propose.pixel_neighbours(ids, fr, 4, chunk=32))
-    hits = sum(len(set(a) & set(b)) for (_, a), (_, b) in zip(approx, got))
+    hits = sum(len(set(a) & set(b)) for (_, a, _), (_, b, _) in zip(approx, got))
     assert hits >= 0.9 * 4 * len(got)
 
 
@@ -82,20 +82,23 @@ def test_crop_windows_are_the_photos_own_crops():
 
 
 def _brute_crop_neighbours(ids: list[int], fr: dict[int, Frame], k: int, mirror: bool) -> dict[int, list[int]]:
-    """Each photo's k other photos by their best window's NCC with its whole CROP_SIDE frame, by hand."""
-    windows = {i: propose.crop_windows(fr[i]).astype(np.float64) for i in ids}
+    """Each photo's k other photos by the NCC of their whole CROP_SIDE frame with its best window (mirrored or
+    not), by hand."""
+    whole = {o: _flat(fr[o].grey, propose.CROP_SIDE, False) for o in ids}
     out = {}
     for i in ids:
-        q = _flat(fr[i].grey, propose.CROP_SIDE, mirror)
-        best = {o: float((windows[o] @ q).max()) for o in ids if o != i}
-        out[i] = sorted(best, key=lambda o: -best[o])[:k]
+        windows = propose.crop_windows(fr[i]).astype(np.float64).reshape(-1, propose.CROP_SIDE, propose.CROP_SIDE)
+        windows = (windows[:, :, ::-1] if mirror else windows).reshape(len(windows), -1)
+        best = {o: float((windows @ whole[o]).max()) for o in ids if o != i}
+        out[i] = [o for o in sorted(best, key=lambda o: -best[o]) if best[o] > 0][:k]
     return out
 
 
 def test_crop_neighbours_exact_and_approximate(monkeypatch):
-    """Crop proposals are, for each photo (plain and mirrored), the k photos whose best window matches it most, by
-    brute force; every crop of a photo (off-centre, any share the check tests, mirrored) puts its photo first among
-    alike photos; HNSW (above PIXEL_EXACT_UP_TO photos) finds nearly the same."""
+    """Crop proposals are, for each photo (its windows plain and mirrored), the k photos whose whole frame matches
+    one of its windows most, by brute force; every crop of a photo (off-centre, any share the check tests,
+    mirrored) is put forward by its photo among alike photos; an inverted file (above PIXEL_EXACT_UP_TO photos)
+    finds nearly the same."""
     rng = np.random.default_rng(7)
     pictures = [_picture(rng, 90, 72) for _ in range(60)]
     fr = {n: frame_of(p) for n, p in enumerate(pictures)}
@@ -111,12 +114,12 @@ def test_crop_neighbours_exact_and_approximate(monkeypatch):
     got = list(propose.crop_neighbours(ids, fr, 3, chunk=16))
     plain, mirrored = (_brute_crop_neighbours(ids, fr, 3, m) for m in (False, True))
     keys = [(i, m) for s in range(0, len(ids), 16) for m in (False, True) for i in ids[s : s + 16]]
-    assert [i for i, _ in got] == [i for i, _ in keys]
-    for (i, m), (_, row) in zip(keys, got):
+    assert [i for i, _, _ in got] == [i for i, _ in keys]
+    for (i, m), (_, row, _) in zip(keys, got):
         assert row == (mirrored if m else plain)[i], (i, m)
     for c, photo in crops.items():
-        assert photo in {row[0] for i, row in got if i == c}, c  # first, plain or mirrored
+        assert c in {row[0] for i, row, _ in got if i == photo}, c  # first, plain or mirrored
     monkeypatch.setattr(propose, "PIXEL_EXACT_UP_TO", 10)
     approx = list(propose.crop_neighbours(ids, fr, 3, chunk=16))
-    hits = sum(len(set(a) & set(b)) for (_, a), (_, b) in zip(approx, got))
-    assert hits >= 0.9 * sum(len(b) for _, b in got)
+    hits = sum(len(set(a) & set(b)) for (_, a, _), (_, b, _) in zip(approx, got))
+    assert hits >= 0.9 * sum(len(b) for _, b, _ in got)

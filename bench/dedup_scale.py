@@ -1,0 +1,255 @@
+"""Duplicates at the size of a real library (issue 52): `moco index dedup`'s wall time and peak memory at 10,000,
+100,000 (and 1,000,000) photos, with recall per edit, pair precision and the largest group of distinct photos.
+
+    OMP_NUM_THREADS=2 python bench/dedup_scale.py --sizes 10000,100000 --work .bench_runs/dedup_scale \\
+        --json bench/results/dedup_scale.json
+
+A collection of N photos: small ones of 32 px (Fashion-MNIST's report split, 28 px enlarged, then seeded smooth
+random pictures for the rest: distinct, and as cheap to make as a library needs) and ``--large`` photos of 1024 px on
+their long side (the gnome-backgrounds pictures). A ``--copies`` share of the small photos get one copy each, the
+edits in turn: ``exact``, ``jpeg50`` (JPEG quality 50), ``webp`` (quality 75), ``shrunk26`` (to 26 px and back),
+``crop2px`` (2 px off each side), ``bright15`` (+15%), ``contrast`` (x1.3), ``gamma`` (0.8) and ``mirrored``; every
+large photo gets ``crop70`` (70% of each side, at a seeded off-centre place), ``crop80`` (its centre 80%), ``jpeg50``
+and ``half`` (half its size). The index is built with a seeded random ResNet-18 (the weakest model: the pixel check
+does the work), then `moco index dedup`'s search runs in a process of its own, whose wall time and peak resident
+memory (VmHWM) are measured; "beyond the index" subtracts the index's own files (vectors and thumbnails' catalog,
+which a search holds). Aims (issue 52, 2 cores): 100,000 photos in at most 5 minutes, 1,000,000 in at most an hour,
+at most 2 GB beyond the index, recall >= 0.98 for every edit, pair precision >= 0.98, no group of more than 10
+distinct photos.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "2")
+
+import argparse  # noqa: E402
+import io  # noqa: E402
+import itertools  # noqa: E402
+import json  # noqa: E402
+import shlex  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+from PIL import Image, ImageEnhance, ImageOps  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SMALL_EDITS = ("exact", "jpeg50", "webp", "shrunk26", "crop2px", "bright15", "contrast", "gamma", "mirrored")
+LARGE_EDITS = ("crop70", "crop80", "jpeg50", "half")
+AIM = {"seconds": {100_000: 300, 1_000_000: 3600}, "beyond_index_gb": 2.0, "recall": 0.98, "pair_precision": 0.98,
+       "largest_distinct": 10}
+SMALL, LARGE = 32, 1024
+
+
+def _encoded(img: Image.Image, fmt: str, **kw: Any) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, fmt, **kw)
+    return buf.getvalue()
+
+
+def _small_copy(img: Image.Image, edit: str) -> tuple[bytes, str]:
+    """The bytes of ``edit`` of a small photo and their suffix."""
+    if edit == "jpeg50":
+        return _encoded(img, "JPEG", quality=50), "jpg"
+    if edit == "webp":
+        return _encoded(img, "WEBP", quality=75), "webp"
+    if edit == "shrunk26":
+        out = img.resize((26, 26), Image.Resampling.BICUBIC).resize(img.size, Image.Resampling.BICUBIC)
+    elif edit == "crop2px":
+        out = img.crop((2, 2, img.width - 2, img.height - 2))
+    elif edit == "bright15":
+        out = ImageEnhance.Brightness(img).enhance(1.15)
+    elif edit == "contrast":
+        out = ImageEnhance.Contrast(img).enhance(1.3)
+    elif edit == "gamma":
+        out = img.point(lambda v: round(255 * (v / 255) ** 0.8))
+    elif edit == "mirrored":
+        out = ImageOps.mirror(img)
+    else:
+        raise ValueError(edit)
+    return _encoded(out, "PNG"), "png"
+
+
+def _large_copy(img: Image.Image, edit: str, rng: np.random.Generator) -> Image.Image:
+    w, h = img.size
+    if edit == "crop70":
+        cw, ch = round(0.7 * w), round(0.7 * h)
+        x, y = int(rng.integers(0, w - cw + 1)), int(rng.integers(0, h - ch + 1))
+        return img.crop((x, y, x + cw, y + ch))
+    if edit == "crop80":
+        dx, dy = round(0.1 * w), round(0.1 * h)
+        return img.crop((dx, dy, w - dx, h - dy))
+    if edit == "half":
+        return img.resize((w // 2, h // 2), Image.Resampling.LANCZOS)
+    return img  # jpeg50: re-encoded below
+
+
+def _smooth(rng: np.random.Generator, side: int) -> np.ndarray:
+    """A smooth random picture (side x side x 3): noise of a few cells a side, enlarged."""
+    cells = int(rng.integers(3, 8))
+    noise = rng.integers(0, 256, (cells, cells, 3), dtype=np.uint8)
+    return np.asarray(Image.fromarray(noise).resize((side, side), Image.Resampling.BICUBIC))
+
+
+def _small_photos(n: int, seed: int) -> Any:
+    """``n`` small photos (side SMALL, RGB arrays): Fashion-MNIST's report split first, then smooth pictures."""
+    from bench.dedup_copies import _distinct, _fashion_pool
+
+    rng = np.random.default_rng(seed)
+    pool = _fashion_pool("report")
+    fashion = _distinct(pool[rng.permutation(len(pool))], min(n, 29000))
+    for x in fashion:
+        yield np.asarray(Image.fromarray(x).convert("RGB").resize((SMALL, SMALL), Image.Resampling.BICUBIC))
+    for _ in range(n - len(fashion)):
+        yield _smooth(rng, SMALL)
+
+
+def _large_photos(count: int) -> list[Image.Image]:
+    from bench._datasets import BACKGROUNDS_DIR
+
+    found = sorted(p for p in (BACKGROUNDS_DIR / "gnome").glob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png",
+                                                                                             ".webp"))
+    out = []
+    for p in found[:count]:
+        with Image.open(p) as im:
+            img = im.convert("RGB")
+        img.thumbnail((LARGE, LARGE), Image.Resampling.LANCZOS)
+        out.append(img)
+    return out
+
+
+def write_collection(root: Path, n: int, share: float, large: int, seed: int) -> dict[str, str]:
+    """The photos under ``root/photos`` (folders of 1,000), the copies under ``root/copies``: copy -> photo paths."""
+    rng = np.random.default_rng(seed + 1)
+    (root / "copies").mkdir(parents=True)
+    chosen = set(rng.choice(n, max(len(SMALL_EDITS), round(share * n)), replace=False).tolist())
+    edits = itertools.cycle(SMALL_EDITS)
+    copies = {}
+    for i, x in enumerate(_small_photos(n, seed)):
+        folder = root / "photos" / f"{i // 1000:04d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        src = folder / f"{i:07d}.png"
+        img = Image.fromarray(x)
+        src.write_bytes(_encoded(img, "PNG"))
+        if i in chosen:
+            edit = next(edits)
+            data, suffix = (src.read_bytes(), "png") if edit == "exact" else _small_copy(img, edit)
+            dst = root / "copies" / f"{i:07d}_{edit}.{suffix}"
+            dst.write_bytes(data)
+            copies[dst.relative_to(root).as_posix()] = src.relative_to(root).as_posix()
+    (root / "large").mkdir()
+    for n_, img in enumerate(_large_photos(large)):
+        src = root / "large" / f"L{n_:03d}.jpg"
+        img.save(src, "JPEG", quality=92)
+        for edit in LARGE_EDITS:
+            dst = root / "copies" / f"L{n_:03d}_{edit}.jpg"
+            _large_copy(img, edit, rng).save(dst, "JPEG", quality=50 if edit == "jpeg50" else 92)
+            copies[dst.relative_to(root).as_posix()] = src.relative_to(root).as_posix()
+    return copies
+
+
+_SEARCH = """
+import json, re, sys, time
+t0 = time.perf_counter()
+from index.dedup import search_duplicates
+from index.image_index import ImageIndex
+found = search_duplicates(ImageIndex.open(sys.argv[1]), save=False)
+seconds = time.perf_counter() - t0
+peak = int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read())[1]) * 1024
+json.dump({"seconds": seconds, "peak_bytes": peak, "decision": found.decision,
+           "groups": [{"members": [{"path": m["path"]} for m in g["members"]], "reason": g["reason"],
+                       "keep": g["keep"]} for g in found.groups]}, open(sys.argv[2], "w"))
+"""
+
+
+def _score(groups: list[dict[str, Any]], copies: dict[str, str]) -> dict[str, Any]:
+    """Recall per edit (small and large apart), pair precision, the largest group of distinct photos."""
+    source = lambda p: copies.get(p, p)  # noqa: E731 - a photo and its copy: one source
+    group_of = {m["path"]: n for n, g in enumerate(groups) for m in g["members"]}
+    recall: dict[str, list[bool]] = {}
+    for copy, photo in copies.items():
+        edit = ("large " if Path(copy).stem.startswith("L") else "") + Path(copy).stem.split("_", 1)[1]
+        recall.setdefault(edit, []).append(copy in group_of and group_of.get(photo) == group_of[copy])
+    pairs = real = largest = 0
+    for g in groups:
+        paths = [m["path"] for m in g["members"]]
+        for a, b in itertools.combinations(paths, 2):
+            pairs += 1
+            real += source(a) == source(b)
+        largest = max(largest, len({source(p) for p in paths}))
+    return {"recall": {e: round(float(np.mean(v)), 4) for e, v in recall.items()},
+            "copies": {e: len(v) for e, v in recall.items()},
+            "pair_precision": round(real / pairs, 4) if pairs else 1.0, "pairs": pairs,
+            "largest_distinct": largest, "groups": len(groups)}
+
+
+def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]:
+    from index.build.runner import build_index
+
+    root, idx = args.work / str(n), args.work / f"{n}.idx"
+    if not (root / "done").exists() or not (idx / "index.faiss").exists():
+        shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(idx, ignore_errors=True)
+        t0 = time.perf_counter()
+        copies = write_collection(root, n, args.copies, args.large, args.seed)
+        print(f"{n}: collection written in {time.perf_counter() - t0:.0f} s", flush=True)
+        t0 = time.perf_counter()
+        build_index(root, backbone, idx, progress=False, device="cpu")
+        print(f"{n}: index built in {time.perf_counter() - t0:.0f} s", flush=True)
+        (root / "copies.json").write_text(json.dumps(copies))
+        (root / "done").touch()
+    copies = json.loads((root / "copies.json").read_text())
+    out = args.work / f"{n}.search.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    subprocess.run([sys.executable, "-c", _SEARCH, str(idx), str(out)], env=env, check=True)
+    got = json.loads(out.read_text())
+    index_bytes = sum(p.stat().st_size for p in idx.iterdir() if p.is_file())
+    d = got["decision"]
+    return {"photos": n + args.large, "copies_planted": len(copies), "seconds": round(got["seconds"], 1),
+            "peak_gb": round(got["peak_bytes"] / 1e9, 3), "index_gb": round(index_bytes / 1e9, 3),
+            "beyond_index_gb": round((got["peak_bytes"] - index_bytes) / 1e9, 3), "proposed": d["proposed"],
+            "verified": d["verified"], "threshold": d["threshold"], **_score(got["groups"], copies)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", default="10000,100000", help="small photos per collection, comma separated")
+    p.add_argument("--copies", type=float, default=0.02, help="share of the small photos given a copy (0.02)")
+    p.add_argument("--large", type=int, default=24, help="large photos, each with its 4 copies (24)")
+    p.add_argument("--work", type=Path, required=True, help="where the collections and indexes go (kept: a rerun "
+                   "measures the search again)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+
+    from bench._backbone import bench_backbone
+    from bench.doors import _cpu_model
+
+    backbone, described = bench_backbone(args.work, None, None, SMALL)
+    report: dict[str, Any] = {"backbone": described, "cpu": _cpu_model(), "threads": os.environ["OMP_NUM_THREADS"],
+                              "aim": AIM, "command": shlex.join(["python", "bench/dedup_scale.py",
+                                                                 *(argv or sys.argv[1:])]), "sizes": []}
+    for n in [int(s) for s in args.sizes.split(",") if s.strip()]:
+        report["sizes"].append(run_size(n, args, backbone))
+        r = report["sizes"][-1]
+        print(f"{r['photos']} photos: {r['seconds']} s, peak {r['peak_gb']} GB ({r['beyond_index_gb']} beyond the "
+              f"index), precision {r['pair_precision']}, largest {r['largest_distinct']}, "
+              f"proposed {r['proposed']}, verified {r['verified']}", flush=True)
+        print("  recall: " + ", ".join(f"{e} {v} ({r['copies'][e]})" for e, v in r["recall"].items()), flush=True)
+    print(f"{report['cpu']}; {report['threads']} threads; {described}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
