@@ -471,8 +471,8 @@ def test_review_a_page_of_groups_change_a_keeper_move_and_undo(browser, dup_serv
     assert "exact · 2 photos" in panels.nth(0).inner_text() and "near · 2 photos" in panels.nth(1).inner_text()
     first = panels.nth(0).inner_text()
     assert "✓ keep" in first and "identical to the keeper" in first and "oldest file" in first and "64×64" in first
-    assert page.evaluate("[...document.querySelectorAll('#dup-groups img')].every(i => i.complete && "
-                         "i.naturalWidth > 0)")  # the thumbnails
+    page.wait_for_function("[...document.querySelectorAll('#dup-groups img')].every(i => i.complete && "
+                           "i.naturalWidth > 0)", timeout=60_000)  # the thumbnails, drawn (a broken one never is)
     assert f"keep {near[0]}: most pixels (64 x 64)" in panels.nth(1).inner_text().replace("\n", " ")
     # the near group: keep its small copy instead, then move the other (its original) out
     page.locator("#dup-group input").click()
