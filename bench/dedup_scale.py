@@ -2,7 +2,7 @@
 100,000 (and 1,000,000) photos, with recall per edit, pair precision and the largest group of distinct photos.
 
     OMP_NUM_THREADS=2 python bench/dedup_scale.py --sizes 10000,100000 --work .bench_runs/dedup_scale \\
-        --json bench/results/dedup_scale.json
+        --json bench/results/dedup_scale.json [--peer WORKTREE_OF_AN_EARLIER_COMMIT]
 
 A collection of N photos: small ones of 32 px (Fashion-MNIST's report split, 28 px enlarged, then seeded smooth
 random pictures for the rest: distinct, and as cheap to make as a library needs) and ``--large`` photos of 1024 px on
@@ -207,14 +207,22 @@ def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]
         (root / "copies.json").write_text(json.dumps(copies))
         (root / "done").touch()
     copies = json.loads((root / "copies.json").read_text())
-    out = args.work / f"{n}.search.json"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    subprocess.run([sys.executable, "-c", _SEARCH, str(idx), str(out)], env=env, check=True)
-    got = json.loads(out.read_text())
     index_bytes = sum(p.stat().st_size for p in idx.iterdir() if p.is_file())
+    out = {"photos": n + args.large, "copies_planted": len(copies), "index_gb": round(index_bytes / 1e9, 3),
+           **_search(ROOT, idx, args.work / f"{n}.search.json", copies, index_bytes)}
+    if args.peer:  # the same search by another checkout's code, on the same index, in the same run
+        out["peer"] = _search(args.peer, idx, args.work / f"{n}.peer.json", copies, index_bytes)
+    return out
+
+
+def _search(code: Path, idx: Path, out: Path, copies: dict[str, str], index_bytes: int) -> dict[str, Any]:
+    """`moco index dedup`'s search of ``idx`` by the code of checkout ``code``, in a process of its own: its
+    wall time, peak memory and scores."""
+    env = dict(os.environ, PYTHONPATH=str(code))
+    subprocess.run([sys.executable, "-c", _SEARCH, str(idx), str(out)], env=env, check=True, cwd=code)
+    got = json.loads(out.read_text())
     d = got["decision"]
-    return {"photos": n + args.large, "copies_planted": len(copies), "seconds": round(got["seconds"], 1),
-            "peak_gb": round(got["peak_bytes"] / 1e9, 3), "index_gb": round(index_bytes / 1e9, 3),
+    return {"seconds": round(got["seconds"], 1), "peak_gb": round(got["peak_bytes"] / 1e9, 3),
             "beyond_index_gb": round((got["peak_bytes"] - index_bytes) / 1e9, 3), "proposed": d["proposed"],
             "verified": d["verified"], "threshold": d["threshold"], **_score(got["groups"], copies)}
 
@@ -227,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, required=True, help="where the collections and indexes go (kept: a rerun "
                    "measures the search again)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--peer", type=Path, default=None, help="another checkout (a git worktree of an earlier commit): "
+                   "its search measured on the same indexes, side by side")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -240,10 +250,16 @@ def main(argv: list[str] | None = None) -> int:
     for n in [int(s) for s in args.sizes.split(",") if s.strip()]:
         report["sizes"].append(run_size(n, args, backbone))
         r = report["sizes"][-1]
-        print(f"{r['photos']} photos: {r['seconds']} s, peak {r['peak_gb']} GB ({r['beyond_index_gb']} beyond the "
-              f"index), precision {r['pair_precision']}, largest {r['largest_distinct']}, "
-              f"proposed {r['proposed']}, verified {r['verified']}", flush=True)
-        print("  recall: " + ", ".join(f"{e} {v} ({r['copies'][e]})" for e, v in r["recall"].items()), flush=True)
+        for who, x in (("this", r), ("peer", r.get("peer"))):
+            if x is None:
+                continue
+            print(f"{r['photos']} photos, {who}: {x['seconds']} s, peak {x['peak_gb']} GB ({x['beyond_index_gb']} "
+                  f"beyond the index), precision {x['pair_precision']}, largest {x['largest_distinct']}, "
+                  f"proposed {x['proposed']}, verified {x['verified']}", flush=True)
+            print("  recall: " + ", ".join(f"{e} {v} ({r['copies'][e]})" for e, v in x["recall"].items()), flush=True)
+        if r.get("peer"):
+            print(f"  this / peer: time {r['seconds'] / max(r['peer']['seconds'], 1e-9):.2f}x, peak memory "
+                  f"{r['peak_gb'] / max(r['peer']['peak_gb'], 1e-9):.2f}x", flush=True)
     print(f"{report['cpu']}; {report['threads']} threads; {described}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -46,3 +46,34 @@ def test_the_bench_runs_at_a_tiny_size(tmp_path, capsys):
     assert r["photos"] == 60 and r["copies_planted"] == 12 and r["recall"]["exact"] == 1.0  # the same bytes: always
     assert r["rule"] in ("calibrated", "crowd") and 0 <= r["pair_precision"] <= 1 and r["largest_distinct"] >= 1
     assert "aim (recall >= 0.98" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not FASHION_DIR.exists(), reason="apt-get install dataset-fashion-mnist")
+def test_the_scale_bench_plants_each_edit_and_scores_by_hand(tmp_path):
+    """bench/dedup_scale.py: every small edit planted once in turn (each copy other bytes than its photo but the
+    exact one's), each large photo's four copies at their sizes, and its scores (recall per edit, small and large
+    apart; pair precision; the largest group of distinct photos) against a count by hand."""
+    from PIL import Image
+
+    from bench._datasets import BACKGROUNDS_DIR
+    from bench.dedup_scale import LARGE_EDITS, SMALL_EDITS, _score, write_collection
+
+    large = 1 if (BACKGROUNDS_DIR / "gnome").exists() else 0
+    copies = write_collection(tmp_path, 30, 0.3, large, seed=0)
+    small = {c: p for c, p in copies.items() if not Path(c).name.startswith("L")}
+    assert sorted(Path(c).stem.split("_", 1)[1] for c in small) == sorted(SMALL_EDITS)
+    for copy, photo in small.items():
+        same = (tmp_path / copy).read_bytes() == (tmp_path / photo).read_bytes()
+        assert same == copy.endswith("_exact.png"), copy
+        assert Image.open(tmp_path / copy).size == (32, 32) or "crop2px" in copy
+    if large:
+        sizes = {Path(c).stem.split("_", 1)[1]: Image.open(tmp_path / c).size for c in copies if "/L000_" in c}
+        w, h = Image.open(tmp_path / "large" / "L000.jpg").size
+        assert sorted(sizes) == sorted(LARGE_EDITS) and max(w, h) == 1024
+        assert sizes["crop70"] == (round(0.7 * w), round(0.7 * h)) and sizes["half"] == (w // 2, h // 2)
+    (c1, p1), (c2, _) = list(small.items())[:2]
+    other = "photos/0000/0000029.png"
+    groups = [{"members": [{"path": p1}, {"path": c1}, {"path": other}]}, {"members": [{"path": c2}]}]
+    s = _score(groups, copies)
+    assert (s["pairs"], s["pair_precision"], s["largest_distinct"]) == (3, round(1 / 3, 4), 2)
+    assert s["recall"][Path(c1).stem.split("_", 1)[1]] == 1.0 and s["recall"][Path(c2).stem.split("_", 1)[1]] == 0.0
