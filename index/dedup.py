@@ -152,8 +152,9 @@ def _frame_fallback(index: ImageIndex, rows: Mapping[int, Row]) -> Callable[[int
 
 
 def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
-                 rows: Mapping[int, Row], links: Mapping[int, Mapping[int, float]],
-                 chunk: int = 1024) -> tuple[dict[int, dict[int, float]], dict[tuple[int, int], float], dict[str, int]]:
+                 rows: Mapping[int, Row], links: Mapping[int, Mapping[int, float]], chunk: int = 1024,
+                 progress: bool = False) -> tuple[dict[int, dict[int, float]], dict[tuple[int, int], float],
+                                                   dict[str, int]]:
     """The near links: the pairs of :func:`index.propose.proposals` that :func:`index.verify.copy_scores` finds to be
     copies (score at least :data:`~index.verify.COPY_SCORE`), each with its centred cosine (``{id: {other: cosine}}``,
     symmetric), their copy scores ``{(a, b): score}`` (a < b), and counts: ``proposed``, ``verified``,
@@ -162,11 +163,14 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
     :data:`~index.calibrate.CROWD` or more other photos (a clear sky, a gradient, a blank page has too little of its
     own to tell a copy from another such photo), whose near links are all dropped."""
     pos = {int(i): n for n, i in enumerate(ids.tolist())}
-    frames_ = frames({int(i): index.thumb_path(rows[int(i)]) if int(i) in rows else None for i in ids},
-                     _frame_fallback(index, rows))
-    pairs, _ = proposals(index.store, ids, vecs, content, frames_, links, chunk)  # P x 2, P
+    with _stage("frames", len(ids), "photo", progress) as bar:
+        frames_ = frames({int(i): index.thumb_path(rows[int(i)]) if int(i) in rows else None for i in ids},
+                         _frame_fallback(index, rows), bar.update)
+    with _stage("proposals", 5 * len(ids), "search", progress) as bar:
+        pairs, _ = proposals(index.store, ids, vecs, content, frames_, links, chunk, step=bar.update)  # P x 2, P
     listed = (tuple(pair) for start in range(0, len(pairs), 65536) for pair in pairs[start : start + 65536].tolist())
-    scores = copy_scores(listed, frames_, at_least=COPY_SCORE)  # only the copies, checked a chunk at a time
+    with _stage("pixel check", len(pairs), "pair", progress) as bar:
+        scores = copy_scores(listed, frames_, at_least=COPY_SCORE, step=bar.update)  # the copies, a chunk at a time
     near: dict[int, dict[int, float]] = {}
     kept: dict[tuple[int, int], float] = {}
     for (a, b), s in scores.items():
@@ -192,6 +196,14 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
                  if i < j and content[i] != content[j] and (i, j) not in kept)
     return near, kept, {"proposed": len(pairs), "verified": len(kept), "turned_down": turned,
                         "unchecked": len(ids) - len(frames_), "crowded": len(crowded)}
+
+
+def _stage(name: str, total: int, unit: str, enabled: bool) -> Any:
+    """A progress bar of one stage of a search (its rate and time left), shown only when ``enabled``."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=name, unit=unit, disable=not enabled, dynamic_ncols=True, leave=True,
+                mininterval=1.0)
 
 
 def _graph(index: ImageIndex, ids: np.ndarray, raw: np.ndarray, content: np.ndarray, low: float,
@@ -260,7 +272,7 @@ def find_duplicates(index: ImageIndex, threshold: float | None = None, save: boo
 
 def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: Iterable[str] = DEFAULT_KINDS,
                       similar_threshold: float | None = None, save: bool = True, chunk: int = 1024,
-                      exclude_folders: Sequence[str] = ()) -> Search:
+                      exclude_folders: Sequence[str] = (), progress: bool = False) -> Search:
     """Groups of duplicates of ``kinds`` (:data:`KINDS`), each group in the order exact, near, similar, then largest
     first.
 
@@ -272,7 +284,8 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     ``taken`` (EXIF's, seconds; None without one) and ``mtime``. ``threshold``: the near threshold (None: the
     index's, guarded, see the module docstring); ``similar_threshold``: None: measured. ``exclude_folders``: the
     photos under these sub-folders are left out (never grouped, never moved). Written to ``dedup.json`` in the index
-    directory with the thresholds and their rule when ``save`` (:func:`save_duplicates`).
+    directory with the thresholds and their rule when ``save`` (:func:`save_duplicates`). ``progress``: a bar for
+    each stage of the pixel check (frames, proposals, the check), with its rate and time left, on stderr.
     """
     kinds = _check_kinds(kinds)
     if threshold is not None and not -1.0 <= threshold <= 1.0:
@@ -293,7 +306,7 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     graph = _graph(index, ids, raw, content, similar_t if "similar" in kinds else near_t, chunk)
     by_id = dict(zip(ids.tolist(), content.tolist()))
     model_links = {i: {j: s for j, s in nb.items() if s >= near_t and by_id[j] != by_id[i]} for i, nb in graph.items()}
-    near, copy_of, counts = verify_links(index, ids, vecs, by_id, rows, model_links, chunk)
+    near, copy_of, counts = verify_links(index, ids, vecs, by_id, rows, model_links, chunk, progress)
     for i, nb in graph.items():  # the same bytes: always near
         for j, s in nb.items():
             if by_id[j] == by_id[i]:

@@ -23,7 +23,7 @@ proposed: they are exact duplicates already. The pairs are kept as 64-bit keys w
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 from PIL import Image
@@ -51,11 +51,14 @@ IVF_PROBE = 16  # cells a query looks in
 
 def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
               frames_: Mapping[int, Frame], links: Mapping[int, Mapping[int, float]], chunk: int = 1024,
-              k: int = PROPOSE_K) -> np.ndarray:
+              k: int = PROPOSE_K, step: Callable[[int], object] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The pairs of photos with other bytes that the pixel check looks at: P x 2 ids (a < b, sorted, each pair once;
     8 bytes a pair in all): the ``links`` (the model's, at the near threshold), each photo's ``k`` closest other
     photos by the model (``vecs``: N x D in the index's space, searched in ``store``), by whole pixels
-    (:func:`pixel_neighbours`) and the ``k`` that could be cut from it (:func:`crop_neighbours`)."""
+    (:func:`pixel_neighbours`) and the ``k`` that could be cut from it (:func:`crop_neighbours`); and each pair's best
+    proposal score (:data:`LINKED`, an NCC, or :data:`MODEL_ONLY`). ``step(n)``: called as the searches go, 5 for
+    each photo in all (a progress bar)."""
+    step = step or (lambda n: None)
     live = set(ids.tolist())
     found = _Pairs()
 
@@ -71,12 +74,18 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
         _, near = store.search(vecs[start : start + chunk], depth)  # B x depth
         for q, row in enumerate(near.tolist()):
             add(int(ids[start + q]), row, [MODEL_ONLY] * len(row))
+        step(len(near))
     have = [int(i) for i in ids if int(i) in frames_]
+    step(4 * (len(ids) - len(have)))
     if len(have) > 1 and k > 0:
-        for i, row, sims in pixel_neighbours(have, frames_, depth, chunk):
+        for i, row, sims in pixel_neighbours(have, frames_, depth, chunk):  # each photo twice: plain, mirrored
             add(i, row, sims)
-        for i, row, sims in crop_neighbours(have, frames_, k + SAME_BYTES_MARGIN, chunk):
+            step(1)
+        for i, row, sims in crop_neighbours(have, frames_, k + SAME_BYTES_MARGIN, chunk):  # the same
             add(i, row, sims)
+            step(1)
+    else:
+        step(4 * len(have))
     return found.pairs()
 
 

@@ -72,10 +72,12 @@ def frame_of(img: Image.Image) -> Frame:
     return Frame(np.asarray(small, np.uint8), w / max(h, 1), kept)
 
 
-def frames(paths: Mapping[int, Path | None], fallback: Callable[[int], Image.Image | None]) -> dict[int, Frame]:
+def frames(paths: Mapping[int, Path | None], fallback: Callable[[int], Image.Image | None],
+           step: Callable[[int], object] | None = None) -> dict[int, Frame]:
     """Frames of photos ``{id: thumbnail path}``. A photo whose thumbnail is missing or unreadable is decoded with
     ``fallback(id)`` (None: it has no frame, and no pair of it can be checked), and so is a small photo (a thumbnail
-    under twice the frame's side: the photo is as cheap to read, and its thumbnail's JPEG would blur fine dots)."""
+    under twice the frame's side: the photo is as cheap to read, and its thumbnail's JPEG would blur fine dots).
+    ``step(1)`` is called after each photo (a progress bar)."""
     out: dict[int, Frame] = {}
     for i, path in paths.items():
         img = None
@@ -90,6 +92,8 @@ def frames(paths: Mapping[int, Path | None], fallback: Callable[[int], Image.Ima
             img = fallback(i) or img
         if img is not None:
             out[i] = frame_of(img)
+        if step is not None:
+            step(1)
     return out
 
 
@@ -289,7 +293,7 @@ def _toned(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], at_least: float | None = None,
-                chunk: int = 4096) -> dict[tuple[int, int], float]:
+                chunk: int = 4096, step: Callable[[int], object] | None = None) -> dict[tuple[int, int], float]:
     """The copy score (module docstring) of each pair of photos that both have a frame: ``{(a, b): score}``.
 
     A pair under :data:`COPY_SCORE` whose best whole-pixel crop window (plain or mirrored, either way round) scores
@@ -302,16 +306,23 @@ def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], 
     photo's grey, but still a non-decreasing one.
 
     With ``at_least``, only the pairs scoring that much are returned. The pairs are checked ``chunk`` at a time (in
-    the order given: sorted pairs keep a photo's partners together), so memory does not grow with their number."""
+    the order given: sorted pairs keep a photo's partners together), so memory does not grow with their number;
+    ``step(n)`` is called after each (a progress bar), ``n`` the pairs it held."""
     out: dict[tuple[int, int], float] = {}
     part: list[tuple[int, int]] = []
+    seen = 0  # pairs since the last step (with those that lack a frame)
     for a, b in pairs:
+        seen += 1
         if a in frames_ and b in frames_:
             part.append((a, b))
         if len(part) == chunk:
             out.update(_scores(part, frames_, at_least))
-            part = []
+            if step is not None:
+                step(seen)
+            part, seen = [], 0
     out.update(_scores(part, frames_, at_least))
+    if step is not None and seen:
+        step(seen)
     return out
 
 

@@ -304,3 +304,52 @@ def test_a_chain_of_photos_is_not_one_group(backbone, tmp_path):
     # pixels call copies) is cut into several groups, never one
     assert max(len(m & set(chain)) for m in members) < len(chain) // 2
     assert sum(bool(m & set(chain)) for m in members) >= 2
+
+
+def test_a_search_shows_each_stage_with_its_rate_and_time_left_only_when_asked(backbone, sample_photos, tmp_path,
+                                                                               capsys):
+    """``progress=True`` (the CLI on a terminal): a bar for the frames, the proposals and the pixel check, each run
+    to its end (its count of photos, searches, pairs); the same groups as without; without, nothing on stderr."""
+    from index.dedup import search_duplicates
+
+    build_index(sample_photos, backbone, tmp_path / "idx", progress=False)
+    idx = ImageIndex.open(tmp_path / "idx")
+    capsys.readouterr()
+    quiet = search_duplicates(idx, save=False)
+    assert capsys.readouterr().err == ""
+    shown = search_duplicates(idx, save=False, progress=True)
+    err = capsys.readouterr().err
+    n, pairs = len(idx), shown.decision["proposed"]
+    for stage, total in (("frames", n), ("proposals", 5 * n), ("pixel check", pairs)):
+        assert f"{stage}: 100%" in err and f"{total}/{total}" in err, (stage, err[-1500:])
+    assert [g["id"] for g in shown.groups] == [g["id"] for g in quiet.groups]
+
+
+def test_a_search_killed_in_the_pixel_check_leaves_the_last_one_and_a_rerun_completes(backbone, sample_photos,
+                                                                                     tmp_path):
+    """SIGKILL in the middle of the pixel check (after its first chunk of pairs): the last saved search is still
+    there, whole, and nothing else is left in the index's folder; the next search completes with the groups of an
+    uninterrupted one."""
+    import os
+    import subprocess
+    import sys
+
+    from index.dedup import search_duplicates
+
+    build_index(sample_photos, backbone, tmp_path / "idx", progress=False)
+    idx = ImageIndex.open(tmp_path / "idx")
+    first = search_duplicates(idx)  # saved
+    saved = (tmp_path / "idx" / "dedup.json").read_bytes()
+    before = sorted(p.name for p in (tmp_path / "idx").iterdir())
+    code = ("import os, signal, sys\nimport index.verify as v\nreal = v._scores\n"
+            "def once(*a, **k):\n    out = real(*a, **k)\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "v._scores = once\nfrom index.dedup import search_duplicates\nfrom index.image_index import ImageIndex\n"
+            "search_duplicates(ImageIndex.open(sys.argv[1]), chunk=4)\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "idx")], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == -9, done.stderr[-2000:]
+    assert (tmp_path / "idx" / "dedup.json").read_bytes() == saved
+    assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == before
+    again = search_duplicates(ImageIndex.open(tmp_path / "idx"))
+    assert [g["id"] for g in again.groups] == [g["id"] for g in first.groups]

@@ -319,7 +319,8 @@ def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
 
     kinds = args.kind or ["exact", "near"]
     away = [f for f in (_check_folder(idx, f, "--exclude-folder") for f in args.exclude_folder) if f]
-    found = search_duplicates(idx, args.threshold, kinds, args.similar_threshold, exclude_folders=away)
+    found = search_duplicates(idx, args.threshold, kinds, args.similar_threshold, exclude_folders=away,
+                              progress=sys.stderr.isatty() and not args.json)  # bars with time left
     groups = select_groups(found.groups, kinds, args.group)
     if args.move_to:
         return _move(idx, args, groups)
