@@ -585,6 +585,37 @@ def _duplicates() -> list[str]:
     return out
 
 
+def _dedup_scale() -> list[str]:
+    """Issue 52: `moco index dedup` at library sizes (``bench/dedup_scale.py``): time, peak memory, recall per edit,
+    beside a peer checkout's search of the same index when the run had one."""
+    d, out = _section("dedup_scale.json", "Duplicates at library sizes",
+                      "python bench/dedup_scale.py --sizes 10000,100000 --work W --json bench/results/dedup_scale.json")
+    if d is None:
+        return out
+    aim = d["aim"]
+    out += [f"{d['cpu']}, {d['threads']} threads; {d['backbone']}. Small photos of 32 px with planted copies, large "
+            "photos of 1024 px with four copies each (the script's docstring); the search in a process of its own. "
+            f"Aims: 100,000 photos in {aim['seconds']['100000'] / 60:.0f} minutes, 1,000,000 in "
+            f"{aim['seconds']['1000000'] / 60:.0f}; at most {aim['beyond_index_gb']} GB beyond the index; recall >= "
+            f"{aim['recall']} for every edit; pair precision >= {aim['pair_precision']}; no group of more than "
+            f"{aim['largest_distinct']} distinct photos.", "",
+            "| photos | code | seconds | peak GB (beyond the index) | pairs proposed | pair precision | largest group "
+            "| edits under the recall aim |", "|---|---|---|---|---|---|---|---|"]
+    for r in d["sizes"]:
+        for who, x in (("this", r), ("peer", r.get("peer"))):
+            if x is None:
+                continue
+            low = ", ".join(f"{e} {v:.2f}" for e, v in x["recall"].items() if v < aim["recall"]) or "none"
+            out.append(f"| {r['photos']} | {who} | {x['seconds']} | {x['peak_gb']} ({x['beyond_index_gb']}) | "
+                       f"{x['proposed']} | {x['pair_precision']:.3f} | {x['largest_distinct']} | {low} |")
+    out += ["", "Recall of every edit (this code; copies planted in brackets):", ""]
+    for r in d["sizes"]:
+        out.append(f"- {r['photos']} photos: " + ", ".join(f"{e} {v:.3f} ({r['copies'][e]})"
+                                                           for e, v in r["recall"].items()))
+    out.append("")
+    return out
+
+
 def _overview() -> list[str]:
     """Issue 43: the map's layout and the themes' time (``bench/overview_layout.py``), the themes' purity on a
     labelled set against k-means on whitened pixels (``bench/overview_themes.py``)."""
@@ -716,7 +747,8 @@ def main() -> None:
             "`bench/results/*.json`. Every figure comes from a script that runs ours and the peer side by side in "
             "the same run on the same machine. Machine: 2 CPU cores (avx512_bf16), 24 GiB RAM, no GPU.",
             ""]
-    current = (_summary() + _current_cpu() + _fashion() + _embedding_space() + _duplicates() + _overview()
+    current = (_summary() + _current_cpu() + _fashion() + _embedding_space() + _duplicates() + _dedup_scale()
+               + _overview()
                + _map_draw() + _train() + _layout() + _embed())
     older = ["## Older rounds", "",
              "Every 20-minute comparison and 5-minute screen of the rounds that chose the `cpu` preset, one table per "

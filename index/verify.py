@@ -46,6 +46,7 @@ COPY_SCORE = 0.995  # a pair scoring at least this is a copy
 TONE_FROM = 0.97  # a pair whose NCC reaches this (and not COPY_SCORE) is scored again through a tone curve
 TONE_WEIGHT = 6.0  # a tone curve fits all a line fits and more: its misfit (1 - tone score) counts this many times
 _EPS = 1e-6
+TEMPLATES_KEPT = 4096  # shrunk frames the pixel check keeps for reuse at once (at most 75 MB)
 FLAT = 0.5  # grey levels: a window whose pixels spread less than this is flat
 
 
@@ -163,8 +164,10 @@ def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
         partners.setdefault(b, []).append(a)
     scores: dict[tuple[int, int], np.ndarray] = {}
     crops: dict[tuple[int, int, bool], _Hit] = {}
+    templates: dict[tuple[int, tuple[int, int]], np.ndarray] = {}  # (photo, size) -> 2 x hw, reused across pairs
     for big, smalls in partners.items():
-        templates: dict[tuple[int, tuple[int, int]], np.ndarray] = {}  # this photo's partners' (memory: bounded)
+        if len(templates) > TEMPLATES_KEPT:  # memory bounded: at most this many (each at most 18 kB)
+            templates.clear()
         fb = frames_[big]
         grey = fb.grey.astype(np.float32)  # SIDE x SIDE
         best = np.full((len(smalls), 4), -2.0, np.float32)  # S x (whole plain, whole mirrored, crop plain, mirrored)
