@@ -171,13 +171,16 @@ json.dump({"seconds": seconds, "peak_bytes": peak, "decision": found.decision,
 
 
 def _score(groups: list[dict[str, Any]], copies: dict[str, str]) -> dict[str, Any]:
-    """Recall per edit (small and large apart), pair precision, the largest group of distinct photos."""
+    """Recall per edit (small and large apart), pair precision, the largest group of distinct photos, and in the
+    groups holding a planted copy's photo, the share whose suggested keeper is that photo (not an edited copy)."""
     source = lambda p: copies.get(p, p)  # noqa: E731 - a photo and its copy: one source
     group_of = {m["path"]: n for n, g in enumerate(groups) for m in g["members"]}
     recall: dict[str, list[bool]] = {}
     for copy, photo in copies.items():
         edit = ("large " if Path(copy).stem.startswith("L") else "") + Path(copy).stem.split("_", 1)[1]
         recall.setdefault(edit, []).append(copy in group_of and group_of.get(photo) == group_of[copy])
+    originals = set(copies.values())
+    kept = [g["keep"] in originals for g in groups if "keep" in g and any(m["path"] in originals for m in g["members"])]
     pairs = real = largest = 0
     for g in groups:
         paths = [m["path"] for m in g["members"]]
@@ -188,7 +191,8 @@ def _score(groups: list[dict[str, Any]], copies: dict[str, str]) -> dict[str, An
     return {"recall": {e: round(float(np.mean(v)), 4) for e, v in recall.items()},
             "copies": {e: len(v) for e, v in recall.items()},
             "pair_precision": round(real / pairs, 4) if pairs else 1.0, "pairs": pairs,
-            "largest_distinct": largest, "groups": len(groups)}
+            "largest_distinct": largest, "groups": len(groups),
+            "keeper_is_the_original": round(float(np.mean(kept)), 4) if kept else None}
 
 
 def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]:
@@ -255,7 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"{r['photos']} photos, {who}: {x['seconds']} s, peak {x['peak_gb']} GB ({x['beyond_index_gb']} "
                   f"beyond the index), precision {x['pair_precision']}, largest {x['largest_distinct']}, "
-                  f"proposed {x['proposed']}, verified {x['verified']}", flush=True)
+                  f"proposed {x['proposed']}, verified {x['verified']}, keeper the original "
+                  f"{x['keeper_is_the_original']}", flush=True)
             print("  recall: " + ", ".join(f"{e} {v} ({r['copies'][e]})" for e, v in x["recall"].items()), flush=True)
         if r.get("peer"):
             print(f"  this / peer: time {r['seconds'] / max(r['peer']['seconds'], 1e-9):.2f}x, peak memory "

@@ -600,14 +600,15 @@ def _dedup_scale() -> list[str]:
             f"{aim['recall']} for every edit; pair precision >= {aim['pair_precision']}; no group of more than "
             f"{aim['largest_distinct']} distinct photos.", "",
             "| photos | code | seconds | peak GB (beyond the index) | pairs proposed | pair precision | largest group "
-            "| edits under the recall aim |", "|---|---|---|---|---|---|---|---|"]
+            "| keeper the original | edits under the recall aim |", "|---|---|---|---|---|---|---|---|---|"]
     for r in d["sizes"]:
         for who, x in (("this", r), ("peer", r.get("peer"))):
             if x is None:
                 continue
             low = ", ".join(f"{e} {v:.2f}" for e, v in x["recall"].items() if v < aim["recall"]) or "none"
             out.append(f"| {r['photos']} | {who} | {x['seconds']} | {x['peak_gb']} ({x['beyond_index_gb']}) | "
-                       f"{x['proposed']} | {x['pair_precision']:.3f} | {x['largest_distinct']} | {low} |")
+                       f"{x['proposed']} | {x['pair_precision']:.3f} | {x['largest_distinct']} | "
+                       f"{x.get('keeper_is_the_original')} | {low} |")
     out += ["", "Recall of every edit (this code; copies planted in brackets):", ""]
     for r in d["sizes"]:
         out.append(f"- {r['photos']} photos: " + ", ".join(f"{e} {v:.3f} ({r['copies'][e]})"

@@ -1,7 +1,10 @@
 """Which photo of a group of duplicates to keep, and why.
 
-The suggested keeper has the most pixels; among equals the largest file; then one with a date taken (the
-earliest); then the oldest file (its modification time); then the first indexed (the smallest id). A keeper the user
+The suggested keeper is the photo the others were most likely made from: the most pixels (a crop or a resize has
+fewer); among equals one with a date taken (the camera's file: an edited or re-encoded copy often loses it), the
+earliest; then the oldest file (its modification time, in steps of :data:`SAME_TIME_S`: a copy is made after its
+photo); then the largest file; then the first indexed (the smallest id). The size comes late: a brightened,
+mirrored or re-encoded copy saved as PNG is larger than its JPEG photo. A keeper the user
 chose (the catalog's ``keepers``, :meth:`index.catalog.Catalog.choose_keeper`) comes before all of these. The reason
 shown is the rule that decided.
 
@@ -74,12 +77,13 @@ def _bytes(n: int) -> str:
 
 
 # The rules in order: (key to maximise, the reason when it decides).
+SAME_TIME_S = 2.0  # file times in one step of this many seconds count as one (FAT keeps them to 2 s)
 _RULES: list[tuple[Callable[[Facts], Any], Callable[[Facts], str]]] = [
     (lambda f: f.pixels, lambda f: f"most pixels ({f.width} x {f.height})"),
-    (lambda f: f.bytes, lambda f: f"largest file ({_bytes(f.bytes)})"),
     (lambda f: f.taken is not None, lambda f: f"has a date taken ({_day(f.taken or 0)})"),
     (lambda f: -(f.taken or 0), lambda f: f"earliest date taken ({_day(f.taken or 0)})"),
-    (lambda f: -f.mtime, lambda f: f"oldest file (modified {_day(f.mtime)})"),
+    (lambda f: -(f.mtime // SAME_TIME_S), lambda f: f"oldest file (modified {_day(f.mtime)})"),
+    (lambda f: f.bytes, lambda f: f"largest file ({_bytes(f.bytes)})"),
 ]
 
 

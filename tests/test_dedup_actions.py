@@ -7,6 +7,7 @@ byte-identical at exactly one place. Real SQLite, FAISS and a real (randomly ini
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -251,7 +252,7 @@ def test_photos_of_the_same_bytes_share_their_copies(backbone, tmp_path, monkeyp
     p, same, b = by_path[photo.relative_to(root).as_posix()], by_path["same.jpg"], by_path["brighter.png"]
     content = {int(i): int(i) for i in ids}
     content[same] = content[p]
-    monkeypatch.setattr(dedup.proposals, "__defaults__", (1024, 0))  # no k-NN proposals: the links alone
+    monkeypatch.setattr(dedup, "proposals", functools.partial(dedup.proposals, k=0))  # no k-NN proposals: links
     near, copy_of, counts = dedup.verify_links(index, ids, index.center(raw), content, rows, {b: {p: 0.5}, p: {b: 0.5}})
     assert counts["proposed"] == 1 and set(near[b]) == {p, same} and set(near[same]) == {b}
     assert copy_of[min(b, same), max(b, same)] == copy_of[min(b, p), max(b, p)] >= COPY_SCORE
@@ -259,7 +260,9 @@ def test_photos_of_the_same_bytes_share_their_copies(backbone, tmp_path, monkeyp
 
 KEEPER_CASES = [  # (width, height, bytes, taken, mtime) per member, the keeper's position, the reason's start
     ([(64, 64, 10, None, 5), (48, 48, 99, 1.0, 1)], 0, "most pixels (64 x 64)"),
-    ([(64, 64, 10, None, 5), (64, 64, 11, None, 9)], 1, "largest file"),
+    ([(64, 64, 10, None, 5), (64, 64, 11, None, 9)], 0, "oldest file"),  # a larger copy made later: not kept
+    ([(64, 64, 10, None, 8), (64, 64, 11, None, 9)], 1, "largest file"),  # one 2-second step of file time
+    ([(64, 64, 99, None, 1), (64, 64, 10, 7.0, 9)], 1, "has a date taken"),  # the camera's file over a larger one
     ([(64, 64, 10, None, 1), (64, 64, 10, 7.0, 9)], 1, "has a date taken"),
     ([(64, 64, 10, 9.0, 1), (64, 64, 10, 7.0, 9)], 1, "earliest date taken"),
     ([(64, 64, 10, None, 9), (64, 64, 10, None, 3), (64, 64, 10, None, 4)], 1, "oldest file"),
@@ -271,8 +274,8 @@ KEEPER_CASES = [  # (width, height, bytes, taken, mtime) per member, the keeper'
 @pytest.mark.parametrize("members, want, reason", KEEPER_CASES)
 def test_the_keeper_rule(members, want, reason):
     facts = [Facts(i, f"p{i}.jpg", w, h, b, t, m) for i, (w, h, b, t, m) in enumerate(members)]
-    # by hand: most pixels, then largest, then with a date, then earliest date, then oldest, then smallest id
-    ref = min(facts, key=lambda f: (-f.pixels, -f.bytes, f.taken is None, f.taken or 0, f.mtime, f.id))
+    # by hand: most pixels, then with a date, then earliest date, then oldest (2-s steps), largest, smallest id
+    ref = min(facts, key=lambda f: (-f.pixels, f.taken is None, f.taken or 0, f.mtime // 2, -f.bytes, f.id))
     keep, why = suggest_keeper(facts)
     assert keep == ref.id == want and why.startswith(reason)
     assert suggest_keeper(facts, chosen={facts[-1].id}) == (facts[-1].id, CHOSEN)

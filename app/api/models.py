@@ -195,8 +195,8 @@ class Group(BaseModel):
     size: int
     representative: Member | None
     keep: Member | None = Field(None, description="the suggested keeper (or the one chosen)")
-    reason: str = Field("", description="why that one: most pixels, then largest file, then a date taken, then the "
-                        "oldest file; or chosen by you")
+    reason: str = Field("", description="why that one: most pixels, then a date taken (the earliest), then the "
+                        "oldest file, then the largest; or chosen by you")
     members: list[Member]
 
 
