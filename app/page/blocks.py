@@ -696,7 +696,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
         timer = gr.Timer(STATUS_EVERY_S)
         status_outs = [status_md, loss_plot, knn_plot, title, neg_go, dedup, folder, stats, dups, threshold, info,
                        was_ready]
-        buttons_seen = gr.State(False)  # the Search tab's buttons were set with the index ready
+        buttons_seen = gr.State(ready)  # the Search tab's buttons were set with the index ready (at build: so they are)
 
         def buttons_once(seen: bool, *search_state: Any) -> tuple:  # once the index is ready (a timer's tick)
             if seen or not app.ready:
