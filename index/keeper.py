@@ -3,9 +3,9 @@
 The suggested keeper is the photo the others were most likely made from: the most pixels (a crop or a resize has
 fewer); among equals one with a date taken (the camera's file: an edited or re-encoded copy often loses it), the
 earliest; then the oldest file (its modification time, in steps of :data:`SAME_TIME_S`: a copy is made after its
-photo); then the largest file; then the first indexed (the smallest id). The size comes late: a brightened,
-mirrored or re-encoded copy saved as PNG is larger than its JPEG photo. A keeper the user
-chose (the catalog's ``keepers``, :meth:`index.catalog.Catalog.choose_keeper`) comes before all of these. The reason
+photo); then the largest file; then the oldest to the fraction of a second; then the first indexed (the smallest
+id). The size comes late: a brightened, mirrored or re-encoded copy saved as PNG is larger than its JPEG photo. A
+keeper the user chose (the catalog's ``keepers``, :meth:`index.catalog.Catalog.choose_keeper`) comes before all of these. The reason
 shown is the rule that decided.
 
 A photo's pixels and date taken come from the catalog when its rows carry them (``width``, ``height``, ``taken``
@@ -84,6 +84,7 @@ _RULES: list[tuple[Callable[[Facts], Any], Callable[[Facts], str]]] = [
     (lambda f: -(f.taken or 0), lambda f: f"earliest date taken ({_day(f.taken or 0)})"),
     (lambda f: -(f.mtime // SAME_TIME_S), lambda f: f"oldest file (modified {_day(f.mtime)})"),
     (lambda f: f.bytes, lambda f: f"largest file ({_bytes(f.bytes)})"),
+    (lambda f: -f.mtime, lambda f: f"oldest file (modified {_day(f.mtime)}, within {SAME_TIME_S:.0f} s)"),
 ]
 
 

@@ -46,7 +46,7 @@ COPY_SCORE = 0.995  # a pair scoring at least this is a copy
 TONE_FROM = 0.97  # a pair whose NCC reaches this (and not COPY_SCORE) is scored again through a tone curve
 TONE_WEIGHT = 6.0  # a tone curve fits all a line fits and more: its misfit (1 - tone score) counts this many times
 _EPS = 1e-6
-TEMPLATES_KEPT = 4096  # shrunk frames the pixel check keeps for reuse at once (at most 75 MB)
+TEMPLATES_KEPT = 8192  # shrunk frames the pixel check keeps for reuse at once (at most 150 MB)
 FLAT = 0.5  # grey levels: a window whose pixels spread less than this is flat
 
 
@@ -296,7 +296,7 @@ def _toned(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], at_least: float | None = None,
-                chunk: int = 4096, step: Callable[[int], object] | None = None) -> dict[tuple[int, int], float]:
+                chunk: int = 32768, step: Callable[[int], object] | None = None) -> dict[tuple[int, int], float]:
     """The copy score (module docstring) of each pair of photos that both have a frame: ``{(a, b): score}``.
 
     A pair under :data:`COPY_SCORE` whose best whole-pixel crop window (plain or mirrored, either way round) scores

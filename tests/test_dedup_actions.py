@@ -262,6 +262,7 @@ KEEPER_CASES = [  # (width, height, bytes, taken, mtime) per member, the keeper'
     ([(64, 64, 10, None, 5), (48, 48, 99, 1.0, 1)], 0, "most pixels (64 x 64)"),
     ([(64, 64, 10, None, 5), (64, 64, 11, None, 9)], 0, "oldest file"),  # a larger copy made later: not kept
     ([(64, 64, 10, None, 8), (64, 64, 11, None, 9)], 1, "largest file"),  # one 2-second step of file time
+    ([(64, 64, 10, None, 8.5), (64, 64, 10, None, 8.2)], 1, "oldest file"),  # the same bytes: the older, exactly
     ([(64, 64, 99, None, 1), (64, 64, 10, 7.0, 9)], 1, "has a date taken"),  # the camera's file over a larger one
     ([(64, 64, 10, None, 1), (64, 64, 10, 7.0, 9)], 1, "has a date taken"),
     ([(64, 64, 10, 9.0, 1), (64, 64, 10, 7.0, 9)], 1, "earliest date taken"),
@@ -275,7 +276,7 @@ KEEPER_CASES = [  # (width, height, bytes, taken, mtime) per member, the keeper'
 def test_the_keeper_rule(members, want, reason):
     facts = [Facts(i, f"p{i}.jpg", w, h, b, t, m) for i, (w, h, b, t, m) in enumerate(members)]
     # by hand: most pixels, then with a date, then earliest date, then oldest (2-s steps), largest, smallest id
-    ref = min(facts, key=lambda f: (-f.pixels, f.taken is None, f.taken or 0, f.mtime // 2, -f.bytes, f.id))
+    ref = min(facts, key=lambda f: (-f.pixels, f.taken is None, f.taken or 0, f.mtime // 2, -f.bytes, f.mtime, f.id))
     keep, why = suggest_keeper(facts)
     assert keep == ref.id == want and why.startswith(reason)
     assert suggest_keeper(facts, chosen={facts[-1].id}) == (facts[-1].id, CHOSEN)
