@@ -5,8 +5,8 @@ fewer); among equals one with a date taken (the camera's file: an edited or re-e
 earliest; then the oldest file (its modification time, in steps of :data:`SAME_TIME_S`: a copy is made after its
 photo); then the largest file; then the oldest to the fraction of a second; then the first indexed (the smallest
 id). The size comes late: a brightened, mirrored or re-encoded copy saved as PNG is larger than its JPEG photo. A
-keeper the user chose (the catalog's ``keepers``, :meth:`index.catalog.Catalog.choose_keeper`) comes before all of these. The reason
-shown is the rule that decided.
+keeper the user chose (the catalog's ``keepers``, :meth:`index.catalog.Catalog.choose_keeper`) comes before all of
+these. The reason shown is the rule that decided.
 
 A photo's pixels and date taken come from the catalog when its rows carry them (``width``, ``height``, ``taken``
 when ``taken_exif``: a date from the file's mtime is no date taken),
