@@ -4,9 +4,9 @@
     OMP_NUM_THREADS=2 python bench/dedup_scale.py --sizes 10000,100000 --work .bench_runs/dedup_scale \\
         --json bench/results/dedup_scale.json [--peer WORKTREE_OF_AN_EARLIER_COMMIT]
 
-A collection of N photos: small ones of 32 px (Fashion-MNIST's report split, 28 px enlarged, then seeded smooth
+A collection of N photos: small ones of 32 px (Fashion-MNIST's ``--split``, 28 px enlarged, then seeded smooth
 random pictures for the rest: distinct, and as cheap to make as a library needs) and ``--large`` photos of 1024 px on
-their long side (the gnome-backgrounds pictures). A ``--copies`` share of the small photos get one copy each, the
+their long side (the gnome-backgrounds pictures that are not plain colours: 6 a split). A ``--copies`` share of the small photos get one copy each, the
 edits in turn: ``exact``, ``jpeg50`` (JPEG quality 50), ``webp`` (quality 75), ``shrunk26`` (to 26 px and back),
 ``crop2px`` (2 px off each side), ``bright15`` (+15%), ``contrast`` (x1.3), ``gamma`` (0.8) and ``mirrored``; every
 large photo gets ``crop70`` (70% of each side, at a seeded off-centre place), ``crop80`` (its centre 80%), ``jpeg50``
@@ -47,6 +47,7 @@ LARGE_EDITS = ("crop70", "crop80", "jpeg50", "half")
 AIM = {"seconds": {100_000: 300, 1_000_000: 3600}, "beyond_index_gb": 2.0, "recall": 0.98, "pair_precision": 0.98,
        "largest_distinct": 10}
 SMALL, LARGE = 32, 1024
+FLAT_STD = 4.0  # grey levels: a wallpaper whose 48-px grey spreads less is a plain colour, left out
 
 
 def _encoded(img: Image.Image, fmt: str, **kw: Any) -> bytes:
@@ -99,12 +100,12 @@ def _smooth(rng: np.random.Generator, side: int) -> np.ndarray:
     return np.asarray(Image.fromarray(noise).resize((side, side), Image.Resampling.BICUBIC))
 
 
-def _small_photos(n: int, seed: int) -> Any:
-    """``n`` small photos (side SMALL, RGB arrays): Fashion-MNIST's report split first, then smooth pictures."""
+def _small_photos(n: int, seed: int, split: str) -> Any:
+    """``n`` small photos (side SMALL, RGB arrays): Fashion-MNIST's ``split`` first, then smooth pictures."""
     from bench.dedup_copies import _distinct, _fashion_pool
 
     rng = np.random.default_rng(seed)
-    pool = _fashion_pool("report")
+    pool = _fashion_pool(split)
     fashion = _distinct(pool[rng.permutation(len(pool))], min(n, 29000))
     for x in fashion:
         yield np.asarray(Image.fromarray(x).convert("RGB").resize((SMALL, SMALL), Image.Resampling.BICUBIC))
@@ -112,28 +113,37 @@ def _small_photos(n: int, seed: int) -> Any:
         yield _smooth(rng, SMALL)
 
 
-def _large_photos(count: int) -> list[Image.Image]:
+def _large_photos(count: int, split: str) -> list[Image.Image]:
+    """``count`` gnome-backgrounds pictures, 1024 px on their long side: the first ones for ``report``, the last ones
+    (taken from the end) for ``choose``. Plain colours and faint gradients (grey spread under :data:`FLAT_STD` at
+    48 px) are left out: they have no content of their own, so a copy of one cannot be told from any other photo of
+    that colour, and the pixel check leaves them alone by design."""
     from bench._datasets import BACKGROUNDS_DIR
 
     found = sorted(p for p in (BACKGROUNDS_DIR / "gnome").glob("*") if p.suffix.lower() in (".jpg", ".jpeg", ".png",
                                                                                              ".webp"))
     out = []
-    for p in found[:count]:
+    for p in found if split == "report" else found[::-1]:
         with Image.open(p) as im:
             img = im.convert("RGB")
+        if np.asarray(img.convert("L").resize((48, 48), Image.Resampling.BILINEAR), np.float64).std() < FLAT_STD:
+            continue
         img.thumbnail((LARGE, LARGE), Image.Resampling.LANCZOS)
         out.append(img)
+        if len(out) == count:
+            break
     return out
 
 
-def write_collection(root: Path, n: int, share: float, large: int, seed: int) -> dict[str, str]:
+def write_collection(root: Path, n: int, share: float, large: int, seed: int, split: str = "report"
+                     ) -> dict[str, str]:
     """The photos under ``root/photos`` (folders of 1,000), the copies under ``root/copies``: copy -> photo paths."""
     rng = np.random.default_rng(seed + 1)
     (root / "copies").mkdir(parents=True)
     chosen = set(rng.choice(n, max(len(SMALL_EDITS), round(share * n)), replace=False).tolist())
     edits = itertools.cycle(SMALL_EDITS)
     copies = {}
-    for i, x in enumerate(_small_photos(n, seed)):
+    for i, x in enumerate(_small_photos(n, seed, split)):
         folder = root / "photos" / f"{i // 1000:04d}"
         folder.mkdir(parents=True, exist_ok=True)
         src = folder / f"{i:07d}.png"
@@ -146,7 +156,7 @@ def write_collection(root: Path, n: int, share: float, large: int, seed: int) ->
             dst.write_bytes(data)
             copies[dst.relative_to(root).as_posix()] = src.relative_to(root).as_posix()
     (root / "large").mkdir()
-    for n_, img in enumerate(_large_photos(large)):
+    for n_, img in enumerate(_large_photos(large, split)):
         src = root / "large" / f"L{n_:03d}.jpg"
         img.save(src, "JPEG", quality=92)
         for edit in LARGE_EDITS:
@@ -203,7 +213,7 @@ def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(idx, ignore_errors=True)
         t0 = time.perf_counter()
-        copies = write_collection(root, n, args.copies, args.large, args.seed)
+        copies = write_collection(root, n, args.copies, args.large, args.seed, args.split)
         print(f"{n}: collection written in {time.perf_counter() - t0:.0f} s", flush=True)
         t0 = time.perf_counter()
         build_index(root, backbone, idx, progress=False, device="cpu")
@@ -235,10 +245,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="10000,100000", help="small photos per collection, comma separated")
     p.add_argument("--copies", type=float, default=0.02, help="share of the small photos given a copy (0.02)")
-    p.add_argument("--large", type=int, default=24, help="large photos, each with its 4 copies (24)")
+    p.add_argument("--large", type=int, default=6, help="large photos, each with its 4 copies (6: of the 12 "
+                   "wallpapers that are not plain colours, the first 6 report and the last 6 choose)")
     p.add_argument("--work", type=Path, required=True, help="where the collections and indexes go (kept: a rerun "
                    "measures the search again)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--split", choices=("choose", "report"), default="report", help="which photos: rules are chosen on "
+                   "choose (other Fashion-MNIST images, the last wallpapers) and reported on report, the default")
     p.add_argument("--peer", type=Path, default=None, help="another checkout (a git worktree of an earlier commit): "
                    "its search measured on the same indexes, side by side")
     p.add_argument("--json", type=Path, default=None)

@@ -31,14 +31,14 @@ from PIL import Image
 from index.store import VectorStore
 from index.verify import SCALES, Frame, unit_patches
 
-__all__ = ["proposals", "pixel_neighbours", "crop_neighbours", "crop_windows", "PROPOSE_K", "PIXEL_SIDE",
+__all__ = ["proposals", "LINKED", "MODEL", "pixel_neighbours", "crop_neighbours", "crop_windows", "PROPOSE_K", "PIXEL_SIDE",
            "CROP_SIDE", "CROP_GRID", "PIXEL_EXACT_UP_TO"]
 
 logger = logging.getLogger(__name__)
 
 PROPOSE_K = 5  # each photo's closest photos by the model, by whole pixels and by crops go to the pixel check
-LINKED = 2.0  # the proposal score of a pair the model links at the near threshold: always checked
-MODEL_ONLY = -1.0  # the proposal score of a pair only the model's k nearest put forward
+LINKED = 2.0  # the proposal score of a pair the model links at the near threshold
+MODEL = 1.5  # the proposal score of a pair among the model's k nearest (above any NCC)
 SAME_BYTES_MARGIN = 8  # k-NN slots beyond k + 1 for photos with the same bytes (not other photos)
 PIXEL_SIDE = 16  # pixels a side of the whole frames whose NCC proposes pairs
 CROP_SIDE = 8  # pixels a side of the crop windows (and of the whole frames that look them up)
@@ -56,7 +56,7 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
     8 bytes a pair in all): the ``links`` (the model's, at the near threshold), each photo's ``k`` closest other
     photos by the model (``vecs``: N x D in the index's space, searched in ``store``), by whole pixels
     (:func:`pixel_neighbours`) and the ``k`` that could be cut from it (:func:`crop_neighbours`); and each pair's best
-    proposal score (:data:`LINKED`, an NCC, or :data:`MODEL_ONLY`). ``step(n)``: called as the searches go, 5 for
+    proposal score (:data:`LINKED`, :data:`MODEL`, or an NCC: only the pixel searches put it forward). ``step(n)``: called as the searches go, 5 for
     each photo in all (a progress bar)."""
     step = step or (lambda n: None)
     live = set(ids.tolist())
@@ -73,7 +73,7 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
     for start in range(0, len(ids), chunk):
         _, near = store.search(vecs[start : start + chunk], depth)  # B x depth
         for q, row in enumerate(near.tolist()):
-            add(int(ids[start + q]), row, [MODEL_ONLY] * len(row))
+            add(int(ids[start + q]), row, [MODEL] * len(row))
         step(len(near))
     have = [int(i) for i in ids if int(i) in frames_]
     step(4 * (len(ids) - len(have)))

@@ -21,11 +21,19 @@ clip, or given a gamma, is a non-decreasing function of the photo's grey, not a 
 :data:`TONE_FROM` is scored again by how well such a function (a tone curve, fitted by isotonic regression) maps
 one's aligned grey onto the other's (:func:`tone_score`). Such a curve has more freedom than a line, and lifts
 distinct photos of one shape too: its misfit counts :data:`TONE_WEIGHT` times a line's.
+
+A small photo re-encoded at a low JPEG quality, or shrunk and enlarged again, loses its finest detail: its whole
+frame correlates with the photo's at 0.989-0.995, where distinct photos of one shape can score too. What it keeps is
+every coarser detail, exactly. A pair whose whole frames reach :data:`LOW_FROM` is scored again on both frames shrunk
+to :data:`LOW_SIDE` pixels (:func:`_low`), where such a copy scores 0.9976 and more and distinct photos rarely
+reach that: the misfit there counts :data:`LOW_WEIGHT` times.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +56,9 @@ TONE_WEIGHT = 6.0  # a tone curve fits all a line fits and more: its misfit (1 -
 _EPS = 1e-6
 TEMPLATES_KEPT = 8192  # shrunk frames the pixel check keeps for reuse at once (at most 150 MB)
 FLAT = 0.5  # grey levels: a window whose pixels spread less than this is flat
+LOW_FROM = 0.98  # a pair whose whole frames reach this (and not COPY_SCORE) is scored again on coarse pixels
+LOW_SIDE = 16  # pixels a side of those coarse frames
+LOW_WEIGHT = 2.5  # their misfit (1 - NCC) counts this many times: 0.998 there is a copy (chosen on the choose split)
 
 
 @dataclass(frozen=True)
@@ -107,16 +118,17 @@ def unit_patches(x: np.ndarray) -> np.ndarray:
     return np.where(flat, 0.0, x / np.maximum(norm, _EPS)).astype(x.dtype)
 
 
-def _crop_size(s: float, aspect_big: float, aspect_small: float) -> tuple[int, int] | None:
-    """(width, height) in frame pixels of a crop of the frame of a photo of ``aspect_big`` that another photo of
-    ``aspect_small`` could be, keeping the share ``s`` of its more-cut side; None where the crop would not fit."""
+def _crop_size(s: float, aspect_big: float, aspect_small: float, side: int = SIDE) -> tuple[int, int] | None:
+    """(width, height) in pixels of a frame of ``side`` of a crop of the frame of a photo of ``aspect_big`` that
+    another photo of ``aspect_small`` could be, keeping the share ``s`` of its more-cut side; None where the crop
+    would not fit."""
     if s >= 1.0:
-        return SIDE, SIDE  # the whole frame: a resize that changed the shape (squeezed, stretched) is a copy too
+        return side, side  # the whole frame: a resize that changed the shape (squeezed, stretched) is a copy too
     rho = aspect_small / aspect_big  # = share of width kept / share of height kept
     sx, sy = (s, s / rho) if rho <= 1.0 else (s * rho, s)
     if sx > 1.0 + 1e-6 or sy > 1.0 + 1e-6:
         return None
-    return max(2, min(SIDE, round(sx * SIDE))), max(2, min(SIDE, round(sy * SIDE)))
+    return max(2, min(side, round(sx * side))), max(2, min(side, round(sy * side)))
 
 
 def _template(f: Frame, size: tuple[int, int]) -> np.ndarray:
@@ -164,10 +176,10 @@ def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
         partners.setdefault(b, []).append(a)
     scores: dict[tuple[int, int], np.ndarray] = {}
     crops: dict[tuple[int, int, bool], _Hit] = {}
-    templates: dict[tuple[int, tuple[int, int]], np.ndarray] = {}  # (photo, size) -> 2 x hw, reused across pairs
+    templates: OrderedDict[tuple[int, tuple[int, int]], np.ndarray] = OrderedDict()  # (photo, size) -> 2 x hw
     for big, smalls in partners.items():
-        if len(templates) > TEMPLATES_KEPT:  # memory bounded: at most this many (each at most 18 kB)
-            templates.clear()
+        while len(templates) > TEMPLATES_KEPT:  # memory bounded: the least recently used go (each at most 18 kB)
+            templates.popitem(last=False)
         fb = frames_[big]
         grey = fb.grey.astype(np.float32)  # SIDE x SIDE
         best = np.full((len(smalls), 4), -2.0, np.float32)  # S x (whole plain, whole mirrored, crop plain, mirrored)
@@ -183,7 +195,9 @@ def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
                 norms = _window_norms(grey, h, w).astype(np.float32)  # W
                 norms[norms < FLAT * np.sqrt(h * w)] = np.inf  # a flat window matches nothing (score 0)
                 for n in group:
-                    if (smalls[n], (w, h)) not in templates:
+                    if (smalls[n], (w, h)) in templates:
+                        templates.move_to_end((smalls[n], (w, h)))
+                    else:
                         templates[smalls[n], (w, h)] = _template(frames_[smalls[n]], (w, h)).reshape(2, h * w)
                 t = np.concatenate([templates[smalls[n], (w, h)] for n in group])  # 2G x hw
                 got = (view.reshape(-1, h * w) @ t.T) / norms[:, None]  # W x 2G
@@ -295,6 +309,13 @@ def _toned(x: np.ndarray, y: np.ndarray) -> float:
     return 1.0 - TONE_WEIGHT * (1.0 - tone_score(x, y))
 
 
+def _low(x: np.ndarray, y: np.ndarray) -> float:
+    """The copy score of two aligned whole frames by their coarse pixels alone: the NCC of both shrunk to
+    :data:`LOW_SIDE` a side, its misfit counted :data:`LOW_WEIGHT` times."""
+    a, b = (unit_patches(_shrink(LOW_SIDE) @ f.astype(np.float32) @ _shrink(LOW_SIDE).T).ravel() for f in (x, y))
+    return 1.0 - LOW_WEIGHT * (1.0 - float(a @ b))
+
+
 def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], at_least: float | None = None,
                 chunk: int = 32768, step: Callable[[int], object] | None = None) -> dict[tuple[int, int], float]:
     """The copy score (module docstring) of each pair of photos that both have a frame: ``{(a, b): score}``.
@@ -332,8 +353,8 @@ def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], 
 def _scores(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame],
             at_least: float | None) -> dict[tuple[int, int], float]:
     """:func:`copy_scores` of one chunk of pairs."""
-    coarse, crops = _coarse(pairs, frames_)
     out = {}
+    coarse, crops = _coarse(pairs, frames_)
     for a, b in pairs:
         ab, ba = coarse[a, b], coarse[b, a]  # 4 scores each
         score = float(max(ab.max(), ba.max()))
@@ -345,13 +366,30 @@ def _scores(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame],
             score = max([score, *(r[0] for r in refined)])
             if score < COPY_SCORE and whole >= TONE_FROM:
                 mirror = max(ab[1], ba[1]) > max(ab[0], ba[0])
-                score = max(score, _toned(frames_[a].grey, frames_[b].grey[:, ::-1] if mirror else frames_[b].grey))
+                x, y = frames_[a].grey, frames_[b].grey[:, ::-1] if mirror else frames_[b].grey  # SIDE x SIDE each
+                score = max(score, _toned(x, y))
+                if score < COPY_SCORE and whole >= LOW_FROM:
+                    score = max(score, _low(x, y))
             for _, window, aligned in refined:
                 if score < COPY_SCORE and window is not None:
                     score = max(score, _toned(window, aligned))
         if at_least is None or score >= at_least:
             out[a, b] = score
     return out
+
+
+def _shrink_matrix(n_out: int, n_in: int) -> np.ndarray:
+    """n_out x n_in: a row of ``n_in`` pixels shrunk to ``n_out`` by a triangle filter as wide as a step (bilinear
+    with antialiasing, as PIL's BILINEAR shrinks, without its rounding to whole grey levels); each row sums to 1."""
+    scale = n_in / n_out
+    centre = (np.arange(n_out) + 0.5) * scale  # n_out
+    weight = np.maximum(0.0, 1.0 - np.abs(np.arange(n_in)[None, :] + 0.5 - centre[:, None]) / max(scale, 1.0))
+    return (weight / weight.sum(axis=1, keepdims=True)).astype(np.float32)  # n_out x n_in
+
+
+@functools.lru_cache(maxsize=None)
+def _shrink(n_out: int) -> np.ndarray:
+    return _shrink_matrix(n_out, SIDE)  # n_out x SIDE
 
 
 def ncc_brute(big: np.ndarray, small: np.ndarray) -> float:

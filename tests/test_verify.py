@@ -215,3 +215,47 @@ def test_a_copy_brightened_until_it_clips_is_found_through_its_tone_curve(monkey
     for n in (1, 2, 3):
         assert lined[0, n] < COPY_SCORE <= toned[0, n], (n, lined[0, n], toned[0, n])
     assert all(toned[0, o] < COPY_SCORE for o in range(10, 16)), toned
+
+
+def test_the_shrink_matrix_is_pils_bilinear_shrink():
+    """The coarse-pixel rule's shrink (a triangle filter as wide as a step) gives PIL's BILINEAR resize of the frame
+    to within PIL's rounding to whole grey levels."""
+    from index.verify import _shrink
+
+    grey = np.asarray(_picture(np.random.default_rng(4), SIDE, SIDE).convert("L"))  # SIDE x SIDE
+    for side in (32, 27, 16, 23):
+        want = np.asarray(Image.fromarray(grey).resize((side, side), Image.Resampling.BILINEAR), np.float32)
+        got = _shrink(side) @ grey.astype(np.float32) @ _shrink(side).T
+        assert np.abs(got - want).max() <= 1.0, side
+
+
+def test_small_photos_reencoded_or_shrunk_are_copies_by_their_coarse_pixels():
+    """A 32-px photo re-encoded at JPEG quality 50, or shrunk to 26 px and back, loses its finest detail (whole
+    frames at 0.989-0.995): scored on coarse pixels it is a copy; distinct alike photos (the same shape, another
+    texture) stay under COPY_SCORE."""
+    from index.verify import LOW_FROM, _low
+
+    rng = np.random.default_rng(7)
+    photos, edits = [], []
+    for _ in range(6):
+        small = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+        photo = Image.fromarray(small).resize((32, 32), Image.Resampling.BICUBIC)
+        photo = Image.fromarray(np.clip(np.asarray(photo, np.int16) + rng.integers(-24, 25, (32, 32, 3)), 0,
+                                        255).astype(np.uint8))  # detail at the finest scale too
+        photos.append(photo)
+        edits += [_jpeg(photo, 50), photo.resize((26, 26), Image.Resampling.BICUBIC).resize(
+            (32, 32), Image.Resampling.BICUBIC)]
+    fr = {n: frame_of(p) for n, p in enumerate(photos)} | {100 + n: frame_of(e) for n, e in enumerate(edits)}
+    pairs = [(n, 100 + 2 * n + k) for n in range(len(photos)) for k in (0, 1)]
+    scores = copy_scores(pairs, fr)
+    assert min(scores.values()) >= COPY_SCORE, scores
+    lifted = [p for p in pairs if _coarse([p], fr)[0][p][:2].max() < COPY_SCORE]
+    assert lifted  # some needed the coarse pixels: the whole frames alone were under COPY_SCORE
+    assert all(_coarse([p], fr)[0][p][:2].max() >= LOW_FROM for p in lifted)
+    # the same coarse shape with other fine detail: not a copy (its whole frames stay under LOW_FROM, or coarse
+    # pixels differ)
+    base = np.asarray(photos[0], np.int16)
+    other = Image.fromarray(np.clip(base + rng.integers(-40, 41, base.shape), 0, 255).astype(np.uint8))
+    fr[999] = frame_of(other)
+    assert copy_scores([(0, 999)], fr)[0, 999] < COPY_SCORE
+    assert _low(fr[0].grey, fr[0].grey) == pytest.approx(1.0, abs=1e-5)
