@@ -42,6 +42,7 @@ import datetime
 import hashlib
 import heapq
 import json
+import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,11 +61,12 @@ from index.calibrate import (  # the threshold: re-exported here, where its user
     threshold_source,
 )
 from index.catalog import Row, sample_ids
+from index.dedup_cache import CHECKED_FILE, FRAMES_FILE, CheckedPairs, FrameFile, photo_version
 from index.image_index import ImageIndex, row_filter
 from index.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
 from index.keeper import photo_facts, suggest_keeper
 from index.propose import PROPOSE_K, proposals
-from index.verify import COPY_SCORE, SIDE, copy_scores, frames
+from index.verify import COPY_SCORE, SIDE, copy_scores
 from moco.data.photos import ImageDecodeError, load_rgb
 from moco.errors import NotFoundError, UserError
 from moco.files import atomic_write
@@ -153,24 +155,57 @@ def _frame_fallback(index: ImageIndex, rows: Mapping[int, Row]) -> Callable[[int
 
 def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
                  rows: Mapping[int, Row], links: Mapping[int, Mapping[int, float]], chunk: int = 1024,
-                 progress: bool = False) -> tuple[dict[int, dict[int, float]], dict[tuple[int, int], float],
-                                                   dict[str, int]]:
+                 progress: bool = False, versions: Mapping[int, int] | None = None
+                 ) -> tuple[dict[int, dict[int, float]], dict[tuple[int, int], float], dict[str, int]]:
     """The near links: the pairs of :func:`index.propose.proposals` that :func:`index.verify.copy_scores` finds to be
     copies (score at least :data:`~index.verify.COPY_SCORE`), each with its centred cosine (``{id: {other: cosine}}``,
     symmetric), their copy scores ``{(a, b): score}`` (a < b), and counts: ``proposed``, ``verified``,
     ``turned_down`` (the model's links at the near threshold that are no copies), ``unchecked`` (photos without
-    a frame: no thumbnail and no decodable file) and ``crowded``: photos that are copies by pixels of
+    a frame: no thumbnail and no decodable file), ``crowded``: photos that are copies by pixels of
     :data:`~index.calibrate.CROWD` or more other photos (a clear sky, a gradient, a blank page has too little of its
-    own to tell a copy from another such photo), whose near links are all dropped."""
+    own to tell a copy from another such photo), whose near links are all dropped; ``checked`` (pairs the pixel check
+    scored in this search), ``reused`` (pairs scored by an earlier one) and ``frames_made``.
+
+    The frames and the scored pairs are kept in the index directory (:mod:`index.dedup_cache`; a read-only index:
+    in a temporary folder, for this search alone), so a search checks only the pairs no earlier one scored at their
+    photos' current versions: after an ``index update`` that added a few photos, the pairs that hold one of them; after
+    a kill, those it had not reached. ``versions``: every photo's version (:func:`index.dedup_cache.photo_version`;
+    None: ``rows``')."""
+    if index.catalog.read_only:
+        with tempfile.TemporaryDirectory(prefix="moco-dedup-") as scratch:
+            return _verify_links(index, Path(scratch), ids, vecs, content, rows, links, chunk, progress, versions)
+    return _verify_links(index, index.dir, ids, vecs, content, rows, links, chunk, progress, versions)
+
+
+CHECK_BLOCK = 32768  # pairs the pixel check scores, then keeps, at a time
+
+
+def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
+                  rows: Mapping[int, Row], links: Mapping[int, Mapping[int, float]], chunk: int, progress: bool,
+                  versions: Mapping[int, int] | None) -> tuple[dict[int, dict[int, float]],
+                                                               dict[tuple[int, int], float], dict[str, int]]:
+    """:func:`verify_links`, its frames and scored pairs kept in the folder ``where``."""
     pos = {int(i): n for n, i in enumerate(ids.tolist())}
+    versions = versions if versions is not None else {i: _version(r) for i, r in rows.items()}
+    photos = {int(i): (versions[int(i)], index.thumb_path(rows[int(i)])) for i in ids if int(i) in rows}
     with _stage("frames", len(ids), "photo", progress) as bar:
-        frames_ = frames({int(i): index.thumb_path(rows[int(i)]) if int(i) in rows else None for i in ids},
-                         _frame_fallback(index, rows), bar.update)
+        bar.update(len(ids) - len(photos))
+        frames_ = FrameFile(where / FRAMES_FILE).update(photos, _frame_fallback(index, rows), bar.update, versions)
     with _stage("proposals", 5 * len(ids), "search", progress) as bar:
         pairs, _ = proposals(index.store, ids, vecs, content, frames_, links, chunk, step=bar.update)  # P x 2, P
-    listed = (tuple(pair) for start in range(0, len(pairs), 65536) for pair in pairs[start : start + 65536].tolist())
+    checked = CheckedPairs(where / CHECKED_FILE, versions)
+    scores: dict[tuple[int, int], float] = {}
+    reused = 0
     with _stage("pixel check", len(pairs), "pair", progress) as bar:
-        scores = copy_scores(listed, frames_, at_least=COPY_SCORE, step=bar.update)  # the copies, a chunk at a time
+        for start in range(0, len(pairs), CHECK_BLOCK):
+            part = pairs[start : start + CHECK_BLOCK]  # B x 2
+            hit, before = checked.known(part)  # B, B
+            reused += int(hit.sum())
+            scores.update({(a, b): s for (a, b), s in zip(part[hit].tolist(), before[hit].tolist()) if s >= COPY_SCORE})
+            new = copy_scores((tuple(p) for p in part[~hit].tolist()), frames_, chunk=CHECK_BLOCK)  # every score
+            checked.add(new)  # kept at once: a search killed after this goes on from here
+            scores.update({p: s for p, s in new.items() if s >= COPY_SCORE})
+            bar.update(len(part))
     near: dict[int, dict[int, float]] = {}
     kept: dict[tuple[int, int], float] = {}
     for (a, b), s in scores.items():
@@ -195,7 +230,13 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
     turned = sum(1 for i, nb in links.items() for j in nb
                  if i < j and content[i] != content[j] and (i, j) not in kept)
     return near, kept, {"proposed": len(pairs), "verified": len(kept), "turned_down": turned,
-                        "unchecked": len(ids) - len(frames_), "crowded": len(crowded)}
+                        "unchecked": len(ids) - len(frames_), "crowded": len(crowded),
+                        "checked": len(pairs) - reused, "reused": reused, "frames_made": frames_.made}
+
+
+def _version(row: Row) -> int:
+    """A photo's version (:func:`index.dedup_cache.photo_version`)."""
+    return photo_version(row.hash, row.thumb, row.path, row.size, row.mtime_ns)
 
 
 def _stage(name: str, total: int, unit: str, enabled: bool) -> Any:
@@ -295,6 +336,7 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
         raise UserError(f"--similar-threshold {similar_threshold} must be a cosine similarity in [-1, 1]")
     ids, raw = index.catalog.vectors(dim=index.dim)  # N, N x D
     rows = index.catalog.rows_by_id(ids)
+    versions = {i: _version(r) for i, r in rows.items()}  # every photo's, excluded ones too (their kept work stays)
     keep = row_filter(exclude_folders=exclude_folders)
     if keep is not None:
         mask = np.array([int(i) in rows and keep(rows[int(i)]) for i in ids], bool)  # N
@@ -306,7 +348,7 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     graph = _graph(index, ids, raw, content, similar_t if "similar" in kinds else near_t, chunk)
     by_id = dict(zip(ids.tolist(), content.tolist()))
     model_links = {i: {j: s for j, s in nb.items() if s >= near_t and by_id[j] != by_id[i]} for i, nb in graph.items()}
-    near, copy_of, counts = verify_links(index, ids, vecs, by_id, rows, model_links, chunk, progress)
+    near, copy_of, counts = verify_links(index, ids, vecs, by_id, rows, model_links, chunk, progress, versions)
     for i, nb in graph.items():  # the same bytes: always near
         for j, s in nb.items():
             if by_id[j] == by_id[i]:

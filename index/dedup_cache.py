@@ -1,0 +1,296 @@
+"""What a search for duplicates keeps between runs, in the index directory: each photo's grey frame
+(:data:`FRAMES_FILE`) and every pair the pixel check has scored (:data:`CHECKED_FILE`).
+
+The pixel check is most of a search's time, and a library changes little between two searches: after an
+``index update`` that added a few photos, only the pairs that hold one of them are new. So every scored pair is
+kept with its score, and a later search checks only the pairs it has not scored before. A search killed midway
+keeps the pairs it scored (they are written a chunk at a time) and the next one goes on from there. The frames (about
+12 kB a photo) are kept the same way, so memory does not hold them all: a search reads the ones it needs.
+
+A record is valid for the photo it was made from: each carries a version of its photo (a digest of its content hash
+and thumbnail, :func:`photo_version`), and a pair scored for other versions of its photos (a file replaced in
+place) is checked again. Each file begins with a header: its kind, its format and a digest of the settings its
+records depend on (the frame's side, the check's thresholds: :func:`check_settings`); a file of other settings is
+started anew, as is one that is not ours. Records are appended whole; a record cut short by a kill is dropped when
+the file is next read. Files that came to hold more stale records than live ones are written anew (atomically).
+Deleting them loses nothing: the next search makes them again.
+
+File layout (little-endian)::
+
+    header   8 bytes kind (b"MOCOFRM1" or b"MOCOCHK1"), 8 bytes settings digest, 8 bytes record size
+    frames   id int64, version uint64, aspect float32, width uint16, height uint16,
+             grey SIDE x SIDE uint8, image (2 SIDE) x (2 SIDE) uint8 (its first width x height bytes)
+    pairs    a int64, b int64 (a < b), version of a uint64, version of b uint64, score float64
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import os
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from index import verify
+from index.verify import SIDE, Frame, frames
+from moco.files import atomic_write
+
+__all__ = ["FrameFile", "CheckedPairs", "photo_version", "check_settings", "FRAMES_FILE", "CHECKED_FILE"]
+
+logger = logging.getLogger(__name__)
+
+FRAMES_FILE, CHECKED_FILE = "dedup-frames.bin", "dedup-checked.bin"
+FRAME_FORMAT = 1  # raised when verify.frame_of makes other frames
+_HEADER = 24
+_FRAME = np.dtype([("id", "<i8"), ("version", "<u8"), ("aspect", "<f4"), ("width", "<u2"), ("height", "<u2"),
+                   ("grey", "u1", (SIDE * SIDE,)), ("image", "u1", (4 * SIDE * SIDE,))])
+_PAIR = np.dtype([("a", "<i8"), ("b", "<i8"), ("va", "<u8"), ("vb", "<u8"), ("score", "<f8")])
+FRAMES_KEPT = 4096  # frames a FrameFile keeps decoded at once
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little")
+
+
+def photo_version(content_hash: str | None, thumb: str | None, path: str, size: int, mtime_ns: int) -> int:
+    """A photo's version (64 bits): its content hash and thumbnail; a photo without a content hash by its path,
+    size and modification time."""
+    return _digest(f"{content_hash}|{thumb}" if content_hash else f"{path}|{size}|{mtime_ns}|{thumb}")
+
+
+def check_settings() -> int:
+    """A digest of what a pair's copy score depends on: the frames and every threshold of the pixel check."""
+    names = ("SIDE", "SCALES", "REFINE_FROM", "COPY_SCORE", "TONE_FROM", "TONE_WEIGHT", "LOW_FROM", "LOW_SIDE",
+             "LOW_WEIGHT", "FLAT")
+    return _digest(repr((FRAME_FORMAT, *(getattr(verify, n) for n in names))))
+
+
+def _frame_settings() -> int:
+    return _digest(repr((FRAME_FORMAT, SIDE)))
+
+
+class _RecordFile:
+    """A header and fixed-size records, appended whole (see the module docstring)."""
+
+    def __init__(self, path: Path, kind: bytes, settings: int, dtype: np.dtype) -> None:
+        self.path, self.kind, self.settings, self.dtype = Path(path), kind, settings, dtype
+        self.header = kind + settings.to_bytes(8, "little") + dtype.itemsize.to_bytes(8, "little")
+        self.writable = True
+
+    def records(self) -> int:
+        """Whole records in the file (0 when it is missing or not of these settings: it is then started anew)."""
+        try:
+            with open(self.path, "rb") as f:
+                head = f.read(_HEADER)
+                size = os.fstat(f.fileno()).st_size
+        except FileNotFoundError:
+            return 0
+        if head != self.header:
+            logger.info("%s is of other settings or not ours: started anew", self.path)
+            self._start()
+            return 0
+        return (size - _HEADER) // self.dtype.itemsize
+
+    def _start(self) -> None:
+        try:
+            atomic_write(self.path, lambda f: f.write(self.header))
+        except OSError as e:  # a read-only index: searched without keeping anything
+            logger.warning("cannot write %s (%s): this search keeps nothing for the next", self.path, e)
+            self.writable = False
+
+    def read(self, start: int, count: int, fields: list[str] | None = None) -> np.ndarray:
+        """Records ``start`` to ``start + count`` (whole ones only)."""
+        with open(self.path, "rb") as f:
+            f.seek(_HEADER + start * self.dtype.itemsize)
+            data = f.read(count * self.dtype.itemsize)
+        rec = np.frombuffer(data[: len(data) // self.dtype.itemsize * self.dtype.itemsize], self.dtype)
+        return rec if fields is None else rec[fields]
+
+    def append(self, rec: np.ndarray) -> int | None:
+        """Append whole records (under a lock: two searches at once append in turn); a record cut short at the
+        file's end (a killed write) is dropped first. Returns the number of the first one (None: not written)."""
+        if not self.writable:
+            return None
+        if not self.path.exists():
+            self._start()
+            if not self.writable:
+                return None
+        try:
+            with open(self.path, "r+b") as f:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+                size = os.fstat(f.fileno()).st_size
+                first = (size - _HEADER) // self.dtype.itemsize
+                f.seek(_HEADER + first * self.dtype.itemsize)
+                f.truncate()
+                f.write(rec.astype(self.dtype, copy=False).tobytes())
+                return first
+        except OSError as e:
+            logger.warning("cannot write %s (%s): this search keeps nothing more for the next", self.path, e)
+            self.writable = False
+            return None
+
+    def rewrite(self, chunks: Callable[[], Iterator[np.ndarray]]) -> None:
+        """Write the file anew (atomically) with the records ``chunks()`` gives."""
+        if not self.writable:
+            return
+
+        def write(f) -> None:  # noqa: ANN001 - a binary file
+            f.write(self.header)
+            for rec in chunks():  # records of this file's dtype
+                f.write(rec.tobytes())
+        try:
+            atomic_write(self.path, write)
+        except OSError as e:
+            logger.warning("cannot write %s anew (%s)", self.path, e)
+
+
+class FrameFile(Mapping[int, Frame]):
+    """The frames of the photos of one search, kept in :data:`FRAMES_FILE`: a mapping ``{id: Frame}`` of the photos
+    that have one, read from the file as needed (the last :data:`FRAMES_KEPT` kept decoded)."""
+
+    def __init__(self, path: Path) -> None:
+        self._file = _RecordFile(path, b"MOCOFRM1", _frame_settings(), _FRAME)
+        self._where: dict[int, int] = {}  # id -> record number, of this search's photos with a valid frame
+        self._kept: OrderedDict[int, Frame] = OrderedDict()
+        self._memory: dict[int, Frame] = {}  # frames that could not be written (a read-only index)
+        self.made = 0  # frames made by this search (the rest were read)
+
+    def update(self, photos: Mapping[int, tuple[int, Path | None]], fallback: Callable[[int], Image.Image | None],
+               step: Callable[[int], object] | None = None, every: Mapping[int, int] | None = None,
+               batch: int = 256) -> FrameFile:
+        """Take the frames of ``photos`` (``{id: (version, thumbnail path)}``) from the file where it holds them at
+        that version; make the others (:func:`index.verify.frames`, ``fallback`` decoding a photo) and append them.
+        ``every``: the versions of every photo of the index (``{id: version}``; None: ``photos``'): the file is
+        written anew without the others' records when they outnumber the live ones. ``step(n)``: called as photos
+        are done. Returns itself."""
+        step = step or (lambda n: None)
+        every = every if every is not None else {i: v for i, (v, _) in photos.items()}
+        total = self._file.records()
+        known: dict[int, int] = {}  # id -> record, of every photo's current version
+        for start in range(0, total, 65536):
+            rec = self._file.read(start, 65536, ["id", "version"])
+            for n, (i, v) in enumerate(zip(rec["id"].tolist(), rec["version"].tolist())):
+                if every.get(i) == v:
+                    known[i] = start + n  # the last record of a photo wins
+        stale = total - len(known)
+        self._where = {i: known[i] for i in photos if i in known and photos[i][0] == every[i]}
+        step(len(self._where))
+        todo = [i for i in photos if i not in self._where]
+        for start in range(0, len(todo), batch):
+            part = todo[start : start + batch]
+            made = frames({i: photos[i][1] for i in part}, fallback, step)
+            rec = np.zeros(len(made), _FRAME)
+            for n, (i, f) in enumerate(made.items()):
+                w, h = f.image.size
+                rec[n]["id"], rec[n]["version"], rec[n]["aspect"] = i, photos[i][0], f.aspect
+                rec[n]["width"], rec[n]["height"], rec[n]["grey"] = w, h, f.grey.ravel()
+                rec[n]["image"][: w * h] = np.frombuffer(f.image.tobytes(), np.uint8)
+                self._keep(i, f)
+            first = self._file.append(rec) if len(rec) else None
+            if first is not None:
+                self._where.update({i: first + n for n, i in enumerate(made)})
+            elif made:  # nowhere to keep them: in memory
+                self._memory.update(made)
+            self.made += len(made)
+        if stale > len(known) + 1024 and self._file.writable:  # more stale records than live ones: write anew
+            self._compact(known | self._where)
+        return self
+
+    def _compact(self, live: Mapping[int, int]) -> None:
+        """Write the file anew with the records ``live`` (``{id: record}``) alone."""
+        order = sorted(live.items(), key=lambda t: t[1])
+
+        def chunks() -> Iterator[np.ndarray]:
+            for start in range(0, len(order), 4096):
+                yield np.concatenate([self._file.read(n, 1) for _, n in order[start : start + 4096]])
+        self._file.rewrite(chunks)
+        at = {i: n for n, (i, _) in enumerate(order)}
+        self._where = {i: at[i] for i in self._where}
+
+    def _keep(self, i: int, f: Frame) -> None:
+        self._kept[i] = f
+        while len(self._kept) > FRAMES_KEPT:
+            self._kept.popitem(last=False)
+
+    def __getitem__(self, i: int) -> Frame:
+        f = self._kept.get(i)
+        if f is not None:
+            self._kept.move_to_end(i)
+            return f
+        if i in self._memory:
+            return self._memory[i]
+        rec = self._file.read(self._where[i], 1)[0]  # KeyError: no frame
+        w, h = int(rec["width"]), int(rec["height"])
+        f = Frame(rec["grey"].reshape(SIDE, SIDE).copy(), float(rec["aspect"]),
+                  Image.frombytes("L", (w, h), rec["image"][: w * h].tobytes()))
+        self._keep(i, f)
+        return f
+
+    def __contains__(self, i: object) -> bool:
+        return i in self._where or i in self._memory
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._where
+        yield from (i for i in self._memory if i not in self._where)
+
+    def __len__(self) -> int:
+        return len(self._where) + sum(1 for i in self._memory if i not in self._where)
+
+
+class CheckedPairs:
+    """The pairs the pixel check scored, kept in :data:`CHECKED_FILE` with their photos' versions: :meth:`known`
+    gives the scores of pairs scored before at their photos' current versions, :meth:`add` keeps new ones."""
+
+    def __init__(self, path: Path, versions: Mapping[int, int]) -> None:
+        self._file = _RecordFile(path, b"MOCOCHK1", check_settings(), _PAIR)
+        self._versions = versions
+        keys, scores, stale = [], [], 0
+        total = self._file.records()
+        for start in range(0, total, 1 << 20):
+            rec = self._file.read(start, 1 << 20)
+            va = np.array([versions.get(a, 0) for a in rec["a"].tolist()], np.uint64)  # 0: not a photo now
+            vb = np.array([versions.get(b, 0) for b in rec["b"].tolist()], np.uint64)
+            ok = (va == rec["va"]) & (vb == rec["vb"])
+            stale += int((~ok).sum())
+            keys.append((rec["a"][ok] << 32) | rec["b"][ok])
+            scores.append(rec["score"][ok])
+        keys_ = np.concatenate(keys) if keys else np.empty(0, np.int64)
+        scores_ = np.concatenate(scores) if scores else np.empty(0, np.float64)
+        order = np.argsort(keys_, kind="stable")
+        keys_, scores_ = keys_[order], scores_[order]
+        last = np.ones(len(keys_), bool)
+        last[:-1] = keys_[1:] != keys_[:-1]  # a pair scored twice (two searches at once): one of them
+        self._keys, self._scores = keys_[last], scores_[last]
+        if stale > len(self._keys) + 65536:
+            self._file.rewrite(lambda: iter([self._records(self._keys, self._scores)]))
+
+    def _records(self, keys: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        rec = np.zeros(len(keys), _PAIR)
+        rec["a"], rec["b"] = keys >> 32, keys & 0xFFFFFFFF
+        rec["va"] = [self._versions[a] for a in rec["a"].tolist()]
+        rec["vb"] = [self._versions[b] for b in rec["b"].tolist()]
+        rec["score"] = scores
+        return rec
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def known(self, pairs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For pairs (P x 2, a < b, ids under 2^32): which were scored before (P bools) and their scores (P)."""
+        keys = (pairs[:, 0].astype(np.int64) << 32) | pairs[:, 1].astype(np.int64)  # P
+        at = np.minimum(np.searchsorted(self._keys, keys), max(len(self._keys) - 1, 0))  # P
+        hit = self._keys[at] == keys if len(self._keys) else np.zeros(len(keys), bool)
+        return hit, np.where(hit, self._scores[at] if len(self._keys) else 0.0, np.nan)
+
+    def add(self, scores: Mapping[tuple[int, int], float]) -> None:
+        """Keep newly scored pairs ``{(a, b): score}`` (appended to the file at once: a kill loses none of them)."""
+        if not scores:
+            return
+        pairs = np.array(list(scores), np.int64).reshape(-1, 2)
+        keys = (pairs[:, 0] << 32) | pairs[:, 1]
+        self._file.append(self._records(keys, np.array(list(scores.values()), np.float64)))

@@ -1,0 +1,187 @@
+"""What a search for duplicates keeps between runs (index/dedup_cache.py): frames read back equal to frames made
+anew, pairs scored before reused only at their photos' versions and settings, files cut short by a kill or of other
+settings handled, and a search after an update checking only the pairs of the new photos, with the groups of a
+search that kept nothing. Real FAISS, SQLite and a real (randomly initialized) ResNet-18 on generated photos."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image, ImageEnhance
+
+from index import dedup
+from index.build.runner import build_index, update_index
+from index.dedup import search_duplicates
+from index.dedup_cache import CHECKED_FILE, FRAMES_FILE, CheckedPairs, FrameFile, check_settings
+from index.image_index import ImageIndex
+from index.verify import copy_scores, frame_of
+
+
+def _pictures(n: int, seed: int = 0) -> dict[int, Image.Image]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for i in range(n):
+        w, h = int(rng.integers(40, 200)), int(rng.integers(40, 200))
+        small = rng.integers(0, 256, (max(2, h // 8), max(2, w // 8), 3), dtype=np.uint8)
+        out[i] = Image.fromarray(small).resize((w, h), Image.Resampling.BICUBIC)
+    return out
+
+
+def _same(a, b) -> bool:  # noqa: ANN001 - two Frames
+    return (np.array_equal(a.grey, b.grey) and a.aspect == pytest.approx(b.aspect) and a.image.size == b.image.size
+            and a.image.tobytes() == b.image.tobytes())
+
+
+def test_frames_read_back_equal_frames_made_anew_and_only_changed_photos_are_made_again(tmp_path):
+    pics = _pictures(12)
+    for i, img in pics.items():
+        img.save(tmp_path / f"{i}.png")
+    photos = {i: (100 + i, tmp_path / f"{i}.png") for i in pics}
+    first = FrameFile(tmp_path / FRAMES_FILE).update(photos, lambda i: None)
+    assert first.made == 12 and len(first) == 12
+    again = FrameFile(tmp_path / FRAMES_FILE).update(photos, lambda i: None)
+    assert again.made == 0 and sorted(again) == sorted(pics)
+    for i, img in pics.items():
+        assert _same(again[i], frame_of(img.convert("L"))), i
+    # photo 3 replaced in place (another version), photo 5 gone, photo 20 new
+    ImageEnhance.Brightness(pics[3]).enhance(0.5).save(tmp_path / "3.png")
+    pics[20] = _pictures(1, seed=9)[0]
+    pics[20].save(tmp_path / "20.png")
+    changed = {i: p for i, p in photos.items() if i != 5} | {3: (999, tmp_path / "3.png"), 20: (120, tmp_path / "20.png")}
+    third = FrameFile(tmp_path / FRAMES_FILE).update(changed, lambda i: None)
+    assert third.made == 2 and 5 not in third and sorted(third) == sorted(changed)
+    assert _same(third[3], frame_of(Image.open(tmp_path / "3.png").convert("L")))
+    assert _same(third[20], frame_of(pics[20].convert("L")))
+
+
+def test_a_frame_file_cut_short_or_of_other_settings_is_read_as_far_as_it_is_whole(tmp_path):
+    pics = _pictures(4)
+    for i, img in pics.items():
+        img.save(tmp_path / f"{i}.png")
+    photos = {i: (7, tmp_path / f"{i}.png") for i in pics}
+    FrameFile(tmp_path / FRAMES_FILE).update(photos, lambda i: None)
+    path = tmp_path / FRAMES_FILE
+    size = path.stat().st_size
+    with open(path, "r+b") as f:  # a kill in the middle of the last record's write
+        f.truncate(size - 1000)
+    cut = FrameFile(path).update(photos, lambda i: None)
+    assert cut.made == 1 and path.stat().st_size == size  # the torn record dropped, the photo made again
+    assert all(_same(cut[i], frame_of(pics[i].convert("L"))) for i in pics)
+    path.write_bytes(b"MOCOFRM1" + b"\0" * 40)  # another format's header: started anew
+    assert FrameFile(path).update(photos, lambda i: None).made == 4
+    path.write_bytes(b"not ours at all")
+    assert FrameFile(path).update(photos, lambda i: None).made == 4
+
+
+def test_a_read_only_folder_keeps_frames_in_memory(tmp_path):
+    pics = _pictures(3)
+    for i, img in pics.items():
+        img.save(tmp_path / f"{i}.png")
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        got = FrameFile(folder / FRAMES_FILE).update({i: (1, tmp_path / f"{i}.png") for i in pics}, lambda i: None)
+        assert sorted(got) == [0, 1, 2] and _same(got[1], frame_of(pics[1].convert("L")))
+    finally:
+        folder.chmod(0o700)
+
+
+def test_scored_pairs_are_reused_only_at_their_photos_versions(tmp_path, monkeypatch):
+    versions = {1: 11, 2: 22, 3: 33, 4: 44}
+    first = CheckedPairs(tmp_path / CHECKED_FILE, versions)
+    assert len(first) == 0
+    first.add({(1, 2): 0.5, (1, 3): 0.999, (2, 4): 0.25})
+    pairs = np.array([[1, 2], [1, 3], [2, 3], [2, 4]])
+    hit, score = CheckedPairs(tmp_path / CHECKED_FILE, versions).known(pairs)
+    assert hit.tolist() == [True, True, False, True] and score[[0, 1, 3]].tolist() == [0.5, 0.999, 0.25]
+    hit, _ = CheckedPairs(tmp_path / CHECKED_FILE, versions | {3: 34}).known(pairs)  # photo 3 replaced
+    assert hit.tolist() == [True, False, False, True]
+    hit, _ = CheckedPairs(tmp_path / CHECKED_FILE, {1: 11, 2: 22}).known(pairs)  # photos 3 and 4 gone
+    assert hit.tolist() == [True, False, False, False]
+    monkeypatch.setattr("index.verify.COPY_SCORE", 0.99)  # the check's settings changed: nothing is reused
+    assert check_settings() != 0 and not CheckedPairs(tmp_path / CHECKED_FILE, versions).known(pairs)[0].any()
+
+
+def _collection(root: Path, n: int, seed: int) -> None:
+    """``n`` smooth pictures, and for every fourth a brightened copy and a 90% crop."""
+    root.mkdir(parents=True, exist_ok=True)
+    for i, img in _pictures(n, seed).items():
+        img.save(root / f"p{seed}_{i}.png")
+        if i % 4 == 0:
+            ImageEnhance.Brightness(img).enhance(1.2).save(root / f"p{seed}_{i}_bright.png")
+            w, h = img.size
+            img.crop((w // 20, h // 20, w - w // 20, h - h // 20)).save(root / f"p{seed}_{i}_crop.png")
+
+
+def test_a_search_after_an_update_checks_only_the_pairs_of_the_new_photos(backbone, tmp_path):
+    """The second search of an unchanged index checks no pair; after photos were added, it checks only pairs that
+    hold a new photo (or the model's new links among the others), and its groups are those of a search that kept
+    nothing (the files deleted)."""
+    photos = tmp_path / "photos"
+    _collection(photos, 40, seed=1)
+    build_index(photos, backbone, tmp_path / "idx", progress=False)
+    idx = ImageIndex.open(tmp_path / "idx")
+    first = search_duplicates(idx, save=False)
+    d = first.decision
+    assert d["reused"] == 0 and d["checked"] == d["proposed"] > 0 and d["frames_made"] == len(idx)
+    assert (tmp_path / "idx" / FRAMES_FILE).exists() and (tmp_path / "idx" / CHECKED_FILE).exists()
+    second = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
+    assert second.decision["checked"] == 0 and second.decision["frames_made"] == 0
+    assert [g["id"] for g in second.groups] == [g["id"] for g in first.groups]
+    assert sum(g["kind"] == "near" for g in first.groups) >= 5  # the copies were found
+
+    before = {r.id for r in ImageIndex.open(tmp_path / "idx").catalog.rows_by_id(
+        ImageIndex.open(tmp_path / "idx").catalog.vectors(dim=idx.dim)[0]).values()}
+    _collection(photos, 8, seed=2)
+    update_index(tmp_path / "idx", progress=False)
+    idx = ImageIndex.open(tmp_path / "idx")
+    third = search_duplicates(idx, save=False)
+    d = third.decision
+    assert 0 < d["checked"] < d["proposed"] // 2 and d["frames_made"] == len(idx) - len(before)
+    for name in (FRAMES_FILE, CHECKED_FILE):
+        (tmp_path / "idx" / name).unlink()
+    fresh = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
+    assert fresh.decision["reused"] == 0
+    assert [g["id"] for g in third.groups] == [g["id"] for g in fresh.groups]
+    new_ids = {m["id"] for g in fresh.groups for m in g["members"]} - before
+    assert new_ids  # the new photos' copies are grouped
+
+
+def test_the_kept_scores_are_the_check_s_own(tmp_path):
+    """What a search reads back is what copy_scores gives the pair."""
+    pics = _pictures(6, seed=3)
+    frames_ = {i: frame_of(img) for i, img in pics.items()}
+    scores = copy_scores([(0, 1), (2, 5), (3, 4)], frames_)
+    CheckedPairs(tmp_path / CHECKED_FILE, {i: 1 for i in pics}).add(scores)
+    hit, got = CheckedPairs(tmp_path / CHECKED_FILE, {i: 1 for i in pics}).known(np.array(list(scores)))
+    assert hit.all() and got.tolist() == list(scores.values())
+
+
+def test_a_search_killed_in_the_pixel_check_goes_on_from_where_it_stopped(backbone, tmp_path):
+    """SIGKILL after the pixel check's first block of pairs: the next search reuses that block's scores and checks
+    only the rest, with the groups of an uninterrupted search."""
+    import os
+    import subprocess
+    import sys
+
+    photos = tmp_path / "photos"
+    _collection(photos, 40, seed=4)
+    build_index(photos, backbone, tmp_path / "idx", progress=False)
+    code = ("import os, signal, sys\nimport index.dedup as d\nd.CHECK_BLOCK = 16\nreal = d.CheckedPairs.add\n"
+            "def once(self, scores):\n    real(self, scores)\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "d.CheckedPairs.add = once\nfrom index.image_index import ImageIndex\n"
+            "d.search_duplicates(ImageIndex.open(sys.argv[1]))\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "idx")], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == -9, done.stderr[-2000:]
+    again = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
+    assert again.decision["reused"] == 16 and again.decision["checked"] == again.decision["proposed"] - 16
+    shutil.move(tmp_path / "idx" / CHECKED_FILE, tmp_path / "kept")
+    whole = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
+    assert [g["id"] for g in again.groups] == [g["id"] for g in whole.groups]
+    assert dedup.CHECK_BLOCK == 32768  # the subprocess's setting stayed there
