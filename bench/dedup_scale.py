@@ -6,16 +6,19 @@
 
 A collection of N photos: small ones of 32 px (Fashion-MNIST's ``--split``, 28 px enlarged, then seeded smooth
 random pictures for the rest: distinct, and as cheap to make as a library needs) and ``--large`` photos of 1024 px on
-their long side (the gnome-backgrounds pictures that are not plain colours: 6 a split). A ``--copies`` share of the small photos get one copy each, the
-edits in turn: ``exact``, ``jpeg50`` (JPEG quality 50), ``webp`` (quality 75), ``shrunk26`` (to 26 px and back),
-``crop2px`` (2 px off each side), ``bright15`` (+15%), ``contrast`` (x1.3), ``gamma`` (0.8) and ``mirrored``; every
-large photo gets ``crop70`` (70% of each side, at a seeded off-centre place), ``crop80`` (its centre 80%), ``jpeg50``
-and ``half`` (half its size). The index is built with a seeded random ResNet-18 (the weakest model: the pixel check
-does the work), then `moco index dedup`'s search runs in a process of its own, whose wall time and peak resident
+their long side (the gnome-backgrounds pictures that are not plain colours: 6 a split). A ``--copies`` share of the
+small photos get one copy each, the edits in turn: ``exact``, ``jpeg50`` (JPEG quality 50), ``webp`` (quality 75),
+``shrunk26`` (to 26 px and back), ``crop2px`` (2 px off each side), ``bright15`` (+15%), ``contrast`` (x1.3),
+``gamma`` (0.8) and ``mirrored``; every large photo gets ``crop70`` (70% of each side, at a seeded off-centre place),
+``crop80`` (its centre 80%), ``jpeg50`` and ``half`` (half its size). The index is built with a seeded random
+ResNet-18 (the weakest model: the pixel check does the work), then `moco index dedup`'s search runs in a process of
+its own (cold: what an earlier search kept in the index folder deleted first), whose wall time and peak resident
 memory (VmHWM) are measured; "beyond the index" subtracts the index's own files (vectors and thumbnails' catalog,
-which a search holds). Aims (issue 52, 2 cores): 100,000 photos in at most 5 minutes, 1,000,000 in at most an hour,
-at most 2 GB beyond the index, recall >= 0.98 for every edit, pair precision >= 0.98, no group of more than 10
-distinct photos.
+which a search holds). ``--add 0.01``: then 1% new photos (smooth pictures, with copies) are added, a copy of the index
+updated, and the search run again with what the full one kept (only the new pairs checked). Aims (issue 52, 2 cores):
+100,000 photos in at most 5 minutes, 1,000,000 in at most an hour, at most 2 GB beyond the index, recall >= 0.98 for
+every edit, pair precision >= 0.98, no group of more than 10 distinct photos; after adding 1%, at most a tenth of
+the full search's time.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ LARGE_EDITS = ("crop70", "crop80", "jpeg50", "half")
 AIM = {"seconds": {100_000: 300, 1_000_000: 3600}, "beyond_index_gb": 2.0, "recall": 0.98, "pair_precision": 0.98,
        "largest_distinct": 10}
 SMALL, LARGE = 32, 1024
+CACHE_FILES = ("dedup-frames.bin", "dedup-checked.bin")  # what a search keeps in the index folder
 FLAT_STD = 4.0  # grey levels: a wallpaper whose 48-px grey spreads less is a plain colour, left out
 
 
@@ -100,13 +104,14 @@ def _smooth(rng: np.random.Generator, side: int) -> np.ndarray:
     return np.asarray(Image.fromarray(noise).resize((side, side), Image.Resampling.BICUBIC))
 
 
-def _small_photos(n: int, seed: int, split: str) -> Any:
-    """``n`` small photos (side SMALL, RGB arrays): Fashion-MNIST's ``split`` first, then smooth pictures."""
+def _small_photos(n: int, seed: int, split: str, fashion_too: bool = True) -> Any:
+    """``n`` small photos (side SMALL, RGB arrays): Fashion-MNIST's ``split`` first (unless not ``fashion_too``),
+    then smooth pictures."""
     from bench.dedup_copies import _distinct, _fashion_pool
 
     rng = np.random.default_rng(seed)
     pool = _fashion_pool(split)
-    fashion = _distinct(pool[rng.permutation(len(pool))], min(n, 29000))
+    fashion = _distinct(pool[rng.permutation(len(pool))], min(n, 29000)) if fashion_too else pool[:0]
     for x in fashion:
         yield np.asarray(Image.fromarray(x).convert("RGB").resize((SMALL, SMALL), Image.Resampling.BICUBIC))
     for _ in range(n - len(fashion)):
@@ -124,26 +129,27 @@ def _large_photos(count: int, split: str) -> list[Image.Image]:
                                                                                              ".webp"))
     out = []
     for p in found if split == "report" else found[::-1]:
+        if len(out) == count:
+            break
         with Image.open(p) as im:
             img = im.convert("RGB")
         if np.asarray(img.convert("L").resize((48, 48), Image.Resampling.BILINEAR), np.float64).std() < FLAT_STD:
             continue
         img.thumbnail((LARGE, LARGE), Image.Resampling.LANCZOS)
         out.append(img)
-        if len(out) == count:
-            break
     return out
 
 
-def write_collection(root: Path, n: int, share: float, large: int, seed: int, split: str = "report"
-                     ) -> dict[str, str]:
-    """The photos under ``root/photos`` (folders of 1,000), the copies under ``root/copies``: copy -> photo paths."""
+def write_collection(root: Path, n: int, share: float, large: int, seed: int, split: str = "report",
+                     fashion_too: bool = True) -> dict[str, str]:
+    """The photos under ``root/photos`` (folders of 1,000), the copies under ``root/copies``: copy -> photo paths.
+    ``fashion_too``: False for smooth pictures alone (photos added to a collection that holds the Fashion ones)."""
     rng = np.random.default_rng(seed + 1)
     (root / "copies").mkdir(parents=True)
     chosen = set(rng.choice(n, max(len(SMALL_EDITS), round(share * n)), replace=False).tolist())
     edits = itertools.cycle(SMALL_EDITS)
     copies = {}
-    for i, x in enumerate(_small_photos(n, seed, split)):
+    for i, x in enumerate(_small_photos(n, seed, split, fashion_too)):
         folder = root / "photos" / f"{i // 1000:04d}"
         folder.mkdir(parents=True, exist_ok=True)
         src = folder / f"{i:07d}.png"
@@ -221,24 +227,59 @@ def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]
         (root / "copies.json").write_text(json.dumps(copies))
         (root / "done").touch()
     copies = json.loads((root / "copies.json").read_text())
-    index_bytes = sum(p.stat().st_size for p in idx.iterdir() if p.is_file())
+    index_bytes = sum(p.stat().st_size for p in idx.iterdir() if p.is_file() and p.name not in CACHE_FILES)
     out = {"photos": n + args.large, "copies_planted": len(copies), "index_gb": round(index_bytes / 1e9, 3),
            **_search(ROOT, idx, args.work / f"{n}.search.json", copies, index_bytes)}
+    if args.add:
+        out["added"] = _added(n, args, idx, root, copies, index_bytes)
     if args.peer:  # the same search by another checkout's code, on the same index, in the same run
         out["peer"] = _search(args.peer, idx, args.work / f"{n}.peer.json", copies, index_bytes)
     return out
 
 
-def _search(code: Path, idx: Path, out: Path, copies: dict[str, str], index_bytes: int) -> dict[str, Any]:
+def _added(n: int, args: argparse.Namespace, idx: Path, root: Path, copies: dict[str, str],
+           index_bytes: int) -> dict[str, Any]:
+    """The search again after ``--add`` of the photos were added (new photos, a share of them with a copy, under
+    ``root/added``) and the index updated (a copy of it, with what the full search kept): its time against the
+    full search's."""
+    from index.build.runner import update_index
+
+    extra = max(1, round(args.add * n))
+    added = args.work / f"{n}.added"
+    if not (added / "done").exists():
+        shutil.rmtree(added, ignore_errors=True)
+        more = write_collection(added, extra, args.copies, 0, args.seed + 7, args.split, fashion_too=False)
+        shutil.rmtree(root / "added", ignore_errors=True)
+        (root / "added").mkdir()
+        for folder in ("photos", "copies"):
+            shutil.copytree(added / folder, root / "added" / folder)
+        (added / "copies.json").write_text(json.dumps({f"added/{c}": f"added/{p}" for c, p in more.items()}))
+        (added / "done").touch()
+    grown = args.work / f"{n}.idx-added"
+    shutil.rmtree(grown, ignore_errors=True)
+    shutil.copytree(idx, grown)
+    update_index(grown, progress=False, device="cpu")
+    every = copies | json.loads((added / "copies.json").read_text())
+    got = _search(ROOT, grown, args.work / f"{n}.added.json", every, index_bytes, cold=False)
+    got["photos_added"] = extra + sum(1 for c in json.loads((added / "copies.json").read_text()))
+    return got
+
+
+def _search(code: Path, idx: Path, out: Path, copies: dict[str, str], index_bytes: int, cold: bool = True
+            ) -> dict[str, Any]:
     """`moco index dedup`'s search of ``idx`` by the code of checkout ``code``, in a process of its own: its
-    wall time, peak memory and scores."""
+    wall time, peak memory and scores. ``cold``: what an earlier search kept in the index folder is deleted first."""
+    if cold:
+        for name in CACHE_FILES:
+            (idx / name).unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=str(code))
     subprocess.run([sys.executable, "-c", _SEARCH, str(idx), str(out)], env=env, check=True, cwd=code)
     got = json.loads(out.read_text())
     d = got["decision"]
     return {"seconds": round(got["seconds"], 1), "peak_gb": round(got["peak_bytes"] / 1e9, 3),
             "beyond_index_gb": round((got["peak_bytes"] - index_bytes) / 1e9, 3), "proposed": d["proposed"],
-            "verified": d["verified"], "threshold": d["threshold"], **_score(got["groups"], copies)}
+            "verified": d["verified"], "checked": d.get("checked", d["proposed"]), "reused": d.get("reused", 0),
+            "threshold": d["threshold"], **_score(got["groups"], copies)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -254,6 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                    "choose (other Fashion-MNIST images, the last wallpapers) and reported on report, the default")
     p.add_argument("--peer", type=Path, default=None, help="another checkout (a git worktree of an earlier commit): "
                    "its search measured on the same indexes, side by side")
+    p.add_argument("--add", type=float, default=0.0, help="then add this share of new photos (0.01: 1%%, with "
+                   "copies), update the index and search again, keeping what the full search kept: its time")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -275,6 +318,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"proposed {x['proposed']}, verified {x['verified']}, keeper the original "
                   f"{x['keeper_is_the_original']}", flush=True)
             print("  recall: " + ", ".join(f"{e} {v} ({r['copies'][e]})" for e, v in x["recall"].items()), flush=True)
+        if r.get("added"):
+            a = r["added"]
+            print(f"  after adding {a['photos_added']} photos: {a['seconds']} s ({a['seconds'] / r['seconds']:.3f} of "
+                  f"the full search), {a['checked']} pairs checked, {a['reused']} kept; recall: "
+                  + ", ".join(f"{e} {v}" for e, v in a["recall"].items()), flush=True)
         if r.get("peer"):
             print(f"  this / peer: time {r['seconds'] / max(r['peer']['seconds'], 1e-9):.2f}x, peak memory "
                   f"{r['peak_gb'] / max(r['peer']['peak_gb'], 1e-9):.2f}x", flush=True)

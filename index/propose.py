@@ -31,8 +31,8 @@ from PIL import Image
 from index.store import VectorStore
 from index.verify import SCALES, Frame, unit_patches
 
-__all__ = ["proposals", "LINKED", "MODEL", "pixel_neighbours", "crop_neighbours", "crop_windows", "PROPOSE_K", "PIXEL_SIDE",
-           "CROP_SIDE", "CROP_GRID", "PIXEL_EXACT_UP_TO"]
+__all__ = ["proposals", "LINKED", "MODEL", "pixel_neighbours", "crop_neighbours", "crop_windows", "PROPOSE_K",
+           "PIXEL_SIDE", "CROP_SIDE", "CROP_GRID", "PIXEL_EXACT_UP_TO"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,8 +56,8 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
     8 bytes a pair in all): the ``links`` (the model's, at the near threshold), each photo's ``k`` closest other
     photos by the model (``vecs``: N x D in the index's space, searched in ``store``), by whole pixels
     (:func:`pixel_neighbours`) and the ``k`` that could be cut from it (:func:`crop_neighbours`); and each pair's best
-    proposal score (:data:`LINKED`, :data:`MODEL`, or an NCC: only the pixel searches put it forward). ``step(n)``: called as the searches go, 5 for
-    each photo in all (a progress bar)."""
+    proposal score (:data:`LINKED`, :data:`MODEL`, or an NCC: only the pixel searches put it forward). ``step(n)``:
+    called as the searches go, 5 for each photo in all (a progress bar)."""
     step = step or (lambda n: None)
     live = set(ids.tolist())
     found = _Pairs()

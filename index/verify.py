@@ -387,7 +387,7 @@ def _shrink_matrix(n_out: int, n_in: int) -> np.ndarray:
     return (weight / weight.sum(axis=1, keepdims=True)).astype(np.float32)  # n_out x n_in
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _shrink(n_out: int) -> np.ndarray:
     return _shrink_matrix(n_out, SIDE)  # n_out x SIDE
 

@@ -77,3 +77,20 @@ def test_the_scale_bench_plants_each_edit_and_scores_by_hand(tmp_path):
     s = _score(groups, copies)
     assert (s["pairs"], s["pair_precision"], s["largest_distinct"]) == (3, round(1 / 3, 4), 2)
     assert s["recall"][Path(c1).stem.split("_", 1)[1]] == 1.0 and s["recall"][Path(c2).stem.split("_", 1)[1]] == 0.0
+
+
+@pytest.mark.skipif(not FASHION_DIR.exists(), reason="apt-get install dataset-fashion-mnist")
+def test_the_scale_bench_runs_tiny_and_measures_a_search_after_adding_photos(tmp_path, capsys):
+    """bench/dedup_scale.py end to end at 40 photos: the full search cold (nothing kept from an earlier one), then
+    10 photos added with their copies, the index updated and searched again checking only the new pairs."""
+    from bench.dedup_scale import main as scale
+
+    out = tmp_path / "scale.json"
+    assert scale(["--sizes", "40", "--large", "0", "--copies", "0.25", "--add", "0.25", "--work",
+                  str(tmp_path / "work"), "--json", str(out)]) == 0
+    r = json.loads(out.read_text())["sizes"][0]
+    assert r["photos"] == 40 and r["reused"] == 0 and r["checked"] == r["proposed"] > 0
+    a = r["added"]
+    assert a["photos_added"] == 10 + 9  # 10 photos, each of the 9 edits planted once at least
+    assert 0 < a["checked"] < a["proposed"] and a["reused"] > 0
+    assert a["recall"]["exact"] == 1.0 and "after adding 19 photos" in capsys.readouterr().out

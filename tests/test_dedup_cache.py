@@ -50,7 +50,8 @@ def test_frames_read_back_equal_frames_made_anew_and_only_changed_photos_are_mad
     ImageEnhance.Brightness(pics[3]).enhance(0.5).save(tmp_path / "3.png")
     pics[20] = _pictures(1, seed=9)[0]
     pics[20].save(tmp_path / "20.png")
-    changed = {i: p for i, p in photos.items() if i != 5} | {3: (999, tmp_path / "3.png"), 20: (120, tmp_path / "20.png")}
+    changed = {i: p for i, p in photos.items() if i != 5}
+    changed |= {3: (999, tmp_path / "3.png"), 20: (120, tmp_path / "20.png")}
     third = FrameFile(tmp_path / FRAMES_FILE).update(changed, lambda i: None)
     assert third.made == 2 and 5 not in third and sorted(third) == sorted(changed)
     assert _same(third[3], frame_of(Image.open(tmp_path / "3.png").convert("L")))

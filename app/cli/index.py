@@ -345,8 +345,8 @@ def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
              f"  proposed: {plural(d['proposed'], 'pair')}, by the model at cosine >= {d['threshold']} "
              f"({describe_threshold(d)}) and by each photo's {d['propose_k']} closest photos",
              f"  turned down: {d['turned_down']} of the model's pairs at that cosine are no copies",
-             f"  pixel check: {plural(d.get('checked', d['proposed']), 'pair')} checked, {d.get('reused', 0)} scored by an "
-             "earlier search (kept in the index folder)",
+             f"  pixel check: {plural(d.get('checked', d['proposed']), 'pair')} checked, {d.get('reused', 0)} scored "
+             "by an earlier search (kept in the index folder)",
              f"  left out: {plural(d['crowded'], 'photo')} matching 10 others or more by pixels (a sky, a gradient)"]
     if "similar" in kinds:
         lines.append(f"  similar: cosine >= {d['similar_threshold']}")
