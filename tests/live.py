@@ -44,6 +44,24 @@ def run_tree(cmd: list[str], *, timeout: float, **kwargs: Any) -> subprocess.Com
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
+def killed_after_first(module: str, name: str, setup: str, call: str, *args: str) -> None:
+    """Run ``call`` (Python, with ``args`` as ``sys.argv[1:]``) in a process of its own in which ``module``'s
+    ``name`` (a function, or ``Class.method``) kills the process with SIGKILL right after its first call returns,
+    as a power cut would; ``setup`` runs first (e.g. a smaller block size). Fails the test unless it died so."""
+    import signal
+
+    import pytest
+
+    owner, _, attr = name.rpartition(".")
+    target = f"m.{owner}" if owner else "m"
+    code = (f"import os, signal, sys\nimport {module} as m\n{setup}\nreal = {target}.{attr}\n"
+            f"def once(*a, **k):\n    out = real(*a, **k)\n    os.kill(os.getpid(), signal.SIGKILL)\n"
+            f"{target}.{attr} = once\n{call}\n")
+    done = run_tree([sys.executable, "-c", code, *args], timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    if done.returncode != -signal.SIGKILL:
+        pytest.fail(f"{module}.{name} did not end the process with SIGKILL: {done.returncode}\n{done.stderr[-2000:]}")
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now."""
     with socket.socket() as s:

@@ -165,21 +165,13 @@ def test_the_kept_scores_are_the_check_s_own(tmp_path):
 def test_a_search_killed_in_the_pixel_check_goes_on_from_where_it_stopped(backbone, tmp_path):
     """SIGKILL after the pixel check's first block of pairs: the next search reuses that block's scores and checks
     only the rest, with the groups of an uninterrupted search."""
-    import os
-    import subprocess
-    import sys
+    from tests.live import killed_after_first
 
     photos = tmp_path / "photos"
     _collection(photos, 40, seed=4)
     build_index(photos, backbone, tmp_path / "idx", progress=False)
-    code = ("import os, signal, sys\nimport index.dedup as d\nd.CHECK_BLOCK = 16\nreal = d.CheckedPairs.add\n"
-            "def once(self, scores):\n    real(self, scores)\n    os.kill(os.getpid(), signal.SIGKILL)\n"
-            "d.CheckedPairs.add = once\nfrom index.image_index import ImageIndex\n"
-            "d.search_duplicates(ImageIndex.open(sys.argv[1]))\n")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "idx")], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == -9, done.stderr[-2000:]
+    killed_after_first("index.dedup", "CheckedPairs.add", "m.CHECK_BLOCK = 16", "from index.image_index import "
+                       "ImageIndex\nm.search_duplicates(ImageIndex.open(sys.argv[1]))", str(tmp_path / "idx"))
     again = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
     assert again.decision["reused"] == 16 and again.decision["checked"] == again.decision["proposed"] - 16
     shutil.move(tmp_path / "idx" / CHECKED_FILE, tmp_path / "kept")

@@ -330,25 +330,17 @@ def test_a_search_killed_in_the_pixel_check_leaves_the_last_one_and_a_rerun_comp
     """SIGKILL in the middle of the pixel check (after its first chunk of pairs): the last saved search is still
     there, whole, and nothing else is left in the index's folder; the next search completes with the groups of an
     uninterrupted one."""
-    import os
-    import subprocess
-    import sys
-
     from index.dedup import search_duplicates
+    from tests.live import killed_after_first
 
     build_index(sample_photos, backbone, tmp_path / "idx", progress=False)
     idx = ImageIndex.open(tmp_path / "idx")
     first = search_duplicates(idx)  # saved
     saved = (tmp_path / "idx" / "dedup.json").read_bytes()
     before = sorted(p.name for p in (tmp_path / "idx").iterdir())
-    code = ("import os, signal, sys\nimport index.verify as v\nreal = v._scores\n"
-            "def once(*a, **k):\n    out = real(*a, **k)\n    os.kill(os.getpid(), signal.SIGKILL)\n"
-            "v._scores = once\nfrom index.dedup import search_duplicates\nfrom index.image_index import ImageIndex\n"
-            "search_duplicates(ImageIndex.open(sys.argv[1]), chunk=4)\n")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
-    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "idx")], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == -9, done.stderr[-2000:]
+    killed_after_first("index.verify", "_scores", "", "from index.dedup import search_duplicates\n"
+                       "from index.image_index import ImageIndex\n"
+                       "search_duplicates(ImageIndex.open(sys.argv[1]), chunk=4)", str(tmp_path / "idx"))
     assert (tmp_path / "idx" / "dedup.json").read_bytes() == saved
     assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == before
     again = search_duplicates(ImageIndex.open(tmp_path / "idx"))
