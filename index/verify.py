@@ -118,17 +118,16 @@ def unit_patches(x: np.ndarray) -> np.ndarray:
     return np.where(flat, 0.0, x / np.maximum(norm, _EPS)).astype(x.dtype)
 
 
-def _crop_size(s: float, aspect_big: float, aspect_small: float, side: int = SIDE) -> tuple[int, int] | None:
-    """(width, height) in pixels of a frame of ``side`` of a crop of the frame of a photo of ``aspect_big`` that
-    another photo of ``aspect_small`` could be, keeping the share ``s`` of its more-cut side; None where the crop
-    would not fit."""
+def _crop_size(s: float, aspect_big: float, aspect_small: float) -> tuple[int, int] | None:
+    """(width, height) in frame pixels of a crop of the frame of a photo of ``aspect_big`` that another photo of
+    ``aspect_small`` could be, keeping the share ``s`` of its more-cut side; None where the crop would not fit."""
     if s >= 1.0:
-        return side, side  # the whole frame: a resize that changed the shape (squeezed, stretched) is a copy too
+        return SIDE, SIDE  # the whole frame: a resize that changed the shape (squeezed, stretched) is a copy too
     rho = aspect_small / aspect_big  # = share of width kept / share of height kept
     sx, sy = (s, s / rho) if rho <= 1.0 else (s * rho, s)
     if sx > 1.0 + 1e-6 or sy > 1.0 + 1e-6:
         return None
-    return max(2, min(side, round(sx * side))), max(2, min(side, round(sy * side)))
+    return max(2, min(SIDE, round(sx * SIDE))), max(2, min(SIDE, round(sy * SIDE)))
 
 
 def _template(f: Frame, size: tuple[int, int]) -> np.ndarray:
@@ -353,8 +352,8 @@ def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], 
 def _scores(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame],
             at_least: float | None) -> dict[tuple[int, int], float]:
     """:func:`copy_scores` of one chunk of pairs."""
-    out = {}
     coarse, crops = _coarse(pairs, frames_)
+    out = {}
     for a, b in pairs:
         ab, ba = coarse[a, b], coarse[b, a]  # 4 scores each
         score = float(max(ab.max(), ba.max()))
