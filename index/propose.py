@@ -13,7 +13,8 @@ Checking every pair is quadratic, so each photo puts forward a few others, from 
   edit that moves every pixel of a small frame, and a model trained to see crops as the same scene puts a crop of a
   shirt beside every shirt. The windows are made and looked up a chunk of photos at a time: memory holds one vector
   a photo, never the 45 windows of every photo (at 50,000 photos those were 2.25 million vectors, 7 GB with their
-  graph).
+  graph). The vectors of both pixel searches are made from the frames a chunk at a time too: only the indexes hold
+  them (above :data:`PIXEL_EXACT_UP_TO` photos, one byte a dimension).
 
 The searches are exact (flat inner-product indexes) up to :data:`PIXEL_EXACT_UP_TO` photos and approximate above
 (inverted files of one byte a dimension, :data:`IVF_PROBE` cells searched). Photos of the same bytes are never
@@ -120,15 +121,15 @@ class _Pairs:
         return np.stack([self._keys >> 32, self._keys & 0xFFFFFFFF], axis=1), self._scores
 
 
-def _inner_product_index(vectors: np.ndarray, photos: int, what: str):  # -> faiss.Index
-    """An inner-product index for ``vectors`` (added here): flat (exact) up to :data:`PIXEL_EXACT_UP_TO` photos;
-    above, an inverted file of :data:`IVF_CELLS_PER_ROOT` x sqrt(n) cells searched :data:`IVF_PROBE` at a time,
-    one byte a dimension (8-bit scalar quantizer): a quarter of the vectors' own memory, and a query's cost grows
-    with the root of their number."""
+def _inner_product_index(vectors: Callable[[int, int], np.ndarray], n: int, dim: int, what: str):  # -> faiss.Index
+    """An inner-product index of ``n`` vectors of ``dim``, made ``vectors(start, stop)`` a chunk at a time (so they
+    are never all held): flat (exact) up to :data:`PIXEL_EXACT_UP_TO`; above, an inverted file of
+    :data:`IVF_CELLS_PER_ROOT` x sqrt(n) cells searched :data:`IVF_PROBE` at a time, one byte a dimension (8-bit
+    scalar quantizer): a quarter of the vectors' own memory, and a query's cost grows with the root of their
+    number."""
     import faiss
 
-    n, dim = vectors.shape
-    if photos <= PIXEL_EXACT_UP_TO:
+    if n <= PIXEL_EXACT_UP_TO:
         store = faiss.IndexFlatIP(dim)
     else:
         cells = max(1, min(n // 39, int(IVF_CELLS_PER_ROOT * np.sqrt(n))))
@@ -136,11 +137,13 @@ def _inner_product_index(vectors: np.ndarray, photos: int, what: str):  # -> fai
         store = faiss.IndexIVFScalarQuantizer(quantizer, dim, cells, faiss.ScalarQuantizer.QT_8bit,
                                               faiss.METRIC_INNER_PRODUCT)
         step = max(1, n // (64 * cells))  # k-means on at most 64 vectors a cell, spread over all of them
-        store.train(np.ascontiguousarray(vectors[::step]))
+        sample = np.concatenate([vectors(start, min(start + step * 4096, n))[::step]
+                                 for start in range(0, n, step * 4096)])
+        store.train(np.ascontiguousarray(sample))
         store.nprobe = min(cells, IVF_PROBE)
-        logger.info("%s proposals: an inverted file of %d vectors in %d cells (%d photos)", what, n, cells, photos)
+        logger.info("%s proposals: an inverted file of %d vectors in %d cells", what, n, cells)
     for start in range(0, n, 65536):
-        store.add(np.ascontiguousarray(vectors[start : start + 65536]))
+        store.add(np.ascontiguousarray(vectors(start, min(start + 65536, n))))
     return store
 
 
@@ -156,11 +159,13 @@ def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int,
                      chunk: int = 1024) -> Iterable[tuple[int, list[int], list[float]]]:
     """For each photo of ``ids``, twice (its query plain and mirrored), its ``k`` closest photos by the NCC of
     their whole grey frames (shrunk to :data:`PIXEL_SIDE` a side), and those NCCs."""
-    plain = np.stack([_flat(frames_[i].grey, PIXEL_SIDE, False) for i in ids])  # N x P^2
-    store = _inner_product_index(plain, len(ids), "whole-pixel")
+    def plain(start: int, stop: int) -> np.ndarray:  # (stop - start) x P^2
+        return np.stack([_flat(frames_[i].grey, PIXEL_SIDE, False) for i in ids[start:stop]])
+
+    store = _inner_product_index(plain, len(ids), PIXEL_SIDE**2, "whole-pixel")
     k = min(k, len(ids))
     for start in range(0, len(ids), chunk):
-        part = plain[start : start + chunk]  # B x P^2
+        part = plain(start, start + chunk)  # B x P^2
         mirrored = part.reshape(-1, PIXEL_SIDE, PIXEL_SIDE)[:, :, ::-1].reshape(len(part), -1)  # B x P^2
         for q in (part, np.ascontiguousarray(mirrored)):
             sims, found = store.search(q, k)  # B x k
@@ -211,8 +216,9 @@ def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int,
     the photos that could have been cut from it, mirrored or not, with those NCCs. Only the whole frames are indexed
     (one vector a photo); each photo's windows are made and looked up a chunk of photos at a time, so memory does not
     grow with the windows."""
-    whole = np.stack([_flat(frames_[i].grey, CROP_SIDE, False) for i in ids])  # N x CROP_SIDE^2
-    store = _inner_product_index(whole, len(ids), "crop")
+    store = _inner_product_index(lambda start, stop: np.stack([_flat(frames_[i].grey, CROP_SIDE, False)
+                                                               for i in ids[start:stop]]),  # B x CROP_SIDE^2
+                                 len(ids), CROP_SIDE**2, "crop")
     depth = min(len(ids), k + 2)  # frames a window looks up (the photo's own whole frame may be one)
     for start in range(0, len(ids), chunk):
         part = range(start, min(start + chunk, len(ids)))
