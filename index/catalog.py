@@ -488,7 +488,9 @@ class Catalog:
         if not pairs:
             return np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
         out_ids = np.fromiter((p[0] for p in pairs), np.int64, len(pairs))
-        vecs = np.frombuffer(b"".join(p[1] for p in pairs), np.float32).reshape(len(pairs), -1)  # N x D
+        vecs = np.empty((len(pairs), len(pairs[0][1]) // 4), np.float32)  # N x D, writable (dedup centres in place)
+        for n, p in enumerate(pairs):
+            vecs[n] = np.frombuffer(p[1], np.float32)
         return out_ids, vecs
 
     def vector_by_hash(self, content_hash: str) -> tuple[int, np.ndarray] | None:

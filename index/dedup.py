@@ -89,13 +89,13 @@ def group_id(kind: str, members: Iterable[int]) -> str:
 
 def _neighbours(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold: float,
                 chunk: int) -> dict[int, dict[int, float]]:
-    """The neighbours of photos ``ids`` (raw vectors ``vecs``) at centred cosine >= ``threshold``: ``{id: {other id:
-    cosine}}``, symmetric (a pair an approximate index finds one way only is kept both ways); photos without one
-    are left out."""
+    """The neighbours of photos ``ids`` (vectors ``vecs`` in the index's space, :meth:`ImageIndex.center`) at
+    centred cosine >= ``threshold``: ``{id: {other id: cosine}}``, symmetric (a pair an approximate index finds one
+    way only is kept both ways); photos without one are left out."""
     live = set(ids.tolist())
     graph: dict[int, dict[int, float]] = {}
     for start in range(0, len(ids), chunk):
-        lims, scores, found = index.store.range_search(index.center(vecs[start : start + chunk]), threshold)
+        lims, scores, found = index.store.range_search(np.ascontiguousarray(vecs[start : start + chunk]), threshold)
         for q in range(len(lims) - 1):
             own = int(ids[start + q])
             for j, s in zip(found[lims[q] : lims[q + 1]].tolist(), scores[lims[q] : lims[q + 1]].tolist()):
@@ -247,11 +247,11 @@ def _stage(name: str, total: int, unit: str, enabled: bool) -> Any:
                 mininterval=1.0)
 
 
-def _graph(index: ImageIndex, ids: np.ndarray, raw: np.ndarray, content: np.ndarray, low: float,
+def _graph(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: np.ndarray, low: float,
            chunk: int) -> dict[int, dict[int, float]]:
     """Neighbours at centred cosine >= ``low``, photos of the same bytes linked (1.0), the user's "not duplicates"
     pairs unlinked."""
-    graph = _neighbours(index, ids, raw, low, chunk)
+    graph = _neighbours(index, ids, vecs, low, chunk)
     by_content: dict[int, list[int]] = {}
     for i, c in zip(ids.tolist(), content.tolist()):
         by_content.setdefault(c, []).append(i)
@@ -264,6 +264,18 @@ def _graph(index: ImageIndex, ids: np.ndarray, raw: np.ndarray, content: np.ndar
         graph.get(a, {}).pop(b, None)
         graph.get(b, {}).pop(a, None)
     return graph
+
+
+def _centred(index: ImageIndex, raw: np.ndarray, chunk: int = 65536) -> np.ndarray:
+    """``index.center(raw)``, in place a chunk at a time where it keeps the dimension: one copy of the vectors at a
+    time (2 GB a copy at 1,000,000 photos of 512 dimensions)."""
+    raw = np.ascontiguousarray(raw, np.float32)  # N x D
+    for start in range(0, len(raw), chunk):
+        part = index.center(raw[start : start + chunk])  # B x D'
+        if part.shape[1] != raw.shape[1]:
+            return index.center(raw)
+        raw[start : start + chunk] = part
+    return raw
 
 
 def _decide(index: ImageIndex, vecs: np.ndarray, content: np.ndarray, ids: np.ndarray, threshold: float | None,
@@ -342,10 +354,11 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
         mask = np.array([int(i) in rows and keep(rows[int(i)]) for i in ids], bool)  # N
         ids, raw = ids[mask], raw[mask]  # M, M x D
     content = _content(ids, rows)
-    vecs = index.center(raw)  # N x D, as search scores
+    vecs = _centred(index, raw)  # N x D, as search scores
+    del raw
     decision = _decide(index, vecs, content, ids, threshold, similar_threshold)
     near_t, similar_t = decision["threshold"], decision["similar_threshold"]
-    graph = _graph(index, ids, raw, content, similar_t if "similar" in kinds else near_t, chunk)
+    graph = _graph(index, ids, vecs, content, similar_t if "similar" in kinds else near_t, chunk)
     by_id = dict(zip(ids.tolist(), content.tolist()))
     model_links = {i: {j: s for j, s in nb.items() if s >= near_t and by_id[j] != by_id[i]} for i, nb in graph.items()}
     near, copy_of, counts = verify_links(index, ids, vecs, by_id, rows, model_links, chunk, progress, versions)
