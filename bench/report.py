@@ -602,7 +602,8 @@ def _dedup_scale() -> list[str]:
             f"{aim['largest_distinct']} distinct photos; after adding 1% of photos, at most a tenth of the full "
             "search's time.", "",
             "| photos | code | seconds | peak GB (beyond the index) | pairs proposed (checked) | pair precision | "
-            "largest group | keeper the original | edits under the recall aim |", "|---|---|---|---|---|---|---|---|---|"]
+            "largest group | keeper the original | edits under the recall aim |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in d["sizes"]:
         rows = [("this", r), ("peer", r.get("peer"))]
         if r.get("added"):
