@@ -172,8 +172,8 @@ class FrameFile(Mapping[int, Frame]):
         every = every if every is not None else {i: v for i, (v, _) in photos.items()}
         total = self._file.records()
         known: dict[int, int] = {}  # id -> record, of every photo's current version
-        for start in range(0, total, 65536):
-            rec = self._file.read(start, 65536, ["id", "version"])
+        for start in range(0, total, 4096):  # 47 MB read at a time
+            rec = self._file.read(start, 4096, ["id", "version"])
             for n, (i, v) in enumerate(zip(rec["id"].tolist(), rec["version"].tolist())):
                 if every.get(i) == v:
                     known[i] = start + n  # the last record of a photo wins
