@@ -307,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     report: dict[str, Any] = {"backbone": described, "cpu": _cpu_model(), "threads": os.environ["OMP_NUM_THREADS"],
                               "aim": AIM, "command": shlex.join(["python", "bench/dedup_scale.py",
                                                                  *(argv or sys.argv[1:])]), "sizes": []}
+    if args.peer:  # which code the peer is
+        report["peer_commit"] = subprocess.run(["git", "-C", str(args.peer), "rev-parse", "--short", "HEAD"],
+                                               capture_output=True, text=True).stdout.strip() or None
     for n in [int(s) for s in args.sizes.split(",") if s.strip()]:
         report["sizes"].append(run_size(n, args, backbone))
         r = report["sizes"][-1]

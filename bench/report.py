@@ -593,9 +593,10 @@ def _dedup_scale() -> list[str]:
     if d is None:
         return out
     aim = d["aim"]
+    peer = f" The peer: commit {d['peer_commit']}, searching the same index." if d.get("peer_commit") else ""
     out += [f"{d['cpu']}, {d['threads']} threads; {d['backbone']}. Small photos of 32 px with planted copies, large "
             "photos of 1024 px with four copies each (the script's docstring); the search in a process of its own, "
-            "cold (nothing kept from an earlier search). "
+            f"cold (nothing kept from an earlier search).{peer} "
             f"Aims: 100,000 photos in {aim['seconds']['100000'] / 60:.0f} minutes, 1,000,000 in "
             f"{aim['seconds']['1000000'] / 60:.0f}; at most {aim['beyond_index_gb']} GB beyond the index; recall >= "
             f"{aim['recall']} for every edit; pair precision >= {aim['pair_precision']}; no group of more than "
