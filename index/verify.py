@@ -149,14 +149,20 @@ class _Hit:
     mirror: bool
 
 
-def _window_norms(grey: np.ndarray, h: int, w: int) -> np.ndarray:
-    """The norm of every h x w window of ``grey`` less its mean, from summed-area tables: (Y x X) flattened."""
-    pad = np.pad(grey.astype(np.float64), ((1, 0), (1, 0)))
-    one, two = pad.cumsum(0).cumsum(1), (pad * pad).cumsum(0).cumsum(1)
+def _summed_areas(grey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The summed-area tables of ``grey`` and of its square, a zero row and column first: 2 x (H+1) x (W+1)."""
+    pad = np.zeros((grey.shape[0] + 1, grey.shape[1] + 1))
+    pad[1:, 1:] = grey
+    return pad.cumsum(0).cumsum(1), (pad * pad).cumsum(0).cumsum(1)
+
+
+def _window_norms(tables: tuple[np.ndarray, np.ndarray], h: int, w: int) -> np.ndarray:
+    """The norm of every h x w window less its mean, from a frame's :func:`_summed_areas`: (Y x X) flattened."""
 
     def box(t: np.ndarray) -> np.ndarray:
         return t[h:, w:] - t[:-h, w:] - t[h:, :-w] + t[:-h, :-w]  # Y x X
 
+    one, two = tables
     return np.sqrt(np.maximum(box(two) - box(one) ** 2 / (h * w), 0.0)).ravel()
 
 
@@ -181,6 +187,7 @@ def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
             templates.popitem(last=False)
         fb = frames_[big]
         grey = fb.grey.astype(np.float32)  # SIDE x SIDE
+        tables = _summed_areas(grey)  # one for every window size
         best = np.full((len(smalls), 4), -2.0, np.float32)  # S x (whole plain, whole mirrored, crop plain, mirrored)
         where = np.zeros((len(smalls), 2, 4), np.int64)  # the best crop window per mirror: x, y, w, h
         for s in SCALES:
@@ -191,7 +198,7 @@ def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
                     by_size.setdefault(size, []).append(n)
             for (w, h), group in by_size.items():
                 view = sliding_window_view(grey, (h, w))  # Y x X x h x w
-                norms = _window_norms(grey, h, w).astype(np.float32)  # W
+                norms = _window_norms(tables, h, w).astype(np.float32)  # W
                 norms[norms < FLAT * np.sqrt(h * w)] = np.inf  # a flat window matches nothing (score 0)
                 for n in group:
                     if (smalls[n], (w, h)) in templates:

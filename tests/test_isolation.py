@@ -5,6 +5,7 @@ dedup.json, slow clients (half-sent requests under a low open-files limit) and a
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import logging
 import os
@@ -203,9 +204,30 @@ def moco_serve(idx, tmp_path_factory):
         proc.wait(30)
 
 
+SERVER_HOLDS = {"01": "established", "03": "handshake", "08": "closed by the client"}  # /proc/net/tcp's st
+
+
+def _server_side(port: int) -> dict[int, str]:
+    """The server's side of each connection to ``port`` on this machine (the client's port -> its state), from the
+    kernel's table: accepted ones, those waiting in the listening queue and handshakes not yet done."""
+    held: dict[int, str] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(FileNotFoundError), open(table) as f:
+            for line in f.readlines()[1:]:
+                local, remote, state = line.split()[1:4]
+                if int(local.rsplit(":", 1)[1], 16) == port and state in SERVER_HOLDS:
+                    held[int(remote.rsplit(":", 1)[1], 16)] = SERVER_HOLDS[state]
+    return held
+
+
 def test_half_sent_requests_are_closed_and_normal_ones_answered(moco_serve):
     """200 connections that send half a request head and 20 that send nothing, under a 256 open-files limit (it
-    was: all still open after 90 s, normal requests timed out, "Too many open files" logged in a loop)."""
+    was: all still open after 90 s, normal requests timed out, "Too many open files" logged in a loop).
+
+    Judged by what the server holds: within 4 minutes no connection to it is left open on its side (a handshake
+    the kernel dropped while the listening queue was full may leave a silent client believing it is connected,
+    with nothing held for it by the server: the kernel's doing, and no cost to the server), and every answer a
+    client got is a 408."""
     port, log = moco_serve
     half: list[socket.socket] = []
     for n in range(220):
@@ -216,19 +238,25 @@ def test_half_sent_requests_are_closed_and_normal_ones_answered(moco_serve):
     try:
         r = httpx.get(f"http://127.0.0.1:{port}/api/v1/stats", timeout=60)
         assert r.status_code == 200 and r.json()["images"] > 0
-        open_ones, resets = [], 0
-        for n, s in enumerate(half):  # each one closed by the server (its 408 first, or at once to make room)
+        mine = {s.getsockname()[1]: n for n, s in enumerate(half)}
+        deadline = time.monotonic() + 240  # a handshake's last retry comes after 63 s; the timeout is 2 s
+        while (held := {p: st for p, st in _server_side(port).items() if p in mine}) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not held, ({mine[p]: st for p, st in held.items()}, log.read_text()[-3000:])
+        answered = 0
+        for s in half:  # each one closed by the server (its 408 first, or at once to make room) or never accepted
+            s.setblocking(False)
             got = b""
-            s.settimeout(120)  # one the kernel held in its accept queue waits for TCP's retransmissions first
             try:
                 while chunk := s.recv(65536):
                     got += chunk
+                answered += 1
+            except BlockingIOError:  # nothing came: the server never held it (checked above)
+                pass
             except ConnectionResetError:  # refused by the kernel when its accept queue overflowed
-                resets += 1
-            except TimeoutError:
-                open_ones.append(n)
+                answered += 1
             assert got == b"" or got.startswith(b"HTTP/1.1 408 Request Timeout"), got[:100]
-        assert not open_ones, (open_ones, f"{resets} reset", log.read_text()[-3000:])
+        assert answered >= 1
     finally:
         for s in half:
             s.close()
