@@ -136,7 +136,8 @@ def _template(f: Frame, size: tuple[int, int]) -> np.ndarray:
         t = f.grey.astype(np.float32)
     else:
         t = np.asarray(f.image.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0), np.float32)
-    return unit_patches(np.stack([t, t[:, ::-1]]))
+    u = unit_patches(t)  # h x w: mirroring keeps a patch's mean and norm
+    return np.stack([u, u[:, ::-1]])
 
 
 @dataclass(frozen=True)
