@@ -493,12 +493,6 @@ class Catalog:
             vecs[n] = np.frombuffer(p[1], np.float32)
         return out_ids, vecs
 
-    def vector_by_hash(self, content_hash: str) -> tuple[int, np.ndarray] | None:
-        """An ok row's id and vector with this content hash (a copy or a move of an embedded file)."""
-        row = self.db.execute("SELECT v.id, v.vector FROM images i JOIN vectors v ON v.id = i.id "
-                              "WHERE i.hash = ? AND i.status = 'ok' LIMIT 1", (content_hash,)).fetchone()
-        return (row[0], np.frombuffer(row[1], np.float32)) if row else None
-
     def ids_with_hashes(self, hashes: Iterable[str]) -> list[int]:
         """Ids of the live ok rows whose bytes have one of these content hashes, sorted."""
         hashes = sorted({str(h) for h in hashes})

@@ -27,10 +27,10 @@ group them: the pixel check is the guard, and it does not depend on the model. W
 photo that is a copy by pixels of :data:`~index.calibrate.CROWD` others or more: a clear sky, a gradient, a blank
 page), the photo keeps no near link, so no near group holds more than that many distinct photos.
 
-The copy score :data:`~index.verify.COPY_SCORE` (0.995) was chosen on planted copies of one split of Fashion-MNIST
-(``bench/dedup_copies.py --split choose``, 10,000 photos, with the crop proposals and the tone curve: windows refined
-from 0.85, pair precision 0.980, every re-encoded, resized, brightened and mirrored copy kept and 98.4% of the crops;
-at 0.994 precision fell to 0.963) and is reported on the other (BENCHMARKS.md; bench/NOTES.md has the table).
+The copy score :data:`~index.verify.COPY_SCORE` was chosen on planted copies of one split of Fashion-MNIST
+(``bench/dedup_copies.py --split choose``, with the crop proposals and the tone curve) and is reported on the other:
+its figures (pair precision, the copies kept of each kind, the scores tried beside it) are in BENCHMARKS.md and
+bench/NOTES.md ("Choosing the score"), which a later run updates.
 
 Each group has a stable id (its kind, its smallest member id and a digest of its member ids), a suggested keeper and
 the reason (:mod:`index.keeper`), and its members' pixels, size, date taken and age.
@@ -72,11 +72,14 @@ from moco.errors import NotFoundError, UserError
 from moco.files import atomic_write
 
 __all__ = ["find_duplicates", "search_duplicates", "Search", "load_duplicates", "save_duplicates", "write_duplicates",
-           "find_group", "tight_groups", "group_id", "verify_links", "KINDS",
+           "find_group", "tight_groups", "group_id", "verify_links", "KINDS", "EXACT", "NEAR", "SIMILAR",
            "DEFAULT_KINDS"]
 
+# The kinds of groups: the one list. `moco index dedup --kind` keeps a copy in app/cli/index.py (its parser must not
+# import torch, which this module does), held equal to this one by tests/test_dedup_kinds.py.
 KINDS = ("exact", "near", "similar")
-DEFAULT_KINDS = ("exact", "near")  # similar groups only when asked
+EXACT, NEAR, SIMILAR = KINDS
+DEFAULT_KINDS = (EXACT, NEAR)  # similar groups only when asked
 
 
 def group_id(kind: str, members: Iterable[int]) -> str:

@@ -12,7 +12,7 @@ A run's whitening (``moco train --whiten``) is fitted on, and applied to, the *m
 each photo (:func:`mirror_features`: the sum of the normalized features of the photo and of its mirror image).
 Every preset trains with random horizontal flips, so the part of a feature that changes sign under a flip is
 nuisance to the network; whitening scales every direction to unit variance, nuisance included, and removing
-that part first measured +0.7 points of kNN on two sets of three (BENCHMARKS.md, seventh round).
+that part first lifted kNN on two sets of three (BENCHMARKS.md, seventh round, has the figures).
 
 On ResNets it is also fitted on the pooled outputs of the earlier stages beside the last (:data:`STAGES`, the
 multi-layer descriptors of image retrieval): at 32 px the last stage's map is 1 x 1, and what the earlier, finer

@@ -17,6 +17,10 @@ if TYPE_CHECKING:
 
 __all__ = ["add_index"]
 
+# index.dedup.KINDS, copied: importing index.dedup imports torch, which `moco index dedup --help` must not (the two are
+# held equal by tests/test_dedup_kinds.py)
+DEDUP_KINDS = ("exact", "near", "similar")
+
 
 def add_index(sub: argparse._SubParsersAction) -> None:
     """Register `moco index ...` on the top-level subparsers."""
@@ -91,7 +95,7 @@ def add_index(sub: argparse._SubParsersAction) -> None:
                         "states); alike distinct photos are not")
     p.add_argument("--similar-threshold", type=float, default=None, metavar="F",
                    help="similar: the same, for --kind similar (default: measured on the collection)")
-    p.add_argument("--kind", action="append", choices=["exact", "near", "similar"], default=None,
+    p.add_argument("--kind", action="append", choices=DEDUP_KINDS, default=None,
                    help="the groups to list and act on (repeatable; default: exact and near)")
     p.add_argument("--group", action="append", default=None, metavar="GROUP_ID",
                    help="act on this group only (repeatable; ids from the listing)")
@@ -314,10 +318,10 @@ def cmd_dedup(args: argparse.Namespace) -> int:
 
 def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
     from index.calibrate import describe_threshold
-    from index.dedup import search_duplicates
+    from index.dedup import DEFAULT_KINDS, SIMILAR, search_duplicates
     from index.resolve.actions import select_groups
 
-    kinds = args.kind or ["exact", "near"]
+    kinds = args.kind or list(DEFAULT_KINDS)
     away = [f for f in (_check_folder(idx, f, "--exclude-folder") for f in args.exclude_folder) if f]
     found = search_duplicates(idx, args.threshold, kinds, args.similar_threshold, exclude_folders=away,
                               progress=sys.stderr.isatty() and not args.json)  # bars with time left
@@ -348,7 +352,7 @@ def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
              f"  pixel check: {plural(d.get('checked', d['proposed']), 'pair')} checked, {d.get('reused', 0)} scored "
              "by an earlier search (kept in the index folder)",
              f"  left out: {plural(d['crowded'], 'photo')} matching 10 others or more by pixels (a sky, a gradient)"]
-    if "similar" in kinds:
+    if SIMILAR in kinds:
         lines.append(f"  similar: cosine >= {d['similar_threshold']}")
     print("\n".join(lines))
     return 0

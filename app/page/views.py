@@ -18,6 +18,7 @@ from PIL import Image
 from app.page.handlers import VIEW_PX, SearchApp, score_text
 from app.page.negatives.view import NegativesView
 from index.catalog import display_path
+from index.dedup import DEFAULT_KINDS, KINDS, NEAR, SIMILAR
 from index.image_index import ImageIndex
 from moco.errors import UserError, plural
 
@@ -140,16 +141,15 @@ def groups_html(groups: list[dict[str, Any]], index: ImageIndex, start: int = 0,
                   if "loosest" in group else "")
         reason = html.escape(str(group.get("reason") or ""))
         parts.append(f'<div class="dup-group" data-group="{html.escape(str(group.get("id")))}"><h4>Group {n} of '
-                     f'{total} · {html.escape(str(group.get("kind", "near")))} · {group["size"]} photos{spread}</h4>'
+                     f'{total} · {html.escape(str(group.get("kind", NEAR)))} · {group["size"]} photos{spread}</h4>'
                      f'<p class="dup-why">keep <code>{html.escape(display_path(str(group.get("keep"))))}</code>: '
                      f'{reason} · id <code>{html.escape(str(group.get("id")))}</code></p>'
                      f'<div class="dup-thumbs">{"".join(figures)}</div></div>')
     return "".join(parts)
 
 
-# The Collection tab's kind filter: its label -> the kinds it shows.
-KIND_CHOICES = {"exact and near": ("exact", "near"), "exact": ("exact",), "near": ("near",), "similar": ("similar",),
-                "all kinds": ("exact", "near", "similar")}
+# The Collection tab's kind filter: its label -> the kinds it shows (index.dedup.KINDS, one by one and together).
+KIND_CHOICES = {"exact and near": DEFAULT_KINDS, **{kind: (kind,) for kind in KINDS}, "all kinds": KINDS}
 
 
 def review_outputs(app: SearchApp, kind: str, offset: int, gid: str | None = None, message: str = "") -> tuple:
@@ -159,7 +159,7 @@ def review_outputs(app: SearchApp, kind: str, offset: int, gid: str | None = Non
     group to choose a keeper of (default: the page's first)."""
     import gradio as gr
 
-    kinds = KIND_CHOICES.get(kind or "exact and near", ("exact", "near"))
+    kinds = KIND_CHOICES.get(kind or "exact and near", DEFAULT_KINDS)
     index = app.ready_index()
     if app.duplicates.saved() is None:
         empty, off = gr.update(choices=[], value=None), gr.update(interactive=False)
@@ -185,7 +185,7 @@ def review_outputs(app: SearchApp, kind: str, offset: int, gid: str | None = Non
                                             if moved
                                             else "Undo moves"),
             gr.update(interactive=group is not None), gr.update(interactive=group is not None),
-            gr.update(interactive=bool(page.groups) and not set(kinds) & {"similar"}), gr.update(interactive=False))
+            gr.update(interactive=bool(page.groups) and SIMILAR not in kinds), gr.update(interactive=False))
 
 
 def outcome_text(out: Any) -> str:

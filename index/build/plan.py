@@ -44,7 +44,6 @@ class Plan:
     copies: list[tuple[int, str, Stat, str, int]] = field(default_factory=list)  # id, path, stat, hash, source id
     gone: list[int] = field(default_factory=list)
     unchanged: int = 0
-    retried: int = 0  # files in error whose size/mtime changed: tried again
     stats: dict[str, Stat] = field(default_factory=dict)
     unsupported: dict[str, int] = field(default_factory=dict)  # extension -> files not read: its package is missing
     excluded: int = 0  # files and folders left out by the --exclude patterns
@@ -140,7 +139,6 @@ def make_plan(root: Path, catalog: Catalog, workers: int = 4, exclude: Sequence[
         if row.status == "ok" and h is not None and h == row.hash:  # also a deleted file that came back
             plan.touch.append((row.id, st))
         else:
-            plan.retried += row.status == "error"
             reembed.append((row.id, row.path))
     fresh: list[str] = []
     for name in new_paths:

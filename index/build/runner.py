@@ -80,7 +80,6 @@ def _retry_our_failures(catalog: Catalog, plan: Plan) -> None:
         logger.info("trying %d files again that an earlier run could not index for a reason of its own", len(again))
         plan.embed = sorted(plan.embed + again, key=lambda t: t[1])
         plan.unchanged -= len(again)
-        plan.retried += len(again)
 
 
 def _reembed_older_vectors(catalog: Catalog, plan: Plan, cmeta: dict[str, Any]) -> None:

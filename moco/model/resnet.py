@@ -4,8 +4,8 @@ state-dict keys and initialization, so a torchvision checkpoint loads as it is a
 weights (tests/test_resnet.py holds both, and equal outputs).
 
 It is our own module rather than ``torchvision.models`` because importing torchvision imports ``torch._dynamo``
-(through its detection ops), about 1.2 CPU-seconds that every command embedding one photo paid (``moco index
-search``); nothing here imports more than torch.
+(through its detection ops), a cost that every command embedding one photo paid (``moco index search``; the
+time: BENCHMARKS.md); nothing here imports more than torch.
 """
 
 from __future__ import annotations

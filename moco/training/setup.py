@@ -194,7 +194,8 @@ def safe_precision(cfg: TrainConfig, device: torch.device, precision: str) -> st
 
 
 def channels_last_for(cfg: TrainConfig) -> bool:
-    """channels_last for CNNs unless asked otherwise: faster on GPUs, 1.2-1.7x per step here (bench/layout.py)."""
+    """channels_last for CNNs unless asked otherwise: faster on GPUs (bench/layout.py; its figures: BENCHMARKS.md,
+    "Memory layout")."""
     return not is_vit(cfg.arch) and cfg.memory_format != "contiguous"
 
 

@@ -49,11 +49,6 @@ class Negative:
     keys_of_photo: int = 1  # keys of this photo among all K negatives (the queue can hold several)
     key_number: int = 1  # 1 for the first shown key of this photo, 2 for the second...
 
-    @property
-    def suspicious(self) -> bool:
-        """Whether there is evidence that this negative is a false negative (compatibility with ``reason``)."""
-        return bool(self.reason)
-
 
 @dataclass
 class NegativesView:
