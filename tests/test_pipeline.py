@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from app.cli.commands import main
-from app.run.pipeline import collection_dir, training_overrides
+from app.run.pipeline import collection_dir, run_settings
 from index.image_index import ImageIndex
 from moco.data.sample import make_sample_collection
 
@@ -56,9 +56,10 @@ def test_each_photo_folder_gets_its_own_directory(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("n", [16, 31, 60, 64, 100, 300, 5000])
-def test_run_picks_a_batch_its_bn_groups_suit(sample_photos, n):
+def test_run_picks_a_batch_its_bn_groups_suit(n):
     """Shuffle BN over at least 2 groups, of 16 images where the batch allows (never a setting it warns about)."""
-    o = training_overrides(sample_photos, n, cuda=False, minutes=None, init=None)
+    preset, o = run_settings(n, cuda=False, minutes=None)
+    assert preset == "cpu" and o["time_budget"] == 10.0
     batch, splits = o["batch_size"], o["bn_splits"]
     assert 16 <= batch <= n and splits >= 2 and batch % splits == 0
     assert batch // splits == (16 if batch >= 32 else batch // 2)

@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,9 +36,10 @@ from app.run.status import RunStatus
 from moco.errors import UserError
 
 if TYPE_CHECKING:
-    from moco.weights.layouts import SplitCheckpoint
+    from moco.data.photos import Scan
+    from moco.training.command import TrainPlan
 
-__all__ = ["collection_dir", "run_pipeline", "training_overrides"]
+__all__ = ["RunPlan", "collection_dir", "run_pipeline", "run_settings", "training_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,62 +67,76 @@ def collection_dir(work: str | Path, photos: str | Path | None) -> Path:
     return work / f"{name}-{hashlib.sha256(os.fsencode(folder)).hexdigest()[:8]}"
 
 
-def training_overrides(photos: Path, n_images: int, cuda: bool, minutes: float | None,
-                       init: SplitCheckpoint | None, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Training settings suited to the machine and the photos.
+@dataclass
+class RunPlan:
+    """What one `moco run` is asked to do (:func:`run_pipeline`'s arguments): ``photos`` (None: the sample), ``work``
+    (WORK: every folder's directory is in it), the model given (``checkpoint`` used as is, or ``init`` trained
+    from: a file or an official name), ``minutes`` (the time budget), ``train_overrides`` (config fields, winning
+    over the run's choices), ``pretrained`` (the official model used when none is given), ``progress`` (bars),
+    ``exclude`` (the ``--exclude`` patterns)."""
+
+    photos: str | Path | None
+    work: Path
+    checkpoint: str | Path | None = None
+    init: str | Path | None = None
+    minutes: float | None = None
+    train_overrides: dict[str, Any] = field(default_factory=dict)
+    pretrained: str | None = None
+    progress: bool = True
+    exclude: tuple[str, ...] = ()
+
+
+def run_settings(n_images: int, cuda: bool, minutes: float | None) -> tuple[str, dict[str, Any]]:
+    """The preset and the config fields `moco run` sets for the machine and a collection of ``n_images`` photos.
 
     GPU: the full MoCo v2 recipe (ResNet-50, 224 px, batch 256, 200 epochs) unless ``minutes`` caps it.
-    CPU: the ``cpu`` preset (the short-run recipe, its network) under a time budget, its crop fitted to the
-    photos (``cpu_image_size``); batch and queue shrink for a small collection (the batch to about half of it,
-    16 at least), and Shuffle BN keeps 16 images per batch-norm group where the batch allows, 2 groups of
-    batch / 2 below 32 (a smaller collection has no larger batch to give). With ``init`` (the ``--init``
-    checkpoint, read once) the architecture and what else it fixes come from it. ``exclude``: the ``--exclude``
-    patterns, never read (the crop is fitted to the photos trained on); they go into the config.
+    CPU: the ``cpu`` preset (the short-run recipe, its network) under a time budget; batch and queue shrink for a
+    small collection (the batch to about half of it, 16 at least), and Shuffle BN keeps 16 images per batch-norm
+    group where the batch allows, 2 groups of batch / 2 below 32 (a smaller collection has no larger batch to give).
     """
-    from moco.config import PRESETS, cpu_image_size
-    from moco.data.photos import short_sides
+    from moco.config import PRESETS
 
-    out: dict[str, Any] = {"preset": "v2", **({"exclude": tuple(exclude)} if exclude else {})}
-    if init is not None:
-        from moco.weights.arch import detect_arch
-        from moco.weights.layouts import init_settings
-
-        guess = detect_arch(init)  # the model must match the weights it starts from
-        out.update(arch=guess.arch, small_stem=guess.small_stem, **init_settings(init, guess.arch))
     if cuda:
-        if minutes:
-            out["time_budget"] = float(minutes)
-        return out
-    out["preset"] = "cpu"
-    out["image_size"] = cpu_image_size(short_sides(photos, exclude=exclude))
-    if init is not None and out["small_stem"]:
-        out["image_size"] = min(out["image_size"], guess.image_size)
+        return "v2", ({"time_budget": float(minutes)} if minutes else {})
     batch = min(PRESETS["cpu"]["batch_size"], max(16, 2 ** int(math.log2(max(2, n_images // 2)))))
     splits = min(8, max(2, batch // 16))  # Shuffle BN over at least 2 groups, of 16 images where the batch allows
     queue = min(PRESETS["cpu"]["queue_size"], max(batch, 2 ** int(math.log2(max(2, n_images)))))
-    out.update(batch_size=batch, bn_splits=splits, queue_size=queue, time_budget=float(minutes or CPU_MINUTES))
-    return out
+    return "cpu", {"batch_size": batch, "bn_splits": splits, "queue_size": queue,
+                   "time_budget": float(minutes or CPU_MINUTES)}
 
 
-def _train(photos: Path, run_dir: Path, init: tuple[str, Path] | None, minutes: float | None,
-           extra: dict[str, Any], say: Callable[[str], None], progress: bool, status: RunStatus | None = None,
-           exclude: tuple[str, ...] = ()) -> Path:
-    """Train on ``photos`` into ``run_dir`` (or resume the run there). ``init``: what the run starts from, as given
-    (a file or an official name) and its file (the name resolved by the caller), read here once."""
+def training_plan(scan: Scan, cuda: bool, minutes: float | None, init: str | None = None,
+                  extra: dict[str, Any] | None = None, exclude: tuple[str, ...] = ()) -> TrainPlan:
+    """`moco run`'s training settings for the photos of ``scan`` (the run's one listing of its folder): the fields of
+    :func:`run_settings`, then ``extra`` (``train_overrides``), worked out as `moco train` works out its flags
+    (:func:`moco.training.command.plan_training`): the cpu preset's crop fitted to the photos, and with ``init``
+    (the ``--init`` file or name, read there once) the architecture and what else it fixes taken from it.
+    ``exclude``: the ``--exclude`` patterns, never read; they go into the config."""
+    from moco.training.command import plan_training
+
+    preset, chosen = run_settings(len(scan.files), cuda, minutes)
+    given = {**({"init": init} if init else {}), **({"exclude": tuple(exclude)} if exclude else {}), **chosen,
+             **(extra or {})}
+    return plan_training(scan, given, preset)
+
+
+def _train(photos: Path, scan: Scan, run_dir: Path, plan: RunPlan, say: Callable[[str], None],
+           status: RunStatus | None = None) -> Path:
+    """Train on ``photos`` (listed once: ``scan``) into ``run_dir``, or resume the run there (its checkpoint read
+    once here for where it stands and its config). ``plan.init``: what a new run starts from, as given (a file, or
+    an official name the caller fetched), read once (:func:`training_plan`)."""
     import torch
 
     from moco.config import resolve_config
-    from moco.data.photos import scan_photos
     from moco.training.checkpoints import resume_config, run_end, run_state
     from moco.training.loop import train
-    from moco.weights.layouts import load_checkpoint, read_checkpoint
+    from moco.weights.layouts import load_checkpoint
 
     ckpt_path = run_dir / "checkpoint.pt"
     if ckpt_path.is_file():
         ckpt = load_checkpoint(ckpt_path)
         step, total, state = int(ckpt.get("step", 0)), int(ckpt.get("total_steps") or 0), run_state(ckpt)
         end = run_end(ckpt)  # "600/600 steps", or where its time budget stopped it
-        del ckpt
         if state == "done":
             say(f"training: done earlier ({end}), reusing {ckpt_path}")
             return ckpt_path
@@ -128,22 +144,22 @@ def _train(photos: Path, run_dir: Path, init: tuple[str, Path] | None, minutes: 
             say("training: finished earlier but its whitening was not fitted (interrupted): fitting it now")
         else:
             say(f"training: resuming {ckpt_path} at step {step}/{total}")
-        cfg = resume_config(run_dir, {"data_dir": str(photos)})
-        _stop_on_signal(train(cfg, resume=True, progress=progress), ckpt_path, say)
+        cfg = resume_config(run_dir, {"data_dir": str(photos)}, ckpt)
+        del ckpt
+        _stop_on_signal(train(cfg, resume=True, progress=plan.progress), ckpt_path, say)
         return ckpt_path
-    n = len(scan_photos(photos, exclude).files)
+    n = len(scan.files)
     if status is not None:
         status.photos_found = n
     if n < 16:
         raise UserError(f"{photos} has {n} photos: MoCo needs at least 16 to train; give more photos, or "
                         "CHECKPOINT=... (a pretrained model: no training)")
-    weights = read_checkpoint(init[1]) if init else None
-    chosen = training_overrides(photos, n, torch.cuda.is_available(), minutes, weights, exclude)
-    preset = chosen.pop("preset")
-    overrides = {**({"init": init[0]} if init else {}), **chosen, **extra}
-    say(f"training: MoCo {preset} on {n} photos ({', '.join(f'{k}={v}' for k, v in overrides.items())})")
-    cfg = resolve_config(preset, data_dir=str(photos), out=str(run_dir), **overrides)
-    summary = train(cfg, progress=progress, init=weights)
+    chosen = training_plan(scan, torch.cuda.is_available(), plan.minutes, str(plan.init) if plan.init else None,
+                           plan.train_overrides, plan.exclude)
+    overrides = chosen.overrides
+    say(f"training: MoCo {chosen.preset} on {n} photos ({', '.join(f'{k}={v}' for k, v in overrides.items())})")
+    cfg = resolve_config(chosen.preset, data_dir=str(photos), out=str(run_dir), **overrides)
+    summary = train(cfg, progress=plan.progress, init=chosen.init)
     if summary["skipped"]:
         say(f"training: on {summary['images']} of the {n} photos, {summary['skipped']} skipped as unreadable (listed "
             f"in {run_dir / 'skipped.txt'})")
@@ -277,8 +293,9 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
         undo = make_dirs(own)
         with contextlib.nullcontext() if locked else lock_dir(own, "--work"):
             try:
-                return _run(photos, work, checkpoint, init, minutes, train_overrides, tell, progress, pretrained,
-                            status, tuple(exclude))
+                plan = RunPlan(photos, Path(work), checkpoint, init, minutes, dict(train_overrides or {}),
+                               pretrained, progress, tuple(exclude))
+                return _run(plan, tell, status)
             except BaseException:
                 if not any((own / name).exists() for name in KEPT):  # failed before writing what a rerun reuses:
                     undo()  # what this run created goes (the generated sample, an empty WORK ...), nothing else
@@ -288,12 +305,13 @@ def run_pipeline(photos: str | Path | None, work: str | Path, checkpoint: str | 
         raise
 
 
-def _run(photos: str | Path | None, work: str | Path, checkpoint: str | Path | None, init: str | Path | None,
-         minutes: float | None, train_overrides: dict | None, say: Callable[[str], None], progress: bool,
-         pretrained: str | None, status: RunStatus, exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+def _run(plan: RunPlan, say: Callable[[str], None], status: RunStatus) -> dict[str, Any]:
+    """:func:`run_pipeline`'s work, its directory locked: the photo folder listed once, that listing passed along."""
+    photos, checkpoint, init, pretrained, progress = (plan.photos, plan.checkpoint, plan.init, plan.pretrained,
+                                                      plan.progress)
     if checkpoint and init:
         raise UserError("give CHECKPOINT (use it as is) or INIT (continue training from it), not both")
-    root = Path(work)
+    root = plan.work
     work = collection_dir(root, photos)  # this folder's own: its run, backbone and index
     status.run_dir = work / "run"
     status.stage("photos", "generating a sample collection" if photos is None else str(photos))
@@ -311,7 +329,7 @@ def _run(photos: str | Path | None, work: str | Path, checkpoint: str | Path | N
     _say_where(root, work, photos, say)
     from moco.data.photos import scan_photos
 
-    scan = scan_photos(photos, exclude)  # the photos' folders listed, no photo read
+    scan = scan_photos(photos, plan.exclude)  # the photos' folders listed, no photo read: once a run
     status.unsupported, status.excluded = scan.unsupported_counts(), scan.excluded
     for note in scan.notes():
         say(f"photos: {note}")
@@ -335,12 +353,11 @@ def _run(photos: str | Path | None, work: str | Path, checkpoint: str | Path | N
         say(f"training: skipped, using {source}{hint}")
     else:
         status.stage("training", str(work / "run"))
-        source = _train(photos, work / "run", (str(init), resolve(init)) if init else None, minutes,
-                        train_overrides or {}, say, progress, status, exclude)
+        source = _train(photos, scan, work / "run", plan, say, status)
     status.stage("export", str(work / "backbone.safetensors"))
     backbone = _export(source, work / "backbone.safetensors", say)
     status.stage("indexing", str(work / "index"))
-    summary = _index(photos, backbone, work / "index", say, progress, exclude)
+    summary = _index(photos, backbone, work / "index", say, progress, plan.exclude)
     status.index_path, status.index_ready = work / "index", True
     status.stage("ready", str(work / "index"))
     return {"photos": photos, "checkpoint": source, "trained": not checkpoint, "backbone": backbone,

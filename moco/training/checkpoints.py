@@ -72,9 +72,11 @@ def run_end(ckpt: dict[str, Any]) -> str:
     return f"{step}/{total} steps"
 
 
-def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
-    """The config saved in ``run_dir/checkpoint.pt`` with ``overrides`` of the fields that may change."""
-    saved = from_plain(load_checkpoint(Path(run_dir) / "checkpoint.pt")["config"])
+def resume_config(run_dir: str | Path, overrides: dict[str, Any] | None = None,
+                  ckpt: dict[str, Any] | None = None) -> TrainConfig:
+    """The config saved in ``run_dir/checkpoint.pt`` with ``overrides`` of the fields that may change. ``ckpt``: that
+    checkpoint as the caller read it (:func:`moco.weights.layouts.load_checkpoint`); None: read here."""
+    saved = from_plain((ckpt if ckpt is not None else load_checkpoint(Path(run_dir) / "checkpoint.pt"))["config"])
     saved.out = str(run_dir)
     for name, value in (overrides or {}).items():
         if name == "data_dir" and value and Path(value).resolve() != Path(saved.data_dir).resolve():

@@ -9,14 +9,19 @@ import argparse
 import logging
 import os
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from moco.config import is_vit
 from moco.errors import UserError
 
-__all__ = ["DESCRIPTION", "add_train_arguments", "summary_line", "train_from_args", "main"]
+if TYPE_CHECKING:
+    from moco.data.photos import Scan
+    from moco.weights.layouts import SplitCheckpoint
+
+__all__ = ["DESCRIPTION", "TrainPlan", "add_train_arguments", "plan_training", "summary_line", "train_from_args",
+           "main"]
 
 logger = logging.getLogger(__name__)
 
@@ -79,25 +84,88 @@ def summary_line(summary: dict[str, Any], run_dir: Path) -> str:
     )
 
 
+@dataclass
+class TrainPlan:
+    """A new run's settings: its ``preset``, the config fields it sets (``overrides``, for
+    :func:`moco.config.resolve_config`), the ``--init`` checkpoint read once (None: none) and ``notes``, lines about
+    a default chosen for the flags' user (`moco train` logs them)."""
+
+    preset: str
+    overrides: dict[str, Any]
+    init: SplitCheckpoint | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def plan_training(photos: str | Path | Scan, given: dict[str, Any], preset: str | None = None) -> TrainPlan:
+    """The settings of a new run on ``photos`` (its folder, listed only if the crop is fitted to it, or its
+    :class:`~moco.data.photos.Scan`, made once by the caller) from the config fields a command sets (``given``: its
+    flags; they win) and its ``preset`` (None: :func:`moco.config.default_preset`), for `moco train` and `moco run`.
+
+    The cpu preset's crop is fitted to the photos (:func:`moco.config.cpu_image_size`) unless ``given`` sets it or
+    names a ViT. ``given["init"]`` (a file or an official name) is read here, once: unless ``given`` sets ``arch``,
+    the architecture and stem are those of its weights (:func:`moco.weights.arch.detect_arch`), a small stem's crop
+    no larger than theirs; what else it fixes comes from it (:func:`moco.weights.layouts.init_settings`).
+    ``overrides`` lists ``init`` and ``exclude`` first, then what the weights fix, the crop, the rest of ``given``.
+    """
+    from moco.config import PRESETS, TrainConfig, cpu_image_size, default_preset
+
+    notes = []
+    if not preset:
+        preset = default_preset(given.get("time_budget", 0.0), given.get("device", "auto"))
+        if preset == "cpu":
+            notes.append("a time budget on a CPU: the cpu preset (short-run recipe; --preset v2 for the paper's)")
+    out: dict[str, Any] = {name: given[name] for name in ("init", "exclude") if name in given}
+    size = None
+    if preset == "cpu" and "image_size" not in given and not is_vit(given.get("arch", "")):
+        size = cpu_image_size(_short_sides(photos, given.get("exclude", ())))
+        if size != PRESETS["cpu"]["image_size"]:
+            notes.append(f"small photos: the cpu preset trains at {size} px, their own size (--image-size to choose)")
+    init = None
+    if given.get("init"):
+        from moco.weights.layouts import init_settings, read_checkpoint
+        from moco.weights.pretrained import resolve
+
+        init = read_checkpoint(resolve(given["init"]))
+        arch = given.get("arch", TrainConfig.arch)
+        if "arch" not in given:  # the model must match the weights it starts from
+            from moco.weights.arch import detect_arch
+
+            guess = detect_arch(init)
+            arch = out["arch"] = guess.arch
+            out["small_stem"] = guess.small_stem
+            if size is not None and guess.small_stem:
+                size = min(size, guess.image_size)
+        out.update(init_settings(init, arch))  # the flags win; a mismatch is refused as the weights load
+    if size is not None:
+        out["image_size"] = size
+    out.update(given)
+    return TrainPlan(preset, out, init, notes)
+
+
+def _short_sides(photos: str | Path | Scan, exclude: tuple[str, ...] | list[str], limit: int = 200) -> list[int]:
+    """The shorter side in pixels of up to ``limit`` photos spread over the collection, from their headers only
+    (:func:`moco.data.photos.short_sides` on a scan already made); unreadable files are left out."""
+    from moco.data.photos import ImageDecodeError, photo_info, scan_photos
+
+    scan = scan_photos(photos, exclude) if isinstance(photos, str | Path) else photos
+    names = scan.files
+    sides = []
+    for name in names[:: max(1, len(names) // limit)][:limit]:
+        try:
+            sides.append(min(photo_info(scan.root / name).size))  # the header only
+        except ImageDecodeError:  # unreadable files are reported by training itself
+            continue
+    return sides
+
+
 def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Resolve the config (preset <- --config file <- flags, or the checkpoint's on --resume) and train; returns
-    train()'s summary. An ``--init`` checkpoint (or official name, fetched once) is read here, once: what it fixes
-    goes into the config (:func:`moco.weights.layouts.init_settings`) and the weights are handed to train()."""
-    from moco.config import (
-        PRESETS,
-        TrainConfig,
-        config_overrides,
-        cpu_image_size,
-        default_preset,
-        load_config_file,
-        resolve_config,
-    )
-    from moco.data.photos import short_sides
+    train()'s summary. A new run's settings come from :func:`plan_training` (as `moco run`'s do): an ``--init``
+    checkpoint (or official name, fetched once) is read there, once, and its weights handed to train()."""
+    from moco.config import config_overrides, load_config_file, resolve_config
     from moco.training.checkpoints import resume_config
     from moco.training.loop import train
     from moco.training.setup import bn_splits_for, warn_small_bn_groups
-    from moco.weights.layouts import init_settings, read_checkpoint
-    from moco.weights.pretrained import resolve
 
     from_file = load_config_file(args.config) if args.config else {}
     data_dir = args.data_dir or from_file.get("data_dir", "")  # DATA_DIR overrides the file's, as any flag does
@@ -121,20 +189,11 @@ def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
             raise UserError(
                 f"{run_dir} already holds a training run: add --resume to continue it, or choose another --out"
             )
-        if not preset:
-            preset = default_preset(overrides.get("time_budget", 0.0), overrides.get("device", "auto"))
-            if preset == "cpu":
-                logger.info("a time budget on a CPU: the cpu preset (short-run recipe; --preset v2 for the paper's)")
-        if preset == "cpu" and "image_size" not in overrides and not is_vit(overrides.get("arch", "")):
-            overrides["image_size"] = cpu_image_size(short_sides(data_dir, exclude=overrides.get("exclude", ())))
-            if overrides["image_size"] != PRESETS["cpu"]["image_size"]:
-                logger.info("small photos: the cpu preset trains at %d px, their own size (--image-size to choose)",
-                            overrides["image_size"])
-        if overrides.get("init"):
-            init = read_checkpoint(resolve(overrides["init"]))
-            for name, value in init_settings(init, overrides.get("arch", TrainConfig.arch)).items():
-                overrides.setdefault(name, value)  # the flags win; a mismatch is refused as the weights load
-        cfg = resolve_config(preset, data_dir=data_dir, out=args.out, **overrides)
+        plan = plan_training(data_dir, overrides, preset)
+        for note in plan.notes:
+            logger.info(note)
+        init = plan.init
+        cfg = resolve_config(plan.preset, data_dir=data_dir, out=args.out, **plan.overrides)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if int(os.environ.get("RANK", "0")) == 0 and cfg.bn_splits >= 0:  # the flags' user is told, not train()'s callers
         warn_small_bn_groups(replace(cfg, bn_splits=bn_splits_for(cfg, world)), world, cfg.head == "v3" and world > 1)
