@@ -30,7 +30,7 @@ import hashlib
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +40,8 @@ from index import verify
 from index.verify import SIDE, Frame, frames
 from moco.files import atomic_write
 
-__all__ = ["FrameFile", "CheckedPairs", "photo_version", "check_settings", "FRAMES_FILE", "CHECKED_FILE"]
+__all__ = ["FrameFile", "CheckedPairs", "photo_version", "check_settings", "FRAMES_FILE", "CHECKED_FILE", "kept_frames",
+           "kept_scores"]
 
 logger = logging.getLogger(__name__)
 
@@ -294,3 +295,23 @@ class CheckedPairs:
         pairs = np.array(list(scores), np.int64).reshape(-1, 2)
         keys = (pairs[:, 0] << 32) | pairs[:, 1]
         self._file.append(self._records(keys, np.array(list(scores.values()), np.float64)))
+
+
+def kept_frames(path: Path, ids: Iterable[int]) -> dict[int, Frame]:
+    """The frames a frames file holds for ``ids`` (the last record of each, whatever its version): for benches that
+    check again what a search checked."""
+    frames = FrameFile(path)
+    total, wanted, where = frames._file.records(), set(ids), {}
+    for start in range(0, total, 4096):
+        for n, i in enumerate(frames._file.read(start, 4096, ["id"])["id"].tolist()):
+            if i in wanted:
+                where[i] = start + n
+    frames._where = where
+    return {i: frames[i] for i in where}
+
+
+def kept_scores(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Every pair a checked-pairs file holds (P x 2, a < b) and its score (P), whatever the photos' versions."""
+    file = _RecordFile(path, b"MOCOCHK1", check_settings(), _PAIR)
+    rec = file.read(0, file.records())
+    return np.stack([rec["a"], rec["b"]], axis=1).astype(np.int64), rec["score"].astype(np.float64)

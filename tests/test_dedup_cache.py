@@ -178,3 +178,23 @@ def test_a_search_killed_in_the_pixel_check_goes_on_from_where_it_stopped(backbo
     whole = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
     assert [g["id"] for g in again.groups] == [g["id"] for g in whole.groups]
     assert dedup.CHECK_BLOCK == 32768  # the subprocess's setting stayed there
+
+
+def test_the_pixel_check_bench_scores_kept_pairs_again_and_agrees_with_itself(tmp_path, capsys):
+    """bench/pixel_check_ab.py on a folder of kept work (frames and scored pairs written here), this tree as its
+    own peer: every pair scored again, the kept scores found again, no pair changing side."""
+    from bench.pixel_check_ab import main
+
+    pics = _pictures(10, seed=4)
+    pics[10] = ImageEnhance.Brightness(pics[0]).enhance(1.15)  # a copy: one pair a copy, the rest not
+    for i, img in pics.items():
+        img.save(tmp_path / f"{i}.png")
+    versions = {i: 7 for i in pics}
+    frames = FrameFile(tmp_path / FRAMES_FILE).update({i: (7, tmp_path / f"{i}.png") for i in pics}, lambda i: None)
+    pairs = [(a, b) for a in range(11) for b in range(a + 1, 11) if (a + b) % 3 == 0 or (a, b) == (0, 10)]
+    kept = copy_scores(pairs, frames)
+    CheckedPairs(tmp_path / CHECKED_FILE, versions).add(kept)
+    out = main(["--index", str(tmp_path), "--peer", str(Path(__file__).resolve().parents[1]), "--rounds", "1"])
+    assert out["pairs"] == len(pairs) and out["changed_side"] == 0 and out["max_score_difference"] == 0.0
+    assert out["copies"]["this"] == sum(s >= 0.995 for s in kept.values()) >= 1
+    assert "changed side" in capsys.readouterr().out
