@@ -94,7 +94,7 @@ class ImageIndex:
         self.dir = Path(index_dir)
         self.use_gpu = use_gpu
         self._lock = threading.Lock()
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int] | None = None
         self.meta: dict[str, Any] = {}
         self.space: Whitening | None = None  # the index's space (centred, whitened); None for an uncentred index
         self.catalog = Catalog(self.dir / CATALOG_FILE)
@@ -167,6 +167,11 @@ class ImageIndex:
             return True
 
     # ------------------------------------------------------------------------------ properties
+    @property
+    def stamp(self) -> tuple[int, int, int] | None:
+        """What changes when ``moco index update`` replaces the files: a key for what is computed from them."""
+        return self._stamp
+
     @property
     def root(self) -> Path:
         """The collection root the catalog's paths are relative to."""

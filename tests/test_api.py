@@ -104,10 +104,10 @@ def test_the_page_search_goes_through_the_batcher_and_equals_the_handler(server,
 
     url, app, service = server
     q = _query(sample_photos)
-    before = len(service.batcher.batch_sizes)
+    before = len(service.search.batcher.batch_sizes)
     client = Client(url, auth=AUTH, verbose=False, download_files=False)
     gallery, info, *_ = client.predict(handle_file(str(q)), 6, "", api_name="/search")
-    assert len(service.batcher.batch_sizes) == before + 1  # the page's Search ran as a batch of the service
+    assert len(service.search.batcher.batch_sizes) == before + 1  # the page's Search ran as a batch of the service
     want, want_info, _ = app.search(str(q), k=6)  # the handler, unbatched
     assert "6 results" in info and "6 results" in want_info
     assert [g["caption"] for g in gallery] == [caption for _, caption in want]  # ranks, names, scores
@@ -204,6 +204,32 @@ def test_pages_and_folders(http, sample_photos):
     assert only["results"] and all(h["path"].startswith(family + "/") for h in only["results"])
     assert only["folder"] == family
     assert family in http.get("/stats").json()["folders"]
+
+
+def test_an_api_search_checks_once_and_never_goes_through_the_page(http, server, sample_photos, monkeypatch):
+    """Each search route checks its values once (one refresh of the index, one scope) and answers from the search
+    room: no method of the page's SearchApp runs (it was: the page's private _query, twice, and three refreshes)."""
+    _, app, service = server
+    index = app.ready_index()
+    counts = {"refresh": 0, "check": 0, "page": 0}
+
+    def counted(name, real):
+        def call(*args, **kwargs):
+            counts[name] += 1
+            return real(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(index, "refresh", counted("refresh", index.refresh))
+    monkeypatch.setattr(service.search.searcher, "check", counted("check", service.search.searcher.check))
+    for name in ("search", "from_vector", "search_with", "rerun", "upload_twins", "folders"):
+        monkeypatch.setattr(app, name, counted("page", getattr(app, name)))
+    q = _query(sample_photos)
+    one = http.post("/search/base64", json={"image_base64": base64.b64encode(q.read_bytes()).decode(), "k": 5})
+    some_id = one.json()["results"][0]["id"]
+    two = http.get(f"/photos/{some_id}/similar", params={"k": 5})
+    three = http.post("/search/multi", json={"ids": [some_id], "k": 5})
+    assert [r.status_code for r in (one, two, three)] == [200, 200, 200]
+    assert counts == {"refresh": 3, "check": 3, "page": 0}, counts
 
 
 # ---------------------------------------------------------------------------------------------- errors

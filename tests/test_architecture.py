@@ -21,7 +21,8 @@ ROOMS = {
     "index": {"index.trailer": 0, "index.catalog": 0, "index.query": 0, "index.verify": 0, "index.store": 1,
               "index.calibrate": 1, "index.keeper": 1, "index.dedup_cache": 1, "index.index_dir": 2, "index.propose": 2,
               "index.overview": 3, "index.image_index": 4, "index.dedup": 5, "index.build": 6, "index.resolve": 7},
-    "app": {"app.run": 0, "app.page": 1, "app.guard": 2, "app.api": 3, "app.server": 4, "app.cli": 5},
+    "app": {"app.run": 0, "app.search": 0, "app.page": 1, "app.guard": 1, "app.api": 2, "app.server": 3,
+            "app.cli": 4},
 }
 TOP_MODULES = 12  # at most this many modules beside the stages at the top of moco/ and app/
 

@@ -1,4 +1,4 @@
-"""The micro-batcher (app.api.batcher): batch forming, the window, admission and errors, with deterministic inputs
+"""The micro-batcher (app.search.batcher): batch forming, the window, admission and errors, with deterministic inputs
 (no wall-clock asserts), and batched results against one-at-a-time numpy brute force."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 
-from app.api.batcher import Batcher, Overloaded
+from app.search.batcher import Batcher, Overloaded
 
 
 def _doubler(sizes: list[int]):

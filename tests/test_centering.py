@@ -195,7 +195,8 @@ def test_page_marks_weak_matches_by_the_collections_threshold(built, sample_phot
         assert [" · weak match" in caption for _, caption in gallery] == weak
         assert ("no close match in the collection" in info) == weak[0]
     vector = app.embedder.embed(str(next(sample_photos.rglob("*.jpg"))))  # 1 x D
-    own = float(app.search_vectors(vector, k=1, folder="").scores[0, 0])  # the page's ranking, itself not left out
+    scope = app.searcher.check(1, "")
+    own = float(app.searcher.search(scope, vector).scores[0, 0])  # the page's ranking, itself not left out
     assert own == pytest.approx(1.0, abs=1e-5) and own >= idx.weak_below  # a photo of the collection finds itself
 
 

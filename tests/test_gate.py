@@ -9,9 +9,9 @@ import threading
 import httpx
 import pytest
 
-from app.api.batcher import Overloaded
 from app.api.gate import Gate
 from app.guard.access import ApiSettings
+from app.search.batcher import Overloaded
 from app.server.launch import serve
 
 from .live import free_port

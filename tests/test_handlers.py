@@ -14,8 +14,9 @@ import pytest
 from PIL import Image
 
 import app.page.handlers as handlers
-from app.page.handlers import ALL_FOLDERS, SearchApp, score_text
-from app.page.uploads import MAX_UPLOAD_MB, read_upload
+from app.page.handlers import SearchApp, score_text
+from app.search.scope import ALL_FOLDERS
+from app.search.uploads import MAX_UPLOAD_MB, read_upload
 from index.build.plan import file_hash
 from index.build.runner import build_index
 from index.image_index import ImageIndex

@@ -76,10 +76,10 @@ def test_a_poisoned_search_fails_alone_among_concurrent_ones(server, idx):
     bad = {2**63: 400, 2**64: 400, 10**12: 404, -1: 400}
     asked = good[:12] + list(bad) + good[12:]
     alone = {i: httpx.get(f"{url}/photos/{i}/similar", params={"k": 4}, timeout=60).json() for i in set(good)}
-    before = len(service.batcher.batch_sizes)
+    before = len(service.search.batcher.batch_sizes)
     with httpx.Client(timeout=60) as client, concurrent.futures.ThreadPoolExecutor(len(asked)) as pool:
         replies = list(pool.map(lambda i: client.get(f"{url}/photos/{i}/similar", params={"k": 4}), asked))
-    assert max(service.batcher.batch_sizes[before:]) > 1  # they were batched together
+    assert max(service.search.batcher.batch_sizes[before:]) > 1  # they were batched together
     for i, r in zip(asked, replies):
         if i in bad:
             assert r.status_code == bad[i], (i, r.text)

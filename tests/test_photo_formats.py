@@ -528,7 +528,8 @@ def test_search_by_date_and_folders_matches_a_brute_force_reference(dated, k, of
 
 
 def test_dates_at_every_door(dated, capsys):
-    from app.page.handlers import FOLDER_MODES, SearchApp, folder_filter
+    from app.page.handlers import SearchApp
+    from app.search.scope import FOLDER_MODES, folder_filter
 
     tmp, dates = dated
     query = next(p for p, d in dates.items() if d and d.startswith("2021"))

@@ -4,7 +4,7 @@ A map, a set of themes (for each ``k`` asked), the unusual photos: each is compu
 served from memory, but the first computation is k-means, a projection or a k-NN of every photo. Thirty requests for
 thirty values of ``k`` in Starlette's thread pool ran thirty of them at once: searches waited for the CPU and the
 pool, and the memory tripled. A :class:`Gate` runs that work in threads of its own, ``running`` at a time, with at
-most ``waiting`` more queued; one more request gets :class:`~app.api.batcher.Overloaded` at once (503 with
+most ``waiting`` more queued; one more request gets :class:`~app.search.batcher.Overloaded` at once (503 with
 ``Retry-After``). Searches never pass through it, so they never wait behind it.
 """
 
@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from app.api.batcher import Overloaded
+from app.search.batcher import Overloaded
 
 __all__ = ["Gate"]
 

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from app.page.handlers import FOLDER_PATTERN, MAX_RESULTS
+from app.search.scope import FOLDER_PATTERN, MAX_RESULTS
 
 __all__ = ["FOLDER_FIELD", "EXCLUDE_FIELD", "TAKEN_FROM_FIELD", "TAKEN_TO_FIELD", "IMAGE_TYPES", "BASE64_PATTERN",
            "Hit", "SearchResponse", "Base64Query", "QueryImage", "MultiQuery", "MAX_QUERY_PHOTOS", "Stats", "Member",

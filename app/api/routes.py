@@ -51,18 +51,12 @@ Request bodies are capped (the page's upload cap, in base64 too); no CORS header
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import concurrent.futures
 import logging
 import mimetypes
-import shutil
-import tempfile
-import time
 import urllib.parse
-import weakref
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
@@ -76,7 +70,6 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.api.batcher import Batcher, Overloaded
 from app.api.docs import docs_html
 from app.api.gate import Gate
 from app.api.models import (
@@ -111,10 +104,11 @@ from app.api.models import (
     UnusualPage,
 )
 from app.guard.access import API_PREFIX, ApiSettings, check_access
-from app.page.handlers import MAX_RESULTS, NoSuchFolder, SearchApp
+from app.page.handlers import SearchApp
 from app.page.review import MAX_PAGE
-from app.page.uploads import read_upload, upload_suffix
-from index.build.plan import content_hash
+from app.search.batcher import Overloaded
+from app.search.scope import MAX_RESULTS, NoSuchFolder, Scope
+from app.search.service import Found, NotFound, NotReady, SearchService, Several
 from index.catalog import display_path, taken_text
 from index.image_index import ImageIndex
 from index.overview.documents import MAX_PAGE as MAX_VIEW_PAGE
@@ -126,14 +120,13 @@ from index.overview.documents import (
     unusual_document,
 )
 from index.query import check_query_vector
-from moco.errors import NotFoundError, UserError, clipped, quoted
+from moco.errors import NotFoundError, UserError, clipped
 
-__all__ = ["SearchService", "Filters", "api_routes"]
+__all__ = ["Api", "Filters", "api_routes"]
 
 logger = logging.getLogger(__name__)
 
 MAX_THEMES_ASKED = 1000  # themes a request may ask for (the automatic number is at most 64)
-DECODE_WORKERS = 2  # uploads decoded at once (the rest wait for a thread; all count against max_pending)
 VIEWS_RUNNING, VIEWS_WAITING = 1, 4  # views of the collection computed at once, and waiting (app/api/gate.py)
 MAX_DETAIL = 1000  # characters of an error's one line at most (what it quotes of the request: far fewer)
 # what each error code means, in the schema
@@ -146,15 +139,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         (503, "busy (shed with Retry-After) or the index is not ready yet")]}
 
 
-class NotFound(NotFoundError):
-    """A photo id the index does not hold (HTTP 404)."""
-
-
-class NotReady(UserError):
-    """The index is not there yet (``moco run`` still training or indexing; HTTP 503)."""
-
-
-# ------------------------------------------------------------------------------------------- the service
+# ------------------------------------------------------------------------------------------- the API's state
 @dataclass(frozen=True)
 class Filters:
     """What a search keeps, besides its ``k``: the folder, the folders left out, the dates taken (as given)."""
@@ -164,279 +149,43 @@ class Filters:
     taken_from: str = ""
     taken_to: str = ""
 
-    def args(self) -> dict[str, Any]:
-        """As :meth:`SearchApp.search_vectors` takes them (less the folder)."""
-        return {"exclude_folders": self.exclude_folders, "taken_from": self.taken_from, "taken_to": self.taken_to}
+    def check(self, search: SearchService, k: int) -> Scope:
+        """The search's :class:`~app.search.scope.Scope` (every value checked once: its 400, or a 404 for a folder
+        the collection does not have)."""
+        return search.check(k, self.folder, self.exclude_folders, self.taken_from, self.taken_to)
 
 
-@dataclass
-class _Multi:
-    """A search with several photos, checked: decoded images, indexed photos' ids, or a vector of the space."""
-
-    images: list[Any]
-    ids: list[int]
-    not_images: list[Any]
-    not_ids: list[int]
-    vector: np.ndarray | None  # D, in the index's space (instead of photos)
-    exclude_ids: list[int]  # the query photos, left out of the results
-
-
-@dataclass
-class _Query:
-    k: int
-    folder: str
-    offset: int
-    image: Any = None  # a decoded PIL image, or ...
-    image_id: int | None = None  # ... an indexed photo's id, or ...
-    multi: _Multi | None = None  # ... several photos
-    page: bool = False  # the page's search: its result is the page's (gallery, info, state), not a SearchResponse
-    filters: Filters = Filters()
-    deduplicate: bool = False
-    exclude_ids: tuple[int, ...] = ()  # the query photo, left out: its id, or the indexed files with an upload's bytes
-
-
-class SearchService:
-    """The API's searches over a :class:`SearchApp`: a decode pool and a batcher around its model and index."""
+class Api:
+    """What the routes serve: the page's ``app`` (groups of duplicates, views of the collection, originals), its
+    searches (``search``, a :class:`~app.search.service.SearchService` the page's Search shares), the gate of the
+    views of the whole collection (``views``) and the ``settings``."""
 
     def __init__(self, app: SearchApp, settings: ApiSettings | None = None) -> None:
         self.app, self.settings = app, settings or ApiSettings()
         s = self.settings
-        self.batcher: Batcher[_Query, SearchResponse] = Batcher(self._batch, s.window_ms, s.max_batch, s.max_pending)
-        self._decode = concurrent.futures.ThreadPoolExecutor(DECODE_WORKERS, thread_name_prefix="decode")
+        self.search = SearchService(app.searcher, s.window_ms, s.max_batch, s.max_pending)
         self.views = Gate(VIEWS_RUNNING, VIEWS_WAITING)  # the map, themes, unusual: one computed at a time
-        self._tmp = Path(tempfile.mkdtemp(prefix="moco-api-"))  # uploads on their way to the decoder (0700)
-        self._remove_tmp = weakref.finalize(self, shutil.rmtree, self._tmp, ignore_errors=True)
 
     def close(self) -> None:
         """Stop the worker threads and remove the uploads folder."""
-        self.batcher.close()
+        self.search.close()
         self.views.close()
-        self._decode.shutdown(wait=False, cancel_futures=True)
-        self._remove_tmp()
 
-    def _ready(self) -> None:
-        if not self.app.ready:
-            try:
-                self.app.ready_index()
-            except UserError as e:
-                raise NotReady(str(e)) from None
 
-    def _read(self, data: bytes, name: str) -> Any:
-        """Decode an upload with the page's decoder (the same caps and messages): through a file, as Gradio does.
-
-        The file is named by us (``upload`` and the name's suffix when it is a plain one), never by the client: a
-        name too long for the file system, or one that means something to it, never reaches it."""
-        folder = Path(tempfile.mkdtemp(dir=self._tmp))
-        try:
-            path = folder / ("upload" + upload_suffix(name))
-            path.write_bytes(data)
-            return read_upload(str(path), self.app.embedder.resize, name=name)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-
-    async def search_image(self, data: bytes, name: str, k: int, folder: str, offset: int,
-                           filters: Filters | None = None, deduplicate: bool = False,
-                           include_queries: bool = False) -> SearchResponse:
-        """An uploaded image's results (decoded in the pool, embedded and searched in a batch); the indexed files
-        with its very bytes left out unless ``include_queries``."""
-        self._ready()
-        filters = replace(filters or Filters(), folder=folder)
-        self._check(k, filters)
-        t0 = time.perf_counter()
-        async with self.batcher.admit():
-            loop = asyncio.get_running_loop()
-            image = await loop.run_in_executor(self._decode, self._read, data, _safe_name(name))
-            skip = () if include_queries else await loop.run_in_executor(self._decode, self._twins, [data])
-            out = await self.batcher.submit(_Query(k, folder, offset, image=image, filters=filters,
-                                                   deduplicate=deduplicate, exclude_ids=skip))
-        return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
-
-    def _twins(self, uploads: list[bytes]) -> tuple[int, ...]:
-        """Ids of the indexed photos with one of these uploads' very bytes: the query photos themselves."""
-        return tuple(self.app.ready_index().ids_of_files([content_hash(b) for b in uploads]))
-
-    async def search_multi(self, query: MultiQuery) -> SearchResponse:
-        """A search with several photos (:class:`MultiQuery`): every field checked before it joins a batch (a bad
-        one is this request's 400 or 404 alone), the images decoded in the pool, then embedded in a batch and combined
-        into one query of the index's space (:meth:`ImageIndex.query_vector`)."""
-        self._ready()
-        filters = Filters(query.folder, tuple(query.exclude_folders), query.taken_from, query.taken_to)
-        self._check(query.k, filters)
-        index = self.app.ready_index()
-        vector = None
-        if query.vector is not None:
-            if query.images or query.ids or query.not_images or query.not_ids:
-                raise UserError("vector is a whole query: send it without images, ids, not_images or not_ids")
-            vector = check_query_vector(query.vector, index.dim)  # D
-        elif not (query.images or query.ids):
-            raise UserError("a search needs a photo to search with: images (base64) or ids of indexed photos (or a "
-                            "vector)")
-        for i in (*query.ids, *query.not_ids):
-            self._vector(i)  # an unknown id: its 404 now
-        data = {side: [(_base64(q.image_base64, f"{side}[{n}] ({_safe_name(q.filename)})"), _safe_name(q.filename))
-                       for n, q in enumerate(getattr(query, side))] for side in ("images", "not_images")}
-        t0 = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        async with self.batcher.admit():
-            decoded = {side: [await loop.run_in_executor(self._decode, self._read, b, name) for b, name in items]
-                       for side, items in data.items()}
-            skip: list[int] = []  # the query photos (one image alone as several), unless include_queries
-            if not query.include_queries:
-                uploads = [b for side in data.values() for b, _ in side]
-                skip = [*query.ids, *query.not_ids, *(await loop.run_in_executor(self._decode, self._twins, uploads)
-                                                      if uploads else ())]
-            multi = _Multi(decoded["images"], list(query.ids), decoded["not_images"], list(query.not_ids), vector, skip)
-            out = await self.batcher.submit(_Query(query.k, query.folder, query.offset, multi=multi, filters=filters,
-                                                   deduplicate=query.deduplicate))
-        return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
-
-    async def search_page(self, image: Any, k: int, folder: str | None, exclude_folders: Any = (),
-                          taken_from: str | None = None, taken_to: str | None = None) -> tuple:
-        """The page's Search (an upload Gradio saved): ``SearchApp.search``'s (gallery, info, state), its upload
-        decoded in the pool and embedded in a batch with whatever else arrives, the page's and the API's alike."""
-        self._ready()
-        filters = Filters(folder or "", tuple(exclude_folders or ()), taken_from or "", taken_to or "")
-        self._check(int(k), filters)
-        async with self.batcher.admit():
-            loop = asyncio.get_running_loop()
-            decoded = await loop.run_in_executor(self._decode, read_upload, image, self.app.embedder.resize)
-            twins = await loop.run_in_executor(self._decode, self.app.upload_twins, image)
-            return await self.batcher.submit(_Query(int(k), folder or "", 0, image=decoded, page=True,
-                                                    filters=filters, exclude_ids=tuple(twins)))
-
-    async def search_id(self, image_id: int, k: int, folder: str, offset: int, filters: Filters | None = None,
-                        deduplicate: bool = False, include_queries: bool = False) -> SearchResponse:
-        """An indexed photo's results, from its stored vector (nothing decoded or embedded); the photo itself left
-        out unless ``include_queries``."""
-        self._ready()
-        filters = replace(filters or Filters(), folder=folder)
-        self._check(k, filters)
-        self._vector(image_id)  # an unknown id: its 404 now, before it joins a batch
-        t0 = time.perf_counter()
-        async with self.batcher.admit():
-            out = await self.batcher.submit(_Query(k, folder, offset, image_id=image_id, filters=filters,
-                                                   deduplicate=deduplicate,
-                                                   exclude_ids=() if include_queries else (int(image_id),)))
-        return out.model_copy(update={"took_ms": (time.perf_counter() - t0) * 1000})
-
-    def _check(self, k: int, filters: Filters) -> None:
-        """A search's ``k``, folders and dates checked before it joins a batch (the page's checks: its 400, or
-        :class:`NoSuchFolder`'s 404), so that a batch holds only requests that can be answered."""
-        self.app._query(k, filters.folder, **filters.args())
-
-    def _vector(self, image_id: int) -> np.ndarray:
-        index = self.app.ready_index()
-        row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
-        if row is None or row.deleted or row.status != "ok":
-            raise NotFound(f"photo id {quoted(image_id)} is not an indexed photo: search again for current ids")
-        try:
-            return index.vectors(np.array([int(image_id)], np.int64))[0]  # D
-        except KeyError:  # removed since its row was read
-            raise NotFound(f"photo id {image_id} has no vector: search again for current ids") from None
-
-    def _batch(self, queries: list[_Query]) -> list[SearchResponse | BaseException]:
-        """One batch (in the batcher's thread): embed every upload in one call, then one search per (k, filters,
-        offset, deduplicate) group, each query leaving out its own photos."""
-        out: list[SearchResponse | BaseException | None] = [None] * len(queries)
-        vectors: list[np.ndarray | None] = [None] * len(queries)
-        uploads = [i for i, q in enumerate(queries) if q.image is not None]
-        images = [queries[i].image for i in uploads]
-        for q in queries:
-            if q.multi is not None:
-                images += q.multi.images + q.multi.not_images
-        t0 = time.perf_counter()
-        embedded = self.app.embedder.embed(images) if images else np.zeros((0, 0), np.float32)  # B x D
-        for i, v in zip(uploads, embedded):
-            vectors[i] = v
-        embed_ms = (time.perf_counter() - t0) * 1000
-        at = len(uploads)
-        for i, q in enumerate(queries):
-            if q.multi is not None:
-                n_pos, n_neg = len(q.multi.images), len(q.multi.not_images)
-                pos, neg = embedded[at : at + n_pos], embedded[at + n_pos : at + n_pos + n_neg]  # P x D, N x D
-                at += n_pos + n_neg
-                out[i] = self._multi(q, pos, neg)
-        for i, q in enumerate(queries):
-            if q.page:  # the page's own result, from the batch's vector
-                try:
-                    out[i] = self.app.from_vector(vectors[i], q.k, q.folder or None, "the uploaded image", embed_ms,
-                                                  None, **q.filters.args(), query_ids=q.exclude_ids,
-                                                  photo_ids=q.exclude_ids)
-                except Exception as e:  # noqa: BLE001 - that search's caller gets it (the page shows it)
-                    out[i] = e
-        for i, q in enumerate(queries):
-            if q.image_id is not None:
-                try:
-                    vectors[i] = self._vector(q.image_id)
-                except Exception as e:  # noqa: BLE001 - that search's own error (NotFound: its 404)
-                    out[i] = e
-        groups: dict[tuple[int, Filters, int, bool], list[int]] = {}
-        for i, q in enumerate(queries):
-            if out[i] is None:
-                groups.setdefault((q.k, q.filters, q.offset, q.deduplicate), []).append(i)
-        for (k, filters, offset, dedup), members in groups.items():
-            try:
-                hits = self.app.search_vectors(np.stack([vectors[i] for i in members]), k, filters.folder, offset,
-                                               **filters.args(), deduplicate=dedup,
-                                               exclude_each=[queries[i].exclude_ids for i in members])  # Q x D
-                responses = [self._response(hits, n, k, filters, offset, len(set(queries[i].exclude_ids)))
-                             for n, i in enumerate(members)]
-            except Exception:  # noqa: BLE001 - one query may fail the group's search: each one alone, its own error
-                responses = [self._alone(vectors[i], k, filters, offset, dedup, queries[i].exclude_ids)
-                             for i in members]
-            for i, r in zip(members, responses):
-                out[i] = r
-        return out  # type: ignore[return-value]
-
-    def _multi(self, q: _Query, pos: np.ndarray, neg: np.ndarray) -> SearchResponse | BaseException:
-        """A search with several photos, from its images' features (``pos`` P x D, ``neg`` N x D, embedded in the
-        batch): its response, or its own error."""
-        assert q.multi is not None
-        m = q.multi
-        try:
-            index = self.app.ready_index()
-            if m.vector is not None:
-                query = m.vector  # D, in the space already
-            else:
-                sides = [[x for x in (feats if len(feats) else None,
-                                      index.vectors(np.array(ids, np.int64)) if ids else None) if x is not None]
-                         for feats, ids in ((pos, m.ids), (neg, m.not_ids))]
-                query = index.query_vector(np.concatenate(sides[0]),  # P x D: the images', then the ids'
-                                           np.concatenate(sides[1]) if sides[1] else None)  # D
-            hits = self.app.search_vectors(query[None], q.k, q.filters.folder, q.offset, **q.filters.args(),
-                                           centred=True, exclude_ids=m.exclude_ids, deduplicate=q.deduplicate)
-            return self._response(hits, 0, q.k, q.filters, q.offset, len(set(m.exclude_ids)))
-        except KeyError:  # an id removed since it was checked
-            return NotFound("a photo of the query is no longer indexed: search again for current ids")
-        except Exception as e:  # noqa: BLE001 - this request's caller gets it, no other
-            return e
-
-    def _alone(self, vector: np.ndarray, k: int, filters: Filters, offset: int, deduplicate: bool = False,
-               exclude_ids: tuple[int, ...] = ()) -> SearchResponse | BaseException:
-        """One query's search by itself (its group's search failed): its response, or its own error."""
-        try:
-            hits = self.app.search_vectors(vector[None], k, filters.folder, offset, **filters.args(),
-                                           deduplicate=deduplicate, exclude_ids=exclude_ids)
-            return self._response(hits, 0, k, filters, offset, len(set(exclude_ids)))
-        except Exception as e:  # noqa: BLE001 - this request's caller gets it, no other
-            return e
-
-    def _response(self, hits: Any, n: int, k: int, filters: Filters, offset: int,
-                  left_out: int = 0) -> SearchResponse:
-        """Query ``n`` of ``hits`` as the API answers it; ``left_out``: indexed photos the query left out (its own),
-        which no page holds (the last page is the one that reaches the index's size less them)."""
-        index = self.app.ready_index()
-        weak = index.weak_below
-        k = max(1, min(int(k), MAX_RESULTS))
-        results = [Hit(rank=offset + r + 1, id=int(i), path=_json_path(p), score=float(s),
-                       weak=weak is not None and float(s) < weak, taken=taken_text(row.taken))
-                   for r, (i, s, p, row) in enumerate(zip(hits.ids[n], hits.scores[n], hits.paths[n], hits.rows[n]))]
-        last = len(results) < k or offset + len(results) >= len(index) - left_out
-        return SearchResponse(results=results, k=k, offset=offset, folder=filters.folder.strip("/") or None,
-                              exclude_folders=[f.strip("/") for f in filters.exclude_folders if f.strip("/")],
-                              taken_from=filters.taken_from or None, taken_to=filters.taken_to or None,
-                              next_offset=None if last else offset + len(results), weak_below=weak,
-                              images=len(index), took_ms=0.0)
+def _response(found: Found, filters: Filters) -> SearchResponse:
+    """A search's answer as the API gives it."""
+    index, n = found.scope.index, found.n
+    weak = index.weak_below
+    hits = found.hits
+    results = [Hit(rank=found.offset + r + 1, id=int(i), path=_json_path(p), score=float(s),
+                   weak=weak is not None and float(s) < weak, taken=taken_text(row.taken))
+               for r, (i, s, p, row) in enumerate(zip(hits.ids[n], hits.scores[n], hits.paths[n], hits.rows[n]))]
+    return SearchResponse(results=results, k=found.scope.k, offset=found.offset,
+                          folder=filters.folder.strip("/") or None,
+                          exclude_folders=[f.strip("/") for f in filters.exclude_folders if f.strip("/")],
+                          taken_from=filters.taken_from or None, taken_to=filters.taken_to or None,
+                          next_offset=None if found.last else found.offset + len(results), weak_below=weak,
+                          images=len(index), took_ms=found.took_ms)
 
 
 def _group(index: ImageIndex, g: dict[str, Any]) -> Group:
@@ -552,7 +301,7 @@ def _http_detail(e: StarletteHTTPException) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ routes
-def api_routes(service: SearchService) -> list[Any]:
+def api_routes(service: Api) -> list[Any]:
     """The API's routes (to put in the FastAPI app's routes), the schema and the docs page among them."""
     settings = service.settings
 
@@ -605,8 +354,9 @@ def api_routes(service: SearchService) -> list[Any]:
         image's very bytes are left out unless `include_queries`."""
         data = await image.read()
         filters = Filters(folder, tuple(exclude_folders), taken_from, taken_to)
-        return await service.search_image(data, image.filename or "upload", k, folder, offset, filters, deduplicate,
-                                          include_queries)
+        scope = filters.check(service.search, k)
+        return _response(await service.search.search_image(data, _safe_name(image.filename or "upload"), scope, offset,
+                                                           deduplicate, include_queries), filters)
 
     @router.post("/search/base64", response_model=SearchResponse, responses=ERRORS,
                  summary="Search by an image sent as base64 in JSON")
@@ -615,8 +365,9 @@ def api_routes(service: SearchService) -> list[Any]:
         out unless `include_queries`)."""
         data = _base64(query.image_base64, _safe_name(query.filename))
         filters = Filters(query.folder, tuple(query.exclude_folders), query.taken_from, query.taken_to)
-        return await service.search_image(data, query.filename, query.k, query.folder, query.offset, filters,
-                                          query.deduplicate, query.include_queries)
+        scope = filters.check(service.search, query.k)
+        return _response(await service.search.search_image(data, _safe_name(query.filename), scope, query.offset,
+                                                           query.deduplicate, query.include_queries), filters)
 
     @router.post("/search/multi", response_model=SearchResponse, responses=ERRORS,
                  summary="Search with several photos (more like these, less like those), or a vector")
@@ -624,7 +375,16 @@ def api_routes(service: SearchService) -> list[Any]:
         """The nearest photos to one query made of several: images (base64) and indexed photos (ids) to be like,
         others to be less like; or a raw vector of the index's space. The query photos are left out of the results
         unless `include_queries` (one image alone too, as /search/base64 leaves it out)."""
-        return await service.search_multi(query)
+        filters = Filters(query.folder, tuple(query.exclude_folders), query.taken_from, query.taken_to)
+        scope = filters.check(service.search, query.k)
+        alone = not (query.images or query.ids or query.not_images or query.not_ids)  # a vector is a whole query
+        vector = None if query.vector is None else check_query_vector(query.vector, scope.index.dim) if alone else \
+            np.asarray(query.vector, np.float32)  # D
+        photos = {side: [(_base64(q.image_base64, f"{side}[{n}] ({_safe_name(q.filename)})"), _safe_name(q.filename))
+                         for n, q in enumerate(getattr(query, side))] for side in ("images", "not_images")}
+        several = Several(photos["images"], list(query.ids), photos["not_images"], list(query.not_ids), vector)
+        return _response(await service.search.search_several(several, scope, query.offset, query.deduplicate,
+                                                             query.include_queries), filters)
 
     @router.get("/photos/{photo_id}/similar", response_model=SearchResponse, responses=ERRORS,
                 summary="Search by an indexed photo")
@@ -637,14 +397,16 @@ def api_routes(service: SearchService) -> list[Any]:
         """The nearest photos to a photo of the index (its stored vector: the page's click on a result); the photo
         itself is left out unless `include_queries`."""
         filters = Filters(folder, tuple(exclude_folders), taken_from, taken_to)
-        return await service.search_id(photo_id, k, folder, offset, filters, deduplicate, include_queries)
+        scope = filters.check(service.search, k)
+        return _response(await service.search.search_id(photo_id, scope, offset, deduplicate, include_queries),
+                         filters)
 
     @router.get("/photos/{photo_id}", response_model=BrowsePhoto, responses=ERRORS, summary="One indexed photo",
                 tags=["collection"])
     def photo(photo_id: int = PathParam(ge=0, le=MAX_ID)) -> BrowsePhoto:
         """An indexed photo's path (relative to the collection), date taken and pixels: what a page of /photos lists
         for it (the page's map shows it on hover)."""
-        service._ready()
+        service.search.ready()
         row = app.ready_index().catalog.rows_by_id([photo_id]).get(photo_id)
         if row is None or row.deleted or row.status != "ok":
             raise NotFound(f"photo id {photo_id} is not an indexed photo: search again for current ids")
@@ -655,7 +417,7 @@ def api_routes(service: SearchService) -> list[Any]:
                 response_class=FileResponse, summary="A photo's thumbnail")
     def thumbnail(photo_id: int = PathParam(ge=0, le=MAX_ID)) -> FileResponse:
         """The thumbnail the page shows (JPEG, about 256 px), from the index's thumbs/ folder only."""
-        service._ready()
+        service.search.ready()
         index = app.ready_index()
         row = index.catalog.rows_by_id([photo_id]).get(photo_id)
         thumb = index.thumb_path(row) if row is not None and not row.deleted else None
@@ -669,7 +431,7 @@ def api_routes(service: SearchService) -> list[Any]:
     def original(photo_id: int = PathParam(ge=0, le=MAX_ID)) -> Response:
         """The original file under the page's rules: an indexed photo, inside the collection, a regular file of at
         most 64 MB; streamed from the file itself (opened once, checked, sent with its size), never from a copy."""
-        service._ready()
+        service.search.ready()
         index = app.ready_index()
         row = index.catalog.rows_by_id([photo_id]).get(photo_id)
         if row is None or row.deleted or row.status != "ok":
@@ -680,7 +442,7 @@ def api_routes(service: SearchService) -> list[Any]:
     @router.get("/stats", response_model=Stats, responses=ERRORS, summary="The collection and its index")
     def stats() -> Stats:
         """Counts, index kind, backbone, thresholds and the folder filter's choices."""
-        service._ready()
+        service.search.ready()
         index = app.ready_index()
         index.refresh()
         st = index.stats()
@@ -698,7 +460,7 @@ def api_routes(service: SearchService) -> list[Any]:
                                             "searched)", max_length=3)) -> Duplicates:
         """A page of the groups last saved by `moco index dedup` or the page's Collection tab: exact, then near, then
         similar groups, each kind largest first; `next_offset` for the next page."""
-        service._ready()
+        service.search.ready()
         index = app.ready_index()
         try:
             page = app.duplicates.page(kind or None, offset, limit)
@@ -714,7 +476,7 @@ def api_routes(service: SearchService) -> list[Any]:
                  summary="Choose the photo a group keeps")
     def keeper(choice: KeeperRequest, group_id: str = PathParam(max_length=100)) -> Group:
         """Keep this photo of the group (now, and in later searches); the group as it is now."""
-        service._ready()
+        service.search.ready()
         return _group(app.ready_index(), app.duplicates.keep(group_id, choice.photo_id))
 
     @router.post("/duplicates/{group_id}/not-duplicates", response_model=Group, responses=ERRORS,
@@ -722,7 +484,7 @@ def api_routes(service: SearchService) -> list[Any]:
     def not_duplicates(group_id: str = PathParam(max_length=100)) -> Group:
         """Its photos are never grouped again (the marks live in the catalog and survive index updates); the group
         leaves the saved search."""
-        service._ready()
+        service.search.ready()
         return _group(app.ready_index(), app.duplicates.not_duplicates(group_id))
 
     @router.post("/duplicates/move", response_model=MoveResult, responses=ERRORS,
@@ -731,7 +493,7 @@ def api_routes(service: SearchService) -> list[Any]:
         """Move every photo of the groups named (or of every group of the kinds named) but its keeper into the
         collection's hidden `.moco-duplicates` folder, keeping its path (a taken name gets a suffix; nothing is
         deleted or overwritten), journalled; then the index is updated and the duplicates are searched again."""
-        service._ready()
+        service.search.ready()
         out = app.duplicates.move(request.groups, request.kinds, request.keepers, request.dry_run)
         return MoveResult.model_validate(out.as_dict())
 
@@ -739,7 +501,7 @@ def api_routes(service: SearchService) -> list[Any]:
     def undo(request: UndoRequest) -> MoveResult:
         """Put back the photos moved by one action (`batch`), or every photo moved and not yet put back; then the
         index is updated."""
-        service._ready()
+        service.search.ready()
         return MoveResult.model_validate(app.duplicates.undo(request.batch).as_dict())
 
     @router.get("/map", response_model=CollectionMap, responses=ERRORS, summary="The map of the collection",
@@ -748,7 +510,7 @@ def api_routes(service: SearchService) -> list[Any]:
                                                                     "has the map extra")) -> CollectionMap:
         """Every indexed photo once, a point in [0, 1]² (alike photos close, from the index's centred features) with its
         theme: compact, one array per field. Computed once per index version and kept with the index."""
-        service._ready()
+        service.search.ready()
         try:
             return CollectionMap.model_validate(await service.views.run(map_document, app.ready_index(), method))
         except UserError as e:
@@ -763,7 +525,7 @@ def api_routes(service: SearchService) -> list[Any]:
                      ) -> ThemesResponse:
         """Groups of alike photos (spherical k-means on the index's centred features), largest first, each with its most
         central photos and its top folders; every photo in exactly one."""
-        service._ready()
+        service.search.ready()
         return ThemesResponse.model_validate(await service.views.run(themes_document, app.ready_index(), k))
 
     @router.get("/themes/{theme_id}", response_model=ThemePage, responses=ERRORS, summary="A theme's photos, a page",
@@ -772,7 +534,7 @@ def api_routes(service: SearchService) -> list[Any]:
                     limit: int = Query(60, ge=1, le=MAX_VIEW_PAGE)) -> ThemePage:
         """A page of one theme's photos (of the default themes, as GET /api/v1/themes lists them), most central
         first; `next_offset` for the next page."""
-        service._ready()
+        service.search.ready()
         try:
             doc = await service.views.run(theme_document, app.ready_index(), theme_id, offset, limit)
             return ThemePage.model_validate(doc)
@@ -784,7 +546,7 @@ def api_routes(service: SearchService) -> list[Any]:
     async def unusual(offset: int = Query(0, ge=0), limit: int = Query(60, ge=1, le=MAX_VIEW_PAGE)) -> UnusualPage:
         """The photos farthest from any other, by their centred cosine to their closest other photo, lowest first
         (a photo with an exact copy scores 1: never unusual)."""
-        service._ready()
+        service.search.ready()
         return UnusualPage.model_validate(await service.views.run(unusual_document, app.ready_index(), offset, limit))
 
     @router.get("/photos", response_model=PhotosPage, responses=ERRORS, summary="Browse the collection, a page",
@@ -796,8 +558,8 @@ def api_routes(service: SearchService) -> list[Any]:
                      offset: int = Query(0, ge=0), limit: int = Query(60, ge=1, le=MAX_VIEW_PAGE)) -> PhotosPage:
         """A page of the collection's photos under `folder`, of `theme`, sorted; photos without a date come last
         when sorted by date."""
-        service._ready()
-        on_disk = app._folder(folder)  # the page's check: a bad name 400, a folder the collection lacks 404
+        service.search.ready()
+        on_disk = app.searcher.folder(folder)  # a bad name 400, a folder the collection lacks 404
         index = app.ready_index()
 
         def page() -> dict[str, Any]:

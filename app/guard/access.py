@@ -49,7 +49,7 @@ from typing import Any
 from fastapi import HTTPException
 from starlette.requests import HTTPConnection
 
-from app.page.uploads import MAX_UPLOAD_MB
+from app.search.uploads import MAX_UPLOAD_MB
 from moco.errors import UserError
 
 __all__ = ["LoginThrottle", "LoginThrottleMiddleware", "FREE", "ACCOUNT_FREE", "parse_trusted_proxies",

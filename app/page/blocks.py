@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from app.page.handlers import FOLDER_MODES, Results, SearchApp, folder_filter
+from app.page.handlers import Results, SearchApp
 from app.page.map_view import THEME_CARDS_CSS, THEME_CARDS_JS, map_component
 from app.page.overview import PAGE, SORTS
 from app.page.review import PAGE_SIZE
@@ -29,6 +29,7 @@ from app.page.views import (
     review_outputs,
     status_outputs,
 )
+from app.search.scope import FOLDER_MODES, folder_filter
 from index.calibrate import DEDUP_THRESHOLD
 from index.index_dir import THUMBS_DIR
 from moco.errors import UserError
@@ -197,7 +198,7 @@ def _skip() -> Any:
 
 
 def build_ui(app: SearchApp, service: Any = None) -> Any:
-    """The Gradio Blocks of the tabs. With ``service`` (the JSON API's :class:`app.api.routes.SearchService`),
+    """The Gradio Blocks of the tabs. With ``service`` (an :class:`app.search.service.SearchService`, the JSON API's),
     Search goes through its batcher: uploads decoded in its pool and embedded together, the page's and the API's
     alike."""
     import gradio as gr
@@ -280,7 +281,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                 async def do_batched_search(image: Any, k_: int, folder_: str, mode_: str | None = None,
                                             from_: str | None = None, to_: str | None = None,
                                             request: gr.Request = None) -> tuple:
-                    gal, *out = await service.search_page(image, k_, **filters(folder_, mode_, from_, to_))
+                    gal, *out = await app.search_with(service, image, k_, **filters(folder_, mode_, from_, to_))
                     buttons = await asyncio.to_thread(export_buttons, out[1])  # file writes: off the event loop
                     return (_file_urls(gal, request), *out, *buttons, "")
 
@@ -351,7 +352,7 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
                              concurrency_id="model").then(ticks, *tick_io, api_name=False)
                 else:  # searches run together (the batcher holds the model); more wait in Gradio's queue
                     go.click(_safe(6, 5)(do_batched_search), [query, *search_inputs], results, api_name="search",
-                             concurrency_id="search", concurrency_limit=service.settings.max_batch).then(
+                             concurrency_id="search", concurrency_limit=service.batcher.max_batch).then(
                         ticks, *tick_io, api_name=False)
                 for changed in (k.release, folder.input, folder_mode.input, taken_from.submit, taken_to.submit):
                     changed(_safe(6, 5)(do_rerun), [state, *search_inputs], results, api_name=False,

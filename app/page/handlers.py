@@ -6,6 +6,7 @@ indexing still run): every search then says the index is not ready, and ``attach
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import csv
 import datetime
@@ -14,7 +15,6 @@ import io
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import tempfile
@@ -34,20 +34,18 @@ from app.page.negatives.from_queue import QueueNegatives
 from app.page.negatives.view import NegativesView
 from app.page.overview import CollectionOverview
 from app.page.review import DuplicateReview
-from app.page.uploads import read_upload
-from index.catalog import display_path, taken_bound, taken_text
-from index.image_index import ImageIndex, SearchResult
+from app.search.scope import ALL_FOLDERS, Scope, Searcher
+from app.search.service import SearchService
+from app.search.uploads import read_upload
+from index.catalog import display_path, taken_text
+from index.image_index import ImageIndex
 from moco.data.photos import load_rgb, open_regular
-from moco.errors import UserError, plural, quoted
+from moco.errors import UserError, plural
 
-__all__ = ["SearchApp", "Results", "NoSuchFolder", "FOLDER_PATTERN", "MAX_RESULTS", "ALL_FOLDERS", "VIEW_PX",
-           "MAX_ORIGINAL_BYTES", "score_text", "FOLDER_MODES", "folder_filter"]
+__all__ = ["SearchApp", "Results", "VIEW_PX", "MAX_ORIGINAL_BYTES", "score_text"]
 
 logger = logging.getLogger(__name__)
 
-MAX_RESULTS = 500
-ALL_FOLDERS = "All folders"  # the folder filter's label for "no filter"
-FOLDER_MODES = ("only this folder", "all but this folder")  # the folder filter includes, or excludes, its folder
 VIEW_PX = 192  # the two training views are shown at least this large
 PREVIEW_PX = 640  # the details panel's preview of a result (long side)
 MAX_ORIGINAL_BYTES = 64 * 1024 * 1024  # "Open original" serves files up to this size
@@ -122,25 +120,6 @@ class Results:
         return f"`{self.label}`" if self.source else self.label
 
 
-# A folder filter as it may be written: parts between "/" none of which is "." or "..", no control character. One
-# that is not is bad input (the JSON API's 400, its schema's pattern); one that is but names no sub-folder of the
-# collection is NoSuchFolder (404).
-_NAME = r"[^/\x00-\x1f\x7f-\x9f]"  # a character of a part
-_PART = rf"[^./\x00-\x1f\x7f-\x9f]{_NAME}*|\.[^./\x00-\x1f\x7f-\x9f]{_NAME}*|\.\.{_NAME}+"  # not "." nor ".."
-FOLDER_PATTERN = rf"^(?:(?:{_PART})?(?:/(?:{_PART})?)*)$"
-
-
-def folder_filter(folder: str | None, mode: str | None) -> tuple[str | None, list[str]]:
-    """The page's folder filter (a folder and one of FOLDER_MODES) as a search takes it: (folder, exclude_folders)."""
-    if mode == FOLDER_MODES[1]:
-        return None, [folder] if folder and folder != ALL_FOLDERS else []
-    return folder, []
-
-
-class NoSuchFolder(UserError):
-    """A folder filter written as FOLDER_PATTERN says that names no sub-folder of the collection (the API's 404)."""
-
-
 class SearchApp:
     """Handlers of the UI over one index (and optionally a training checkpoint for the Negatives tab).
 
@@ -158,8 +137,7 @@ class SearchApp:
         self.embedder: Any = None
         self.negatives_source: QueueNegatives | IndexNegatives | None = None
         self.negatives_note = ""
-        self._folders: tuple[Any, list[str]] | None = None
-        self._folder_names: dict[str, str] = {}
+        self.searcher = Searcher(self.ready_index, lambda: self.embedder)  # every search's checks, and the search
         self._files = Path(tempfile.mkdtemp(prefix="moco-results-"))  # exports and originals handed to the browser
         self._remove_files = weakref.finalize(self, shutil.rmtree, self._files, ignore_errors=True)  # also at exit
         self._kept: collections.deque[tuple[Path, int, float]] = collections.deque()  # (folder, bytes, made at)
@@ -213,21 +191,8 @@ class SearchApp:
 
     # ---------------------------------------------------------------------------------- search
     def folders(self) -> list[str]:
-        """Sub-folders of the collection (two levels), for the filter; recomputed when the index changes."""
-        if self.index is None:
-            return []
-        stamp = self.index._stamp
-        if self._folders is not None and self._folders[0] == stamp:
-            return self._folders[1]
-        out = set()
-        for path in self.index.catalog.rows():
-            parts = path.split("/")[:-1]
-            for depth in (1, 2):
-                if len(parts) >= depth:
-                    out.add("/".join(parts[:depth]))
-        self._folders = (stamp, sorted(display_path(f) for f in out))
-        self._folder_names = {display_path(f): f for f in out}  # shown (escaped) -> on disk
-        return self._folders[1]
+        """Sub-folders of the collection (two levels), for the filter; none before the index is ready."""
+        return [] if self.index is None else self.searcher.folders()
 
     def folder_choices(self) -> list[tuple[str, str]]:
         """The filter's choices: (label, value), "All folders" first."""
@@ -245,72 +210,27 @@ class SearchApp:
         return [(thumb, self.caption(r, score, path, taken))
                 for r, (path, score, thumb, taken) in enumerate(zip(state.paths, state.scores, state.thumbs, dates), 1)]
 
-    def _folder(self, given: str | None, what: str = "folder") -> str | None:
-        """A folder filter's folder on disk (None: all), or the error naming it: a bad name (UserError, the API's
-        400) or one the collection does not have (NoSuchFolder, 404)."""
-        given = given or ""
-        folder = given.strip().strip("/") or None
-        if folder == ALL_FOLDERS:
-            return None
-        if folder and folder not in self.folders():
-            bad_name = re.fullmatch(FOLDER_PATTERN, given) is None
-            which = "" if what == "folder" else f"{what}: "
-            raise (UserError if bad_name else NoSuchFolder)(f"{which}no sub-folder {quoted(folder)} in the collection: "
-                                                             f"pick one from the list, or {ALL_FOLDERS}")
-        return self._folder_names.get(folder, folder) if folder else None
-
     def folder_on_disk(self, given: str | None) -> str | None:
         """A folder as the page's pickers give it (shown, maybe escaped) on disk; None for all; a UserError naming
         a folder the collection does not have."""
-        return self._folder(given)
-
-    def _query(self, k: int, folder: str | None, exclude_folders: Sequence[str] = (), taken_from: str | None = None,
-               taken_to: str | None = None) -> tuple[ImageIndex, int, str | None, tuple[str, ...], tuple]:
-        """(index, k capped to 1..MAX_RESULTS, the folder on disk or None, the folders left out on disk, the date
-        range as catalog ``taken`` values) for a search, after checking them all."""
-        index = self.ready_index()
-        k = int(max(1, min(int(k), MAX_RESULTS)))
-        index.refresh()  # `moco index update` may have replaced the files meanwhile
-        index.check_embedder(self.embedder)  # ... or rebuilt them with another model
-        folder = self._folder(folder)
-        away = tuple(f for f in (self._folder(g, "exclude_folders") for g in exclude_folders or ()) if f)
-        taken = (taken_bound(taken_from, False, "taken_from"), taken_bound(taken_to, True, "taken_to"))
-        if None not in taken and taken[0] >= taken[1]:
-            raise UserError(f"taken_from {taken_from} is after taken_to {taken_to}: swap the two dates")
-        if len(index) == 0:
-            raise UserError("the index is empty: add photos and run `moco index update`")
-        return index, k, folder, away, taken
-
-    def search_vectors(self, vectors: np.ndarray, k: int = 12, folder: str | None = None, offset: int = 0,
-                       exclude_folders: Sequence[str] = (), taken_from: str | None = None,
-                       taken_to: str | None = None, centred: bool = False, exclude_ids: Sequence[int] = (),
-                       deduplicate: bool = False, exclude_each: Sequence[Sequence[int]] = ()) -> SearchResult:
-        """Q query vectors (what the embedder gives; ``centred``: already in the index's space, as
-        :meth:`ImageIndex.query_vector` makes them) -> the page's ranking of each: the same checks of ``k``,
-        ``folder``, ``exclude_folders`` and the dates taken (``YYYY-MM-DD``, both days included), the same scores;
-        never the photos ``exclude_ids``, nor for each query its own ``exclude_each`` (one per query: its photo
-        itself); ``deduplicate``: no near-copy of a better result. The JSON API searches through this, many queries
-        at once."""
-        index, k, folder, away, taken = self._query(k, folder, exclude_folders, taken_from, taken_to)
-        return index.search(vectors, k=k, folder=folder, offset=max(0, int(offset)), exclude_folders=away,
-                            taken=taken, centred=centred, exclude_ids=exclude_ids, deduplicate=deduplicate,
-                            exclude_each=exclude_each)
+        return self.searcher.folder(given)
 
     def from_vector(self, vector: np.ndarray, k: int, folder: str | None, label: str, embed_ms: float,
                     source: dict[str, Any] | None = None, exclude_folders: Sequence[str] = (),
                     taken_from: str | None = None, taken_to: str | None = None, centred: bool = False,
                     positives: np.ndarray | None = None, negatives: np.ndarray | None = None,
-                    query_ids: Sequence[int] = (), photo_ids: Sequence[int] = ()) -> tuple:
+                    query_ids: Sequence[int] = (), photo_ids: Sequence[int] = (), scope: Scope | None = None) -> tuple:
         """The page's (gallery, info, state) for a query vector (D; ``centred``: already in the index's space, a
         query of several photos: their features ``positives`` and ``negatives``) labelled ``label``; ``query_ids``:
         the query's indexed photos (the photo searched with, an upload's byte-identical files, the photos of several),
         left out of the results, and the info line says so; ``photo_ids``: the indexed photos the query's photos are,
-        left out of a later Search again. Every search of the page ends here, and so does the page's Search batched
-        by the JSON API's service."""
-        index, k, folder, away, taken = self._query(k, folder, exclude_folders, taken_from, taken_to)
+        left out of a later Search again; ``scope``: the search's values checked already (None: checked here). Every
+        search of the page ends here, and so does the page's Search batched by :class:`app.search.service.
+        SearchService`."""
+        scope = scope or self.searcher.check(k, folder, exclude_folders, taken_from, taken_to)
+        index, k, folder, away, taken = scope.index, scope.k, scope.folder, scope.away, scope.taken
         t0 = time.perf_counter()
-        hits = index.search(vector[None], k=k, folder=folder, exclude_folders=away, taken=taken, centred=centred,
-                            exclude_ids=query_ids)
+        hits = self.searcher.search(scope, vector[None], centred=centred, exclude_ids=query_ids)
         search_ms = (time.perf_counter() - t0) * 1000
         rows = hits.rows[0]
         state = Results(vector, k, folder, label, source, ids=[r.id for r in rows], paths=hits.paths[0],
@@ -337,22 +257,29 @@ class SearchApp:
     def search(self, image: Any, k: int = 12, folder: str | None = None, exclude_folders: Sequence[str] = (),
                taken_from: str | None = None, taken_to: str | None = None) -> tuple:
         """Upload -> (gallery items, info markdown, state)."""
-        self.ready_index()
-        self._query(k, folder, exclude_folders, taken_from, taken_to)  # bad filters: said before the model runs
+        scope = self.searcher.check(k, folder, exclude_folders, taken_from, taken_to)  # said before the model runs
         img = read_upload(image, self.embedder.resize)
         t0 = time.perf_counter()
         vector = self.embedder.embed(img)[0]  # D
         twins = self.upload_twins(image)  # the photo itself, when it is indexed: left out of its results
         return self.from_vector(vector, k, folder, "the uploaded image", (time.perf_counter() - t0) * 1000,
                                 exclude_folders=exclude_folders, taken_from=taken_from, taken_to=taken_to,
-                                query_ids=twins, photo_ids=twins)
+                                query_ids=twins, photo_ids=twins, scope=scope)
 
     def upload_twins(self, *uploads: Any) -> list[int]:
         """Ids of the indexed photos with an upload's very bytes (uploads that are files; others match none)."""
-        from index.build.plan import file_hashes
+        return self.searcher.twins(files=uploads)
 
-        hashes = file_hashes(u for u in uploads if isinstance(u, (str, os.PathLike)))
-        return self.ready_index().ids_of_files(hashes) if hashes else []
+    async def search_with(self, service: SearchService, image: Any, k: int = 12, folder: str | None = None,
+                          exclude_folders: Sequence[str] = (), taken_from: str | None = None,
+                          taken_to: str | None = None) -> tuple:
+        """:meth:`search`, the upload embedded by ``service`` in a batch with whatever else arrives (the page's
+        searches and the JSON API's alike); the results made off the event loop."""
+        scope = service.check(k, folder, tuple(exclude_folders or ()), taken_from, taken_to)
+        vector, embed_ms, twins = await service.embed_upload(image, scope)  # D
+        return await asyncio.to_thread(self.from_vector, vector, k, folder, "the uploaded image", embed_ms, None,
+                                       exclude_folders, taken_from, taken_to, query_ids=twins, photo_ids=twins,
+                                       scope=scope)
 
     def rerun(self, state: Results | None, k: int, folder: str | None, exclude_folders: Sequence[str] = (),
               taken_from: str | None = None, taken_to: str | None = None) -> tuple:
@@ -383,8 +310,8 @@ class SearchApp:
         if not (more or less or uploads or avoid):
             raise UserError("tick results under 'More like these' or 'Less like these' (or add photos), then search "
                             "again")
-        self._query(k, folder, exclude_folders, taken_from, taken_to)  # bad filters: said before the model runs
-        index = self.ready_index()
+        scope = self.searcher.check(k, folder, exclude_folders, taken_from, taken_to)  # said before the model runs
+        index = scope.index
         known = index.catalog.rows_by_id(more + less)
         gone = [i for i in more + less if i not in known or known[i].deleted or known[i].status != "ok"]
         if gone:
@@ -405,7 +332,7 @@ class SearchApp:
         label = f"{len(positives)} photos" + (f", less like {len(negatives)}" if len(negatives) else "")
         return self.from_vector(query, k, folder, label, embed_ms, None, exclude_folders, taken_from, taken_to,
                                 centred=True, positives=positives, negatives=negatives if len(negatives) else None,
-                                query_ids=sorted(set(ids)), photo_ids=sorted(set(ids)))
+                                query_ids=sorted(set(ids)), photo_ids=sorted(set(ids)), scope=scope)
 
     def search_buttons(self, state: Results | None, image: Any = None, more_like: Sequence[Any] = (),
                        less_like: Sequence[Any] = (), uploads: Sequence[Any] = (), avoid: Sequence[Any] = ()
@@ -656,7 +583,8 @@ class SearchApp:
         st = index.stats()
         if threshold is not None:
             given = exclude_folders.split(",") if isinstance(exclude_folders, str) else exclude_folders
-            away = tuple(f for f in (self._folder(g.strip(), "exclude_folders") for g in given if g.strip()) if f)
+            away = tuple(f for f in (self.searcher.folder(g.strip(), "exclude_folders") for g in given if g.strip())
+                         if f)
             self.duplicates.find(float(threshold), similar, away)
         dup = self.duplicates.saved()
         recall = st["recall_at_10"]

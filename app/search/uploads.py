@@ -1,19 +1,14 @@
-"""Uploads the page accepts, and our own message for each one it cannot use.
+"""Uploads a search accepts (the page's, the API's), and our own message for each one it cannot use.
 
-Gradio's ``Image`` opens an upload with PIL before any handler runs, so a text file named ``.jpg`` or an
-empty file ends as a bare red "Error" with a traceback in the server log. ``QueryImage`` passes the
-uploaded file's path through untouched; ``read_upload`` then decodes it with the same decoder as the index
-and turns every failure into one line naming the file and the fix: an image with too many pixels (from its
-header, never decoded) or too few to search with (:func:`index.query.check_query_size`, the rule of every
-door) included. Files over the size cap never reach the server: Gradio refuses them in the browser, and
-``SIZE_CHECK_JS`` writes our message on the page.
+``read_upload`` decodes an upload with the same decoder as the index and turns every failure into one line naming
+the file and the fix: an image over :data:`MAX_UPLOAD_MB`, with too many pixels (from its header, never decoded) or
+too few to search with (:func:`index.query.check_query_size`, the rule of every door) included.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -25,27 +20,10 @@ from index.query import check_query_size
 from moco.data.photos import DEFAULT_MAX_PIXELS, ImageDecodeError, load_rgb, open_regular
 from moco.errors import UserError
 
-__all__ = ["MAX_UPLOAD_MB", "QueryImage", "read_upload", "upload_suffix", "size_check_js"]
+__all__ = ["MAX_UPLOAD_MB", "FORMATS", "read_upload", "upload_suffix"]
 
 MAX_UPLOAD_MB = 25  # per uploaded file; Gradio enforces it before the upload, read_upload again after
 FORMATS = "JPEG, PNG, WebP, GIF, BMP or TIFF"
-
-
-def _pass_path(self: Any, payload: Any) -> str | None:
-    """``preprocess`` of a QueryImage: the uploaded file's path, decodable or not (read_upload explains)."""
-    return None if payload is None else str(payload.path)
-
-
-def QueryImage(**kwargs: Any) -> Any:  # noqa: N802 - reads as the component it makes
-    """A ``gr.Image(type="filepath", image_mode=None)`` that never rejects an upload before our handler.
-
-    Only this instance's ``preprocess`` changes (a subclass would make Gradio write a ``.pyi`` beside this file).
-    """
-    import gradio as gr
-
-    image = gr.Image(type="filepath", image_mode=None, **kwargs)
-    image.preprocess = types.MethodType(_pass_path, image)
-    return image
 
 
 def _header_size(path: str | Path) -> tuple[int, int] | None:
@@ -113,23 +91,3 @@ def read_upload(image: Any, min_short: int | None = None, name: str | None = Non
         return load_rgb(image, min_short=min_short)
     except ImageDecodeError as e:
         raise UserError(f"{name}: {e.reason}; upload a photo ({FORMATS})") from None
-
-
-def size_check_js() -> str:
-    """Page script: a file over the cap, picked or dropped on an upload box, gets our message beside it."""
-    return f"""() => {{
-  const cap = {MAX_UPLOAD_MB} * 1024 * 1024;
-  const boxes = {{"query": "#search-error", "neg-query": "#neg-summary"}};
-  const check = (files, target) => {{
-    const host = target && target.closest ? target.closest("#query, #neg-query") : null;
-    if (!host || !files) return;
-    for (const f of files) {{
-      if (f.size <= cap) continue;
-      const box = document.querySelector(boxes[host.id]);
-      if (box) box.innerText = "Error: " + f.name + " is " + (f.size / 1e6).toFixed(1) + " MB, over the " +
-        {MAX_UPLOAD_MB} + " MB upload limit: upload a smaller copy (for example exported at 4000 px on its long side)";
-    }}
-  }};
-  document.addEventListener("change", e => check(e.target.files, e.target), true);
-  document.addEventListener("drop", e => check(e.dataTransfer && e.dataTransfer.files, e.target), true);
-}}"""

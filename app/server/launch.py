@@ -16,7 +16,7 @@ from typing import Any
 
 from app.page.blocks import CSS, build_ui, page_js
 from app.page.handlers import SearchApp
-from app.page.uploads import MAX_UPLOAD_MB
+from app.search.uploads import MAX_UPLOAD_MB
 from app.server import heap
 from index.image_index import ImageIndex
 from index.index_dir import CATALOG_FILE, DEDUP_FILE, INDEX_FILE, META_FILE, THUMBS_DIR
@@ -64,7 +64,7 @@ def launch_kwargs(index: ImageIndex | Path, host: str, port: int, auth: tuple[st
     to its own names (:mod:`app.guard.origins`); failed logins are throttled per address and per account, one count
     for the page and the API (:mod:`app.guard.access`). The client address is the socket peer, or what
     ``X-Forwarded-For`` says only when the peer is in ``trusted_proxies``: this sets ``$FORWARDED_ALLOW_IPS``,
-    which uvicorn reads when ``demo.launch`` starts it. ``api``: an :class:`app.api.routes.SearchService`: its JSON
+    which uvicorn reads when ``demo.launch`` starts it. ``api``: an :class:`app.api.routes.Api`: its JSON
     API is served beside the page (``/api/v1``), under its settings, with its request bodies capped.
     """
     import gradio as gr
@@ -111,23 +111,24 @@ def make_demo(index_dir: str | Path, checkpoint: str | Path | None = None, backb
               device: str = "auto",
               service: Callable[[SearchApp], Any] | None = None) -> tuple[Any, SearchApp]:
     """Open the index, load its backbone (sha-checked) and build the queued Blocks; ``service(app)`` makes the
-    JSON API's :class:`app.api.routes.SearchService` (``demo.api_service``), which the page's Search then shares."""
+    JSON API (:class:`app.api.routes.Api`, ``demo.api_service``), whose searches the page's Search then shares."""
     index = ImageIndex.open(index_dir)
     app = SearchApp(index, index.load_embedder(backbone, device=device), checkpoint)
     api_service = service(app) if service is not None else None
-    demo = _queued(build_ui(app, api_service))
+    demo = _queued(build_ui(app, api_service.search if api_service is not None else None))
     demo.api_service = api_service
     return demo, app
 
 
 def _service(app: SearchApp, auth: tuple[str, str] | None, api: Any) -> Any:
-    """The JSON API's SearchService over ``app`` (``api``: :class:`app.guard.access.ApiSettings`, None: defaults)."""
-    from app.api.routes import SearchService
+    """The JSON API over ``app`` (:class:`app.api.routes.Api`; ``api``: :class:`app.guard.access.ApiSettings`,
+    None: defaults)."""
+    from app.api.routes import Api
     from app.guard.access import ApiSettings
 
     settings = api or ApiSettings()
     settings.auth = auth
-    return SearchService(app, settings)
+    return Api(app, settings)
 
 
 def _quiet_clients() -> None:
@@ -175,7 +176,7 @@ def serve_pending(index_dir: str | Path, photos: str | Path, status: Any, host: 
     _pyplot_first()
     app = SearchApp(status=status)
     service = _service(app, auth, api)
-    demo = _queued(build_ui(app, service))
+    demo = _queued(build_ui(app, service.search))
     demo.api_service = service
     _launch(demo, launch_kwargs(Path(index_dir), host, port, auth, Path(photos), trusted_proxies, api=service), limits)
     return demo, app

@@ -21,7 +21,7 @@ from app.page.negatives.view import (
     reason_codes,
     to_u8,
 )
-from app.page.uploads import read_upload
+from app.search.uploads import read_upload
 from moco.data.augment import two_views
 from moco.data.photos import square_u8
 from moco.errors import UserError

@@ -28,7 +28,7 @@ from app.page.negatives.view import (
     reason_codes,
     to_u8,
 )
-from app.page.uploads import read_upload
+from app.search.uploads import read_upload
 from index.build.sync import chance_level
 from moco.data.augment import two_views
 from moco.data.photos import load_rgb, square_u8
