@@ -16,12 +16,21 @@ def bench_backbone(work: Path, backbone: Path | None, run: Path | None, size: in
     work.mkdir(parents=True, exist_ok=True)
     out = work / "backbone.safetensors"
     if run:
+        for old in work.glob("random-*px.done"):  # the file is a run's from now on
+            old.unlink()
         export_backbone(run / "checkpoint.pt", out)
         return out, f"{run} (exported)"
+    described = "random ResNet-18 (no training: the weakest model)"
+    made_for = work / f"random-{size}px.done"  # the export of the same weights for this size: kept, so that the
+    if out.is_file() and made_for.is_file():  # indexes built with it stay usable (an export's bytes differ each time)
+        return out, described
     import torch
     import torchvision
 
     torch.manual_seed(0)
     torch.save(torchvision.models.resnet18(weights=None).state_dict(), work / "random.pth")
     export_backbone(work / "random.pth", out, image_size=size)
-    return out, "random ResNet-18 (no training: the weakest model)"
+    for old in work.glob("random-*px.done"):
+        old.unlink()
+    made_for.touch()
+    return out, described

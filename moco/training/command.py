@@ -166,6 +166,7 @@ def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
     from moco.training.checkpoints import resume_config
     from moco.training.loop import train
     from moco.training.setup import bn_splits_for, warn_small_bn_groups
+    from moco.weights.layouts import load_checkpoint
 
     from_file = load_config_file(args.config) if args.config else {}
     data_dir = args.data_dir or from_file.get("data_dir", "")  # DATA_DIR overrides the file's, as any flag does
@@ -175,13 +176,14 @@ def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
     preset = args.preset or file_preset
     overrides = {**from_file, **config_overrides(args)}
     run_dir = Path(args.out)
-    init = None
+    init = ckpt = None
     if args.resume:
         if not (run_dir / "checkpoint.pt").exists():
             raise UserError(f"--resume: no checkpoint at {run_dir / 'checkpoint.pt'}; drop --resume to start a new run")
         if preset:
             overrides["preset"] = preset
-        cfg = resume_config(run_dir, {**overrides, "data_dir": data_dir})
+        ckpt = load_checkpoint(run_dir / "checkpoint.pt")  # read once: its config here, its state in train()
+        cfg = resume_config(run_dir, {**overrides, "data_dir": data_dir}, ckpt)
     else:
         if not data_dir:
             raise UserError("training needs DATA_DIR, the folder of photos to train on (or --resume with --out)")
@@ -198,7 +200,7 @@ def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if int(os.environ.get("RANK", "0")) == 0 and cfg.bn_splits >= 0:  # the flags' user is told, not train()'s callers
         warn_small_bn_groups(replace(cfg, bn_splits=bn_splits_for(cfg, world)), world, cfg.head == "v3" and world > 1)
     return train(cfg, resume=args.resume, progress=not args.quiet, stop_after=args.stop_after,
-                 tensorboard=args.tensorboard, init=init)
+                 tensorboard=args.tensorboard, init=init, checkpoint=ckpt)
 
 
 def main(argv: list[str] | None = None) -> int:

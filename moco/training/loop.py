@@ -73,7 +73,7 @@ def _step_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
 
 def train(
     cfg: TrainConfig, resume: bool = False, progress: bool = True, stop_after: int | None = None,
-    tensorboard: bool = False, init: SplitCheckpoint | None = None,
+    tensorboard: bool = False, init: SplitCheckpoint | None = None, checkpoint: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Train MoCo on ``cfg.data_dir`` into ``cfg.out``; returns a summary dict.
 
@@ -83,23 +83,26 @@ def train(
     (the schedule still spans the whole run), e.g. to split training into sessions.
     ``tensorboard``: also write the metrics.jsonl records as TensorBoard scalars to ``cfg.out/tensorboard``.
     ``init``: ``cfg.init`` as the caller read it (:func:`moco.weights.layouts.read_checkpoint`); None: read here.
+    ``checkpoint``: with ``resume``, ``cfg.out/checkpoint.pt`` as the caller read it
+    (:func:`moco.weights.layouts.load_checkpoint`, for its config); None: read here.
     The resolved config is written to ``cfg.out/config.json`` before training starts. While the run lasts it holds
     ``cfg.out``'s lock (:func:`moco.files.lock_dir`): a second run on that directory refuses, naming it.
     """
     exit_if_importing_main()  # a script's top-level call, run again by a decoding worker: that worker stops there
     with contextlib.ExitStack() as held:  # the run directory's lock, once taken
-        return _train(cfg, resume, progress, stop_after, tensorboard, init, held)
+        return _train(cfg, resume, progress, stop_after, tensorboard, init, held, checkpoint)
 
 
 def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | None, tensorboard: bool,
-           init: SplitCheckpoint | None, held: contextlib.ExitStack) -> dict[str, Any]:
+           init: SplitCheckpoint | None, held: contextlib.ExitStack,
+           checkpoint: dict[str, Any] | None = None) -> dict[str, Any]:
     writer_class = summary_writer_class() if tensorboard else None  # missing tensorboard: fail before any work
     d = Dist.join(cfg.device)
     cfg = replace(cfg, bn_splits=bn_splits_for(cfg, d.world))  # auto resolved for this run; the checkpoint keeps it
     run_dir = Path(cfg.out)
     ckpt = None
     if resume:
-        ckpt = load_checkpoint(run_dir / "checkpoint.pt")
+        ckpt = checkpoint if checkpoint is not None else load_checkpoint(run_dir / "checkpoint.pt")
         check_resumable(from_plain(ckpt["config"]), cfg)
     validate(cfg, d.world)
     device = resolve_device(cfg.device)
