@@ -45,7 +45,7 @@ def _cpu_model() -> str:
 def _build(work: Path) -> tuple[Path, Path]:
     """The index (64 photos) and one photo of it."""
     from bench._backbone import bench_backbone
-    from index.build.runner import build_index
+    from index.building.runner import build_index
     from moco.data.sample import make_sample_collection
 
     photos = work / "photos"

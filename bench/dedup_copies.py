@@ -175,9 +175,9 @@ def _backbone(args: argparse.Namespace) -> tuple[Path, str]:
 
 def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]:
     """One collection of ``n`` photos (and their copies): built, indexed, grouped, scored."""
-    from index.build.runner import build_index
-    from index.dedup import search_duplicates
-    from index.image_index import ImageIndex
+    from index.building.runner import build_index
+    from index.duplicates.dedup import search_duplicates
+    from index.search.image_index import ImageIndex
 
     root = args.work / str(n)
     shutil.rmtree(root, ignore_errors=True)

@@ -7,7 +7,7 @@ RUN_DIR: a training run (its checkpoint.pt); PHOTOS_DIR: a folder of photos in o
 used only to score the groups: a group is *pure* when every member has its representative's class). The index is
 built with the current code (its space and calibration); "before" links every pair at or above the old fixed
 threshold of the backbone's kind (0.95 centred, 0.8 whitened, 0.7 with the pooled stages) and takes connected
-components, as `index/dedup.py` did.
+components, as `index/duplicates/dedup.py` did.
 """
 
 from __future__ import annotations
@@ -59,10 +59,10 @@ def main() -> int:
     import numpy as np
 
     from bench.doors import _cpu_model
-    from index.build.runner import build_index
+    from index.building.runner import build_index
     from index.calibrate import DEDUP_THRESHOLD, STAGED_DEDUP_THRESHOLD, WHITENED_DEDUP_THRESHOLD
-    from index.dedup import find_duplicates
-    from index.image_index import ImageIndex
+    from index.duplicates.dedup import find_duplicates
+    from index.search.image_index import ImageIndex
     from moco.export.exporter import export_backbone
 
     args.work.mkdir(parents=True, exist_ok=True)

@@ -175,8 +175,8 @@ def write_collection(root: Path, n: int, share: float, large: int, seed: int, sp
 _SEARCH = """
 import json, re, sys, time
 t0 = time.perf_counter()
-from index.dedup import search_duplicates
-from index.image_index import ImageIndex
+from index.duplicates.dedup import search_duplicates
+from index.search.image_index import ImageIndex
 found = search_duplicates(ImageIndex.open(sys.argv[1]), save=False)
 seconds = time.perf_counter() - t0
 peak = int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read())[1]) * 1024
@@ -212,7 +212,7 @@ def _score(groups: list[dict[str, Any]], copies: dict[str, str]) -> dict[str, An
 
 
 def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]:
-    from index.build.runner import build_index
+    from index.building.runner import build_index
 
     root, idx = args.work / str(n), args.work / f"{n}.idx"
     if not (root / "done").exists() or not (idx / "index.faiss").exists():
@@ -242,7 +242,7 @@ def _added(n: int, args: argparse.Namespace, idx: Path, root: Path, copies: dict
     """The search again after ``--add`` of the photos were added (new photos, a share of them with a copy, under
     ``root/added``) and the index updated (a copy of it, with what the full search kept): its time against the
     full search's."""
-    from index.build.runner import update_index
+    from index.building.runner import update_index
 
     extra = max(1, round(args.add * n))
     added = args.work / f"{n}.added"

@@ -46,7 +46,7 @@ def main() -> int:
 
     from app.cli.commands import main as cli
     from app.page.handlers import SearchApp
-    from index.image_index import ImageIndex
+    from index.search.image_index import ImageIndex
     from moco.data.augment import center_view
     from moco.data.photos import load_square_u8
     from moco.embed import Embedder

@@ -149,7 +149,7 @@ def check_faiss(device: str, args: argparse.Namespace, mismatches: list[str]) ->
     """The same vectors in a flat and an ivf store on the GPU and on the CPU: ids and recall."""
     import faiss
 
-    from index.store import VectorStore, exact_topk, recall_at
+    from index.search.store import VectorStore, exact_topk, recall_at
 
     on_gpu = "yes" if device == "cuda" else "no"
     rng = np.random.default_rng(0)

@@ -1,5 +1,6 @@
 """Search with several photos (issue 43): precision@10 with 1, 3 and 5 positive photos, with and without 3 negatives,
-per query rule of :mod:`index.query`, against the one-photo search; the rule chosen on a tuning split, reported on
+per query rule of :mod:`index.search.query`, against the one-photo search; the rule chosen on a tuning split, reported
+on
 another.
 
     OMP_NUM_THREADS=1 python bench/multi_query.py --work .bench_runs/multi_query --json bench/results/multi_query.json
@@ -39,7 +40,7 @@ from bench._datasets import CLASSES, fashion_mnist, write_folder  # noqa: E402
 
 POSITIVES = (1, 3, 5)
 NEGATIVES = 3
-# (name, rule, parameters of index.query.combine)
+# (name, rule, parameters of index.search.query.combine)
 CANDIDATES: tuple[tuple[str, str, dict[str, float]], ...] = (
     ("mean", "mean", {}),
     ("difference b=0.1", "difference", {"beta": 0.1}),
@@ -79,7 +80,7 @@ def precision_at(ids: np.ndarray, labels: dict[int, int], want: int, k: int = 10
 def run_split(idx: Any, trials: int, seed: int) -> dict[str, Any]:
     """Mean precision@10 of every candidate rule (and the one-photo search) for each setting on one index."""
     from index.catalog import sample_ids
-    from index.query import BACKGROUND, combine
+    from index.search.query import BACKGROUND, combine
 
     ids = idx.catalog.ok_ids()  # N
     rows = idx.catalog.rows_by_id(ids)
@@ -135,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="write every figure here")
     args = p.parse_args(argv)
 
-    from index.build.runner import build_index
-    from index.image_index import ImageIndex
+    from index.building.runner import build_index
+    from index.search.image_index import ImageIndex
 
     args.work.mkdir(parents=True, exist_ok=True)
     backbone, described = _backbone(args)

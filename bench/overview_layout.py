@@ -55,7 +55,7 @@ def knn_seconds(x: np.ndarray, k: int) -> tuple[str, float]:
     """(the store kind ``auto`` picks for ``x``, seconds for a k-NN search of every row): what the themes' averaging
     over each photo's closest photos costs (:func:`index.overview.themes.smoothed_vectors`); building and training
     the store is the index build's, not counted."""
-    from index.store import VectorStore, choose_kind
+    from index.search.store import VectorStore, choose_kind
 
     kind = choose_kind(len(x), x.shape[1], 1 << 40)
     store = VectorStore.create(kind, x.shape[1], len(x), use_gpu="no")

@@ -89,8 +89,8 @@ def _backbone(args: argparse.Namespace) -> tuple[Path, str]:
 def _split(name: str, images: np.ndarray, args: argparse.Namespace, backbone: Path) -> Any:
     """The split's images written and indexed: its ImageIndex and the image number of each photo id."""
     from bench._datasets import write_folder
-    from index.build.runner import build_index
-    from index.image_index import ImageIndex
+    from index.building.runner import build_index
+    from index.search.image_index import ImageIndex
 
     root = args.work / f"{name}{len(images)}"
     write_folder(root, images)  # numbered folders of 1,000: no labels on disk

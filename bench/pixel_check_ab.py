@@ -1,8 +1,10 @@
 """The pixel check's cost a pair, this tree's against a peer's, on pairs a real search scored.
 
 Reads an index folder that a duplicate search has left its kept work in (``dedup-frames.bin``, ``dedup-checked.bin``,
-see index/dedup_cache.py), takes its first ``--pairs`` scored pairs (sorted, as a search checks them: a photo's
-partners together), and scores them with this tree's ``index/verify.py`` and with the peer worktree's, alternating
+see index/duplicates/dedup_cache.py), takes its first ``--pairs`` scored pairs (sorted, as a search checks them: a
+photo's
+partners together), and scores them with this tree's ``index/duplicates/verify.py`` and with the peer worktree's,
+alternating
 in one process (the best of ``--rounds`` each). Prints milliseconds a pair for both, their ratio, the copies each
 finds (score >= COPY_SCORE) and how many pairs changed side.
 
@@ -24,13 +26,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from index import verify  # noqa: E402
-from index.dedup_cache import CHECKED_FILE, FRAMES_FILE, kept_frames, kept_scores  # noqa: E402
+from index.duplicates import verify  # noqa: E402
+from index.duplicates.dedup_cache import CHECKED_FILE, FRAMES_FILE, kept_frames, kept_scores  # noqa: E402
 
 
 def _peer_verify(worktree: Path):  # -> module
-    """The peer's index/verify.py as a module of its own (it imports nothing of ours but moco's errors)."""
-    spec = importlib.util.spec_from_file_location("peer_verify", worktree / "index" / "verify.py")
+    """The peer's index/duplicates/verify.py (index/verify.py before issue 53's move) as a module of its own (it
+    imports nothing of ours but moco's errors)."""
+    where = next((p for p in (worktree / "index" / "duplicates" / "verify.py", worktree / "index" / "verify.py")
+                  if p.is_file()), worktree / "index" / "duplicates" / "verify.py")
+    spec = importlib.util.spec_from_file_location("peer_verify", where)
     module = importlib.util.module_from_spec(spec)
     sys.modules["peer_verify"] = module
     spec.loader.exec_module(module)

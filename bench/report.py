@@ -567,7 +567,7 @@ def _duplicates() -> list[str]:
                 f"{d['dataset']} ({d.get('split', 'one')} split), {d['backbone']}, photos of {d['photo_px']} px, "
                 f"{d['copies_share']:.1%} given a copy; {d['cpu']}"
                 + (f"; a near pair is a copy by its pixels (copy score >= {d['sizes'][0]['copy_score']}, "
-                   "index/verify.py)" if d["sizes"] and d["sizes"][0].get("copy_score") else
+                   "index/duplicates/verify.py)" if d["sizes"] and d["sizes"][0].get("copy_score") else
                    "; before the pixel check (a run of an older version)") + ".",
                 "",
                 "| photos | threshold (rule) | " + " | ".join(f"recall {e}" for e in edits)
@@ -675,7 +675,8 @@ def _overview() -> list[str]:
 
 
 def _multi_query() -> list[str]:
-    """Issue 43: precision@10 of a query of several photos, per rule of ``index.query`` (``bench/multi_query.py``)."""
+    """Issue 43: precision@10 of a query of several photos, per rule of ``index.search.query``
+    (``bench/multi_query.py``)."""
     out: list[str] = []
     for path in sorted(RESULTS.glob("multi_query*.json")):
         d = json.loads(path.read_text())
@@ -700,7 +701,8 @@ def _multi_query() -> list[str]:
             "search with the positives alone. Each query is searched through the index with its own photos left out "
             "(the negatives too, so even `mean`, which ignores them, gains from 3 wrong results taken away); "
             "precision@10 is the share of the 10 results of the drawn class; `one photo` is the first positive's own "
-            "search. The doors use the best of the trained model's tuning split (`index.query.RULE`, `BETA`).", "",
+            "search. The doors use the best of the trained model's tuning split (`index.search.query.RULE`, "
+            "`BETA`).", "",
             *out]
 
 

@@ -54,7 +54,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from index.catalog import sample_ids  # noqa: E402
-from index.store import (  # noqa: E402
+from index.search.store import (  # noqa: E402
     VectorStore,
     choose_kind,
     recall_at,  # noqa: E402

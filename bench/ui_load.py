@@ -44,7 +44,7 @@ def _prepare(images: int) -> tuple[Path, Path]:
     import torch
     import torchvision
 
-    from index.build.runner import build_index
+    from index.building.runner import build_index
     from moco.data.sample import make_sample_collection
     from moco.export.exporter import export_backbone
 
@@ -256,7 +256,7 @@ def main() -> None:
     import torch
 
     from app.page.handlers import SearchApp
-    from index.image_index import ImageIndex
+    from index.search.image_index import ImageIndex
 
     torch.set_num_threads(1)
     index = ImageIndex.open(idx)

@@ -15,14 +15,14 @@ from typing import TYPE_CHECKING
 from moco._lazy import lazy_face
 
 if TYPE_CHECKING:  # what editors and type checkers see; at run time each name is imported when first used
-    from index.build.runner import build_index as build_index
-    from index.build.runner import update_index as update_index
-    from index.dedup import find_duplicates as find_duplicates
-    from index.image_index import ImageIndex as ImageIndex
-    from index.image_index import SearchResult as SearchResult
-    from index.store import VectorStore as VectorStore
+    from index.building.runner import build_index as build_index
+    from index.building.runner import update_index as update_index
+    from index.duplicates.dedup import find_duplicates as find_duplicates
+    from index.search.image_index import ImageIndex as ImageIndex
+    from index.search.image_index import SearchResult as SearchResult
+    from index.search.store import VectorStore as VectorStore
 
 __all__, __getattr__, __dir__ = lazy_face(__name__, {
-    "ImageIndex": "image_index", "SearchResult": "image_index", "build_index": "build.runner",
-    "update_index": "build.runner", "find_duplicates": "dedup", "VectorStore": "store",
+    "ImageIndex": "search.image_index", "SearchResult": "search.image_index", "build_index": "building.runner",
+    "update_index": "building.runner", "find_duplicates": "duplicates.dedup", "VectorStore": "search.store",
 })

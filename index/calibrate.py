@@ -84,7 +84,8 @@ STAGED_DEDUP_THRESHOLD = 0.7
 
 
 class Scored(Protocol):
-    """What an index's near-duplicate threshold depends on (an :class:`~index.image_index.ImageIndex` has it): its
+    """What an index's near-duplicate threshold depends on (an :class:`~index.search.image_index.ImageIndex` has it):
+    its
     ``index.json`` and whether its space whitens, with pooled stages or not."""
 
     meta: dict[str, Any]

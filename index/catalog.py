@@ -17,7 +17,8 @@ deleted rows, so a kill at any point leaves a readable index and a re-run that f
 
 The user's say on duplicates lives here too: ``not_duplicates`` (pairs of photos never grouped), ``keepers``
 (photos chosen to keep of their group), both leaving with their photo's row, and ``dedup_moves``, the journal of
-duplicates moved out of the collection (:mod:`index.resolve.journal`). A catalog of an older version gets these
+duplicates moved out of the collection (:mod:`index.duplicates.resolve.journal`). A catalog of an older version gets
+these
 tables when it is first written to.
 
 Paths are the ``str`` Python gets from the OS: a file name that is not valid UTF-8 holds lone
@@ -81,7 +82,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 
 # Tables an older catalog gets when it is first written to (``Catalog._ensure``): the user's say on duplicates, which
 # leaves with the photo (a photo whose content changed is re-embedded under its id: its row is replaced, and its say
-# with it), and the journal of duplicates moved (``index.resolve.journal``).
+# with it), and the journal of duplicates moved (``index.duplicates.resolve.journal``).
 _DEDUP_SCHEMA = """
 CREATE TABLE IF NOT EXISTS not_duplicates (  -- two photos the user said are not duplicates of each other
     a      INTEGER NOT NULL REFERENCES images(id) ON DELETE CASCADE,

@@ -159,7 +159,7 @@ def trained_index(tmp: Path, photo_size: int = 48) -> dict[str, Path]:
 
     Returns the paths: photos, ckpt (RUN/checkpoint.pt), idx, tmp.
     """
-    from index.build.runner import build_index
+    from index.building.runner import build_index
     from moco.config import resolve_config
     from moco.export.exporter import export_backbone
     from moco.training.loop import train

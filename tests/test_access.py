@@ -18,7 +18,7 @@ import pytest
 
 from app.guard.access import ApiSettings, LoginThrottle
 from app.server.launch import serve
-from index.build.runner import build_index
+from index.building.runner import build_index
 from moco.errors import UserError
 
 from .live import free_port

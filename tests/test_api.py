@@ -23,10 +23,10 @@ from PIL import Image
 from app.guard.access import MAX_BODY_BYTES, ApiSettings
 from app.page.blocks import _safe
 from app.server.launch import serve
-from index.build.plan import file_hash
-from index.build.runner import build_index
-from index.dedup import find_duplicates, load_duplicates
-from index.image_index import ImageIndex
+from index.building.plan import file_hash
+from index.building.runner import build_index
+from index.duplicates.dedup import find_duplicates, load_duplicates
+from index.search.image_index import ImageIndex
 from moco.data.sample import make_sample_collection
 
 from .live import free_port, wait_served

@@ -14,7 +14,7 @@ import pytest
 from app.guard.access import ApiSettings
 from app.guard.origins import check_cors_origins
 from app.server.launch import serve
-from index.build.runner import build_index
+from index.building.runner import build_index
 from moco.errors import UserError
 
 from .live import ARGS, CHROMIUM, free_port, wait_served

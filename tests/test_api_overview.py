@@ -15,7 +15,7 @@ from PIL import Image
 from app.cli.commands import main
 from app.guard.access import ApiSettings
 from app.server.launch import serve
-from index.build.runner import build_index, update_index
+from index.building.runner import build_index, update_index
 
 from .live import free_port
 

@@ -18,13 +18,12 @@ ROOMS = {
     "moco": {"moco._lazy": 0, "moco.errors": 0, "moco.files": 1, "moco.runtime": 1, "moco.excludes": 1,
              "moco.config": 2, "moco.whiten": 2, "moco.data": 2, "moco.model": 3, "moco.weights": 4, "moco.export": 5,
              "moco.training": 6, "moco.embed": 6},
-    "index": {"index.trailer": 0, "index.catalog": 0, "index.query": 0, "index.verify": 0, "index.store": 1,
-              "index.calibrate": 1, "index.keeper": 1, "index.dedup_cache": 1, "index.index_dir": 2, "index.propose": 2,
-              "index.overview": 3, "index.image_index": 4, "index.dedup": 5, "index.build": 6, "index.resolve": 7},
+    "index": {"index.catalog": 0, "index.calibrate": 1, "index.search": 2, "index.overview": 3, "index.building": 3,
+              "index.duplicates": 4},
     "app": {"app.run": 0, "app.search": 0, "app.page": 1, "app.guard": 1, "app.api": 2, "app.server": 3,
             "app.cli": 4},
 }
-TOP_MODULES = 12  # at most this many modules beside the stages at the top of moco/ and app/
+TOP_MODULES = {"moco": 12, "app": 12, "index": 3}  # at most this many modules beside the stages at each package's top
 
 
 def _modules() -> dict[str, Path]:
@@ -145,9 +144,10 @@ def test_the_exporter_does_not_import_the_trainer():
 
 
 def test_a_few_modules_beside_the_stages():
-    for pkg in ("moco", "app"):
+    assert set(TOP_MODULES) == set(PACKAGES)
+    for pkg, most in TOP_MODULES.items():
         top = [f.name for f in (ROOT / pkg).glob("*.py") if f.name != "__init__.py"]
-        assert len(top) <= TOP_MODULES, (pkg, top)
+        assert len(top) <= most, (pkg, top)
 
 
 def test_only_a_package_face_lists_names_it_does_not_define():
@@ -200,3 +200,32 @@ def test_every_module_and_name_the_architecture_page_gives_exists():
         defined |= {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign) for t in n.targets
                     if isinstance(t, ast.Name)}
         assert name in defined, (path, name)
+
+
+WHERE_TO_ADD = ("A backbone family", "An API route", "A duplicate rule", "An export format")
+
+
+def test_the_where_to_add_entries_name_files_and_functions_that_exist():
+    """Each entry of the page's "Where to add" above names files that exist, and the names in the parentheses
+    after a file (``moco/weights/arch.py`` (``detect_arch``, ``detect_vit``)) are defined in that file."""
+    text = (ROOT / "docs" / "ARCHITECTURE.md").read_text()
+    section = text.split("## Where to add", 1)[1].split("\n## ", 1)[0]
+    entries = {m.group(1): m.group(2) for m in re.finditer(r"^- \*\*(.+?)\*\*:(.*?)(?=^- \*\*|\Z)", section,
+                                                           re.M | re.S)}
+    assert set(WHERE_TO_ADD) <= set(entries), sorted(entries)
+    for title in WHERE_TO_ADD:
+        entry = entries[title]
+        files = re.findall(r"`((?:moco|index|app|tests)/[\w/]+\.py)`", entry)
+        assert files, title
+        assert [f for f in files if not (ROOT / f).is_file()] == [], title
+        named = re.findall(r"`((?:moco|index|app)/[\w/]+\.py)`\s*\(([^()]*)\)", entry)
+        assert named, title  # at least one file with the names to look for in it
+        for path, inside in named:
+            tree = ast.parse((ROOT / path).read_text())
+            defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+            defined |= {t.id for n in ast.walk(tree) if isinstance(n, ast.Assign | ast.AnnAssign)
+                        for t in (n.targets if isinstance(n, ast.Assign) else [n.target]) if isinstance(t, ast.Name)}
+            names = re.findall(r"`([A-Za-z_][\w.]*)`", inside)
+            assert names, (title, path)
+            missing = [n for n in names if not set(n.split(".")) <= defined]
+            assert missing == [], (title, path, missing)

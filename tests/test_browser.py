@@ -442,7 +442,7 @@ def test_the_search_hint_and_buttons_follow_the_index(browser, pending):
 @pytest.fixture(scope="module")
 def dup_served(backbone, tmp_path_factory) -> Iterator[dict[str, Any]]:
     """`moco serve` over a collection with an exact and a near copy, its duplicates found by `moco index dedup`."""
-    from index.build.runner import build_index
+    from index.building.runner import build_index
 
     from .test_dedup_actions import _bytes, _collection
 
@@ -464,7 +464,7 @@ def _dup_message(page: Any, words: str) -> str:
 
 
 def test_review_a_page_of_groups_change_a_keeper_move_and_undo(browser, dup_served):
-    from index.resolve.actions import DUPLICATES_DIR
+    from index.duplicates.resolve.actions import DUPLICATES_DIR
 
     from .test_dedup_actions import _where
 

@@ -27,7 +27,7 @@ SELECTED = "#map-selection button.thumbnail-item"
 @pytest.fixture(scope="module")
 def served(backbone, tmp_path_factory) -> Iterator[dict[str, Any]]:
     """`moco serve` over an index of 6 families x 8 generated photos."""
-    from index.build.runner import build_index
+    from index.building.runner import build_index
     from moco.data.sample import make_sample_collection
 
     tmp = tmp_path_factory.mktemp("browser_map")
@@ -47,7 +47,7 @@ def browser() -> Iterator[Any]:
 @pytest.fixture(scope="module")
 def catalog(served) -> dict[int, str]:
     """Every indexed photo: id -> path."""
-    from index.image_index import ImageIndex
+    from index.search.image_index import ImageIndex
 
     index = ImageIndex.open(served["idx"])
     return {r.id: r.path for r in index.catalog.rows().values() if r.status == "ok"}
@@ -208,9 +208,9 @@ def test_a_box_and_a_lasso_show_the_photos_inside(browser, served, catalog):
 
 
 def test_a_theme_opens_its_grid_and_the_unusual_rank_as_the_index(browser, served, catalog):
-    from index.image_index import ImageIndex
     from index.overview.themes import collection_themes
     from index.overview.unusual import unusual_photos
+    from index.search.image_index import ImageIndex
 
     index = ImageIndex.open(served["idx"])
     themes = collection_themes(index)

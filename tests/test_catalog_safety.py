@@ -138,7 +138,7 @@ def _snapshot(index_dir: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("reader_open", [False, True], ids=["alone", "while-serving"])
 def test_full_disk_says_so_and_keeps_the_index(photos, backbone, tmp_path, capsys, reader_open):
-    from index.image_index import ImageIndex
+    from index.search.image_index import ImageIndex
 
     with tmpfs(tmp_path / "mnt", "16m") as mnt:
         out = mnt / "idx"
@@ -178,8 +178,8 @@ def test_write_error_that_is_not_a_full_disk_says_io_error(photos, backbone, tmp
 # ------------------------------------------------------------------------------ damaged index.json
 @pytest.mark.parametrize("damage", ["no-backbone_sha256", "wrong-dim", "index.faiss-of-another-dim"])
 def test_damaged_index_json_names_the_file_and_the_fix(photos, backbone, tmp_path, capsys, damage):
-    from index.store import VectorStore
-    from index.trailer import read_index_id
+    from index.search.store import VectorStore
+    from index.search.trailer import read_index_id
 
     out = tmp_path / "idx"
     assert _build(photos, backbone, out) == 0

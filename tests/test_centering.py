@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from index.build.runner import build_index, update_index
-from index.dedup import find_duplicates
-from index.image_index import ImageIndex
-from index.store import VectorStore
+from index.building.runner import build_index, update_index
+from index.duplicates.dedup import find_duplicates
+from index.search.image_index import ImageIndex
+from index.search.store import VectorStore
 from moco.data.sample import make_sample_collection
 from moco.embed import Embedder, center
 
@@ -202,7 +202,7 @@ def test_page_marks_weak_matches_by_the_collections_threshold(built, sample_phot
 
 def test_chance_level_is_robust_to_related_pairs():
     """weak_below reads the unrelated pairs: related ones move a percentile, hardly median + 3 MAD."""
-    from index.build.sync import chance_level
+    from index.building.sync import chance_level
 
     rng = np.random.default_rng(1)
     unrelated = rng.normal(0.0, 0.2, 50_000)

@@ -143,7 +143,7 @@ def test_a_query_that_is_no_image_is_refused_before_torch_the_index_or_a_model_l
                                                                                    tmp_path):
     """`moco index search IDX notes.txt` (and a photo too small) exits 2 naming the file, in a process that never
     imported torch, read the index or built a backbone."""
-    from index.build.runner import build_index
+    from index.building.runner import build_index
 
     build_index(sample_photos, backbone, tmp_path / "idx", progress=False)
     (tmp_path / "notes.jpg").write_text("not a photo")
@@ -174,8 +174,8 @@ def test_version():
     [
         (["moco.training", "--help"], "python -m moco.training",
          ["DATA_DIR", "--resume", "--stop-after", *TRAIN_FLAGS]),
-        (["index.build", "--help"], "python -m index.build", ["PHOTOS", *BUILD_FLAGS]),
-        (["index.build", "update", "--help"], "python -m index.build update", ["IDX", *UPDATE_FLAGS]),
+        (["index.building", "--help"], "python -m index.building", ["PHOTOS", *BUILD_FLAGS]),
+        (["index.building", "update", "--help"], "python -m index.building update", ["IDX", *UPDATE_FLAGS]),
     ],
 )
 def test_python_m_entry_points_parse_their_own_flags(argv, prog, flags):
@@ -228,10 +228,10 @@ def test_python_m_moco_train_bad_input_exits_2(sample_photos, tmp_path):
 
 def test_python_m_index_build_bad_input_exits_2(sample_photos, tmp_path):
     missing = tmp_path / "nowhere.safetensors"
-    proc = _python("-m", "index.build", str(sample_photos), "--backbone", str(missing), "-o", str(tmp_path / "idx"))
+    proc = _python("-m", "index.building", str(sample_photos), "--backbone", str(missing), "-o", str(tmp_path / "idx"))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert str(missing) in proc.stderr and "Traceback" not in proc.stderr
-    proc = _python("-m", "index.build", "update", str(tmp_path / "no-index"))
+    proc = _python("-m", "index.building", "update", str(tmp_path / "no-index"))
     assert proc.returncode == 2 and "no-index" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
@@ -242,11 +242,11 @@ def test_python_m_entry_points_run(sample_photos, backbone, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (run / "checkpoint.pt").is_file() and "trained 1/1 steps" in proc.stdout
     idx = tmp_path / "idx"
-    proc = _python("-m", "index.build", str(sample_photos), "--backbone", str(backbone), "-o", str(idx), "--quiet",
+    proc = _python("-m", "index.building", str(sample_photos), "--backbone", str(backbone), "-o", str(idx), "--quiet",
                    "--json", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["vectors"] == 48
-    proc = _python("-m", "index.build", "update", str(idx), "--quiet", "--json", "--device", "cpu")
+    proc = _python("-m", "index.building", "update", str(idx), "--quiet", "--json", "--device", "cpu")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout)["unchanged"] == 48
 

@@ -23,7 +23,8 @@ PACKAGES = ("app", "index", "moco")
 # app/server: imported only by `moco serve`), and the optional imports, made inside a function or under
 # try/except ImportError, with one line saying which extra to install when it is missing.
 EXTRAS_FOR = {
-    "faiss": ("index", "gpu"),  # index/store.py: try/except ModuleNotFoundError; faiss-cpu or faiss-gpu, one of them
+    # index/search/store.py: try/except ModuleNotFoundError; faiss-cpu or faiss-gpu, one of them
+    "faiss": ("index", "gpu"),
     "gradio": ("ui",),
     "gradio_client": ("ui",),  # app/page/blocks.py
     "fastapi": ("ui",),  # app/api/routes.py, app/guard/access.py

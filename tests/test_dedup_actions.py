@@ -25,17 +25,17 @@ import pytest
 from PIL import Image, ImageEnhance, ImageOps
 
 from app.cli.commands import main
-from index.build.plan import file_hash
-from index.build.runner import build_index, update_index
+from index.building.plan import file_hash
+from index.building.runner import build_index, update_index
 from index.calibrate import CROWD, MIN_PHOTOS, near_threshold, neighbour_levels
-from index.dedup import KINDS, load_duplicates, search_duplicates
-from index.image_index import ImageIndex
-from index.keeper import CHOSEN, Facts, suggest_keeper
-from index.propose import CROP_SIDE, PIXEL_SIDE, crop_windows, proposals
-from index.resolve.actions import DUPLICATES_DIR, PAUSE_ENV, destination, move_duplicates, undo_moves
-from index.resolve.journal import MARK_FILE, Journal
-from index.resolve.transfer import PARTIAL_SUFFIX, TransferError, free_name, transfer
-from index.verify import COPY_SCORE, frames
+from index.duplicates.dedup import KINDS, load_duplicates, search_duplicates
+from index.duplicates.keeper import CHOSEN, Facts, suggest_keeper
+from index.duplicates.propose import CROP_SIDE, PIXEL_SIDE, crop_windows, proposals
+from index.duplicates.resolve.actions import DUPLICATES_DIR, PAUSE_ENV, destination, move_duplicates, undo_moves
+from index.duplicates.resolve.journal import MARK_FILE, Journal
+from index.duplicates.resolve.transfer import PARTIAL_SUFFIX, TransferError, free_name, transfer
+from index.duplicates.verify import COPY_SCORE, frames
+from index.search.image_index import ImageIndex
 from moco.data.sample import make_sample_collection
 from moco.errors import UserError
 
@@ -237,7 +237,7 @@ def test_a_photo_that_matches_crowd_others_by_pixels_has_no_near_link(backbone, 
 def test_photos_of_the_same_bytes_share_their_copies(backbone, tmp_path, monkeypatch):
     """Only the pair (brighter copy, photo) is proposed; the photo's exact copy is linked to the brighter copy too, so
     greedy grouping can never put a photo and its exact copy in two groups."""
-    import index.dedup as dedup
+    import index.duplicates.dedup as dedup
 
     root = tmp_path / "photos"
     make_sample_collection(root, per_family=2, size=96, seed=6)

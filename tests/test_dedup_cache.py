@@ -1,5 +1,5 @@
-"""What a search for duplicates keeps between runs (index/dedup_cache.py): frames read back equal to frames made
-anew, pairs scored before reused only at their photos' versions and settings, files cut short by a kill or of other
+"""What a search for duplicates keeps between runs (index/duplicates/dedup_cache.py): frames read back equal to frames
+made anew, pairs scored before reused only at their photos' versions and settings, files cut short by a kill or of other
 settings handled, and a search after an update checking only the pairs of the new photos, with the groups of a
 search that kept nothing. Real FAISS, SQLite and a real (randomly initialized) ResNet-18 on generated photos."""
 
@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance
 
-from index import dedup
-from index.build.runner import build_index, update_index
-from index.dedup import search_duplicates
-from index.dedup_cache import CHECKED_FILE, FRAMES_FILE, CheckedPairs, FrameFile, check_settings
-from index.image_index import ImageIndex
-from index.verify import copy_scores, frame_of
+from index.building.runner import build_index, update_index
+from index.duplicates import dedup
+from index.duplicates.dedup import search_duplicates
+from index.duplicates.dedup_cache import CHECKED_FILE, FRAMES_FILE, CheckedPairs, FrameFile, check_settings
+from index.duplicates.verify import copy_scores, frame_of
+from index.search.image_index import ImageIndex
 
 
 def _pictures(n: int, seed: int = 0) -> dict[int, Image.Image]:
@@ -103,7 +103,7 @@ def test_scored_pairs_are_reused_only_at_their_photos_versions(tmp_path, monkeyp
     assert hit.tolist() == [True, False, False, True]
     hit, _ = CheckedPairs(tmp_path / CHECKED_FILE, {1: 11, 2: 22}).known(pairs)  # photos 3 and 4 gone
     assert hit.tolist() == [True, False, False, False]
-    monkeypatch.setattr("index.verify.COPY_SCORE", 0.99)  # the check's settings changed: nothing is reused
+    monkeypatch.setattr("index.duplicates.verify.COPY_SCORE", 0.99)  # the check's settings changed: nothing is reused
     assert check_settings() != 0 and not CheckedPairs(tmp_path / CHECKED_FILE, versions).known(pairs)[0].any()
 
 
@@ -170,8 +170,10 @@ def test_a_search_killed_in_the_pixel_check_goes_on_from_where_it_stopped(backbo
     photos = tmp_path / "photos"
     _collection(photos, 40, seed=4)
     build_index(photos, backbone, tmp_path / "idx", progress=False)
-    killed_after_first("index.dedup", "CheckedPairs.add", "m.CHECK_BLOCK = 16", "from index.image_index import "
-                       "ImageIndex\nm.search_duplicates(ImageIndex.open(sys.argv[1]))", str(tmp_path / "idx"))
+    killed_after_first("index.duplicates.dedup", "CheckedPairs.add", "m.CHECK_BLOCK = 16",
+                       "from index.search.image_index import ImageIndex\n"
+                       "m.search_duplicates(ImageIndex.open(sys.argv[1]))",
+                       str(tmp_path / "idx"))
     again = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
     assert again.decision["reused"] == 16 and again.decision["checked"] == again.decision["proposed"] - 16
     shutil.move(tmp_path / "idx" / CHECKED_FILE, tmp_path / "kept")

@@ -17,11 +17,11 @@ import pytest
 from PIL import Image
 
 from app.cli.commands import main
-from index.build.runner import build_index
+from index.building.runner import build_index
 from index.calibrate import DEDUP_THRESHOLD
-from index.dedup import find_duplicates, load_duplicates, tight_groups
-from index.image_index import ImageIndex
-from index.verify import COPY_SCORE, SIDE, copy_scores, frames
+from index.duplicates.dedup import find_duplicates, load_duplicates, tight_groups
+from index.duplicates.verify import COPY_SCORE, SIDE, copy_scores, frames
+from index.search.image_index import ImageIndex
 from moco.data.photos import load_rgb, square_u8
 from moco.data.sample import make_sample_collection
 from moco.embed import Embedder, center
@@ -310,7 +310,7 @@ def test_a_search_shows_each_stage_with_its_rate_and_time_left_only_when_asked(b
                                                                                capsys):
     """``progress=True`` (the CLI on a terminal): a bar for the frames, the proposals and the pixel check, each run
     to its end (its count of photos, searches, pairs); the same groups as without; without, nothing on stderr."""
-    from index.dedup import search_duplicates
+    from index.duplicates.dedup import search_duplicates
 
     build_index(sample_photos, backbone, tmp_path / "idx", progress=False)
     idx = ImageIndex.open(tmp_path / "idx")
@@ -330,7 +330,7 @@ def test_a_search_killed_in_the_pixel_check_leaves_the_last_one_and_a_rerun_comp
     """SIGKILL in the middle of the pixel check (after its first chunk of pairs): the last saved search is still
     there, whole, and nothing else is left in the index's folder; the next search completes with the groups of an
     uninterrupted one."""
-    from index.dedup import search_duplicates
+    from index.duplicates.dedup import search_duplicates
     from tests.live import killed_after_first
 
     build_index(sample_photos, backbone, tmp_path / "idx", progress=False)
@@ -338,8 +338,9 @@ def test_a_search_killed_in_the_pixel_check_leaves_the_last_one_and_a_rerun_comp
     first = search_duplicates(idx)  # saved
     saved = (tmp_path / "idx" / "dedup.json").read_bytes()
     before = sorted(p.name for p in (tmp_path / "idx").iterdir())
-    killed_after_first("index.verify", "_scores", "", "from index.dedup import search_duplicates\n"
-                       "from index.image_index import ImageIndex\n"
+    killed_after_first("index.duplicates.verify", "_scores", "",
+                       "from index.duplicates.dedup import search_duplicates\n"
+                       "from index.search.image_index import ImageIndex\n"
                        "search_duplicates(ImageIndex.open(sys.argv[1]), chunk=4)", str(tmp_path / "idx"))
     assert (tmp_path / "idx" / "dedup.json").read_bytes() == saved
     assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == before

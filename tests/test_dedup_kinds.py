@@ -1,4 +1,5 @@
-"""The kinds of groups of duplicates have one list, index.dedup.KINDS: the page's kind filter is built from it, and
+"""The kinds of groups of duplicates have one list, index.duplicates.dedup.KINDS: the page's kind filter is built from
+it, and
 the one copy (`moco index dedup --kind`'s choices, whose parser must load without torch) is held equal to it."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import argparse
 from app.cli import build_parser
 from app.cli.index import DEDUP_KINDS
 from app.page.views import KIND_CHOICES
-from index.dedup import DEFAULT_KINDS, KINDS
+from index.duplicates.dedup import DEFAULT_KINDS, KINDS
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:

@@ -16,11 +16,11 @@ from app.guard.access import ApiSettings
 from app.page.review import PAGE_SIZE
 from app.page.views import review_outputs
 from app.server.launch import serve
-from index.build.plan import file_hash
-from index.build.runner import build_index
-from index.dedup import group_id, load_duplicates, write_duplicates
-from index.image_index import ImageIndex
-from index.resolve.actions import DUPLICATES_DIR
+from index.building.plan import file_hash
+from index.building.runner import build_index
+from index.duplicates.dedup import group_id, load_duplicates, write_duplicates
+from index.duplicates.resolve.actions import DUPLICATES_DIR
+from index.search.image_index import ImageIndex
 
 from .live import free_port
 from .test_dedup_actions import _bytes, _collection, _where, forge

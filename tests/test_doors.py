@@ -25,7 +25,7 @@ DIM = 512 + 64 + 128 + 256  # resnet10t's output and its pooled layer1-3
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, sample_photos):
     """A cpu-preset run (stages forced on), its export and an index of its photos."""
-    from index.build.runner import build_index
+    from index.building.runner import build_index
 
     tmp = tmp_path_factory.mktemp("doors")
     cfg = resolve_config("cpu", data_dir=str(sample_photos), out=str(tmp / "run"), whiten_stages="on", **SETUP)
@@ -40,7 +40,7 @@ def _photos(root):
 
 
 def test_the_index_fits_its_own_space_on_its_photos_and_declares_it(built):
-    from index.image_index import ImageIndex
+    from index.search.image_index import ImageIndex
 
     idx = ImageIndex.open(built / "idx")
     ids, feats = idx.catalog.vectors(dim=idx.dim)  # N, N x D: the catalog keeps features
@@ -61,7 +61,7 @@ def test_the_index_fits_its_own_space_on_its_photos_and_declares_it(built):
 def test_every_door_gives_the_same_vector(built, sample_photos, capsys):
     from app.cli.commands import main
     from app.page.handlers import SearchApp
-    from index.image_index import ImageIndex
+    from index.search.image_index import ImageIndex
 
     idx = ImageIndex.open(built / "idx")
     ref = Embedder.load(built / "b.safetensors", device="cpu", precision="fp32", space=built / "idx")
@@ -136,7 +136,7 @@ def test_each_format_declares_its_output(built):
 
 
 def test_an_index_refuses_an_embedder_of_another_space(built):
-    from index.image_index import ImageIndex
+    from index.search.image_index import ImageIndex
 
     idx = ImageIndex.open(built / "idx")
     plain = Embedder.load(built / "b.safetensors", device="cpu", whiten=False)  # one view, no stages

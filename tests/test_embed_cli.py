@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from app.cli.commands import main
-from index.build.runner import build_index
-from index.image_index import ImageIndex
+from index.building.runner import build_index
+from index.search.image_index import ImageIndex
 from moco.config import resolve_config
 from moco.data.photos import scan_images
 from moco.data.sample import make_sample_collection

@@ -67,7 +67,7 @@ def test_the_gate_runs_some_lines_up_some_and_sheds_the_rest():
 
 
 def test_a_full_gate_sheds_the_views_not_the_searches(backbone, sample_photos, tmp_path):
-    from index.build.runner import build_index
+    from index.building.runner import build_index
 
     build_index(sample_photos, backbone, tmp_path / "idx", progress=False)
     port = free_port()

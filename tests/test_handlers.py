@@ -17,10 +17,10 @@ import app.page.handlers as handlers
 from app.page.handlers import SearchApp, score_text
 from app.search.scope import ALL_FOLDERS
 from app.search.uploads import MAX_UPLOAD_MB, read_upload
-from index.build.plan import file_hash
-from index.build.runner import build_index
-from index.image_index import ImageIndex
-from index.query import MIN_SIDE_PX
+from index.building.plan import file_hash
+from index.building.runner import build_index
+from index.search.image_index import ImageIndex
+from index.search.query import MIN_SIDE_PX
 from moco.data.sample import make_sample_collection
 from moco.errors import UserError
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from app.server import heap
-from index.build.runner import build_index
-from index.image_index import ImageIndex
+from index.building.runner import build_index
+from index.search.image_index import ImageIndex
 from tests.conftest import random_backbone
 
 

@@ -12,8 +12,8 @@ import pytest
 from PIL import Image
 
 from app.cli.commands import main
-from index.build.plan import file_hash
-from index.image_index import ImageIndex
+from index.building.plan import file_hash
+from index.search.image_index import ImageIndex
 from moco.data.sample import make_sample_collection
 from moco.embed import Embedder, center
 
@@ -231,9 +231,9 @@ def test_dedup_finds_planted_duplicates(photos, backbone, tmp_path, capsys):
 
 def test_auto_falls_back_to_flat_when_vectors_do_not_cluster(tmp_path, monkeypatch):
     """auto picks IVF above EXACT_UP_TO; on uniform noise IVF must scan most lists, so flat is kept instead."""
-    from index import store as store_mod
-    from index.build.sync import sync_store as _sync_store
+    from index.building.sync import sync_store as _sync_store
     from index.catalog import Catalog, Row, catalog_meta
+    from index.search import store as store_mod
 
     monkeypatch.setattr(store_mod, "EXACT_UP_TO", 1000)
     out = tmp_path / "idx"

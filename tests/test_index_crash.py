@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from app.cli.commands import main
-from index.image_index import ImageIndex
+from index.search.image_index import ImageIndex
 from moco.data.sample import make_sample_collection
 from moco.embed import center
 
@@ -131,7 +131,7 @@ def test_update_killed_leaves_previous_index_readable_and_rerun_completes(photos
 
 @pytest.mark.slow
 def test_torchrun_sharded_build_equals_single_process(photos, backbone, tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "index.build",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "index.building",
            str(photos), "--backbone", str(backbone), "-o", str(tmp_path / "dist"), "--quiet", "--batch-size", "8",
            "--device", "cpu", "--workers", "1"]
     proc = run_tree(cmd, env=ENV, timeout=600)

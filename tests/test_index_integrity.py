@@ -14,8 +14,8 @@ import pytest
 from PIL import Image
 
 from app.cli.commands import main
-from index.image_index import ImageIndex
-from index.store import VectorStore
+from index.search.image_index import ImageIndex
+from index.search.store import VectorStore
 from moco.data.sample import make_sample_collection
 from moco.errors import UserError
 
@@ -180,14 +180,14 @@ def test_old_error_rows_of_our_own_failures_are_retried(photos, backbone, tmp_pa
     (None, False),
 ])
 def test_which_error_reasons_are_ours(reason, ours):
-    from index.build.prepare import is_our_failure
+    from index.building.prepare import is_our_failure
 
     assert is_our_failure(reason) is ours
 
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.ENOTDIR])
 def test_write_failure_messages_name_the_path_and_the_fix(tmp_path, code):
-    from index.build.prepare import write_failed
+    from index.building.prepare import write_failed
 
     err = write_failed(OSError(code, "boom"), tmp_path / "thumbs" / "3.jpg")
     assert isinstance(err, UserError) and str(tmp_path / "thumbs" / "3.jpg") in str(err)
@@ -199,7 +199,7 @@ def test_write_failure_messages_name_the_path_and_the_fix(tmp_path, code):
 # ------------------------------------------------------------------ point 6: files of another index
 @pytest.mark.parametrize("kind", ["flat", "ivf", "hnsw", "ivfpq"])
 def test_index_id_trailer_is_ignored_by_faiss(tmp_path, kind):
-    from index.trailer import read_index_id
+    from index.search.trailer import read_index_id
 
     rng = np.random.default_rng(0)
     vecs = rng.standard_normal((2000, 16)).astype(np.float32)
@@ -234,7 +234,7 @@ def two_indexes(backbone, tmp_path) -> tuple[Path, Path]:
 
 def _ids(out: Path) -> tuple[str | None, str | None, str | None]:
     """The index id in catalog.sqlite, index.json and index.faiss."""
-    from index.trailer import read_index_id
+    from index.search.trailer import read_index_id
 
     db = sqlite3.connect(out / "catalog.sqlite")
     got = db.execute("SELECT value FROM meta WHERE key='index_id'").fetchone()
@@ -300,7 +300,7 @@ def test_an_index_from_before_index_ids_opens_and_gets_an_id(photos, backbone, t
 
 
 def test_update_rebuilds_an_index_faiss_of_another_dim(photos, backbone, tmp_path, capsys):
-    from index.trailer import read_index_id
+    from index.search.trailer import read_index_id
 
     out = tmp_path / "idx"
     assert _build(photos, backbone, out) == 0

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from index.build.runner import build_index, update_index
-from index.build.sync import DRIFT_REFIT, space_drift, space_rule
-from index.image_index import ImageIndex
+from index.building.runner import build_index, update_index
+from index.building.sync import DRIFT_REFIT, space_drift, space_rule
+from index.search.image_index import ImageIndex
 from moco.data.sample import make_sample_collection
 
 
 def test_space_rule_by_size():
-    from index.build.sync import WHITEN_FROM, WHITEN_PER_DIM
+    from index.building.sync import WHITEN_FROM, WHITEN_PER_DIM
 
     assert space_rule(WHITEN_FROM, 960) == "whitened" and space_rule(WHITEN_FROM - 1, 960) == "centred"
     wide = WHITEN_PER_DIM * 2048  # wider features need more photos per dimension
@@ -52,7 +52,7 @@ def test_the_space_is_fitted_again_when_the_collection_grows_or_drifts_only(back
     again = ImageIndex.open(tmp_path / "idx")
     assert again.space.digest == digest and again.meta["space"]["drift"] == pytest.approx(0.0, abs=1e-6)
     _noise(photos / "zz_noise", 20, seed=1)  # 68 photos (under 1.5 x 48) of another kind: the mean drifts
-    with caplog.at_level("INFO", logger="index.build"):
+    with caplog.at_level("INFO", logger="index.building"):
         update_index(tmp_path / "idx", progress=False, device="cpu")
     drifted = ImageIndex.open(tmp_path / "idx")
     ids, feats = drifted.catalog.vectors(dim=drifted.dim)
@@ -67,7 +67,7 @@ def test_the_space_is_fitted_again_when_the_collection_grows_or_drifts_only(back
 
 
 def test_twenty_identical_photos_centre_without_zero_vectors_and_group_as_duplicates(backbone, tmp_path, caplog):
-    from index.dedup import find_duplicates
+    from index.duplicates.dedup import find_duplicates
 
     photos = tmp_path / "same"
     photos.mkdir()
@@ -104,7 +104,7 @@ def test_an_index_of_an_older_version_is_embedded_again_as_features(tmp_path, sa
     shutil.copytree(sample_photos, photos)
     build_index(photos, tmp_path / "b.safetensors", tmp_path / "idx", progress=False, device="cpu")
     from index.catalog import Catalog, set_catalog_meta
-    from index.index_dir import read_meta, write_meta
+    from index.search.index_dir import read_meta, write_meta
 
     cat = Catalog(tmp_path / "idx" / "catalog.sqlite")
     set_catalog_meta(cat, vectors=None)  # as an older version left it

@@ -25,8 +25,8 @@ from PIL import Image
 from app.guard.access import ApiSettings
 from app.guard.log_limits import LogLimits
 from app.server.launch import serve
-from index.build.runner import build_index
-from index.image_index import ImageIndex
+from index.building.runner import build_index
+from index.search.image_index import ImageIndex
 from moco.data.sample import make_sample_collection
 
 from .live import free_port, wait_served

@@ -36,9 +36,9 @@ DOCUMENTED = {
         "fetch_pretrained": "moco.weights.pretrained:fetch", "PRETRAINED": "moco.weights.pretrained:REGISTRY",
     },
     "index": {
-        "ImageIndex": "index.image_index:ImageIndex", "SearchResult": "index.image_index:SearchResult",
-        "build_index": "index.build.runner:build_index", "update_index": "index.build.runner:update_index",
-        "find_duplicates": "index.dedup:find_duplicates", "VectorStore": "index.store:VectorStore",
+        "ImageIndex": "index.search.image_index:ImageIndex", "SearchResult": "index.search.image_index:SearchResult",
+        "build_index": "index.building.runner:build_index", "update_index": "index.building.runner:update_index",
+        "find_duplicates": "index.duplicates.dedup:find_duplicates", "VectorStore": "index.search.store:VectorStore",
     },
 }
 

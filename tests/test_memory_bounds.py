@@ -46,7 +46,7 @@ def measure(call):
         result = "MemoryError"
     return json.loads(json.dumps({"peak_mb": (_status("VmHWM") - base) / 1024, "result": result}))
 """
-_PRELOAD = ["torch", "PIL.Image", "moco.embed", "moco.data", "app.cli", "index.image_index"]
+_PRELOAD = ["torch", "PIL.Image", "moco.embed", "moco.data", "app.cli", "index.search.image_index"]
 
 
 def _run(code: str) -> dict:

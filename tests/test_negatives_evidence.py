@@ -17,9 +17,9 @@ from app.page.negatives.from_index import IndexNegatives
 from app.page.negatives.from_queue import QueueNegatives
 from app.page.negatives.view import REASONS, info_nce_numbers
 from app.page.views import negatives_outputs
-from index.build.runner import build_index, update_index
+from index.building.runner import build_index, update_index
 from index.catalog import sample_ids
-from index.image_index import ImageIndex
+from index.search.image_index import ImageIndex
 from moco.data.augment import two_views
 from moco.data.photos import load_rgb, square_u8
 from moco.data.sample import make_sample_collection

@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from index.build.runner import build_index, update_index
-from index.image_index import ImageIndex
+from index.building.runner import build_index, update_index
 from index.overview.cache import cache_file, centred_vectors, forget_views, index_version, space_vectors
+from index.overview.documents import browse_photos
 from index.overview.layout import collection_map, map_faces, pca_layout, save_map_png, scale_unit
 from index.overview.themes import SMOOTH, auto_themes, collection_themes, smoothed_vectors, theme_members
 from index.overview.unusual import unusual_photos
+from index.search.image_index import ImageIndex
 from moco.data.sample import make_sample_collection
 from moco.errors import UserError
 from tests.mounts import remount_ro, tmpfs
@@ -193,13 +194,13 @@ def test_browse_pages_sorts_and_filters_by_folder_and_theme(built):
     assert [r.taken for r in oldest] == sorted(r.taken for r in oldest)
     assert [r.taken for r in newest] == sorted((r.taken for r in newest), reverse=True)
     for t in collection_themes(idx).themes[:3]:
-        rows, total = idx.browse(theme=t.id, limit=1000)
+        rows, total = browse_photos(idx, theme=t.id, limit=1000)
         assert total == t.size and {r.id for r in rows} == set(theme_members(idx, t.id, 0, 1000)[0])
         assert [r.path for r in rows] == sorted(r.path for r in rows)
     with pytest.raises(UserError, match="sort"):
         idx.browse(sort="size")
     with pytest.raises(UserError, match="theme"):
-        idx.browse(theme=999)
+        browse_photos(idx, theme=999)
 
 
 def test_the_views_read_the_search_space_and_the_centred_features(built, tmp_path):
@@ -265,7 +266,7 @@ def test_the_commands_print_the_views(built, tmp_path, capsys):
     assert doc["total"] == len(idx) and doc["next_offset"] == 5
     assert main(["index", "browse", str(built["idx"]), "--theme", "1", "--sort=-date", "--json"]) == 0
     doc = _json(capsys)
-    rows, total = idx.browse(theme=1, sort="-date")
+    rows, total = browse_photos(idx, theme=1, sort="-date")
     assert doc["total"] == total and [p["id"] for p in doc["photos"]] == [r.id for r in rows]
     assert main(["index", "themes", str(built["idx"])]) == 0
     assert "theme 0: " in capsys.readouterr().out

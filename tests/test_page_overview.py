@@ -14,11 +14,12 @@ import pytest
 
 from app.page.handlers import SearchApp
 from app.page.overview import MAX_SELECTED, NO_THEME, map_payload, quantise, region_mask
-from index.build.runner import build_index
-from index.image_index import ImageIndex
+from index.building.runner import build_index
+from index.overview.documents import browse_photos
 from index.overview.layout import collection_map
 from index.overview.themes import collection_themes
 from index.overview.unusual import unusual_photos
+from index.search.image_index import ImageIndex
 from moco.data.sample import make_sample_collection
 from moco.errors import UserError
 
@@ -169,7 +170,7 @@ def test_browse_pages_by_folder_theme_and_date(app):
     assert ids == [r.id for r in rows] and f"Photos 1–3 of **{total}** in `{folder}/`, by name" in where
     assert all(c.endswith(r.path) for (_, c), r in zip(gallery, rows))
     _, ids, where, offset = app.overview.browse(None, 0, "-date", 10**6, limit=4)
-    rows, total = app.index.browse(theme=0, sort="-date", offset=offset, limit=4)
+    rows, total = browse_photos(app.index, theme=0, sort="-date", offset=offset, limit=4)
     assert offset == (total - 1) // 4 * 4 and ids == [r.id for r in rows] and "of theme 0" in where
     with pytest.raises(UserError, match="no sub-folder"):
         app.folder_on_disk("no-such-folder")

@@ -20,9 +20,9 @@ import pytest
 from PIL import Image
 
 from app.cli.commands import main
-from index.build.runner import build_index, update_index
+from index.building.runner import build_index, update_index
 from index.catalog import Catalog, taken_bound, taken_text
-from index.image_index import ImageIndex
+from index.search.image_index import ImageIndex
 from moco.data.cache import build_cache
 from moco.data.photos import (
     ImageDecodeError,
@@ -438,7 +438,7 @@ def test_the_catalog_records_the_date_taken_camera_and_pixels(dated):
 
 
 def test_the_keeper_rule_reads_only_a_camera_date_as_a_date_taken(dated):
-    from index.keeper import photo_facts
+    from index.duplicates.keeper import photo_facts
 
     tmp, dates = dated
     rows = Catalog(tmp / "idx" / "catalog.sqlite").rows()
@@ -568,7 +568,7 @@ def test_skipped_notes_say_the_fix():
 
 
 def test_dedup_leaves_excluded_folders_out_and_shows_the_dates(dated, capsys):
-    from index.dedup import find_duplicates
+    from index.duplicates.dedup import find_duplicates
 
     tmp, _ = dated
     index = ImageIndex.open(tmp / "idx")

@@ -13,7 +13,7 @@ import pytest
 
 from app.cli.commands import main
 from app.run.pipeline import collection_dir, run_settings
-from index.image_index import ImageIndex
+from index.search.image_index import ImageIndex
 from moco.data.sample import make_sample_collection
 
 from .live import chromium_page, free_port, search_in_page, wait_served

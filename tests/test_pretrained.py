@@ -376,7 +376,7 @@ def few_photos(tmp_path_factory) -> Path:
 @pytest.mark.slow
 def test_run_uses_the_default_pretrained_model_and_names_as_checkpoints(server, few_photos, tmp_path, capsys):
     from app.run.pipeline import collection_dir
-    from index.image_index import ImageIndex
+    from index.search.image_index import ImageIndex
 
     work = tmp_path / "w"
     assert main(["run", str(few_photos), "--work", str(work), "--no-serve", "--quiet", "--pretrained", "test_r18"]) == 0

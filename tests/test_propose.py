@@ -1,4 +1,5 @@
-"""The candidates of the pixel check (index/propose.py): whole-pixel and crop neighbours against brute-force NCC
+"""The candidates of the pixel check (index/duplicates/propose.py): whole-pixel and crop neighbours against brute-force
+NCC
 rankings (flat and HNSW indexes), crop windows against the photo's own crops, and crops of photos, off-centre and
 of any share the check tests, found among alike photos."""
 
@@ -7,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-import index.propose as propose
-from index.verify import Frame, frame_of
+import index.duplicates.propose as propose
+from index.duplicates.verify import Frame, frame_of
 
 
 def _frame(rng: np.random.Generator, w: int, h: int) -> Frame:

@@ -1,4 +1,5 @@
-"""Search with several photos: index.query's rules against numpy, and ImageIndex.search with a combined query, its own
+"""Search with several photos: index.search.query's rules against numpy, and ImageIndex.search with a combined query,
+its own
 photos left out and near-copies hidden, on generated photos with a real backbone and a real FAISS index."""
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from index.build.plan import file_hash
-from index.build.runner import build_index
-from index.image_index import ImageIndex
-from index.query import RULES, check_query_vector, combine
+from index.building.plan import file_hash
+from index.building.runner import build_index
+from index.search.image_index import ImageIndex
+from index.search.query import RULES, check_query_vector, combine
 from moco.data.sample import make_sample_collection
 from moco.errors import UserError
 

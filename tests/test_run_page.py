@@ -128,7 +128,7 @@ def _enabled(page, selector: str, enabled: bool = True) -> None:
 def _walk(page, work: Path, photos: Path) -> None:
     """Search again with a ticked result; find the duplicates, reload, the same counts; choose the other photo of
     the near group as its keeper and read the card of the one that was: its cosine to the new keeper, measured."""
-    from index.image_index import ImageIndex
+    from index.search.image_index import ImageIndex
 
     _enabled(page, "#again-btn", False)  # nothing ticked yet
     page.locator("#more-like label").nth(1).click()

@@ -173,8 +173,8 @@ def test_a_second_run_on_one_directory_refuses_naming_the_first(sample_photos, t
 
 def test_a_backbone_and_an_index_in_a_non_utf8_folder_load(backbone, sample_photos, tmp_path):
     """safetensors' own loader refuses such a path: ours reads the bytes through Python (issue 29, 1)."""
-    from index.build.runner import build_index
-    from index.image_index import ImageIndex
+    from index.building.runner import build_index
+    from index.search.image_index import ImageIndex
     from moco.embed import Embedder
     from moco.whiten import SPACE_FILE, load_space
 

@@ -155,8 +155,8 @@ def test_a_damaged_whitening_is_refused_naming_the_file_and_the_fix(run, tmp_pat
 
 
 def test_the_index_stores_and_searches_the_whitened_embeddings(run, sample_photos, tmp_path):
-    from index.build.runner import build_index
-    from index.image_index import ImageIndex
+    from index.building.runner import build_index
+    from index.search.image_index import ImageIndex
 
     export_backbone(run / "checkpoint.pt", tmp_path / "b.safetensors")
     build_index(sample_photos, tmp_path / "b.safetensors", tmp_path / "idx", progress=False, device="cpu")
@@ -207,11 +207,11 @@ def test_near_duplicates_of_a_whitened_index_use_its_threshold(run, sample_photo
     from PIL import Image
 
     from app.cli.commands import main
-    from index.build.runner import build_index
+    from index.building.runner import build_index
     from index.calibrate import DEDUP_THRESHOLD, STAGED_DEDUP_THRESHOLD, WHITENED_DEDUP_THRESHOLD, dedup_threshold
-    from index.dedup import find_duplicates, load_duplicates
-    from index.image_index import ImageIndex
-    from index.verify import COPY_SCORE
+    from index.duplicates.dedup import find_duplicates, load_duplicates
+    from index.duplicates.verify import COPY_SCORE
+    from index.search.image_index import ImageIndex
 
     photos = tmp_path / "photos"
     shutil.copytree(sample_photos, photos)

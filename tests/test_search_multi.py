@@ -18,9 +18,9 @@ from PIL import Image
 
 from app.cli.commands import main
 from app.server.launch import serve
-from index.build.plan import file_hash
-from index.build.runner import build_index
-from index.image_index import ImageIndex
+from index.building.plan import file_hash
+from index.building.runner import build_index
+from index.search.image_index import ImageIndex
 from moco.data.sample import make_sample_collection
 
 from .live import free_port

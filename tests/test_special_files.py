@@ -96,7 +96,7 @@ def test_reasons_from_decoder_and_hash(mixed: tuple[Path, list[str]]) -> None:
     out = _python(f"""
         import json
         from pathlib import Path
-        from index.build.plan import file_hash
+        from index.building.plan import file_hash
         from moco.data import ImageDecodeError, load_rgb
         out = {{}}
         for name in {sorted(SPECIAL)!r}:
@@ -121,7 +121,7 @@ def test_reasons_from_decoder_and_hash(mixed: tuple[Path, list[str]]) -> None:
 
 
 def test_file_over_the_byte_cap_is_refused_before_reading(tmp_path: Path) -> None:
-    from index.build.plan import file_hash
+    from index.building.plan import file_hash
     from moco.data.photos import MAX_FILE_BYTES, ImageDecodeError, load_rgb
 
     big = tmp_path / "big.png"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from index.store import VectorStore, choose_kind, exact_topk, factory_for, recall_at
+from index.search.store import VectorStore, choose_kind, exact_topk, factory_for, recall_at
 
 
 def _unit(x: np.ndarray) -> np.ndarray:
@@ -96,7 +96,7 @@ def test_remove_and_readd_are_idempotent(tmp_path):
         store.save(tmp_path / f"{kind}.faiss")
         import faiss
 
-        from index.index_dir import kind_of
+        from index.search.index_dir import kind_of
 
         again = faiss.read_index(str(tmp_path / f"{kind}.faiss"))
         assert kind_of(again) == kind and again.ntotal == 499
@@ -126,7 +126,7 @@ def test_query_dimension_mismatch_is_a_clear_error():
 
 def test_few_query_sharded_flat_search_equals_numpy():
     """Single queries on a large flat index take the sharded path; it must equal numpy exactly."""
-    from index import store as store_mod
+    from index.search import store as store_mod
 
     rng = np.random.default_rng(7)
     n = store_mod._SHARD_FROM + 1234

@@ -18,9 +18,9 @@ from PIL import Image
 from app.page.handlers import SearchApp
 from app.page.views import groups_html, negatives_outputs
 from app.server.launch import launch_kwargs, make_demo
-from index.build.plan import file_hash
-from index.build.runner import build_index
-from index.image_index import ImageIndex
+from index.building.plan import file_hash
+from index.building.runner import build_index
+from index.search.image_index import ImageIndex
 from moco.config import from_plain
 from moco.data.augment import two_views
 from moco.data.cache import cache_size_for
@@ -170,7 +170,7 @@ def test_collection_tab_and_dedup(app, setup):
     assert "36 images" in text and "recall@10" in text and "resnet18" in text
     shutil.copyfile(_query(setup), setup["photos"] / "copy.jpg")
     try:
-        from index.build.runner import update_index
+        from index.building.runner import update_index
 
         update_index(setup["idx"], progress=False)
         text, groups = app.collection(threshold=0.95)

@@ -1,4 +1,5 @@
-"""The pixel check of near-duplicates (index/verify.py): its whole-pixel search against a brute-force loop over every
+"""The pixel check of near-duplicates (index/duplicates/verify.py): its whole-pixel search against a brute-force loop
+over every
 window, copies of a generated photo (re-encoded, resized, cropped off-centre and to another shape, brightened,
 mirrored) scoring at least COPY_SCORE and every other photo of the collection under it, and frames taken from
 thumbnails, from the photo where a thumbnail is missing, and none where neither can be read."""
@@ -12,7 +13,18 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance, ImageOps
 
-from index.verify import COPY_SCORE, SCALES, SIDE, Frame, _coarse, _crop_size, copy_scores, frame_of, frames, ncc_brute
+from index.duplicates.verify import (
+    COPY_SCORE,
+    SCALES,
+    SIDE,
+    Frame,
+    _coarse,
+    _crop_size,
+    copy_scores,
+    frame_of,
+    frames,
+    ncc_brute,
+)
 from moco.data.sample import make_sample_collection
 
 
@@ -168,7 +180,7 @@ def test_tone_score_fits_a_tone_curve_and_nothing_else():
     """The isotonic fit matches a brute force over every cut; a frame brightened until it clips, or through a gamma,
     scores ~1 through its tone curve where its NCC is lower; tone is never under NCC; a shifted or mirrored frame
     (the same tones, moved) stays near its NCC; a flat frame scores 0."""
-    from index.verify import _isotonic, tone_score
+    from index.duplicates.verify import _isotonic, tone_score
 
     rng = np.random.default_rng(3)
     for _ in range(30):
@@ -191,7 +203,7 @@ def test_a_copy_brightened_until_it_clips_is_found_through_its_tone_curve(monkey
     mirror image too. Distinct photos of the same shape stay under COPY_SCORE either way."""
     from PIL import ImageFilter
 
-    import index.verify as verify
+    import index.duplicates.verify as verify
 
     rng = np.random.default_rng(0)
     yy, xx = np.mgrid[0:96, 0:96]
@@ -220,7 +232,7 @@ def test_a_copy_brightened_until_it_clips_is_found_through_its_tone_curve(monkey
 def test_the_shrink_matrix_is_pils_bilinear_shrink():
     """The coarse-pixel rule's shrink (a triangle filter as wide as a step) gives PIL's BILINEAR resize of the frame
     to within PIL's rounding to whole grey levels."""
-    from index.verify import _shrink
+    from index.duplicates.verify import _shrink
 
     grey = np.asarray(_picture(np.random.default_rng(4), SIDE, SIDE).convert("L"))  # SIDE x SIDE
     for side in (32, 27, 16, 23):
@@ -233,7 +245,7 @@ def test_small_photos_reencoded_or_shrunk_are_copies_by_their_coarse_pixels():
     """A 32-px photo re-encoded at JPEG quality 50, or shrunk to 26 px and back, loses its finest detail (whole
     frames at 0.989-0.995): scored on coarse pixels it is a copy; distinct alike photos (the same shape, another
     texture) stay under COPY_SCORE."""
-    from index.verify import LOW_FROM, _low
+    from index.duplicates.verify import LOW_FROM, _low
 
     rng = np.random.default_rng(7)
     photos, edits = [], []

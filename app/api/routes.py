@@ -9,7 +9,7 @@ that needs nothing from the internet):
                                            "taken_from", "taken_to", "offset", "deduplicate", "include_queries"}
     POST /api/v1/search/multi              JSON: several photos, more like "images" and "ids", less like
                                            "not_images" and "not_ids" (or a raw "vector" of the index's space), as
-                                           one query (index.query); "deduplicate", "include_queries", the filters
+                                           one query (index.search.query); "deduplicate", "include_queries", the filters
     GET  /api/v1/photos/{id}/similar       an indexed photo as the query (its stored vector): k, folder,
                                            exclude_folders, taken_from, taken_to, offset, deduplicate,
                                            include_queries
@@ -110,7 +110,6 @@ from app.search.batcher import Overloaded
 from app.search.scope import MAX_RESULTS, NoSuchFolder, Scope
 from app.search.service import Found, NotFound, NotReady, SearchService, Several
 from index.catalog import display_path, taken_text
-from index.image_index import ImageIndex
 from index.overview.documents import MAX_PAGE as MAX_VIEW_PAGE
 from index.overview.documents import (
     browse_document,
@@ -119,7 +118,8 @@ from index.overview.documents import (
     themes_document,
     unusual_document,
 )
-from index.query import check_query_vector
+from index.search.image_index import ImageIndex
+from index.search.query import check_query_vector
 from moco.errors import NotFoundError, UserError, clipped
 
 __all__ = ["Api", "Filters", "api_routes"]

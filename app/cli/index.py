@@ -13,18 +13,21 @@ from index.catalog import display_path, taken_bound, taken_text
 from moco.errors import UserError, plural
 
 if TYPE_CHECKING:
-    from index.image_index import ImageIndex
+    from index.search.image_index import ImageIndex
 
 __all__ = ["add_index"]
 
-# index.dedup.KINDS, copied: importing index.dedup imports torch, which `moco index dedup --help` must not (the two are
+# index.duplicates.dedup.KINDS, copied: importing index.duplicates.dedup imports torch, which `moco index dedup --help`
+# must not (the two are
 # held equal by tests/test_dedup_kinds.py)
 DEDUP_KINDS = ("exact", "near", "similar")
 
 
 def add_index(sub: argparse._SubParsersAction) -> None:
     """Register `moco index ...` on the top-level subparsers."""
-    from index.build import args as cli_args  # build/update flags live in index/, shared with `python -m index.build`
+    from index.building import (
+        args as cli_args,  # build/update flags live in index/, shared with `python -m index.building`
+    )
 
     top = sub.add_parser("index", help="build, update and query a FAISS index of a photo folder",
                          description="Batch indexing of a photo collection with an exported backbone.")
@@ -41,8 +44,9 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p = cmds.add_parser("search", help="nearest neighbours of an image, or of several", description="Rank the "
                         "collection by cosine similarity to IMAGE. With several photos (more IMAGEs, --id) and photos "
                         "to avoid (--not, --not-id), the query is one vector of the index's space: the mean of the "
-                        "positives minus a tenth of the mean of the negatives (index.query; BENCHMARKS.md 'Search with "
-                        "several photos'). The query photos themselves (indexed files with an IMAGE's very bytes, the "
+                        "positives minus a tenth of the mean of the negatives (index.search.query; BENCHMARKS.md "
+                        "'Search with several photos'). The query photos themselves (indexed files with an IMAGE's "
+                        "very bytes, the "
                         "photos of --id and --not-id) are left out of the results unless --include-queries, one IMAGE "
                         "alone as several; a near-copy with other bytes is a result as any other.")
     p.add_argument("index_dir", metavar="IDX")
@@ -175,19 +179,19 @@ def _add_views(cmds: argparse._SubParsersAction) -> None:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from index.build.runner import run_cli as run
+    from index.building.runner import run_cli as run
 
     return run(args, update=False)
 
 
 def cmd_update(args: argparse.Namespace) -> int:
-    from index.build.runner import run_cli as run
+    from index.building.runner import run_cli as run
 
     return run(args, update=True)
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from index.query import check_query_file
+    from index.search.query import check_query_file
 
     if args.k < 1:
         raise UserError(f"-k {args.k}: ask for at least one result")
@@ -200,7 +204,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     taken = (taken_bound(args.taken_from, False, "--taken-from"), taken_bound(args.taken_to, True, "--taken-to"))
     if None not in taken and taken[0] >= taken[1]:
         raise UserError(f"--taken-from {args.taken_from} is after --taken-to {args.taken_to}: swap them")
-    from index.image_index import ImageIndex
+    from index.search.image_index import ImageIndex
 
     idx = ImageIndex.open(args.index_dir)
     folder = _check_folder(idx, args.folder)
@@ -246,7 +250,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 def _twins(idx: ImageIndex, images: list[str]) -> list[int]:
     """Ids of the indexed photos with one of these query files' very bytes (the query photos themselves); a file
     that cannot be hashed (a pipe, a device) matches none: the decoder says why it cannot be searched with."""
-    from index.build.plan import file_hashes
+    from index.building.plan import file_hashes
 
     hashes = file_hashes(images)
     return idx.ids_of_files(hashes) if hashes else []
@@ -279,7 +283,7 @@ def _check_folder(idx: ImageIndex, folder: str | None, flag: str = "--folder") -
 
 
 def cmd_stats(args: argparse.Namespace) -> int:
-    from index.image_index import ImageIndex
+    from index.search.image_index import ImageIndex
 
     idx = ImageIndex.open(args.index_dir)
     st = idx.stats()
@@ -293,7 +297,7 @@ def cmd_stats(args: argparse.Namespace) -> int:
 
 
 def cmd_dedup(args: argparse.Namespace) -> int:
-    from index.image_index import ImageIndex
+    from index.search.image_index import ImageIndex
 
     if args.dry_run and (not args.move_to or args.undo):
         raise UserError("--dry-run goes with --move-to DIR: it says what a move would do")
@@ -310,7 +314,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
     if args.keep:
         _keep(idx, args)
     if args.move_to:
-        from index.resolve.actions import settle
+        from index.duplicates.resolve.actions import settle
 
         settle(idx, args.device)  # a move a kill cut off: finished, and the index updated, before the search
     return _search(idx, args)
@@ -318,8 +322,8 @@ def cmd_dedup(args: argparse.Namespace) -> int:
 
 def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
     from index.calibrate import describe_threshold
-    from index.dedup import DEFAULT_KINDS, SIMILAR, search_duplicates
-    from index.resolve.actions import select_groups
+    from index.duplicates.dedup import DEFAULT_KINDS, SIMILAR, search_duplicates
+    from index.duplicates.resolve.actions import select_groups
 
     kinds = args.kind or list(DEFAULT_KINDS)
     away = [f for f in (_check_folder(idx, f, "--exclude-folder") for f in args.exclude_folder) if f]
@@ -375,7 +379,7 @@ def _print_outcome(out: Any, args: argparse.Namespace) -> None:
 
 
 def _move(idx: ImageIndex, args: argparse.Namespace, groups: list[dict[str, Any]]) -> int:
-    from index.resolve.actions import move_duplicates
+    from index.duplicates.resolve.actions import move_duplicates
 
     out = move_duplicates(idx, groups, dest=args.move_to, dry_run=args.dry_run, device=args.device)
     _print_outcome(out, args)
@@ -383,14 +387,14 @@ def _move(idx: ImageIndex, args: argparse.Namespace, groups: list[dict[str, Any]
 
 
 def _undo(idx: ImageIndex, args: argparse.Namespace) -> int:
-    from index.resolve.actions import undo_moves
+    from index.duplicates.resolve.actions import undo_moves
 
     _print_outcome(undo_moves(idx, device=args.device, moved_to=args.move_to), args)
     return 0
 
 
 def _not_duplicates(idx: ImageIndex, args: argparse.Namespace) -> int:
-    from index.resolve.actions import mark_not_duplicates
+    from index.duplicates.resolve.actions import mark_not_duplicates
 
     groups = [mark_not_duplicates(idx, gid) for gid in args.not_duplicates]
     if args.json:
@@ -403,8 +407,8 @@ def _not_duplicates(idx: ImageIndex, args: argparse.Namespace) -> int:
 
 
 def _keep(idx: ImageIndex, args: argparse.Namespace) -> None:
-    from index.dedup import load_duplicates
-    from index.resolve.actions import choose_keeper
+    from index.duplicates.dedup import load_duplicates
+    from index.duplicates.resolve.actions import choose_keeper
 
     doc = load_duplicates(idx.dir) or {"groups": []}
     for photo in args.keep:
@@ -418,9 +422,9 @@ def _keep(idx: ImageIndex, args: argparse.Namespace) -> None:
 
 # ------------------------------------------------------------------------------- the whole collection
 def cmd_map(args: argparse.Namespace) -> int:
-    from index.image_index import ImageIndex
     from index.overview.documents import map_document, map_rows
     from index.overview.layout import collection_map, save_map_png
+    from index.search.image_index import ImageIndex
 
     idx = ImageIndex.open(args.index_dir)
     doc = map_document(idx, args.method, args.refresh)
@@ -439,8 +443,8 @@ def cmd_map(args: argparse.Namespace) -> int:
 
 
 def cmd_themes(args: argparse.Namespace) -> int:
-    from index.image_index import ImageIndex
     from index.overview.documents import themes_document
+    from index.search.image_index import ImageIndex
 
     idx = ImageIndex.open(args.index_dir)
     doc = themes_document(idx, args.themes, args.refresh)
@@ -458,8 +462,8 @@ def cmd_themes(args: argparse.Namespace) -> int:
 
 
 def cmd_unusual(args: argparse.Namespace) -> int:
-    from index.image_index import ImageIndex
     from index.overview.documents import MAX_PAGE, unusual_document
+    from index.search.image_index import ImageIndex
 
     if not 1 <= args.n <= MAX_PAGE:
         raise UserError(f"-n {args.n}: list from 1 to {MAX_PAGE} photos at a time (--offset for the next ones)")
@@ -476,8 +480,8 @@ def cmd_unusual(args: argparse.Namespace) -> int:
 
 
 def cmd_browse(args: argparse.Namespace) -> int:
-    from index.image_index import ImageIndex
     from index.overview.documents import MAX_PAGE, browse_document
+    from index.search.image_index import ImageIndex
 
     if not 1 <= args.n <= MAX_PAGE:
         raise UserError(f"-n {args.n}: list from 1 to {MAX_PAGE} photos at a time (--offset for the next ones)")

@@ -193,7 +193,7 @@ def add_run(sub: argparse._SubParsersAction) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     """`moco run`: serve the page at once (its Status tab follows the work), train/export/index, turn search on."""
     from app.run.pipeline import KEPT, collection_dir
-    from index.store import require_faiss
+    from index.search.store import require_faiss
     from moco.files import lock_dir, make_dirs
 
     require_faiss() if args.no_serve else _require_ui()  # before any training: the pipeline ends with them

@@ -31,7 +31,7 @@ from app.page.views import (
 )
 from app.search.scope import FOLDER_MODES, folder_filter
 from index.calibrate import DEDUP_THRESHOLD
-from index.index_dir import THUMBS_DIR
+from index.search.index_dir import THUMBS_DIR
 from moco.errors import UserError
 
 __all__ = ["build_ui", "CSS", "GRADIO_CACHE_S", "page_js"]

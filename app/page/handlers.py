@@ -38,7 +38,7 @@ from app.search.scope import ALL_FOLDERS, Scope, Searcher
 from app.search.service import SearchService
 from app.search.uploads import read_upload
 from index.catalog import display_path, taken_text
-from index.image_index import ImageIndex
+from index.search.image_index import ImageIndex
 from moco.data.photos import load_rgb, open_regular
 from moco.errors import UserError, plural
 

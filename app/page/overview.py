@@ -2,7 +2,7 @@
 ranking and the Browse tab's grid, as plain values (:mod:`app.page.blocks` wires them to components).
 
 The views themselves are the index's (:mod:`index.overview`: the map's layout, the themes, the photos farthest from
-any other, ``ImageIndex.browse``), computed with the index's version and kept with it; this module turns them into
+any other, ``browse_photos``), computed with the index's version and kept with it; this module turns them into
 what the page shows. The map goes to the browser once, compact (:func:`map_payload`: base64 typed arrays, 16 bytes
 a photo: 1.6 MB for 100,000), and is drawn there (:mod:`app.page.map_view`); a selection drawn on it comes back as a
 shape, and the photos inside are counted here as the browser counts them (:func:`region_mask`, on the same quantised
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from index.catalog import Row, display_path, taken_text
-from index.image_index import ImageIndex
+from index.search.image_index import ImageIndex
 from moco.errors import UserError, plural
 
 __all__ = ["CollectionOverview", "map_payload", "region_mask", "quantise", "SORTS", "PAGE", "MAX_SELECTED",
@@ -244,9 +244,11 @@ class CollectionOverview:
                limit: int = PAGE) -> tuple[list[tuple[str | None, str]], list[int], str, int]:
         """A page of the collection's grid, in ``folder`` (on disk; None: all) and ``theme`` (None: all), sorted by
         ``sort`` (a value of SORTS): (gallery, its ids, the page in words, the offset shown)."""
+        from index.overview.documents import browse_photos
+
         index = self._index()
         offset = max(0, int(offset))
-        rows, total = index.browse(folder=folder, theme=theme, sort=sort, offset=offset, limit=limit)
+        rows, total = browse_photos(index, folder=folder, theme=theme, sort=sort, offset=offset, limit=limit)
         if not rows and total and offset:  # past the end: the last page
             return self.browse(folder, theme, sort, (total - 1) // limit * limit, limit)
         what = "".join([f" in `{display_path(folder)}/`" if folder else "",

@@ -1,8 +1,9 @@
 """The review of groups of duplicates, the same for the page's Collection tab and the JSON API: a page of the last
 search's groups (of some kinds), a keeper chosen, the others of a group (or of every group of a kind) moved out of
-the collection, a group said to be not duplicates, the moves undone, all through :mod:`index.resolve`.
+the collection, a group said to be not duplicates, the moves undone, all through :mod:`index.duplicates.resolve`.
 
-Moves go to the collection's hidden ``ROOT/.moco-duplicates`` folder (:data:`index.resolve.actions.DUPLICATES_DIR`):
+Moves go to the collection's hidden ``ROOT/.moco-duplicates`` folder
+(:data:`index.duplicates.resolve.actions.DUPLICATES_DIR`):
 a destination is never taken from a request. One action runs at a time in a server (the journal's lock keeps out
 other processes); the saved search is read once per change of ``dedup.json``, so paging 10,000 groups reads it once.
 """
@@ -16,10 +17,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from index.dedup import KINDS, Search, load_duplicates, search_duplicates
-from index.image_index import ImageIndex
-from index.index_dir import DEDUP_FILE
-from index.resolve.actions import (
+from index.duplicates.dedup import KINDS, Search, load_duplicates, search_duplicates
+from index.duplicates.resolve.actions import (
     Outcome,
     choose_keeper,
     journal_of,
@@ -28,6 +27,8 @@ from index.resolve.actions import (
     select_groups,
     undo_moves,
 )
+from index.search.image_index import ImageIndex
+from index.search.index_dir import DEDUP_FILE
 from moco.errors import NotFoundError, UserError
 
 __all__ = ["DuplicateReview", "ReviewPage", "PAGE_SIZE", "MAX_PAGE"]

@@ -18,8 +18,8 @@ from PIL import Image
 from app.page.handlers import VIEW_PX, SearchApp, score_text
 from app.page.negatives.view import NegativesView
 from index.catalog import display_path
-from index.dedup import DEFAULT_KINDS, KINDS, NEAR, SIMILAR
-from index.image_index import ImageIndex
+from index.duplicates.dedup import DEFAULT_KINDS, KINDS, NEAR, SIMILAR
+from index.search.image_index import ImageIndex
 from moco.errors import UserError, plural
 
 __all__ = ["negatives_outputs", "groups_html", "review_outputs", "outcome_text", "status_outputs",
@@ -148,7 +148,8 @@ def groups_html(groups: list[dict[str, Any]], index: ImageIndex, start: int = 0,
     return "".join(parts)
 
 
-# The Collection tab's kind filter: its label -> the kinds it shows (index.dedup.KINDS, one by one and together).
+# The Collection tab's kind filter: its label -> the kinds it shows (index.duplicates.dedup.KINDS, one by one and
+# together).
 KIND_CHOICES = {"exact and near": DEFAULT_KINDS, **{kind: (kind,) for kind in KINDS}, "all kinds": KINDS}
 
 

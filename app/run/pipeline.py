@@ -200,7 +200,7 @@ def _index(photos: Path, backbone: Path, index_dir: Path, say: Callable[[str], N
            exclude: tuple[str, ...] = ()) -> Any:
     """Build or update the index of ``photos`` in ``index_dir``; its ``--exclude`` patterns are set to ``exclude``
     (what this run's flags say, not added to an earlier run's)."""
-    from index.build.runner import build_index, update_index
+    from index.building.runner import build_index, update_index
     from index.catalog import Catalog, catalog_meta
     from moco.files import sha256_file
 

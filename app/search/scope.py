@@ -17,9 +17,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from index.build.plan import content_hash, file_hashes
+from index.building.plan import content_hash, file_hashes
 from index.catalog import display_path, taken_bound
-from index.image_index import ImageIndex, SearchResult
+from index.search.image_index import ImageIndex, SearchResult
 from moco.errors import UserError, quoted
 
 __all__ = ["Searcher", "Scope", "NoSuchFolder", "FOLDER_PATTERN", "MAX_RESULTS", "ALL_FOLDERS", "FOLDER_MODES",

@@ -5,7 +5,8 @@ or the error naming the value, that request's alone). Uploads are decoded in a s
 searched in batches (:mod:`app.search.batcher`); past ``max_pending`` requests in flight one more gets
 :class:`~app.search.batcher.Overloaded` (the API's 503 with ``Retry-After``). Each search leaves its own query photos
 out of its results (an upload's byte-identical indexed files, the photo searched by id), even in a batch. A search's
-answer is a :class:`Found` (its rows of the index's :class:`~index.image_index.SearchResult`): the API writes it as
+answer is a :class:`Found` (its rows of the index's :class:`~index.search.image_index.SearchResult`): the API writes it
+as
 JSON; the page's Search takes the upload's embedding (:meth:`SearchService.embed_upload`) and shows its own results.
 """
 
@@ -26,7 +27,7 @@ import numpy as np
 from app.search.batcher import Batcher
 from app.search.scope import Scope, Searcher
 from app.search.uploads import read_upload, upload_suffix
-from index.image_index import SearchResult
+from index.search.image_index import SearchResult
 from moco.errors import NotFoundError, UserError, quoted
 
 __all__ = ["SearchService", "Found", "Several", "NotFound", "NotReady", "DECODE_WORKERS"]

@@ -2,7 +2,7 @@
 
 ``read_upload`` decodes an upload with the same decoder as the index and turns every failure into one line naming
 the file and the fix: an image over :data:`MAX_UPLOAD_MB`, with too many pixels (from its header, never decoded) or
-too few to search with (:func:`index.query.check_query_size`, the rule of every door) included.
+too few to search with (:func:`index.search.query.check_query_size`, the rule of every door) included.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from index.query import check_query_size
+from index.search.query import check_query_size
 from moco.data.photos import DEFAULT_MAX_PIXELS, ImageDecodeError, load_rgb, open_regular
 from moco.errors import UserError
 

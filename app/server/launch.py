@@ -18,8 +18,8 @@ from app.page.blocks import CSS, build_ui, page_js
 from app.page.handlers import SearchApp
 from app.search.uploads import MAX_UPLOAD_MB
 from app.server import heap
-from index.image_index import ImageIndex
-from index.index_dir import CATALOG_FILE, DEDUP_FILE, INDEX_FILE, META_FILE, THUMBS_DIR
+from index.search.image_index import ImageIndex
+from index.search.index_dir import CATALOG_FILE, DEDUP_FILE, INDEX_FILE, META_FILE, THUMBS_DIR
 
 __all__ = ["serve", "serve_pending", "make_demo", "launch_kwargs", "MAX_UPLOAD"]
 

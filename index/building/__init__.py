@@ -1,7 +1,8 @@
-"""index.build: an index directory built and kept in step with its folder, crash-safe: a plan from a scan diffed
-against the catalog (:mod:`~index.build.plan`), photos decoded, embedded and committed (:mod:`~index.build.prepare`),
-the collection's space and FAISS index synced with the catalog (:mod:`~index.build.sync`), the run of it all
-(:mod:`~index.build.runner`) and its flags (:mod:`~index.build.args`). ``python -m index.build`` runs under
+"""index.building: an index directory built and kept in step with its folder, crash-safe: a plan from a scan diffed
+against the catalog (:mod:`~index.building.plan`), photos decoded, embedded and committed
+(:mod:`~index.building.prepare`),
+the collection's space and FAISS index synced with the catalog (:mod:`~index.building.sync`), the run of it all
+(:mod:`~index.building.runner`) and its flags (:mod:`~index.building.args`). ``python -m index.building`` runs under
 torchrun."""
 
 from moco._lazy import lazy_face

@@ -1,6 +1,7 @@
-"""``python -m index.build PHOTOS --backbone B -o IDX`` or ``python -m index.build update IDX`` (under torchrun too)."""
+"""``python -m index.building PHOTOS --backbone B -o IDX`` or ``python -m index.building update IDX`` (under torchrun
+too)."""
 
-from index.build.runner import main
+from index.building.runner import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

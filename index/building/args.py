@@ -1,5 +1,5 @@
 """`moco index build|update` as flags and a printed summary: declared here so that
-`python -m index.build` (torchrun) is the same command without importing app/."""
+`python -m index.building` (torchrun) is the same command without importing app/."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from index.catalog import display_path
-from index.store import KINDS
+from index.search.store import KINDS
 
 __all__ = ["BUILD_HELP", "BUILD_DESCRIPTION", "UPDATE_HELP", "UPDATE_DESCRIPTION", "add_build_arguments",
            "add_update_arguments", "memory_budget", "print_summary"]
@@ -17,7 +17,7 @@ __all__ = ["BUILD_HELP", "BUILD_DESCRIPTION", "UPDATE_HELP", "UPDATE_DESCRIPTION
 BUILD_HELP = "index a photo folder"
 BUILD_DESCRIPTION = (
     "Scan PHOTOS (recursively), embed every image, write IDX (index.faiss, index.json, catalog.sqlite, thumbs/). "
-    "Re-running completes an interrupted build. Under torchrun (`python -m index.build`), ranks share the embedding."
+    "Re-running completes an interrupted build. Under torchrun (`python -m index.building`), ranks share the embedding."
 )
 UPDATE_HELP = "re-scan the collection: add new, re-embed changed, drop deleted"
 UPDATE_DESCRIPTION = (

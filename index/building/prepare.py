@@ -18,9 +18,9 @@ from typing import Any
 
 import numpy as np
 
-from index.build.plan import Plan, Stat, Summary, file_hash
+from index.building.plan import Plan, Stat, Summary, file_hash
 from index.catalog import Catalog, Row, wall_clock
-from index.index_dir import (
+from index.search.index_dir import (
     THUMBS_DIR,
 )
 from moco.data.photos import ImageDecodeError, load_rgb, photo_info, square_u8

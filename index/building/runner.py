@@ -11,7 +11,7 @@ The catalog is the source of truth. An ``index.faiss`` that cannot be trusted to
 rebuilt from it, with a warning. A failed write of ours (thumbnail, disk full) stops the run with
 :class:`~moco.errors.StorageError`; only a photo that cannot be read or decoded becomes an error row.
 
-Under ``torchrun`` (``python -m index.build ...``) rank 0 plans, every rank decodes and embeds its
+Under ``torchrun`` (``python -m index.building ...``) rank 0 plans, every rank decodes and embeds its
 share of each round of files (``files[rank::world]``), and rank 0 gathers the results, commits them
 and writes the index: the same catalog and index as one process, in a fraction of the time.
 """
@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from index.build.plan import Plan, Summary, make_plan
-from index.build.prepare import (
+from index.building.plan import Plan, Summary, make_plan
+from index.building.prepare import (
     clean_thumbs,
     commit,
     decode_round,
@@ -40,16 +40,16 @@ from index.build.prepare import (
     quick_ops,
     restore_thumbs,
 )
-from index.build.sync import store_is_current, sync_store
+from index.building.sync import store_is_current, sync_store
 from index.catalog import Catalog, catalog_meta, set_catalog_meta
-from index.index_dir import (
+from index.search.index_dir import (
     CATALOG_FILE,
     INDEX_FILE,
     META_FILE,
     VECTORS,
     read_meta,
 )
-from index.store import KINDS, require_faiss
+from index.search.store import KINDS, require_faiss
 from moco.errors import UserError
 from moco.excludes import check_patterns
 from moco.runtime import Dist, setup_logging
@@ -189,7 +189,7 @@ def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind:
         photos: the collection root (searched recursively).
         backbone: a ``.safetensors`` backbone from ``moco export`` (or any supported checkpoint).
         out: the index directory (created; an interrupted build in it is completed).
-        kind: auto, flat, ivf, ivfpq or hnsw (see :mod:`index.store`).
+        kind: auto, flat, ivf, ivfpq or hnsw (see :mod:`index.search.store`).
         memory_budget: bytes the index may use (``auto`` picks a compressed kind above it).
         exclude: ``--exclude`` patterns (:mod:`moco.excludes`): never read; the index keeps them for its updates.
     """
@@ -304,8 +304,8 @@ def update_index(index_dir: str | Path, backbone: str | Path | None = None, root
 
 
 def run_cli(args: argparse.Namespace, update: bool) -> int:
-    """Build or update as the parsed ``args`` (:mod:`index.build.args`) say, print the summary (rank 0), return 0."""
-    from index.build import args as a
+    """Build or update as the parsed ``args`` (:mod:`index.building.args`) say, print the summary (rank 0), return 0."""
+    from index.building import args as a
 
     common = dict(batch_size=args.batch_size, workers=args.workers, progress=not args.quiet, device=args.device,
                   use_gpu=args.gpu, exclude=tuple(args.exclude or ()))
@@ -320,17 +320,18 @@ def run_cli(args: argparse.Namespace, update: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``torchrun ... -m index.build PHOTOS --backbone B -o IDX`` or ``-m index.build update IDX``; 2 on bad input."""
-    from index.build import args as a
+    """``torchrun ... -m index.building PHOTOS --backbone B -o IDX`` or ``-m index.building update IDX``; 2 on bad
+    input."""
+    from index.building import args as a
 
     argv = list(sys.argv[1:] if argv is None else argv)
     update = bool(argv) and argv[0] == "update"
     if update:
-        parser = argparse.ArgumentParser(prog="python -m index.build update", description=a.UPDATE_DESCRIPTION)
+        parser = argparse.ArgumentParser(prog="python -m index.building update", description=a.UPDATE_DESCRIPTION)
         a.add_update_arguments(parser)
     else:
-        parser = argparse.ArgumentParser(prog="python -m index.build", description=a.BUILD_DESCRIPTION,
-                                         epilog=f"python -m index.build update IDX: {a.UPDATE_HELP}")
+        parser = argparse.ArgumentParser(prog="python -m index.building", description=a.BUILD_DESCRIPTION,
+                                         epilog=f"python -m index.building update IDX: {a.UPDATE_HELP}")
         a.add_build_arguments(parser)
     args = parser.parse_args(argv[1:] if update else argv)
     setup_logging()

@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from index.build.prepare import THUMB_SIZE
+from index.building.prepare import THUMB_SIZE
 from index.catalog import Catalog, Row, sample_ids, set_catalog_meta
-from index.index_dir import (
+from index.search.index_dir import (
     CATALOG_FILE,
     INDEX_FILE,
     INDEX_ID_KEY,
@@ -26,8 +26,8 @@ from index.index_dir import (
     read_meta,
     write_meta,
 )
-from index.store import VectorStore, choose_kind
-from index.trailer import read_index_id, read_space_arrays
+from index.search.store import VectorStore, choose_kind
+from index.search.trailer import read_index_id, read_space_arrays
 from moco.data.photos import ImageDecodeError, load_rgb, square_u8
 from moco.errors import UserError
 from moco.whiten import SPACE_FILE, Whitening, fit_space, save_space

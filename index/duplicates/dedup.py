@@ -18,22 +18,22 @@ Near links are copies by their pixels. The model proposes pairs: those at the ne
 collection's crowd level where a weak model or a collection of very alike photos puts distinct photos that close
 (:func:`index.calibrate.near_threshold`; its rule is reported), and each photo's :data:`PROPOSE_K` closest photos by
 the model, by the NCC of their pixels (a brighter copy, which a model may not see as close) and the photos it could
-have been cut from (:func:`index.propose.proposals`).
-A proposed pair is a near link only where :func:`index.verify.copy_scores` finds one photo to be the other
-re-encoded, resized, cropped, brightened or mirrored (copy score at least :data:`~index.verify.COPY_SCORE`,
+have been cut from (:func:`index.duplicates.propose.proposals`).
+A proposed pair is a near link only where :func:`index.duplicates.verify.copy_scores` finds one photo to be the other
+re-encoded, resized, cropped, brightened or mirrored (copy score at least :data:`~index.duplicates.verify.COPY_SCORE`,
 :func:`verify_links`). Distinct photos of alike things (a crowd of t-shirts, planes against blue sky, tiles of one
 texture) sit as close to each other as copies to a weak model; their pixels differ, so no threshold a model sets can
 group them: the pixel check is the guard, and it does not depend on the model. Where pixels cannot tell either (a
 photo that is a copy by pixels of :data:`~index.calibrate.CROWD` others or more: a clear sky, a gradient, a blank
 page), the photo keeps no near link, so no near group holds more than that many distinct photos.
 
-The copy score :data:`~index.verify.COPY_SCORE` was chosen on planted copies of one split of Fashion-MNIST
+The copy score :data:`~index.duplicates.verify.COPY_SCORE` was chosen on planted copies of one split of Fashion-MNIST
 (``bench/dedup_copies.py --split choose``, with the crop proposals and the tone curve) and is reported on the other:
 its figures (pair precision, the copies kept of each kind, the scores tried beside it) are in BENCHMARKS.md and
 bench/NOTES.md ("Choosing the score"), which a later run updates.
 
 Each group has a stable id (its kind, its smallest member id and a digest of its member ids), a suggested keeper and
-the reason (:mod:`index.keeper`), and its members' pixels, size, date taken and age.
+the reason (:mod:`index.duplicates.keeper`), and its members' pixels, size, date taken and age.
 """
 
 from __future__ import annotations
@@ -61,12 +61,12 @@ from index.calibrate import (  # the threshold: re-exported here, where its user
     threshold_source,
 )
 from index.catalog import Row, sample_ids
-from index.dedup_cache import CHECKED_FILE, FRAMES_FILE, CheckedPairs, FrameFile, photo_version
-from index.image_index import ImageIndex, row_filter
-from index.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
-from index.keeper import photo_facts, suggest_keeper
-from index.propose import PROPOSE_K, proposals
-from index.verify import COPY_SCORE, SIDE, copy_scores
+from index.duplicates.dedup_cache import CHECKED_FILE, FRAMES_FILE, CheckedPairs, FrameFile, photo_version
+from index.duplicates.keeper import photo_facts, suggest_keeper
+from index.duplicates.propose import PROPOSE_K, proposals
+from index.duplicates.verify import COPY_SCORE, SIDE, copy_scores
+from index.search.image_index import ImageIndex, row_filter
+from index.search.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
 from moco.data.photos import ImageDecodeError, load_rgb
 from moco.errors import NotFoundError, UserError
 from moco.files import atomic_write
@@ -160,8 +160,10 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
                  rows: Mapping[int, Row], links: Mapping[int, Mapping[int, float]], chunk: int = 1024,
                  progress: bool = False, versions: Mapping[int, int] | None = None
                  ) -> tuple[dict[int, dict[int, float]], dict[tuple[int, int], float], dict[str, int]]:
-    """The near links: the pairs of :func:`index.propose.proposals` that :func:`index.verify.copy_scores` finds to be
-    copies (score at least :data:`~index.verify.COPY_SCORE`), each with its centred cosine (``{id: {other: cosine}}``,
+    """The near links: the pairs of :func:`index.duplicates.propose.proposals`
+    that :func:`index.duplicates.verify.copy_scores` finds to be
+    copies (score at least :data:`~index.duplicates.verify.COPY_SCORE`), each with its centred cosine (``{id: {other:
+    cosine}}``,
     symmetric), their copy scores ``{(a, b): score}`` (a < b), and counts: ``proposed``, ``verified``,
     ``turned_down`` (the model's links at the near threshold that are no copies), ``unchecked`` (photos without
     a frame: no thumbnail and no decodable file), ``crowded``: photos that are copies by pixels of
@@ -169,10 +171,12 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
     own to tell a copy from another such photo), whose near links are all dropped; ``checked`` (pairs the pixel check
     scored in this search), ``reused`` (pairs scored by an earlier one) and ``frames_made``.
 
-    The frames and the scored pairs are kept in the index directory (:mod:`index.dedup_cache`; a read-only index:
+    The frames and the scored pairs are kept in the index directory (:mod:`index.duplicates.dedup_cache`; a read-only
+    index:
     in a temporary folder, for this search alone), so a search checks only the pairs no earlier one scored at their
     photos' current versions: after an ``index update`` that added a few photos, the pairs that hold one of them; after
-    a kill, those it had not reached. ``versions``: every photo's version (:func:`index.dedup_cache.photo_version`;
+    a kill, those it had not reached. ``versions``: every photo's version
+    (:func:`index.duplicates.dedup_cache.photo_version`;
     None: ``rows``')."""
     if index.catalog.read_only:
         with tempfile.TemporaryDirectory(prefix="moco-dedup-") as scratch:
@@ -238,7 +242,7 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
 
 
 def _version(row: Row) -> int:
-    """A photo's version (:func:`index.dedup_cache.photo_version`)."""
+    """A photo's version (:func:`index.duplicates.dedup_cache.photo_version`)."""
     return photo_version(row.hash, row.thumb, row.path, row.size, row.mtime_ns)
 
 
@@ -334,7 +338,8 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
 
     Each group: ``id`` (:func:`group_id`), ``kind``, ``size``, ``representative`` (id, path), ``tightest`` and
     ``loosest`` (the highest and lowest cosine of a member to the representative), ``keep`` and ``keep_id`` (the
-    suggested keeper, :mod:`index.keeper`), ``reason`` (why that one), and ``members`` (the representative first,
+    suggested keeper, :mod:`index.duplicates.keeper`), ``reason`` (why that one), and ``members`` (the representative
+    first,
     then by that cosine), each with id, path, thumb, ``hash``, ``similarity`` (to the representative; 1.0 for
     itself), ``best_similarity`` (to its closest neighbour, in the group or not), ``width``, ``height``, ``bytes``,
     ``taken`` (EXIF's, seconds; None without one) and ``mtime``. ``threshold``: the near threshold (None: the

@@ -36,8 +36,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from index import verify
-from index.verify import SIDE, Frame, frames
+from index.duplicates import verify
+from index.duplicates.verify import SIDE, Frame, frames
 from moco.files import atomic_write
 
 __all__ = ["FrameFile", "CheckedPairs", "photo_version", "check_settings", "FRAMES_FILE", "CHECKED_FILE", "kept_frames",
@@ -165,7 +165,8 @@ class FrameFile(Mapping[int, Frame]):
                step: Callable[[int], object] | None = None, every: Mapping[int, int] | None = None,
                batch: int = 256) -> FrameFile:
         """Take the frames of ``photos`` (``{id: (version, thumbnail path)}``) from the file where it holds them at
-        that version; make the others (:func:`index.verify.frames`, ``fallback`` decoding a photo) and append them.
+        that version; make the others (:func:`index.duplicates.verify.frames`, ``fallback`` decoding a photo) and append
+        them.
         ``every``: the versions of every photo of the index (``{id: version}``; None: ``photos``'): the file is
         written anew without the others' records when they outnumber the live ones. ``step(n)``: called as photos
         are done. Returns itself."""

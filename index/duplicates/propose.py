@@ -1,4 +1,4 @@
-"""Which pairs of photos the pixel check (:mod:`index.verify`) looks at: the candidates of copy detection.
+"""Which pairs of photos the pixel check (:mod:`index.duplicates.verify`) looks at: the candidates of copy detection.
 
 Checking every pair is quadratic, so each photo puts forward a few others, from three searches:
 
@@ -8,7 +8,8 @@ Checking every pair is quadratic, so each photo puts forward a few others, from 
   :data:`PIXEL_SIDE` a side, plain and mirrored (a brighter copy, which a model may not see as close);
 - **crops**: the :data:`PROPOSE_K` photos that could have been cut from it. Every photo's whole frame, shrunk to
   :data:`CROP_SIDE` a side, goes into one index (one vector a photo); each photo's windows at the crop shares the
-  check tests (:data:`~index.verify.SCALES` under 1) and at :data:`CROP_GRID` x :data:`CROP_GRID` places, plain and
+  check tests (:data:`~index.duplicates.verify.SCALES` under 1) and at :data:`CROP_GRID` x :data:`CROP_GRID` places,
+  plain and
   mirrored, look up the whole frames closest to them by NCC, and their photos are its candidates. A crop is the one
   edit that moves every pixel of a small frame, and a model trained to see crops as the same scene puts a crop of a
   shirt beside every shirt. The windows are made and looked up a chunk of photos at a time: memory holds one vector
@@ -29,8 +30,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
-from index.store import VectorStore
-from index.verify import SCALES, Frame, unit_patches
+from index.duplicates.verify import SCALES, Frame, unit_patches
+from index.search.store import VectorStore
 
 __all__ = ["proposals", "LINKED", "MODEL", "pixel_neighbours", "crop_neighbours", "crop_windows", "PROPOSE_K",
            "PIXEL_SIDE", "CROP_SIDE", "CROP_GRID", "PIXEL_EXACT_UP_TO"]

@@ -11,7 +11,8 @@ index; BENCHMARKS.md, "The whole collection"): 10 themes in the whitened space r
 time in the whitened space (chance: 10%), 51% in the centred one. An index that only centres has one space for both.
 
 An index's version changes whenever ``moco index update`` writes its vectors anew (``index.faiss`` replaced,
-``index.json``'s ``updated``): reading it costs one ``stat`` and what :meth:`~index.image_index.ImageIndex.refresh`
+``index.json``'s ``updated``): reading it costs one ``stat`` and
+what :meth:`~index.search.image_index.ImageIndex.refresh`
 reads anyway, so every call can check it. A view computed for another version is computed again; one computed for
 this version is read from its file (or from memory, once read). A read-only index directory computes in memory and
 writes nothing; a damaged file is computed again, never an error. Paths are never cached: they are read from the
@@ -33,8 +34,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from index.catalog import Catalog
-from index.index_dir import INDEX_FILE
-from index.store import VectorStore
+from index.search.index_dir import INDEX_FILE
+from index.search.store import VectorStore
 from moco.errors import StorageError
 from moco.files import atomic_write
 
@@ -50,7 +51,7 @@ _computing: dict[tuple[str, str, str], threading.Lock] = {}  # one lock per view
 
 
 class Collection(Protocol):
-    """What the views read of an index (an :class:`~index.image_index.ImageIndex` has it)."""
+    """What the views read of an index (an :class:`~index.search.image_index.ImageIndex` has it)."""
 
     dir: Path
     meta: dict[str, Any]
@@ -71,7 +72,7 @@ class Collection(Protocol):
 def index_version(index: Collection) -> str:
     """The version of ``index``'s vectors (16 hex digits): its id, when ``index.json`` says it was last written,
     how many vectors, and ``index.faiss``'s size and time. Cheap: the index reloads itself first if its files
-    changed (:meth:`~index.image_index.ImageIndex.refresh`), then one ``stat``."""
+    changed (:meth:`~index.search.image_index.ImageIndex.refresh`), then one ``stat``."""
     index.refresh()
     st = os.stat(index.dir / INDEX_FILE)
     key = [index.meta.get("index_id"), index.meta.get("updated"), index.meta.get("ntotal"), st.st_size,

@@ -18,17 +18,17 @@ from index.overview.unusual import unusual_photos
 from moco.errors import UserError
 
 __all__ = ["Browsable", "map_document", "map_rows", "themes_document", "theme_document", "unusual_document",
-           "browse_document", "MAX_PAGE", "COORD_DECIMALS"]
+           "browse_photos", "browse_document", "MAX_PAGE", "COORD_DECIMALS"]
 
 MAX_PAGE = 500  # photos in one page of a theme, of the unusual photos, of the collection
 COORD_DECIMALS = 5  # map coordinates in [0, 1]: 1e-5 is far under a pixel of any screen
 
 
 class Browsable(Collection, Protocol):
-    """An index that also pages through its photos (:meth:`~index.image_index.ImageIndex.browse`)."""
+    """An index that also pages through its photos (:meth:`~index.search.image_index.ImageIndex.browse`)."""
 
-    def browse(self, folder: str | None = None, theme: int | None = None, sort: str = "name", offset: int = 0,
-               limit: int = 60) -> tuple[list[Row], int]: ...
+    def browse(self, folder: str | None = None, among: list[int] | None = None, sort: str = "name",
+               offset: int = 0, limit: int = 60) -> tuple[list[Row], int]: ...
 
 
 def _page(offset: int, limit: int) -> tuple[int, int]:
@@ -98,12 +98,21 @@ def unusual_document(index: Collection, offset: int = 0, limit: int = 60) -> dic
             "photos": [{"id": i, "path": paths.get(i), "closest": round(c, 6)} for i, c in page]}
 
 
+def browse_photos(index: Browsable, folder: str | None = None, theme: int | None = None, sort: str = "name",
+                  offset: int = 0, limit: int = 60) -> tuple[list[Row], int]:
+    """A page of the collection's photos and how many there are (:meth:`~index.search.image_index.ImageIndex.browse`)
+    under ``folder`` and of ``theme`` (an id of :func:`~index.overview.themes.collection_themes`; None: all); a
+    UserError naming a theme the collection lacks."""
+    among = None if theme is None else theme_members(index, theme, 0, len(theme_labels(index)[0]))[0]
+    return index.browse(folder, among, sort, offset, limit)
+
+
 def browse_document(index: Browsable, folder: str | None = None, theme: int | None = None, sort: str = "name",
                     offset: int = 0, limit: int = 60) -> dict[str, Any]:
     """A page of the collection: ``{"total", "offset", "limit", "next_offset", "folder", "theme", "sort", "photos":
-    [{"id", "path", "taken", "width", "height"}]}`` (:meth:`~index.image_index.ImageIndex.browse`)."""
+    [{"id", "path", "taken", "width", "height"}]}`` (:meth:`~index.search.image_index.ImageIndex.browse`)."""
     offset, limit = _page(offset, limit)
-    rows, total = index.browse(folder, theme, sort, offset, limit)
+    rows, total = browse_photos(index, folder, theme, sort, offset, limit)
     return {"total": total, "offset": offset, "limit": limit, "next_offset": _next(offset, len(rows), total),
             "folder": folder or None, "theme": theme, "sort": sort,
             "photos": [{"id": r.id, "path": display_path(r.path), "taken": taken_text(r.taken), "width": r.width,

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from index.overview.cache import Collection, cached, centred_vectors, space_vectors
-from index.store import require_faiss
+from index.search.store import require_faiss
 from moco.errors import UserError
 
 __all__ = ["Theme", "Themes", "collection_themes", "theme_members", "theme_labels", "auto_themes", "smoothed_vectors",

@@ -1,4 +1,4 @@
-"""ImageIndex: open an index directory (its files: :mod:`index.index_dir`) and search it by vector or by image.
+"""ImageIndex: open an index directory (its files: :mod:`index.search.index_dir`) and search it by vector or by image.
 
     >>> from index import ImageIndex                                     # doctest: +SKIP
     >>> idx = ImageIndex.open("my_index")                                # doctest: +SKIP
@@ -29,7 +29,7 @@ import numpy as np
 
 from index.calibrate import dedup_threshold, threshold_source
 from index.catalog import Catalog, Row, sample_ids
-from index.index_dir import (
+from index.search.index_dir import (
     CATALOG_FILE,
     DEDUP_LAST_KEY,
     INDEX_FILE,
@@ -40,13 +40,13 @@ from index.index_dir import (
     load_store,
     read_meta,
 )
-from index.query import BACKGROUND, RULE, check_query_size, combine, query_size
-from index.store import require_faiss
-from index.trailer import read_space_arrays
+from index.search.query import BACKGROUND, RULE, check_query_size, combine, query_size
+from index.search.store import require_faiss
+from index.search.trailer import read_space_arrays
 from moco.errors import UserError
 from moco.whiten import Whitening
 
-# with the names of index.index_dir, importable from here as well
+# with the names of index.search.index_dir, importable from here as well
 __all__ = ["ImageIndex", "SearchResult", "row_filter", "BROWSE_SORTS"]
 
 logger = logging.getLogger(__name__)
@@ -393,7 +393,7 @@ class ImageIndex:
                      seed: int = 0) -> np.ndarray:
         """One query (D, in the index's space: what :meth:`search` takes with ``centred=True``) from the features of
         ``positives`` (P x D) and ``negatives`` (N x D or None), each mapped by :meth:`center` as one photo's query
-        is, then combined by :func:`index.query.combine` (``rule``; the logistic rule's background: a seeded
+        is, then combined by :func:`index.search.query.combine` (``rule``; the logistic rule's background: a seeded
         sample of the collection). One positive alone gives exactly the vector a search with that photo uses."""
         pos = self.center(np.atleast_2d(positives))  # P x D
         neg = None if negatives is None or len(negatives) == 0 else self.center(np.atleast_2d(negatives))  # N x D
@@ -405,7 +405,7 @@ class ImageIndex:
 
     def ids_of_files(self, hashes: Collection[str]) -> list[int]:
         """Ids of the indexed photos whose bytes have one of these content hashes (blake2b-128 hex, as
-        :func:`index.build.plan.file_hash`): an uploaded query that is a photo of the collection."""
+        :func:`index.building.plan.file_hash`): an uploaded query that is a photo of the collection."""
         return self.catalog.ids_with_hashes(hashes)
 
     def search_image(self, image: Any, embedder: Any, k: int = 10, folder: str | None = None,
@@ -422,12 +422,13 @@ class ImageIndex:
         return self.search(embedder.embed(image), k=k, folder=folder, offset=offset,
                            exclude_folders=exclude_folders, taken=taken, exclude_ids=exclude_ids)
 
-    def browse(self, folder: str | None = None, theme: int | None = None, sort: str = "name", offset: int = 0,
-               limit: int = 60) -> tuple[list[Row], int]:
+    def browse(self, folder: str | None = None, among: Collection[int] | None = None, sort: str = "name",
+               offset: int = 0, limit: int = 60) -> tuple[list[Row], int]:
         """A page of the collection's photos (live, indexed without error) and how many there are: under
-        ``folder`` (the rule of :meth:`search`'s: :func:`row_filter`), of ``theme`` (an id of
-        :func:`index.overview.themes.collection_themes`), by ``sort``: ``"name"`` (the path), ``"date"`` (taken,
-        oldest first) or ``"-date"`` (newest first); photos without a date come last, ties go by path."""
+        ``folder`` (the rule of :meth:`search`'s: :func:`row_filter`), among the photo ids ``among`` (None: all; a
+        theme's members: :func:`index.overview.documents.browse_photos` browses by theme), by ``sort``: ``"name"``
+        (the path), ``"date"`` (taken, oldest first) or ``"-date"`` (newest first); photos without a date come last,
+        ties go by path."""
         if sort not in BROWSE_SORTS:
             raise UserError(f"sort {sort!r}: choose among {', '.join(BROWSE_SORTS)}")
         self.refresh()
@@ -436,11 +437,8 @@ class ImageIndex:
         if folder and folder.strip("/"):
             prefix = folder.strip("/") + "/"  # the prefix of row_filter
             keep &= np.array([p.startswith(prefix) for p in paths], bool)
-        if theme is not None:
-            from index.overview.themes import theme_members
-
-            members, _ = theme_members(self, theme, 0, len(ids))
-            keep &= np.isin(ids, np.asarray(members, np.int64))
+        if among is not None:
+            keep &= np.isin(ids, np.asarray(list(among), np.int64))
         at = np.flatnonzero(keep)
         by_path = np.array(sorted(at.tolist(), key=lambda i: paths[i]), np.int64)  # ties of dates go by path
         if sort == "name":

@@ -14,7 +14,7 @@ An index directory holds::
                      the page (the moves' journal, "not duplicates" marks and chosen keepers are in the catalog)
     dedup-frames.bin, dedup-checked.bin
                      the pixel check's frames and scored pairs, kept so the next search checks only new pairs
-                     (index.dedup_cache; deleting them loses nothing but time)
+                     (index.duplicates.dedup_cache; deleting them loses nothing but time)
     themes.npz, map-pca.npz, map-umap.npz, unusual.npz
                      views of the whole collection, each with the index version it was computed for
                      (index.overview: computed again when the index changed; deleting them loses nothing)
@@ -27,8 +27,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from index.store import VectorStore, require_faiss
-from index.trailer import read_index_id
+from index.search.store import VectorStore, require_faiss
+from index.search.trailer import read_index_id
 from moco.errors import UserError
 from moco.files import atomic_write
 

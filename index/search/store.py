@@ -16,7 +16,7 @@ hnsw      ``IDMap2,HNSW32``                        graph; tuned efSearch; remova
 budget, and ivfpq otherwise. Approximate kinds are tuned on held-out queries (sampled vectors left
 out of training, their own id removed from the answers) to the smallest search parameter that
 reaches the target recall@10 against exact search (:func:`tune_store`). The file's trailer (index id, the space's
-mean and matrix) is :mod:`index.trailer`'s.
+mean and matrix) is :mod:`index.search.trailer`'s.
 
 Exact top-k by inner product in numpy (:func:`exact_topk`, tie-aware) is both a flat store's search of a few queries
 and the ground truth that tuning measures recall against, on held-out queries (sampled vectors left out of training,
@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from index.trailer import trailer_bytes
+from index.search.trailer import trailer_bytes
 from moco.errors import UserError
 
 try:
@@ -155,7 +155,8 @@ class VectorStore:
 
     def save(self, path: str | Path, index_id: str | None = None, mean: np.ndarray | None = None,
              matrix: np.ndarray | None = None) -> None:
-        """Write the CPU form and its trailer (:func:`index.trailer.trailer_bytes`) atomically (temporary file, fsync,
+        """Write the CPU form and its trailer (:func:`index.search.trailer.trailer_bytes`) atomically (temporary file,
+        fsync,
         rename).
 
         ``index_id`` (32 hex digits) is appended after the FAISS bytes as a fixed-size trailer, which
@@ -260,7 +261,7 @@ class VectorStore:
         return scores, ids
 
     def _flat_few(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Exact search of a few queries (Q x D) on the stored vectors in place (:func:`index.store.few_topk`).
+        """Exact search of a few queries (Q x D) on the stored vectors in place (:func:`index.search.store.few_topk`).
 
         FAISS scans on one thread below 20 queries; BLAS reads the vectors with every core.
         """
@@ -281,7 +282,7 @@ class VectorStore:
     def tune(self, vectors: np.ndarray, ids: np.ndarray, queries: np.ndarray, query_ids: np.ndarray,
              k: int = 10, target: float = 0.95, held_out: bool = True) -> Tuning:
         """Smallest nprobe/efSearch whose recall@k on ``queries`` reaches ``target``, and that recall
-        (:func:`index.store.tune_store`)."""
+        (:func:`index.search.store.tune_store`)."""
         return tune_store(self, vectors, ids, queries, query_ids, k, target, held_out)
 
     def _param_limit(self) -> int:

@@ -2,7 +2,7 @@
 
 From the end of the file backwards: the index id (32 hex digits), the mean embedding the vectors are centred on
 (D float32) with its digest, and the whitening matrix of the index's space (D x D float32) with its digest;
-:meth:`index.store.VectorStore.save` writes them with the FAISS bytes, in one atomic file.
+:meth:`index.search.store.VectorStore.save` writes them with the FAISS bytes, in one atomic file.
 """
 
 from __future__ import annotations

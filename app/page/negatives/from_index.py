@@ -1,5 +1,5 @@
 """Negatives from the index: every other image of the index is a negative, in the index's space of search scores
-(:meth:`index.image_index.ImageIndex.center`); both views go through the exported backbone."""
+(:meth:`index.search.image_index.ImageIndex.center`); both views go through the exported backbone."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from app.page.negatives.view import (
     to_u8,
 )
 from app.search.uploads import read_upload
-from index.build.sync import chance_level
+from index.building.sync import chance_level
 from moco.data.augment import two_views
 from moco.data.photos import load_rgb, square_u8
 from moco.errors import UserError

@@ -5,7 +5,7 @@ A negative is flagged as a likely false negative only on evidence, with the firs
 
 1. ``"same photo"``: it is a key of the very photo inspected (the queue keeps several keys of one photo);
 2. ``"near-duplicate"``: its photo is a near-duplicate of the query by the dedup rule (centred cosine of
-   the clean embeddings >= the index's :func:`index.dedup.dedup_threshold`);
+   the clean embeddings >= the index's :func:`index.duplicates.dedup.dedup_threshold`);
 3. ``"as close as two views of one photo"``: it scores at or above the median cosine of two training
    views of one photo, measured on the collection (``index.json``'s ``augment_level``) or, for the queue,
    on training images of the checkpoint.

@@ -6,12 +6,14 @@ destination (a name taken there gets `` (2)``, `` (3)``, ...). The destination i
 ``ROOT/.moco-duplicates`` (which scans skip), unless one is named (``moco index dedup --move-to DIR``); a folder
 inside the collection must be hidden, else the photos moved there would be indexed again, and one that holds the
 collection is refused. Symbolic links are neither moved nor followed out of the collection or the destination.
-Every move is written in the journal (:mod:`index.resolve.journal`) before and after its file moves
-(:func:`index.resolve.transfer.transfer`), so a kill at any moment is finished by the next move or undo, nothing
+Every move is written in the journal (:mod:`index.duplicates.resolve.journal`) before and after its file moves
+(:func:`index.duplicates.resolve.transfer.transfer`), so a kill at any moment is finished by the next move or undo,
+nothing
 lost or moved twice. The journal is read back with the collection's root and the destination folders this index
-marked (:func:`index.resolve.journal.entry_fault`): an entry that a changed catalog made up is refused, never acted
+marked (:func:`index.duplicates.resolve.journal.entry_fault`): an entry that a changed catalog made up is refused, never
+acted
 on. A photo is moved only while its bytes and its keeper's are what the index holds. After the files, the index is
-updated (:func:`index.build.runner.update_index`: the moved photos leave the catalog and ``index.faiss``; a running
+updated (:func:`index.building.runner.update_index`: the moved photos leave the catalog and ``index.faiss``; a running
 server follows, see ``ImageIndex.refresh``) and the duplicates are searched again with the same settings.
 
 "Not duplicates" marks and chosen keepers live in the catalog (:meth:`index.catalog.Catalog.mark_not_duplicates`,
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from index.catalog import display_path
-from index.dedup import (
+from index.duplicates.dedup import (
     DEFAULT_KINDS,
     Search,
     find_group,
@@ -38,11 +40,11 @@ from index.dedup import (
     search_duplicates,
     write_duplicates,
 )
-from index.image_index import ImageIndex
-from index.index_dir import DEDUP_FILE, INDEX_ID_KEY
-from index.keeper import CHOSEN
-from index.resolve.journal import Entry, Journal, is_marked, mark_destination
-from index.resolve.transfer import TransferError, free_name, same_file, transfer
+from index.duplicates.keeper import CHOSEN
+from index.duplicates.resolve.journal import Entry, Journal, is_marked, mark_destination
+from index.duplicates.resolve.transfer import TransferError, free_name, same_file, transfer
+from index.search.image_index import ImageIndex
+from index.search.index_dir import DEDUP_FILE, INDEX_ID_KEY
 from moco.errors import NotFoundError, UserError
 from moco.files import lock_dir
 
@@ -156,7 +158,7 @@ def _acting(index: ImageIndex, vouched: Iterable[Path] = ()) -> Iterator[Journal
 
 def _update(index: ImageIndex, journal: Journal, device: str) -> None:
     """Update the index after moves (the moved photos leave it, photos put back come in) and reload it."""
-    from index.build.runner import update_index
+    from index.building.runner import update_index
 
     update_index(index.dir, progress=False, device=device)
     journal.mark_synced()
@@ -165,7 +167,7 @@ def _update(index: ImageIndex, journal: Journal, device: str) -> None:
 
 def _digest(path: Path) -> str | None:
     """The content hash of ``path`` as the catalog keeps it; None when it cannot be read."""
-    from index.build.plan import file_hash
+    from index.building.plan import file_hash
 
     try:
         return file_hash(path)

@@ -18,7 +18,7 @@ import shutil
 from collections.abc import Collection
 from pathlib import Path
 
-from index.build.plan import file_hash
+from index.building.plan import file_hash
 from moco.errors import UserError, storage_error
 
 __all__ = ["transfer", "free_name", "same_file", "TransferError", "PARTIAL_SUFFIX"]
