@@ -49,8 +49,8 @@ def test_a_run_lists_its_folder_once_and_reads_a_resumed_checkpoint_once_for_its
                                                                                       monkeypatch):
     """`moco run` listed the folder 3 times (the photos' notes, the photo count, the crop's sample of sizes) and read a
     resumed run's checkpoint.pt 3 times (where it stands, its config, train()'s restore). Now one listing and one
-    read make the plan; train() still restores its state from the file itself (moco/training/loop.py), and its
-    data cache and the index list the folder themselves."""
+    read make the plan, and train() restores its state from that same read; its data cache and the index list the
+    folder themselves."""
     scans = _count_scans(monkeypatch, photos)
     said: list[str] = []
     fresh = run_pipeline(photos, tmp_path / "fresh", train_overrides={"max_steps": 1, "workers": 0}, say=said.append,
@@ -76,7 +76,12 @@ def test_a_run_lists_its_folder_once_and_reads_a_resumed_checkpoint_once_for_its
     run_pipeline(photos, tmp_path / "work", say=said.append, progress=False, status=status)
     assert f"training: resuming {ckpt} at step 1/2" in said
     assert len(scans) == 1, scans
-    assert reads.count("training") == 2, reads  # the plan's read, train()'s restore
+    assert reads.count("training") == 1, reads  # read once: the plan and train()'s restore take the same
+
+    reads.clear()  # `moco train --resume` too: its config and its state from one read (it was two)
+    status.history.append("training")
+    assert main(["train", "--resume", "--out", str(own / "run"), "--quiet"]) == 0
+    assert reads == ["training"], reads
 
 
 @pytest.mark.slow

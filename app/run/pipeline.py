@@ -145,8 +145,7 @@ def _train(photos: Path, scan: Scan, run_dir: Path, plan: RunPlan, say: Callable
         else:
             say(f"training: resuming {ckpt_path} at step {step}/{total}")
         cfg = resume_config(run_dir, {"data_dir": str(photos)}, ckpt)
-        del ckpt
-        _stop_on_signal(train(cfg, resume=True, progress=plan.progress), ckpt_path, say)
+        _stop_on_signal(train(cfg, resume=True, progress=plan.progress, checkpoint=ckpt), ckpt_path, say)
         return ckpt_path
     n = len(scan.files)
     if status is not None:
