@@ -36,7 +36,7 @@ def _count_scans(monkeypatch, folder: Path) -> list[str]:
 
     def counting_scan(root, *args, **kwargs):
         callers = [f"{Path(f.filename).parent.name}/{Path(f.filename).name}" for f in traceback.extract_stack()]
-        if Path(root).resolve() == folder.resolve() and not {"training/loop.py", "build/runner.py"} & set(callers):
+        if Path(root).resolve() == folder.resolve() and not {"training/loop.py", "building/runner.py"} & set(callers):
             scans.append(callers[-2])
         return scan(root, *args, **kwargs)
 
