@@ -17,6 +17,7 @@ import argparse
 import importlib.util
 import json
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -42,6 +43,17 @@ def _peer_verify(worktree: Path):  # -> module
     return module
 
 
+def _cpu_model() -> str:
+    """``lscpu``'s model name (what the figures are stated beside), else the platform's."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--index", type=Path, required=True, help="an index folder with a search's kept work")
@@ -63,7 +75,10 @@ def main(argv: list[str] | None = None) -> dict:
             seconds[name].append(time.perf_counter() - t0)
             scores[name] = np.array([got[q] for q in todo])
     copy = {name: s >= verify.COPY_SCORE for name, s in scores.items()}
-    out = {"pairs": len(todo), "cpu": platform.processor() or platform.machine(),
+    peer_commit = subprocess.run(["git", "-C", str(args.peer), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                 text=True).stdout.strip() or None
+    out = {"command": "python bench/pixel_check_ab.py --index W/10000.idx-added --peer WORKTREE_OF_PEER --pairs "
+                      f"{args.pairs}", "peer_commit": peer_commit, "pairs": len(todo), "cpu": _cpu_model(),
            "ms_a_pair": {n: 1000 * min(s) / max(len(todo), 1) for n, s in seconds.items()},
            "ratio": min(seconds["this"]) / min(seconds["peer"]),
            "copies": {n: int(c.sum()) for n, c in copy.items()},

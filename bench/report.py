@@ -625,6 +625,24 @@ def _dedup_scale() -> list[str]:
     return out
 
 
+def _pixel_check() -> list[str]:
+    """Issue 52: the pixel check's cost a pair against a peer's on the pairs a search kept
+    (``bench/pixel_check_ab.py``)."""
+    d, out = _section("pixel_check_ab.json", "The pixel check's cost a pair",
+                      "python bench/pixel_check_ab.py --index W/10000.idx-added --peer WORKTREE_OF_PEER --pairs 6000",
+                      level=3)
+    if d is None:
+        return out
+    return out + [f"{d['cpu']}; the first {d['pairs']:,} pairs (sorted, as a search checks them) that the 10,000-photo "
+                  f"search of the section above kept, scored again by this code and by commit {d['peer_commit']}, "
+                  "alternating in one process (the best of two runs each).", "",
+                  "| code | ms a pair | copies found | pairs that changed side | largest score difference |",
+                  "|---|---|---|---|---|",
+                  f"| this | {d['ms_a_pair']['this']:.3f} ({d['ratio']:.3f}x) | {d['copies']['this']} | "
+                  f"{d['changed_side']} | {d['max_score_difference']:.1e} |",
+                  f"| peer | {d['ms_a_pair']['peer']:.3f} | {d['copies']['peer']} | | |", ""]
+
+
 def _overview() -> list[str]:
     """Issue 43: the map's layout and the themes' time (``bench/overview_layout.py``), the themes' purity on a
     labelled set against k-means on whitened pixels (``bench/overview_themes.py``)."""
@@ -759,6 +777,7 @@ def main() -> None:
             "the same run on the same machine. Machine: 2 CPU cores (avx512_bf16), 24 GiB RAM, no GPU.",
             ""]
     current = (_summary() + _current_cpu() + _fashion() + _embedding_space() + _duplicates() + _dedup_scale()
+               + _pixel_check()
                + _overview()
                + _map_draw() + _train() + _layout() + _embed())
     older = ["## Older rounds", "",

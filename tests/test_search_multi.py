@@ -269,11 +269,11 @@ def test_concurrent_searches_each_leave_out_their_own_photo(setup, http):
     alone = {i: [h["id"] for h in http.get(f"/photos/{i}/similar", params={"k": 5}).json()["results"]] for i in asked}
     kept = {i: [h["id"] for h in http.get(f"/photos/{i}/similar", params={"k": 6, "include_queries": True}).json()[
         "results"]] for i in asked}
-    before = len(service.batcher.batch_sizes)
+    before = len(service.search.batcher.batch_sizes)
     with httpx.Client(timeout=60) as client, concurrent.futures.ThreadPoolExecutor(len(asked)) as pool:
         replies = list(pool.map(lambda i: client.get(f"{setup['url']}/photos/{i}/similar", params={"k": 5}).json(),
                                 asked))
-    assert max(service.batcher.batch_sizes[before:]) > 1  # they were batched together
+    assert max(service.search.batcher.batch_sizes[before:]) > 1  # they were batched together
     for i, r in zip(asked, replies):
         ids = [h["id"] for h in r["results"]]
         assert ids == alone[i] and i not in ids and len(ids) == 5

@@ -130,4 +130,5 @@ class Searcher:
         better result."""
         return scope.index.search(vectors, k=scope.k, folder=scope.folder, offset=max(0, int(offset)),
                                   exclude_folders=scope.away, taken=scope.taken, centred=centred,
-                                  exclude_ids=exclude_ids, deduplicate=deduplicate, exclude_each=exclude_each)
+                                  exclude_ids=exclude_ids, deduplicate=deduplicate, exclude_each=exclude_each,
+                                  refresh=False)  # refreshed by check()

@@ -314,7 +314,7 @@ class ImageIndex:
                exclude_folders: Sequence[str] = (),
                taken: tuple[float | None, float | None] = (None, None), centred: bool = False,
                exclude_ids: Collection[int] = (), deduplicate: bool = False,
-               exclude_each: Sequence[Collection[int]] = ()) -> SearchResult:
+               exclude_each: Sequence[Collection[int]] = (), refresh: bool = True) -> SearchResult:
         """Top-``k`` (after skipping ``offset``) by cosine for each row of ``vectors`` (Q x D); ``k`` is capped at
         the number of vectors in the index.
 
@@ -326,9 +326,11 @@ class ImageIndex:
         results (a batch of queries, each leaving out its own photo); ``deduplicate``: no result within the
         near-copy threshold (:attr:`dedup_threshold`) of a better-ranked result kept (photos left out hide nothing).
         The filters apply before ``k`` and ``offset``: a page holds ``k`` photos that pass them (fewer only at the
-        end). Ids the catalog no longer lists (deleted since the index file was written) are skipped.
+        end). Ids the catalog no longer lists (deleted since the index file was written) are skipped. ``refresh``:
+        reload first if ``moco index update`` replaced the files (False: the caller has just done so).
         """
-        self.refresh()
+        if refresh:
+            self.refresh()
         q = np.ascontiguousarray(np.atleast_2d(vectors), np.float32)  # Q x D
         if q.shape[1] != self.dim:
             raise UserError(f"vectors have dimension {q.shape[1]}, this index holds {self.dim}: embed with "
