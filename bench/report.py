@@ -217,6 +217,26 @@ def _ui() -> list[str]:
     return [*out, ""]
 
 
+def _ui_search_room() -> list[str]:
+    """Issue 53: the API's and the page's searches through their own room (app/search), against the commit before,
+    one after the other on one machine (``bench/ui_load.py --phases api,page`` in each checkout, the same index)."""
+    this, peer = _load("ui_load_search_room_this.json"), _load("ui_load_search_room_peer.json")
+    out = _head("Searches through the search room, before and after", "python bench/ui_load.py --phases api,page "
+                "--out ui_load_search_room_this.json   # then the same in a worktree of the commit before", level=3)
+    if this is None or peer is None:
+        return [*out, "_not run_", ""]
+    out += [f"{this['cpu_model']}; `moco serve` on the {this['images']:,}-image index of the section above, "
+            f"{this['clients']} clients, the server pinned to one CPU, the load generator to the other; the peer: "
+            "commit c1f65a7, the page before app/search (the API called the page's handlers).", "",
+            "| | code | p50 ms | p99 ms | searches/s | errors |", "|---|---|---|---|---|---|"]
+    for phase, name in (("api", "JSON API, `POST /api/v1/search`"), ("page", "the page, as the browser does it")):
+        for who, d in (("this", this), ("peer", peer)):
+            r = d[phase]
+            out.append(f"| {name} | {who} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | {r['searches_per_s']:.1f} | "
+                       f"{r['errors']} |")
+    return [*out, ""]
+
+
 def _cli() -> list[str]:
     d, out = _section("cli_latency.json", "A one-shot search from the command line",
                       "python bench/cli_latency.py --repeats 7")
@@ -784,7 +804,7 @@ def main() -> None:
              "Every 20-minute comparison and 5-minute screen of the rounds that chose the `cpu` preset, one table per "
              "result file, kept as measured (earlier rounds' presets, other protocols); how each came about is in "
              "the notes below.", "", *_quality(level=3)]
-    body = head + current + _search() + _multi_query() + _ui() + _cli() + _gpu() + older
+    body = head + current + _search() + _multi_query() + _ui() + _ui_search_room() + _cli() + _gpu() + older
     notes = ROOT / "bench" / "NOTES.md"
     if notes.is_file():
         body += ["## Notes", "", notes.read_text().strip(), ""]

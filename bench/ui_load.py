@@ -111,6 +111,8 @@ async def _page_load(url: str, picks: list[list[Path]], k: int) -> dict:
     config = httpx.get(url + "config", timeout=60).json()
     prefix = url + config.get("api_prefix", "/gradio_api").lstrip("/") + "/"
     search = next(d for d in config["dependencies"] if d.get("api_name") == "search")
+    props = {c["id"]: c.get("props", {}) for c in config["components"]}
+    rest = [props.get(i, {}).get("value") for i in search["inputs"][3:]]  # the filters the page has: their defaults
     data = {f: f.read_bytes() for fs in picks for f in fs}
     lat: list[float] = []
     errors: list[str] = []
@@ -120,7 +122,7 @@ async def _page_load(url: str, picks: list[list[Path]], k: int) -> dict:
         up.raise_for_status()
         image = {"path": up.json()[0], "orig_name": f.name, "meta": {"_type": "gradio.FileData"}}
         join = await http.post(prefix + "queue/join", json={
-            "data": [image, k, ""], "fn_index": search["id"], "trigger_id": search["targets"][0][0],
+            "data": [image, k, "", *rest], "fn_index": search["id"], "trigger_id": search["targets"][0][0],
             "session_hash": session, "event_data": None})
         join.raise_for_status()
         async with http.stream("GET", prefix + "queue/data", params={"session_hash": session}) as r:
