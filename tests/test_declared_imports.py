@@ -54,6 +54,7 @@ class Import:
     module: str  # the top-level name: "fastapi" for `from fastapi.responses import JSONResponse`
     where: str  # path:line
     optional: bool  # inside a function, or under try/except ImportError
+    module_level: bool = False  # a statement of the module itself (not in a function, a class, an if or a try)
 
 
 def _normalized(name: str) -> str:
@@ -76,6 +77,7 @@ def third_party_imports() -> list[Import]:
         for path in sorted((ROOT / package).rglob("*.py")):
             tree = ast.parse(path.read_text(), str(path))
             parent = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+            module_level = {id(node) for node in tree.body}
             for node in ast.walk(tree):
                 if isinstance(node, ast.Import):
                     names = [a.name for a in node.names]
@@ -92,7 +94,8 @@ def third_party_imports() -> list[Import]:
                 for name in names:
                     top = name.partition(".")[0]
                     if top not in sys.stdlib_module_names and top not in PACKAGES:
-                        found.append(Import(top, f"{path.relative_to(ROOT)}:{node.lineno}", optional))
+                        found.append(Import(top, f"{path.relative_to(ROOT)}:{node.lineno}", optional,
+                                            id(node) in module_level))
     return found
 
 

@@ -7,7 +7,6 @@ not installed), then runs the real CLI or library code.
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 import subprocess
@@ -19,6 +18,7 @@ import pytest
 
 from app.cli.commands import main
 from tests.conftest import TINY_CLI
+from tests.test_declared_imports import third_party_imports
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_UI = "gradio,gradio_client"
@@ -63,23 +63,11 @@ def _name(requirement: str) -> str:
 
 
 def _third_party_imports(folder: Path) -> tuple[set[str], set[str]]:
-    """Top-level third-party modules imported by ``folder/*.py``: (at module level, inside functions)."""
-    top, inner = set(), set()
-    for path in folder.rglob("*.py"):
-        tree = ast.parse(path.read_text())
-        module_level = {id(node) for node in tree.body}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                names = [node.module]
-            else:
-                continue
-            for name in names:
-                root = name.partition(".")[0]
-                if root not in sys.stdlib_module_names and root not in ("moco", "__future__"):
-                    (top if id(node) in module_level else inner).add(root)
-    return top, inner
+    """Top-level third-party modules imported by ``folder/*.py``: (at module level, elsewhere: in functions, under
+    try or if), as :func:`tests.test_declared_imports.third_party_imports` walks them."""
+    under = folder.relative_to(ROOT).as_posix() + "/"
+    found = [i for i in third_party_imports() if i.where.startswith(under)]
+    return {i.module for i in found if i.module_level}, {i.module for i in found if not i.module_level}
 
 
 def test_core_dependencies_are_the_light_set():

@@ -165,6 +165,22 @@ def _update(index: ImageIndex, journal: Journal, device: str) -> None:
     index.refresh()
 
 
+def _after_acting(index: ImageIndex, journal: Journal, out: Outcome, device: str, acted: bool) -> None:
+    """After a move or an undo (``acted``: it moved files), or finishing one cut off: the index updated where files
+    moved or the journal is ahead of it, and the entries refused said in ``out``."""
+    if acted or out.finished or journal.unsynced():
+        _update(index, journal, device)
+        out.updated = True
+    _refused(out, journal)
+
+
+def _searched(index: ImageIndex, out: Outcome, search: bool) -> Outcome:
+    """``out``, with the groups of a new search for duplicates when ``search`` and the index changed."""
+    if search and out.updated:
+        out.groups = len(search_again(index).groups)
+    return out
+
+
 def _digest(path: Path) -> str | None:
     """The content hash of ``path`` as the catalog keeps it; None when it cannot be read."""
     from index.building.plan import file_hash
@@ -332,13 +348,8 @@ def move_duplicates(index: ImageIndex, groups: list[dict[str, Any]], dest: str |
             for e in journal.plan(out.batch, moves):  # all written down before the first file moves
                 _record(out, _forward(index, journal, e))
                 _pause()
-        if moves or out.finished or journal.unsynced():
-            _update(index, journal, device)
-            out.updated = True
-        _refused(out, journal)
-    if search and out.updated:
-        out.groups = len(search_again(index).groups)
-    return out
+        _after_acting(index, journal, out, device, bool(moves))
+    return _searched(index, out, search)
 
 
 def undo_moves(index: ImageIndex, batch: str | None = None, device: str = "auto", search: bool = True,
@@ -368,13 +379,8 @@ def undo_moves(index: ImageIndex, batch: str | None = None, device: str = "auto"
             if record is not None:
                 _record(out, record)
             _pause()
-        if entries or out.finished or journal.unsynced():
-            _update(index, journal, device)
-            out.updated = True
-        _refused(out, journal)
-    if search and out.updated:
-        out.groups = len(search_again(index).groups)
-    return out
+        _after_acting(index, journal, out, device, bool(entries))
+    return _searched(index, out, search)
 
 
 # ---------------------------------------------------------------------------------------- the user's say
