@@ -278,18 +278,18 @@ def _link_problem(path: str | Path, err: OSError) -> str | None:
     return None
 
 
-def short_sides(root: str | Path, limit: int = 200, exclude: Iterable[str] = ()) -> list[int]:
-    """The shorter side in pixels of up to ``limit`` photos spread over the folder (less ``exclude``), from their
-    headers only.
+def short_sides(root: str | Path | Scan, limit: int = 200, exclude: Iterable[str] = ()) -> list[int]:
+    """The shorter side in pixels of up to ``limit`` photos spread over the folder ``root`` (less ``exclude``), or
+    over a :class:`Scan` already made, from their headers only.
 
     Unreadable files are left out (training reports them itself).
     """
-    root = Path(root)
-    names = scan_photos(root, exclude).files
+    scan = root if isinstance(root, Scan) else scan_photos(Path(root), exclude)
+    names = scan.files
     sides = []
     for name in names[:: max(1, len(names) // limit)][:limit]:
         try:
-            sides.append(min(photo_info(root / name).size))  # the header only
+            sides.append(min(photo_info(scan.root / name).size))  # the header only
         except ImageDecodeError:  # unreadable files are reported by training itself
             continue
     return sides

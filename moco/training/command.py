@@ -117,7 +117,9 @@ def plan_training(photos: str | Path | Scan, given: dict[str, Any], preset: str 
     out: dict[str, Any] = {name: given[name] for name in ("init", "exclude") if name in given}
     size = None
     if preset == "cpu" and "image_size" not in given and not is_vit(given.get("arch", "")):
-        size = cpu_image_size(_short_sides(photos, given.get("exclude", ())))
+        from moco.data.photos import short_sides
+
+        size = cpu_image_size(short_sides(photos, exclude=given.get("exclude", ())))
         if size != PRESETS["cpu"]["image_size"]:
             notes.append(f"small photos: the cpu preset trains at {size} px, their own size (--image-size to choose)")
     init = None
@@ -140,22 +142,6 @@ def plan_training(photos: str | Path | Scan, given: dict[str, Any], preset: str 
         out["image_size"] = size
     out.update(given)
     return TrainPlan(preset, out, init, notes)
-
-
-def _short_sides(photos: str | Path | Scan, exclude: tuple[str, ...] | list[str], limit: int = 200) -> list[int]:
-    """The shorter side in pixels of up to ``limit`` photos spread over the collection, from their headers only
-    (:func:`moco.data.photos.short_sides` on a scan already made); unreadable files are left out."""
-    from moco.data.photos import ImageDecodeError, photo_info, scan_photos
-
-    scan = scan_photos(photos, exclude) if isinstance(photos, str | Path) else photos
-    names = scan.files
-    sides = []
-    for name in names[:: max(1, len(names) // limit)][:limit]:
-        try:
-            sides.append(min(photo_info(scan.root / name).size))  # the header only
-        except ImageDecodeError:  # unreadable files are reported by training itself
-            continue
-    return sides
 
 
 def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
