@@ -214,9 +214,14 @@ def _server_side(port: int) -> dict[int, str]:
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with contextlib.suppress(FileNotFoundError), open(table) as f:
             for line in f.readlines()[1:]:
-                local, remote, state = line.split()[1:4]
+                fields = line.split()
+                local, remote, state, queues, inode = fields[1], fields[2], fields[3], fields[4], fields[9]
                 if int(local.rsplit(":", 1)[1], 16) == port and state in SERVER_HOLDS:
-                    held[int(remote.rsplit(":", 1)[1], 16)] = SERVER_HOLDS[state]
+                    # for a failure's message: accepted by the server (a socket of a process) or still queued, and
+                    # the bytes it has received that the server has not read
+                    where = "accepted" if inode != "0" else "queued"
+                    held[int(remote.rsplit(":", 1)[1], 16)] = f"{SERVER_HOLDS[state]}, {where}, " \
+                                                               f"{int(queues.split(':')[1], 16)} B unread"
     return held
 
 
@@ -242,7 +247,10 @@ def test_half_sent_requests_are_closed_and_normal_ones_answered(moco_serve):
         deadline = time.monotonic() + 240  # a handshake's last retry comes after 63 s; the timeout is 2 s
         while (held := {p: st for p, st in _server_side(port).items() if p in mine}) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not held, ({mine[p]: st for p, st in held.items()}, log.read_text()[-3000:])
+        if held:  # every one named (an assert's message is cut short)
+            pytest.fail(f"{len(held)} connections still held by the server after 240 s: "
+                        + "; ".join(f"#{mine[p]} {st}" for p, st in sorted(held.items()))
+                        + f"\nthe server's log: {log.read_text()[-3000:]}")
         answered = 0
         for s in half:  # each one closed by the server (its 408 first, or at once to make room) or never accepted
             s.setblocking(False)
@@ -264,6 +272,40 @@ def test_half_sent_requests_are_closed_and_normal_ones_answered(moco_serve):
     time.sleep(0.5)
     text = log.read_text()
     assert text.count("Too many open files") <= 6 and len(text) < 50_000, text[-3000:]
+
+
+def test_a_connection_accepted_unguarded_as_the_guard_comes_in_is_timed_too(idx):
+    """A connection accepted with uvicorn's plain protocol just as the guard comes in (made before the protocol class
+    changes, counted among the server's connections only after the guard's first look: it was never timed, held for
+    ever) is adopted by a later sweep and closed with its 408. Made here for certain: the plain class is put back for
+    one connection after the guard is in, while that connection is accepted."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    from app.guard.connections import ConnectionLimits
+
+    port = free_port()
+    demo = serve(idx, port=port, device="cpu", block=False, limits=ConnectionLimits(request_timeout_s=1.0))
+    try:
+        config = demo.server.config
+        guarded, config.http_protocol_class = config.http_protocol_class, H11Protocol
+        try:
+            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+            s.sendall(b"GET /api/v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
+            deadline = time.monotonic() + 30
+            while not any(type(c) is H11Protocol for c in list(demo.server.server_state.connections)):
+                assert time.monotonic() < deadline, "the connection was not accepted"
+                time.sleep(0.05)
+        finally:
+            config.http_protocol_class = guarded
+        s.settimeout(60)  # adopted by the next sweep, then closed a second after (the timeout)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+        assert got.startswith(b"HTTP/1.1 408 Request Timeout"), got[:100]
+        s.close()
+    finally:
+        demo.close()
+        demo.api_service.close()
 
 
 def test_schemathesis_finds_nothing(moco_serve, idx, tmp_path):

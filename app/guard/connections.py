@@ -5,7 +5,8 @@ uvicorn (which Gradio starts) closes an idle keep-alive connection after ``timeo
 KEEP_ALIVE_S), but it never times out a request that is still arriving: a client that sends its head a byte at a
 time, or nothing at all after connecting ("slowloris"), holds a connection and a file descriptor for ever, and a
 few hundred of them exhaust the process's open files (then every accept fails: "Too many open files"). The
-guarded protocol (:func:`guard_connections`, installed on the running server for new connections) adds:
+guarded protocol (:func:`guard_connections`, installed on the running server for new connections; those accepted
+before, and those accepted unguarded as it comes in, are adopted by it) adds:
 
 - a request's head (the request line and headers) must arrive within ``request_timeout_s`` of its first byte
   (of the connection's opening, for a new connection), and its body may pause at most that long between two
@@ -40,6 +41,7 @@ logger = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 30.0  # nginx's client_header_timeout is 60 s; a request that is not here in 30 s is not coming
 MAX_CONNECTIONS = 1000
+ADOPT_S = 30.0  # after the guard comes in, each sweep also adopts connections accepted unguarded meanwhile
 
 
 def _available_files() -> int | None:
@@ -96,6 +98,8 @@ class _Open:
         self.sweeping = False
         self.closed_late = 0  # connections closed because their request did not arrive in time
         self.closed_full = 0  # connections closed to stay within max_connections
+        self.stragglers: Callable[[], None] = lambda: None  # adopts connections accepted unguarded (see begin)
+        self.adopting_until = 0.0
 
     def add(self, conn: _Guarded) -> bool:
         """Count ``conn`` in, making room first when full; False when there is none (``conn`` is to be refused)."""
@@ -111,6 +115,16 @@ class _Open:
             asyncio.get_running_loop().call_later(self._period(), self._sweep)
         return True
 
+    def begin(self, adopt_for: float = ADOPT_S) -> None:
+        """In the server's loop, once the guard is in: sweep for ``adopt_for`` seconds at least, each sweep adopting
+        the connections accepted unguarded around the guard's coming (a connection accepted just before the protocol
+        class changed is made unguarded but counted among the server's connections only a loop turn later, after
+        the guard's first look at them: never timed, it was held for ever)."""
+        self.adopting_until = self.clock() + adopt_for
+        if not self.sweeping:
+            self.sweeping = True
+            asyncio.get_running_loop().call_later(self._period(), self._sweep)
+
     def _victim(self) -> _Guarded | None:
         """The connection to close for a new one: the request arriving the longest, else the longest idle."""
         arriving = [c for c in self.connections if c.arriving_since() is not None]
@@ -124,6 +138,7 @@ class _Open:
 
     def _sweep(self) -> None:
         try:
+            self.stragglers()
             now = self.clock()
             for conn in _snapshot(self.connections):  # a copy: connections come and go while it closes some
                 try:
@@ -134,7 +149,7 @@ class _Open:
                 except Exception:  # one connection's trouble never stops the sweep of the others
                     logger.debug("closing a late connection failed", exc_info=True)
         finally:  # the sweep goes on whatever happened above: a stopped sweep would leave late requests open
-            if self.connections:
+            if self.connections or self.clock() < self.adopting_until:
                 asyncio.get_running_loop().call_later(self._period(), self._sweep)
             else:
                 self.sweeping = False
@@ -210,7 +225,7 @@ def _snapshot(connections: set[Any]) -> list[Any]:
 
 def _adopt(conn: H11Protocol, guarded: type[_Guarded]) -> None:
     """Guard a connection accepted before the guard was installed (in the server's loop, as its callbacks)."""
-    if conn.transport.is_closing():
+    if type(conn) is not H11Protocol or conn.transport.is_closing():  # adopted already, or closing
         return
     conn.__class__ = guarded  # the same object, with the guard's methods: nothing else changes
     conn.fresh = conn.cycle is None
@@ -247,6 +262,9 @@ def guard_connections(server: Any, limits: ConnectionLimits | None = None,
                 same.listen(backlog)
     for conn in unguarded():  # adopted: from now on timed and counted as the new ones
         conn.loop.call_soon_threadsafe(_adopt, conn, guarded)
+    opened.stragglers = lambda: [_adopt(conn, guarded) for conn in unguarded()]  # in the server's loop
+    for loop in {s.get_loop() for s in getattr(server, "servers", []) if hasattr(s, "get_loop")}:
+        loop.call_soon_threadsafe(opened.begin)
     logger.debug("connections: at most %d open (%d waiting to be accepted); a request must arrive within %g s",
                 opened.max, backlog, opened.timeout)
     return opened
