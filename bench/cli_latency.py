@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -32,14 +31,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 AIM_S = 1.0
-
-
-def _cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 def _build(work: Path) -> tuple[Path, Path]:
@@ -69,6 +60,8 @@ def _run(argv: list[str]) -> tuple[float, float, int]:
 
 
 def main() -> None:
+    from bench._machine import cpu_model
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--work", type=Path, default=None, help="scratch folder (default: a temporary one)")
@@ -96,7 +89,7 @@ def main() -> None:
     rows = {name: {"cpu_s": statistics.median(c for c, _ in r), "wall_s": statistics.median(w for _, w in r),
                    "cpu_runs": [round(c, 3) for c, _ in r]} for name, r in runs.items()}
     over = rows["search"]["cpu_s"] - rows["floor"]["cpu_s"]
-    result = {"command": f"python bench/cli_latency.py --repeats {args.repeats}", "cpu": _cpu_model(),
+    result = {"command": f"python bench/cli_latency.py --repeats {args.repeats}", "cpu": cpu_model(),
               "cores": os.cpu_count(), "repeats": args.repeats, "photos": 66, "rows": rows,
               "search_over_floor_s": round(over, 3), "aim_s": AIM_S}
     print(f"{'command':<14} {'CPU s':>7} {'wall s':>7}   (median of {args.repeats}; {result['cpu']})")

@@ -216,13 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
 
-    from bench.doors import _cpu_model
+    from bench._machine import cpu_model
 
     backbone, described = _backbone(args)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     report: dict[str, Any] = {"dataset": args.dataset, "split": args.split, "backbone": described,
                               "photo_px": args.size,
-                              "copies_share": args.copies, "edits": list(EDITS), "aim": AIM, "cpu": _cpu_model(),
+                              "copies_share": args.copies, "edits": list(EDITS), "aim": AIM, "cpu": cpu_model(),
                               "command": shlex.join(["python", "bench/dedup_copies.py", *(argv or sys.argv[1:])]),
                               "sizes": [run_size(n, args, backbone) for n in sizes]}
     report["meets_aim"] = all(min(r["recall"].values(), default=0) >= AIM["recall"]

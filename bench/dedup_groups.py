@@ -58,7 +58,7 @@ def main() -> int:
 
     import numpy as np
 
-    from bench.doors import _cpu_model
+    from bench._machine import cpu_model
     from index.building.runner import build_index
     from index.calibrate import DEDUP_THRESHOLD, STAGED_DEDUP_THRESHOLD, WHITENED_DEDUP_THRESHOLD
     from index.duplicates.dedup import find_duplicates
@@ -78,7 +78,7 @@ def main() -> int:
     pos = {int(i): n for n, i in enumerate(ids)}
     old_t = (STAGED_DEDUP_THRESHOLD if idx.pooled_stages else WHITENED_DEDUP_THRESHOLD) if idx.whitened \
         else DEDUP_THRESHOLD
-    report = {"index": str(args.work / "idx"), "photos": len(ids), "space": idx.describe_space(), "cpu": _cpu_model()}
+    report = {"index": str(args.work / "idx"), "photos": len(ids), "space": idx.describe_space(), "cpu": cpu_model()}
     for name, t in (("old_threshold", old_t), ("calibrated_threshold", idx.dedup_threshold)):
         pairs = []
         for s in range(0, len(vecs), 2048):

@@ -301,10 +301,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     from bench._backbone import bench_backbone
-    from bench.doors import _cpu_model
+    from bench._machine import cpu_model
 
     backbone, described = bench_backbone(args.work, None, None, SMALL)
-    report: dict[str, Any] = {"backbone": described, "cpu": _cpu_model(), "threads": os.environ["OMP_NUM_THREADS"],
+    report: dict[str, Any] = {"backbone": described, "cpu": cpu_model(), "threads": os.environ["OMP_NUM_THREADS"],
                               "aim": AIM, "command": shlex.join(["python", "bench/dedup_scale.py",
                                                                  *(argv or sys.argv[1:])]), "sizes": []}
     if args.peer:  # which code the peer is

@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import platform
-import subprocess
 import sys
 import tempfile
 from contextlib import redirect_stdout
@@ -23,15 +21,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-def _cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-        return next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name")), "")
-    except OSError:
-        return platform.processor()
-
-
 def main() -> int:
+    from bench._machine import cpu_model
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("index_dir", type=Path)
     p.add_argument("--checkpoint", type=Path, required=True, help="the checkpoint the index's backbone came from")
@@ -97,10 +89,10 @@ def main() -> int:
     print(f"{'door':<55} {'largest |difference|':>20}")
     for name, diff in doors.items():
         print(f"{name:<55} {diff:>20.2e}")
-    print(f"largest over every door: {max(doors.values()):.2e}   (CPU: {_cpu_model()})")
+    print(f"largest over every door: {max(doors.values()):.2e}   (CPU: {cpu_model()})")
     if args.json:
         args.json.write_text(json.dumps({"index": str(args.index_dir), "photos": len(files), "doors": doors,
-                                         "space": idx.meta.get("space"), "cpu": _cpu_model()}, indent=1) + "\n")
+                                         "space": idx.meta.get("space"), "cpu": cpu_model()}, indent=1) + "\n")
     return 0
 
 

@@ -52,7 +52,7 @@ def _measure(args: argparse.Namespace, emb, path: Path, tmp: Path, val_dir: str,
     import torch
     import torch.nn.functional as F
 
-    from bench.quality_per_minute import _cpu
+    from bench._machine import cpu_model
     from moco.data.cache import cache_size_for
     from moco.training.knn import LabeledImages, extract_features, knn_top1, pixel_features, whitened
     from moco.whiten import ledoit_wolf_shrinkage
@@ -85,14 +85,14 @@ def _measure(args: argparse.Namespace, emb, path: Path, tmp: Path, val_dir: str,
         pf = pixel_features(val.cache.array, size, mean, std, center_on=zero)[0]
         pb = pixel_features(bank.cache.array, size, mean, std, center_on=zero)[0] if bank else None
         rows["pixels"] = spaces(pf, pb)
-    print(f"{args.dataset}: {path} ({emb.config.get('arch')}, {size} px), {_cpu()}")
+    print(f"{args.dataset}: {path} ({emb.config.get('arch')}, {size} px), {cpu_model()}")
     for name, r in rows.items():
         print(f"{name:<7} " + "  ".join(f"{k} {100 * v:.2f}%" if "shrinkage" not in k else f"{k} {v:.3f}"
                                          for k, v in r.items()))
     if args.json:
         command = " ".join(["python bench/knn_spaces.py", *sys.argv[1:]])
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"command": command, "cpu": _cpu(), "dataset": args.dataset,
+        args.json.write_text(json.dumps({"command": command, "cpu": cpu_model(), "dataset": args.dataset,
                                          "model": str(path), "arch": emb.config.get("arch"), "rows": rows}, indent=1))
     return 0
 

@@ -119,11 +119,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"{row['redraw_ms']:.0f} ms · drawn {row['drawn']} · box: {row['selected']} selected")
         version = browser.version
         browser.close()
-    from bench.doors import _cpu_model
+    from bench._machine import cpu_model
 
     command = "python bench/map_draw.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result = {"command": command, "browser": f"Chromium {version} (headless, software rendering)",
-              "cpu": _cpu_model(), "repeats": args.repeats, "rows": rows}
+              "cpu": cpu_model(), "repeats": args.repeats, "rows": rows}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1))

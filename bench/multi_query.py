@@ -141,11 +141,11 @@ def main(argv: list[str] | None = None) -> int:
 
     args.work.mkdir(parents=True, exist_ok=True)
     backbone, described = _backbone(args)
-    from bench.doors import _cpu_model
+    from bench._machine import cpu_model
 
     command = "OMP_NUM_THREADS=1 python bench/multi_query.py " + " ".join(argv if argv is not None else sys.argv[1:])
     report: dict[str, Any] = {"backbone": described, "photos": args.photos, "size": args.size, "seed": args.seed,
-                              "negatives": NEGATIVES, "candidates": [c[0] for c in CANDIDATES], "cpu": _cpu_model(),
+                              "negatives": NEGATIVES, "candidates": [c[0] for c in CANDIDATES], "cpu": cpu_model(),
                               "command": command}
     for name, split, seed in (("tuning", "train", args.seed), ("report", "t10k", args.seed + 1)):
         root = args.work / f"{name}_photos"

@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
     args = p.parse_args(argv)
-    from bench.space_by_size import lscpu_model
+    from bench._machine import cpu_model
 
     sizes = [int(s) for s in args.sizes.split(",") if s]
     rows = []
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(run_size(size, args, first_umap=n == 0))
         print(json.dumps(rows[-1]), flush=True)
     report = {"command": " ".join(["python bench/overview_layout.py", *(argv if argv is not None else sys.argv[1:])]),
-              "cpu": lscpu_model(), "threads": os.environ.get("OMP_NUM_THREADS"), "sizes": rows}
+              "cpu": cpu_model(), "threads": os.environ.get("OMP_NUM_THREADS"), "sizes": rows}
     print("| photos | PCA layout (s) | themes: k-NN averaging (s, store) | themes: k-means (s) | themes | UMAP (s) |")
     print("|---|---|---|---|---|---|")
     for r in rows:

@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
     from bench._datasets import fashion_mnist
-    from bench.space_by_size import lscpu_model
+    from bench._machine import cpu_model
 
     backbone, described = _backbone(args)
     train, train_y = fashion_mnist("train")
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     best = max(dims, key=lambda d: choose["k"][auto][f"pixels_{d}"]["purity"])
     report = measure("report", test[: args.report], test_y[: args.report].astype(np.int64), args, backbone, [best])
     doc = {"command": " ".join(["python bench/overview_themes.py", *(argv if argv is not None else sys.argv[1:])]),
-           "cpu": lscpu_model(), "threads": os.environ.get("OMP_NUM_THREADS"), "backbone": described,
+           "cpu": cpu_model(), "threads": os.environ.get("OMP_NUM_THREADS"), "backbone": described,
            "pixel_dims_chosen": best, "choose": choose, "report": report}
     print(json.dumps(doc, indent=1))
     print(f"\n| split | photos | k | ours: purity / NMI | search space | pixels whitened to {best}: purity / NMI |")

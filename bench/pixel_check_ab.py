@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import platform
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench._machine import cpu_model  # noqa: E402
 from index.duplicates import verify  # noqa: E402
 from index.duplicates.dedup_cache import CHECKED_FILE, FRAMES_FILE, kept_frames, kept_scores  # noqa: E402
 
@@ -41,17 +41,6 @@ def _peer_verify(worktree: Path):  # -> module
     sys.modules["peer_verify"] = module
     spec.loader.exec_module(module)
     return module
-
-
-def _cpu_model() -> str:
-    """``lscpu``'s model name (what the figures are stated beside), else the platform's."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -78,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
     peer_commit = subprocess.run(["git", "-C", str(args.peer), "rev-parse", "--short", "HEAD"], capture_output=True,
                                  text=True).stdout.strip() or None
     out = {"command": "python bench/pixel_check_ab.py --index W/10000.idx-added --peer WORKTREE_OF_PEER --pairs "
-                      f"{args.pairs}", "peer_commit": peer_commit, "pairs": len(todo), "cpu": _cpu_model(),
+                      f"{args.pairs}", "peer_commit": peer_commit, "pairs": len(todo), "cpu": cpu_model(),
            "ms_a_pair": {n: 1000 * min(s) / max(len(todo), 1) for n, s in seconds.items()},
            "ratio": min(seconds["this"]) / min(seconds["peer"]),
            "copies": {n: int(c.sum()) for n, c in copy.items()},

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import platform
 import shutil
 import sys
 import tempfile
@@ -155,6 +154,8 @@ def run_lightly(train_dir: Path, test_dir: Path, minutes: float, evals: int,
 
 
 def main() -> int:
+    from bench._machine import cpu_model
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=5.0, help="time budget of each candidate (default: 5)")
     p.add_argument("--only", default="", help="comma-separated candidates (default: all, then the peer): "
@@ -189,7 +190,7 @@ def main() -> int:
         bank_dir = write_folder(args.data / f"{prefix}_bank", train_images, train_labels, classes=designs)
         test_dir = write_folder(args.data / f"{prefix}_val", val_images, val_labels, classes=designs)
     out = args.json or Path(f"bench/results/quality_per_minute_{args.dataset}_{args.minutes:g}min.json")
-    cpu = _cpu()
+    cpu = cpu_model()
     import torch
 
     threads = torch.get_num_threads()
@@ -220,16 +221,6 @@ def main() -> int:
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{100 * x:.2f}%"
-
-
-def _cpu() -> str:
-    """The CPU model (as lscpu names it), to print beside every figure."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:  # not Linux
-        lines = []
-    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")]
-    return names[0] if names else platform.processor() or "unknown CPU"
 
 
 def _plot(rows: list[dict[str, Any]], path: Path) -> None:

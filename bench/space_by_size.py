@@ -51,7 +51,6 @@ import argparse  # noqa: E402
 import hashlib  # noqa: E402
 import json  # noqa: E402
 import shutil  # noqa: E402
-import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -78,20 +77,6 @@ LABELS = {
 NONE = {"mean": -1.0}  # a space not measured
 POOLS = {"fashion": ("fmnist_test",), "photos": ("photos90_bank", "photos90_val"),
          "backgrounds": ("bg16_bank", "bg16_val")}
-
-
-def lscpu_model() -> str:
-    """The CPU model as ``lscpu`` prints it (``Model name``), else /proc/cpuinfo's."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        names = [line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")]
-        if names:
-            return names[0]
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    from bench.quality_per_minute import _cpu
-
-    return _cpu()
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -183,6 +168,7 @@ def load_pool(dataset: str, data: Path, size: int, tmp: Path) -> tuple[np.ndarra
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from bench._machine import cpu_model
     from moco.data.augment import center_view
     from moco.embed import Embedder
     from moco.training.knn import extract_features
@@ -247,7 +233,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                                              "values": [float(r[k]) for r in rows]} for k in keys}}
             for suffix in ("", *(f"_k{k}" for k in EXTRA_K)):
                 print(f"{split:<6} {_row(n, results[split][str(n)], suffix)}", flush=True)
-    return {"command": " ".join(["python bench/space_by_size.py", *sys.argv[1:]]), "cpu": lscpu_model(),
+    return {"command": " ".join(["python bench/space_by_size.py", *sys.argv[1:]]), "cpu": cpu_model(),
             "threads": torch.get_num_threads(), "dataset": args.dataset, "model": str(path),
             "trained_on": _trained_on(path), "arch": emb.config.get("arch"), "image_size": emb.image_size,
             "feature_dim": int(feats.shape[1]), "pixel_dim": int(pixels.shape[1]),

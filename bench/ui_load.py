@@ -24,7 +24,6 @@ import concurrent.futures
 import contextlib
 import json
 import os
-import platform
 import socket
 import subprocess
 import sys
@@ -207,14 +206,6 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def _pins() -> tuple[set[int] | None, set[int] | None]:
     """(server CPUs, load generator CPUs): the first CPU and the second, or (None, None) on one CPU."""
     cpus = sorted(os.sched_getaffinity(0))
@@ -222,6 +213,8 @@ def _pins() -> tuple[set[int] | None, set[int] | None]:
 
 
 def main() -> None:
+    from bench._machine import cpu_model
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--images", type=int, default=10_000)
     ap.add_argument("--clients", type=int, default=16)
@@ -312,7 +305,7 @@ def main() -> None:
     out.update({
         "command": "python bench/ui_load.py " + " ".join(sys.argv[1:]), "images": args.images,
         "clients": args.clients, "k": args.k, "in_process_p50_ms": float(np.percentile(base_ms, 50)),
-        "in_process_searches_per_s": 1000 / float(base_ms.mean()), "cpus": os.cpu_count(), "cpu_model": _cpu_model(),
+        "in_process_searches_per_s": 1000 / float(base_ms.mean()), "cpus": os.cpu_count(), "cpu_model": cpu_model(),
         "pinned": {"server": sorted(server_cpus or []), "load": sorted(load_cpus or [])},
     })
     print(f"{args.clients} clients on {args.images} images, k={args.k}; {out['cpu_model']}; server on CPU "
