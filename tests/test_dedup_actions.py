@@ -29,7 +29,7 @@ from index.building.plan import file_hash
 from index.building.runner import build_index, update_index
 from index.calibrate import CROWD, MIN_PHOTOS, near_threshold, neighbour_levels
 from index.duplicates.dedup import KINDS, load_duplicates, search_duplicates
-from index.duplicates.keeper import CHOSEN, Facts, suggest_keeper
+from index.duplicates.keeper import CHOSEN, Facts, format_rank, named_as_copy, suggest_keeper
 from index.duplicates.propose import CROP_SIDE, PIXEL_SIDE, crop_windows, proposals
 from index.duplicates.resolve.actions import DUPLICATES_DIR, PAUSE_ENV, destination, move_duplicates, undo_moves
 from index.duplicates.resolve.journal import MARK_FILE, Journal
@@ -275,11 +275,69 @@ KEEPER_CASES = [  # (width, height, bytes, taken, mtime) per member, the keeper'
 @pytest.mark.parametrize("members, want, reason", KEEPER_CASES)
 def test_the_keeper_rule(members, want, reason):
     facts = [Facts(i, f"p{i}.jpg", w, h, b, t, m) for i, (w, h, b, t, m) in enumerate(members)]
-    # by hand: most pixels, then with a date, then earliest date, then oldest (2-s steps), largest, smallest id
+    # by hand: most pixels, then with a date, then earliest date, then oldest (2-s steps), largest, smallest id (one
+    # format, and names too short to be a copy's: those rules tie)
     ref = min(facts, key=lambda f: (-f.pixels, f.taken is None, f.taken or 0, f.mtime // 2, -f.bytes, f.mtime, f.id))
     keep, why = suggest_keeper(facts)
     assert keep == ref.id == want and why.startswith(reason)
     assert suggest_keeper(facts, chosen={facts[-1].id}) == (facts[-1].id, CHOSEN)
+
+
+def _edited(img: Image.Image, edit: str) -> tuple[Image.Image, str, dict]:
+    """An edited copy of ``img``: the image, the format it is saved in and the save settings."""
+    if edit == "jpeg50":
+        return img, "JPEG", {"quality": 50}
+    if edit == "webp":
+        return img, "WEBP", {"quality": 75}
+    if edit == "shrunk":
+        return img.resize((26, 26), Image.Resampling.BICUBIC).resize(img.size, Image.Resampling.BICUBIC), "PNG", {}
+    if edit == "cropped":
+        return img.crop((2, 2, img.width - 2, img.height - 2)), "PNG", {}
+    if edit == "brightened":
+        return ImageEnhance.Brightness(img).enhance(1.15), "PNG", {}
+    if edit == "contrast":
+        return ImageEnhance.Contrast(img).enhance(1.3), "PNG", {}
+    if edit == "gamma":
+        return img.point(lambda v: round(255 * (v / 255) ** 0.8)), "PNG", {}
+    return ImageOps.mirror(img), "PNG", {}
+
+
+COPY_NAMES = ("{} (1)", "{}-edited", "{} - Copy", "Copy of {}", "{}_copy")  # what apps name a copy
+
+
+@pytest.mark.parametrize("edit", ["jpeg50", "webp", "shrunk", "cropped", "brightened", "contrast", "gamma", "mirror"])
+@pytest.mark.parametrize("original_format", ["PNG", "JPEG"])
+def test_the_keeper_is_the_original_over_each_kind_of_edited_copy(tmp_path, edit, original_format):
+    """Real files, as a copy is made: the same second, the copy often larger (a brightened PNG of a JPEG photo);
+    whatever the order of the members, the original is kept, for the reason that tells them apart."""
+    rng = np.random.default_rng(3)
+    img = Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)).resize((32, 32), Image.Resampling.BICUBIC)
+    suffix = {"PNG": ".png", "JPEG": ".jpg", "WEBP": ".webp"}
+    original = tmp_path / f"IMG_0042{suffix[original_format]}"
+    img.save(original, original_format, **({"quality": 92} if original_format == "JPEG" else {}))
+    copy_img, fmt, kw = _edited(img, edit)
+    for n, name in enumerate(COPY_NAMES):
+        copy = tmp_path / (name.format("IMG_0042") + suffix[fmt])
+        copy_img.save(copy, fmt, **kw)
+        os.utime(copy, ns=(original.stat().st_mtime_ns,) * 2)  # one second: the file times do not tell them apart
+        for order in ((original, copy), (copy, original)):
+            facts = [Facts(i, p.name, *Image.open(p).size, p.stat().st_size, None, p.stat().st_mtime)
+                     for i, p in enumerate(order)]
+            keep, why = suggest_keeper(facts)
+            assert order[keep] == original, (edit, copy.name, why)
+        copy.unlink()
+
+
+def test_a_copys_name_and_a_formats_rank():
+    assert named_as_copy("a/IMG_1 (1).jpg", ["b/IMG_1.jpg"]) and named_as_copy("Copy of IMG_1.png", ["IMG_1.jpg"])
+    assert named_as_copy("img_1-EDITED.jpg", ["IMG_1.JPG"])  # case aside
+    assert not named_as_copy("IMG_12.jpg", ["IMG_1.jpg"])  # another photo's number, not a copy's name
+    assert not named_as_copy("IMG_1.jpg", ["IMG_1.png", "IMG_1 (1).jpg"])  # the same name: no copy of itself
+    assert not named_as_copy("ab (1).jpg", ["ab.jpg"])  # a name this short is inside too many others
+    assert [format_rank(p) for p in ("a.NEF", "a.png", "a.tiff", "a.jpg", "a.heic", "a.webp", "a.gif")] == [
+        2, 1, 1, 1, 1, 0, 0]
+    facts = [Facts(0, "IMG_5.webp", 64, 64, 999, None, 1.0), Facts(1, "IMG_5 (2).jpg", 64, 64, 10, None, 9.0)]
+    assert suggest_keeper(facts) == (1, "least processed format (a camera's or an editor's format)")  # before names
 
 
 # ------------------------------------------------------------------------------------------ the file layer
