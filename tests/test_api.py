@@ -49,7 +49,7 @@ def server(idx):
     port = free_port()
     demo = serve(idx, port=port, auth=AUTH, device="cpu", block=False, api=ApiSettings(token=TOKEN))
     try:
-        yield f"http://127.0.0.1:{port}", demo.api_service.app, demo.api_service
+        yield f"http://127.0.0.1:{port}", demo.api_service.library, demo.api_service
     finally:
         demo.close()
         demo.api_service.close()

@@ -20,9 +20,11 @@ ROOMS = {
              "moco.training": 6, "moco.embed": 6},
     "index": {"index.catalog": 0, "index.calibrate": 1, "index.search": 2, "index.overview": 3, "index.building": 3,
               "index.duplicates": 4},
-    "app": {"app.run": 0, "app.search": 0, "app.page": 1, "app.guard": 1, "app.api": 2, "app.server": 3,
-            "app.cli": 4},
+    "app": {"app.run": 0, "app.search": 0, "app.collection": 1, "app.guard": 1, "app.page": 2, "app.api": 2,
+            "app.server": 3, "app.cli": 4},
 }
+# Rooms that stand side by side on what is below them: neither imports the other, whatever their floors.
+SIBLINGS = [("app.page", "app.api")]
 TOP_MODULES = {"moco": 12, "app": 12, "index": 3}  # at most this many modules beside the stages at each package's top
 
 
@@ -134,6 +136,17 @@ def test_every_room_has_its_floor_and_imports_only_rooms_below_it():
     bad = [(m, t) for m, targets in _graph().items() for t in targets if "." in m and "." in t
            and m.split(".")[0] == t.split(".")[0] and _room(m) != _room(t) and floor[_room(t)] >= floor[_room(m)]]
     assert bad == []
+
+
+def test_siblings_import_nothing_of_each_other():
+    """The page and the JSON API stand on the rooms below them (the collection, the searches): neither imports the
+    other, so either can change without the other."""
+    graph = _graph()
+    for a, b in SIBLINGS:
+        assert [m for m in graph if _room(m) == a] and [m for m in graph if _room(m) == b], (a, b)
+        crossing = [(m, t) for m, targets in graph.items() for t in targets
+                    if {_room(m), _room(t)} == {a, b}]
+        assert crossing == [], crossing
 
 
 def test_the_exporter_does_not_import_the_trainer():

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from app.cli.commands import main
+from app.collection.review import PAGE_SIZE
 from app.guard.access import ApiSettings
-from app.page.review import PAGE_SIZE
 from app.page.views import review_outputs
 from app.server.launch import serve
 from index.building.plan import file_hash
@@ -40,7 +40,7 @@ def served(backbone, tmp_path_factory):
     port = free_port()
     demo = serve(tmp / "idx", port=port, device="cpu", block=False, api=ApiSettings(token=TOKEN))
     try:
-        yield {"url": f"http://127.0.0.1:{port}", "app": demo.api_service.app, "photos": photos, "idx": tmp / "idx",
+        yield {"url": f"http://127.0.0.1:{port}", "app": demo.api_service.library, "photos": photos, "idx": tmp / "idx",
                "expected": expected, "before": _bytes(photos), "tmp": tmp}
     finally:
         demo.close()

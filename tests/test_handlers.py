@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import app.collection.library as library
 import app.page.handlers as handlers
 from app.page.handlers import SearchApp, score_text
 from app.search.scope import ALL_FOLDERS
@@ -156,7 +157,7 @@ def test_details_and_original_only_for_indexed_files_inside_the_root(app, tmp_pa
     finally:
         photo.unlink()
         os.replace(moved, photo)
-    monkeypatch.setattr(handlers, "MAX_ORIGINAL_BYTES", 10)
+    monkeypatch.setattr(library, "MAX_ORIGINAL_BYTES", 10)
     with pytest.raises(UserError, match="over the"):
         app.original(row.id)
 

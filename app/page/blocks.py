@@ -15,10 +15,10 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from app.collection.review import PAGE_SIZE
 from app.page.handlers import Results, SearchApp
 from app.page.map_view import THEME_CARDS_CSS, THEME_CARDS_JS, map_component
 from app.page.overview import PAGE, SORTS
-from app.page.review import PAGE_SIZE
 from app.page.uploads import QueryImage, size_check_js
 from app.page.views import (
     KIND_CHOICES,

@@ -1,7 +1,10 @@
 """What the search page does, as plain methods (tests call them directly; :mod:`app.page.blocks` wires them to Gradio).
 
-``SearchApp`` serves one index. It can start without one (``moco run`` serves the page while training and
-indexing still run): every search then says the index is not ready, and ``attach`` turns search on.
+``SearchApp`` is the :class:`app.collection.library.Library` the page and the JSON API serve, with what only the page
+does added: its searches' galleries, captions and ``Results`` between events, the details panel, the result files
+handed to the browser, the Negatives tab and the Collection tab's text. It can start without an index (``moco run``
+serves the page while training and indexing still run): every search then says the index is not ready, and
+``attach`` turns search on.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ import html
 import io
 import json
 import logging
-import os
 import secrets
 import shutil
 import tempfile
@@ -24,17 +26,17 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 from PIL import Image
 
+from app.collection.library import Library, size_text
 from app.page.negatives.from_index import IndexNegatives
 from app.page.negatives.from_queue import QueueNegatives
 from app.page.negatives.view import NegativesView
 from app.page.overview import CollectionOverview
-from app.page.review import DuplicateReview
-from app.search.scope import ALL_FOLDERS, Scope, Searcher
+from app.search.scope import ALL_FOLDERS, Scope
 from app.search.service import SearchService
 from app.search.uploads import read_upload
 from index.catalog import display_path, taken_text
@@ -42,13 +44,12 @@ from index.search.image_index import ImageIndex
 from moco.data.photos import load_rgb, open_regular
 from moco.errors import UserError, plural
 
-__all__ = ["SearchApp", "Results", "VIEW_PX", "MAX_ORIGINAL_BYTES", "score_text"]
+__all__ = ["SearchApp", "Results", "VIEW_PX", "score_text"]
 
 logger = logging.getLogger(__name__)
 
 VIEW_PX = 192  # the two training views are shown at least this large
 PREVIEW_PX = 640  # the details panel's preview of a result (long side)
-MAX_ORIGINAL_BYTES = 64 * 1024 * 1024  # "Open original" serves files up to this size
 # Result files handed to the browser (CSV/JSON exports, copies of originals) go to a folder of this SearchApp's
 # own (``moco-results-*`` in the temporary directory, 0700), removed by ``close()``, at exit (SIGTERM included
 # under the CLI) or when the app is collected. The page serves them from there (a static path of Gradio's, behind
@@ -87,10 +88,6 @@ def _folder_bytes(folder: Path) -> int:
         return 0
 
 
-def _bytes(n: int) -> str:
-    return f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
-
-
 @dataclass(frozen=True)
 class Results:
     """A query and the results the page shows for it, kept between the page's events (its ``gr.State``): Search,
@@ -120,8 +117,9 @@ class Results:
         return f"`{self.label}`" if self.source else self.label
 
 
-class SearchApp:
-    """Handlers of the UI over one index (and optionally a training checkpoint for the Negatives tab).
+class SearchApp(Library):
+    """Handlers of the UI over one index (and optionally a training checkpoint for the Negatives tab): the
+    :class:`~app.collection.library.Library` the page and the API share, and what the page alone does.
 
     Args:
         index: the opened index; None: the page runs before the index exists (see ``attach``).
@@ -132,25 +130,23 @@ class SearchApp:
 
     def __init__(self, index: ImageIndex | None = None, embedder: Any = None, checkpoint: str | Path | None = None,
                  status: Any = None) -> None:
-        self.status = status
-        self.index: ImageIndex | None = None
-        self.embedder: Any = None
+        super().__init__(status=status)
         self.negatives_source: QueueNegatives | IndexNegatives | None = None
         self.negatives_note = ""
-        self.searcher = Searcher(self.ready_index, lambda: self.embedder)  # every search's checks, and the search
         self._files = Path(tempfile.mkdtemp(prefix="moco-results-"))  # exports and originals handed to the browser
         self._remove_files = weakref.finalize(self, shutil.rmtree, self._files, ignore_errors=True)  # also at exit
         self._kept: collections.deque[tuple[Path, int, float]] = collections.deque()  # (folder, bytes, made at)
         self._kept_bytes = 0
         self._writing = 0  # result folders made and being written (counted in _KEEP_EXPORTS)
         self._lock = threading.Lock()
-        self.duplicates = DuplicateReview(self.ready_index)  # the Collection tab's review, and the API's
         self.overview = CollectionOverview(self.ready_index)  # the Map, Themes, Unusual and Browse tabs
         if index is not None:
-            self._attach(index, embedder, checkpoint)
+            self.use(index, embedder, checkpoint)
 
-    def _attach(self, index: ImageIndex, embedder: Any, checkpoint: str | Path | None) -> None:
-        index.check_embedder(embedder)
+    def use(self, index: ImageIndex, embedder: Any, checkpoint: str | Path | None = None) -> None:
+        """Serve ``index`` with ``embedder``, the Negatives tab's from ``checkpoint``'s queue (None: from the
+        index): search turns on."""
+        index.check_embedder(embedder)  # before the negatives are made with it
         source: QueueNegatives | IndexNegatives
         note = ""
         if checkpoint is not None:
@@ -162,26 +158,13 @@ class SearchApp:
         else:
             source = IndexNegatives(index, embedder)
         self.negatives_source, self.negatives_note = source, note
-        self.embedder, self.index = embedder, index  # last: `ready` turns true only with everything in place
+        super().use(index, embedder)  # last: `ready` turns true only with everything in place
 
     def attach(self, index_dir: str | Path, backbone: str | Path | None = None, checkpoint: str | Path | None = None,
                device: str = "auto") -> None:
-        """Open the index (built meanwhile) and turn search on."""
+        """Open the index (built meanwhile) and turn search on (``checkpoint``: the Negatives tab's, as in ``use``)."""
         index = ImageIndex.open(index_dir)
-        self._attach(index, index.load_embedder(backbone, device=device), checkpoint)
-
-    @property
-    def ready(self) -> bool:
-        """True once an index is attached: search works."""
-        return self.index is not None
-
-    def ready_index(self) -> ImageIndex:
-        """The index searched, or a UserError saying it is not ready yet (``moco run`` still preparing it)."""
-        if self.index is None:
-            stage = self.status.snapshot()["stage"] if self.status is not None else "starting"
-            raise UserError(f"the index is not ready yet ({stage}): search turns on by itself when it is; the Status "
-                            "tab shows the progress")
-        return self.index
+        self.use(index, index.load_embedder(backbone, device=device), checkpoint)
 
     def title(self) -> str:
         """The page heading: the photo folder searched and its size, or what is being prepared."""
@@ -190,10 +173,6 @@ class SearchApp:
         return f"## moco-retrieval · `{display_path(self.index.root.name)}` · {len(self.index)} images"
 
     # ---------------------------------------------------------------------------------- search
-    def folders(self) -> list[str]:
-        """Sub-folders of the collection (two levels), for the filter; none before the index is ready."""
-        return [] if self.index is None else self.searcher.folders()
-
     def folder_choices(self) -> list[tuple[str, str]]:
         """The filter's choices: (label, value), "All folders" first."""
         return [(ALL_FOLDERS, "")] + [(f, f) for f in self.folders()]
@@ -413,7 +392,7 @@ class SearchApp:
             raise UserError(f"photo id {image_id} is no longer in the index: search again")
         when = datetime.datetime.fromtimestamp(row.mtime_ns / 1e9).strftime("%Y-%m-%d %H:%M")
         thumb = index.thumb_path(row)
-        text = f"**{_path_html(display_path(row.path))}**\n\n{_bytes(row.size)} · modified {when}"
+        text = f"**{_path_html(display_path(row.path))}**\n\n{size_text(row.size)} · modified {when}"
         if row.taken is not None:
             text += f" · taken {taken_text(row.taken).replace('T', ' ')[:16]}"
         if row.camera:
@@ -480,33 +459,6 @@ class SearchApp:
             old, old_size, _ = self._kept.popleft()
             self._kept_bytes -= old_size
             shutil.rmtree(old, ignore_errors=True)
-
-    def open_original(self, image_id: int) -> tuple[BinaryIO, int, str]:
-        """An indexed photo's original file, opened: (file, size in bytes, its name); the caller closes the file.
-
-        Only files of the index, inside its root, regular and at most MAX_ORIGINAL_BYTES are opened (the file is
-        checked once open, so what is served is what was checked). The JSON API streams it from there.
-        """
-        index = self.ready_index()
-        row = index.catalog.rows_by_id([int(image_id)]).get(int(image_id))
-        if row is None or row.deleted or row.status != "ok":
-            raise UserError(f"photo id {image_id} is not an indexed photo: search again")
-        root = index.root.resolve()
-        source = index.root / row.path
-        if root not in source.resolve().parents:
-            raise UserError(f"{display_path(row.path)} links outside the collection ({display_path(str(root))}): "
-                            "not served")
-        try:
-            f = open_regular(source)
-        except OSError as e:
-            raise UserError(f"{display_path(row.path)} cannot be read now ({e.strerror or e}): run "
-                            "`moco index update`") from None
-        size = os.fstat(f.fileno()).st_size
-        if size > MAX_ORIGINAL_BYTES:
-            f.close()
-            raise UserError(f"{display_path(row.path)} is {_bytes(size)}, over the {_bytes(MAX_ORIGINAL_BYTES)} served "
-                            "by the page: open it from its folder")
-        return f, size, Path(row.path).name.encode("utf-8", "replace").decode() or "photo"
 
     def original(self, image_id: int) -> str:
         """A copy of an indexed photo's original file for the page (the originals folder itself is never served),

@@ -123,7 +123,7 @@ def make_demo(index_dir: str | Path, checkpoint: str | Path | None = None, backb
 def _service(app: SearchApp, auth: tuple[str, str] | None, api: Any) -> Any:
     """The JSON API over ``app`` (:class:`app.api.routes.Api`; ``api``: :class:`app.guard.access.ApiSettings`,
     None: defaults)."""
-    from app.api.routes import Api
+    from app.api.state import Api
     from app.guard.access import ApiSettings
 
     settings = api or ApiSettings()
