@@ -1,8 +1,12 @@
-"""The page's Gradio Blocks: the Search, Negatives, Collection and Status tabs wired to
-:class:`app.page.handlers.SearchApp`.
+"""The page's Gradio Blocks: the Search, Map, Themes, Browse, Unusual, Negatives, Collection and Status tabs wired to
+:class:`app.page.handlers.SearchApp`, one function per tab (``search_tab`` ... ``status_tab``), composed by
+:func:`build_ui`. What one tab hands to another (the Search tab's results and details panel, which a photo picked on
+the Map, Themes, Browse or Unusual tab opens; the components the Status refresh turns on) travels in one namespace,
+``page``.
 
 Every handler is wrapped by ``_safe`` (an error is a message on the page, never a stack trace); the page's Search
-goes through the JSON API's batcher when there is one (:mod:`app.api.routes`). What the tabs show is built in
+goes through the batcher of the searches it shares with the JSON API when there is one
+(:mod:`app.search.service`). What the tabs show is built in
 :mod:`app.page.views`; :mod:`app.server.launch` launches the page.
 """
 
@@ -13,6 +17,7 @@ import functools
 import inspect
 import logging
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 from app.collection.review import PAGE_SIZE
@@ -34,7 +39,8 @@ from index.calibrate import DEDUP_THRESHOLD
 from index.search.index_dir import THUMBS_DIR
 from moco.errors import UserError
 
-__all__ = ["build_ui", "CSS", "GRADIO_CACHE_S", "page_js"]
+__all__ = ["build_ui", "search_tab", "map_tab", "themes_tab", "browse_tab", "unusual_tab", "negatives_tab",
+           "collection_tab", "status_tab", "CSS", "GRADIO_CACHE_S", "page_js"]
 
 logger = logging.getLogger(__name__)
 
@@ -202,516 +208,612 @@ def build_ui(app: SearchApp, service: Any = None) -> Any:
     Search goes through its batcher: uploads decoded in its pool and embedded together, the page's and the API's
     alike."""
     import gradio as gr
-    from gradio_client.utils import encode_file_path
 
-    from app.page import inputs
-
-    sources = ["upload", "clipboard", "webcam"]
     ready = app.ready
     gr.set_static_paths([str(app.files_dir)])  # result files served as they are: no check, hash and copy per search
     with gr.Blocks(title="moco-retrieval", analytics_enabled=False, delete_cache=GRADIO_CACHE_S) as demo:
         title = gr.Markdown(app.title(), elem_id="title")
         with gr.Tabs(selected="search" if ready else "status") as tabs:
-            with gr.Tab("Search", id="search"):
-                with gr.Row():
-                    with gr.Column(scale=1, min_width=280):
-                        query = QueryImage(sources=sources, label="Query photo", elem_id="query")
-                        k = inputs.Slider(1, 100, value=12, step=1, label="k (results)", elem_id="k")
-                        folder = inputs.Dropdown(app.folder_choices(), value="", allow_custom_value=True,
-                                             label="Folder", elem_id="folder")
-                        folder_mode = inputs.Radio(list(FOLDER_MODES), value=FOLDER_MODES[0], show_label=False,
-                                               elem_id="folder-mode")
-                        with gr.Row():
-                            taken_from = gr.Textbox("", label="Taken from", placeholder="YYYY-MM-DD", max_lines=1,
-                                                    elem_id="taken-from")
-                            taken_to = gr.Textbox("", label="Taken to", placeholder="YYYY-MM-DD", max_lines=1,
-                                                  elem_id="taken-to")
-                        go = gr.Button("Search", variant="primary", elem_id="search-btn", interactive=False)
-                    with gr.Column(scale=3, min_width=300):
-                        error = gr.Markdown(elem_id="search-error")  # what went wrong, apart from the results
-                        info = gr.Markdown(READY_HINT if ready else PENDING_HINT, elem_id="search-info")
-                        gallery = inputs.Gallery(label="Nearest neighbours (click one to search with it)", columns=6,
-                                             height="auto", allow_preview=False, elem_id="results",
-                                             elem_classes=["results"])
-                        with gr.Row():
-                            more = gr.Button("More results", elem_id="more-btn", interactive=False)
-                            csv_btn = gr.DownloadButton("Export CSV", elem_id="export-csv", interactive=False)
-                            json_btn = gr.DownloadButton("Export JSON", elem_id="export-json", interactive=False)
-                        with gr.Accordion("More like these, less like those", open=True, elem_id="multi"):
-                            more_like = inputs.CheckboxGroup([], label="More like these (tick results)",
-                                                         elem_id="more-like")
-                            less_like = inputs.CheckboxGroup([], label="Less like these", elem_id="less-like")
-                            with gr.Row():
-                                add_photos = inputs.File(file_count="multiple", file_types=["image"], height=120,
-                                                     label="More photos to search with", elem_id="add-photos")
-                                avoid_photos = inputs.File(file_count="multiple", file_types=["image"], height=120,
-                                                       label="Photos to be less like", elem_id="avoid-photos")
-                            again = gr.Button("Search again with these", elem_id="again-btn", interactive=False)
-                        with gr.Column(visible=False, elem_id="details") as details:
-                            gr.Markdown("### Selected photo")
-                            with gr.Row():
-                                preview = gr.Image(label="Preview", height=320, interactive=False,
-                                                   elem_id="detail-preview", buttons=[])
-                                with gr.Column():
-                                    detail_md = gr.Markdown(elem_id="detail-info")
-                                    path_box = gr.Textbox(label="Full path", interactive=False, buttons=["copy"],
-                                                          max_lines=1, elem_id="detail-path")  # one line: whole names
-                                    with gr.Row():
-                                        open_btn = gr.Button("Open original", elem_id="open-original")
-                                        inspect_btn = gr.Button("Inspect negatives", elem_id="inspect-btn")
-                                    original = inputs.File(label="Original", visible=False, elem_id="original-file")
-                state = gr.State(None)
-                picked = gr.State(None)  # the id of the photo in the details panel
-                has_image = gr.State(False)  # a query photo is given (Search can act)
-
-                def export_buttons(st: Results | None) -> tuple:  # on only with results to export
-                    files = app.export(st) if st and st.ids else (None, None)
-                    return tuple(gr.update(value=f, interactive=f is not None) for f in files)  # no new components
-
-                def filters(folder_: str, mode_: str | None, from_: str | None, to_: str | None) -> dict[str, Any]:
-                    only, away = folder_filter(folder_, mode_)
-                    return {"folder": only, "exclude_folders": away, "taken_from": from_, "taken_to": to_}
-
-                # the filters have defaults: Gradio's own API clients that send (image, k, folder) still search
-                def do_search(image: Any, k_: int, folder_: str, mode_: str | None = None, from_: str | None = None,
-                              to_: str | None = None, request: gr.Request = None) -> tuple:
-                    gal, *out = app.search(image, k_, **filters(folder_, mode_, from_, to_))
-                    return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
-
-                async def do_batched_search(image: Any, k_: int, folder_: str, mode_: str | None = None,
-                                            from_: str | None = None, to_: str | None = None,
-                                            request: gr.Request = None) -> tuple:
-                    gal, *out = await app.search_with(service, image, k_, **filters(folder_, mode_, from_, to_))
-                    buttons = await asyncio.to_thread(export_buttons, out[1])  # file writes: off the event loop
-                    return (_file_urls(gal, request), *out, *buttons, "")
-
-                def do_rerun(st: Results | None, k_: int, folder_: str, mode_: str, from_: str, to_: str,
-                             request: gr.Request) -> tuple:
-                    if not st:
-                        return (gr.skip(),) * 6
-                    gal, *out = app.rerun(st, k_, **filters(folder_, mode_, from_, to_))
-                    return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
-
-                def do_more(st: Results | None, request: gr.Request) -> tuple:
-                    gal, *out = app.more(st)
-                    return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
-
-                def do_select(st: Results | None, evt: gr.SelectData, request: gr.Request) -> tuple:
-                    out = app.select(st, evt.index)
-                    d = app.details(out[2].source["id"])
-                    return (gr.Gallery(value=_file_urls(out[0], request), selected_index=None), out[1], out[2],
-                            *export_buttons(out[2]), "",
-                            d["thumb"], gr.Column(visible=True), d["preview"], d["markdown"], d["full_path"], d["id"],
-                            gr.File(value=None, visible=False))
-
-                def do_again(st: Results | None, more_: list[int] | None, less_: list[int] | None, add_: Any,
-                             avoid_: Any, k_: int, folder_: str, mode_: str, from_: str, to_: str,
-                             request: gr.Request) -> tuple:
-                    gal, *out = app.search_again(st, more_ or [], less_ or [], _paths(add_), _paths(avoid_), k_,
-                                                 **filters(folder_, mode_, from_, to_))
-                    return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
-
-                def do_ticks(st: Results | None, more_: list[int] | None, less_: list[int] | None) -> tuple:
-                    choices = app.tick_choices(st)  # the results shown; a tick stays while its photo is shown
-                    shown = {i for _, i in choices}
-                    return (gr.CheckboxGroup(choices=choices, value=[i for i in more_ or [] if i in shown]),
-                            gr.CheckboxGroup(choices=choices, value=[i for i in less_ or [] if i in shown]), gr.skip())
-
-                for fn in (do_search, do_batched_search, do_rerun, do_more, do_select, do_again):  # resolvable without
-                    fn.__annotations__["request"] = gr.Request  # `from __future__` strings
-                do_select.__annotations__["evt"] = gr.SelectData
-                # an error goes to `error`: the results shown stay, and so does their heading (`info`)
-                results = [gallery, info, state, csv_btn, json_btn, error]
-                search_inputs = [k, folder, folder_mode, taken_from, taken_to]
-                def do_buttons(st: Results | None, image: bool, more_: list[int] | None, less_: list[int] | None,
-                               add_: Any, avoid_: Any) -> tuple:  # each of them on exactly when it can act
-                    on = app.search_buttons(st, True if image else None, more_ or [], less_ or [], _paths(add_),
-                                            _paths(avoid_))
-                    return tuple(gr.Button(interactive=x) for x in on)
-
-                buttons = ([state, has_image, more_like, less_like, add_photos, avoid_photos], [go, more, again])
-                query.change(lambda img: img is not None, [query], [has_image], api_name=False, queue=False,
-                             show_progress="hidden").then(do_buttons, *buttons, api_name=False, queue=False,
-                                                          show_progress="hidden")
-                for source in (more_like, less_like, add_photos, avoid_photos):
-                    source.change(do_buttons, *buttons, api_name=False, queue=False, show_progress="hidden")
-
-                def do_ticks_then_buttons(st: Results | None, more_: list[int] | None, less_: list[int] | None,
-                                          image: bool, add_: Any, avoid_: Any) -> tuple:
-                    ticked = do_ticks(st, more_, less_)
-                    shown = {c for _, c in app.tick_choices(st)}
-                    ticks_now = [[i for i in x or [] if i in shown] for x in (more_, less_)]
-                    return (*ticked, *do_buttons(st, image, *ticks_now, add_, avoid_))
-
-                # after every search: the results shown, to tick, and the buttons that can act on them
-                ticks = _safe(6, 2)(do_ticks_then_buttons)
-                tick_io = ([state, more_like, less_like, has_image, add_photos, avoid_photos],
-                           [more_like, less_like, error, go, more, again])
-                if service is None:
-                    go.click(_safe(6, 5)(do_search), [query, *search_inputs], results, api_name="search",
-                             concurrency_id="model").then(ticks, *tick_io, api_name=False)
-                else:  # searches run together (the batcher holds the model); more wait in Gradio's queue
-                    go.click(_safe(6, 5)(do_batched_search), [query, *search_inputs], results, api_name="search",
-                             concurrency_id="search", concurrency_limit=service.batcher.max_batch).then(
-                        ticks, *tick_io, api_name=False)
-                for changed in (k.release, folder.input, folder_mode.input, taken_from.submit, taken_to.submit):
-                    changed(_safe(6, 5)(do_rerun), [state, *search_inputs], results, api_name=False,
-                            concurrency_id="model").then(ticks, *tick_io, api_name=False)
-                more.click(_safe(6, 5)(do_more), [state], results, api_name="more", concurrency_id="model").then(
-                    ticks, *tick_io, api_name=False)
-                again.click(_safe(6, 5)(do_again), [state, more_like, less_like, add_photos, avoid_photos,
-                                                    *search_inputs], results, api_name="search_again",
-                            concurrency_id="model").then(ticks, *tick_io, api_name=False)
-                gallery.select(_safe(13, 5)(do_select), [state],
-                               [*results, query, details, preview, detail_md, path_box, picked, original],
-                               api_name=False, concurrency_id="model").then(
-                    None, None, None, js=SHOW_DETAILS).then(
-                    ticks, *tick_io, api_name=False)
-
-                def do_open(image_id: int | None) -> Any:
-                    if image_id is None:
-                        raise UserError("click a result first")
-                    return gr.File(value=app.original(image_id), visible=True)
-
-                open_btn.click(_safe(2, 1)(lambda i: (do_open(i), gr.skip())), [picked], [original, detail_md],
-                               api_name=False).then(
-                    None, [original], None, js="(f) => { if (f && f.url) window.open(f.url, '_blank'); }")
-            # ------------------------------------------------- the whole collection: Map, Themes, Browse, Unusual
-            # A photo picked on one of them is searched with and shown in the Search tab, as a clicked result is.
-            opened = [*results, query, details, preview, detail_md, path_box, picked, original, tabs]
-
-            def open_photo(image_id: int, k_: int, folder_: str, mode_: str | None, from_: str | None,
-                           to_: str | None, request: gr.Request) -> tuple:  # opened + the tab's message ("")
-                gal, text, st = app.search_id(int(image_id), k_, **filters(folder_, mode_, from_, to_))
-                d = app.details(int(image_id))
-                return (_file_urls(gal, request), text, st, *export_buttons(st), "", d["thumb"],
-                        gr.Column(visible=True), d["preview"], d["markdown"], d["full_path"], d["id"],
-                        gr.File(value=None, visible=False), gr.Tabs(selected="search"), "")
-
-            def open_shown(ids: list[int] | None, k_: int, folder_: str, mode_: str | None, from_: str | None,
-                           to_: str | None, evt: gr.SelectData, request: gr.Request) -> tuple:
-                if not ids or not 0 <= int(evt.index) < len(ids):
-                    raise UserError("that photo is no longer shown: load the page again")
-                return open_photo(ids[int(evt.index)], k_, folder_, mode_, from_, to_, request)
-
-            for fn in (open_photo, open_shown):
-                fn.__annotations__["request"] = gr.Request
-            open_shown.__annotations__["evt"] = gr.SelectData
-            n_open = len(opened) + 1
-
-            def wire_gallery(shown: Any, ids: Any, message: Any) -> None:  # a click on a photo searches with it
-                shown.select(_safe(n_open, n_open - 1)(open_shown), [ids, *search_inputs], [*opened, message],
-                             api_name=False, concurrency_id="model").then(
-                    None, None, None, js=SHOW_DETAILS)
-
-            with gr.Tab("Map", id="map") as map_tab:
-                map_info = gr.Markdown(elem_id="map-info")
-                cmap = map_component(elem_id="collection-map")
-                map_message = gr.Markdown(elem_id="map-message")  # what went wrong, apart from the selection
-                chosen_info = gr.Markdown(elem_id="map-selection-info")
-                chosen = inputs.Gallery(label="Selected photos (click one to search with it)", columns=6, height="auto",
-                                    allow_preview=False, elem_id="map-selection", elem_classes=["results"])
-                chosen_ids = gr.State([])
-                map_shown = gr.State("")  # the map's version this page holds: not sent again while it is current
-
-            def do_map(shown: str) -> tuple:
-                index = app.ready_index()
-                thumbs = f"gradio_api/file={encode_file_path(str(index.dir / THUMBS_DIR))}/"
-                payload = app.overview.map(thumbs)
-                if payload["version"] == shown:
-                    return gr.skip(), gr.skip(), shown
-                return payload, app.overview.map_text(), payload["version"]
-
-            def do_pick(k_: int, folder_: str, mode_: str | None, from_: str | None, to_: str | None,
-                        evt: gr.EventData, request: gr.Request) -> tuple:
-                data = evt._data if isinstance(getattr(evt, "_data", None), dict) else {}
-                if not isinstance(data.get("id"), int):
-                    raise UserError("click a point of the map")
-                return open_photo(data["id"], k_, folder_, mode_, from_, to_, request)
-
-            def do_region(evt: gr.EventData, request: gr.Request) -> tuple:
-                data = evt._data if isinstance(getattr(evt, "_data", None), dict) else {}
-                ids, total = app.overview.region(str(data.get("shape")), data.get("points") or [],
-                                                 version=str(data.get("version")))
-                text = (f"**{total} photos selected**" + (f" (the first {len(ids)} shown)" if total > len(ids) else "")
-                        if total else "**No photos in the selection**: draw around some points.")
-                return _file_urls(app.overview.gallery(ids), request), ids, text, ""
-
-            for fn in (do_pick, do_region):
-                fn.__annotations__["request"] = gr.Request
-            do_pick.__annotations__["evt"] = gr.EventData
-            do_region.__annotations__["evt"] = gr.EventData
-            map_tab.select(_safe(3, 1)(do_map), [map_shown], [cmap, map_info, map_shown], api_name=False,
-                           concurrency_id="overview")
-            cmap.pick(_safe(n_open, n_open - 1)(do_pick), search_inputs, [*opened, map_message], api_name=False,
-                      concurrency_id="model")
-            cmap.region(_safe(4, 3)(do_region), None, [chosen, chosen_ids, chosen_info, map_message], api_name=False,
-                        concurrency_id="overview")
-            wire_gallery(chosen, chosen_ids, map_message)
-
-            with gr.Tab("Themes", id="themes") as themes_tab:
-                themes_message = gr.Markdown(elem_id="themes-message")
-                theme_cards = gr.HTML(elem_id="theme-cards", js_on_load=THEME_CARDS_JS, css_template=THEME_CARDS_CSS)
-            with gr.Tab("Browse", id="browse") as browse_tab:
-                with gr.Row():
-                    browse_folder = inputs.Dropdown(app.folder_choices(), value="", label="Folder",
-                                                    elem_id="browse-folder")
-                    browse_theme = inputs.Dropdown([("All themes", -1)], value=-1, label="Theme",
-                                                   elem_id="browse-theme")
-                    browse_sort = inputs.Radio(list(SORTS), value=next(iter(SORTS)), label="Sort by",
-                                           elem_id="browse-sort")
-                with gr.Row():
-                    browse_prev = gr.Button("◀ Previous", elem_id="browse-prev", scale=0)
-                    browse_where = gr.Markdown(elem_id="browse-where")
-                    browse_next = gr.Button("Next ▶", elem_id="browse-next", scale=0)
-                browse_message = gr.Markdown(elem_id="browse-message")
-                browse_grid = inputs.Gallery(label="Photos (click one to search with it)", columns=6, height="auto",
-                                         allow_preview=False, elem_id="browse-grid", elem_classes=["results"])
-                browse_ids, browse_offset = gr.State([]), gr.State(0)
-            with gr.Tab("Unusual", id="unusual") as unusual_tab:
-                with gr.Row():
-                    unusual_prev = gr.Button("◀ Previous", elem_id="unusual-prev", scale=0)
-                    unusual_where = gr.Markdown(elem_id="unusual-where")
-                    unusual_next = gr.Button("Next ▶", elem_id="unusual-next", scale=0)
-                unusual_message = gr.Markdown(elem_id="unusual-message")
-                unusual_grid = inputs.Gallery(label="The photos least like any other (click one to search with it)",
-                                          columns=6, height="auto", allow_preview=False, elem_id="unusual-grid",
-                                          elem_classes=["results"])
-                unusual_ids, unusual_offset = gr.State([]), gr.State(0)
-
-            def theme_choices(choices: list[tuple[str, int]]) -> list[tuple[str, int]]:
-                return [("All themes", -1), *choices]
-
-            def do_themes() -> tuple:
-                cards, choices = app.overview.themes()
-                return cards, gr.update(choices=theme_choices(choices)), ""
-
-            themes_tab.select(_safe(3, 2)(do_themes), None, [theme_cards, browse_theme, themes_message],
-                              api_name=False, concurrency_id="overview")
-            browse_view = [browse_grid, browse_ids, browse_where, browse_offset, browse_message]
-
-            def do_browse(folder_: str, theme_: int | None, sort_: str, offset_: int, request: gr.Request) -> tuple:
-                theme_ = None if theme_ is None or int(theme_) < 0 else int(theme_)
-                gal, ids, where, offset_ = app.overview.browse(app.folder_on_disk(folder_), theme_,
-                                                               SORTS.get(sort_, "name"), offset_)
-                return _file_urls(gal, request), ids, where, offset_, ""
-
-            def do_theme_card(evt: gr.EventData, request: gr.Request) -> tuple:
-                data = evt._data if isinstance(getattr(evt, "_data", None), dict) else {}
-                if not isinstance(data.get("id"), int):
-                    raise UserError("click a theme")
-                _, choices = app.overview.themes()
-                return (*do_browse("", data["id"], next(iter(SORTS)), 0, request),
-                        gr.update(choices=theme_choices(choices), value=data["id"]), gr.update(value=""),
-                        gr.Tabs(selected="browse"), "")
-
-            def browse_step(step: int) -> Callable:  # the Previous / Next buttons
-                def page(f_: str, t_: int | None, s_: str, o_: int, request: gr.Request) -> tuple:
-                    return do_browse(f_, t_, s_, max(0, int(o_ or 0) + step), request)
-
-                page.__annotations__["request"] = gr.Request
-                return page
-
-            def browse_first(f_: str, t_: int | None, s_: str, request: gr.Request) -> tuple:  # a filter changed
-                return do_browse(f_, t_, s_, 0, request)
-
-            for fn in (do_browse, do_theme_card, browse_first):
-                fn.__annotations__["request"] = gr.Request
-            do_theme_card.__annotations__["evt"] = gr.EventData
-            browse_filters = [browse_folder, browse_theme, browse_sort]
-            theme_cards.theme(_safe(9, 8)(do_theme_card), None,
-                              [*browse_view, browse_theme, browse_folder, tabs, themes_message], api_name=False,
-                              concurrency_id="overview")
-            def browse_opened(f_: str, t_: int | None, s_: str, o_: int, request: gr.Request) -> tuple:
-                _, choices = app.overview.themes()  # the theme filter's choices, also before the Themes tab
-                return (*do_browse(f_, t_, s_, o_, request), gr.update(choices=theme_choices(choices)))
-
-            browse_opened.__annotations__["request"] = gr.Request
-            browse_tab.select(_safe(6, 4)(browse_opened), [*browse_filters, browse_offset],
-                              [*browse_view, browse_theme], api_name=False, concurrency_id="overview")
-            for changed in (browse_folder.input, browse_theme.input, browse_sort.input):
-                changed(_safe(5, 4)(browse_first), browse_filters, browse_view, api_name=False,
-                        concurrency_id="overview")
-            for button, step in ((browse_prev, -PAGE), (browse_next, PAGE)):
-                button.click(_safe(5, 4)(browse_step(step)), [*browse_filters, browse_offset], browse_view,
-                             api_name=False, concurrency_id="overview")
-            wire_gallery(browse_grid, browse_ids, browse_message)
-            unusual_view = [unusual_grid, unusual_ids, unusual_where, unusual_offset, unusual_message]
-
-            def unusual_step(step: int) -> Callable:  # the tab opened (0), Previous, Next
-                def page(o_: int, request: gr.Request) -> tuple:
-                    gal, ids, where, shown = app.overview.unusual(max(0, int(o_ or 0) + step))
-                    return _file_urls(gal, request), ids, where, shown, ""
-
-                page.__annotations__["request"] = gr.Request
-                return page
-
-            unusual_tab.select(_safe(5, 4)(unusual_step(0)), [unusual_offset], unusual_view, api_name=False,
-                               concurrency_id="overview")
-            for button, step in ((unusual_prev, -PAGE), (unusual_next, PAGE)):
-                button.click(_safe(5, 4)(unusual_step(step)), [unusual_offset], unusual_view, api_name=False,
-                             concurrency_id="overview")
-            wire_gallery(unusual_grid, unusual_ids, unusual_message)
-            with gr.Tab("Negatives", id="negatives"):
-                gr.Markdown("The InfoNCE view: the two training views of a photo, and the negatives closest to its "
-                            "query embedding, with their logits and share of the softmax over [positive + negatives]. "
-                            "⚠ marks a likely false negative, with its evidence.")
-                with gr.Row():
-                    with gr.Column(scale=1, min_width=280):
-                        neg_image = QueryImage(sources=sources, label="Photo", elem_id="neg-query")
-                        n = inputs.Slider(1, 64, value=12, step=1, label="closest negatives to show")
-                        seed = inputs.Number(0, precision=0, label="augmentation seed")
-                        neg_go = gr.Button("Inspect negatives", variant="primary", elem_id="neg-btn", interactive=ready)
-                    with gr.Column(scale=3, min_width=300):
-                        summary = gr.Markdown(elem_id="neg-summary")
-                        views = inputs.Gallery(label="query view · positive key view", columns=2, height="auto",
-                                           allow_preview=False, elem_id="views", object_fit="contain")
-                        negs = inputs.Gallery(label="closest negatives", columns=6, height="auto", allow_preview=False,
-                                          elem_id="negatives", elem_classes=["results"])
-                        table = gr.Dataframe(headers=["rank", "photo", "cosine", "logit (cos/T)", "softmax share",
-                                                      "likely false negative (evidence)"],
-                                             interactive=False, wrap=True, elem_id="negatives-table", max_height=4000,
-                                             column_widths=["10%", "25%", "13%", "14%", "16%", "22%"])
-
-                def do_negatives(image: Any, n_: int, seed_: int) -> tuple:
-                    views_, text, gal, rows = negatives_outputs(app.negatives(image, n_, seed_), app.negatives_note)
-                    return views_, text, gal, rows
-
-                def do_inspect(image_id: int | None, n_: int, seed_: int) -> tuple:
-                    if image_id is None:
-                        raise UserError("click a result first")
-                    out = negatives_outputs(app.negatives_for(image_id, n_, seed_), app.negatives_note)
-                    return (*out, gr.Tabs(selected="negatives"))
-
-                neg_go.click(_safe(4, 1)(do_negatives), [neg_image, n, seed], [views, summary, negs, table],
-                             api_name="negatives", concurrency_id="model")
-                inspect_btn.click(_safe(5, 1)(do_inspect), [picked, n, seed], [views, summary, negs, table, tabs],
-                                  api_name=False, concurrency_id="model")
-            with gr.Tab("Collection", id="collection"):
-                stats = gr.Markdown(elem_id="collection-stats")
-                with gr.Row():
-                    start = app.index.dedup_threshold if ready and app.index is not None else DEDUP_THRESHOLD
-                    threshold = inputs.Slider(0.5, 1.0, value=start, step=0.005, elem_id="dedup-threshold",
-                                          label="near-duplicate threshold (centred cosine)")
-                    similar = gr.Checkbox(False, label="also similar photos (bursts, the same scene)",
-                                          elem_id="dedup-similar")
-                    dup_away = gr.Textbox("", label="leave out folders (comma-separated)", elem_id="dedup-exclude",
-                                          placeholder="e.g. screenshots, 2019/scans")
-                    dedup = gr.Button("Find duplicates", elem_id="dedup-btn", interactive=ready)
-                with gr.Row():
-                    kind = inputs.Dropdown(list(KIND_CHOICES), value="exact and near", label="Show",
-                                       elem_id="dup-kind", scale=1)
-                    prev_btn = gr.Button("◀ Previous", elem_id="dup-prev", scale=0)
-                    where = gr.Markdown(elem_id="dup-where")
-                    next_btn = gr.Button("Next ▶", elem_id="dup-next", scale=0)
-                dups = gr.HTML(elem_id="dup-groups")
-                with gr.Row():
-                    group = inputs.Dropdown([], label="Group", elem_id="dup-group", scale=1)
-                    keeper = inputs.Radio([], label="Keep", elem_id="dup-keeper", scale=2)
-                with gr.Row():
-                    keep_btn = gr.Button("Keep the one chosen", elem_id="dup-keep-btn", interactive=False)
-                    move_btn = gr.Button("Move the others", variant="primary", elem_id="dup-move-btn",
-                                         interactive=False)
-                    not_btn = gr.Button("Not duplicates", elem_id="dup-not-btn", interactive=False)
-                with gr.Row():
-                    bulk_btn = gr.Button("Move the others of every group shown (their keepers stay)",
-                                         elem_id="dup-bulk-btn", interactive=False)
-                    undo_btn = gr.Button("Undo moves", elem_id="dup-undo-btn", interactive=False)
-                dup_message = gr.Markdown(elem_id="dup-message")
-                offset = gr.State(0)
-                review = [dups, where, group, keeper, dup_message, offset, undo_btn, move_btn, not_btn, bulk_btn,
-                          keep_btn]
-
-                def do_collection(threshold_: float | None = None, similar_: bool = False, kind_: str = "",
-                                  away_: str = "", offset_: int = 0) -> tuple:
-                    text, _ = app.collection(threshold_, similar_, away_ or "")
-                    if threshold_ is not None:  # a new search: its kinds shown
-                        kind_ = "all kinds" if similar_ else "exact and near"
-                    elif not kind_:  # a page (re)loaded: the kinds of the saved search, as its counts say
-                        saved = app.duplicates.saved() or {}
-                        kind_ = "all kinds" if "similar" in (saved.get("kinds") or ()) else "exact and near"
-                    return (text, gr.update(value=kind_) if kind_ else gr.skip(),
-                            *review_outputs(app, kind_, 0 if threshold_ is not None else offset_))
-
-                def do_page(kind_: str, offset_: int, step: int) -> tuple:
-                    return review_outputs(app, kind_, max(0, offset_ + step * PAGE_SIZE))
-
-                def do_act(action: str, kind_: str, offset_: int, gid: str | None, photo: str | None) -> tuple:
-                    if action in ("keep", "move", "not") and not gid:
-                        raise UserError("choose a group first")
-                    message, keep_gid = "", gid
-                    if action == "keep":
-                        if not photo:
-                            raise UserError("choose the photo to keep")
-                        app.duplicates.keep(gid, int(photo))
-                        message = f"keeping `{app.duplicates.group(gid)['keep']}` of this group"
-                    elif action == "move":
-                        keepers = {gid: int(photo)} if photo else None
-                        message = outcome_text(app.duplicates.move([gid], keepers=keepers))
-                        keep_gid = None
-                    elif action == "not":
-                        group_ = app.duplicates.not_duplicates(gid)
-                        message = f"group of {group_['size']} photos: not duplicates, never grouped again"
-                        keep_gid = None
-                    elif action == "bulk":
-                        message = outcome_text(app.duplicates.move(kinds=KIND_CHOICES[kind_ or "exact and near"]))
-                    elif action == "undo":
-                        message = outcome_text(app.duplicates.undo())
-                    text, _ = app.collection()
-                    return (text, *review_outputs(app, kind_, offset_, keep_gid, message))
-
-                def do_group(kind_: str, offset_: int, gid: str | None) -> tuple:
-                    return review_outputs(app, kind_, offset_, gid)
-
-                collection_fn = _safe(13, 6)(do_collection)
-                demo.load(lambda: collection_fn() if app.ready else (gr.skip(),) * 13, None,
-                          [stats, kind, *review], api_name="collection")
-                dedup.click(collection_fn, [threshold, similar, kind, dup_away], [stats, kind, *review],
-                            api_name="dedup",
-                            concurrency_id="dedup")
-                kind.input(_safe(11, 4)(lambda k_: review_outputs(app, k_, 0)), [kind], review, api_name=False)
-                prev_btn.click(_safe(11, 4)(lambda k_, o_: do_page(k_, o_, -1)), [kind, offset], review,
-                               api_name=False)
-                next_btn.click(_safe(11, 4)(lambda k_, o_: do_page(k_, o_, 1)), [kind, offset], review,
-                               api_name=False)
-                group.input(_safe(11, 4)(do_group), [kind, offset, group], review, api_name=False)
-
-                def do_keeper(gid: str | None, photo: str | None) -> Any:  # Keep: a photo other than the keeper
-                    current = app.duplicates.group(gid)["keep_id"] if gid else None
-                    return gr.Button(interactive=photo is not None and current is not None and int(photo) != current)
-
-                keeper.input(_safe(2, 1)(lambda g, p: (do_keeper(g, p), gr.skip())), [group, keeper],
-                             [keep_btn, dup_message], api_name=False, queue=False)
-                acting = [kind, offset, group, keeper]
-                for button, action in ((keep_btn, "keep"), (move_btn, "move"), (not_btn, "not"), (bulk_btn, "bulk"),
-                                       (undo_btn, "undo")):
-                    button.click(_safe(12, 5)(functools.partial(do_act, action)), acting, [stats, *review],
-                                 api_name=False, concurrency_id="dedup")
-            with gr.Tab("Status", id="status"):
-                status_md = gr.Markdown(elem_id="status-info")
-                loss_plot = gr.LinePlot(x="step", y="value", title="training loss", height=260, elem_id="loss-plot",
-                                        visible=False)
-                knn_plot = gr.LinePlot(x="step", y="value", title="kNN top-1 (val set)", height=220,
-                                       elem_id="knn-plot", visible=False)
-        was_ready = gr.State(ready)
-        timer = gr.Timer(STATUS_EVERY_S)
-        status_outs = [status_md, loss_plot, knn_plot, title, neg_go, dedup, folder, stats, dups, threshold, info,
-                       was_ready]
-        buttons_seen = gr.State(ready)  # the Search tab's buttons were set with the index ready (at build: so they are)
-
-        def buttons_once(seen: bool, *search_state: Any) -> tuple:  # once the index is ready (a timer's tick)
-            if seen or not app.ready:
-                return (gr.skip(),) * 3 + (seen,)
-            return (*do_buttons(*search_state), True)
-
-        once = ([buttons_seen, *buttons[0]], [*buttons[1], buttons_seen])
-        timer.tick(lambda r: status_outputs(app, r), [was_ready], status_outs, api_name=False,
-                   show_progress="hidden", queue=False).then(buttons_once, *once, api_name=False, queue=False,
-                                                             show_progress="hidden")
-
-        to_search = gr.Checkbox(False, visible=False)  # this page's load turned search on (TO_SEARCH reads it)
-        demo.load(lambda r: (*status_outputs(app, r), app.ready and not r), [was_ready], [*status_outs, to_search],
-                  api_name="status", queue=False).then(
-            buttons_once, *once, api_name=False, queue=False, show_progress="hidden").then(
-            None, [to_search], None, js=TO_SEARCH)  # a page opened once search is on shows the Search tab
+            page = SimpleNamespace(ready=ready, tabs=tabs, title=title)  # what one tab hands to the others
+            search_tab(app, service, page)
+            map_tab(app, page)
+            themes_tab(page)
+            browse_tab(app, page)
+            unusual_tab(app, page)
+            negatives_tab(app, page)
+            collection_tab(app, demo, page)
+            status_tab(page)
+        _refresh(app, demo, page)
     return demo
+
+
+def search_tab(app: SearchApp, service: Any, page: SimpleNamespace) -> None:
+    """The Search tab: the query, the filters, the results, More, the exports, "more like these", the details panel;
+    and the opening of a photo picked on another tab (``page.open_photo``, ``page.wire_gallery``)."""
+    import gradio as gr
+
+    from app.page import inputs
+
+    ready, tabs = page.ready, page.tabs
+    sources = ["upload", "clipboard", "webcam"]
+    with gr.Tab("Search", id="search"):
+        with gr.Row():
+            with gr.Column(scale=1, min_width=280):
+                query = QueryImage(sources=sources, label="Query photo", elem_id="query")
+                k = inputs.Slider(1, 100, value=12, step=1, label="k (results)", elem_id="k")
+                folder = inputs.Dropdown(app.folder_choices(), value="", allow_custom_value=True,
+                                     label="Folder", elem_id="folder")
+                folder_mode = inputs.Radio(list(FOLDER_MODES), value=FOLDER_MODES[0], show_label=False,
+                                       elem_id="folder-mode")
+                with gr.Row():
+                    taken_from = gr.Textbox("", label="Taken from", placeholder="YYYY-MM-DD", max_lines=1,
+                                            elem_id="taken-from")
+                    taken_to = gr.Textbox("", label="Taken to", placeholder="YYYY-MM-DD", max_lines=1,
+                                          elem_id="taken-to")
+                go = gr.Button("Search", variant="primary", elem_id="search-btn", interactive=False)
+            with gr.Column(scale=3, min_width=300):
+                error = gr.Markdown(elem_id="search-error")  # what went wrong, apart from the results
+                info = gr.Markdown(READY_HINT if ready else PENDING_HINT, elem_id="search-info")
+                gallery = inputs.Gallery(label="Nearest neighbours (click one to search with it)", columns=6,
+                                     height="auto", allow_preview=False, elem_id="results",
+                                     elem_classes=["results"])
+                with gr.Row():
+                    more = gr.Button("More results", elem_id="more-btn", interactive=False)
+                    csv_btn = gr.DownloadButton("Export CSV", elem_id="export-csv", interactive=False)
+                    json_btn = gr.DownloadButton("Export JSON", elem_id="export-json", interactive=False)
+                with gr.Accordion("More like these, less like those", open=True, elem_id="multi"):
+                    more_like = inputs.CheckboxGroup([], label="More like these (tick results)",
+                                                 elem_id="more-like")
+                    less_like = inputs.CheckboxGroup([], label="Less like these", elem_id="less-like")
+                    with gr.Row():
+                        add_photos = inputs.File(file_count="multiple", file_types=["image"], height=120,
+                                             label="More photos to search with", elem_id="add-photos")
+                        avoid_photos = inputs.File(file_count="multiple", file_types=["image"], height=120,
+                                               label="Photos to be less like", elem_id="avoid-photos")
+                    again = gr.Button("Search again with these", elem_id="again-btn", interactive=False)
+                with gr.Column(visible=False, elem_id="details") as details:
+                    gr.Markdown("### Selected photo")
+                    with gr.Row():
+                        preview = gr.Image(label="Preview", height=320, interactive=False,
+                                           elem_id="detail-preview", buttons=[])
+                        with gr.Column():
+                            detail_md = gr.Markdown(elem_id="detail-info")
+                            path_box = gr.Textbox(label="Full path", interactive=False, buttons=["copy"],
+                                                  max_lines=1, elem_id="detail-path")  # one line: whole names
+                            with gr.Row():
+                                open_btn = gr.Button("Open original", elem_id="open-original")
+                                inspect_btn = gr.Button("Inspect negatives", elem_id="inspect-btn")
+                            original = inputs.File(label="Original", visible=False, elem_id="original-file")
+        state = gr.State(None)
+        picked = gr.State(None)  # the id of the photo in the details panel
+        has_image = gr.State(False)  # a query photo is given (Search can act)
+
+        def export_buttons(st: Results | None) -> tuple:  # on only with results to export
+            files = app.export(st) if st and st.ids else (None, None)
+            return tuple(gr.update(value=f, interactive=f is not None) for f in files)  # no new components
+
+        def filters(folder_: str, mode_: str | None, from_: str | None, to_: str | None) -> dict[str, Any]:
+            only, away = folder_filter(folder_, mode_)
+            return {"folder": only, "exclude_folders": away, "taken_from": from_, "taken_to": to_}
+
+        # the filters have defaults: Gradio's own API clients that send (image, k, folder) still search
+        def do_search(image: Any, k_: int, folder_: str, mode_: str | None = None, from_: str | None = None,
+                      to_: str | None = None, request: gr.Request = None) -> tuple:
+            gal, *out = app.search(image, k_, **filters(folder_, mode_, from_, to_))
+            return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
+
+        async def do_batched_search(image: Any, k_: int, folder_: str, mode_: str | None = None,
+                                    from_: str | None = None, to_: str | None = None,
+                                    request: gr.Request = None) -> tuple:
+            gal, *out = await app.search_with(service, image, k_, **filters(folder_, mode_, from_, to_))
+            buttons = await asyncio.to_thread(export_buttons, out[1])  # file writes: off the event loop
+            return (_file_urls(gal, request), *out, *buttons, "")
+
+        def do_rerun(st: Results | None, k_: int, folder_: str, mode_: str, from_: str, to_: str,
+                     request: gr.Request) -> tuple:
+            if not st:
+                return (gr.skip(),) * 6
+            gal, *out = app.rerun(st, k_, **filters(folder_, mode_, from_, to_))
+            return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
+
+        def do_more(st: Results | None, request: gr.Request) -> tuple:
+            gal, *out = app.more(st)
+            return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
+
+        def do_select(st: Results | None, evt: gr.SelectData, request: gr.Request) -> tuple:
+            out = app.select(st, evt.index)
+            d = app.details(out[2].source["id"])
+            return (gr.Gallery(value=_file_urls(out[0], request), selected_index=None), out[1], out[2],
+                    *export_buttons(out[2]), "",
+                    d["thumb"], gr.Column(visible=True), d["preview"], d["markdown"], d["full_path"], d["id"],
+                    gr.File(value=None, visible=False))
+
+        def do_again(st: Results | None, more_: list[int] | None, less_: list[int] | None, add_: Any,
+                     avoid_: Any, k_: int, folder_: str, mode_: str, from_: str, to_: str,
+                     request: gr.Request) -> tuple:
+            gal, *out = app.search_again(st, more_ or [], less_ or [], _paths(add_), _paths(avoid_), k_,
+                                         **filters(folder_, mode_, from_, to_))
+            return (_file_urls(gal, request), *out, *export_buttons(out[1]), "")
+
+        def do_ticks(st: Results | None, more_: list[int] | None, less_: list[int] | None) -> tuple:
+            choices = app.tick_choices(st)  # the results shown; a tick stays while its photo is shown
+            shown = {i for _, i in choices}
+            return (gr.CheckboxGroup(choices=choices, value=[i for i in more_ or [] if i in shown]),
+                    gr.CheckboxGroup(choices=choices, value=[i for i in less_ or [] if i in shown]), gr.skip())
+
+        for fn in (do_search, do_batched_search, do_rerun, do_more, do_select, do_again):  # resolvable without
+            fn.__annotations__["request"] = gr.Request  # `from __future__` strings
+        do_select.__annotations__["evt"] = gr.SelectData
+        # an error goes to `error`: the results shown stay, and so does their heading (`info`)
+        results = [gallery, info, state, csv_btn, json_btn, error]
+        search_inputs = [k, folder, folder_mode, taken_from, taken_to]
+        def do_buttons(st: Results | None, image: bool, more_: list[int] | None, less_: list[int] | None,
+                       add_: Any, avoid_: Any) -> tuple:  # each of them on exactly when it can act
+            on = app.search_buttons(st, True if image else None, more_ or [], less_ or [], _paths(add_),
+                                    _paths(avoid_))
+            return tuple(gr.Button(interactive=x) for x in on)
+
+        buttons = ([state, has_image, more_like, less_like, add_photos, avoid_photos], [go, more, again])
+        query.change(lambda img: img is not None, [query], [has_image], api_name=False, queue=False,
+                     show_progress="hidden").then(do_buttons, *buttons, api_name=False, queue=False,
+                                                  show_progress="hidden")
+        for source in (more_like, less_like, add_photos, avoid_photos):
+            source.change(do_buttons, *buttons, api_name=False, queue=False, show_progress="hidden")
+
+        def do_ticks_then_buttons(st: Results | None, more_: list[int] | None, less_: list[int] | None,
+                                  image: bool, add_: Any, avoid_: Any) -> tuple:
+            ticked = do_ticks(st, more_, less_)
+            shown = {c for _, c in app.tick_choices(st)}
+            ticks_now = [[i for i in x or [] if i in shown] for x in (more_, less_)]
+            return (*ticked, *do_buttons(st, image, *ticks_now, add_, avoid_))
+
+        # after every search: the results shown, to tick, and the buttons that can act on them
+        ticks = _safe(6, 2)(do_ticks_then_buttons)
+        tick_io = ([state, more_like, less_like, has_image, add_photos, avoid_photos],
+                   [more_like, less_like, error, go, more, again])
+        if service is None:
+            go.click(_safe(6, 5)(do_search), [query, *search_inputs], results, api_name="search",
+                     concurrency_id="model").then(ticks, *tick_io, api_name=False)
+        else:  # searches run together (the batcher holds the model); more wait in Gradio's queue
+            go.click(_safe(6, 5)(do_batched_search), [query, *search_inputs], results, api_name="search",
+                     concurrency_id="search", concurrency_limit=service.batcher.max_batch).then(
+                ticks, *tick_io, api_name=False)
+        for changed in (k.release, folder.input, folder_mode.input, taken_from.submit, taken_to.submit):
+            changed(_safe(6, 5)(do_rerun), [state, *search_inputs], results, api_name=False,
+                    concurrency_id="model").then(ticks, *tick_io, api_name=False)
+        more.click(_safe(6, 5)(do_more), [state], results, api_name="more", concurrency_id="model").then(
+            ticks, *tick_io, api_name=False)
+        again.click(_safe(6, 5)(do_again), [state, more_like, less_like, add_photos, avoid_photos,
+                                            *search_inputs], results, api_name="search_again",
+                    concurrency_id="model").then(ticks, *tick_io, api_name=False)
+        gallery.select(_safe(13, 5)(do_select), [state],
+                       [*results, query, details, preview, detail_md, path_box, picked, original],
+                       api_name=False, concurrency_id="model").then(
+            None, None, None, js=SHOW_DETAILS).then(
+            ticks, *tick_io, api_name=False)
+
+        def do_open(image_id: int | None) -> Any:
+            if image_id is None:
+                raise UserError("click a result first")
+            return gr.File(value=app.original(image_id), visible=True)
+
+        open_btn.click(_safe(2, 1)(lambda i: (do_open(i), gr.skip())), [picked], [original, detail_md],
+                       api_name=False).then(
+            None, [original], None, js="(f) => { if (f && f.url) window.open(f.url, '_blank'); }")
+    # ------------------------------------------------- the whole collection: Map, Themes, Browse, Unusual
+    # A photo picked on one of them is searched with and shown in the Search tab, as a clicked result is.
+    opened = [*results, query, details, preview, detail_md, path_box, picked, original, tabs]
+
+    def open_photo(image_id: int, k_: int, folder_: str, mode_: str | None, from_: str | None,
+                   to_: str | None, request: gr.Request) -> tuple:  # opened + the tab's message ("")
+        gal, text, st = app.search_id(int(image_id), k_, **filters(folder_, mode_, from_, to_))
+        d = app.details(int(image_id))
+        return (_file_urls(gal, request), text, st, *export_buttons(st), "", d["thumb"],
+                gr.Column(visible=True), d["preview"], d["markdown"], d["full_path"], d["id"],
+                gr.File(value=None, visible=False), gr.Tabs(selected="search"), "")
+
+    def open_shown(ids: list[int] | None, k_: int, folder_: str, mode_: str | None, from_: str | None,
+                   to_: str | None, evt: gr.SelectData, request: gr.Request) -> tuple:
+        if not ids or not 0 <= int(evt.index) < len(ids):
+            raise UserError("that photo is no longer shown: load the page again")
+        return open_photo(ids[int(evt.index)], k_, folder_, mode_, from_, to_, request)
+
+    for fn in (open_photo, open_shown):
+        fn.__annotations__["request"] = gr.Request
+    open_shown.__annotations__["evt"] = gr.SelectData
+    n_open = len(opened) + 1
+
+    def wire_gallery(shown: Any, ids: Any, message: Any) -> None:  # a click on a photo searches with it
+        shown.select(_safe(n_open, n_open - 1)(open_shown), [ids, *search_inputs], [*opened, message],
+                     api_name=False, concurrency_id="model").then(
+            None, None, None, js=SHOW_DETAILS)
+
+    page.__dict__.update(query=query, k=k, folder=folder, info=info, picked=picked, inspect_btn=inspect_btn,
+                         results=results, search_inputs=search_inputs, buttons=buttons, do_buttons=do_buttons,
+                         filters=filters, export_buttons=export_buttons, opened=opened, n_open=n_open,
+                         open_shown=open_shown, open_photo=open_photo, wire_gallery=wire_gallery, sources=sources)
+
+
+def map_tab(app: SearchApp, page: SimpleNamespace) -> None:
+    """The Map tab: every photo a point; a click searches with it, a box or a lasso shows the photos inside."""
+    import gradio as gr
+    from gradio_client.utils import encode_file_path
+
+    from app.page import inputs
+
+    search_inputs, opened, n_open, open_photo = page.search_inputs, page.opened, page.n_open, page.open_photo
+    wire_gallery = page.wire_gallery
+    with gr.Tab("Map", id="map") as tab:
+        map_info = gr.Markdown(elem_id="map-info")
+        cmap = map_component(elem_id="collection-map")
+        map_message = gr.Markdown(elem_id="map-message")  # what went wrong, apart from the selection
+        chosen_info = gr.Markdown(elem_id="map-selection-info")
+        chosen = inputs.Gallery(label="Selected photos (click one to search with it)", columns=6, height="auto",
+                            allow_preview=False, elem_id="map-selection", elem_classes=["results"])
+        chosen_ids = gr.State([])
+        map_shown = gr.State("")  # the map's version this page holds: not sent again while it is current
+
+    def do_map(shown: str) -> tuple:
+        index = app.ready_index()
+        thumbs = f"gradio_api/file={encode_file_path(str(index.dir / THUMBS_DIR))}/"
+        payload = app.overview.map(thumbs)
+        if payload["version"] == shown:
+            return gr.skip(), gr.skip(), shown
+        return payload, app.overview.map_text(), payload["version"]
+
+    def do_pick(k_: int, folder_: str, mode_: str | None, from_: str | None, to_: str | None,
+                evt: gr.EventData, request: gr.Request) -> tuple:
+        data = evt._data if isinstance(getattr(evt, "_data", None), dict) else {}
+        if not isinstance(data.get("id"), int):
+            raise UserError("click a point of the map")
+        return open_photo(data["id"], k_, folder_, mode_, from_, to_, request)
+
+    def do_region(evt: gr.EventData, request: gr.Request) -> tuple:
+        data = evt._data if isinstance(getattr(evt, "_data", None), dict) else {}
+        ids, total = app.overview.region(str(data.get("shape")), data.get("points") or [],
+                                         version=str(data.get("version")))
+        text = (f"**{total} photos selected**" + (f" (the first {len(ids)} shown)" if total > len(ids) else "")
+                if total else "**No photos in the selection**: draw around some points.")
+        return _file_urls(app.overview.gallery(ids), request), ids, text, ""
+
+    for fn in (do_pick, do_region):
+        fn.__annotations__["request"] = gr.Request
+    do_pick.__annotations__["evt"] = gr.EventData
+    do_region.__annotations__["evt"] = gr.EventData
+    tab.select(_safe(3, 1)(do_map), [map_shown], [cmap, map_info, map_shown], api_name=False,
+               concurrency_id="overview")
+    cmap.pick(_safe(n_open, n_open - 1)(do_pick), search_inputs, [*opened, map_message], api_name=False,
+              concurrency_id="model")
+    cmap.region(_safe(4, 3)(do_region), None, [chosen, chosen_ids, chosen_info, map_message], api_name=False,
+                concurrency_id="overview")
+    wire_gallery(chosen, chosen_ids, map_message)
+
+
+def themes_tab(page: SimpleNamespace) -> None:
+    """The Themes tab: the collection's themes as cards; its events are :func:`browse_tab`'s, whose grid a card
+    opens."""
+    import gradio as gr
+
+    with gr.Tab("Themes", id="themes") as tab:
+        themes_message = gr.Markdown(elem_id="themes-message")
+        theme_cards = gr.HTML(elem_id="theme-cards", js_on_load=THEME_CARDS_JS, css_template=THEME_CARDS_CSS)
+    page.__dict__.update(themes=tab, themes_message=themes_message, theme_cards=theme_cards)
+
+
+def browse_tab(app: SearchApp, page: SimpleNamespace) -> None:
+    """The Browse tab: a page of the collection's grid by folder, theme and order; and the Themes tab's events (a
+    card opens its theme here)."""
+    import gradio as gr
+
+    from app.page import inputs
+
+    themes, themes_message, theme_cards = page.themes, page.themes_message, page.theme_cards
+    tabs, wire_gallery = page.tabs, page.wire_gallery
+    with gr.Tab("Browse", id="browse") as tab:
+        with gr.Row():
+            browse_folder = inputs.Dropdown(app.folder_choices(), value="", label="Folder",
+                                            elem_id="browse-folder")
+            browse_theme = inputs.Dropdown([("All themes", -1)], value=-1, label="Theme",
+                                           elem_id="browse-theme")
+            browse_sort = inputs.Radio(list(SORTS), value=next(iter(SORTS)), label="Sort by",
+                                   elem_id="browse-sort")
+        with gr.Row():
+            browse_prev = gr.Button("◀ Previous", elem_id="browse-prev", scale=0)
+            browse_where = gr.Markdown(elem_id="browse-where")
+            browse_next = gr.Button("Next ▶", elem_id="browse-next", scale=0)
+        browse_message = gr.Markdown(elem_id="browse-message")
+        browse_grid = inputs.Gallery(label="Photos (click one to search with it)", columns=6, height="auto",
+                                 allow_preview=False, elem_id="browse-grid", elem_classes=["results"])
+        browse_ids, browse_offset = gr.State([]), gr.State(0)
+    def theme_choices(choices: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        return [("All themes", -1), *choices]
+
+    def do_themes() -> tuple:
+        cards, choices = app.overview.themes()
+        return cards, gr.update(choices=theme_choices(choices)), ""
+
+    themes.select(_safe(3, 2)(do_themes), None, [theme_cards, browse_theme, themes_message],
+                  api_name=False, concurrency_id="overview")
+    browse_view = [browse_grid, browse_ids, browse_where, browse_offset, browse_message]
+
+    def do_browse(folder_: str, theme_: int | None, sort_: str, offset_: int, request: gr.Request) -> tuple:
+        theme_ = None if theme_ is None or int(theme_) < 0 else int(theme_)
+        gal, ids, where, offset_ = app.overview.browse(app.folder_on_disk(folder_), theme_,
+                                                       SORTS.get(sort_, "name"), offset_)
+        return _file_urls(gal, request), ids, where, offset_, ""
+
+    def do_theme_card(evt: gr.EventData, request: gr.Request) -> tuple:
+        data = evt._data if isinstance(getattr(evt, "_data", None), dict) else {}
+        if not isinstance(data.get("id"), int):
+            raise UserError("click a theme")
+        _, choices = app.overview.themes()
+        return (*do_browse("", data["id"], next(iter(SORTS)), 0, request),
+                gr.update(choices=theme_choices(choices), value=data["id"]), gr.update(value=""),
+                gr.Tabs(selected="browse"), "")
+
+    def browse_step(step: int) -> Callable:  # the Previous / Next buttons
+        def show(f_: str, t_: int | None, s_: str, o_: int, request: gr.Request) -> tuple:
+            return do_browse(f_, t_, s_, max(0, int(o_ or 0) + step), request)
+
+        show.__annotations__["request"] = gr.Request
+        return show
+
+    def browse_first(f_: str, t_: int | None, s_: str, request: gr.Request) -> tuple:  # a filter changed
+        return do_browse(f_, t_, s_, 0, request)
+
+    for fn in (do_browse, do_theme_card, browse_first):
+        fn.__annotations__["request"] = gr.Request
+    do_theme_card.__annotations__["evt"] = gr.EventData
+    browse_filters = [browse_folder, browse_theme, browse_sort]
+    theme_cards.theme(_safe(9, 8)(do_theme_card), None,
+                      [*browse_view, browse_theme, browse_folder, tabs, themes_message], api_name=False,
+                      concurrency_id="overview")
+    def browse_opened(f_: str, t_: int | None, s_: str, o_: int, request: gr.Request) -> tuple:
+        _, choices = app.overview.themes()  # the theme filter's choices, also before the Themes tab
+        return (*do_browse(f_, t_, s_, o_, request), gr.update(choices=theme_choices(choices)))
+
+    browse_opened.__annotations__["request"] = gr.Request
+    tab.select(_safe(6, 4)(browse_opened), [*browse_filters, browse_offset],
+               [*browse_view, browse_theme], api_name=False, concurrency_id="overview")
+    for changed in (browse_folder.input, browse_theme.input, browse_sort.input):
+        changed(_safe(5, 4)(browse_first), browse_filters, browse_view, api_name=False,
+                concurrency_id="overview")
+    for button, step in ((browse_prev, -PAGE), (browse_next, PAGE)):
+        button.click(_safe(5, 4)(browse_step(step)), [*browse_filters, browse_offset], browse_view,
+                     api_name=False, concurrency_id="overview")
+    wire_gallery(browse_grid, browse_ids, browse_message)
+
+
+def unusual_tab(app: SearchApp, page: SimpleNamespace) -> None:
+    """The Unusual tab: the photos least like any other, a page at a time."""
+    import gradio as gr
+
+    from app.page import inputs
+
+    wire_gallery = page.wire_gallery
+    with gr.Tab("Unusual", id="unusual") as tab:
+        with gr.Row():
+            unusual_prev = gr.Button("◀ Previous", elem_id="unusual-prev", scale=0)
+            unusual_where = gr.Markdown(elem_id="unusual-where")
+            unusual_next = gr.Button("Next ▶", elem_id="unusual-next", scale=0)
+        unusual_message = gr.Markdown(elem_id="unusual-message")
+        unusual_grid = inputs.Gallery(label="The photos least like any other (click one to search with it)",
+                                  columns=6, height="auto", allow_preview=False, elem_id="unusual-grid",
+                                  elem_classes=["results"])
+        unusual_ids, unusual_offset = gr.State([]), gr.State(0)
+    unusual_view = [unusual_grid, unusual_ids, unusual_where, unusual_offset, unusual_message]
+
+    def unusual_step(step: int) -> Callable:  # the tab opened (0), Previous, Next
+        def show(o_: int, request: gr.Request) -> tuple:
+            gal, ids, where, shown = app.overview.unusual(max(0, int(o_ or 0) + step))
+            return _file_urls(gal, request), ids, where, shown, ""
+
+        show.__annotations__["request"] = gr.Request
+        return show
+
+    tab.select(_safe(5, 4)(unusual_step(0)), [unusual_offset], unusual_view, api_name=False,
+               concurrency_id="overview")
+    for button, step in ((unusual_prev, -PAGE), (unusual_next, PAGE)):
+        button.click(_safe(5, 4)(unusual_step(step)), [unusual_offset], unusual_view, api_name=False,
+                     concurrency_id="overview")
+    wire_gallery(unusual_grid, unusual_ids, unusual_message)
+
+
+def negatives_tab(app: SearchApp, page: SimpleNamespace) -> None:
+    """The Negatives tab: the InfoNCE view of an upload, or of the photo in the Search tab's details panel."""
+    import gradio as gr
+
+    from app.page import inputs
+
+    ready, sources, tabs, picked, inspect_btn = page.ready, page.sources, page.tabs, page.picked, page.inspect_btn
+    with gr.Tab("Negatives", id="negatives"):
+        gr.Markdown("The InfoNCE view: the two training views of a photo, and the negatives closest to its "
+                    "query embedding, with their logits and share of the softmax over [positive + negatives]. "
+                    "⚠ marks a likely false negative, with its evidence.")
+        with gr.Row():
+            with gr.Column(scale=1, min_width=280):
+                neg_image = QueryImage(sources=sources, label="Photo", elem_id="neg-query")
+                n = inputs.Slider(1, 64, value=12, step=1, label="closest negatives to show")
+                seed = inputs.Number(0, precision=0, label="augmentation seed")
+                neg_go = gr.Button("Inspect negatives", variant="primary", elem_id="neg-btn", interactive=ready)
+            with gr.Column(scale=3, min_width=300):
+                summary = gr.Markdown(elem_id="neg-summary")
+                views = inputs.Gallery(label="query view · positive key view", columns=2, height="auto",
+                                   allow_preview=False, elem_id="views", object_fit="contain")
+                negs = inputs.Gallery(label="closest negatives", columns=6, height="auto", allow_preview=False,
+                                  elem_id="negatives", elem_classes=["results"])
+                table = gr.Dataframe(headers=["rank", "photo", "cosine", "logit (cos/T)", "softmax share",
+                                              "likely false negative (evidence)"],
+                                     interactive=False, wrap=True, elem_id="negatives-table", max_height=4000,
+                                     column_widths=["10%", "25%", "13%", "14%", "16%", "22%"])
+
+        def do_negatives(image: Any, n_: int, seed_: int) -> tuple:
+            views_, text, gal, rows = negatives_outputs(app.negatives(image, n_, seed_), app.negatives_note)
+            return views_, text, gal, rows
+
+        def do_inspect(image_id: int | None, n_: int, seed_: int) -> tuple:
+            if image_id is None:
+                raise UserError("click a result first")
+            out = negatives_outputs(app.negatives_for(image_id, n_, seed_), app.negatives_note)
+            return (*out, gr.Tabs(selected="negatives"))
+
+        neg_go.click(_safe(4, 1)(do_negatives), [neg_image, n, seed], [views, summary, negs, table],
+                     api_name="negatives", concurrency_id="model")
+        inspect_btn.click(_safe(5, 1)(do_inspect), [picked, n, seed], [views, summary, negs, table, tabs],
+                          api_name=False, concurrency_id="model")
+    page.neg_go = neg_go
+
+
+def collection_tab(app: SearchApp, demo: Any, page: SimpleNamespace) -> None:
+    """The Collection tab: the index's figures and the review of groups of duplicates, a page at a time."""
+    import gradio as gr
+
+    from app.page import inputs
+
+    ready = page.ready
+    with gr.Tab("Collection", id="collection"):
+        stats = gr.Markdown(elem_id="collection-stats")
+        with gr.Row():
+            start = app.index.dedup_threshold if ready and app.index is not None else DEDUP_THRESHOLD
+            threshold = inputs.Slider(0.5, 1.0, value=start, step=0.005, elem_id="dedup-threshold",
+                                  label="near-duplicate threshold (centred cosine)")
+            similar = gr.Checkbox(False, label="also similar photos (bursts, the same scene)",
+                                  elem_id="dedup-similar")
+            dup_away = gr.Textbox("", label="leave out folders (comma-separated)", elem_id="dedup-exclude",
+                                  placeholder="e.g. screenshots, 2019/scans")
+            dedup = gr.Button("Find duplicates", elem_id="dedup-btn", interactive=ready)
+        with gr.Row():
+            kind = inputs.Dropdown(list(KIND_CHOICES), value="exact and near", label="Show",
+                               elem_id="dup-kind", scale=1)
+            prev_btn = gr.Button("◀ Previous", elem_id="dup-prev", scale=0)
+            where = gr.Markdown(elem_id="dup-where")
+            next_btn = gr.Button("Next ▶", elem_id="dup-next", scale=0)
+        dups = gr.HTML(elem_id="dup-groups")
+        with gr.Row():
+            group = inputs.Dropdown([], label="Group", elem_id="dup-group", scale=1)
+            keeper = inputs.Radio([], label="Keep", elem_id="dup-keeper", scale=2)
+        with gr.Row():
+            keep_btn = gr.Button("Keep the one chosen", elem_id="dup-keep-btn", interactive=False)
+            move_btn = gr.Button("Move the others", variant="primary", elem_id="dup-move-btn",
+                                 interactive=False)
+            not_btn = gr.Button("Not duplicates", elem_id="dup-not-btn", interactive=False)
+        with gr.Row():
+            bulk_btn = gr.Button("Move the others of every group shown (their keepers stay)",
+                                 elem_id="dup-bulk-btn", interactive=False)
+            undo_btn = gr.Button("Undo moves", elem_id="dup-undo-btn", interactive=False)
+        dup_message = gr.Markdown(elem_id="dup-message")
+        offset = gr.State(0)
+        review = [dups, where, group, keeper, dup_message, offset, undo_btn, move_btn, not_btn, bulk_btn,
+                  keep_btn]
+
+        def do_collection(threshold_: float | None = None, similar_: bool = False, kind_: str = "",
+                          away_: str = "", offset_: int = 0) -> tuple:
+            text, _ = app.collection(threshold_, similar_, away_ or "")
+            if threshold_ is not None:  # a new search: its kinds shown
+                kind_ = "all kinds" if similar_ else "exact and near"
+            elif not kind_:  # a page (re)loaded: the kinds of the saved search, as its counts say
+                saved = app.duplicates.saved() or {}
+                kind_ = "all kinds" if "similar" in (saved.get("kinds") or ()) else "exact and near"
+            return (text, gr.update(value=kind_) if kind_ else gr.skip(),
+                    *review_outputs(app, kind_, 0 if threshold_ is not None else offset_))
+
+        def do_page(kind_: str, offset_: int, step: int) -> tuple:
+            return review_outputs(app, kind_, max(0, offset_ + step * PAGE_SIZE))
+
+        def do_act(action: str, kind_: str, offset_: int, gid: str | None, photo: str | None) -> tuple:
+            if action in ("keep", "move", "not") and not gid:
+                raise UserError("choose a group first")
+            message, keep_gid = "", gid
+            if action == "keep":
+                if not photo:
+                    raise UserError("choose the photo to keep")
+                app.duplicates.keep(gid, int(photo))
+                message = f"keeping `{app.duplicates.group(gid)['keep']}` of this group"
+            elif action == "move":
+                keepers = {gid: int(photo)} if photo else None
+                message = outcome_text(app.duplicates.move([gid], keepers=keepers))
+                keep_gid = None
+            elif action == "not":
+                group_ = app.duplicates.not_duplicates(gid)
+                message = f"group of {group_['size']} photos: not duplicates, never grouped again"
+                keep_gid = None
+            elif action == "bulk":
+                message = outcome_text(app.duplicates.move(kinds=KIND_CHOICES[kind_ or "exact and near"]))
+            elif action == "undo":
+                message = outcome_text(app.duplicates.undo())
+            text, _ = app.collection()
+            return (text, *review_outputs(app, kind_, offset_, keep_gid, message))
+
+        def do_group(kind_: str, offset_: int, gid: str | None) -> tuple:
+            return review_outputs(app, kind_, offset_, gid)
+
+        collection_fn = _safe(13, 6)(do_collection)
+        demo.load(lambda: collection_fn() if app.ready else (gr.skip(),) * 13, None,
+                  [stats, kind, *review], api_name="collection")
+        dedup.click(collection_fn, [threshold, similar, kind, dup_away], [stats, kind, *review],
+                    api_name="dedup",
+                    concurrency_id="dedup")
+        kind.input(_safe(11, 4)(lambda k_: review_outputs(app, k_, 0)), [kind], review, api_name=False)
+        prev_btn.click(_safe(11, 4)(lambda k_, o_: do_page(k_, o_, -1)), [kind, offset], review,
+                       api_name=False)
+        next_btn.click(_safe(11, 4)(lambda k_, o_: do_page(k_, o_, 1)), [kind, offset], review,
+                       api_name=False)
+        group.input(_safe(11, 4)(do_group), [kind, offset, group], review, api_name=False)
+
+        def do_keeper(gid: str | None, photo: str | None) -> Any:  # Keep: a photo other than the keeper
+            current = app.duplicates.group(gid)["keep_id"] if gid else None
+            return gr.Button(interactive=photo is not None and current is not None and int(photo) != current)
+
+        keeper.input(_safe(2, 1)(lambda g, p: (do_keeper(g, p), gr.skip())), [group, keeper],
+                     [keep_btn, dup_message], api_name=False, queue=False)
+        acting = [kind, offset, group, keeper]
+        for button, action in ((keep_btn, "keep"), (move_btn, "move"), (not_btn, "not"), (bulk_btn, "bulk"),
+                               (undo_btn, "undo")):
+            button.click(_safe(12, 5)(functools.partial(do_act, action)), acting, [stats, *review],
+                         api_name=False, concurrency_id="dedup")
+    page.__dict__.update(stats=stats, dups=dups, threshold=threshold, dedup=dedup)
+
+
+def status_tab(page: SimpleNamespace) -> None:
+    """The Status tab: what ``moco run`` is doing, its loss and kNN curves (refreshed by the page: :func:`_refresh`)."""
+    import gradio as gr
+
+    with gr.Tab("Status", id="status"):
+        status_md = gr.Markdown(elem_id="status-info")
+        loss_plot = gr.LinePlot(x="step", y="value", title="training loss", height=260, elem_id="loss-plot",
+                                visible=False)
+        knn_plot = gr.LinePlot(x="step", y="value", title="kNN top-1 (val set)", height=220,
+                               elem_id="knn-plot", visible=False)
+    page.__dict__.update(status_md=status_md, loss_plot=loss_plot, knn_plot=knn_plot)
+
+
+def _refresh(app: SearchApp, demo: Any, page: SimpleNamespace) -> None:
+    """The page's refresh, every STATUS_EVERY_S and at each load: the Status tab, and search turned on in every tab
+    once the index is ready."""
+    import gradio as gr
+
+    ready, buttons, do_buttons = page.ready, page.buttons, page.do_buttons
+    status_md, loss_plot, knn_plot, title = page.status_md, page.loss_plot, page.knn_plot, page.title
+    neg_go, dedup, folder, info = page.neg_go, page.dedup, page.folder, page.info
+    stats, dups, threshold = page.stats, page.dups, page.threshold
+    was_ready = gr.State(ready)
+    timer = gr.Timer(STATUS_EVERY_S)
+    status_outs = [status_md, loss_plot, knn_plot, title, neg_go, dedup, folder, stats, dups, threshold, info,
+                   was_ready]
+    buttons_seen = gr.State(ready)  # the Search tab's buttons were set with the index ready (at build: so they are)
+
+    def buttons_once(seen: bool, *search_state: Any) -> tuple:  # once the index is ready (a timer's tick)
+        if seen or not app.ready:
+            return (gr.skip(),) * 3 + (seen,)
+        return (*do_buttons(*search_state), True)
+
+    once = ([buttons_seen, *buttons[0]], [*buttons[1], buttons_seen])
+    timer.tick(lambda r: status_outputs(app, r), [was_ready], status_outs, api_name=False,
+               show_progress="hidden", queue=False).then(buttons_once, *once, api_name=False, queue=False,
+                                                         show_progress="hidden")
+
+    to_search = gr.Checkbox(False, visible=False)  # this page's load turned search on (TO_SEARCH reads it)
+    demo.load(lambda r: (*status_outputs(app, r), app.ready and not r), [was_ready], [*status_outs, to_search],
+              api_name="status", queue=False).then(
+        buttons_once, *once, api_name=False, queue=False, show_progress="hidden").then(
+        None, [to_search], None, js=TO_SEARCH)  # a page opened once search is on shows the Search tab
