@@ -13,11 +13,12 @@ import pytest
 from PIL import Image, ImageEnhance
 
 from index.building.runner import build_index, update_index
-from index.duplicates import dedup
+from index.duplicates import check_workers, dedup
 from index.duplicates.dedup import search_duplicates
 from index.duplicates.dedup_cache import CHECKED_FILE, FRAMES_FILE, CheckedPairs, FrameFile, check_settings
-from index.duplicates.verify import copy_scores, frame_of
+from index.duplicates.verify import COPY_SCORE, copy_scores, frame_of
 from index.search.image_index import ImageIndex
+from moco.errors import UserError
 
 
 def _pictures(n: int, seed: int = 0) -> dict[int, Image.Image]:
@@ -170,7 +171,7 @@ def test_a_search_killed_in_the_pixel_check_goes_on_from_where_it_stopped(backbo
     photos = tmp_path / "photos"
     _collection(photos, 40, seed=4)
     build_index(photos, backbone, tmp_path / "idx", progress=False)
-    killed_after_first("index.duplicates.dedup", "CheckedPairs.add", "m.CHECK_BLOCK = 16",
+    killed_after_first("index.duplicates.dedup", "CheckedPairs.add", "m.PART = 16",
                        "from index.search.image_index import ImageIndex\n"
                        "m.search_duplicates(ImageIndex.open(sys.argv[1]))",
                        str(tmp_path / "idx"))
@@ -179,7 +180,7 @@ def test_a_search_killed_in_the_pixel_check_goes_on_from_where_it_stopped(backbo
     shutil.move(tmp_path / "idx" / CHECKED_FILE, tmp_path / "kept")
     whole = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
     assert [g["id"] for g in again.groups] == [g["id"] for g in whole.groups]
-    assert dedup.CHECK_BLOCK == 32768  # the subprocess's setting stayed there
+    assert dedup.PART == check_workers.PART  # the subprocess's setting stayed there
 
 
 def test_the_pixel_check_bench_scores_kept_pairs_again_and_agrees_with_itself(tmp_path, capsys):
@@ -200,3 +201,42 @@ def test_the_pixel_check_bench_scores_kept_pairs_again_and_agrees_with_itself(tm
     assert out["pairs"] == len(pairs) and out["changed_side"] == 0 and out["max_score_difference"] == 0.0
     assert out["copies"]["this"] == sum(s >= 0.995 for s in kept.values()) >= 1
     assert "changed side" in capsys.readouterr().out
+
+
+def test_the_pixel_check_in_worker_processes_scores_as_this_process_does(tmp_path):
+    """Pairs scored by two spawned workers that read the frames file themselves: the scores copy_scores gives in this
+    process, in the pairs' order, NaN for a photo without a frame."""
+    pics = _pictures(12, seed=5)
+    pics[12] = ImageEnhance.Brightness(pics[3]).enhance(1.15)  # a copy
+    pics[13] = pics[5].transpose(Image.Transpose.FLIP_LEFT_RIGHT)  # another
+    for i, img in pics.items():
+        img.save(tmp_path / f"{i}.png")
+    frames_ = FrameFile(tmp_path / FRAMES_FILE).update({i: (7, tmp_path / f"{i}.png") for i in pics}, lambda i: None)
+    pairs = np.array([(a, b) for a in range(14) for b in range(a + 1, 15)], np.int64)  # 14: no such photo
+    parts = [pairs[s : s + 9] for s in range(0, len(pairs), 9)]
+    got = list(check_workers.checked_parts(iter(parts), frames_, workers=2))
+    assert [p.tolist() for p, _ in got] == [p.tolist() for p in parts]  # in order
+    scores = np.concatenate([s for _, s in got])
+    want = {}  # in this process, from the same frames, part by part (the same products: the same roundings)
+    for part in parts:
+        want.update(copy_scores([tuple(p) for p in part.tolist()], frames_))
+    assert np.isnan(scores[pairs[:, 1] == 14]).all()
+    assert scores[pairs[:, 1] != 14].tolist() == [want[a, b] for a, b in pairs.tolist() if b != 14]
+    whole = copy_scores([tuple(p) for p in pairs.tolist()], frames_)  # all at once: other products, float32 sums
+    assert scores[pairs[:, 1] != 14] == pytest.approx([whole[a, b] for a, b in pairs.tolist() if b != 14], abs=1e-5)
+    assert sum(s >= COPY_SCORE for s in want.values()) >= 2  # the copies are among them
+
+
+def test_a_search_with_pixel_check_workers_finds_what_one_process_finds(backbone, tmp_path):
+    photos = tmp_path / "photos"
+    _collection(photos, 40, seed=6)
+    build_index(photos, backbone, tmp_path / "idx", progress=False)
+    alone = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False, workers=0)
+    for name in (FRAMES_FILE, CHECKED_FILE):
+        (tmp_path / "idx" / name).unlink()
+    two = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False, workers=2)
+    assert two.decision["checked"] == alone.decision["checked"] > 0 and two.decision["reused"] == 0
+    assert [(g["id"], g["keep"]) for g in two.groups] == [(g["id"], g["keep"]) for g in alone.groups]
+    assert [g["id"] for g in alone.groups]
+    with pytest.raises(UserError, match="--workers -1"):
+        search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False, workers=-1)

@@ -120,6 +120,8 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--exclude-folder", action="append", default=[], metavar="FOLDER",
                    help="leave the photos under this sub-folder of the collection out (repeat for more)")
     p.add_argument("--device", default="auto", help="for the index update after a move: auto, cpu, cuda")
+    p.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="processes of the pixel check (default: one a core; 0: this process alone)")
     p.add_argument("--json", action="store_true", help="JSON: the groups (a list), or what a move, an undo or a mark "
                    "did (an object)")
     p.set_defaults(handler=cmd_dedup)
@@ -328,7 +330,8 @@ def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
     kinds = args.kind or list(DEFAULT_KINDS)
     away = [f for f in (_check_folder(idx, f, "--exclude-folder") for f in args.exclude_folder) if f]
     found = search_duplicates(idx, args.threshold, kinds, args.similar_threshold, exclude_folders=away,
-                              progress=sys.stderr.isatty() and not args.json)  # bars with time left
+                              progress=sys.stderr.isatty() and not args.json,  # bars with time left
+                              workers=args.workers)
     groups = select_groups(found.groups, kinds, args.group)
     if args.move_to:
         return _move(idx, args, groups)

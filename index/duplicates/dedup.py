@@ -61,10 +61,11 @@ from index.calibrate import (  # the threshold: re-exported here, where its user
     threshold_source,
 )
 from index.catalog import Row, sample_ids
+from index.duplicates.check_workers import PART, check_workers, checked_parts
 from index.duplicates.dedup_cache import CHECKED_FILE, FRAMES_FILE, CheckedPairs, FrameFile, photo_version
 from index.duplicates.keeper import photo_facts, suggest_keeper
 from index.duplicates.propose import PROPOSE_K, proposals
-from index.duplicates.verify import COPY_SCORE, SIDE, copy_scores
+from index.duplicates.verify import COPY_SCORE, SIDE
 from index.search.image_index import ImageIndex, row_filter
 from index.search.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
 from moco.data.photos import ImageDecodeError, load_rgb
@@ -158,7 +159,7 @@ def _frame_fallback(index: ImageIndex, rows: Mapping[int, Row]) -> Callable[[int
 
 def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
                  rows: Mapping[int, Row], links: Mapping[int, Mapping[int, float]], chunk: int = 1024,
-                 progress: bool = False, versions: Mapping[int, int] | None = None
+                 progress: bool = False, versions: Mapping[int, int] | None = None, workers: int | None = None
                  ) -> tuple[dict[int, dict[int, float]], dict[tuple[int, int], float], dict[str, int]]:
     """The near links: the pairs of :func:`index.duplicates.propose.proposals`
     that :func:`index.duplicates.verify.copy_scores` finds to be
@@ -177,19 +178,18 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
     photos' current versions: after an ``index update`` that added a few photos, the pairs that hold one of them; after
     a kill, those it had not reached. ``versions``: every photo's version
     (:func:`index.duplicates.dedup_cache.photo_version`;
-    None: ``rows``')."""
+    None: ``rows``'). ``workers``: the pixel check's processes (:func:`index.duplicates.check_workers.check_workers`
+    for None)."""
     if index.catalog.read_only:
         with tempfile.TemporaryDirectory(prefix="moco-dedup-") as scratch:
-            return _verify_links(index, Path(scratch), ids, vecs, content, rows, links, chunk, progress, versions)
-    return _verify_links(index, index.dir, ids, vecs, content, rows, links, chunk, progress, versions)
-
-
-CHECK_BLOCK = 32768  # pairs the pixel check scores, then keeps, at a time
+            return _verify_links(index, Path(scratch), ids, vecs, content, rows, links, chunk, progress, versions,
+                                 workers)
+    return _verify_links(index, index.dir, ids, vecs, content, rows, links, chunk, progress, versions, workers)
 
 
 def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
                   rows: Mapping[int, Row], links: Mapping[int, Mapping[int, float]], chunk: int, progress: bool,
-                  versions: Mapping[int, int] | None) -> tuple[dict[int, dict[int, float]],
+                  versions: Mapping[int, int] | None, workers: int | None) -> tuple[dict[int, dict[int, float]],
                                                                dict[tuple[int, int], float], dict[str, int]]:
     """:func:`verify_links`, its frames and scored pairs kept in the folder ``where``."""
     pos = {int(i): n for n, i in enumerate(ids.tolist())}
@@ -201,17 +201,17 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
     with _stage("proposals", 5 * len(ids), "search", progress) as bar:
         pairs, _ = proposals(index.store, ids, vecs, content, frames_, links, chunk, step=bar.update)  # P x 2, P
     checked = CheckedPairs(where / CHECKED_FILE, versions)
-    scores: dict[tuple[int, int], float] = {}
-    reused = 0
+    hit, before = checked.known(pairs)  # P, P: the pairs an earlier search scored, and their scores
+    reused = int(hit.sum())
+    scores = {(a, b): s for (a, b), s in zip(pairs[hit].tolist(), before[hit].tolist()) if s >= COPY_SCORE}
+    todo = pairs[~hit]  # T x 2, sorted
     with _stage("pixel check", len(pairs), "pair", progress) as bar:
-        for start in range(0, len(pairs), CHECK_BLOCK):
-            part = pairs[start : start + CHECK_BLOCK]  # B x 2
-            hit, before = checked.known(part)  # B, B
-            reused += int(hit.sum())
-            scores.update({(a, b): s for (a, b), s in zip(part[hit].tolist(), before[hit].tolist()) if s >= COPY_SCORE})
-            new = copy_scores((tuple(p) for p in part[~hit].tolist()), frames_, chunk=CHECK_BLOCK)  # every score
+        bar.update(reused)
+        parts = (todo[start : start + PART] for start in range(0, len(todo), PART))
+        for part, got in checked_parts(parts, frames_, workers if workers is not None else check_workers(len(todo))):
+            new = {(a, b): s for (a, b), s in zip(part.tolist(), got.tolist()) if s == s}  # NaN: a photo without one
             checked.add(new)  # kept at once: a search killed after this goes on from here
-            scores.update({p: s for p, s in new.items() if s >= COPY_SCORE})
+            scores.update({q: s for q, s in new.items() if s >= COPY_SCORE})
             bar.update(len(part))
     near: dict[int, dict[int, float]] = {}
     kept: dict[tuple[int, int], float] = {}
@@ -332,7 +332,8 @@ def find_duplicates(index: ImageIndex, threshold: float | None = None, save: boo
 
 def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: Iterable[str] = DEFAULT_KINDS,
                       similar_threshold: float | None = None, save: bool = True, chunk: int = 1024,
-                      exclude_folders: Sequence[str] = (), progress: bool = False) -> Search:
+                      exclude_folders: Sequence[str] = (), progress: bool = False,
+                      workers: int | None = None) -> Search:
     """Groups of duplicates of ``kinds`` (:data:`KINDS`), each group in the order exact, near, similar, then largest
     first.
 
@@ -347,8 +348,12 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     photos under these sub-folders are left out (never grouped, never moved). Written to ``dedup.json`` in the index
     directory with the thresholds and their rule when ``save`` (:func:`save_duplicates`). ``progress``: a bar for
     each stage of the pixel check (frames, proposals, the check), with its rate and time left, on stderr.
+    ``workers``: processes of the pixel check (None: every core; 0: this process alone;
+    :mod:`index.duplicates.check_workers`).
     """
     kinds = _check_kinds(kinds)
+    if workers is not None and workers < 0:
+        raise UserError(f"--workers {workers}: give the pixel check's processes, 0 or more (0: none besides this one)")
     if threshold is not None and not -1.0 <= threshold <= 1.0:
         raise UserError(f"--threshold {threshold} must be a cosine similarity in [-1, 1] (e.g. "
                         f"{dedup_threshold(index)})")
@@ -369,7 +374,8 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     graph = _graph(index, ids, vecs, content, similar_t if "similar" in kinds else near_t, chunk)
     by_id = dict(zip(ids.tolist(), content.tolist()))
     model_links = {i: {j: s for j, s in nb.items() if s >= near_t and by_id[j] != by_id[i]} for i, nb in graph.items()}
-    near, copy_of, counts = verify_links(index, ids, vecs, by_id, rows, model_links, chunk, progress, versions)
+    near, copy_of, counts = verify_links(index, ids, vecs, by_id, rows, model_links, chunk, progress, versions,
+                                         workers)
     for i, nb in graph.items():  # the same bytes: always near
         for j, s in nb.items():
             if by_id[j] == by_id[i]:

@@ -214,6 +214,23 @@ class FrameFile(Mapping[int, Frame]):
         at = {i: n for n, (i, _) in enumerate(order)}
         self._where = {i: at[i] for i in self._where}
 
+    def placement(self) -> dict[int, int] | None:
+        """Where the file holds each frame (``{id: record}``), for another process to read them (:meth:`placed`);
+        None when some frames are held only in this process's memory (the file could not be written)."""
+        return None if self._memory else dict(self._where)
+
+    @classmethod
+    def placed(cls, path: Path, where: Mapping[int, int]) -> FrameFile:
+        """The frames another process's :class:`FrameFile` of ``path`` holds where its :meth:`placement` says (read
+        only: nothing is made or written)."""
+        frames_ = cls(path)
+        frames_._where = dict(where)
+        return frames_
+
+    @property
+    def path(self) -> Path:
+        return self._file.path
+
     def _keep(self, i: int, f: Frame) -> None:
         self._kept[i] = f
         while len(self._kept) > FRAMES_KEPT:

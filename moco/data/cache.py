@@ -14,22 +14,18 @@ partial file a killed run left is removed by the next. What one photo's decoding
 from __future__ import annotations
 
 import collections
-import concurrent.futures
-import concurrent.futures.process
 import contextlib
 import json
 import logging
-import multiprocessing
 import os
 import re
 import shutil
-import signal
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
@@ -43,6 +39,7 @@ from moco.data.photos import (
     scan_photos,
     skipped_notes,
 )
+from moco.data.workers import chunks, in_workers
 from moco.errors import UserError
 
 __all__ = ["ImageCache", "build_cache", "cache_size_for", "read_skipped", "write_skipped"]
@@ -52,8 +49,6 @@ logger = logging.getLogger(__name__)
 _MANIFEST_VERSION = 1
 _MAX_LISTED = 5
 
-_T = TypeVar("_T")
-_R = TypeVar("_R")
 
 
 # ------------------------------------------------------------------------------------------ cache
@@ -100,79 +95,6 @@ def _decode_chunk(jobs: list[tuple[str, int, int | None]]) -> list[tuple[np.ndar
     return [_decode_job(job) for job in jobs]
 
 
-def _ordered_window(
-    submit: Callable[[_T], concurrent.futures.Future[_R]], items: Iterable[_T], window: int
-) -> Iterator[_R]:
-    """Results of ``submit(item)`` in input order, with at most ``window`` tasks in flight."""
-    pending: collections.deque[concurrent.futures.Future[_R]] = collections.deque()
-    it = iter(items)
-    try:
-        for item in it:
-            pending.append(submit(item))
-            if len(pending) >= window:
-                yield pending.popleft().result()
-        while pending:
-            yield pending.popleft().result()
-    finally:
-        for fut in pending:
-            fut.cancel()
-
-
-def _chunks(items: Sequence[_T], n: int) -> Iterator[list[_T]]:
-    for i in range(0, len(items), n):
-        yield list(items[i : i + n])
-
-
-# ------------------------------------------------------------------------------------------ decoding workers
-# The workers are started with "spawn" (never fork a process that may hold torch/CUDA threads), which imports the
-# parent's main script again in each worker, as ``__mp_main__``: a script that trains at its top level, without
-# ``if __name__ == "__main__":``, would train again in every worker. Such a worker exits at once with this code
-# (:func:`exit_if_importing_main`), and the parent says what happened and how to fix it.
-REIMPORTED_MAIN_EXIT = 86
-
-
-def exit_if_importing_main() -> None:
-    """Exit this process quietly (``REIMPORTED_MAIN_EXIT``) when it is a worker still importing its parent's main
-    script: training there is the script's top-level code run again, not a call meant for this process. (The
-    spawn and forkserver start methods set ``_inheriting`` while a new process prepares, before it runs its task;
-    multiprocessing itself checks it to refuse starting processes then.)"""
-    if getattr(multiprocessing.current_process(), "_inheriting", False):
-        raise SystemExit(REIMPORTED_MAIN_EXIT)
-
-
-def _noop() -> None:
-    """A process that only starts (and so imports the parent's main script, as a decoding worker does)."""
-
-
-def _broken_pool_error(ctx: Any, workers: int) -> UserError:
-    """Why the decoding workers stopped: one probe process, started as they were, tells whether importing the main
-    script trains (the script lacks ``if __name__ == "__main__":``)."""
-    probe = ctx.Process(target=_noop)
-    probe.start()
-    probe.join()
-    if probe.exitcode == REIMPORTED_MAIN_EXIT:
-        main = getattr(sys.modules.get("__main__"), "__file__", None) or "the main script"
-        return UserError(f"{main} trains when it is imported: the photo-decoding workers (workers={workers}) each "
-                         "import it again, as Python's spawn start method does. Put the call to train under "
-                         '`if __name__ == "__main__":` (or pass workers=0 to decode in this process)')
-    return UserError(f"the photo-decoding worker processes (workers={workers}) stopped abruptly (killed, e.g. for "
-                     "memory?): run again with fewer workers, or workers=0 to decode in this process")
-
-
-def _worker_start(parent: int) -> None:
-    """A decoding worker's first step: it dies with its parent (Linux: the kernel sends SIGKILL when the parent
-    exits, however it exits), and leaves Ctrl+C to the parent, which stops it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    if os.getppid() != parent:  # the parent was gone before the line above: nothing to decode for
-        os._exit(1)
-
-
 def _iter_decoded(
     paths: list[str], size: int, max_pixels: int | None, workers: int
 ) -> Iterator[tuple[np.ndarray | None, str]]:
@@ -184,23 +106,8 @@ def _iter_decoded(
             yield _decode_job(job)
         return
     chunk = max(1, min(16, len(jobs) // (workers * 4) or 1))
-    ctx = multiprocessing.get_context("spawn")  # see REIMPORTED_MAIN_EXIT
-    before = set(multiprocessing.active_children())
-    pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_start,
-                                                  initargs=(os.getpid(),))
-    finished = False
-    try:
-        for results in _ordered_window(lambda c: pool.submit(_decode_chunk, c), _chunks(jobs, chunk),
-                                       window=workers * 3):
-            yield from results
-        finished = True
-    except concurrent.futures.process.BrokenProcessPool:
-        raise _broken_pool_error(ctx, workers) from None
-    finally:
-        if not finished:  # the pool's workers are this process's children it did not have before
-            for proc in set(multiprocessing.active_children()) - before:
-                proc.kill()
-        pool.shutdown(wait=finished, cancel_futures=True)
+    for results in in_workers(_decode_chunk, chunks(jobs, chunk), workers, "photo-decoding"):
+        yield from results
 
 
 def _fsync_dir(path: Path) -> None:

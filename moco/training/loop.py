@@ -24,7 +24,8 @@ import torch
 
 from moco.config import TrainConfig, from_plain, to_plain, validate
 from moco.data.augment import two_views
-from moco.data.cache import ImageCache, exit_if_importing_main
+from moco.data.cache import ImageCache
+from moco.data.workers import exit_if_importing_main
 from moco.files import atomic_write, lock_dir, make_dirs
 from moco.model.builder import momentum_schedule
 from moco.runtime import Dist, resolve_device, resolve_precision

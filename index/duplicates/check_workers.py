@@ -1,0 +1,72 @@
+"""The pixel check (:func:`index.duplicates.verify.copy_scores`) of a search's pairs on every core.
+
+The check is most of a search's time, and one photo's check is numpy on small arrays: one core's work. So the pairs
+go, :data:`PART` at a time (sorted: a photo's partners together, for its windows and templates to be reused),
+to worker processes (:func:`moco.data.workers.in_workers`: spawned, one BLAS thread each, dying with the search),
+which read the frames from the search's frames file themselves (:meth:`FrameFile.placed`); the scores come back in
+the pairs' order, a part at a time, so the caller keeps each part as it comes (a killed search loses at most the parts
+in flight). Fewer pairs than :data:`MIN_PAIRS`, one core, or frames held only in memory (the file could not be
+written): the check runs in this process, with the same scores.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from index.duplicates.dedup_cache import FrameFile
+from index.duplicates.verify import copy_scores
+from moco.data.workers import in_workers
+
+__all__ = ["checked_parts", "check_workers", "PART", "MIN_PAIRS", "MAX_WORKERS"]
+
+logger = logging.getLogger(__name__)
+
+PART = 2048  # pairs a worker scores at a time
+MIN_PAIRS = 4 * PART  # fewer pairs are checked in this process: starting the workers costs about a second
+MAX_WORKERS = 8
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+_frames: FrameFile | None = None  # a worker's frames
+
+
+def check_workers(pairs: int, cores: int | None = None) -> int:
+    """Worker processes for checking ``pairs`` pairs: every core this process may use (at most
+    :data:`MAX_WORKERS`); 0 (this process) for fewer than :data:`MIN_PAIRS` or a single core."""
+    cores = cores if cores is not None else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+        os.cpu_count() or 1)
+    return 0 if pairs < MIN_PAIRS or cores < 2 else min(cores, MAX_WORKERS)
+
+
+def _open(path: Path, where: dict[int, int]) -> None:
+    global _frames
+    _frames = FrameFile.placed(path, where)
+
+
+def _scores(frames_: FrameFile, part: np.ndarray) -> np.ndarray:
+    """The copy scores of ``part`` (B x 2): B, NaN for a pair one of whose photos has no frame."""
+    got = copy_scores([tuple(p) for p in part.tolist()], frames_)
+    return np.array([got.get((a, b), np.nan) for a, b in part.tolist()], np.float64)
+
+
+def _worker_scores(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    assert _frames is not None, "a pixel-check worker without its frames"
+    return part, _scores(_frames, part)
+
+
+def checked_parts(parts: Iterable[np.ndarray], frames_: FrameFile,
+                  workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(part, scores)`` for each part of pairs (B x 2, a < b) in order: its copy scores (B; NaN where a photo has
+    no frame), in ``workers`` processes (0: in this one)."""
+    where = frames_.placement() if workers > 0 else None
+    if where is None:
+        for part in parts:
+            yield part, _scores(frames_, part)
+        return
+    logger.info("the pixel check in %d worker processes", workers)
+    yield from in_workers(_worker_scores, parts, workers, "pixel-check", init=_open, init_args=(frames_.path, where),
+                          env=ONE_THREAD)
