@@ -1,6 +1,7 @@
-"""Which web pages may call the JSON API from a browser (app/api_cors.py), on a real server over real HTTP: the
+"""Which web pages may call the JSON API from a browser (app/guard/origins.py), on a real server over real HTTP: the
 server's own and the ``--api-cors-origin`` ones; any other origin gets 403, whichever name the server is reached by
-(Gradio's own middleware would let it read the answers with the visitor's login when that name is not localhost)."""
+(Gradio's own CORS middleware, which the server's Starlette one turns off, would let it read the answers with the
+visitor's login when that name is not localhost)."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def test_a_named_origin_gets_the_preflight_and_the_answer(server, sample_photos:
     with httpx.Client(base_url=url, timeout=60, headers={"Host": f"{host}:{port}"}) as c:
         pre = c.options("/api/v1/search", headers={"Origin": ALLOWED, "Access-Control-Request-Method": "POST",
                                                    "Access-Control-Request-Headers": "authorization"})
-        assert pre.status_code == 204
+        assert pre.status_code == 200  # Starlette's CORSMiddleware's answer
         assert pre.headers["access-control-allow-origin"] == ALLOWED
         assert "POST" in pre.headers["access-control-allow-methods"]
         assert "authorization" in pre.headers["access-control-allow-headers"].lower()
@@ -99,8 +100,8 @@ def test_the_servers_own_pages_and_programs_pass(server):
 
 
 def test_the_pages_routes_answer_another_site_without_cors_headers(server, sample_photos: Path):
-    """Gradio's middleware reflects any origin, with credentials, for a server reached as photos.example: the outer
-    layer takes that off for a foreign origin (the page's own script needs none); a named origin keeps Gradio's."""
+    """Gradio's middleware would reflect any origin, with credentials, for a server reached as photos.example: a
+    foreign origin gets no CORS header at all (the page's own script needs none); a named origin gets its own."""
     url, port = server
     for path in ["/config", "/gradio_api/info"]:
         for host in HOSTS:
@@ -111,7 +112,7 @@ def test_the_pages_routes_answer_another_site_without_cors_headers(server, sampl
                                                  "Access-Control-Request-Method": "POST"}, timeout=60)
         assert "access-control-allow-origin" not in pre.headers
         r = httpx.get(url + path, headers={**BEARER, "Origin": ALLOWED, "Host": f"photos.example:{port}"}, timeout=60)
-        assert r.headers["access-control-allow-origin"] == ALLOWED  # Gradio's own answer, left as it is
+        assert r.headers["access-control-allow-origin"] == ALLOWED
     photo = sorted(sample_photos.rglob("*.jpg"))[0]  # the page's upload, from its own origin: works as before
     r = httpx.post(url + "/gradio_api/upload", files={"files": (photo.name, photo.read_bytes())},
                    headers={**BEARER, "Origin": "https://photos.example", "Host": "photos.example"},

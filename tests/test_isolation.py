@@ -274,35 +274,36 @@ def test_half_sent_requests_are_closed_and_normal_ones_answered(moco_serve):
     assert text.count("Too many open files") <= 6 and len(text) < 50_000, text[-3000:]
 
 
-def test_a_connection_accepted_unguarded_as_the_guard_comes_in_is_timed_too(idx):
-    """A connection accepted with uvicorn's plain protocol just as the guard comes in (made before the protocol class
-    changes, counted among the server's connections only after the guard's first look: it was never timed, held for
-    ever) is adopted by a later sweep and closed with its 408. Made here for certain: the plain class is put back for
-    one connection after the guard is in, while that connection is accepted."""
-    from uvicorn.protocols.http.h11_impl import H11Protocol
+def test_the_connection_guard_is_uvicorns_configuration():
+    """The guarded protocol and the listening queue are given to uvicorn through its public ``Config``, which loads
+    them as they are: nothing is patched on a running server."""
+    import uvicorn
 
+    from app.guard.connections import ConnectionLimits, connection_settings
+
+    settings, opened = connection_settings(ConnectionLimits(request_timeout_s=2.0, max_connections=40))
+    config = uvicorn.Config(lambda scope, receive, send: None, lifespan="off", **settings)
+    config.load()
+    assert config.http_protocol_class is settings["http"] and config.backlog == settings["backlog"] == 10
+    assert opened.max == 40 and opened.timeout == 2.0
+
+
+def test_the_first_connection_of_a_new_server_is_timed(idx):
+    """A connection made the moment the server has started, half a request head sent, gets its 408: the guard is the
+    server's protocol from its first connection (it was installed on a running server, and a connection accepted
+    as it came in was never timed)."""
     from app.guard.connections import ConnectionLimits
 
     port = free_port()
     demo = serve(idx, port=port, device="cpu", block=False, limits=ConnectionLimits(request_timeout_s=1.0))
     try:
-        config = demo.server.config
-        guarded, config.http_protocol_class = config.http_protocol_class, H11Protocol
-        try:
-            s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
             s.sendall(b"GET /api/v1/stats HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ")
-            deadline = time.monotonic() + 30
-            while not any(type(c) is H11Protocol for c in list(demo.server.server_state.connections)):
-                assert time.monotonic() < deadline, "the connection was not accepted"
-                time.sleep(0.05)
-        finally:
-            config.http_protocol_class = guarded
-        s.settimeout(60)  # adopted by the next sweep, then closed a second after (the timeout)
-        got = b""
-        while chunk := s.recv(65536):
-            got += chunk
+            got = b""
+            while chunk := s.recv(65536):
+                got += chunk
         assert got.startswith(b"HTTP/1.1 408 Request Timeout"), got[:100]
-        s.close()
+        assert demo.connections.closed_late >= 1
     finally:
         demo.close()
         demo.api_service.close()

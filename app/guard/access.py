@@ -10,10 +10,10 @@ folders in its API description) and Gradio's packaged frontend files. Failed att
 ``token``). Request bodies to the API are capped at the page's upload limit (:class:`BodyCapMiddleware`).
 
 The throttle. A login attempt comes from an *address* (the socket peer; behind a reverse proxy named with
-``--trusted-proxy``, the client that proxy reports in ``X-Forwarded-For``, see ``trusted_proxy_env``) for an
-*account* (the username typed; ``token`` for a bearer token). After a few wrong passwords, attempts wait, longer
-each time; one throttle counts the attempts of every door (the page's login form, ``Authorization`` headers). Two
-counts of wrong passwords are kept:
+``--trusted-proxy``, the client that proxy reports in ``X-Forwarded-For``: uvicorn's ``forwarded_allow_ips``, in
+app.server.launch) for an *account* (the username typed; ``token`` for a bearer token). After a few wrong
+passwords, attempts wait, longer each time; one throttle counts the attempts of every door (the page's login form,
+``Authorization`` headers). Two counts of wrong passwords are kept:
 
 - per (address, account): ``free`` (5) failures, then that address waits before trying that account again:
   ``base_s`` (1 s), doubling with each further failure up to ``max_s`` (5 min). Other accounts from the same
@@ -53,7 +53,7 @@ from app.search.uploads import MAX_UPLOAD_MB
 from moco.errors import UserError
 
 __all__ = ["LoginThrottle", "LoginThrottleMiddleware", "FREE", "ACCOUNT_FREE", "parse_trusted_proxies",
-           "trusted_proxy_env", "NAME_CHARS"]
+           "NAME_CHARS"]
 
 FREE = 5  # wrong passwords from one address for one account before it waits
 ACCOUNT_FREE = 20  # wrong passwords for one account, from all addresses, before it waits
@@ -159,22 +159,11 @@ def parse_trusted_proxies(values: Iterable[str]) -> list[str]:
     return out
 
 
-def trusted_proxy_env(trusted_proxies: Iterable[str]) -> dict[str, str]:
-    """The environment that makes uvicorn (under Gradio) trust ``X-Forwarded-For`` from these peers only.
-
-    uvicorn rewrites a request's client address from ``X-Forwarded-For`` (the right-most address that is not
-    a trusted proxy) when the peer is in ``$FORWARDED_ALLOW_IPS``, read when the server starts, by default
-    loopback: behind a local proxy, or from any local process, every request could name its own address.
-    With no trusted proxy this is empty: the client address is the socket peer, whatever the headers say.
-    """
-    return {"FORWARDED_ALLOW_IPS": ",".join(trusted_proxies)}
-
-
 class LoginThrottleMiddleware:
     """ASGI middleware: ``LoginThrottle`` on every ``POST`` whose path ends in ``/login``.
 
-    The address is ``scope["client"]`` (uvicorn has applied ``trusted_proxy_env`` by then); the account is
-    the form's ``username``, stripped as Gradio strips it.
+    The address is ``scope["client"]`` (uvicorn has applied ``X-Forwarded-For`` from a trusted proxy by then); the
+    account is the form's ``username``, stripped as Gradio strips it.
     """
 
     def __init__(self, app: Any, throttle: LoginThrottle | None = None) -> None:

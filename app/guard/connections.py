@@ -1,12 +1,13 @@
 """What one client's connections may cost the server: the time a request may take to arrive, and how many
-connections are open at once.
+connections are open at once, given to uvicorn as its configuration (:func:`connection_settings`: the ``http``
+protocol class and the ``backlog`` of ``uvicorn.Config``), in place from the server's first connection.
 
-uvicorn (which Gradio starts) closes an idle keep-alive connection after ``timeout_keep_alive`` (app.server.launch's
-KEEP_ALIVE_S), but it never times out a request that is still arriving: a client that sends its head a byte at a
-time, or nothing at all after connecting ("slowloris"), holds a connection and a file descriptor for ever, and a
-few hundred of them exhaust the process's open files (then every accept fails: "Too many open files"). The
-guarded protocol (:func:`guard_connections`, installed on the running server for new connections; those accepted
-before, and those accepted unguarded as it comes in, are adopted by it) adds:
+uvicorn closes an idle keep-alive connection after ``timeout_keep_alive`` (app.server.launch's KEEP_ALIVE_S), but it
+never times out a request that is still arriving: a client that sends its head a byte at a time, or nothing at all
+after connecting ("slowloris"), holds a connection and a file descriptor for ever, and a few hundred of them exhaust
+the process's open files (then every accept fails: "Too many open files"). uvicorn has no setting for that, nor for
+closing connections to make room (its ``limit_concurrency`` answers 503 to every request past the count, the good
+ones too, and closes no connection), so the protocol class given to it is uvicorn's h11 protocol with:
 
 - a request's head (the request line and headers) must arrive within ``request_timeout_s`` of its first byte
   (of the connection's opening, for a new connection), and its body may pause at most that long between two
@@ -14,16 +15,15 @@ before, and those accepted unguarded as it comes in, are adopted by it) adds:
   timed out (nor a body whose reading the server itself paused), and neither is an idle keep-alive connection
   (uvicorn's own timeout closes those).
 - at most ``max_connections`` open at once (default: half the files the process may still open, at most 1000),
-  with a short listening queue (asyncio accepts all of it at once, before any is counted): one more first makes
-  room by closing the connection whose request has been arriving the longest, else an idle one, else it is
-  answered 503 and closed. The server therefore does not run out of file descriptors through connections, and a
-  request that arrives whole is answered while half-sent ones wait their turn to be closed.
+  with a short listening queue (uvicorn's ``backlog``: asyncio accepts all of it at once, before any is counted):
+  one more first makes room by closing the connection whose request has been arriving the longest, else an idle
+  one, else it is answered 503 and closed. The server therefore does not run out of file descriptors through
+  connections, and a request that arrives whole is answered while half-sent ones wait their turn to be closed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import resource
@@ -35,13 +35,12 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["ConnectionLimits", "guard_connections", "default_max_connections"]
+__all__ = ["ConnectionLimits", "connection_settings", "default_max_connections"]
 
 logger = logging.getLogger(__name__)
 
 REQUEST_TIMEOUT_S = 30.0  # nginx's client_header_timeout is 60 s; a request that is not here in 30 s is not coming
 MAX_CONNECTIONS = 1000
-ADOPT_S = 30.0  # after the guard comes in, each sweep also adopts connections accepted unguarded meanwhile
 
 
 def _available_files() -> int | None:
@@ -56,12 +55,12 @@ def _available_files() -> int | None:
     return max(0, soft - in_use)
 
 
-def default_max_connections(connections: int = 0) -> int:
-    """Connections at most by default: half the files the process may still open, its ``connections`` open now
-    counted as free (the other half for connections accepted before they are counted, the index, uploads,
-    thumbnails and Gradio's files), at most MAX_CONNECTIONS, at least 16."""
+def default_max_connections() -> int:
+    """Connections at most by default: half the files the process may still open when the server starts (the other
+    half for connections accepted before they are counted, the index, uploads, thumbnails and Gradio's files), at
+    most MAX_CONNECTIONS, at least 16."""
     available = _available_files()
-    return MAX_CONNECTIONS if available is None else max(16, min(MAX_CONNECTIONS, (available + connections) // 2))
+    return MAX_CONNECTIONS if available is None else max(16, min(MAX_CONNECTIONS, available // 2))
 
 
 def _backlog(max_connections: int) -> int:
@@ -90,16 +89,14 @@ class ConnectionLimits:
 class _Open:
     """The guarded connections of one server, and the sweep that closes those whose request is overdue."""
 
-    def __init__(self, limits: ConnectionLimits, clock: Callable[[], float], already: int = 0) -> None:
+    def __init__(self, limits: ConnectionLimits, clock: Callable[[], float]) -> None:
         self.timeout = limits.request_timeout_s
-        self.max = limits.max_connections or default_max_connections(already)
+        self.max = limits.max_connections or default_max_connections()
         self.clock = clock
         self.connections: set[_Guarded] = set()
         self.sweeping = False
         self.closed_late = 0  # connections closed because their request did not arrive in time
         self.closed_full = 0  # connections closed to stay within max_connections
-        self.stragglers: Callable[[], None] = lambda: None  # adopts connections accepted unguarded (see begin)
-        self.adopting_until = 0.0
 
     def add(self, conn: _Guarded) -> bool:
         """Count ``conn`` in, making room first when full; False when there is none (``conn`` is to be refused)."""
@@ -115,16 +112,6 @@ class _Open:
             asyncio.get_running_loop().call_later(self._period(), self._sweep)
         return True
 
-    def begin(self, adopt_for: float = ADOPT_S) -> None:
-        """In the server's loop, once the guard is in: sweep for ``adopt_for`` seconds at least, each sweep adopting
-        the connections accepted unguarded around the guard's coming (a connection accepted just before the protocol
-        class changed is made unguarded but counted among the server's connections only a loop turn later, after
-        the guard's first look at them: never timed, it was held for ever)."""
-        self.adopting_until = self.clock() + adopt_for
-        if not self.sweeping:
-            self.sweeping = True
-            asyncio.get_running_loop().call_later(self._period(), self._sweep)
-
     def _victim(self) -> _Guarded | None:
         """The connection to close for a new one: the request arriving the longest, else the longest idle."""
         arriving = [c for c in self.connections if c.arriving_since() is not None]
@@ -138,9 +125,8 @@ class _Open:
 
     def _sweep(self) -> None:
         try:
-            self.stragglers()
             now = self.clock()
-            for conn in _snapshot(self.connections):  # a copy: connections come and go while it closes some
+            for conn in list(self.connections):  # a copy: it closes some (all in the server's loop)
                 try:
                     since = conn.arriving_since()
                     if since is not None and now - since > self.timeout:
@@ -149,7 +135,7 @@ class _Open:
                 except Exception:  # one connection's trouble never stops the sweep of the others
                     logger.debug("closing a late connection failed", exc_info=True)
         finally:  # the sweep goes on whatever happened above: a stopped sweep would leave late requests open
-            if self.connections or self.clock() < self.adopting_until:
+            if self.connections:
                 asyncio.get_running_loop().call_later(self._period(), self._sweep)
             else:
                 self.sweeping = False
@@ -158,7 +144,7 @@ class _Open:
 class _Guarded(H11Protocol):
     """uvicorn's h11 protocol, counted in and timed while a request arrives (see the module docstring)."""
 
-    open: _Open  # set on the class made by guard_connections
+    open: _Open  # set on the class made by connection_settings
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -213,58 +199,20 @@ class _Guarded(H11Protocol):
         self.transport.close()
 
 
-def _snapshot(connections: set[Any]) -> list[Any]:
-    """A copy of a set the server's thread may change meanwhile."""
-    for _ in range(100):
-        try:
-            return list(connections)
-        except RuntimeError:  # changed size during the copy: again
-            continue
-    return []
-
-
-def _adopt(conn: H11Protocol, guarded: type[_Guarded]) -> None:
-    """Guard a connection accepted before the guard was installed (in the server's loop, as its callbacks)."""
-    if type(conn) is not H11Protocol or conn.transport.is_closing():  # adopted already, or closing
-        return
-    conn.__class__ = guarded  # the same object, with the guard's methods: nothing else changes
-    conn.fresh = conn.cycle is None
-    conn.head_since = conn.last_data = guarded.open.clock()
-    if not guarded.open.add(conn):
-        conn.close_late()
-
-
 def _answer(code: int, reason: str, text: str) -> bytes:
     body = (text + "\n").encode()
     return (f"HTTP/1.1 {code} {reason}\r\ncontent-type: text/plain; charset=utf-8\r\nconnection: close\r\n"
             f"content-length: {len(body)}\r\n\r\n").encode() + body
 
 
-def guard_connections(server: Any, limits: ConnectionLimits | None = None,
-                      clock: Callable[[], float] = time.monotonic) -> _Open:
-    """Have the running uvicorn ``server`` (Gradio's ``demo.server``) guard its new connections with ``limits``.
-
-    uvicorn reads its protocol class for every new connection, so this works on a server already started.
-    Returns the connections' registry (its ``closed_late`` and ``closed_full`` counts, for tests and logs).
-    """
-    state = getattr(server, "server_state", None)
-
-    def unguarded() -> list[Any]:  # connections accepted before the guard: plain H11Protocol
-        return [c for c in _snapshot(getattr(state, "connections", set())) if type(c) is H11Protocol]
-
-    opened = _Open((limits or ConnectionLimits()).check(), clock, len(unguarded()))
+def connection_settings(limits: ConnectionLimits | None = None,
+                        clock: Callable[[], float] = time.monotonic) -> tuple[dict[str, Any], _Open]:
+    """``uvicorn.Config`` settings that guard a server's connections with ``limits``: its ``http`` protocol class
+    (this module's, for one server) and its listening queue's ``backlog``; and the connections' registry (its
+    ``max``, ``closed_late`` and ``closed_full``, for tests and logs)."""
+    opened = _Open((limits or ConnectionLimits()).check(), clock)
     guarded = type("GuardedH11Protocol", (_Guarded,), {"open": opened})
-    server.config.http_protocol_class = guarded
     backlog = _backlog(opened.max)
-    for listening in getattr(server, "servers", []):
-        for sock in listening.sockets:
-            with contextlib.closing(sock.dup()) as same:  # the same socket: its queue shortened
-                same.listen(backlog)
-    for conn in unguarded():  # adopted: from now on timed and counted as the new ones
-        conn.loop.call_soon_threadsafe(_adopt, conn, guarded)
-    opened.stragglers = lambda: [_adopt(conn, guarded) for conn in unguarded()]  # in the server's loop
-    for loop in {s.get_loop() for s in getattr(server, "servers", []) if hasattr(s, "get_loop")}:
-        loop.call_soon_threadsafe(opened.begin)
     logger.debug("connections: at most %d open (%d waiting to be accepted); a request must arrive within %g s",
-                opened.max, backlog, opened.timeout)
-    return opened
+                 opened.max, backlog, opened.timeout)
+    return {"http": guarded, "backlog": backlog}, opened

@@ -1,31 +1,26 @@
-"""Which web pages may call the server from a browser: its own, and the origins named with ``--api-cors-origin``.
+"""Which web pages may call the server from a browser: its own, and the origins named with ``--api-cors-origin``;
+and which names it answers to.
 
-A browser sends ``Origin`` with a request another site's script makes. Gradio's own CORS middleware, which sits
-outside ours, answers such requests with ``Access-Control-Allow-Origin: <that origin>`` and
-``Access-Control-Allow-Credentials: true`` whenever the server is reached under a name other than localhost (a
-LAN address, a domain behind a reverse proxy), and its login cookie is ``SameSite=None``: any site a logged-in user
-visits could read the API's answers (searches, originals) with the user's login. So the API refuses, with 403, a
-request whose ``Origin`` is neither the server's own (the ``Host`` it was called by) nor named by the user: the
-API's answer never reaches the other site's script, whatever headers wrap it.
+The server's outermost layers (:func:`guard_middleware`, on the app uvicorn runs, from its first request), in order:
 
-A named origin gets the CORS headers it needs, on the answer (:class:`OriginGuardMiddleware`, inside Gradio's)
-and on the browser's preflight (:func:`guard_page_origins`, outside it, installed once the server started: Gradio
-answers preflights itself, and without the origin when the server is reached as localhost). That outer layer also
-takes Gradio's CORS headers off the page's own routes (uploads, the queue, thumbnails) for a foreign origin: the page
-itself calls them from its own origin and never needs them, and no other site's script can then read what they
-answer; and it refuses, with 403, every request of another site's page that would change something (any method but
-GET, HEAD and OPTIONS: an upload, a queued event, a login) and its websockets, which a browser sends with the
-visitor's login cookie even though the answer stays unread (cross-site request forgery). In the first moments of
-a server, before that layer is in place, Gradio's rules apply to the page's routes and to preflights; the API's
-answers are refused from the start.
-
-The ``Host`` header is checked too, on every route (:class:`HostGuardMiddleware`, from the server's first request):
-a page whose own name its DNS later points at this machine (DNS rebinding) calls the server as its own origin, with
-``Host`` and ``Origin`` both its name, which no origin check can tell from the server's own page. So the server
-answers only to the names it has: localhost (and ``*.localhost``), any IP address (a rebinding page has a name),
-the ``--host`` name, and names given with ``--allowed-host`` (``*``: any, for a proxy that checks names itself);
-other names get 403, as Jupyter refuses non-local ``Host`` names. This holds whatever address it is bound to:
-reached by a name on the LAN or behind a reverse proxy, name it.
+1. :class:`HostGuardMiddleware`: the ``Host`` header, on every route. A page whose own name its DNS later points at
+   this machine (DNS rebinding) calls the server as its own origin, with ``Host`` and ``Origin`` both its name, which
+   no origin check can tell from the server's own page. So the server answers only to the names it has: localhost
+   (and ``*.localhost``), any IP address (a rebinding page has a name), the ``--host`` name, and names given with
+   ``--allowed-host`` (``*``: any, for a proxy that checks names itself); other names get 403, as Jupyter refuses
+   non-local ``Host`` names. This holds whatever address it is bound to: reached by a name on the LAN or behind a
+   reverse proxy, name it. Hand-written: Starlette's ``TrustedHostMiddleware`` takes a list of names, and cannot
+   let every IP address through (a server bound to 0.0.0.0 is reached by any of its addresses) nor say the fix.
+2. :class:`OriginGuardMiddleware`: what CORS does not do. A browser sends ``Origin`` with a request another site's
+   script makes, with the visitor's login cookie (Gradio's is ``SameSite=None``). The API refuses, with 403, every
+   request (preflights too) whose ``Origin`` is neither the server's own (the ``Host`` it was called by) nor named:
+   nothing it would do is done. The page's routes refuse, with 403, every request of another site's page that would
+   change something (any method but GET, HEAD and OPTIONS: an upload, a queued event, a login) and its websockets
+   (cross-site request forgery); its other requests are answered as to a program, without their ``Origin``, so no
+   CORS header lets the other site's script read the answer.
+3. Starlette's ``CORSMiddleware``: the CORS headers of the named origins (the answer, the preflight), on every
+   route. Its presence also turns off Gradio's own CORS middleware, which reflects any origin with credentials when
+   the server is reached under a name other than localhost (gr.mount_gradio_app's documented rule).
 """
 
 from __future__ import annotations
@@ -39,15 +34,15 @@ from urllib.parse import urlsplit
 from app.guard.access import API_PREFIX, send_json
 from moco.errors import UserError
 
-__all__ = ["OriginGuardMiddleware", "HostGuardMiddleware", "guard_page_origins", "check_cors_origins",
+__all__ = ["OriginGuardMiddleware", "HostGuardMiddleware", "guard_middleware", "check_cors_origins",
            "check_allowed_hosts", "host_allowed"]
 
 _ORIGIN = re.compile(r"^https?://[^/\s?#@]+$")
 _NAME = re.compile(r"^[a-z0-9_-]+(\.[a-z0-9_-]+)*$")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
-ALLOW_METHODS = "GET, POST, OPTIONS"
-ALLOW_HEADERS = "Authorization, Content-Type"
-EXPOSE_HEADERS = "Retry-After"  # a script told 503 may read how long to wait
+ALLOW_METHODS = ("GET", "POST", "OPTIONS")  # what a named origin's page may send
+ALLOW_HEADERS = ("Authorization", "Content-Type")
+EXPOSE_HEADERS = ("Retry-After",)  # a script told 503 may read how long to wait
 
 
 def check_cors_origins(values: Sequence[str]) -> tuple[str, ...]:
@@ -171,32 +166,35 @@ def _is_api(scope: dict[str, Any]) -> bool:
     return scope["type"] == "http" and (scope["path"] == API_PREFIX or scope["path"].startswith(API_PREFIX + "/"))
 
 
+_SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # what another site's page may send to the page's routes: it changes nothing
+
+
 class OriginGuardMiddleware:
-    """ASGI middleware for the API's paths: a foreign ``Origin`` not in ``allowed`` gets 403; an allowed one gets
-    ``Access-Control-Allow-Origin`` on the answer; no ``Origin`` (a program, a navigation) or the server's own
-    passes as it is."""
+    """ASGI middleware, outside ``CORSMiddleware``: a request from another site's page (an ``Origin`` that is neither
+    the server's own nor in ``allowed``) gets 403 from the API, 403 from the page's routes unless it only reads
+    (GET, HEAD, OPTIONS), and its websockets are closed; a read of the page's routes passes without its ``Origin``.
+    No ``Origin`` (a program, a navigation), the server's own and a named one pass as they are."""
 
     def __init__(self, app: Any, allowed: Sequence[str] = ()) -> None:
         self.app, self.allowed = app, frozenset(allowed)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if not _is_api(scope):
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         sent, origin, own = _request_origin(_headers(scope))
-        if not sent or own:
+        if not sent or own or origin in self.allowed:
             await self.app(scope, receive, send)
-            return
-        if origin not in self.allowed:
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+        elif _is_api(scope):
             await _refuse(send, sent, origin)
-            return
-
-        async def with_cors(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*_drop_cors(message.get("headers") or []), *_cors(origin)]}
-            await send(message)
-
-        await self.app(scope, receive, with_cors)
+        elif scope["method"] not in _SAFE_METHODS:
+            await send_json(send, 403, f"a web page from {origin or repr(sent[:100])} may not send {scope['method']} "
+                            "requests to this page's routes (they carry the visitor's login): use the page itself")
+        else:
+            headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"origin"]
+            await self.app({**scope, "headers": headers}, receive, send)
 
 
 async def _refuse(send: Any, sent: str, origin: str | None) -> None:
@@ -210,70 +208,14 @@ async def _refuse(send: Any, sent: str, origin: str | None) -> None:
     await send_json(send, 403, detail)
 
 
-def _cors(origin: str) -> list[tuple[bytes, bytes]]:
-    return [(b"access-control-allow-origin", origin.encode()), (b"vary", b"Origin"),
-            (b"access-control-expose-headers", EXPOSE_HEADERS.encode())]
+def guard_middleware(bind: str = "127.0.0.1", names: Sequence[str] = (), origins: Sequence[str] = ()) -> list[Any]:
+    """The server's outermost middleware, the first outermost (the module's docstring): the ``Host`` check (``bind``,
+    ``names``: :func:`host_allowed`), the origin guard and the CORS headers of ``origins``."""
+    from starlette.middleware import Middleware
+    from starlette.middleware.cors import CORSMiddleware
 
-
-def _drop_cors(headers: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    return [(k, v) for k, v in headers if not k.lower().startswith(b"access-control-")]
-
-
-async def _preflight(send: Any, origin: str) -> None:
-    headers = [*_cors(origin), (b"access-control-allow-methods", ALLOW_METHODS.encode()),
-               (b"access-control-allow-headers", ALLOW_HEADERS.encode()), (b"access-control-max-age", b"600"),
-               (b"content-length", b"0")]
-    await send({"type": "http.response.start", "status": 204, "headers": headers})
-    await send({"type": "http.response.body", "body": b""})
-
-
-_SAFE_METHODS = ("GET", "HEAD", "OPTIONS")  # what a foreign page may send to the page's routes: it changes nothing
-
-
-class _OuterLayer:
-    """Outermost ASGI layer, around Gradio's CORS middleware: the API's preflights answered here; the page's routes
-    answer a foreign origin without CORS headers (Gradio's would let its script read them with the visitor's login)
-    and refuse its requests that would change something and its websockets; the rest passes."""
-
-    def __init__(self, app: Any, allowed: Sequence[str]) -> None:
-        self.app, self.allowed = app, frozenset(allowed)
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] not in ("http", "websocket"):
-            await self.app(scope, receive, send)
-            return
-        headers = _headers(scope)
-        sent, origin, own = _request_origin(headers)
-        if not sent or own or (origin in self.allowed and not _is_api(scope)):
-            await self.app(scope, receive, send)  # the page's routes and a named origin: Gradio's own rules
-            return
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008})
-            return
-        if not _is_api(scope) and scope["method"] not in _SAFE_METHODS:
-            detail = (f"a web page from {origin or repr(sent[:100])} may not send {scope['method']} requests to this "
-                      "page's routes (they carry the visitor's login): use the page itself")
-            await send_json(send, 403, detail)
-            return
-        if _is_api(scope):
-            if scope["method"] == "OPTIONS" and b"access-control-request-method" in headers:
-                await (_preflight(send, origin) if origin in self.allowed else _refuse(send, sent, origin))
-            else:
-                await self.app(scope, receive, send)  # OriginGuardMiddleware answers it
-            return
-
-        async def without_cors(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": _drop_cors(message.get("headers") or [])}
-            await send(message)
-
-        await self.app(scope, receive, without_cors)
-
-
-def guard_page_origins(app: Any, allowed: Sequence[str], bind: str = "127.0.0.1", names: Sequence[str] = ()) -> None:
-    """Put :class:`_OuterLayer` in front of ``app``'s (a started Starlette app's) middleware stack, and the ``Host``
-    check in front of it (it is inside Gradio's CORS layer too, from the first request: out here its refusals carry
-    no CORS header that layer would add)."""
-    if app.middleware_stack is None:
-        app.middleware_stack = app.build_middleware_stack()
-    app.middleware_stack = HostGuardMiddleware(_OuterLayer(app.middleware_stack, allowed), bind, names)
+    return [Middleware(HostGuardMiddleware, bind=bind, names=names),
+            Middleware(OriginGuardMiddleware, allowed=origins),
+            Middleware(CORSMiddleware, allow_origins=list(origins), allow_methods=ALLOW_METHODS,
+                       allow_headers=ALLOW_HEADERS, expose_headers=EXPOSE_HEADERS, allow_credentials=True,
+                       max_age=600)]
