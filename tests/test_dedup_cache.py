@@ -5,7 +5,10 @@ search that kept nothing. Real FAISS, SQLite and a real (randomly initialized) R
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -240,3 +243,32 @@ def test_a_search_with_pixel_check_workers_finds_what_one_process_finds(backbone
     assert [g["id"] for g in alone.groups]
     with pytest.raises(UserError, match="--workers -1"):
         search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False, workers=-1)
+
+
+SEARCH_SCRIPT = """from index.duplicates.dedup import search_duplicates
+from index.search.image_index import ImageIndex
+
+{call}
+"""
+
+
+@pytest.mark.parametrize("guarded", [False, True])
+def test_a_search_script_without_a_main_guard_gets_one_clear_error(backbone, tmp_path, guarded):
+    """A library user's script that searches at its top level: each pixel-check worker (spawned) imports it again.
+    Unguarded: one error naming the pitfall and the fix, not a broken pool's tracebacks; guarded: it searches."""
+    photos = tmp_path / "photos"
+    _collection(photos, 12, seed=7)
+    build_index(photos, backbone, tmp_path / "idx", progress=False)
+    search = f"print(len(search_duplicates(ImageIndex.open({str(tmp_path / 'idx')!r}), workers=2).groups), 'groups')"
+    script = tmp_path / "find_mine.py"
+    script.write_text(SEARCH_SCRIPT.format(call=f'if __name__ == "__main__":\n    {search}' if guarded else search))
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    if guarded:
+        assert proc.returncode == 0 and " groups" in proc.stdout, proc.stderr[-3000:]
+        return
+    assert proc.returncode == 1 and proc.stderr.count("Traceback") == 1, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("moco.errors.UserError: ") and str(script) in last and "workers=0" in last, last
+    assert 'if __name__ == "__main__":' in last and "groups" not in proc.stdout

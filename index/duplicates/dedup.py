@@ -69,6 +69,7 @@ from index.duplicates.verify import COPY_SCORE, SIDE
 from index.search.image_index import ImageIndex, row_filter
 from index.search.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
 from moco.data.photos import ImageDecodeError, load_rgb
+from moco.data.workers import exit_if_importing_main
 from moco.errors import NotFoundError, UserError
 from moco.files import atomic_write
 
@@ -351,6 +352,7 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     ``workers``: processes of the pixel check (None: every core; 0: this process alone;
     :mod:`index.duplicates.check_workers`).
     """
+    exit_if_importing_main()  # a script's top-level call, run again by a pixel-check worker: that worker stops there
     kinds = _check_kinds(kinds)
     if workers is not None and workers < 0:
         raise UserError(f"--workers {workers}: give the pixel check's processes, 0 or more (0: none besides this one)")

@@ -77,9 +77,9 @@ def _broken_pool_error(ctx: Any, workers: int, what: str) -> UserError:
     probe.join()
     if probe.exitcode == REIMPORTED_MAIN_EXIT:
         main = getattr(sys.modules.get("__main__"), "__file__", None) or "the main script"
-        return UserError(f"{main} trains when it is imported: the {what} worker processes (workers={workers}) each "
-                         "import it again, as Python's spawn start method does. Put the call to train under "
-                         '`if __name__ == "__main__":` (or pass workers=0 to work in this process)')
+        return UserError(f"{main} does its work when it is imported: the {what} worker processes (workers={workers}) "
+                         "each import it again, as Python's spawn start method does. Put that work (the call to train "
+                         'or to search) under `if __name__ == "__main__":` (or pass workers=0 to work in this process)')
     return UserError(f"the {what} worker processes (workers={workers}) stopped abruptly (killed, e.g. for "
                      "memory?): run again with fewer workers, or workers=0 to work in this process")
 
