@@ -43,7 +43,7 @@ import hashlib
 import heapq
 import json
 import tempfile
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -188,6 +188,9 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
     return _verify_links(index, index.dir, ids, vecs, content, rows, links, chunk, progress, versions, workers)
 
 
+CHECK_BLOCK = 1 << 16  # pairs looked up among those scored before at a time (memory: 25 bytes a pair)
+
+
 def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
                   rows: Mapping[int, Row], links: Mapping[int, Mapping[int, float]], chunk: int, progress: bool,
                   versions: Mapping[int, int] | None, workers: int | None) -> tuple[dict[int, dict[int, float]],
@@ -202,14 +205,25 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
     with _stage("proposals", 5 * len(ids), "search", progress) as bar:
         pairs, _ = proposals(index.store, ids, vecs, content, frames_, links, chunk, step=bar.update)  # P x 2, P
     checked = CheckedPairs(where / CHECKED_FILE, versions)
-    hit, before = checked.known(pairs)  # P, P: the pairs an earlier search scored, and their scores
-    reused = int(hit.sum())
-    scores = {(a, b): s for (a, b), s in zip(pairs[hit].tolist(), before[hit].tolist()) if s >= COPY_SCORE}
-    todo = pairs[~hit]  # T x 2, sorted
+    scores: dict[tuple[int, int], float] = {}
+    reused = 0
+    if workers is None:  # at least the pairs no earlier search can have scored
+        workers = check_workers(len(pairs) - min(len(checked), len(pairs)))
     with _stage("pixel check", len(pairs), "pair", progress) as bar:
-        bar.update(reused)
-        parts = (todo[start : start + PART] for start in range(0, len(todo), PART))
-        for part, got in checked_parts(parts, frames_, workers if workers is not None else check_workers(len(todo))):
+
+        def parts() -> Iterator[np.ndarray]:  # the pairs no earlier search scored, PART at a time, in order
+            nonlocal reused
+            for start in range(0, len(pairs), CHECK_BLOCK):
+                block = pairs[start : start + CHECK_BLOCK]  # B x 2
+                hit, before = checked.known(block)  # B, B
+                reused += int(hit.sum())
+                scores.update({q: s for q, s in zip(map(tuple, block[hit].tolist()), before[hit].tolist())
+                               if s >= COPY_SCORE})
+                bar.update(int(hit.sum()))
+                todo = block[~hit]  # T x 2
+                yield from (todo[n : n + PART] for n in range(0, len(todo), PART))
+
+        for part, got in checked_parts(parts(), frames_, workers):
             new = {(a, b): s for (a, b), s in zip(part.tolist(), got.tolist()) if s == s}  # NaN: a photo without one
             checked.add(new)  # kept at once: a search killed after this goes on from here
             scores.update({q: s for q, s in new.items() if s >= COPY_SCORE})
