@@ -16,7 +16,6 @@ Preprocessing comes from the backbone's metadata (short side resized to ``resize
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -33,6 +32,7 @@ from moco.config import is_vit
 from moco.data.augment import center_view
 from moco.data.photos import ImageDecodeError, load_square_u8, read_image_bytes, scan_images, square_u8
 from moco.errors import UserError
+from moco.export.meta import BackboneMeta
 from moco.runtime import autocast_for, resolve_device, resolve_precision
 from moco.whiten import Whitening, embedding_features, whiten_features
 
@@ -116,7 +116,8 @@ class Embedder:
 
     Attributes:
         dim: the width D of the vectors it makes.
-        config: the backbone's metadata (arch, image_size, resize, mean, std, source sha256, ...).
+        config: the backbone's metadata (:class:`moco.export.meta.BackboneMeta`: arch, image_size, resize, mean, std,
+            source sha256, ...).
         sha256: sha256 of the backbone file (what an index records to refuse a different backbone).
         space: the embedding space every vector goes through (:class:`moco.whiten.Whitening`: centred, whitened),
             or None: the features as they are, L2-normalized. By default the space the export carries (a run
@@ -127,7 +128,7 @@ class Embedder:
         pixel_mean, pixel_std: the preprocessing's per-channel normalization.
     """
 
-    def __init__(self, backbone: nn.Module, config: dict[str, str], device: str | torch.device = "auto",
+    def __init__(self, backbone: nn.Module, config: BackboneMeta, device: str | torch.device = "auto",
                  precision: str = "auto", sha256: str = "", whitening: Whitening | None = None,
                  features: Whitening | None = None) -> None:
         self.device = resolve_device(str(device))
@@ -137,14 +138,14 @@ class Embedder:
         self.mirror = bool(recipe.mirror) if recipe is not None else False
         self.stages: tuple[tuple[str, int], ...] = tuple(recipe.stages) if recipe is not None else ()
         self.precision = resolve_precision(precision, self.device)
-        self.config = dict(config)
+        self.config = config
         self.sha256 = sha256
-        self.dim = int(config["embed_dim"]) + sum(c for _, c in self.stages)  # with the pooled stages
-        self.image_size = int(config["image_size"])
-        self.resize = int(config["resize"])
-        self.pixel_mean, self.pixel_std = tuple(json.loads(config["mean"])), tuple(json.loads(config["std"]))
+        self.dim = config.embed_dim + sum(c for _, c in self.stages)  # with the pooled stages
+        self.image_size = config.image_size
+        self.resize = config.resize
+        self.pixel_mean, self.pixel_std = config.mean, config.std
         # CNNs run channels_last on every device: 1.5-1.6x faster on this CPU (oneDNN; bench/layout.py), as on GPUs
-        self.channels_last = not is_vit(config["arch"])
+        self.channels_last = not is_vit(config.arch)
         self.backbone = backbone.to(self.device).eval()
         if self.channels_last:
             self.backbone = self.backbone.to(memory_format=torch.channels_last)

@@ -37,9 +37,9 @@ def _backbone_of(net: nn.Module, head: str = "fc.") -> dict[str, torch.Tensor]:
 def _check(path, out, expected: dict[str, torch.Tensor], dropped: dict[str, int], arch: str, **kw):
     meta = export_backbone(path, out, **kw)
     state, meta2 = load_exported(out)
-    assert meta2 == meta and meta["arch"] == arch
+    assert meta2 == meta and meta.arch == arch
     assert set(state) == set(expected) and all(torch.equal(state[k], expected[k]) for k in state)
-    assert json.loads(meta["dropped"]) == dropped
+    assert meta.dropped == dropped
     return meta
 
 
@@ -58,9 +58,9 @@ def test_official_v1_v2(tmp_path, prefix):
         meta = _check(tmp_path / f"{version}.pth.tar", tmp_path / f"{version}.safetensors", _backbone_of(q),
                       {"momentum (key) encoder": len(q.state_dict()), "projection head": n_head,
                        "queue (keys of the original training images)": 2}, "resnet18")
-        assert meta["moco_version"] == version and meta["source_format"] == "moco-v1/v2 (official)"
-        assert meta["image_size"] == "224" and meta["resize"] == "256"
-        assert json.loads(meta["training"]) == {"epoch": 200, "arch": "resnet18"}
+        assert meta.moco_version == version and meta.source_format == "moco-v1/v2 (official)"
+        assert meta.image_size == 224 and meta.resize == 256
+        assert meta.training == {"epoch": 200, "arch": "resnet18"}
 
 
 def test_official_v3_resnet_and_vit(tmp_path):
@@ -76,7 +76,7 @@ def test_official_v3_resnet_and_vit(tmp_path):
     meta = _check(tmp_path / "r.pth.tar", tmp_path / "r.safetensors", _backbone_of(base),
                   {"momentum (key) encoder": len(base.state_dict()), "projection head": n_head,
                    "predictor": len(pred.state_dict())}, "resnet18")
-    assert meta["moco_version"] == "v3"
+    assert meta.moco_version == "v3"
 
     vit = timm.create_model("vit_small_patch16_224", pretrained=False, img_size=64, num_heads=12)
     vit.head = build_mlp(3, 384, 64, 32, last_bn=True)
@@ -86,7 +86,7 @@ def test_official_v3_resnet_and_vit(tmp_path):
     meta = _check(tmp_path / "v.pth.tar", tmp_path / "v.safetensors", _backbone_of(vit, "head."),
                   {"projection head": len(vit.head.state_dict()), "predictor": len(pred.state_dict())},
                   "vit_small_patch16_224")
-    assert json.loads(meta["arch_kwargs"]) == {"num_heads": 12} and meta["image_size"] == "64"
+    assert meta.arch_kwargs == {"num_heads": 12} and meta.image_size == 64
     # the 12-head ViT-S of MoCo v3 computes the same features after the round trip
     emb = Embedder.load(tmp_path / "v.safetensors", device="cpu", precision="fp32")
     x = torch.randint(0, 256, (2, 73, 73, 3), dtype=torch.uint8)
@@ -114,7 +114,7 @@ def test_plain_lightly_solo(tmp_path):
     meta = _check(tmp_path / "solo.ckpt", tmp_path / "s.safetensors", _backbone_of(net),
                   {"momentum (key) encoder": len(_backbone_of(net)), "projection head": 1, "classifier": 1},
                   "resnet18")
-    assert meta["source_format"] == "solo-learn"
+    assert meta.source_format == "solo-learn"
 
 
 def test_unknown_keys_and_undetectable_arch_are_errors(tmp_path):
@@ -145,8 +145,8 @@ def test_exported_features_equal_training_model(tmp_path, preset, arch, size):
     save_checkpoint({"model": model.state_dict(), "step": 7, "config": to_plain(cfg), "files": ["a"] * 5},
                     tmp_path, keep=0)
     meta = export_backbone(tmp_path / "checkpoint.pt", tmp_path / "b.safetensors")
-    assert meta["moco_version"] == preset and meta["arch"] == arch and meta["small_stem"] == json.dumps(preset == "v2")
-    assert json.loads(meta["training"])["step"] == 7 and json.loads(meta["training"])["images"] == 5
+    assert meta.moco_version == preset and meta.arch == arch and meta.small_stem == (preset == "v2")
+    assert meta.training["step"] == 7 and meta.training["images"] == 5
     emb = Embedder.load(tmp_path / "b.safetensors", device="cpu", precision="fp32")
     x = torch.randint(0, 256, (4, size, size, 3), dtype=torch.uint8)
     model.eval()
@@ -218,15 +218,15 @@ def test_onnx_and_pt2_dynamic_batch_match_pytorch(tmp_path, fmt):
         import onnx
         import onnxruntime as ort
 
-        assert {p.key: p.value for p in onnx.load(str(out)).metadata_props} == meta
+        assert {p.key: p.value for p in onnx.load(str(out)).metadata_props} == meta.to_strings()
         session = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
         run = lambda x: session.run(None, {"images": x.numpy()})[0]
     else:
         extra = {"moco_meta.json": ""}
         program = torch.export.load(str(out), extra_files=extra)
-        assert json.loads(extra["moco_meta.json"]) == meta
+        assert json.loads(extra["moco_meta.json"]) == meta.to_strings()
         run = lambda x: program.module()(x).detach().numpy()
-    assert meta["image_size"] == "32" and json.loads(meta["mean"]) and json.loads(meta["std"])
+    assert meta.image_size == 32 and meta.mean and meta.std
     net.fc = nn.Identity()
     for n in (1, 5):  # batch sizes other than the export example's, from the one file
         x = torch.randn(n, 3, 32, 32)
@@ -265,12 +265,12 @@ def test_timm_format_loads_in_timm_with_its_preprocessing(tmp_path, kind):
     model = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True).eval()
     data = timm.data.resolve_data_config({}, model=model)
     assert tuple(data["input_size"]) == (3, size, size) and data["interpolation"] == "bicubic"
-    assert list(data["mean"]) == json.loads(meta["mean"]) and list(data["std"]) == json.loads(meta["std"])
+    assert tuple(data["mean"]) == meta.mean and tuple(data["std"]) == meta.std
     transform = timm.data.create_transform(**data)
-    assert transform.transforms[0].size == int(meta["resize"])  # timm resizes to our resize, then crops
+    assert transform.transforms[0].size == meta.resize  # timm resizes to our resize, then crops
     export_backbone(tmp_path / "ckpt.pth", tmp_path / "ref.safetensors", image_size=size)
     emb = Embedder.load(tmp_path / "ref.safetensors", device="cpu", precision="fp32")
-    images = _square_images(3, int(meta["resize"]))
+    images = _square_images(3, meta.resize)
     with torch.no_grad():
         got = nn.functional.normalize(model(torch.stack([transform(im) for im in images])), dim=1).numpy()
     assert abs(got - emb.embed(images)).max() < 1e-4

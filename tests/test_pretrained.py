@@ -326,9 +326,9 @@ def test_export_by_name_and_a_path_wins(server, data, home, tmp_path, monkeypatc
     out = tmp_path / "x.safetensors"
     assert main(["export", "test_r18", "-o", str(out)]) == 0, capsys.readouterr().err
     _, meta = load_exported(out)
-    assert meta["arch"] == "resnet18" and meta["source_format"] == "moco-v1/v2 (official)"
-    assert meta["source_file"] == "r18_pretrain.pth.tar"
-    assert meta["source_sha256"] == hashlib.sha256(data).hexdigest()
+    assert meta.arch == "resnet18" and meta.source_format == "moco-v1/v2 (official)"
+    assert meta.source_file == "r18_pretrain.pth.tar"
+    assert meta.source_sha256 == hashlib.sha256(data).hexdigest()
     # A file of that name in the working directory is used instead, and nothing is fetched.
     import torchvision
 
@@ -336,7 +336,7 @@ def test_export_by_name_and_a_path_wins(server, data, home, tmp_path, monkeypatc
     torch.save(torchvision.models.resnet18(weights=None).state_dict(), tmp_path / "test_r18")
     server.requests.clear()
     assert main(["export", "test_r18", "-o", str(tmp_path / "y.safetensors")]) == 0
-    assert load_exported(tmp_path / "y.safetensors")[1]["source_format"] == "plain" and server.requests == []
+    assert load_exported(tmp_path / "y.safetensors")[1].source_format == "plain" and server.requests == []
 
 
 def test_unknown_bare_name_lists_the_names(tmp_path, capsys):

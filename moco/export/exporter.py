@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import logging
 import os
 from collections.abc import Iterator
@@ -24,10 +23,8 @@ from torch import nn
 from moco.config import IMAGENET_MEAN, IMAGENET_STD, is_vit
 from moco.errors import UserError
 from moco.export import FORMATS
-from moco.export.reader import (
-    BACKBONE_ID,
-    WhitenedBackbone,
-)
+from moco.export.meta import BackboneMeta
+from moco.export.reader import WhitenedBackbone
 from moco.export.writers import write_onnx, write_pt2, write_safetensors, write_timm
 from moco.files import sha256_file
 from moco.model.backbones import build_backbone
@@ -56,7 +53,7 @@ def export_backbone(
     fmt: str = "safetensors",
     image_size: int | None = None,
     space: str | Path | None = None,
-) -> dict[str, str]:
+) -> BackboneMeta:
     """Write the query backbone of ``checkpoint`` (a file, or an official NAME: fetched once) to ``out``; returns
     the metadata written.
 
@@ -77,7 +74,7 @@ def export_backbone(
 
 
 def _export(checkpoint: Path, out: Path, arch: str | None, fmt: str, image_size: int | None,
-            space: str | Path | None) -> dict[str, str]:
+            space: str | Path | None) -> BackboneMeta:
     """:func:`export_backbone`'s work, on the checkpoint's file."""
     if fmt == "torchscript":
         raise UserError("--format torchscript is gone (torch.jit.trace is deprecated): use --format pt2, a "
@@ -103,27 +100,6 @@ def _export(checkpoint: Path, out: Path, arch: str | None, fmt: str, image_size:
     load_backbone_state(backbone, split.backbone, str(checkpoint))
     dropped = _account(split, backbone)
     logger.info("stripped: %s", ", ".join(f"{n} {why}" for why, n in sorted(dropped.items())) or "nothing")
-    cfg = split.meta.get("config") or {}
-    meta = {
-        "format": BACKBONE_ID,
-        "format_version": "1",
-        "arch": guess.arch,
-        "arch_kwargs": json.dumps(guess.kwargs),
-        "small_stem": json.dumps(guess.small_stem),
-        "embed_dim": str(dim),
-        "image_size": str(guess.image_size),
-        "resize": str(_resize_for(guess.image_size)),
-        "crop": "center",
-        "interpolation": "bicubic",
-        "mean": json.dumps(list(cfg.get("mean", IMAGENET_MEAN))),
-        "std": json.dumps(list(cfg.get("std", IMAGENET_STD))),
-        "source_file": os.fsencode(checkpoint.name).decode("utf-8", "backslashreplace"),  # any bytes: text
-        "source_sha256": sha256_file(checkpoint),
-        "source_format": split.format,
-        "moco_version": moco_version(split),
-        "dropped": json.dumps(dropped, sort_keys=True),
-        "training": json.dumps(_training_summary(split)),
-    }
     backbone.eval()
     whitening = _whitening_of(split, dim, checkpoint)
     if space is not None:
@@ -135,17 +111,25 @@ def _export(checkpoint: Path, out: Path, arch: str | None, fmt: str, image_size:
     plain = {"width": dim, "whitened": False, "centred": False, "normalized": fmt == "safetensors", "mirror": False,
              "stages": [], "fitted_on": None}
     output = whitening.describe() if whitening is not None else plain
+    info, embed_dim, backbone_dim = None, dim, None
     if whitening is not None:
-        meta["whitening"] = json.dumps({"shrinkage": whitening.shrinkage, "count": whitening.count, "source":
-                                        whitening.source, "mirror": whitening.mirror,
-                                        "stages": whitening.state()["stages"]})
+        info = {"shrinkage": whitening.shrinkage, "count": whitening.count, "source": whitening.source,
+                "mirror": whitening.mirror, "stages": whitening.state()["stages"]}
         if fmt in ("onnx", "pt2"):  # a program: its output is the space's L2-normalized embedding
             module = WhitenedBackbone(backbone, whitening).eval()
-            meta["backbone_dim"], meta["embed_dim"] = str(dim), str(whitening.dim)
+            embed_dim, backbone_dim = whitening.dim, dim
         elif fmt == "timm":  # timm's model outputs the backbone's features; space.safetensors maps them
             output = {**output, "apply": "moco.apply_space(model, x, DIR)",
                       "model_output": {"width": dim, "normalized": False}}
-    meta["output"] = json.dumps(output)
+    cfg = split.meta.get("config") or {}
+    meta = BackboneMeta(
+        arch=guess.arch, small_stem=guess.small_stem, embed_dim=embed_dim, image_size=guess.image_size,
+        resize=_resize_for(guess.image_size), mean=tuple(cfg.get("mean", IMAGENET_MEAN)),
+        std=tuple(cfg.get("std", IMAGENET_STD)), arch_kwargs=guess.kwargs,
+        source_file=os.fsencode(checkpoint.name).decode("utf-8", "backslashreplace"),  # any bytes: text
+        source_sha256=sha256_file(checkpoint), source_format=split.format, moco_version=moco_version(split),
+        dropped=dropped, training=_training_summary(split), whitening=info, backbone_dim=backbone_dim, output=output,
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "safetensors":
         write_safetensors(backbone, meta, out, whitening)

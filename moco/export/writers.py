@@ -17,6 +17,7 @@ from torch import nn
 
 from moco.config import is_vit
 from moco.errors import StorageError, UserError, storage_error
+from moco.export.meta import BackboneMeta
 from moco.whiten import Whitening
 
 __all__ = ["write_safetensors", "write_timm", "write_pt2", "write_onnx"]
@@ -24,7 +25,7 @@ __all__ = ["write_safetensors", "write_timm", "write_pt2", "write_onnx"]
 logger = logging.getLogger(__name__)
 
 
-def write_safetensors(backbone: nn.Module, meta: dict[str, str], out: Path,
+def write_safetensors(backbone: nn.Module, meta: BackboneMeta, out: Path,
                        whitening: Whitening | None = None) -> None:
     from safetensors.torch import save
 
@@ -33,16 +34,17 @@ def write_safetensors(backbone: nn.Module, meta: dict[str, str], out: Path,
     state = {k: v.detach().contiguous().cpu() for k, v in backbone.state_dict().items()}
     if whitening is not None:  # beside the backbone's tensors; build_exported leaves them to the Embedder
         state.update({f"whitening.{k}": v for k, v in whitening.state().items() if isinstance(v, torch.Tensor)})
-    data = save(state, metadata=meta)  # in memory: our own write reports a full or read-only disk, naming `out`
+    # in memory: our own write reports a full or read-only disk, naming `out`
+    data = save(state, metadata=meta.to_strings())
     atomic_write(out, lambda f: f.write(data))
 
 
-def _example(meta: dict[str, str], n: int = 2) -> torch.Tensor:
-    size = int(meta["image_size"])
+def _example(meta: BackboneMeta, n: int = 2) -> torch.Tensor:
+    size = meta.image_size
     return torch.randn(n, 3, size, size, generator=torch.Generator().manual_seed(n))
 
 
-def _check_faithful(run: Any, backbone: nn.Module, meta: dict[str, str], what: str) -> None:
+def _check_faithful(run: Any, backbone: nn.Module, meta: BackboneMeta, what: str) -> None:
     """``run(x)`` (numpy N x D) equals the PyTorch backbone for batch sizes 1 and 3, else a RuntimeError."""
     for n in (1, 3):  # the export example has 2: the batch dimension must really be dynamic
         x = _example(meta, n)
@@ -78,20 +80,20 @@ def _dynamic_batch() -> tuple[dict[int, Any], ...]:
     return ({0: torch.export.Dim("batch", min=1)},)
 
 
-def _timm_config(backbone: nn.Module, meta: dict[str, str]) -> dict[str, Any]:
+def _timm_config(backbone: nn.Module, meta: BackboneMeta) -> dict[str, Any]:
     """timm's ``config.json`` for ``backbone`` (architecture, model_args, pretrained_cfg), or a UserError where
     timm has no model with exactly these layers (the small stem, a layout timm names differently)."""
     import timm
 
-    arch = meta["arch"].removeprefix("timm/")
-    if json.loads(meta["small_stem"]):
+    arch = meta.arch.removeprefix("timm/")
+    if meta.small_stem:
         raise UserError(f"--format timm: {arch} with the small stem (3x3 conv, no max-pool) is not a timm "
                         "model: use --format safetensors (moco.Embedder loads it)")
     if not timm.is_model(arch):
         raise UserError(f"--format timm: timm has no model {arch!r}: use --format safetensors")
-    args: dict[str, Any] = json.loads(meta["arch_kwargs"])
+    args: dict[str, Any] = dict(meta.arch_kwargs)
     if is_vit(arch):
-        args["img_size"] = int(meta["image_size"])
+        args["img_size"] = meta.image_size
     with torch.device("meta"):
         probe = timm.create_model(arch, pretrained=False, num_classes=0, **args)
     want = {k: tuple(v.shape) for k, v in backbone.state_dict().items()}
@@ -100,7 +102,7 @@ def _timm_config(backbone: nn.Module, meta: dict[str, str]) -> dict[str, Any]:
         diff = sorted(set(want) ^ set(have)) or sorted(k for k in want if want[k] != have[k])
         raise UserError(f"--format timm: timm's {arch} has other layers than this backbone ({', '.join(diff[:4])}): "
                         "use --format safetensors")
-    size, resize = int(meta["image_size"]), int(meta["resize"])
+    size, resize = meta.image_size, meta.resize
     crop_pct = size / resize
     while math.floor(size / crop_pct) < resize:  # timm resizes to floor(size / crop_pct): keep it exactly `resize`
         crop_pct = math.nextafter(crop_pct, 0.0)
@@ -111,22 +113,22 @@ def _timm_config(backbone: nn.Module, meta: dict[str, str]) -> dict[str, Any]:
     return {
         "architecture": arch,
         "num_classes": 0,
-        "num_features": int(meta["embed_dim"]),
+        "num_features": meta.embed_dim,
         "model_args": args,
         "pretrained_cfg": {
             "input_size": [3, size, size],
-            "interpolation": meta["interpolation"],
-            "mean": json.loads(meta["mean"]),
-            "std": json.loads(meta["std"]),
+            "interpolation": meta.interpolation,
+            "mean": list(meta.mean),
+            "std": list(meta.std),
             "crop_pct": crop_pct,
-            "crop_mode": meta["crop"],
+            "crop_mode": meta.crop,
             "num_classes": 0,
             **own,
         },
     }
 
 
-def write_timm(backbone: nn.Module, meta: dict[str, str], out: Path, space: Whitening | None = None) -> None:
+def write_timm(backbone: nn.Module, meta: BackboneMeta, out: Path, space: Whitening | None = None) -> None:
     """A folder timm loads with ``create_model("local-dir:OUT", pretrained=True)``: config.json, model.safetensors,
     and the embedding space (``space.safetensors``, for :func:`moco.apply_space`) where the export has one."""
     import timm
@@ -144,7 +146,8 @@ def write_timm(backbone: nn.Module, meta: dict[str, str], out: Path, space: Whit
         _check_faithful(lambda x: model(x).numpy(), backbone, meta, "timm")
         names = ["model.safetensors", "config.json"]
         if space is not None:
-            save_space(space, Path(tmp) / SPACE_FILE, meta["source_sha256"], source_sha256=meta["source_sha256"])
+            assert meta.source_sha256 is not None  # the exporter records it in every export
+            save_space(space, Path(tmp) / SPACE_FILE, meta.source_sha256, source_sha256=meta.source_sha256)
             names.append(SPACE_FILE)
         out.mkdir(exist_ok=True)
         (out / SPACE_FILE).unlink(missing_ok=True)  # an older export's space never outlives its model
@@ -152,7 +155,7 @@ def write_timm(backbone: nn.Module, meta: dict[str, str], out: Path, space: Whit
             _publish(Path(tmp) / name, out / name)
 
 
-def write_pt2(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
+def write_pt2(backbone: nn.Module, meta: BackboneMeta, out: Path) -> None:
     """A ``torch.export`` program with a dynamic batch; the metadata is its extra file ``moco_meta.json``."""
     if out.suffix != ".pt2":
         raise UserError(f"--format pt2: torch.export.load reads only files named *.pt2, not {out.name}: "
@@ -165,14 +168,14 @@ def write_pt2(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
     # In memory, then our own atomic write: torch's file writer aborts the interpreter on a full disk, and
     # our write names `out` and leaves nothing
     buffer = io.BytesIO()
-    torch.export.save(program, buffer, extra_files={"moco_meta.json": json.dumps(meta)})
+    torch.export.save(program, buffer, extra_files={"moco_meta.json": json.dumps(meta.to_strings())})
     buffer.seek(0)
     module = torch.export.load(buffer).module()
     _check_faithful(lambda x: module(x).numpy(), backbone, meta, "torch.export program")
     atomic_write(out, lambda f: f.write(buffer.getbuffer()))
 
 
-def write_onnx(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
+def write_onnx(backbone: nn.Module, meta: BackboneMeta, out: Path) -> None:
     """ONNX from the torch.export-based exporter, dynamic batch; the metadata is in ``metadata_props``."""
     try:
         import onnxruntime as ort
@@ -189,7 +192,7 @@ def write_onnx(backbone: nn.Module, meta: dict[str, str], out: Path) -> None:
     finally:
         for log, level in zip(chatty, levels):
             log.setLevel(level)
-    program.model.metadata_props.update(meta)
+    program.model.metadata_props.update(meta.to_strings())
     tmp = out.with_name(f".{out.name}.part")
     try:
         with _naming(out):  # a full disk: the exporter's own error names no file
