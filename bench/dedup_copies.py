@@ -39,12 +39,15 @@ import shutil  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 from PIL import Image, ImageEnhance, ImageOps  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+if TYPE_CHECKING:
+    from index.duplicates.groups import Group
 
 EDITS = ("exact", "jpeg", "resized", "cropped", "brightened", "mirrored")
 AIM = {"recall": 0.98, "pair_precision": 0.95, "largest_distinct": 10}
@@ -140,11 +143,11 @@ def write_collection(root: Path, images: np.ndarray, share: float, seed: int) ->
     return copies
 
 
-def score(groups: list[dict[str, Any]], copies: dict[str, str]) -> dict[str, Any]:
+def score(groups: list[Group], copies: dict[str, str]) -> dict[str, Any]:
     """Recall per edit, pair precision and the largest group of distinct photos of ``groups`` (paths relative to the
     collection) against the planted ``copies`` (copy -> its photo)."""
     source = lambda p: copies.get(p, p)  # noqa: E731 - a photo and its copy: one source
-    group_of = {m["path"]: n for n, g in enumerate(groups) for m in g["members"]}
+    group_of = {m.path: n for n, g in enumerate(groups) for m in g.members}
     recall: dict[str, list[bool]] = {e: [] for e in EDITS}
     for copy, photo in copies.items():
         edit = Path(copy).stem.split("_", 1)[1]
@@ -152,7 +155,7 @@ def score(groups: list[dict[str, Any]], copies: dict[str, str]) -> dict[str, Any
     pairs = real = 0
     largest = 0
     for g in groups:
-        paths = [m["path"] for m in g["members"]]
+        paths = [m.path for m in g.members]
         for a, b in itertools.combinations(paths, 2):
             pairs += 1
             real += source(a) == source(b)
@@ -163,7 +166,7 @@ def score(groups: list[dict[str, Any]], copies: dict[str, str]) -> dict[str, Any
             "recall_all": round(float(np.mean(found)), 4) if found else None,
             "pair_precision": round(real / pairs, 4) if pairs else 1.0, "pairs": pairs, "real_pairs": real,
             "largest_distinct": largest, "groups": len(groups),
-            "grouped_photos": sum(len(g["members"]) for g in groups)}
+            "grouped_photos": sum(len(g.members) for g in groups)}
 
 
 def _backbone(args: argparse.Namespace) -> tuple[Path, str]:

@@ -87,8 +87,8 @@ def main() -> int:
             pairs += [(int(x) + s, int(y)) for x, y in zip(a, b) if x + s < y]
         before = _summary(_components(len(ids), pairs), labels)
         groups = find_duplicates(idx, t, save=False)
-        after = _summary([[pos[m["id"]] for m in g["members"]] for g in groups], labels,
-                         [pos[g["representative"]["id"]] for g in groups])
+        after = _summary([[pos[m.id] for m in g.members] for g in groups], labels,
+                         [pos[g.representative.id] for g in groups])
         report[name] = {"threshold": round(float(t), 4), "single_linkage": before, "representative": after}
     report["calibration"] = idx.meta.get("dedup_calibration")
     print(f"{report['photos']} photos; {report['space']}; CPU {report['cpu']}")

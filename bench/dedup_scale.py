@@ -180,9 +180,10 @@ from index.search.image_index import ImageIndex
 found = search_duplicates(ImageIndex.open(sys.argv[1]), save=False)
 seconds = time.perf_counter() - t0
 peak = int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read())[1]) * 1024
+groups = [g.to_json() if hasattr(g, "to_json") else g for g in found.groups]  # a checkout before typed groups: dicts
 json.dump({"seconds": seconds, "peak_bytes": peak, "decision": found.decision,
            "groups": [{"members": [{"path": m["path"]} for m in g["members"]], "reason": g["reason"],
-                       "keep": g["keep"]} for g in found.groups]}, open(sys.argv[2], "w"))
+                       "keep": g["keep"]} for g in groups]}, open(sys.argv[2], "w"))
 """
 
 

@@ -305,9 +305,8 @@ def test_thumbnail_original_stats_and_duplicates(http, server, idx, sample_photo
     find_duplicates(index, 0.5)
     dup = http.get("/duplicates").json()
     saved = load_duplicates(idx)
-    assert dup["threshold"] == saved["threshold"] and len(dup["groups"]) == len(saved["groups"])
-    assert [[m["id"] for m in g["members"]] for g in dup["groups"]] == \
-        [[m["id"] for m in g["members"]] for g in saved["groups"]]
+    assert dup["threshold"] == saved.threshold and len(dup["groups"]) == len(saved.groups)
+    assert [[m["id"] for m in g["members"]] for g in dup["groups"]] == [g.ids for g in saved.groups]
 
 
 def test_the_api_filters_folders_and_dates_as_the_page(http, server, sample_photos):

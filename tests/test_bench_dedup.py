@@ -12,6 +12,13 @@ import pytest
 
 from bench._datasets import FASHION_DIR
 from bench.dedup_copies import EDITS, main, score, write_collection
+from index.duplicates.groups import Group, Member
+
+
+def _group(*paths: str) -> Group:
+    """A group of photos ``paths`` (all the scores read)."""
+    return Group(id="near-0-000000", kind="near", size=len(paths), representative=None, tightest=None, loosest=None,
+                 keep=None, keep_id=None, reason="", members=tuple(Member(n, p) for n, p in enumerate(paths)))
 
 
 def test_the_planted_copies_and_the_scores(tmp_path):
@@ -25,8 +32,8 @@ def test_the_planted_copies_and_the_scores(tmp_path):
         assert same == copy.endswith("_exact.png")
     (c1, p1), (c2, p2), (c3, _) = list(copies.items())[:3]
     others = sorted(p for p in (f"photos/{i:05d}.png" for i in range(24)) if p not in copies.values())
-    groups = [{"members": [{"path": p1}, {"path": c1}, {"path": others[0]}]},  # a copy, its photo and another
-              {"members": [{"path": c2}, {"path": others[1]}]}]  # a copy without its photo
+    groups = [_group(p1, c1, others[0]),  # a copy, its photo and another
+              _group(c2, others[1])]  # a copy without its photo
     s = score(groups, copies)
     # by hand: pairs (p1, c1) real, (p1, o0) and (c1, o0) not, (c2, o1) not
     assert (s["pairs"], s["real_pairs"], s["pair_precision"], s["largest_distinct"]) == (4, 1, 0.25, 2)

@@ -177,7 +177,7 @@ def test_dedup_groups_copies_but_not_a_family(backbone, tmp_path):
         im.crop((w // 40, h // 40, w - w // 40, h - h // 40)).save(photos / fam / "copy_crop.jpg", quality=90)  # 95%
         copies[fam] = {f"{fam}/{fam}_001.jpg"} | {f"{fam}/copy_{n}.jpg" for n in ("small", "q60", "crop")}
     build_index(photos, backbone, tmp_path / "idx", progress=False, device="cpu")
-    groups = [{m["path"] for m in g["members"]} for g in find_duplicates(ImageIndex.open(tmp_path / "idx"))]
+    groups = [{m.path for m in g.members} for g in find_duplicates(ImageIndex.open(tmp_path / "idx"))]
     for fam, want in copies.items():
         assert want in groups, (fam, groups)  # exactly the photo and its copies, no other photo of the family
 

@@ -107,33 +107,33 @@ def _groups(idx: Path, kinds=("exact", "near")) -> list[dict]:
 def test_exact_near_and_similar_groups(coll):
     index = ImageIndex.open(coll["idx"])
     found = search_duplicates(index)
-    by_kind = {g["kind"]: sorted(m["path"] for m in g["members"]) for g in found.groups}
-    assert [g["kind"] for g in found.groups] == ["exact", "near"]
+    by_kind = {g.kind: sorted(m.path for m in g.members) for g in found.groups}
+    assert [g.kind for g in found.groups] == ["exact", "near"]
     assert by_kind == {k: sorted(v) for k, v in coll["expected"].items()}
     exact, near = found.groups
-    assert exact["keep"] == coll["expected"]["exact"][0] and exact["reason"].startswith("oldest file")
-    assert near["keep"] == coll["expected"]["near"][0] and near["reason"] == "most pixels (64 x 64)"
-    assert exact["id"].startswith(f"exact-{min(m['id'] for m in exact['members'])}-")
+    assert exact.keep == coll["expected"]["exact"][0] and exact.reason.startswith("oldest file")
+    assert near.keep == coll["expected"]["near"][0] and near.reason == "most pixels (64 x 64)"
+    assert exact.id.startswith(f"exact-{min(m.id for m in exact.members)}-")
     d = found.decision
     assert d["rule"] in ("calibrated", "crowd") and d["threshold"] >= d["base"] and d["similar_threshold"] < \
         d["threshold"]
     saved = load_duplicates(coll["idx"])
-    assert saved["groups"] == found.groups and saved["rule"] == d["rule"] and saved["kinds"] == ["exact", "near"]
+    assert list(saved.groups) == found.groups and saved.rule == d["rule"] and saved.kinds == ("exact", "near")
     assert index.stats()["dedup_last"]["rule"] == d["rule"]  # stats say which rule set the threshold
     # similar groups only when asked, never holding a photo of an exact or near group, each member within the
     # similar threshold of its representative (brute force)
     again = search_duplicates(index, kinds=KINDS)
     assert again.groups[:2] == found.groups  # the same ids: stable across searches
-    similar = [g for g in again.groups if g["kind"] == "similar"]
+    similar = [g for g in again.groups if g.kind == "similar"]
     assert similar, "the families of the sample give similar photos"
-    taken = {m["id"] for g in found.groups for m in g["members"]}
+    taken = {m.id for g in found.groups for m in g.members}
     ids, raw = index.catalog.vectors(dim=index.dim)
     vecs = dict(zip(ids.tolist(), index.center(raw)))
     for g in similar:
-        rep = g["representative"]["id"]
-        assert not taken & {m["id"] for m in g["members"]}
-        assert all(vecs[rep] @ vecs[m["id"]] >= again.decision["similar_threshold"] - 1e-5 for m in g["members"])
-        assert any(vecs[rep] @ vecs[m["id"]] < again.decision["threshold"] for m in g["members"])  # not near
+        rep = g.representative.id
+        assert not taken & {m.id for m in g.members}
+        assert all(vecs[rep] @ vecs[m.id] >= again.decision["similar_threshold"] - 1e-5 for m in g.members)
+        assert any(vecs[rep] @ vecs[m.id] < again.decision["threshold"] for m in g.members)  # not near
 
 
 def test_the_crowd_level_against_brute_force_and_its_guard():
@@ -173,10 +173,10 @@ def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
     build_index(root, backbone, tmp_path / "idx", progress=False, device="cpu")
     index = ImageIndex.open(tmp_path / "idx")
     found = search_duplicates(index, threshold=-1.0, save=False)
-    got = sorted(sorted(m["path"] for m in g["members"]) for g in found.groups)
+    got = sorted(sorted(m.path for m in g.members) for g in found.groups)
     assert got == sorted([sorted([paths[0], "copies/brighter.png"]), sorted([paths[4], "copies/cropped.png"]),
                           sorted([paths[8], "copies/mirrored.png"])])
-    assert all(g["kind"] == "near" and all(m["copy_score"] >= COPY_SCORE for m in g["members"])
+    assert all(g.kind == "near" and all(m.copy_score >= COPY_SCORE for m in g.members)
                for g in found.groups)
     d = found.decision
     n = len(paths) + 3
@@ -229,7 +229,7 @@ def test_a_photo_that_matches_crowd_others_by_pixels_has_no_near_link(backbone, 
         ImageEnhance.Brightness(other).enhance(0.9 + 0.1 * n).save(root / "shades" / f"photo{n}.png")
     build_index(root, backbone, tmp_path / "idx", progress=False, device="cpu")
     found = search_duplicates(ImageIndex.open(tmp_path / "idx"), threshold=-1.0, save=False)
-    near = [sorted(m["path"] for m in g["members"]) for g in found.groups if g["kind"] == "near"]
+    near = [sorted(m.path for m in g.members) for g in found.groups if g.kind == "near"]
     assert near == [sorted([first.relative_to(root).as_posix(), *(f"shades/photo{n}.png" for n in range(3))])]
     assert found.decision["crowded"] == CROWD + 1
 
@@ -316,7 +316,7 @@ def test_the_keeper_is_the_original_over_each_kind_of_edited_copy(tmp_path, edit
     original = tmp_path / f"IMG_0042{suffix[original_format]}"
     img.save(original, original_format, **({"quality": 92} if original_format == "JPEG" else {}))
     copy_img, fmt, kw = _edited(img, edit)
-    for n, name in enumerate(COPY_NAMES):
+    for name in COPY_NAMES:
         copy = tmp_path / (name.format("IMG_0042") + suffix[fmt])
         copy_img.save(copy, fmt, **kw)
         os.utime(copy, ns=(original.stat().st_mtime_ns,) * 2)  # one second: the file times do not tell them apart
@@ -399,7 +399,7 @@ def test_move_and_undo_through_the_cli(coll, capsys):
     done = json.loads(capsys.readouterr().out)
     assert [d["from"] for d in done["done"]] == ["inbox/small.png"] and done["groups"] == 0
     assert _indexed(coll["idx"]) == set(coll["before"]) - set(moving)
-    assert load_duplicates(coll["idx"])["groups"] == []  # searched again: nothing left
+    assert load_duplicates(coll["idx"]).groups == ()  # searched again: nothing left
     states = [e.state for e in Journal(ImageIndex.open(idx).catalog).outstanding()]
     assert states == ["moved", "moved"]
     assert main(["index", "dedup", idx, "--undo", "--json"]) == 0
@@ -407,7 +407,7 @@ def test_move_and_undo_through_the_cli(coll, capsys):
     assert sorted(d["to"] for d in back["done"]) == moving and back["updated"]
     assert set(_where(coll["before"], photos, dest).values()) == {"root"}
     assert _indexed(coll["idx"]) == set(coll["before"])
-    assert sorted(sorted(m["path"] for m in g["members"]) for g in _groups(coll["idx"])) == sorted(
+    assert sorted(sorted(m.path for m in g.members) for g in _groups(coll["idx"])) == sorted(
         map(sorted, coll["expected"].values()))  # the groups are back
     assert main(["index", "dedup", idx, "--undo"]) == 0 and "0 photos put back" in capsys.readouterr().out
 
@@ -492,21 +492,21 @@ def test_a_move_across_file_systems_copies_then_removes(coll):
 def test_not_duplicates_and_a_chosen_keeper_survive_an_update(coll, capsys):
     idx = str(coll["idx"])
     exact, near = _groups(coll["idx"])
-    assert main(["index", "dedup", idx, "--not-duplicates", near["id"]]) == 0
+    assert main(["index", "dedup", idx, "--not-duplicates", near.id]) == 0
     assert "never grouped again" in capsys.readouterr().out
-    assert [g["id"] for g in load_duplicates(idx)["groups"]] == [exact["id"]]  # it left the saved search
-    other = next(m for m in exact["members"] if m["id"] != exact["keep_id"])
-    assert main(["index", "dedup", idx, "--keep", str(other["id"]), "--json"]) == 0
+    assert [g.id for g in load_duplicates(idx).groups] == [exact.id]  # it left the saved search
+    other = next(m for m in exact.members if m.id != exact.keep_id)
+    assert main(["index", "dedup", idx, "--keep", str(other.id), "--json"]) == 0
     kept = json.loads(capsys.readouterr().out)
-    assert [(g["id"], g["keep_id"], g["reason"]) for g in kept] == [(exact["id"], other["id"], CHOSEN)]
+    assert [(g["id"], g["keep_id"], g["reason"]) for g in kept] == [(exact.id, other.id, CHOSEN)]
     (coll["photos"] / "new.jpg").write_bytes((coll["photos"] / sorted(coll["before"])[3]).read_bytes())
     update_index(idx, progress=False, device="cpu")  # a new photo (an exact copy of another), every row kept
     groups = _groups(coll["idx"])
-    assert near["id"] not in [g["id"] for g in groups]
-    assert not any({m["path"] for m in g["members"]} >= set(coll["expected"]["near"]) for g in groups)
-    kept = next(g for g in groups if g["kind"] == "exact" and other["path"] in [m["path"] for m in g["members"]])
-    assert kept["keep_id"] == other["id"] and kept["reason"] == CHOSEN
-    assert any("new.jpg" in [m["path"] for m in g["members"]] for g in groups)  # new photos still group
+    assert near.id not in [g.id for g in groups]
+    assert not any({m.path for m in g.members} >= set(coll["expected"]["near"]) for g in groups)
+    kept = next(g for g in groups if g.kind == "exact" and other.path in [m.path for m in g.members])
+    assert kept.keep_id == other.id and kept.reason == CHOSEN
+    assert any("new.jpg" in [m.path for m in g.members] for g in groups)  # new photos still group
     assert main(["index", "dedup", idx, "--not-duplicates", "near-0-000000"]) == 2
     assert "no group 'near-0-000000' in the last search" in capsys.readouterr().err
 

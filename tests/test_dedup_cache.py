@@ -136,8 +136,8 @@ def test_a_search_after_an_update_checks_only_the_pairs_of_the_new_photos(backbo
     assert (tmp_path / "idx" / FRAMES_FILE).exists() and (tmp_path / "idx" / CHECKED_FILE).exists()
     second = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
     assert second.decision["checked"] == 0 and second.decision["frames_made"] == 0
-    assert [g["id"] for g in second.groups] == [g["id"] for g in first.groups]
-    assert sum(g["kind"] == "near" for g in first.groups) >= 5  # the copies were found
+    assert [g.id for g in second.groups] == [g.id for g in first.groups]
+    assert sum(g.kind == "near" for g in first.groups) >= 5  # the copies were found
 
     before = {r.id for r in ImageIndex.open(tmp_path / "idx").catalog.rows_by_id(
         ImageIndex.open(tmp_path / "idx").catalog.vectors(dim=idx.dim)[0]).values()}
@@ -151,8 +151,8 @@ def test_a_search_after_an_update_checks_only_the_pairs_of_the_new_photos(backbo
         (tmp_path / "idx" / name).unlink()
     fresh = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
     assert fresh.decision["reused"] == 0
-    assert [g["id"] for g in third.groups] == [g["id"] for g in fresh.groups]
-    new_ids = {m["id"] for g in fresh.groups for m in g["members"]} - before
+    assert [g.id for g in third.groups] == [g.id for g in fresh.groups]
+    new_ids = {m.id for g in fresh.groups for m in g.members} - before
     assert new_ids  # the new photos' copies are grouped
 
 
@@ -182,7 +182,7 @@ def test_a_search_killed_in_the_pixel_check_goes_on_from_where_it_stopped(backbo
     assert again.decision["reused"] == 16 and again.decision["checked"] == again.decision["proposed"] - 16
     shutil.move(tmp_path / "idx" / CHECKED_FILE, tmp_path / "kept")
     whole = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
-    assert [g["id"] for g in again.groups] == [g["id"] for g in whole.groups]
+    assert [g.id for g in again.groups] == [g.id for g in whole.groups]
     assert dedup.PART == check_workers.PART  # the subprocess's setting stayed there
 
 
@@ -239,8 +239,8 @@ def test_a_search_with_pixel_check_workers_finds_what_one_process_finds(backbone
         (tmp_path / "idx" / name).unlink()
     two = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False, workers=2)
     assert two.decision["checked"] == alone.decision["checked"] > 0 and two.decision["reused"] == 0
-    assert [(g["id"], g["keep"]) for g in two.groups] == [(g["id"], g["keep"]) for g in alone.groups]
-    assert [g["id"] for g in alone.groups]
+    assert [(g.id, g.keep) for g in two.groups] == [(g.id, g.keep) for g in alone.groups]
+    assert [g.id for g in alone.groups]
     with pytest.raises(UserError, match="--workers -1"):
         search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False, workers=-1)
 

@@ -74,18 +74,18 @@ def _check_groups(groups: list[dict], vecs: dict[int, np.ndarray], idx: ImageInd
                 lambda i: load_rgb(idx.root / rows[i].path, min_short=2 * SIDE))
     seen: set[int] = set()
     for g in groups:
-        rep = g["representative"]["id"]
-        ids = [m["id"] for m in g["members"]]
-        assert ids[0] == rep and g["size"] == len(ids) == len(set(ids)) >= 2 and not seen & set(ids)
+        rep = g.representative.id
+        ids = [m.id for m in g.members]
+        assert ids[0] == rep and g.size == len(ids) == len(set(ids)) >= 2 and not seen & set(ids)
         seen |= set(ids)
         sims = [float(vecs[rep] @ vecs[i]) for i in ids[1:]]
         others = [i for i in ids[1:] if rows[i].hash != rows[rep].hash]
         scores = copy_scores([(min(rep, i), max(rep, i)) for i in others], fr)
-        assert g["kind"] in ("exact", "near") and all(s >= COPY_SCORE for s in scores.values()), (g, scores)
-        assert {m["id"]: m["copy_score"] for m in g["members"] if m["id"] in others} == pytest.approx(
+        assert g.kind in ("exact", "near") and all(s >= COPY_SCORE for s in scores.values()), (g, scores)
+        assert {m.id: m.copy_score for m in g.members if m.id in others} == pytest.approx(
             {i: scores[min(rep, i), max(rep, i)] for i in others}, abs=1e-4)
-        assert [m["similarity"] for m in g["members"][1:]] == pytest.approx(sims, abs=1e-4)
-        assert (g["tightest"], g["loosest"]) == pytest.approx((max(sims), min(sims)), abs=1e-4)
+        assert [m.similarity for m in g.members[1:]] == pytest.approx(sims, abs=1e-4)
+        assert (g.tightest, g.loosest) == pytest.approx((max(sims), min(sims)), abs=1e-4)
 
 
 # ------------------------------------------------------------------------------------ the grouping alone
@@ -197,19 +197,19 @@ def test_copies_are_grouped_with_their_photo_at_the_index_threshold(copied, caps
     threshold = idx.dedup_threshold
     assert threshold == idx.meta["dedup_calibration"]["threshold"] != DEDUP_THRESHOLD  # calibrated, not the default
     groups = find_duplicates(idx)
-    assert sorted(sorted(m["path"] for m in g["members"]) for g in groups) == sorted(map(sorted, copied["sets"]))
+    assert sorted(sorted(m.path for m in g.members) for g in groups) == sorted(map(sorted, copied["sets"]))
     vecs, _ = _space(idx)
     _check_groups(groups, vecs, idx)
     saved = load_duplicates(idx.dir)
-    assert saved["threshold"] == threshold and saved["groups"] == groups
+    assert saved.threshold == threshold and list(saved.groups) == groups
     assert main(["index", "dedup", str(copied["idx"])]) == 0
     out = capsys.readouterr().out
     g = groups[0]
-    rep, rep_id = g["representative"]["path"], g["representative"]["id"]
-    assert f"group 1 {g['id']} (near, 4 photos, {g['loosest']:.4f}-{g['tightest']:.4f} to {rep}); keep " in out
+    rep, rep_id = g.representative.path, g.representative.id
+    assert f"group 1 {g.id} (near, 4 photos, {g.loosest:.4f}-{g.tightest:.4f} to {rep}); keep " in out
     assert f"  1.0000  {rep_id:>6}  {rep}  (representative" in out and f"by the model at cosine >= {threshold} (" in out
-    other = g["members"][1]
-    assert f"{other['id']:>6}  {other['path']}" in out and f"copy score {other['copy_score']:.4f}" in out
+    other = g.members[1]
+    assert f"{other.id:>6}  {other.path}" in out and f"copy score {other.copy_score:.4f}" in out
     assert "(calibrated on 42 photos of the collection: copies score" in out and "; above the collection's crowd" in out
 
 
@@ -298,7 +298,7 @@ def test_a_chain_of_photos_is_not_one_group(backbone, tmp_path):
     groups = find_duplicates(idx, threshold)
     _check_groups(groups, vecs, idx)  # every member a copy of its representative by pixels, never of a member
     copy_sets = [{id_of[p] for p in s} for s in sets]
-    members = [{m["id"] for m in g["members"]} for g in groups]
+    members = [{m.id for m in g.members} for g in groups]
     assert all(s in members for s in copy_sets)  # each photo with its copies
     # the chain (frames of one photo fading into the next: at its middle, a photo under a faint overlay, which its
     # pixels call copies) is cut into several groups, never one
@@ -322,7 +322,7 @@ def test_a_search_shows_each_stage_with_its_rate_and_time_left_only_when_asked(b
     n, pairs = len(idx), shown.decision["proposed"]
     for stage, total in (("frames", n), ("proposals", 5 * n), ("pixel check", pairs)):
         assert f"{stage}: 100%" in err and f"{total}/{total}" in err, (stage, err[-1500:])
-    assert [g["id"] for g in shown.groups] == [g["id"] for g in quiet.groups]
+    assert [g.id for g in shown.groups] == [g.id for g in quiet.groups]
 
 
 def test_a_search_killed_in_the_pixel_check_leaves_the_last_one_and_a_rerun_completes(backbone, sample_photos,
@@ -345,4 +345,4 @@ def test_a_search_killed_in_the_pixel_check_leaves_the_last_one_and_a_rerun_comp
     assert (tmp_path / "idx" / "dedup.json").read_bytes() == saved
     assert sorted(p.name for p in (tmp_path / "idx").iterdir()) == before
     again = search_duplicates(ImageIndex.open(tmp_path / "idx"))
-    assert [g["id"] for g in again.groups] == [g["id"] for g in first.groups]
+    assert [g.id for g in again.groups] == [g.id for g in first.groups]

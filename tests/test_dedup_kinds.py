@@ -1,15 +1,16 @@
-"""The kinds of groups of duplicates have one list, index.duplicates.dedup.KINDS: the page's kind filter is built from
-it, and
-the one copy (`moco index dedup --kind`'s choices, whose parser must load without torch) is held equal to it."""
+"""The kinds of groups of duplicates have one list, index.duplicates.groups.KINDS: `moco index dedup --kind`'s
+choices, the page's kind filter and the API's schema are built from it; the CLI reads it without loading torch."""
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 
+from app.api.models import Group, Kind, MoveRequest
 from app.cli import build_parser
-from app.cli.index import DEDUP_KINDS
 from app.page.views import KIND_CHOICES
-from index.duplicates.dedup import DEFAULT_KINDS, KINDS
+from index.duplicates.groups import DEFAULT_KINDS, KINDS
 
 
 def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
@@ -17,7 +18,6 @@ def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentP
 
 
 def test_the_cli_offers_the_kinds_of_index_dedup():
-    assert DEDUP_KINDS == KINDS
     dedup = _subparser(_subparser(build_parser(), "index"), "dedup")
     kind = next(a for a in dedup._actions if "--kind" in a.option_strings)
     assert tuple(kind.choices) == KINDS
@@ -28,3 +28,14 @@ def test_the_page_filters_by_every_kind_and_by_no_other():
     assert {kinds for kinds in KIND_CHOICES.values() if len(kinds) == 1} == {(k,) for k in KINDS}
     assert set().union(*KIND_CHOICES.values()) == set(KINDS)
     assert KIND_CHOICES["exact and near"] == DEFAULT_KINDS and KIND_CHOICES["all kinds"] == KINDS
+
+
+def test_the_cli_reads_the_kinds_without_torch():
+    code = "import sys, app.cli.index; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_api_schema_offers_the_kinds():
+    assert Group.model_json_schema()["properties"]["kind"]["enum"] == list(KINDS)
+    assert Kind.__args__ == KINDS
+    assert MoveRequest.model_json_schema()["properties"]["kinds"]["items"]["enum"] == list(DEFAULT_KINDS)

@@ -18,7 +18,8 @@ from app.page.views import review_outputs
 from app.server.launch import serve
 from index.building.plan import file_hash
 from index.building.runner import build_index
-from index.duplicates.dedup import group_id, load_duplicates, write_duplicates
+from index.duplicates.dedup import load_duplicates, write_duplicates
+from index.duplicates.groups import SavedSearch, group_id
 from index.duplicates.resolve.actions import DUPLICATES_DIR
 from index.search.image_index import ImageIndex
 
@@ -87,8 +88,9 @@ def test_a_page_of_ten_thousand_groups(served, http):
         groups.append({"id": f"{group_id(kind, [a, b])}-{n}", "kind": kind, "size": 2,
                        "representative": {"id": a, "path": members[0]["path"]}, "tightest": 1.0, "loosest": 1.0,
                        "keep": members[0]["path"], "keep_id": a, "reason": "most pixels (8 x 8)", "members": members})
-    write_duplicates(served["idx"], {"threshold": 0.9, "similar_threshold": 0.8, "rule": "given", "kinds":
-                                     ["exact", "near"], "groups": groups, "images": len(ids), "created": "now"})
+    write_duplicates(served["idx"], SavedSearch.from_json({
+        "threshold": 0.9, "similar_threshold": 0.8, "rule": "given", "kinds": ["exact", "near"], "groups": groups,
+        "images": len(ids), "created": "now"}))
     seen, offset, sizes = [], 0, []
     while offset is not None:
         r = http.get("/duplicates", params={"offset": offset, "limit": 500})
@@ -163,7 +165,7 @@ def test_a_running_server_follows_a_move_made_by_the_cli(served, http, capsys):
     assert set(_where(served["before"], photos, dest).values()) == {"root"}
     assert http.get("/stats").json()["images"] == len(served["before"])
     saved = load_duplicates(served["idx"])
-    assert [g["kind"] for g in saved["groups"]] == ["exact"]  # the near group stays marked not duplicates
+    assert [g.kind for g in saved.groups] == ["exact"]  # the near group stays marked not duplicates
 
 
 def test_an_undo_through_the_api_never_pulls_in_a_file_a_changed_journal_names(served, http):

@@ -84,7 +84,7 @@ def test_twenty_identical_photos_centre_without_zero_vectors_and_group_as_duplic
     hits = idx.search(feats[:1], k=20)
     np.testing.assert_allclose(hits.scores, 1.0, atol=1e-4)  # never 0.0000
     groups = find_duplicates(idx, save=False)
-    assert len(groups) == 1 and groups[0]["size"] == 20
+    assert len(groups) == 1 and groups[0].size == 20
 
 
 def test_an_index_of_an_older_version_is_embedded_again_as_features(tmp_path, sample_photos):

@@ -574,17 +574,17 @@ def test_dedup_leaves_excluded_folders_out_and_shows_the_dates(dated, capsys):
     index = ImageIndex.open(tmp / "idx")
     kinds = ("exact", "near", "similar")  # no copies here: alike photos, which near groups leave out
     every = find_duplicates(index, 0.3, save=False, kinds=kinds)
-    assert any(m["path"].startswith("stars/") for g in every for m in g["members"])
+    assert any(m.path.startswith("stars/") for g in every for m in g.members)
     groups = find_duplicates(index, 0.3, save=False, kinds=kinds, exclude_folders=["stars"])
-    assert groups and not any(m["path"].startswith("stars/") for g in groups for m in g["members"])
-    rows = {m["path"]: index.catalog.row_by_path(m["path"]) for g in groups for m in g["members"]}
+    assert groups and not any(m.path.startswith("stars/") for g in groups for m in g.members)
+    rows = {m.path: index.catalog.row_by_path(m.path) for g in groups for m in g.members}
     # a member's date taken is its EXIF date; a date the catalog took from the file's mtime is none
-    assert all(m["taken"] == (rows[m["path"]].taken if rows[m["path"]].taken_exif else None) for g in groups
-               for m in g["members"])
-    assert any(m["taken"] is not None for g in groups for m in g["members"])
+    assert all(m.taken == (rows[m.path].taken if rows[m.path].taken_exif else None) for g in groups
+               for m in g.members)
+    assert any(m.taken is not None for g in groups for m in g.members)
     assert main(["index", "dedup", str(tmp / "idx"), "--threshold", "0.3", "--json", "--exclude-folder", "stars",
                  *(f"--kind={k}" for k in kinds)]) == 0
-    assert json.loads(capsys.readouterr().out) == groups
+    assert json.loads(capsys.readouterr().out) == [g.to_json() for g in groups]
 
 
 def test_moco_run_says_what_it_left_out_and_the_status_tab_shows_it(tmp_path, backbone, capsys, monkeypatch):

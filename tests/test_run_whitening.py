@@ -226,14 +226,14 @@ def test_near_duplicates_of_a_whitened_index_use_its_threshold(run, sample_photo
     threshold = idx.meta["dedup_calibration"]["threshold"]  # measured on copies of its photos (test_dedup_groups)
     assert idx.pooled_stages and idx.stats()["dedup_threshold"] == threshold
     groups = find_duplicates(idx)  # no threshold given: the index's
-    assert load_duplicates(idx.dir)["threshold"] == threshold
+    assert load_duplicates(idx.dir).threshold == threshold
     ids, vecs = idx.catalog.vectors(dim=idx.dim)
     c = dict(zip(ids.tolist(), idx.center(vecs)))  # id -> D, the search space
     for g in groups:  # every member a copy of its group's representative by its pixels, its cosine the search's
-        rep = g["representative"]["id"]
-        assert all(m["copy_score"] >= COPY_SCORE for m in g["members"])
-        assert all(c[rep] @ c[m["id"]] == pytest.approx(m["similarity"], abs=1e-4) for m in g["members"])
-    grouped = {m["path"] for g in groups for m in g["members"]}
+        rep = g.representative.id
+        assert all(m.copy_score >= COPY_SCORE for m in g.members)
+        assert all(c[rep] @ c[m.id] == pytest.approx(m.similarity, abs=1e-4) for m in g.members)
+    grouped = {m.path for g in groups for m in g.members}
     assert {f"copy{n}{f.suffix}" for n, f in enumerate(originals)} <= grouped  # exact copies: cosine 1
     assert main(["index", "dedup", str(tmp_path / "idx")]) == 0
     assert f"by the model at cosine >= {threshold} (calibrated on" in capsys.readouterr().out

@@ -175,17 +175,17 @@ def test_collection_tab_and_dedup(app, setup):
         update_index(setup["idx"], progress=False)
         text, groups = app.collection(threshold=0.95)
         assert (" group of duplicates" in text or " groups of duplicates" in text) and "exact" in text
-        mine = [g for g in groups if "copy.jpg" in [m["path"] for m in g["members"]]]
+        mine = [g for g in groups if "copy.jpg" in [m.path for m in g.members]]
         assert len(mine) == 1 and _query(setup).relative_to(setup["photos"]).as_posix() in [
-            m["path"] for m in mine[0]["members"]]
-        assert mine[0]["kind"] == "exact" and mine[0]["keep"] != "copy.jpg"  # the original: the older file
-        kinds = [g["kind"] for g in groups]
+            m.path for m in mine[0].members]
+        assert mine[0].kind == "exact" and mine[0].keep != "copy.jpg"  # the original: the older file
+        kinds = [g.kind for g in groups]
         assert kinds == sorted(kinds, key=["exact", "near"].index)  # exact first, then near, each largest first
-        assert all(a["size"] >= b["size"] for a, b in zip(groups, groups[1:]) if a["kind"] == b["kind"])
+        assert all(a.size >= b.size for a, b in zip(groups, groups[1:]) if a.kind == b.kind)
         panels = groups_html(groups, app.index)
         assert panels.count('class="dup-group"') == len(groups)
-        assert f"Group 1 of {len(groups)} · {groups[0]['kind']} · {groups[0]['size']} photos" in panels
-        assert "copy.jpg" in panels and "✓ keep" in panels and mine[0]["reason"] in panels
+        assert f"Group 1 of {len(groups)} · {groups[0].kind} · {groups[0].size} photos" in panels
+        assert "copy.jpg" in panels and "✓ keep" in panels and mine[0].reason in panels
     finally:
         (setup["photos"] / "copy.jpg").unlink()
         update_index(setup["idx"], progress=False)

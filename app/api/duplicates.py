@@ -4,8 +4,6 @@ through :class:`app.collection.review.DuplicateReview`, the page's Collection ta
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
 
@@ -16,29 +14,24 @@ from app.collection.review import MAX_PAGE
 from app.guard.access import API_PREFIX
 from app.search.service import NotFound
 from index.catalog import taken_text
+from index.duplicates import groups
 from index.search.image_index import ImageIndex
 from moco.errors import UserError
 
 __all__ = ["duplicates_router"]
 
 
-def _group(index: ImageIndex, g: dict[str, Any]) -> Group:
+def _group(index: ImageIndex, g: groups.Group) -> Group:
     """A group of the saved search as the API gives it."""
-    keep_hash = next((m.get("hash") for m in g["members"] if m["id"] == g.get("keep_id")), None)
 
-    def member(m: dict[str, Any]) -> Member:
-        return Member(id=int(m["id"]), path=json_path(m["path"]),
-                      score=float(m.get("similarity", m.get("best_similarity", 1.0))), copy_score=m.get("copy_score"),
-                      width=m.get("width"),
-                      height=m.get("height"), bytes=m.get("bytes"),
-                      taken=taken_text(m.get("taken")), mtime=m.get("mtime"),
-                      identical=bool(keep_hash) and m.get("hash") == keep_hash and m["id"] != g.get("keep_id"))
+    def member(m: groups.Member) -> Member:
+        return Member(id=m.id, path=json_path(m.path), score=float(m.similarity if m.similarity is not None else 1.0),
+                      copy_score=m.copy_score, width=m.width, height=m.height, bytes=m.bytes,
+                      taken=taken_text(m.taken), mtime=m.mtime, identical=g.identical(m))
 
-    by_id = {m["id"]: m for m in g["members"]}
-    rep, keep = by_id.get((g.get("representative") or {}).get("id")), by_id.get(g.get("keep_id"))
-    return Group(id=g.get("id", ""), kind=g.get("kind", "near"), size=int(g["size"]),
-                 representative=member(rep) if rep else None, keep=member(keep) if keep else None,
-                 reason=str(g.get("reason") or ""), members=[member(m) for m in g["members"]])
+    rep, keep = g.member(g.representative.id if g.representative else None), g.keeper
+    return Group(id=g.id, kind=g.kind, size=g.size, representative=member(rep) if rep else None,
+                 keep=member(keep) if keep else None, reason=g.reason, members=[member(m) for m in g.members])
 
 
 def duplicates_router(api: Api) -> APIRouter:
@@ -59,9 +52,9 @@ def duplicates_router(api: Api) -> APIRouter:
         except UserError as e:  # no search yet, or a damaged dedup.json: no groups to give (not the request's fault)
             raise NotFound(str(e)) from None
         search = page.search
-        return Duplicates(threshold=float(search["threshold"]), similar_threshold=search.get("similar_threshold"),
-                          rule=search.get("rule"), threshold_source=search.get("threshold_source"),
-                          created=search.get("created"), total=page.total, offset=page.offset, limit=page.limit,
+        return Duplicates(threshold=float(search.threshold), similar_threshold=search.similar_threshold,
+                          rule=search.rule, threshold_source=search.threshold_source,
+                          created=search.created, total=page.total, offset=page.offset, limit=page.limit,
                           next_offset=page.next_offset, groups=[_group(index, g) for g in page.groups])
 
     @router.post("/duplicates/{group_id}/keeper", response_model=Group, responses=ERRORS,

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.search.scope import FOLDER_PATTERN, MAX_RESULTS
+from index.duplicates.groups import DEFAULT_KINDS, KINDS
 
 __all__ = ["FOLDER_FIELD", "EXCLUDE_FIELD", "TAKEN_FROM_FIELD", "TAKEN_TO_FIELD", "IMAGE_TYPES", "BASE64_PATTERN",
            "Hit", "SearchResponse", "Base64Query", "QueryImage", "MultiQuery", "MAX_QUERY_PHOTOS", "Stats", "Member",
@@ -185,12 +186,16 @@ class Member(BaseModel):
     identical: bool = Field(False, description="the same bytes as the group's keeper")
 
 
+Kind = Literal[KINDS]  # type: ignore[valid-type]  # index.duplicates.groups.KINDS, the one list
+MovableKind = Literal[DEFAULT_KINDS]  # type: ignore[valid-type]  # similar groups are moved only by id
+
+
 class Group(BaseModel):
     """A group of duplicates: every member a copy of its representative by its pixels (near), the same bytes
     (exact), or within the similar threshold of it (similar)."""
 
     id: str = Field("", description="stable while the group keeps its photos: `kind-smallest id-digest`")
-    kind: str = Field("near", description="exact (the same bytes), near (the same shot re-encoded, resized, cropped, "
+    kind: Kind = Field(description="exact (the same bytes), near (the same shot re-encoded, resized, cropped, "
                       "recoloured) or similar (bursts, the same scene)")
     size: int
     representative: Member | None
@@ -218,7 +223,6 @@ class Duplicates(BaseModel):
     groups: list[Group]
 
 
-Kind = Literal["exact", "near", "similar"]
 
 
 class KeeperRequest(BaseModel):
@@ -233,7 +237,7 @@ class MoveRequest(BaseModel):
     model_config = ConfigDict(json_schema_extra=_one_of("groups", "kinds"))
 
     groups: list[str] = Field([], description="group ids; or:", max_length=10_000)
-    kinds: list[Literal["exact", "near"]] = Field([], description="every group of these kinds (similar groups are "
+    kinds: list[MovableKind] = Field([], description="every group of these kinds (similar groups are "
                                                   "moved only by id)", max_length=2)
     keepers: dict[str, int] = Field({}, description="{group id: photo id} to keep instead of the suggested one")
     dry_run: bool = Field(False, description="say what would move, move nothing")

@@ -10,17 +10,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from index.catalog import display_path, taken_bound, taken_text
+from index.duplicates.groups import DEFAULT_KINDS, KINDS, SIMILAR
 from moco.errors import UserError, plural
 
 if TYPE_CHECKING:
+    from index.duplicates.groups import Group
     from index.search.image_index import ImageIndex
 
 __all__ = ["add_index"]
 
-# index.duplicates.dedup.KINDS, copied: importing index.duplicates.dedup imports torch, which `moco index dedup --help`
-# must not (the two are
-# held equal by tests/test_dedup_kinds.py)
-DEDUP_KINDS = ("exact", "near", "similar")
 
 
 def add_index(sub: argparse._SubParsersAction) -> None:
@@ -99,7 +97,7 @@ def add_index(sub: argparse._SubParsersAction) -> None:
                         "states); alike distinct photos are not")
     p.add_argument("--similar-threshold", type=float, default=None, metavar="F",
                    help="similar: the same, for --kind similar (default: measured on the collection)")
-    p.add_argument("--kind", action="append", choices=DEDUP_KINDS, default=None,
+    p.add_argument("--kind", action="append", choices=KINDS, default=None,
                    help="the groups to list and act on (repeatable; default: exact and near)")
     p.add_argument("--group", action="append", default=None, metavar="GROUP_ID",
                    help="act on this group only (repeatable; ids from the listing)")
@@ -324,7 +322,7 @@ def cmd_dedup(args: argparse.Namespace) -> int:
 
 def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
     from index.calibrate import describe_threshold
-    from index.duplicates.dedup import DEFAULT_KINDS, SIMILAR, search_duplicates
+    from index.duplicates.dedup import search_duplicates
     from index.duplicates.resolve.actions import select_groups
 
     kinds = args.kind or list(DEFAULT_KINDS)
@@ -337,18 +335,19 @@ def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
         return _move(idx, args, groups)
     d = found.decision
     if args.json:
-        print(json.dumps(groups))
+        print(json.dumps([g.to_json() for g in groups]))
         return 0
     for n, g in enumerate(groups, 1):
-        print(f"group {n} {g['id']} ({g['kind']}, {g['size']} photos, {g['loosest']:.4f}-{g['tightest']:.4f} to "
-              f"{display_path(g['representative']['path'])}); keep {display_path(g['keep'])}: {g['reason']}")
-        for m in g["members"]:
-            marks = [w for w, on in (("representative", m["id"] == g["representative"]["id"]),
-                                     ("keep", m["id"] == g["keep_id"])) if on]
-            copy = f"  copy score {m['copy_score']:.4f}" if m.get("copy_score") is not None else ""
-            print(f"  {m['similarity']:.4f}  {m['id']:>6}  {display_path(m['path'])}"
+        rep = g.representative
+        print(f"group {n} {g.id} ({g.kind}, {g.size} photos, {g.loosest:.4f}-{g.tightest:.4f} to "
+              f"{display_path(rep.path or '') if rep else '?'}); keep {display_path(g.keep or '')}: {g.reason}")
+        for m in g.members:
+            marks = [w for w, on in (("representative", rep is not None and m.id == rep.id),
+                                     ("keep", m.id == g.keep_id)) if on]
+            copy = f"  copy score {m.copy_score:.4f}" if m.copy_score is not None else ""
+            print(f"  {m.similarity:.4f}  {m.id:>6}  {display_path(m.path)}"
                   f"{'  (' + ', '.join(marks) + ')' if marks else ''}{copy}")
-    counts = ", ".join(f"{sum(g['kind'] == k for g in groups)} {k}" for k in kinds)
+    counts = ", ".join(f"{sum(g.kind == k for g in groups)} {k}" for k in kinds)
     lines = [f"{plural(len(groups), 'group')} ({counts}), saved to "
              f"{display_path(str(Path(args.index_dir) / 'dedup.json'))}",
              f"  near: every photo a copy of its group's representative by its pixels (copy score >= "
@@ -381,7 +380,7 @@ def _print_outcome(out: Any, args: argparse.Namespace) -> None:
     print(f"{plural(len(out.done), 'photo')} {verb}{what}{tail}{dest}")
 
 
-def _move(idx: ImageIndex, args: argparse.Namespace, groups: list[dict[str, Any]]) -> int:
+def _move(idx: ImageIndex, args: argparse.Namespace, groups: list[Group]) -> int:
     from index.duplicates.resolve.actions import move_duplicates
 
     out = move_duplicates(idx, groups, dest=args.move_to, dry_run=args.dry_run, device=args.device)
@@ -401,11 +400,10 @@ def _not_duplicates(idx: ImageIndex, args: argparse.Namespace) -> int:
 
     groups = [mark_not_duplicates(idx, gid) for gid in args.not_duplicates]
     if args.json:
-        print(json.dumps({"not_duplicates": [{"group": g["id"], "ids": [m["id"] for m in g["members"]]}
-                                             for g in groups]}))
+        print(json.dumps({"not_duplicates": [{"group": g.id, "ids": g.ids} for g in groups]}))
         return 0
     for g in groups:
-        print(f"group {g['id']} ({g['size']} photos): not duplicates; they are never grouped again")
+        print(f"group {g.id} ({g.size} photos): not duplicates; they are never grouped again")
     return 0
 
 
@@ -413,14 +411,14 @@ def _keep(idx: ImageIndex, args: argparse.Namespace) -> None:
     from index.duplicates.dedup import load_duplicates
     from index.duplicates.resolve.actions import choose_keeper
 
-    doc = load_duplicates(idx.dir) or {"groups": []}
+    doc = load_duplicates(idx.dir)
     for photo in args.keep:
-        group = next((g for g in doc["groups"] if photo in [m["id"] for m in g["members"]]), None)
+        group = next((g for g in (doc.groups if doc else ()) if photo in g.ids), None)
         if group is None:
             raise UserError(f"--keep {photo}: no group of the last search holds photo {photo}; find the duplicates "
                             f"(`moco index dedup {idx.dir}`) and give an id it lists")
-        choose_keeper(idx, group["id"], photo)
-        print(f"keeping {photo} of group {group['id']}", file=sys.stderr)
+        choose_keeper(idx, group.id, photo)
+        print(f"keeping {photo} of group {group.id}", file=sys.stderr)
 
 
 # ------------------------------------------------------------------------------- the whole collection

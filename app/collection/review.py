@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from index.duplicates.dedup import KINDS, Search, load_duplicates, search_duplicates
+from index.duplicates.dedup import Search, load_duplicates, search_duplicates
+from index.duplicates.groups import DEFAULT_KINDS, KINDS, SIMILAR, Group, SavedSearch
 from index.duplicates.resolve.actions import (
     Outcome,
     choose_keeper,
@@ -43,12 +44,12 @@ MAX_PAGE = 500  # groups in one answer of the API at most
 class ReviewPage:
     """A page of the last search: its groups (of ``kinds``) from ``offset``, and what the search was."""
 
-    groups: list[dict[str, Any]]
+    groups: list[Group]
     total: int  # groups of these kinds in the search
     offset: int
     limit: int
     kinds: tuple[str, ...]
-    search: dict[str, Any]  # the saved search without its groups: thresholds, rule, created, images
+    search: SavedSearch  # the saved search: thresholds, rule, created, images
 
     @property
     def next_offset(self) -> int | None:
@@ -62,10 +63,10 @@ class DuplicateReview:
     def __init__(self, ready_index: Callable[[], ImageIndex], device: str = "auto") -> None:
         self.ready_index, self.device = ready_index, device
         self._acting = threading.Lock()
-        self._cache: tuple[Any, dict[str, Any] | None] = (None, None)
+        self._cache: tuple[Any, SavedSearch | None] = (None, None)
         self._cache_lock = threading.Lock()
 
-    def saved(self) -> dict[str, Any] | None:
+    def saved(self) -> SavedSearch | None:
         """The last search (``dedup.json``), read again only when the file changed; None before a first one."""
         path = self.ready_index().dir / DEDUP_FILE
         try:
@@ -84,20 +85,20 @@ class DuplicateReview:
         if doc is None:
             raise NotFoundError(f"no search for duplicates yet: run `moco index dedup {self.ready_index().dir}` or "
                                 "press Find duplicates in the page's Collection tab")
-        kinds = tuple(kinds or doc.get("kinds") or KINDS)
+        kinds = tuple(kinds or doc.kinds or KINDS)
         bad = [k for k in kinds if k not in KINDS]
         if bad:
             raise UserError(f"kind {', '.join(map(repr, bad))}: choose among {', '.join(KINDS)}")
         offset, limit = max(0, int(offset)), max(1, min(int(limit), MAX_PAGE))
-        chosen = [g for g in doc["groups"] if g["kind"] in kinds]
-        return ReviewPage(chosen[offset : offset + limit], len(chosen), offset, limit, kinds,
-                          {k: v for k, v in doc.items() if k != "groups"})
+        chosen = [g for g in doc.groups if g.kind in kinds]
+        return ReviewPage(chosen[offset : offset + limit], len(chosen), offset, limit, kinds, doc)
 
-    def group(self, gid: str) -> dict[str, Any]:
+    def group(self, gid: str) -> Group:
         """Group ``gid`` of the last search (a UserError naming it when there is none)."""
-        for g in (self.saved() or {}).get("groups", []):
-            if g["id"] == gid:
-                return g
+        doc = self.saved()
+        group = doc.group(gid) if doc else None
+        if group is not None:
+            return group
         raise NotFoundError(f"no group {gid!r} in the last search: it was moved, marked, or the search was made again; "
                         "reload the groups")
 
@@ -106,16 +107,16 @@ class DuplicateReview:
         """Search for duplicates again (``threshold``: near; None: the index's), similar groups too when asked, the
         photos under ``exclude_folders`` left out."""
         index = self.ready_index()
-        kinds = ("exact", "near", "similar") if similar else ("exact", "near")
+        kinds = KINDS if similar else DEFAULT_KINDS
         with self._acting:
             return search_duplicates(index, threshold, kinds, exclude_folders=exclude_folders)
 
-    def keep(self, gid: str, photo: int) -> dict[str, Any]:
+    def keep(self, gid: str, photo: int) -> Group:
         """Keep ``photo`` of group ``gid`` (now and in later searches); the group."""
         with self._acting:
             return choose_keeper(self.ready_index(), gid, int(photo))
 
-    def not_duplicates(self, gid: str) -> dict[str, Any]:
+    def not_duplicates(self, gid: str) -> Group:
         """Say group ``gid``'s photos are not duplicates (never grouped again); the group."""
         with self._acting:
             return mark_not_duplicates(self.ready_index(), gid)
@@ -127,15 +128,15 @@ class DuplicateReview:
         gids, kinds = list(gids or []), list(kinds or [])
         if not gids and not kinds:
             raise UserError("name the groups to move (their ids) or their kinds (exact, near)")
-        if not gids and "similar" in kinds:
+        if not gids and SIMILAR in kinds:
             raise UserError("similar groups are different shots of one scene: review and move them one group at a "
                             "time")
         doc = self.saved()
         if doc is None:
             raise NotFoundError("no search for duplicates yet: find the duplicates first")
-        groups = select_groups(doc["groups"], kinds or None, gids or None)
+        groups = select_groups(doc.groups, kinds or None, gids or None)
         if keepers:
-            unknown = [g for g in keepers if g not in {x["id"] for x in groups}]
+            unknown = [g for g in keepers if g not in {x.id for x in groups}]
             if unknown:
                 raise NotFoundError(f"keepers for groups not moved: {', '.join(map(repr, unknown))}: no such group "
                                     "among those the request moves")

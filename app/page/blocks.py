@@ -36,6 +36,7 @@ from app.page.views import (
 )
 from app.search.scope import FOLDER_MODES, folder_filter
 from index.calibrate import DEDUP_THRESHOLD
+from index.duplicates.groups import SIMILAR
 from index.search.index_dir import THUMBS_DIR
 from moco.errors import UserError
 
@@ -712,8 +713,8 @@ def collection_tab(app: SearchApp, demo: Any, page: SimpleNamespace) -> None:
             if threshold_ is not None:  # a new search: its kinds shown
                 kind_ = "all kinds" if similar_ else "exact and near"
             elif not kind_:  # a page (re)loaded: the kinds of the saved search, as its counts say
-                saved = app.duplicates.saved() or {}
-                kind_ = "all kinds" if "similar" in (saved.get("kinds") or ()) else "exact and near"
+                saved = app.duplicates.saved()
+                kind_ = "all kinds" if saved and SIMILAR in (saved.kinds or ()) else "exact and near"
             return (text, gr.update(value=kind_) if kind_ else gr.skip(),
                     *review_outputs(app, kind_, 0 if threshold_ is not None else offset_))
 
@@ -728,14 +729,14 @@ def collection_tab(app: SearchApp, demo: Any, page: SimpleNamespace) -> None:
                 if not photo:
                     raise UserError("choose the photo to keep")
                 app.duplicates.keep(gid, int(photo))
-                message = f"keeping `{app.duplicates.group(gid)['keep']}` of this group"
+                message = f"keeping `{app.duplicates.group(gid).keep}` of this group"
             elif action == "move":
                 keepers = {gid: int(photo)} if photo else None
                 message = outcome_text(app.duplicates.move([gid], keepers=keepers))
                 keep_gid = None
             elif action == "not":
                 group_ = app.duplicates.not_duplicates(gid)
-                message = f"group of {group_['size']} photos: not duplicates, never grouped again"
+                message = f"group of {group_.size} photos: not duplicates, never grouped again"
                 keep_gid = None
             elif action == "bulk":
                 message = outcome_text(app.duplicates.move(kinds=KIND_CHOICES[kind_ or "exact and near"]))
@@ -761,7 +762,7 @@ def collection_tab(app: SearchApp, demo: Any, page: SimpleNamespace) -> None:
         group.input(_safe(11, 4)(do_group), [kind, offset, group], review, api_name=False)
 
         def do_keeper(gid: str | None, photo: str | None) -> Any:  # Keep: a photo other than the keeper
-            current = app.duplicates.group(gid)["keep_id"] if gid else None
+            current = app.duplicates.group(gid).keep_id if gid else None
             return gr.Button(interactive=photo is not None and current is not None and int(photo) != current)
 
         keeper.input(_safe(2, 1)(lambda g, p: (do_keeper(g, p), gr.skip())), [group, keeper],

@@ -40,6 +40,7 @@ from app.search.scope import ALL_FOLDERS, Scope
 from app.search.service import SearchService
 from app.search.uploads import read_upload
 from index.catalog import display_path, taken_text
+from index.duplicates.groups import NEAR, SIMILAR, Group
 from index.search.image_index import ImageIndex
 from moco.data.photos import load_rgb, open_regular
 from moco.errors import UserError, plural
@@ -527,7 +528,7 @@ class SearchApp(Library):
 
     # ------------------------------------------------------------------------------ collection
     def collection(self, threshold: float | None = None, similar: bool = False,
-                   exclude_folders: str | Sequence[str] = "") -> tuple[str, list[dict[str, Any]]]:
+                   exclude_folders: str | Sequence[str] = "") -> tuple[str, list[Group]]:
         """(stats markdown, the groups of duplicates of the last search); ``threshold`` (the near one) searches again
         first, with similar groups when ``similar``, leaving out the photos under ``exclude_folders`` (a list, or
         one text of folders separated by commas)."""
@@ -552,16 +553,17 @@ class SearchApp(Library):
             f"**Collection:** `{display_path(st['root'])}` · updated {st['updated']}",
             f"**Near-duplicate threshold:** {st['dedup_threshold']} ({st['dedup_threshold_source']})",
         ]
-        groups: list[dict[str, Any]] = []
+        groups: list[Group] = []
         if dup is None:
             text.append("_No search for duplicates yet: press Find duplicates below._")
         else:
-            groups = dup["groups"]
-            counts = ", ".join(f"{sum(g['kind'] == k for g in groups)} {k}" for k in dup.get("kinds", ["near"]))
-            source = dup.get("threshold_source", "")
+            groups = list(dup.groups)
+            kinds = dup.kinds if dup.kinds is not None else (NEAR,)  # a search of an older version: near groups
+            counts = ", ".join(f"{sum(g.kind == k for g in groups)} {k}" for k in kinds)
+            source = dup.threshold_source or ""
             text.append(f"**{plural(len(groups), 'group')} of duplicates** ({counts}) · near: every photo at centred "
                         "cosine ≥ "
-                        f"{dup['threshold']} to its group's representative{f' ({source})' if source else ''}"
-                        + (f" · similar ≥ {dup['similar_threshold']}" if "similar" in dup.get("kinds", []) else "")
-                        + f" · found {dup['created']}")
+                        f"{dup.threshold} to its group's representative{f' ({source})' if source else ''}"
+                        + (f" · similar ≥ {dup.similar_threshold}" if SIMILAR in kinds else "")
+                        + f" · found {dup.created}")
         return "\n\n".join(text), groups

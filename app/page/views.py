@@ -18,7 +18,7 @@ from PIL import Image
 from app.page.handlers import VIEW_PX, SearchApp, score_text
 from app.page.negatives.view import NegativesView
 from index.catalog import display_path
-from index.duplicates.dedup import DEFAULT_KINDS, KINDS, NEAR, SIMILAR
+from index.duplicates.groups import DEFAULT_KINDS, KINDS, SIMILAR, Group, Member
 from index.search.image_index import ImageIndex
 from moco.errors import UserError, plural
 
@@ -72,12 +72,12 @@ def negatives_outputs(v: NegativesView, note: str = "") -> tuple:
     return views, "\n\n".join(lines), gallery, table
 
 
-def _when(m: dict[str, Any]) -> str:
+def _when(m: Member) -> str:
     """A member's date: taken (EXIF) when it has one, else modified."""
-    if m.get("taken") is not None:
-        return "taken " + datetime.datetime.fromtimestamp(m["taken"], datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
-    if m.get("mtime") is not None:
-        return "modified " + datetime.datetime.fromtimestamp(m["mtime"]).strftime("%Y-%m-%d %H:%M")
+    if m.taken is not None:
+        return "taken " + datetime.datetime.fromtimestamp(m.taken, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    if m.mtime is not None:
+        return "modified " + datetime.datetime.fromtimestamp(m.mtime).strftime("%Y-%m-%d %H:%M")
     return ""
 
 
@@ -85,15 +85,15 @@ def _size(n: int | None) -> str:
     return "" if n is None else f"{n / 1e6:.1f} MB" if n >= 1e6 else f"{n / 1e3:.0f} kB"
 
 
-def _to_keeper(group: dict[str, Any], index: ImageIndex) -> dict[int, tuple[float | None, float | None]]:
+def _to_keeper(group: Group, index: ImageIndex) -> dict[int, tuple[float | None, float | None]]:
     """Each member's (copy score, centred cosine) to the group's keeper. The search measured both to the
     representative: they are the keeper's when the keeper is the representative, and the representative's own
     pair is the keeper's row. Another member's cosine to another keeper comes from their vectors in the index's space
     (its copy score to that keeper was never measured: None); a member no longer indexed gets (None, None)."""
-    keep = group.get("keep_id")
-    rep = (group.get("representative") or {}).get("id")
-    by_id = {m["id"]: m for m in group["members"]}
-    pair = lambda m: (m.get("copy_score"), m.get("similarity", m.get("best_similarity")))  # noqa: E731
+    keep = group.keep_id
+    rep = group.representative.id if group.representative else None
+    by_id = {m.id: m for m in group.members}
+    pair = lambda m: (m.copy_score, m.similarity)  # noqa: E731
     if keep == rep or keep not in by_id:
         return {i: pair(m) for i, m in by_id.items()}
     out = {i: (None, None) for i in by_id}
@@ -109,7 +109,7 @@ def _to_keeper(group: dict[str, Any], index: ImageIndex) -> dict[int, tuple[floa
     return out
 
 
-def groups_html(groups: list[dict[str, Any]], index: ImageIndex, start: int = 0, total: int | None = None) -> str:
+def groups_html(groups: list[Group], index: ImageIndex, start: int = 0, total: int | None = None) -> str:
     """Groups of duplicates, each in its own panel: its number (from ``start`` + 1, of ``total``), kind, size, id,
     keeper and why; each member with its thumbnail, its pixels, size and date, its path, and its copy score and
     cosine to the keeper (or "keep", or "identical to the keeper")."""
@@ -119,36 +119,35 @@ def groups_html(groups: list[dict[str, Any]], index: ImageIndex, start: int = 0,
     parts = []
     for n, group in enumerate(groups, start + 1):
         figures = []
-        keep = group.get("keep_id")
-        keep_hash = next((m.get("hash") for m in group["members"] if m["id"] == keep), None)
+        keep = group.keep_id
         to_keeper = _to_keeper(group, index)
-        for m in group["members"]:
-            thumb = index.dir / m["thumb"] if m.get("thumb") else None
+        for m in group.members:
+            thumb = index.dir / m.thumb if m.thumb else None
             img = (f'<img src="gradio_api/file={html.escape(str(thumb))}" alt="">' if thumb and thumb.is_file()
                    else "")
-            copy_score, cosine = to_keeper[m["id"]]
+            copy_score, cosine = to_keeper[m.id]
             copy = f"copy {copy_score:.3f} · " if copy_score is not None else ""
-            label = ("✓ keep" if m["id"] == keep else "identical to the keeper" if keep_hash and m.get("hash") ==
-                     keep_hash else f"{copy}cos {score_text(cosine)} to the keeper" if cosine is not None
+            label = ("✓ keep" if m.id == keep else "identical to the keeper" if group.identical(m)
+                     else f"{copy}cos {score_text(cosine)} to the keeper" if cosine is not None
                      else "no longer indexed")
-            facts = " · ".join(x for x in (f"{m['width']}×{m['height']}" if m.get("width") else "",
-                                            _size(m.get("bytes")), _when(m)) if x)
-            figures.append(f'<figure data-id="{m["id"]}"{" class=dup-keep" if m["id"] == keep else ""}>{img}'
+            facts = " · ".join(x for x in (f"{m.width}×{m.height}" if m.width else "",
+                                            _size(m.bytes), _when(m)) if x)
+            figures.append(f'<figure data-id="{m.id}"{" class=dup-keep" if m.id == keep else ""}>{img}'
                            f"<figcaption><b>{html.escape(label)}</b> · {html.escape(facts)} · "
-                           f"{'/<wbr>'.join(map(html.escape, display_path(m['path']).split('/')))}</figcaption>"
+                           f"{'/<wbr>'.join(map(html.escape, display_path(m.path).split('/')))}</figcaption>"
                            "</figure>")
-        spread = (f" · cos {score_text(group['loosest'])}–{score_text(group['tightest'])} to the first"
-                  if "loosest" in group else "")
-        reason = html.escape(str(group.get("reason") or ""))
-        parts.append(f'<div class="dup-group" data-group="{html.escape(str(group.get("id")))}"><h4>Group {n} of '
-                     f'{total} · {html.escape(str(group.get("kind", NEAR)))} · {group["size"]} photos{spread}</h4>'
-                     f'<p class="dup-why">keep <code>{html.escape(display_path(str(group.get("keep"))))}</code>: '
-                     f'{reason} · id <code>{html.escape(str(group.get("id")))}</code></p>'
+        spread = (f" · cos {score_text(group.loosest)}–{score_text(group.tightest)} to the first"
+                  if group.loosest is not None and group.tightest is not None else "")
+        reason = html.escape(group.reason)
+        parts.append(f'<div class="dup-group" data-group="{html.escape(group.id)}"><h4>Group {n} of '
+                     f'{total} · {html.escape(group.kind)} · {group.size} photos{spread}</h4>'
+                     f'<p class="dup-why">keep <code>{html.escape(display_path(str(group.keep)))}</code>: '
+                     f'{reason} · id <code>{html.escape(group.id)}</code></p>'
                      f'<div class="dup-thumbs">{"".join(figures)}</div></div>')
     return "".join(parts)
 
 
-# The Collection tab's kind filter: its label -> the kinds it shows (index.duplicates.dedup.KINDS, one by one and
+# The Collection tab's kind filter: its label -> the kinds it shows (index.duplicates.groups.KINDS, one by one and
 # together).
 KIND_CHOICES = {"exact and near": DEFAULT_KINDS, **{kind: (kind,) for kind in KINDS}, "all kinds": KINDS}
 
@@ -172,15 +171,15 @@ def review_outputs(app: SearchApp, kind: str, offset: int, gid: str | None = Non
     first, last = page.offset + 1, page.offset + len(page.groups)
     where = (f"Groups {first}–{last} of **{page.total}** ({' and '.join(kinds)})" if page.total
              else f"No {' or '.join(kinds)} groups.")
-    labels = [(f"Group {n} · {g['kind']} · {g['size']} photos", g["id"]) for n, g in enumerate(page.groups, first)]
+    labels = [(f"Group {n} · {g.kind} · {g.size} photos", g.id) for n, g in enumerate(page.groups, first)]
     ids = [v for _, v in labels]
     gid = gid if gid in ids else (ids[0] if ids else None)
-    group = next((g for g in page.groups if g["id"] == gid), None)
-    keepers = [(f"{display_path(m['path'])} ({m.get('width')}×{m.get('height')}, {_size(m.get('bytes'))})",
-                str(m["id"])) for m in group["members"]] if group else []
+    group = next((g for g in page.groups if g.id == gid), None)
+    keepers = [(f"{display_path(m.path)} ({m.width}×{m.height}, {_size(m.bytes)})", str(m.id))
+               for m in group.members] if group else []
     moved = app.duplicates.moved()
     return (groups_html(page.groups, index, page.offset, page.total), where,
-            gr.update(choices=labels, value=gid), gr.update(choices=keepers, value=str(group["keep_id"]) if group
+            gr.update(choices=labels, value=gid), gr.update(choices=keepers, value=str(group.keep_id) if group
                                                             else None),
             message, page.offset, gr.update(interactive=moved > 0, value=f"Undo moves ({plural(moved, 'photo')})"
                                             if moved

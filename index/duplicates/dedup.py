@@ -39,7 +39,6 @@ the reason (:mod:`index.duplicates.keeper`), and its members' pixels, size, date
 from __future__ import annotations
 
 import datetime
-import hashlib
 import heapq
 import json
 import tempfile
@@ -63,6 +62,18 @@ from index.calibrate import (  # the threshold: re-exported here, where its user
 from index.catalog import Row, sample_ids
 from index.duplicates.check_workers import PART, check_workers, checked_parts
 from index.duplicates.dedup_cache import CHECKED_FILE, FRAMES_FILE, CheckedPairs, FrameFile, photo_version
+from index.duplicates.groups import (
+    DEFAULT_KINDS,
+    EXACT,
+    KINDS,
+    NEAR,
+    SIMILAR,
+    Group,
+    Member,
+    Ref,
+    SavedSearch,
+    group_id,
+)
 from index.duplicates.keeper import photo_facts, suggest_keeper
 from index.duplicates.propose import PROPOSE_K, proposals
 from index.duplicates.verify import COPY_SCORE, SIDE
@@ -74,22 +85,7 @@ from moco.errors import NotFoundError, UserError
 from moco.files import atomic_write
 
 __all__ = ["find_duplicates", "search_duplicates", "Search", "load_duplicates", "save_duplicates", "write_duplicates",
-           "find_group", "tight_groups", "group_id", "verify_links", "KINDS", "EXACT", "NEAR", "SIMILAR",
-           "DEFAULT_KINDS"]
-
-# The kinds of groups: the one list. `moco index dedup --kind` keeps a copy in app/cli/index.py (its parser must not
-# import torch, which this module does), held equal to this one by tests/test_dedup_kinds.py.
-KINDS = ("exact", "near", "similar")
-EXACT, NEAR, SIMILAR = KINDS
-DEFAULT_KINDS = (EXACT, NEAR)  # similar groups only when asked
-
-
-def group_id(kind: str, members: Iterable[int]) -> str:
-    """A group's id: its kind, its smallest member id and a digest of all its member ids (``near-17-3fa9c0``): the
-    same group gets the same id in every search; a group that gained or lost a photo gets another."""
-    ids = sorted(int(i) for i in members)
-    digest = hashlib.blake2b(",".join(map(str, ids)).encode(), digest_size=3).hexdigest()
-    return f"{kind}-{ids[0]}-{digest}"
+           "find_group", "tight_groups", "verify_links"]
 
 
 def _neighbours(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold: float,
@@ -333,14 +329,14 @@ class Search:
     with ``kinds`` and the pixel check's ``copy_score``, ``proposed``, ``verified``, ``turned_down``, ``unchecked``
     and ``crowded``) and the photos searched."""
 
-    groups: list[dict[str, Any]]
+    groups: list[Group]
     decision: dict[str, Any]
     images: int
 
 
 def find_duplicates(index: ImageIndex, threshold: float | None = None, save: bool = True, chunk: int = 1024,
                     kinds: Iterable[str] = DEFAULT_KINDS, similar_threshold: float | None = None,
-                    exclude_folders: Sequence[str] = ()) -> list[dict[str, Any]]:
+                    exclude_folders: Sequence[str] = ()) -> list[Group]:
     """The groups of :func:`search_duplicates`."""
     return search_duplicates(index, threshold, kinds, similar_threshold, save, chunk, exclude_folders).groups
 
@@ -349,16 +345,14 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
                       similar_threshold: float | None = None, save: bool = True, chunk: int = 1024,
                       exclude_folders: Sequence[str] = (), progress: bool = False,
                       workers: int | None = None) -> Search:
-    """Groups of duplicates of ``kinds`` (:data:`KINDS`), each group in the order exact, near, similar, then largest
-    first.
+    """Groups of duplicates of ``kinds`` (:data:`~index.duplicates.groups.KINDS`), each group in the order exact,
+    near, similar, then largest first.
 
-    Each group: ``id`` (:func:`group_id`), ``kind``, ``size``, ``representative`` (id, path), ``tightest`` and
-    ``loosest`` (the highest and lowest cosine of a member to the representative), ``keep`` and ``keep_id`` (the
-    suggested keeper, :mod:`index.duplicates.keeper`), ``reason`` (why that one), and ``members`` (the representative
-    first,
-    then by that cosine), each with id, path, thumb, ``hash``, ``similarity`` (to the representative; 1.0 for
-    itself), ``best_similarity`` (to its closest neighbour, in the group or not), ``width``, ``height``, ``bytes``,
-    ``taken`` (EXIF's, seconds; None without one) and ``mtime``. ``threshold``: the near threshold (None: the
+    Each group a :class:`~index.duplicates.groups.Group`: ``id`` (:func:`~index.duplicates.groups.group_id`),
+    ``kind``, ``size``, ``representative`` (id, path), ``tightest`` and ``loosest`` (the highest and lowest cosine of
+    a member to the representative), ``keep`` and ``keep_id`` (the suggested keeper, :mod:`index.duplicates.keeper`),
+    ``reason`` (why that one), and ``members`` (the representative first, then by that cosine), each a
+    :class:`~index.duplicates.groups.Member`. ``threshold``: the near threshold (None: the
     index's, guarded, see the module docstring); ``similar_threshold``: None: measured. ``exclude_folders``: the
     photos under these sub-folders are left out (never grouped, never moved). Written to ``dedup.json`` in the index
     directory with the thresholds and their rule when ``save`` (:func:`save_duplicates`). ``progress``: a bar for
@@ -387,7 +381,7 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     del raw
     decision = _decide(index, vecs, content, ids, threshold, similar_threshold)
     near_t, similar_t = decision["threshold"], decision["similar_threshold"]
-    graph = _graph(index, ids, vecs, content, similar_t if "similar" in kinds else near_t, chunk)
+    graph = _graph(index, ids, vecs, content, similar_t if SIMILAR in kinds else near_t, chunk)
     by_id = dict(zip(ids.tolist(), content.tolist()))
     model_links = {i: {j: s for j, s in nb.items() if s >= near_t and by_id[j] != by_id[i]} for i, nb in graph.items()}
     near, copy_of, counts = verify_links(index, ids, vecs, by_id, rows, model_links, chunk, progress, versions,
@@ -400,12 +394,12 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
         near.get(a, {}).pop(b, None)
         near.get(b, {}).pop(a, None)
     decision.update(copy_score=COPY_SCORE, propose_k=PROPOSE_K, **counts)
-    found = [(rep, members, "exact" if len({by_id[m] for m in members}) == 1 else "near", near)
+    found = [(rep, members, EXACT if len({by_id[m] for m in members}) == 1 else NEAR, near)
              for rep, members in tight_groups(near)]
-    if "similar" in kinds:
+    if SIMILAR in kinds:
         taken = {m for _, members, _, _ in found for m in members}
         rest = {i: {j: s for j, s in nb.items() if j not in taken} for i, nb in graph.items() if i not in taken}
-        found += [(rep, members, "similar", rest) for rep, members in tight_groups(rest)]
+        found += [(rep, members, SIMILAR, rest) for rep, members in tight_groups(rest)]
     chosen = index.catalog.chosen_keepers()
     groups = []
     for rep, members, kind, links in found:
@@ -414,7 +408,7 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
             continue  # not asked for, or deleted since the vectors were read
         groups.append(_group(index, kind, rep, live, links, rows, chosen, copy_of))
     rank = {k: n for n, k in enumerate(KINDS)}
-    groups.sort(key=lambda g: (rank[g["kind"]], -g["size"], g["representative"]["path"]))
+    groups.sort(key=lambda g: (rank[g.kind], -g.size, g.representative.path))  # type: ignore[union-attr]
     decision["kinds"] = list(kinds)
     decision["given"] = {"threshold": threshold, "similar_threshold": similar_threshold,
                          "exclude_folders": list(exclude_folders)}
@@ -424,7 +418,7 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
 
 
 def _group(index: ImageIndex, kind: str, rep: int, live: list[int], links: Mapping[int, Mapping[int, float]],
-           rows: Mapping[int, Row], chosen: set[int], copy_of: Mapping[tuple[int, int], float]) -> dict[str, Any]:
+           rows: Mapping[int, Row], chosen: set[int], copy_of: Mapping[tuple[int, int], float]) -> Group:
     """One group as :func:`find_duplicates` returns it."""
     sim = {m: 1.0 if m == rep else round(links[rep][m], 5) for m in live}
     same = {m for m in live if rows[m].hash and rows[m].hash == rows[rep].hash}
@@ -432,96 +426,56 @@ def _group(index: ImageIndex, kind: str, rep: int, live: list[int], links: Mappi
     others = [sim[m] for m in live if m != rep]
     facts = {m: photo_facts(index.root, rows[m]) for m in live}
     keep, reason = suggest_keeper(list(facts.values()), chosen)
-    members = [{"id": m, "path": rows[m].path, "thumb": rows[m].thumb, "hash": rows[m].hash, "similarity": sim[m],
-                "copy_score": copy[m], "best_similarity": round(max(links[m].values()), 5), **facts[m].as_dict()}
-               for m in sorted(live, key=lambda m: (m != rep, -sim[m], rows[m].path))]
-    return {"id": group_id(kind, live), "kind": kind, "size": len(live),
-            "representative": {"id": rep, "path": rows[rep].path}, "tightest": max(others), "loosest": min(others),
-            "keep": rows[keep].path, "keep_id": keep, "reason": reason, "members": members}
+    members = tuple(Member(id=m, path=rows[m].path, thumb=rows[m].thumb, hash=rows[m].hash, similarity=sim[m],
+                           copy_score=copy[m], best_similarity=round(max(links[m].values()), 5), **facts[m].as_dict())
+                    for m in sorted(live, key=lambda m: (m != rep, -sim[m], rows[m].path)))
+    return Group(id=group_id(kind, live), kind=kind, size=len(live), representative=Ref(rep, rows[rep].path),
+                 tightest=max(others), loosest=min(others), keep=rows[keep].path, keep_id=keep, reason=reason,
+                 members=members)
 
 
-def save_duplicates(index: ImageIndex, groups: list[dict[str, Any]], decision: dict[str, Any], images: int) -> None:
+def save_duplicates(index: ImageIndex, groups: Sequence[Group], decision: dict[str, Any], images: int) -> None:
     """Write ``dedup.json`` (the groups, the thresholds and their rule, the settings asked for) and the thresholds in
     the catalog's meta (for ``stats``; a read-only catalog keeps its last)."""
     now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    doc = {"threshold": decision["threshold"], "similar_threshold": decision["similar_threshold"],
-           "rule": decision["rule"], "threshold_source": describe_threshold(decision), "decision": decision,
-           "kinds": decision.get("kinds", list(DEFAULT_KINDS)),
-           "grouping": "every member within the threshold of its representative", "groups": groups,
-           "images": images, "created": now}
-    write_duplicates(index.dir, doc)
+    saved = SavedSearch(threshold=decision["threshold"], similar_threshold=decision["similar_threshold"],
+                        rule=decision["rule"], threshold_source=describe_threshold(decision), decision=decision,
+                        kinds=tuple(decision.get("kinds", DEFAULT_KINDS)),
+                        grouping="every member within the threshold of its representative", groups=tuple(groups),
+                        images=images, created=now)
+    write_duplicates(index.dir, saved)
     if not index.catalog.read_only:
         index.catalog.set_meta(DEDUP_LAST_KEY, json.dumps({**decision, "created": now, "groups": len(groups)}))
 
 
-def write_duplicates(index_dir: str | Path, doc: dict[str, Any]) -> None:
-    """Replace ``dedup.json`` with ``doc`` (atomically: a reader sees the old or the new one)."""
-    data = (json.dumps(doc, indent=1) + "\n").encode()
+def write_duplicates(index_dir: str | Path, saved: SavedSearch) -> None:
+    """Replace ``dedup.json`` with ``saved`` (atomically: a reader sees the old or the new one)."""
+    data = (json.dumps(saved.to_json(), indent=1) + "\n").encode()
     atomic_write(Path(index_dir) / DEDUP_FILE, lambda f: f.write(data))
 
 
-def find_group(doc: dict[str, Any], gid: str, index_dir: str | Path) -> dict[str, Any]:
-    """The group ``gid`` of a saved search ``doc``; a UserError naming it and the fix when it has none."""
-    for g in doc["groups"]:
-        if g["id"] == gid:
-            return g
-    raise NotFoundError(f"no group {gid!r} in the last search ({Path(index_dir) / DEDUP_FILE}, {doc.get('created')}): "
-                    f"find the duplicates again (`moco index dedup {index_dir}`) and use one of its group ids")
+def find_group(saved: SavedSearch, gid: str, index_dir: str | Path) -> Group:
+    """The group ``gid`` of a saved search; a NotFoundError naming it and the fix when it has none."""
+    group = saved.group(gid)
+    if group is None:
+        raise NotFoundError(f"no group {gid!r} in the last search ({Path(index_dir) / DEDUP_FILE}, {saved.created}): "
+                            f"find the duplicates again (`moco index dedup {index_dir}`) and use one of its group ids")
+    return group
 
 
-def load_duplicates(index_dir: str | Path) -> dict[str, Any] | None:
-    """The last saved ``dedup.json``, or None when there is none; a file that is not what :func:`find_duplicates`
-    writes (unreadable, not JSON, a key missing, a value of the wrong type) is a UserError naming it and the fix."""
+def load_duplicates(index_dir: str | Path) -> SavedSearch | None:
+    """The last saved search (``dedup.json``), or None when there is none; a file that is not what
+    :func:`search_duplicates` writes (unreadable, not JSON, a key missing, a value of the wrong type) is a UserError
+    naming it and the fix. A file of an older version loads (:meth:`~index.duplicates.groups.Group.from_json`)."""
     path = Path(index_dir) / DEDUP_FILE
     if not path.is_file():
         return None
     try:
-        doc = json.loads(path.read_text())
-        problem = _problem(doc)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        return SavedSearch.from_json(json.loads(path.read_text()))
+    except ValueError as e:
+        problem = str(e) if not isinstance(e, (json.JSONDecodeError, UnicodeDecodeError)) else \
+            f"not readable as JSON: {type(e).__name__}"
+    except (OSError, RecursionError) as e:
         problem = f"not readable as JSON: {type(e).__name__}"
-    if problem:
-        raise UserError(f"{path} is damaged ({problem}): find the near-duplicates again (`moco index dedup "
-                        f"{Path(index_dir)}` or the page's Find near-duplicates) to write it anew")
-    for g in doc["groups"]:  # a dedup.json of an older version: near groups, the representative kept
-        g.setdefault("kind", "near")
-        g.setdefault("id", group_id(g["kind"], [m["id"] for m in g["members"]] or [0]))
-        rep = (g.get("representative") or {}).get("id", g["members"][0]["id"] if g["members"] else None)
-        g.setdefault("keep_id", rep)
-        g.setdefault("keep", next((m["path"] for m in g["members"] if m["id"] == rep), None))
-        g.setdefault("reason", "the representative (a search of an older version)")
-    return doc
-
-
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # not NaN
-
-
-def _problem(doc: Any) -> str | None:
-    """What makes ``doc`` something else than a saved search of :func:`find_duplicates` (None: nothing)."""
-    if not isinstance(doc, dict):
-        return f"a {type(doc).__name__}, not an object"
-    if not _number(doc.get("threshold")):
-        return "no number 'threshold'"
-    if not isinstance(doc.get("created"), (str, type(None))) or not isinstance(doc.get("groups"), list):
-        return "'created' is not text or 'groups' is not a list"
-    for n, g in enumerate(doc["groups"]):
-        where = f"group {n}"
-        if not isinstance(g, dict) or isinstance(g.get("size"), bool) or not isinstance(g.get("size"), int):
-            return f"{where} has no whole 'size'"
-        if not isinstance(g.get("members"), list) or not isinstance(g.get("representative", {}), (dict, type(None))):
-            return f"{where}: 'members' is not a list or 'representative' is not an object"
-        if not all(_number(g[key]) for key in ("tightest", "loosest") if key in g):
-            return f"{where}: 'tightest' or 'loosest' is not a number"
-        if g.get("kind", "near") not in KINDS or not isinstance(g.get("id", ""), str):
-            return f"{where}: 'kind' is not one of {', '.join(KINDS)} or 'id' is not text"
-        if isinstance(g.get("keep_id", 0), bool) or not isinstance(g.get("keep_id", 0), (int, type(None))):
-            return f"{where}: 'keep_id' is not a whole number"
-        for m in g["members"]:
-            if not isinstance(m, dict) or isinstance(m.get("id"), bool) or not isinstance(m.get("id"), int):
-                return f"{where}: a member without a whole 'id'"
-            if not isinstance(m.get("path"), str) or not _number(m.get("similarity", m.get("best_similarity"))):
-                return f"{where}: member {m['id']} has no text 'path' or no number 'similarity'"
-            if "best_similarity" in m and not _number(m["best_similarity"]):
-                return f"{where}: member {m['id']}'s 'best_similarity' is not a number"
-    return None
+    raise UserError(f"{path} is damaged ({problem}): find the near-duplicates again (`moco index dedup "
+                    f"{Path(index_dir)}` or the page's Find near-duplicates) to write it anew")

@@ -27,19 +27,13 @@ import os
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from index.catalog import display_path
-from index.duplicates.dedup import (
-    DEFAULT_KINDS,
-    Search,
-    find_group,
-    load_duplicates,
-    search_duplicates,
-    write_duplicates,
-)
+from index.duplicates.dedup import Search, find_group, load_duplicates, search_duplicates, write_duplicates
+from index.duplicates.groups import DEFAULT_KINDS, Group, SavedSearch
 from index.duplicates.keeper import CHOSEN
 from index.duplicates.resolve.journal import Entry, Journal, is_marked, mark_destination
 from index.duplicates.resolve.transfer import TransferError, free_name, same_file, transfer
@@ -262,37 +256,37 @@ def settle(index: ImageIndex, device: str = "auto") -> int:
     return n
 
 
-def select_groups(groups: list[dict[str, Any]], kinds: Iterable[str] | None = None,
-                  ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+def select_groups(groups: Iterable[Group], kinds: Iterable[str] | None = None,
+                  ids: Iterable[str] | None = None) -> list[Group]:
     """The groups of ``kinds`` (None: exact and near), or those of ``ids`` (a UserError for an unknown id)."""
     if ids:
-        by_id = {g["id"]: g for g in groups}
+        by_id = {g.id: g for g in groups}
         missing = [i for i in ids if i not in by_id]
         if missing:
             raise NotFoundError(f"no group {', '.join(map(repr, missing))} in the search: give ids it lists")
         return [by_id[i] for i in dict.fromkeys(ids)]
     kinds = tuple(kinds or DEFAULT_KINDS)
-    return [g for g in groups if g["kind"] in kinds]
+    return [g for g in groups if g.kind in kinds]
 
 
-def _plan(index: ImageIndex, groups: list[dict[str, Any]], target: Path, keepers: Mapping[str, int]
+def _plan(index: ImageIndex, groups: list[Group], target: Path, keepers: Mapping[str, int]
           ) -> tuple[list[tuple[str, int, str, Path, str, int]], list[dict[str, Any]]]:
     """(moves, skipped) for ``groups``: each non-keeper whose file is the photo the index holds, to a free name."""
     root = index.root
     real_root = root.resolve()
     real_target = os.path.realpath(target)
-    rows = index.catalog.rows_by_id([m["id"] for g in groups for m in g["members"]])
+    rows = index.catalog.rows_by_id([m.id for g in groups for m in g.members])
     moves: list[tuple[str, int, str, Path, str, int]] = []
     skipped: list[dict[str, Any]] = []
     claimed: set[Path] = set()
     for g in groups:
-        keep = int(keepers.get(g["id"], g.get("keep_id")))
-        ids = [m["id"] for m in g["members"]]
+        keep = int(keepers.get(g.id, g.keep_id))  # type: ignore[arg-type]
+        ids = g.ids
         if keep not in ids:
-            raise UserError(f"photo {keep} is not in group {g['id']} (its photos: {', '.join(map(str, ids))})")
+            raise UserError(f"photo {keep} is not in group {g.id} (its photos: {', '.join(map(str, ids))})")
         k = rows.get(keep)
         if k is None or k.status != "ok" or _digest(root / k.path) != k.hash:
-            skipped.append({"group": g["id"], "path": display_path(g.get("keep") or str(keep)),
+            skipped.append({"group": g.id, "path": display_path(g.keep or str(keep)),
                             "reason": "its keeper is gone or changed since it was indexed: run `moco index update` "
                                       "and look at the group again"})
             continue
@@ -307,20 +301,20 @@ def _plan(index: ImageIndex, groups: list[dict[str, Any]], target: Path, keepers
                    else "in a folder that leads outside the collection" if real_root not in src.resolve().parents
                    else None)
             if why:
-                skipped.append({"group": g["id"], "path": display_path(row.path if row else str(i)), "reason": why})
+                skipped.append({"group": g.id, "path": display_path(row.path if row else str(i)), "reason": why})
                 continue
             dest = free_name(target / row.path, claimed)
             real = os.path.realpath(dest.parent)
             if real != real_target and not real.startswith(real_target.rstrip(os.sep) + os.sep):
-                skipped.append({"group": g["id"], "path": display_path(row.path),
+                skipped.append({"group": g.id, "path": display_path(row.path),
                                 "reason": f"a symbolic link in {target} leads out of it (to {real}): not moved"})
                 continue
             claimed.add(dest)
-            moves.append((g["id"], i, row.path, dest, row.hash, row.size))
+            moves.append((g.id, i, row.path, dest, row.hash, row.size))
     return moves, skipped
 
 
-def move_duplicates(index: ImageIndex, groups: list[dict[str, Any]], dest: str | Path | None = None,
+def move_duplicates(index: ImageIndex, groups: list[Group], dest: str | Path | None = None,
                     keepers: Mapping[str, int] | None = None, dry_run: bool = False, device: str = "auto",
                     search: bool = True) -> Outcome:
     """Move every photo of ``groups`` but its keeper (``keepers[group id]``, else the group's ``keep_id``) to
@@ -391,13 +385,13 @@ def search_again(index: ImageIndex) -> Search:
         doc = load_duplicates(index.dir)
     except UserError as e:  # a damaged dedup.json: the index's own thresholds and the default kinds
         logger.warning("%s; searching with the index's thresholds", e)
-    settings = (doc or {}).get("decision", {}).get("given", {})
-    kinds = (doc or {}).get("kinds") or DEFAULT_KINDS
+    settings = doc.given if doc else {}
+    kinds = (doc.kinds if doc else None) or DEFAULT_KINDS
     return search_duplicates(index, settings.get("threshold"), kinds, settings.get("similar_threshold"),
                              exclude_folders=settings.get("exclude_folders") or ())
 
 
-def _saved(index: ImageIndex) -> dict[str, Any]:
+def _saved(index: ImageIndex) -> SavedSearch:
     doc = load_duplicates(index.dir)
     if doc is None:
         raise NotFoundError(f"no search for duplicates yet ({index.dir / DEDUP_FILE}): run `moco index dedup "
@@ -405,29 +399,27 @@ def _saved(index: ImageIndex) -> dict[str, Any]:
     return doc
 
 
-def mark_not_duplicates(index: ImageIndex, gid: str) -> dict[str, Any]:
+def mark_not_duplicates(index: ImageIndex, gid: str) -> Group:
     """Say that the photos of group ``gid`` (of the last search) are not duplicates: no two of them are grouped again,
     whatever the threshold (the marks survive ``moco index update``); the group leaves the saved search. Returns the
     group."""
     index.catalog.check_writable()
     doc = _saved(index)
     group = find_group(doc, gid, index.dir)
-    index.catalog.mark_not_duplicates(m["id"] for m in group["members"])
-    doc["groups"] = [g for g in doc["groups"] if g["id"] != gid]
-    write_duplicates(index.dir, doc)
+    index.catalog.mark_not_duplicates(group.ids)
+    write_duplicates(index.dir, replace(doc, groups=tuple(g for g in doc.groups if g.id != gid)))
     return group
 
 
-def choose_keeper(index: ImageIndex, gid: str, photo: int) -> dict[str, Any]:
+def choose_keeper(index: ImageIndex, gid: str, photo: int) -> Group:
     """Keep photo ``photo`` of group ``gid`` (of the last search), in every later search too; returns the group."""
     index.catalog.check_writable()
     doc = _saved(index)
     group = find_group(doc, gid, index.dir)
-    ids = [m["id"] for m in group["members"]]
+    ids = group.ids
     if int(photo) not in ids:
         raise UserError(f"photo {photo} is not in group {gid} (its photos: {', '.join(map(str, ids))})")
     index.catalog.choose_keeper(int(photo), [i for i in ids if i != int(photo)])
-    group.update(keep_id=int(photo), keep=next(m["path"] for m in group["members"] if m["id"] == int(photo)),
-                 reason=CHOSEN)
-    write_duplicates(index.dir, doc)
+    group = group.with_keeper(int(photo), CHOSEN)
+    write_duplicates(index.dir, replace(doc, groups=tuple(group if g.id == gid else g for g in doc.groups)))
     return group
