@@ -319,6 +319,57 @@ def test_a_served_page_leaves_no_result_files_after_sigterm(tmp_path, backbone, 
     assert not [p for p in left if p.name.startswith("results.") or p.suffix in (".jpg", ".png")], left
 
 
+_SERVE = """
+import asyncio, contextlib, pathlib, signal, sys, time
+from starlette.applications import Starlette
+from app.server.launch import Server
+
+@contextlib.asynccontextmanager
+async def lifespan(app):
+    yield
+    await asyncio.sleep(1)  # a shutdown that takes its time, as Gradio's (its temporary files deleted)
+    pathlib.Path(sys.argv[2]).write_text("shut down")
+
+class Demo:  # the Blocks' part Server uses
+    def close(self, verbose=True):
+        pass
+
+signal.signal(signal.SIGTERM, signal.default_int_handler)  # as the CLI does
+server = Server.start(Demo(), Starlette(lifespan=lifespan), "127.0.0.1", int(sys.argv[1]))
+print("serving", flush=True)
+server.block_thread()
+print("closed", flush=True)
+"""
+
+
+def test_a_sigterm_while_the_server_waits_lets_the_apps_shutdown_finish(tmp_path):
+    """SIGTERM (or Ctrl+C) interrupts ``block_thread``'s wait for the server's thread; the server must still run its
+    app's shutdown (Gradio deletes its uploads there) before the process exits. A ``Thread.join`` interrupted so marks
+    the running thread stopped (before Python 3.13): waiting on it again returned at once and the process exited
+    before the shutdown ran."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    marker = tmp_path / "shutdown"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.Popen([sys.executable, "-c", _SERVE, str(free_port()), str(marker)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout.readline() == "serving\n", proc.stdout.read()
+        time.sleep(0.5)  # in block_thread's wait by now
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, out
+    assert "interrupted: closing the server" in out and out.endswith("closed\n"), out
+    assert marker.read_text() == "shut down", out
+
+
 # ----------------------------------------------------------------------------------- the decoded cache
 _BUILD = """
 import signal, sys

@@ -229,10 +229,19 @@ class Server:
     """The running server: ``server_app`` (the app uvicorn runs), ``server`` (the ``uvicorn.Server``), ``connections``
     (their registry, :func:`app.guard.connections.connection_settings`), ``demo`` (the page's Blocks) and its
     ``api_service``. :meth:`close` stops it; :meth:`block_thread` waits until it stops or the process is interrupted.
+
+    ``stopped`` is set when the server's thread has run to its end, the app's shutdown (Gradio's deletion of its
+    temporary files) done. It is what every wait here waits on, never ``Thread.join``/``is_alive``: before Python
+    3.13 a ``join`` that a Ctrl+C or a SIGTERM (mapped to KeyboardInterrupt) interrupts marks the thread stopped while
+    it still runs (the bpo-45274 handling in ``Thread._wait_for_tstate_lock`` releases the lock the living thread
+    holds), so the next ``join`` returned at once, the process went on to exit, and the daemon thread died before the
+    app's shutdown: the page's uploads stayed in the temporary directory.
     """
 
-    def __init__(self, demo: Any, app: Any, server: Any, thread: threading.Thread, connections: Any) -> None:
+    def __init__(self, demo: Any, app: Any, server: Any, thread: threading.Thread, connections: Any,
+                 stopped: threading.Event | None = None) -> None:
         self.demo, self.server_app, self.server, self.thread, self.connections = demo, app, server, thread, connections
+        self.stopped = stopped if stopped is not None else threading.Event()
         self.api_service = getattr(demo, "api_service", None)
         self.closed = False
 
@@ -254,19 +263,27 @@ class Server:
                                 proxy_headers=True, forwarded_allow_ips=list(trusted_proxies), **guard)
         sockets = _bind(host, port)
         server = uvicorn.Server(config)
-        thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, name=f"server:{port}", daemon=True)
+        stopped = threading.Event()
+
+        def run() -> None:
+            try:
+                server.run(sockets=sockets)
+            finally:
+                stopped.set()  # after the app's shutdown (see the class's note: not the thread's own state)
+
+        thread = threading.Thread(target=run, name=f"server:{port}", daemon=True)
         thread.start()
-        while not server.started and thread.is_alive():
-            thread.join(0.01)
+        while not server.started and not stopped.wait(0.01):
+            pass
         if not server.started:  # uvicorn has logged why (a startup event failed)
             for sock in sockets:
                 sock.close()
             raise RuntimeError(f"the server on port {port} stopped as it started: its error is in the log above")
-        return cls(demo, app, server, thread, connections)
+        return cls(demo, app, server, thread, connections, stopped)
 
     def close(self) -> None:
         """Stop serving: the page's queue and event streams end, the connections close (responses under way get
-        CLOSE_S), then the app's shutdown (Gradio's temporary files)."""
+        CLOSE_S), then the app's shutdown (Gradio's temporary files); returns once that has run."""
         if self.closed:
             return
         self.closed = True
@@ -277,15 +294,14 @@ class Server:
             with contextlib.suppress(RuntimeError):  # the loop has closed already
                 loop.call_soon_threadsafe(app.stop_event.set)  # the page's streams end (Gradio's own close: launch's)
         self.server.should_exit = True
-        self.thread.join(CLOSE_S + 30)
-        if self.thread.is_alive():
+        if not self.stopped.wait(CLOSE_S + 30):
             logger.warning("the server's thread has not stopped %d s after it was told to", CLOSE_S + 30)
 
     def block_thread(self) -> None:
         """Wait until the server stops, or until Ctrl+C (or SIGTERM where the CLI maps it so); then close it."""
         try:
-            while self.thread.is_alive():
-                self.thread.join(0.5)
+            while not self.stopped.wait(0.5):
+                pass
         except KeyboardInterrupt:
             print("interrupted: closing the server", flush=True)
         finally:
