@@ -85,7 +85,7 @@ def _measure(args: argparse.Namespace, emb, path: Path, tmp: Path, val_dir: str,
         pf = pixel_features(val.cache.array, size, mean, std, center_on=zero)[0]
         pb = pixel_features(bank.cache.array, size, mean, std, center_on=zero)[0] if bank else None
         rows["pixels"] = spaces(pf, pb)
-    print(f"{args.dataset}: {path} ({emb.config.get('arch')}, {size} px), {cpu_model()}")
+    print(f"{args.dataset}: {path} ({emb.config.arch}, {size} px), {cpu_model()}")
     for name, r in rows.items():
         print(f"{name:<7} " + "  ".join(f"{k} {100 * v:.2f}%" if "shrinkage" not in k else f"{k} {v:.3f}"
                                          for k, v in r.items()))
@@ -93,7 +93,7 @@ def _measure(args: argparse.Namespace, emb, path: Path, tmp: Path, val_dir: str,
         command = " ".join(["python bench/knn_spaces.py", *sys.argv[1:]])
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"command": command, "cpu": cpu_model(), "dataset": args.dataset,
-                                         "model": str(path), "arch": emb.config.get("arch"), "rows": rows}, indent=1))
+                                         "model": str(path), "arch": emb.config.arch, "rows": rows}, indent=1))
     return 0
 
 

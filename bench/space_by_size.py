@@ -235,7 +235,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"{split:<6} {_row(n, results[split][str(n)], suffix)}", flush=True)
     return {"command": " ".join(["python bench/space_by_size.py", *sys.argv[1:]]), "cpu": cpu_model(),
             "threads": torch.get_num_threads(), "dataset": args.dataset, "model": str(path),
-            "trained_on": _trained_on(path), "arch": emb.config.get("arch"), "image_size": emb.image_size,
+            "trained_on": _trained_on(path), "arch": emb.config.arch, "image_size": emb.image_size,
             "feature_dim": int(feats.shape[1]), "pixel_dim": int(pixels.shape[1]),
             "training_whitening": None if white is None else {"count": white.count, "shrinkage": white.shrinkage,
                                                               "stages": list(stages), "mirror": white.mirror},

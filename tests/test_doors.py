@@ -101,7 +101,7 @@ def test_every_door_gives_the_same_vector(built, sample_photos, capsys):
     session = ort.InferenceSession(str(built / "i.onnx"), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(session.run(None, {"images": x.numpy()})[0], want, atol=1e-4)
     props = {p.key: p.value for p in __import__("onnx").load(str(built / "i.onnx")).metadata_props}
-    assert props["embed_dim"] == str(DIM) == str(json.loads(props["output"])["width"]) and meta["backbone_dim"] == "512"
+    assert props["embed_dim"] == str(DIM) == str(json.loads(props["output"])["width"]) and meta.backbone_dim == 512
     assert json.loads(props["output"])["digest"] == idx.space.digest
     import timm
 
@@ -118,7 +118,7 @@ def test_each_format_declares_its_output(built):
     export = Embedder.load(built / "b.safetensors", device="cpu", precision="fp32")
     x = torch.randn(2, 3, 32, 32)
     _, meta = load_exported(built / "b.safetensors")
-    out = json.loads(meta["output"])
+    out = meta.output
     assert (out["width"], out["whitened"], out["normalized"], out["mirror"]) == (DIM, True, True, True)
     assert out["fitted_on"] == "training photos" and out["digest"] == export.space.digest
     export_backbone(built / "run" / "checkpoint.pt", built / "t.pt2", fmt="pt2")  # the training-time space

@@ -96,10 +96,10 @@ def test_values_are_held_as_the_file_holds_them():
     assert embedding_dim(meta) == 512 and embedding_dim(_meta(output=None, whitening=WHITENING)) == 768
 
 
-def test_the_string_view_of_a_key_for_readers_not_yet_moved():
-    meta = _meta(whitening=WHITENING)
-    assert meta["embed_dim"] == "512" and json.loads(meta["whitening"]) == WHITENING
-    assert meta.get("backbone_dim") is None and meta.get("source_sha256") == "ab" * 32
+def test_the_strings_a_file_stores():
+    stored = _meta(whitening=WHITENING).to_strings()
+    assert stored["embed_dim"] == "512" and json.loads(stored["whitening"]) == WHITENING
+    assert "backbone_dim" not in stored and stored["source_sha256"] == "ab" * 32
 
 
 @pytest.fixture(scope="module")
@@ -172,4 +172,4 @@ def test_a_file_the_previous_exporter_wrote_loads_to_the_same_meta(backbone, tmp
         {}, "center", None, None, None)
     assert embedding_dim(early) == 512
     emb = Embedder.load(tmp_path / "early.safetensors", device="cpu")
-    assert emb.config.get("whitening") is None and emb.dim == 512
+    assert emb.config.whitening is None and emb.dim == 512

@@ -108,10 +108,10 @@ def test_embeddings_apply_it_and_the_export_formats_keep_it(run, sample_photos, 
     ckpt = load_checkpoint(run / "checkpoint.pt")
     w = Whitening.from_state(ckpt["whitening"], 512, "ckpt")
     meta = export_backbone(run / "checkpoint.pt", tmp_path / "b.safetensors")
-    assert json.loads(meta["whitening"])["count"] == 48
+    assert meta.whitening["count"] == 48
     from moco.export.reader import embedding_dim
 
-    assert (meta["embed_dim"], embedding_dim(meta)) == ("512", DIM)  # the backbone's width; what it embeds
+    assert (meta.embed_dim, embedding_dim(meta)) == (512, DIM)  # the backbone's width; what it embeds
     white = Embedder.load(tmp_path / "b.safetensors", device="cpu", precision="fp32")
     plain = Embedder.load(tmp_path / "b.safetensors", device="cpu", precision="fp32", whiten=False)
     assert white.space is not None and plain.space is None
@@ -140,7 +140,7 @@ def test_embeddings_apply_it_and_the_export_formats_keep_it(run, sample_photos, 
     from moco.whiten import apply_space
 
     timm_meta = export_backbone(run / "checkpoint.pt", tmp_path / "timm", fmt="timm")  # the space beside the model
-    assert json.loads(timm_meta["output"])["apply"].startswith("moco.apply_space")
+    assert timm_meta.output["apply"].startswith("moco.apply_space")
     model = timm.create_model(f"local-dir:{tmp_path / 'timm'}", pretrained=True)
     np.testing.assert_allclose(apply_space(model, x, tmp_path / "timm").numpy(), white.embed_views(x), atol=2e-5)
 

@@ -77,8 +77,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, old)
     print(
-        f"exported {meta['arch']} ({embedding_dim(meta)}-d, {meta['image_size']} px, MoCo {meta['moco_version']}, "
-        f"from {meta['source_format']}) to {args.out}; stripped {meta['dropped']}"
+        f"exported {meta.arch} ({embedding_dim(meta)}-d, {meta.image_size} px, MoCo {meta.moco_version}, "
+        f"from {meta.source_format}) to {args.out}; stripped {json.dumps(meta.dropped, sort_keys=True)}"
     )
     return 0
 

@@ -185,13 +185,13 @@ def _export(source: Path, out: Path, say: Callable[[str], None]) -> Path:
     digest = sha256_file(source)
     if out.is_file():
         _, meta = load_exported(out)
-        if meta.get("source_sha256") == digest:
+        if meta.source_sha256 == digest:
             say(f"export: {out} is up to date with {source.name}")
             return out
     tmp = out.with_name(".backbone.new.safetensors")
     meta = export_backbone(source, tmp)
     tmp.replace(out)
-    say(f"export: {meta['arch']} ({embedding_dim(meta)}-d, {meta['image_size']} px) -> {out}")
+    say(f"export: {meta.arch} ({embedding_dim(meta)}-d, {meta.image_size} px) -> {out}")
     return out
 
 

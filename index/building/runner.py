@@ -168,15 +168,15 @@ def _sync(index_dir: Path, embedder: Any, dist: Dist, batch_size: int, workers: 
 def _backbone_meta(embedder: Any) -> dict[str, Any]:
     """What ``index.json`` records of the backbone (``backbone_dim``: the backbone's own width; the index's ``dim``
     counts the pooled stages)."""
-    meta = {k: embedder.config.get(k) for k in ("arch", "image_size", "resize", "moco_version", "whitening",
-                                                "source_sha256")}
-    return {**meta, "backbone_dim": int(embedder.config["embed_dim"])}
+    stored = embedder.config.to_strings()  # as the backbone file stores them (image_size "32", whitening as JSON)
+    meta = {k: stored.get(k) for k in ("arch", "image_size", "resize", "moco_version", "whitening", "source_sha256")}
+    return {**meta, "backbone_dim": embedder.config.embed_dim}
 
 
 def _features_meta(embedder: Any) -> dict[str, Any]:
     """The catalog settings that say which features its vectors are (see ``ImageIndex.features``)."""
     return {"features": {"mirror": bool(embedder.mirror), "stages": [[n, int(c)] for n, c in embedder.stages]},
-            "backbone_whitening": embedder.space is None and embedder.config.get("whitening") is not None}
+            "backbone_whitening": embedder.space is None and embedder.config.whitening is not None}
 
 
 def build_index(photos: str | Path, backbone: str | Path, out: str | Path, kind: str = "auto",

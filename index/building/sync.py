@@ -253,7 +253,7 @@ def sync_store(index_dir: Path, catalog: Catalog, cmeta: dict[str, Any], use_gpu
         tuning = store.tune(vecs, ids, qv, queries, k=10, target=TARGET_RECALL, held_out=False)
         kind, pending = "flat", ids
     store.save(index_dir / INDEX_FILE, index_id, mean, space.matrix)
-    source = (embedder.config.get("source_sha256") if embedder is not None else None) or \
+    source = (embedder.config.source_sha256 if embedder is not None else None) or \
         (cmeta.get("backbone") or {}).get("source_sha256") or ""
     save_space(space, index_dir / SPACE_FILE, cmeta["backbone_sha256"], index_id=index_id,
                source_sha256=source)  # for the other doors: Embedder.load(B, space=DIR), moco export --space

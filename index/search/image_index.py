@@ -303,7 +303,7 @@ class ImageIndex:
             raise UserError(f"backbone {path} not found: pass --backbone with the file this index was built with")
         emb = Embedder.load(path, device=device, space="features")
         self.check_backbone(emb.sha256)
-        if self.meta.get("vectors") != VECTORS and (emb.mirror or emb.stages or emb.config.get("whitening")):
+        if self.meta.get("vectors") != VECTORS and (emb.mirror or emb.stages or emb.config.whitening):
             raise UserError(f"{self.dir} was built by an older version that stored the backbone's whitened output: "
                             f"run `moco index update {self.dir}` once (it embeds the photos again)")
         self.check_embedder(emb)

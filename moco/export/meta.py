@@ -84,15 +84,6 @@ class BackboneMeta:
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in names})
 
-    # Transitional: the file's string of a key, for readers not yet moved to the fields (app/cli/commands.py,
-    # app/run/pipeline.py, index/building/, index/search/image_index.py, bench/, tests/test_doors.py,
-    # tests/test_run_whitening.py); new code reads the fields.
-    def __getitem__(self, key: str) -> str:
-        return self.to_strings()[key]
-
-    def get(self, key: str, default: str | None = None) -> str | None:
-        return self.to_strings().get(key, default)
-
 
 # Bounds: 16 px is the smallest crop training takes, 4096 px 18x the papers' 224 (no backbone we export is fed more;
 # one such image is already 200 MB in float32); the resize is at least the crop and at most twice it (we write the

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Any
 
@@ -44,7 +43,7 @@ class IndexNegatives:
 
     def __init__(self, index: Any, embedder: Any, temperature: float | None = None, recipe: str = "v2") -> None:
         self.index, self.embedder, self.recipe = index, embedder, recipe
-        trained = json.loads(embedder.config.get("training") or "{}")
+        trained = embedder.config.training or {}
         self.temperature = float(temperature or trained.get("temperature") or 0.2)
         self._cache: tuple[Any, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._lock = threading.Lock()
