@@ -331,11 +331,13 @@ def test_a_search_killed_in_the_pixel_check_leaves_the_last_one_and_a_rerun_comp
     there, whole, and nothing else is left in the index's folder; the next search completes with the groups of an
     uninterrupted one."""
     from index.duplicates.dedup import search_duplicates
+    from index.duplicates.dedup_cache import CHECKED_FILE
     from tests.live import killed_after_first
 
     build_index(sample_photos, backbone, tmp_path / "idx", progress=False)
     idx = ImageIndex.open(tmp_path / "idx")
     first = search_duplicates(idx)  # saved
+    (tmp_path / "idx" / CHECKED_FILE).unlink()  # its scored pairs: else the next search has no pair to check
     saved = (tmp_path / "idx" / "dedup.json").read_bytes()
     before = sorted(p.name for p in (tmp_path / "idx").iterdir())
     killed_after_first("index.duplicates.verify", "_scores", "",
