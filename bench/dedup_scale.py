@@ -251,11 +251,12 @@ def _added(n: int, args: argparse.Namespace, idx: Path, root: Path, copies: dict
         shutil.rmtree(added, ignore_errors=True)
         more = write_collection(added, extra, args.copies, 0, args.seed + 7, args.split, fashion_too=False)
         shutil.rmtree(root / "added", ignore_errors=True)
+        (added / "copies.json").write_text(json.dumps({f"added/{c}": f"added/{p}" for c, p in more.items()}))
+        (added / "done").touch()
+    if not (root / "added").is_dir():  # into the collection (again, where it was written anew since)
         (root / "added").mkdir()
         for folder in ("photos", "copies"):
             shutil.copytree(added / folder, root / "added" / folder)
-        (added / "copies.json").write_text(json.dumps({f"added/{c}": f"added/{p}" for c, p in more.items()}))
-        (added / "done").touch()
     grown = args.work / f"{n}.idx-added"
     shutil.rmtree(grown, ignore_errors=True)
     shutil.copytree(idx, grown)
