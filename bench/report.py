@@ -627,9 +627,12 @@ def _dedup_scale() -> list[str]:
             "|---|---|---|---|---|---|---|---|---|"]
     for r in d["sizes"]:
         rows = [("this", r), ("peer", r.get("peer"))]
-        if r.get("added"):
+        if r.get("added"):  # against the full search of its own run (base_seconds) where it came from another run
+            base = r["added"].get("base_seconds", r["seconds"])
+            ratio = r["added"]["seconds"] / base
             rows.append((f"this, {r['added']['photos_added']} photos added, searched again "
-                         f"({r['added']['seconds'] / r['seconds']:.3f} of the full time)", r["added"]))
+                         f"({ratio:.3f} of the full time, {base} s{'' if ratio <= 0.1 else ': aim not met'})",
+                         r["added"]))
         for who, x in rows:
             if x is None:
                 continue
