@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -161,6 +162,27 @@ def test_a_few_modules_beside_the_stages():
     for pkg, most in TOP_MODULES.items():
         top = [f.name for f in (ROOT / pkg).glob("*.py") if f.name != "__init__.py"]
         assert len(top) <= most, (pkg, top)
+
+
+def _private_imports() -> list[tuple[str, str, str]]:
+    """(module, imported module, name) of every ``from X import _name`` (a private name of another module)."""
+    out = []
+    for m, f in _modules().items():
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                out += [(m, node.module, a.name) for a in node.names
+                        if a.name.startswith("_") and not a.name.startswith("__")]
+    return out
+
+
+def test_no_module_imports_another_modules_private_names(tmp_path, monkeypatch):
+    """What a module keeps to itself (a leading underscore) is not used from another room or package."""
+    assert _private_imports() == []
+    (tmp_path / "moco").mkdir()  # the check finds one where there is one
+    (tmp_path / "moco" / "a.py").write_text("from moco.b import _hidden, shown\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGES", {"moco": 0})
+    assert _private_imports() == [("moco.a", "moco.b", "_hidden")]
 
 
 def test_only_a_package_face_lists_names_it_does_not_define():
