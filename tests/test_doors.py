@@ -132,7 +132,7 @@ def test_each_format_declares_its_output(built):
     tspace, _ = load_space(built / "t_timm" / SPACE_FILE)  # the timm folder carries the space beside the model
     assert tspace.digest == export.space.digest
     tmeta = load_exported(built / "t_timm" / "model.safetensors")[1]
-    assert json.loads(tmeta["output"])["apply"].startswith("moco.apply_space")
+    assert tmeta.output["apply"].startswith("moco.apply_space")
 
 
 def test_an_index_refuses_an_embedder_of_another_space(built):

@@ -45,7 +45,7 @@ def setup(tmp_path_factory, backbone) -> dict[str, object]:
     try:
         yield {"photos": photos, "idx": tmp / "idx", "families": families, "copy": first, "near": near,
                "url": f"http://127.0.0.1:{port}/api/v1", "root": f"http://127.0.0.1:{port}",
-               "app": demo.api_service.app, "service": demo.api_service}
+               "app": demo.api_service.library, "service": demo.api_service}
     finally:
         demo.close()
         demo.api_service.close()
