@@ -332,3 +332,19 @@ def test_every_event_answers_an_error_with_as_many_outputs_as_it_has(setup):
                if hasattr(fn.fn, "n_outputs")]
     assert len(wrapped) >= 8, wrapped  # the page's events, each behind _safe
     assert [w for w in wrapped if w[1] != w[2]] == []
+
+
+def test_a_tick_of_a_result_no_longer_shown_is_dropped_not_refused():
+    """The page's tick lists: a value sent after a search changed the results (an event still on its way under load)
+    names a result that is gone: it is dropped, and the ticks still shown are kept; nothing not shown is let in, and
+    a value of another kind is still Gradio's to refuse."""
+    import gradio as gr
+
+    from app.page import inputs
+
+    ticks = inputs.CheckboxGroup([("1. a.jpg", 11), ("2. b.jpg", 12)], label="More like these")
+    assert ticks.preprocess([12, 99, 11]) == [12, 11]
+    assert ticks.preprocess([99]) == [] and ticks.preprocess([]) == []
+    assert ticks.preprocess([{"x": 1}, 11]) == [11]
+    with pytest.raises(gr.Error):
+        ticks.preprocess("11")

@@ -64,7 +64,15 @@ class Radio(_Refusing, gr.Radio):
 
 
 class CheckboxGroup(_Refusing, gr.CheckboxGroup):
-    """``gr.CheckboxGroup``: a value not among its choices refused in one log line."""
+    """``gr.CheckboxGroup`` of results to tick: a value no longer among its choices is dropped, not refused. The page's
+    ticks list the results shown; a tick sent after a search changed them (the browser's event still on its way under
+    load) names a result that is gone, which the search it feeds would leave out anyway."""
+
+    def preprocess(self, payload: Any) -> Any:
+        if isinstance(payload, list):  # anything else is Gradio's to refuse
+            shown = {value for _, value in self.choices}
+            payload = [v for v in payload if isinstance(v, int | float | str) and v in shown]  # nothing new let in
+        return super().preprocess(payload)
 
 
 class File(_Refusing, gr.File):
