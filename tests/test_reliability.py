@@ -332,7 +332,7 @@ async def lifespan(app):
 
 class Demo:  # the Blocks' part Server uses
     def close(self, verbose=True):
-        pass
+        return None  # no queue to stop: this app is plain Starlette
 
 signal.signal(signal.SIGTERM, signal.default_int_handler)  # as the CLI does
 server = Server.start(Demo(), Starlette(lifespan=lifespan), "127.0.0.1", int(sys.argv[1]))

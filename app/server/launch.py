@@ -273,8 +273,8 @@ class Server:
 
         thread = threading.Thread(target=run, name=f"server:{port}", daemon=True)
         thread.start()
-        while not server.started and not stopped.wait(0.01):
-            pass
+        while not server.started and not stopped.wait(0.01):  # until it serves, or stopped before it could
+            continue
         if not server.started:  # uvicorn has logged why (a startup event failed)
             for sock in sockets:
                 sock.close()
@@ -300,8 +300,8 @@ class Server:
     def block_thread(self) -> None:
         """Wait until the server stops, or until Ctrl+C (or SIGTERM where the CLI maps it so); then close it."""
         try:
-            while not self.stopped.wait(0.5):
-                pass
+            while not self.stopped.wait(0.5):  # short waits: Ctrl+C (SIGTERM) is raised between two of them
+                continue
         except KeyboardInterrupt:
             print("interrupted: closing the server", flush=True)
         finally:
