@@ -17,7 +17,16 @@ from PIL import Image
 
 from index.building.runner import build_index, update_index
 from index.overview.cache import cache_file, centred_vectors, forget_views, index_version, space_vectors
-from index.overview.documents import browse_photos
+from index.overview.documents import (
+    ThemesDoc,
+    browse_document,
+    browse_photos,
+    map_document,
+    map_rows,
+    theme_document,
+    themes_document,
+    unusual_document,
+)
 from index.overview.layout import collection_map, map_faces, pca_layout, save_map_png, scale_unit
 from index.overview.themes import SMOOTH, auto_themes, collection_themes, smoothed_vectors, theme_members
 from index.overview.unusual import unusual_photos
@@ -270,6 +279,45 @@ def test_the_commands_print_the_views(built, tmp_path, capsys):
     assert doc["total"] == total and [p["id"] for p in doc["photos"]] == [r.id for r in rows]
     assert main(["index", "themes", str(built["idx"])]) == 0
     assert "theme 0: " in capsys.readouterr().out
+
+
+def test_the_documents_are_what_the_api_validates_and_the_commands_print(built, capsys):
+    """Each document's ``to_json()`` passes unchanged through the API's model (same keys, same order, same values)
+    and is what ``moco index map|themes|unusual|browse --json`` print."""
+    from dataclasses import FrozenInstanceError
+
+    from app.api.models import CollectionMap, PhotosPage, ThemePage, ThemesResponse, UnusualPage
+    from app.cli.commands import main
+
+    idx = ImageIndex.open(built["idx"])
+    where = str(built["idx"])
+    m = map_document(idx)
+    docs = [(m, CollectionMap, None), (themes_document(idx), ThemesResponse, ["themes", where]),
+            (theme_document(idx, 1, 2, 3), ThemePage, None),
+            (unusual_document(idx, 0, 4), UnusualPage, ["unusual", where, "-n", "4"]),
+            (browse_document(idx, None, 1, "-date", 1, 5), PhotosPage,
+             ["browse", where, "--theme", "1", "--sort=-date", "--offset", "1", "-n", "5"])]
+    for doc, model, argv in docs:
+        js = doc.to_json()
+        assert list(js) == list(model.model_fields), model
+        assert model.model_validate(js).model_dump(mode="json") == js, model
+        if argv:
+            capsys.readouterr()
+            assert main(["index", *argv, "--json"]) == 0
+            assert _json(capsys) == js, argv
+    page, browsed = docs[2][0], docs[4][0]
+    assert len(page.photos) == min(3, page.size - 2) and page.next_offset == (5 if page.size > 5 else None)
+    assert len(docs[3][0].photos) == 4 and len(browsed.photos) == min(5, browsed.total - 1)
+    themes = docs[1][0]
+    assert isinstance(themes, ThemesDoc) and sum(t.size for t in themes.themes) == m.count == len(idx)
+    assert all(c.path for t in themes.themes for c in t.central) and themes.themes[0].folders[0].count > 0
+    with pytest.raises(FrozenInstanceError):
+        m.count = 0  # type: ignore[misc]
+    capsys.readouterr()
+    assert main(["index", "map", where, "--json"]) == 0
+    points = map_rows(idx, m)
+    assert _json(capsys) == [p.to_json() for p in points]
+    assert [(p.id, p.x, p.y, p.theme) for p in points] == list(zip(m.ids, m.x, m.y, m.theme))
 
 
 def test_the_commands_refuse_bad_input_clearly(built, tmp_path, capsys):

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import APIRouter, Query
 from fastapi import Path as PathParam
@@ -27,6 +27,7 @@ from app.guard.access import API_PREFIX
 from app.search.service import NotFound
 from index.overview.documents import MAX_PAGE as MAX_VIEW_PAGE
 from index.overview.documents import (
+    BrowsePageDoc,
     browse_document,
     map_document,
     theme_document,
@@ -68,7 +69,8 @@ def collection_router(api: Api) -> APIRouter:
         theme: compact, one array per field. Computed once per index version and kept with the index."""
         api.search.ready()
         try:
-            return CollectionMap.model_validate(await api.views.run(map_document, library.ready_index(), method))
+            doc = await api.views.run(map_document, library.ready_index(), method)
+            return CollectionMap.model_validate(doc.to_json())
         except UserError as e:
             if method == "umap":  # this server lacks the map extra: it has no such map (the message names the fix)
                 raise NotFound(str(e)) from None
@@ -82,7 +84,7 @@ def collection_router(api: Api) -> APIRouter:
         """Groups of alike photos (spherical k-means on the index's centred features), largest first, each with its most
         central photos and its top folders; every photo in exactly one."""
         api.search.ready()
-        return ThemesResponse.model_validate(await api.views.run(themes_document, library.ready_index(), k))
+        return ThemesResponse.model_validate((await api.views.run(themes_document, library.ready_index(), k)).to_json())
 
     @router.get("/themes/{theme_id}", response_model=ThemePage, responses=ERRORS, summary="A theme's photos, a page",
                 tags=["collection"])
@@ -93,7 +95,7 @@ def collection_router(api: Api) -> APIRouter:
         api.search.ready()
         try:
             doc = await api.views.run(theme_document, library.ready_index(), theme_id, offset, limit)
-            return ThemePage.model_validate(doc)
+            return ThemePage.model_validate(doc.to_json())
         except UserError as e:
             raise NotFound(str(e)) from None
 
@@ -103,7 +105,8 @@ def collection_router(api: Api) -> APIRouter:
         """The photos farthest from any other, by their centred cosine to their closest other photo, lowest first
         (a photo with an exact copy scores 1: never unusual)."""
         api.search.ready()
-        return UnusualPage.model_validate(await api.views.run(unusual_document, library.ready_index(), offset, limit))
+        doc = await api.views.run(unusual_document, library.ready_index(), offset, limit)
+        return UnusualPage.model_validate(doc.to_json())
 
     @router.get("/photos", response_model=PhotosPage, responses=ERRORS, summary="Browse the collection, a page",
                 tags=["collection"])
@@ -118,7 +121,7 @@ def collection_router(api: Api) -> APIRouter:
         on_disk = library.searcher.folder(folder)  # a bad name 400, a folder the collection lacks 404
         index = library.ready_index()
 
-        def page() -> dict[str, Any]:
+        def page() -> BrowsePageDoc:
             if theme is not None:
                 try:
                     theme_document(index, theme, 0, 1)  # a theme the collection lacks: 404, as GET /themes/{id}
@@ -126,6 +129,6 @@ def collection_router(api: Api) -> APIRouter:
                     raise NotFound(str(e)) from None
             return browse_document(index, on_disk, theme, sort, offset, limit)
 
-        return PhotosPage.model_validate(await api.views.run(page))
+        return PhotosPage.model_validate((await api.views.run(page)).to_json())
 
     return router

@@ -432,13 +432,13 @@ def cmd_map(args: argparse.Namespace) -> int:
     if args.out:
         m = collection_map(idx, args.method)  # the same map: read back from memory
         rows = idx.catalog.rows_by_id(m.ids)
-        save_map_png(m, args.out, f"{display_path(idx.root.name)}: {doc['count']} photos ({args.method}), "
-                                  f"{len(set(doc['theme']))} themes",
+        save_map_png(m, args.out, f"{display_path(idx.root.name)}: {doc.count} photos ({args.method}), "
+                                  f"{len(set(doc.theme))} themes",
                      thumbs=lambda i: idx.thumb_path(rows[i]) if i in rows else None)
     if args.json:
-        print(json.dumps(map_rows(idx, doc)))
+        print(json.dumps([p.to_json() for p in map_rows(idx, doc)]))
     else:
-        print(f"map of {doc['count']} photos ({doc['method']}, index version {doc['version']})"
+        print(f"map of {doc.count} photos ({doc.method}, index version {doc.version})"
               + (f": drawn to {display_path(str(args.out))}" if args.out else ""))
     return 0
 
@@ -450,14 +450,14 @@ def cmd_themes(args: argparse.Namespace) -> int:
     idx = ImageIndex.open(args.index_dir)
     doc = themes_document(idx, args.themes, args.refresh)
     if args.json:
-        print(json.dumps(doc))
+        print(json.dumps(doc.to_json()))
         return 0
-    for t in doc["themes"]:
-        folders = ", ".join(f"{f['folder'] or '(top)'} {f['count']}" for f in t["folders"])
-        print(f"theme {t['id']}: {t['size']} photos; folders: {folders}")
-        for c in t["central"][:5]:
-            print(f"  {c['id']:>6}  {c['path']}")
-    print(f"{doc['k']} themes of {doc['count']} photos (spherical k-means on the index's centred features); "
+    for t in doc.themes:
+        folders = ", ".join(f"{f.folder or '(top)'} {f.count}" for f in t.folders)
+        print(f"theme {t.id}: {t.size} photos; folders: {folders}")
+        for c in t.central[:5]:
+            print(f"  {c.id:>6}  {c.path}")
+    print(f"{doc.k} themes of {doc.count} photos (spherical k-means on the index's centred features); "
           f"`moco index browse {args.index_dir} --theme ID` lists one")
     return 0
 
@@ -471,11 +471,11 @@ def cmd_unusual(args: argparse.Namespace) -> int:
     idx = ImageIndex.open(args.index_dir)
     doc = unusual_document(idx, args.offset, args.n)
     if args.json:
-        print(json.dumps(doc))
+        print(json.dumps(doc.to_json()))
         return 0
-    for p in doc["photos"]:
-        print(f"{p['closest']:.4f}  {p['id']:>6}  {p['path']}")
-    print(f"{len(doc['photos'])} of {doc['total']} photos, by the cosine to their closest other photo (lowest: the "
+    for p in doc.photos:
+        print(f"{p.closest:.4f}  {p.id:>6}  {p.path}")
+    print(f"{len(doc.photos)} of {doc.total} photos, by the cosine to their closest other photo (lowest: the "
           "most unusual)", file=sys.stderr)
     return 0
 
@@ -492,9 +492,9 @@ def cmd_browse(args: argparse.Namespace) -> int:
     folder = _check_folder(idx, args.folder)
     doc = browse_document(idx, folder, args.theme, args.sort, args.offset, args.n)
     if args.json:
-        print(json.dumps(doc))
+        print(json.dumps(doc.to_json()))
         return 0
-    for p in doc["photos"]:
-        print(f"{p['id']:>6}  {(p['taken'] or '')[:10]:<10}  {p['path']}")
-    print(f"{len(doc['photos'])} of {doc['total']} photos", file=sys.stderr)
+    for p in doc.photos:
+        print(f"{p.id:>6}  {(p.taken or '')[:10]:<10}  {p.path}")
+    print(f"{len(doc.photos)} of {doc.total} photos", file=sys.stderr)
     return 0
