@@ -59,10 +59,10 @@ def ours(train_dir: Path, test_dir: Path, setup: dict, minutes: float, knn_every
     train_s = sum(r["step_ms"] for r in losses) / 1000
     curve = [(r["step"] / max(1, len(losses)) * train_s / 60, r["knn_top1"]) for r in records if "knn_top1" in r]
     return {
-        "name": f"ours ({summary['precision']})",
-        "steps": summary["steps"],
+        "name": f"ours ({summary.precision})",
+        "steps": summary.steps,
         "train_minutes": train_s / 60,
-        "images_seen": summary["steps"] * setup["batch_size"],
+        "images_seen": summary.steps * setup["batch_size"],
         "knn_top1": curve[-1][1],
         "curve": curve,
     }

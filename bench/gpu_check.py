@@ -68,10 +68,10 @@ def check_train(device: str, photos: Path, tmp: Path, args: argparse.Namespace) 
         records = [r for r in read_metrics(Path(cfg.out) / "metrics.jsonl") if "loss" in r][args.warmup:]
         step_s = statistics.median(r["step_ms"] for r in records) / 1000
         rows.append({"preset": preset, "arch": args.arch, "image_size": args.image_size, "batch": args.batch_size,
-                     "precision": summary["precision"], "channels_last": cfg.memory_format != "contiguous",
+                     "precision": summary.precision, "channels_last": cfg.memory_format != "contiguous",
                      "img_s": args.batch_size / step_s, "data_ms": statistics.median(r["data_ms"] for r in records),
-                     "peak_gib": _peak_gib(device), "final_loss": summary["final_loss"]})
-        print(f"train {preset}: {rows[-1]['img_s']:.0f} img/s ({summary['precision']}), peak "
+                     "peak_gib": _peak_gib(device), "final_loss": summary.final_loss})
+        print(f"train {preset}: {rows[-1]['img_s']:.0f} img/s ({summary.precision}), peak "
               f"{rows[-1]['peak_gib'] or 0:.2f} GiB", flush=True)
     return {"rows": rows}
 

@@ -105,15 +105,16 @@ def run_candidate(name: str, train_dir: Path, test_dir: Path, minutes: float, ev
     knn = [r for r in records if "knn_top1" in r]
     curve = [(elapsed.get(r["step"], 0.0) / 60, r["knn_top1"]) for r in knn]
     white = [(elapsed.get(r["step"], 0.0) / 60, r["knn_whitened"]) for r in knn]
-    return {"name": name, "setup": setup, "steps": summary["steps"], "minutes": minutes, "wall_s": round(wall),
-            "img_s": summary["steps"] * setup["batch_size"] / max(1e-9, elapsed.get(summary["steps"], wall)),
+    fit = summary.whitening  # the end-of-run whitening's fit (None: none)
+    return {"name": name, "setup": setup, "steps": summary.steps, "minutes": minutes, "wall_s": round(wall),
+            "img_s": summary.steps * setup["batch_size"] / max(1e-9, elapsed.get(summary.steps, wall)),
             "knn_top1": curve[-1][1], "curve": curve, "pixels": knn[0]["knn_pixels"],
             "knn_whitened": white[-1][1], "curve_whitened": white,
             "pixels_whitened": knn[0]["knn_pixels_whitened"],
             "knn_exported": next((r["knn_exported"] for r in records if "knn_exported" in r), None),
-            "whitening_s": (summary.get("whitening") or {}).get("seconds"),
-            "whitening_mirror": (summary.get("whitening") or {}).get("mirror"),
-            "whitening_stages": (summary.get("whitening") or {}).get("stages")}
+            "whitening_s": fit.seconds if fit else None,
+            "whitening_mirror": fit.mirror if fit else None,
+            "whitening_stages": list(fit.stages) if fit else None}
 
 
 def run_lightly(train_dir: Path, test_dir: Path, minutes: float, evals: int,

@@ -48,7 +48,7 @@ def ours(data: Path, steps: int, warmup: int, workers: int) -> dict:
     step_s = statistics.mean(r["step_ms"] for r in records) / 1000
     data_s = statistics.mean(r["data_ms"] for r in records) / 1000
     return {
-        "name": f"ours ({summary['precision']})",
+        "name": f"ours ({summary.precision})",
         "img_s": SETUP["batch_size"] / step_s,
         "step_s": step_s,
         "data_share": data_s / step_s,

@@ -169,5 +169,5 @@ def test_a_run_ended_by_its_time_budget_is_finished_and_reused(sample_photos, tm
     assert run_state(load_checkpoint(ckpt_path)) == "done"
     assert run_end(load_checkpoint(ckpt_path)) == f"stopped by its time budget at {ckpt['step']} of 2200 steps"
     summary = train(resume_config(work / "run"), resume=True, progress=False)
-    assert summary["steps"] == summary["total_steps"] == ckpt["step"] and summary["whitening"] is not None
+    assert summary.steps == summary.total_steps == ckpt["step"] and summary.whitening is not None
     assert load_checkpoint(ckpt_path)["total_steps"] == ckpt["step"]

@@ -313,8 +313,8 @@ def test_the_readme_training_snippet_saved_as_a_script(sample_photos, tmp_path, 
     BrokenProcessPool after 100 lines of tracebacks: each decoding worker (spawned) imports the script again and
     tried to train. Unguarded, it now fails with one error that names the pitfall and the fix; guarded, it trains."""
     out = tmp_path / "run"
-    call = ('if __name__ == "__main__":\n    print(train(cfg, progress=False)["steps"], "steps")' if guarded
-            else 'print(train(cfg, progress=False)["steps"], "steps")')
+    call = ('if __name__ == "__main__":\n    print(train(cfg, progress=False).steps, "steps")' if guarded
+            else 'print(train(cfg, progress=False).steps, "steps")')
     script = tmp_path / "train_mine.py"
     script.write_text(SCRIPT.format(data=str(sample_photos), out=str(out), call=call))
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")

@@ -365,7 +365,7 @@ def test_train_keeps_its_excludes_in_its_config(tmp_path, spy):
         cfg = resolve_config("v2", data_dir=str(root), out=str(tmp_path / "run"), **TINY, max_steps=1,
                              exclude=("private/**", "*.gif"))
         summary = train(cfg, progress=False)
-        assert summary["images"] == 18 and summary["skipped"] == 0 and summary["excluded"] == 2
+        assert summary.images == 18 and summary.skipped == 0 and summary.excluded == 2
         assert [p for p in spy if "private" in p or p.endswith("anim.gif")] == []
         assert json.loads((tmp_path / "run" / "config.json").read_text())["exclude"] == ["private/**", "*.gif"]
         assert resume_config(tmp_path / "run").exclude == ("private/**", "*.gif")

@@ -187,11 +187,12 @@ def test_a_run_without_it_has_none_and_can_fit_it_when_resumed_to_its_end(sample
     tiny = {**SETUP, "max_steps": 2}
     cfg = resolve_config("cpu", data_dir=str(sample_photos), out=str(tmp_path / "r"), whiten=False, **tiny)
     summary = train(cfg, progress=False)
-    assert summary["whitening"] is None and "whitening" not in load_checkpoint(tmp_path / "r" / "checkpoint.pt")
+    assert summary.whitening is None and "whitening" not in load_checkpoint(tmp_path / "r" / "checkpoint.pt")
     assert Embedder.load(tmp_path / "r" / "checkpoint.pt", device="cpu").space is None  # raw features, as before
     again = resume_config(tmp_path / "r", {"whiten": True, "max_steps": 3})
     summary = train(replace(again), resume=True, progress=False)
-    assert summary["steps"] == 3 and summary["whitening"]["rows"] == 48 and summary["whitening"]["seconds"] >= 0
+    assert summary.steps == 3 and summary.whitening is not None
+    assert summary.whitening.rows == 48 and summary.whitening.seconds >= 0
     from moco.training.command import summary_line
 
     # the preset's --whiten-stages auto: 48 photos are too few to whiten 960-d features (2 x 960 needed)

@@ -248,23 +248,23 @@ def test_budget_run_logs_total_steps_once_fitted(sample_photos, tmp_path, capsys
     """A time budget long enough never to end the run (stop_after does): no wall-clock dependence."""
     run = tmp_path / "run"
     summary = train(_cfg(sample_photos, run, epochs=100_000, time_budget=30.0), stop_after=12)
-    assert summary["steps"] == 12 and summary["total_steps"] > 12  # fitted (to at most the 600,000 planned)
+    assert summary.steps == 12 and summary.total_steps > 12  # fitted (to at most the 600,000 planned)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 13))
     assert all("total_steps" not in r for r in records[:10])  # the fit happens after step 10's record
-    assert all(r["total_steps"] == summary["total_steps"] for r in records[10:])
+    assert all(r["total_steps"] == summary.total_steps for r in records[10:])
     elapsed = [r["elapsed_s"] for r in records]
     assert elapsed == sorted(elapsed) and elapsed[0] > 0
     err = capsys.readouterr().err.replace("\r", "\n")
     shown = [line for line in err.splitlines() if "step/s" in line or "s/step" in line]  # the bar's (slow: s/step)
-    fit = next(i for i, line in enumerate(shown) if f"10/{summary['total_steps']}" in line)
+    fit = next(i for i, line in enumerate(shown) if f"10/{summary.total_steps}" in line)
     assert fit > 0 and not any("%" in line or "<" in line for line in shown[:fit])  # no total, no ETA: steps, rate
     assert all("%" in line and "<" in line for line in shown[fit:])  # the fitted total, with an ETA
     # Resumed: the fitted schedule is known from the first step.
     again = train(_cfg(sample_photos, run, epochs=100_000, time_budget=30.0), resume=True, progress=False,
                   stop_after=14)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert again["steps"] == 14 and all(r["total_steps"] == summary["total_steps"] for r in records[10:])
+    assert again.steps == 14 and all(r["total_steps"] == summary.total_steps for r in records[10:])
 
 
 def test_fixed_schedule_logs_total_steps_from_the_start(sample_photos, tmp_path):

@@ -30,7 +30,7 @@ def _cfg(data, out, preset="v2", **kw):
 @pytest.mark.parametrize("preset", ["v1", "v2", "v3"])
 def test_presets_train_and_write_artifacts(sample_photos, tmp_path, preset):
     summary = train(_cfg(sample_photos, tmp_path / "run", preset, max_steps=3), progress=False)
-    assert summary["steps"] == 3 and summary["images"] == 48
+    assert summary.steps == 3 and summary.images == 48
     run = tmp_path / "run"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
@@ -51,7 +51,7 @@ def test_decorrelation_is_trained_and_logged_per_step(sample_photos, tmp_path):
     run = tmp_path / "run"
     summary = train(_cfg(sample_photos, run, max_steps=3, decorrelation=0.1), progress=False)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert summary["steps"] == 3 and all(r["decorrelation"] > 0 for r in records)  # a redundancy, logged each step
+    assert summary.steps == 3 and all(r["decorrelation"] > 0 for r in records)  # a redundancy, logged each step
     assert json.loads((run / "config.json").read_text())["decorrelation"] == 0.1
     plain = tmp_path / "plain"
     train(_cfg(sample_photos, plain, max_steps=1), progress=False)
@@ -118,9 +118,9 @@ def test_resume_is_bit_exact(sample_photos, tmp_path, preset, precision):
     train(straight, progress=False)
     split = _cfg(sample_photos, tmp_path / "b", preset, **kw)
     first = train(split, progress=False, stop_after=4)
-    assert first["steps"] == 4 and first["stopped_by"] == "stop_after=4"
+    assert first.steps == 4 and first.stopped_by == "stop_after=4"
     second = train(split, resume=True, progress=False)
-    assert second["steps"] == 10
+    assert second.steps == 10
     _assert_same_state(_state(tmp_path / "a"), _state(tmp_path / "b"))
     scaler = _state(tmp_path / "a")["scaler"]
     assert scaler == _state(tmp_path / "b")["scaler"] and bool(scaler) == (precision == "fp16")  # loss scale kept
@@ -176,7 +176,7 @@ def test_auto_precision_trains_small_crops_of_a_stride_32_net_in_fp32(sample_pho
     cfg = _cfg(sample_photos, tmp_path / "r", small_stem=False, max_steps=3, precision="auto")
     with caplog.at_level("WARNING"):
         summary = train(cfg, progress=False)
-    assert summary["precision"] == "fp32" and summary["final_loss"] == summary["final_loss"]
+    assert summary.precision == "fp32" and summary.final_loss == summary.final_loss
     if "bf16" in open("/proc/cpuinfo").read():  # where auto would have chosen bf16, the log says why it did not
         assert "training in fp32 instead" in caplog.text
 
@@ -341,11 +341,11 @@ def test_time_budget_fits_the_schedule_to_the_budget(sample_photos, tmp_path, mo
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     # fitted at step 10 to 10 + (7.8 - 5) s / 0.5 s = 15 steps: the budget, not the 100,000 epochs, sets the schedule
     assert "total_steps" not in records[9] and all(r["total_steps"] == 15 for r in records[10:])
-    assert summary["stopped_by"] == stopped_by and summary["steps"] == summary["total_steps"] == steps
+    assert summary.stopped_by == stopped_by and summary.steps == summary.total_steps == steps
     if stopped_by is None:  # ended with its schedule (7.5 s): the lr annealed to its end
-        assert records[-1]["lr"] < 0.05 * records[0]["lr"] and summary["planned_steps"] is None
+        assert records[-1]["lr"] < 0.05 * records[0]["lr"] and summary.planned_steps is None
     else:  # slower after the fit: the budget is spent at step 13 (6 s by step 12, then 2 s a step)
-        assert records[-1]["elapsed_s"] == pytest.approx(8.0) and summary["planned_steps"] == 15
+        assert records[-1]["elapsed_s"] == pytest.approx(8.0) and summary.planned_steps == 15
         ckpt = torch.load(run / "checkpoint.pt", weights_only=True)
         assert ckpt["step"] == ckpt["total_steps"] == 13 and ckpt["planned_steps"] == 15  # finished, cut short
         from moco.training.command import summary_line

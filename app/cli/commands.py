@@ -38,7 +38,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     summary = train_from_args(args)
     if int(os.environ.get("RANK", "0")) == 0:
         print(summary_line(summary, Path(args.out)))
-    return 128 + summary["signal"] if summary["signal"] else 0
+    return 128 + summary.signal if summary.signal else 0
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:

@@ -38,6 +38,7 @@ from moco.errors import UserError
 if TYPE_CHECKING:
     from moco.data.photos import Scan
     from moco.training.command import TrainPlan
+    from moco.training.summary import TrainingSummary
 
 __all__ = ["RunPlan", "collection_dir", "run_pipeline", "run_settings", "training_plan"]
 
@@ -159,20 +160,20 @@ def _train(photos: Path, scan: Scan, run_dir: Path, plan: RunPlan, say: Callable
     say(f"training: MoCo {chosen.preset} on {n} photos ({', '.join(f'{k}={v}' for k, v in overrides.items())})")
     cfg = resolve_config(chosen.preset, data_dir=str(photos), out=str(run_dir), **overrides)
     summary = train(cfg, progress=plan.progress, init=chosen.init)
-    if summary["skipped"]:
-        say(f"training: on {summary['images']} of the {n} photos, {summary['skipped']} skipped as unreadable (listed "
+    if summary.skipped:
+        say(f"training: on {summary.images} of the {n} photos, {summary.skipped} skipped as unreadable (listed "
             f"in {run_dir / 'skipped.txt'})")
     _stop_on_signal(summary, ckpt_path, say)
     return ckpt_path
 
 
-def _stop_on_signal(summary: dict[str, Any], ckpt_path: Path, say: Callable[[str], None]) -> None:
+def _stop_on_signal(summary: TrainingSummary, ckpt_path: Path, say: Callable[[str], None]) -> None:
     """A run stopped by Ctrl+C or SIGTERM ends here (its checkpoint saved), never goes on to export a half model;
     one cut short by its time budget says so, and goes on."""
-    if summary.get("planned_steps"):
-        say(f"training: stopped by its time budget at {summary['steps']} of {summary['planned_steps']} steps")
-    if summary.get("signal") is not None:
-        say(f"training: stopped by {summary['stopped_by']} at step {summary['steps']}/{summary['total_steps']}; "
+    if summary.planned_steps:
+        say(f"training: stopped by its time budget at {summary.steps} of {summary.planned_steps} steps")
+    if summary.signal is not None:
+        say(f"training: stopped by {summary.stopped_by} at step {summary.steps}/{summary.total_steps}; "
             f"{ckpt_path} is saved: run the same command to resume")
         raise KeyboardInterrupt
 

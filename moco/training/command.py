@@ -18,6 +18,7 @@ from moco.errors import UserError
 
 if TYPE_CHECKING:
     from moco.data.photos import Scan
+    from moco.training.summary import TrainingSummary
     from moco.weights.layouts import SplitCheckpoint
 
 __all__ = ["DESCRIPTION", "TrainPlan", "add_train_arguments", "plan_training", "summary_line", "train_from_args",
@@ -59,26 +60,26 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     add_config_arguments(p)
 
 
-def summary_line(summary: dict[str, Any], run_dir: Path) -> str:
+def summary_line(summary: TrainingSummary, run_dir: Path) -> str:
     """One line about a finished (or stopped) run, for the console."""
-    how = f" (stopped by {summary['stopped_by']}; continue with --resume)" if summary["stopped_by"] else ""
-    if summary["stopped_by"] == "time budget":  # finished, maybe short of its schedule
-        planned = summary.get("planned_steps")
-        how = (f" (stopped by its time budget at {summary['steps']} of {planned} steps)" if planned
+    how = f" (stopped by {summary.stopped_by}; continue with --resume)" if summary.stopped_by else ""
+    if summary.stopped_by == "time budget":  # finished, maybe short of its schedule
+        planned = summary.planned_steps
+        how = (f" (stopped by its time budget at {summary.steps} of {planned} steps)" if planned
                else " (its time budget is spent)")
-    loss, white = summary["final_loss"], summary.get("whitening")
-    mirror = " and their mirror images" if white and white.get("mirror") else ""
-    stages = f", {white['dim']}-d with the pooled {'/'.join(white['stages'])}" if white and white.get("stages") else ""
-    fitted = (f"; whitening fitted on {white['rows']} photos{mirror}{stages} in {white['seconds']:.1f} s"
+    loss, white = summary.final_loss, summary.whitening
+    mirror = " and their mirror images" if white and white.mirror else ""
+    stages = f", {white.dim}-d with the pooled {'/'.join(white.stages)}" if white and white.stages else ""
+    fitted = (f"; whitening fitted on {white.rows} photos{mirror}{stages} in {white.seconds:.1f} s"
               if white else "")
     from moco.data.photos import skipped_notes
 
-    left_out = "".join(f"; {note}" for note in skipped_notes(summary.get("unsupported") or {}))
-    if summary.get("excluded"):
-        left_out += f"; {summary['excluded']} files and folders left out by --exclude"
+    left_out = "".join(f"; {note}" for note in skipped_notes(summary.unsupported))
+    if summary.excluded:
+        left_out += f"; {summary.excluded} files and folders left out by --exclude"
     return (
-        f"trained {summary['steps']}/{summary['total_steps']} steps on {summary['images']} images "
-        f"({summary['skipped']} skipped) on {summary['device']} {summary['precision']}{how}; "
+        f"trained {summary.steps}/{summary.total_steps} steps on {summary.images} images "
+        f"({summary.skipped} skipped) on {summary.device} {summary.precision}{how}; "
         f"final loss {loss if loss is None else round(loss, 4)}{fitted}; checkpoint {run_dir / 'checkpoint.pt'}"
         f"{left_out}"
     )
@@ -144,7 +145,7 @@ def plan_training(photos: str | Path | Scan, given: dict[str, Any], preset: str 
     return TrainPlan(preset, out, init, notes)
 
 
-def train_from_args(args: argparse.Namespace) -> dict[str, Any]:
+def train_from_args(args: argparse.Namespace) -> TrainingSummary:
     """Resolve the config (preset <- --config file <- flags, or the checkpoint's on --resume) and train; returns
     train()'s summary. A new run's settings come from :func:`plan_training` (as `moco run`'s do): an ``--init``
     checkpoint (or official name, fetched once) is read there, once, and its weights handed to train()."""
@@ -207,4 +208,4 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     if int(os.environ.get("RANK", "0")) == 0:
         print(summary_line(summary, Path(args.out)))
-    return 128 + summary["signal"] if summary["signal"] else 0
+    return 128 + summary.signal if summary.signal else 0

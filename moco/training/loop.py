@@ -44,6 +44,7 @@ from moco.training.setup import (
     setup,
 )
 from moco.training.stop import StopFlag
+from moco.training.summary import TrainingSummary
 from moco.training.whitening import end_of_run_fit, whitening_summary
 from moco.weights.layouts import SplitCheckpoint, load_checkpoint, load_init
 from moco.whiten import Whitening
@@ -75,8 +76,8 @@ def _step_generator(seed: int, step: int, rank: int = 0) -> torch.Generator:
 def train(
     cfg: TrainConfig, resume: bool = False, progress: bool = True, stop_after: int | None = None,
     tensorboard: bool = False, init: SplitCheckpoint | None = None, checkpoint: dict[str, Any] | None = None,
-) -> dict[str, Any]:
-    """Train MoCo on ``cfg.data_dir`` into ``cfg.out``; returns a summary dict.
+) -> TrainingSummary:
+    """Train MoCo on ``cfg.data_dir`` into ``cfg.out``; returns its :class:`~moco.training.summary.TrainingSummary`.
 
     With ``resume=True`` the run continues from ``cfg.out/checkpoint.pt`` exactly where it stopped
     (model, key encoder, queue, optimizer, scaler, RNG states, position in the epoch).
@@ -96,7 +97,7 @@ def train(
 
 def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | None, tensorboard: bool,
            init: SplitCheckpoint | None, held: contextlib.ExitStack,
-           checkpoint: dict[str, Any] | None = None) -> dict[str, Any]:
+           checkpoint: dict[str, Any] | None = None) -> TrainingSummary:
     writer_class = summary_writer_class() if tensorboard else None  # missing tensorboard: fail before any work
     d = Dist.join(cfg.device)
     cfg = replace(cfg, bn_splits=bn_splits_for(cfg, d.world))  # auto resolved for this run; the checkpoint keeps it
@@ -201,12 +202,11 @@ def _train(cfg: TrainConfig, resume: bool, progress: bool, stop_after: int | Non
         from moco.training.metrics import plot_curves
 
         plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png")
-    summary = {"run_dir": str(run_dir), "steps": step, "total_steps": total_steps, "images": len(cache),
-               "skipped": len(cache.skipped), "unsupported": dict(cache.unsupported), "excluded": cache.excluded,
-               "stopped_by": stopped_by, "signal": stop.signal, "precision": precision,
-               "device": str(device), "final_loss": metrics.last_loss if metrics else None,
-               "whitening": whitening_summary(whitening, fit_s),
-               "planned_steps": saver.planned if saver.planned > step else None}
+    summary = TrainingSummary(
+        run_dir=str(run_dir), steps=step, total_steps=total_steps, images=len(cache), skipped=len(cache.skipped),
+        unsupported=dict(cache.unsupported), excluded=cache.excluded, stopped_by=stopped_by, signal=stop.signal,
+        precision=precision, device=str(device), final_loss=metrics.last_loss if metrics else None,
+        whitening=whitening_summary(whitening, fit_s), planned_steps=saver.planned if saver.planned > step else None)
     if metrics is not None:
         metrics.close()
     d.close()

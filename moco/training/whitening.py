@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 import torch
@@ -15,6 +14,7 @@ from torch import nn
 from moco.config import TrainConfig
 from moco.data.cache import ImageCache
 from moco.training.stop import Interrupted, StopFlag
+from moco.training.summary import WhiteningSummary
 from moco.whiten import STAGES, Whitening, feature_widths, fit_whitening, resnet_stages
 
 __all__ = ["WHITEN_ROWS", "STAGE_ROWS_PER_DIM", "whitening_stages", "fit_run_whitening", "end_of_run_fit",
@@ -84,8 +84,9 @@ def end_of_run_fit(backbone: nn.Module, cache: ImageCache, cfg: TrainConfig, dev
     return whitening, time.monotonic() - start
 
 
-def whitening_summary(whitening: Whitening | None, seconds: float) -> dict[str, Any] | None:
+def whitening_summary(whitening: Whitening | None, seconds: float) -> WhiteningSummary | None:
+    """The run summary's part about ``whitening``, fitted in ``seconds``; None where none was fitted."""
     if whitening is None:
         return None
-    return {"rows": whitening.count, "shrinkage": whitening.shrinkage, "mirror": whitening.mirror,
-            "dim": whitening.dim, "stages": list(whitening.stage_names), "seconds": round(seconds, 2)}
+    return WhiteningSummary(rows=whitening.count, shrinkage=whitening.shrinkage, mirror=whitening.mirror,
+                            dim=whitening.dim, stages=whitening.stage_names, seconds=round(seconds, 2))
