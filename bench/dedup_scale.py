@@ -50,7 +50,7 @@ LARGE_EDITS = ("crop70", "crop80", "jpeg50", "half")
 AIM = {"seconds": {100_000: 300, 1_000_000: 3600}, "beyond_index_gb": 2.0, "recall": 0.98, "pair_precision": 0.98,
        "largest_distinct": 10}
 SMALL, LARGE = 32, 1024
-CACHE_FILES = ("dedup-frames.bin", "dedup-checked.bin")  # what a search keeps in the index folder
+CACHE_FILES = ("dedup-frames.bin", "dedup-checked.bin", "dedup-neighbours.bin")  # what a search keeps
 FLAT_STD = 4.0  # grey levels: a wallpaper whose 48-px grey spreads less is a plain colour, left out
 
 
@@ -281,6 +281,7 @@ def _search(code: Path, idx: Path, out: Path, copies: dict[str, str], index_byte
     return {"seconds": round(got["seconds"], 1), "peak_gb": round(got["peak_bytes"] / 1e9, 3),
             "beyond_index_gb": round((got["peak_bytes"] - index_bytes) / 1e9, 3), "proposed": d["proposed"],
             "verified": d["verified"], "checked": d.get("checked", d["proposed"]), "reused": d.get("reused", 0),
+            "looked_up": d.get("looked_up"),
             "threshold": d["threshold"], **_score(got["groups"], copies)}
 
 

@@ -189,7 +189,7 @@ def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
     content = {int(i): int(i) for i in ids}
     fr = frames({int(i): index.thumb_path(rows[int(i)]) for i in ids}, lambda i: None)
     vecs = index.center(raw)
-    got, _ = proposals(index.store, ids, vecs, content, fr, {}, chunk=4, k=2)
+    got = proposals(index.store, ids, vecs, content, fr, {}, chunk=4, k=2).pairs
     sim = vecs @ vecs.T  # N x N
     np.fill_diagonal(sim, -np.inf)
     flat: dict[int, dict[int, list[np.ndarray]]] = {PIXEL_SIDE: {}, CROP_SIDE: {}}

@@ -15,10 +15,19 @@ import numpy as np
 import pytest
 from PIL import Image, ImageEnhance
 
+from app.cli.commands import main
 from index.building.runner import build_index, update_index
 from index.duplicates import check_workers, dedup
-from index.duplicates.dedup import search_duplicates
-from index.duplicates.dedup_cache import CHECKED_FILE, FRAMES_FILE, CheckedPairs, FrameFile, check_settings
+from index.duplicates.dedup import load_duplicates, search_duplicates
+from index.duplicates.dedup_cache import (
+    CHECKED_FILE,
+    FRAMES_FILE,
+    NEIGHBOURS_FILE,
+    CheckedPairs,
+    FrameFile,
+    check_settings,
+    kept_neighbours,
+)
 from index.duplicates.verify import COPY_SCORE, copy_scores, frame_of
 from index.search.image_index import ImageIndex
 from moco.errors import UserError
@@ -122,10 +131,12 @@ def _collection(root: Path, n: int, seed: int) -> None:
             img.crop((w // 20, h // 20, w - w // 20, h - h // 20)).save(root / f"p{seed}_{i}_crop.png")
 
 
-def test_a_search_after_an_update_checks_only_the_pairs_of_the_new_photos(backbone, tmp_path):
-    """The second search of an unchanged index checks no pair; after photos were added, it checks only pairs that
-    hold a new photo (or the model's new links among the others), and its groups are those of a search that kept
-    nothing (the files deleted)."""
+def test_a_search_after_an_update_checks_only_the_pairs_of_the_new_photos(backbone, tmp_path, capsys):
+    """The second search of an unchanged index checks no pair and looks up no photo's proposals again; after photos
+    were added, it checks only pairs that hold a new photo (or the model's new links among the others), looks up only
+    the new photos among all (the others among the new ones), and its proposals and groups are those of a search that
+    kept nothing (the files deleted); after photos were deleted, only the photos that had one of them among their
+    neighbours are looked up again, with the neighbours of a search anew."""
     photos = tmp_path / "photos"
     _collection(photos, 40, seed=1)
     build_index(photos, backbone, tmp_path / "idx", progress=False)
@@ -134,26 +145,56 @@ def test_a_search_after_an_update_checks_only_the_pairs_of_the_new_photos(backbo
     d = first.decision
     assert d["reused"] == 0 and d["checked"] == d["proposed"] > 0 and d["frames_made"] == len(idx)
     assert (tmp_path / "idx" / FRAMES_FILE).exists() and (tmp_path / "idx" / CHECKED_FILE).exists()
+    kept_first = _neighbours(tmp_path / "idx")
     second = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
     assert second.decision["checked"] == 0 and second.decision["frames_made"] == 0
     assert [g.id for g in second.groups] == [g.id for g in first.groups]
     assert sum(g.kind == "near" for g in first.groups) >= 5  # the copies were found
+
+    assert second.decision["looked_up"] == 0 and first.decision["looked_up"] == len(idx)
+    assert _neighbours(tmp_path / "idx") == kept_first
 
     before = {r.id for r in ImageIndex.open(tmp_path / "idx").catalog.rows_by_id(
         ImageIndex.open(tmp_path / "idx").catalog.vectors(dim=idx.dim)[0]).values()}
     _collection(photos, 8, seed=2)
     update_index(tmp_path / "idx", progress=False)
     idx = ImageIndex.open(tmp_path / "idx")
-    third = search_duplicates(idx, save=False)
+    assert main(["index", "dedup", str(tmp_path / "idx")]) == 0  # as a user does it
+    third = load_duplicates(tmp_path / "idx")
     d = third.decision
+    assert (f"({len(idx) - len(before)} photos looked up among all, the others only among the photos new since "
+            "the last search)") in capsys.readouterr().out
     assert 0 < d["checked"] < d["proposed"] // 2 and d["frames_made"] == len(idx) - len(before)
-    for name in (FRAMES_FILE, CHECKED_FILE):
+    assert d["looked_up"] == len(idx) - len(before)  # the new photos; the others only among them
+    incremental = _neighbours(tmp_path / "idx")
+    for name in (FRAMES_FILE, CHECKED_FILE, NEIGHBOURS_FILE):
         (tmp_path / "idx" / name).unlink()
     fresh = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
-    assert fresh.decision["reused"] == 0
+    assert fresh.decision["reused"] == 0 and fresh.decision["looked_up"] == len(idx)
+    assert incremental == _neighbours(tmp_path / "idx")  # each photo's, by each search: those of a search anew
+    assert fresh.decision["proposed"] == d["proposed"]
     assert [g.id for g in third.groups] == [g.id for g in fresh.groups]
     new_ids = {m.id for g in fresh.groups for m in g.members} - before
     assert new_ids  # the new photos' copies are grouped
+
+    # photos deleted: the photos that had one of them among their neighbours are looked up among all again
+    gone = sorted(photos.glob("p1_*.png"))[:6]
+    for path in gone:
+        path.unlink()
+    update_index(tmp_path / "idx", progress=False)
+    after = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
+    assert 0 < after.decision["looked_up"] < len(ImageIndex.open(tmp_path / "idx"))
+    incremental = _neighbours(tmp_path / "idx")
+    (tmp_path / "idx" / NEIGHBOURS_FILE).unlink()
+    search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
+    assert incremental == _neighbours(tmp_path / "idx")
+
+
+def _neighbours(index_dir: Path) -> dict[tuple[int, int], list[int]]:
+    """Each photo's neighbours by each search, as the neighbours file holds them: ``{(id, search): [ids]}``."""
+    kept = kept_neighbours(index_dir / NEIGHBOURS_FILE)
+    return {(i, s): [j for j in kept.near[n, s].tolist() if j >= 0]
+            for n, i in enumerate(kept.ids.tolist()) for s in range(kept.near.shape[1])}
 
 
 def test_the_kept_scores_are_the_check_s_own(tmp_path):

@@ -38,12 +38,13 @@ def test_pixel_neighbours_exact_and_approximate(monkeypatch):
     got = list(propose.pixel_neighbours(ids, fr, 4, chunk=32))
     keys = [(i, mirror) for s in range(0, len(ids), 32) for mirror in (False, True) for i in ids[s : s + 32]]
     assert len(got) == len(keys) == 2 * len(ids)  # each chunk: its plain queries, then its mirrored ones
-    for (i, mirror), (j, row, _) in zip(keys, got):
+    for (i, mirror), (j, flip, row, _) in zip(keys, got):
+        assert flip == mirror
         q = _flat(fr[i].grey, propose.PIXEL_SIDE, mirror)
         assert j == i and row == sorted(ids, key=lambda o: -float(q @ _flat(fr[o].grey, propose.PIXEL_SIDE, False)))[:4]
     monkeypatch.setattr(propose, "PIXEL_EXACT_UP_TO", 10)
     approx = list(propose.pixel_neighbours(ids, fr, 4, chunk=32))
-    hits = sum(len(set(a) & set(b)) for (_, a, _), (_, b, _) in zip(approx, got))
+    hits = sum(len(set(a) & set(b)) for (_, _, a, _), (_, _, b, _) in zip(approx, got))
     assert hits >= 0.9 * 4 * len(got)
 
 
@@ -115,12 +116,12 @@ def test_crop_neighbours_exact_and_approximate(monkeypatch):
     got = list(propose.crop_neighbours(ids, fr, 3, chunk=16))
     plain, mirrored = (_brute_crop_neighbours(ids, fr, 3, m) for m in (False, True))
     keys = [(i, m) for s in range(0, len(ids), 16) for m in (False, True) for i in ids[s : s + 16]]
-    assert [i for i, _, _ in got] == [i for i, _ in keys]
-    for (i, m), (_, row, _) in zip(keys, got):
+    assert [(i, flip) for i, flip, _, _ in got] == keys
+    for (i, m), (_, _, row, _) in zip(keys, got):
         assert row == (mirrored if m else plain)[i], (i, m)
     for c, photo in crops.items():
-        assert c in {row[0] for i, row, _ in got if i == photo}, c  # first, plain or mirrored
+        assert c in {row[0] for i, _, row, _ in got if i == photo}, c  # first, plain or mirrored
     monkeypatch.setattr(propose, "PIXEL_EXACT_UP_TO", 10)
     approx = list(propose.crop_neighbours(ids, fr, 3, chunk=16))
-    hits = sum(len(set(a) & set(b)) for (_, a, _), (_, b, _) in zip(approx, got))
-    assert hits >= 0.9 * sum(len(b) for _, b, _ in got)
+    hits = sum(len(set(a) & set(b)) for (_, _, a, _), (_, _, b, _) in zip(approx, got))
+    assert hits >= 0.9 * sum(len(b) for _, _, b, _ in got)

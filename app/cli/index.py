@@ -353,7 +353,9 @@ def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
              f"  near: every photo a copy of its group's representative by its pixels (copy score >= "
              f"{d['copy_score']})",
              f"  proposed: {plural(d['proposed'], 'pair')}, by the model at cosine >= {d['threshold']} "
-             f"({describe_threshold(d)}) and by each photo's {d['propose_k']} closest photos",
+             f"({describe_threshold(d)}) and by each photo's {d['propose_k']} closest photos"
+             + (f" ({plural(d['looked_up'], 'photo')} looked up among all, the others only among the photos new "
+                "since the last search)" if d.get("looked_up", found.images) < found.images else ""),
              f"  turned down: {d['turned_down']} of the model's pairs at that cosine are no copies",
              f"  pixel check: {plural(d.get('checked', d['proposed']), 'pair')} checked, {d.get('reused', 0)} scored "
              "by an earlier search (kept in the index folder)",

@@ -61,7 +61,15 @@ from index.calibrate import (  # the threshold: re-exported here, where its user
 )
 from index.catalog import Row, sample_ids
 from index.duplicates.check_workers import PART, check_workers, checked_parts
-from index.duplicates.dedup_cache import CHECKED_FILE, FRAMES_FILE, CheckedPairs, FrameFile, photo_version
+from index.duplicates.dedup_cache import (
+    CHECKED_FILE,
+    FRAMES_FILE,
+    NEIGHBOURS_FILE,
+    CheckedPairs,
+    FrameFile,
+    NeighbourFile,
+    photo_version,
+)
 from index.duplicates.groups import (
     DEFAULT_KINDS,
     EXACT,
@@ -167,7 +175,9 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
     a frame: no thumbnail and no decodable file), ``crowded``: photos that are copies by pixels of
     :data:`~index.calibrate.CROWD` or more other photos (a clear sky, a gradient, a blank page has too little of its
     own to tell a copy from another such photo), whose near links are all dropped; ``checked`` (pairs the pixel check
-    scored in this search), ``reused`` (pairs scored by an earlier one) and ``frames_made``.
+    scored in this search), ``reused`` (pairs scored by an earlier one), ``frames_made`` and ``looked_up`` (photos
+    whose proposals were looked up among all photos; the others, as they were in the last search, only among the
+    photos new since: :func:`index.duplicates.propose.proposals`).
 
     The frames and the scored pairs are kept in the index directory (:mod:`index.duplicates.dedup_cache`; a read-only
     index:
@@ -198,8 +208,12 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
     with _stage("frames", len(ids), "photo", progress) as bar:
         bar.update(len(ids) - len(photos))
         frames_ = FrameFile(where / FRAMES_FILE).update(photos, _frame_fallback(index, rows), bar.update, versions)
+    kept_neighbours = NeighbourFile(where / NEIGHBOURS_FILE, _space_key(index))
     with _stage("proposals", 5 * len(ids), "search", progress) as bar:
-        pairs, _ = proposals(index.store, ids, vecs, content, frames_, links, chunk, step=bar.update)  # P x 2, P
+        proposed = proposals(index.store, ids, vecs, content, frames_, links, chunk, step=bar.update,
+                             before=kept_neighbours.load(versions, frames_))
+    kept_neighbours.save(proposed.neighbours, versions, frames_)
+    pairs = proposed.pairs  # P x 2
     checked = CheckedPairs(where / CHECKED_FILE, versions)
     scores: dict[tuple[int, int], float] = {}
     reused = 0
@@ -249,7 +263,14 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
                  if i < j and content[i] != content[j] and (i, j) not in kept)
     return near, kept, {"proposed": len(pairs), "verified": len(kept), "turned_down": turned,
                         "unchecked": len(ids) - len(frames_), "crowded": len(crowded),
-                        "checked": len(pairs) - reused, "reused": reused, "frames_made": frames_.made}
+                        "checked": len(pairs) - reused, "reused": reused, "frames_made": frames_.made,
+                        "looked_up": proposed.searched}
+
+
+def _space_key(index: ImageIndex) -> str:
+    """What the model's neighbours of a photo are found in: the index's backbone, space and dimension."""
+    space = index.space.digest if index.space is not None else "raw"
+    return f"{index.meta.get('backbone_sha256')}|{space}|{index.dim}"
 
 
 def _version(row: Row) -> int:

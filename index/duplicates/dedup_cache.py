@@ -1,25 +1,32 @@
 """What a search for duplicates keeps between runs, in the index directory: each photo's grey frame
-(:data:`FRAMES_FILE`) and every pair the pixel check has scored (:data:`CHECKED_FILE`).
+(:data:`FRAMES_FILE`), each photo's proposed neighbours (:data:`NEIGHBOURS_FILE`) and every pair the pixel check has
+scored (:data:`CHECKED_FILE`).
 
 The pixel check is most of a search's time, and a library changes little between two searches: after an
 ``index update`` that added a few photos, only the pairs that hold one of them are new. So every scored pair is
 kept with its score, and a later search checks only the pairs it has not scored before. A search killed midway
 keeps the pairs it scored (they are written a chunk at a time) and the next one goes on from there. The frames (about
-12 kB a photo) are kept the same way, so memory does not hold them all: a search reads the ones it needs.
+12 kB a photo) are kept the same way, so memory does not hold them all: a search reads the ones it needs. The
+proposals are kept too (each photo's closest photos by each search, :class:`~index.duplicates.propose.Neighbours`,
+about 300 bytes a photo, written anew by each search): after an update, only the new photos are looked up among all,
+and the others only among the new ones.
 
 A record is valid for the photo it was made from: each carries a version of its photo (a digest of its content hash
 and thumbnail, :func:`photo_version`), and a pair scored for other versions of its photos (a file replaced in
 place) is checked again. Each file begins with a header: its kind, its format and a digest of the settings its
-records depend on (the frame's side, the check's thresholds: :func:`check_settings`); a file of other settings is
+records depend on (the frame's side, the check's thresholds: :func:`check_settings`; for the neighbours, the
+proposals' settings and the index's backbone and space); a file of other settings is
 started anew, as is one that is not ours. Records are appended whole; a record cut short by a kill is dropped when
 the file is next read. Files that came to hold more stale records than live ones are written anew (atomically).
 Deleting them loses nothing: the next search makes them again.
 
 File layout (little-endian)::
 
-    header   8 bytes kind (b"MOCOFRM1" or b"MOCOCHK1"), 8 bytes settings digest, 8 bytes record size
+    header   8 bytes kind (b"MOCOFRM1", b"MOCONBR1" or b"MOCOCHK1"), 8 bytes settings digest, 8 bytes record size
     frames   id int64, version uint64, aspect float32, width uint16, height uint16,
              grey SIDE x SIDE uint8, image (2 SIDE) x (2 SIDE) uint8 (its first width x height bytes)
+    neighbours  id int64, version uint64, framed uint8 (1: the photo had a frame), near int64 (5 x k: a photo id, -1
+             for none), scores float32 (5 x k), k = PROPOSE_K
     pairs    a int64, b int64 (a < b), version of a uint64, version of b uint64, score float64
 """
 
@@ -30,28 +37,32 @@ import hashlib
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from index.duplicates import verify
+from index.duplicates import propose, verify
+from index.duplicates.propose import PROPOSE_K, SOURCES, Neighbours
 from index.duplicates.verify import SIDE, Frame, frames
 from moco.files import atomic_write
 
-__all__ = ["FrameFile", "CheckedPairs", "photo_version", "check_settings", "FRAMES_FILE", "CHECKED_FILE", "kept_frames",
-           "kept_scores"]
+__all__ = ["FrameFile", "CheckedPairs", "NeighbourFile", "NEIGHBOURS_FILE", "photo_version", "check_settings",
+           "neighbour_settings", "FRAMES_FILE", "CHECKED_FILE", "kept_frames", "kept_scores", "kept_neighbours"]
 
 logger = logging.getLogger(__name__)
 
-FRAMES_FILE, CHECKED_FILE = "dedup-frames.bin", "dedup-checked.bin"
+FRAMES_FILE, CHECKED_FILE, NEIGHBOURS_FILE = "dedup-frames.bin", "dedup-checked.bin", "dedup-neighbours.bin"
 FRAME_FORMAT = 1  # raised when verify.frame_of makes other frames
 _HEADER = 24
 _FRAME = np.dtype([("id", "<i8"), ("version", "<u8"), ("aspect", "<f4"), ("width", "<u2"), ("height", "<u2"),
                    ("grey", "u1", (SIDE * SIDE,)), ("image", "u1", (4 * SIDE * SIDE,))])
+_NEIGHBOURS = np.dtype([("id", "<i8"), ("version", "<u8"), ("framed", "u1"),
+                        ("near", "<i8", (len(SOURCES), PROPOSE_K)), ("scores", "<f4", (len(SOURCES), PROPOSE_K))])
 _PAIR = np.dtype([("a", "<i8"), ("b", "<i8"), ("va", "<u8"), ("vb", "<u8"), ("score", "<f8")])
 FRAMES_KEPT = 4096  # frames a FrameFile keeps decoded at once
+_BLOCK = 1 << 16  # neighbour records read or written at a time (20 MB)
 
 
 def _digest(text: str) -> int:
@@ -69,6 +80,14 @@ def check_settings() -> int:
     names = ("SIDE", "SCALES", "REFINE_FROM", "COPY_SCORE", "TONE_FROM", "TONE_WEIGHT", "LOW_FROM", "LOW_SIDE",
              "LOW_WEIGHT", "FLAT")
     return _digest(repr((FRAME_FORMAT, *(getattr(verify, n) for n in names))))
+
+
+def neighbour_settings(space: str) -> int:
+    """A digest of what a photo's proposed neighbours depend on: the proposals' settings, the frames, and ``space``
+    (the index's backbone and space, which the model's neighbours are found in)."""
+    names = ("PROPOSE_K", "SAME_BYTES_MARGIN", "PIXEL_SIDE", "CROP_SIDE", "CROP_GRID", "CROP_SHARES",
+             "PIXEL_EXACT_UP_TO", "IVF_CELLS_PER_ROOT", "IVF_PROBE", "SOURCES")
+    return _digest(repr((FRAME_FORMAT, SIDE, space, *(getattr(propose, n) for n in names))))
 
 
 def _frame_settings() -> int:
@@ -315,6 +334,47 @@ class CheckedPairs:
         self._file.append(self._records(keys, np.array(list(scores.values()), np.float64)))
 
 
+class NeighbourFile:
+    """The proposed neighbours of the last search (:class:`~index.duplicates.propose.Neighbours`), kept in
+    :data:`NEIGHBOURS_FILE` with their photos' versions and whether each had a frame."""
+
+    def __init__(self, path: Path, space: str) -> None:
+        self._file = _RecordFile(path, b"MOCONBR1", neighbour_settings(space), _NEIGHBOURS)
+
+    def load(self, versions: Mapping[int, int], framed: Container[int]) -> Neighbours | None:
+        """The neighbours of the photos that are as they were (``versions``: every photo's now; ``framed``: the
+        photos with a frame now); None when the file holds none."""
+        total = self._file.records()
+        if not total:
+            return None
+        parts = []
+        for start in range(0, total, _BLOCK):
+            rec = self._file.read(start, _BLOCK)
+            ok = np.array([versions.get(i) == v and (i in framed) == bool(f) for i, v, f in
+                           zip(rec["id"].tolist(), rec["version"].tolist(), rec["framed"].tolist())], bool)
+            parts.append(rec[ok])
+        rec = np.concatenate(parts)
+        _, last = np.unique(rec["id"][::-1], return_index=True)  # the last record of a photo wins
+        rec = rec[::-1][last]
+        return Neighbours(rec["id"].astype(np.int64), rec["near"].astype(np.int64), rec["scores"].astype(np.float32))
+
+    def save(self, found: Neighbours, versions: Mapping[int, int], framed: Container[int]) -> None:
+        """Write the file anew with ``found`` (atomically; nothing where the index cannot be written)."""
+        if found.near.shape[2] != PROPOSE_K or not self._file.writable:
+            return
+
+        def chunks() -> Iterator[np.ndarray]:
+            for start in range(0, len(found.ids), _BLOCK):
+                ids = found.ids[start : start + _BLOCK].tolist()
+                rec = np.zeros(len(ids), _NEIGHBOURS)
+                rec["id"] = ids
+                rec["version"] = [versions[i] for i in ids]
+                rec["framed"] = [i in framed for i in ids]
+                rec["near"], rec["scores"] = found.near[start : start + _BLOCK], found.scores[start : start + _BLOCK]
+                yield rec
+        self._file.rewrite(chunks)
+
+
 def kept_frames(path: Path, ids: Iterable[int]) -> dict[int, Frame]:
     """The frames a frames file holds for ``ids`` (the last record of each, whatever its version): for benches that
     check again what a search checked."""
@@ -326,6 +386,13 @@ def kept_frames(path: Path, ids: Iterable[int]) -> dict[int, Frame]:
                 where[i] = start + n
     frames._where = where
     return {i: frames[i] for i in where}
+
+
+def kept_neighbours(path: Path) -> Neighbours:
+    """Every photo's neighbours a neighbours file holds, whatever their versions and the settings it was written
+    with (for tests and benches)."""
+    rec = np.fromfile(path, _NEIGHBOURS, offset=_HEADER)
+    return Neighbours(rec["id"].astype(np.int64), rec["near"].astype(np.int64), rec["scores"].astype(np.float32))
 
 
 def kept_scores(path: Path) -> tuple[np.ndarray, np.ndarray]:

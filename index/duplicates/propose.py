@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
@@ -33,8 +34,8 @@ from PIL import Image
 from index.duplicates.verify import SCALES, Frame, unit_patches
 from index.search.store import VectorStore
 
-__all__ = ["proposals", "LINKED", "MODEL", "pixel_neighbours", "crop_neighbours", "crop_windows", "PROPOSE_K",
-           "PIXEL_SIDE", "CROP_SIDE", "CROP_GRID", "PIXEL_EXACT_UP_TO"]
+__all__ = ["proposals", "Proposed", "Neighbours", "SOURCES", "LINKED", "MODEL", "pixel_neighbours", "crop_neighbours",
+           "crop_windows", "PROPOSE_K", "PIXEL_SIDE", "CROP_SIDE", "CROP_GRID", "PIXEL_EXACT_UP_TO"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,44 +52,137 @@ IVF_CELLS_PER_ROOT = 4  # cells of an inverted file for n vectors: this many tim
 IVF_PROBE = 16  # cells a query looks in
 
 
+SOURCES = ("model", "pixels", "pixels mirrored", "crops", "crops mirrored")  # a photo's searches, in this order
+_MODEL_SOURCE = 0
+
+
+@dataclass
+class Neighbours:
+    """Each photo's closest other photos by each search (:data:`SOURCES`), the best first: the proposals, kept so that
+    a later search looks up only what changed (:func:`proposals` ``before``)."""
+
+    ids: np.ndarray  # N photo ids
+    near: np.ndarray  # N x len(SOURCES) x k photo ids, -1 where a search found fewer
+    scores: np.ndarray  # N x len(SOURCES) x k float32: the model's cosine, or the NCC
+
+    @classmethod
+    def empty(cls, ids: np.ndarray, k: int) -> Neighbours:
+        n = len(ids)
+        return cls(np.asarray(ids, np.int64), np.full((n, len(SOURCES), k), -1, np.int64),
+                   np.full((n, len(SOURCES), k), -np.inf, np.float32))
+
+
+@dataclass
+class Proposed:
+    """What :func:`proposals` found: the pairs, each one's best proposal score, every photo's neighbours, and how many
+    photos were searched among all (the rest only among the photos new since ``before``)."""
+
+    pairs: np.ndarray  # P x 2 ids, a < b, sorted
+    scores: np.ndarray  # P
+    neighbours: Neighbours
+    searched: int
+
+
 def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
               frames_: Mapping[int, Frame], links: Mapping[int, Mapping[int, float]], chunk: int = 1024,
-              k: int = PROPOSE_K, step: Callable[[int], object] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """The pairs of photos with other bytes that the pixel check looks at: P x 2 ids (a < b, sorted, each pair once;
+              k: int = PROPOSE_K, step: Callable[[int], object] | None = None,
+              before: Neighbours | None = None) -> Proposed:
+    """The pairs of photos with other bytes that the pixel check looks at (P x 2 ids, a < b, sorted, each pair once;
     8 bytes a pair in all): the ``links`` (the model's, at the near threshold), each photo's ``k`` closest other
     photos by the model (``vecs``: N x D in the index's space, searched in ``store``), by whole pixels
     (:func:`pixel_neighbours`) and the ``k`` that could be cut from it (:func:`crop_neighbours`); and each pair's best
-    proposal score (:data:`LINKED`, :data:`MODEL`, or an NCC: only the pixel searches put it forward). ``step(n)``:
-    called as the searches go, 5 for each photo in all (a progress bar)."""
+    proposal score (:data:`LINKED`, :data:`MODEL`, or an NCC: only the pixel searches put it forward).
+
+    ``before``: the neighbours an earlier search found, of the photos that are as they were then (the same version,
+    with or without a frame as now; :class:`~index.duplicates.dedup_cache.NeighbourFile`). A photo whose neighbours
+    there are all still here is looked up only among the photos that were not: its neighbours are its earlier ones
+    and those new photos, the best ``k``; the others (new, or one of their neighbours gone or changed) are looked up
+    among all. An exact search (flat indexes) gives the same neighbours either way. ``step(n)``: called as the
+    searches go, 5 for each photo in all (a progress bar)."""
     step = step or (lambda n: None)
     live = set(ids.tolist())
+    pos = {int(i): n for n, i in enumerate(ids.tolist())}
+    out = Neighbours.empty(ids, k)
+    known: set[int] = set()
+    clean: set[int] = set()
+    if before is not None and len(before.ids) and k == before.near.shape[2]:
+        was = {int(i): n for n, i in enumerate(before.ids.tolist()) if int(i) in live}
+        known = set(was)
+        for i, n in was.items():
+            if all(j < 0 or j in known for j in before.near[n].ravel().tolist()):
+                clean.add(i)
+                out.near[pos[i]], out.scores[pos[i]] = before.near[n], before.scores[n]
+    added = [int(i) for i in ids if int(i) not in known]  # looked up by the clean photos
+    dirty = [int(i) for i in ids if int(i) not in clean]  # looked up among all
+
+    def keep(i: int, source: int, row: Sequence[int], sims: Sequence[float]) -> None:
+        n = pos[i]
+        got = [(j, s) for j, s in zip(row, sims) if j >= 0 and j != i and j in live and content[i] != content[j]]
+        if i in clean:  # its earlier neighbours and the new ones: the best k, each photo once
+            got += [(j, s) for j, s in zip(out.near[n, source].tolist(), out.scores[n, source].tolist()) if j >= 0]
+            got.sort(key=lambda t: -t[1])
+            seen: set[int] = set()
+            got = [(j, s) for j, s in got if not (j in seen or seen.add(j))]  # type: ignore[func-returns-value]
+        got = got[:k]
+        out.near[n, source], out.scores[n, source] = -1, -np.inf
+        out.near[n, source, : len(got)] = [j for j, _ in got]
+        out.scores[n, source, : len(got)] = [s for _, s in got]
+
+    depth = k + 1 + SAME_BYTES_MARGIN
+    for queries, among in ((dirty, None), (sorted(clean), added)):
+        if among is not None and not among:  # nothing new to look up
+            step(len(queries))
+            continue
+        search = store.search if among is None else _flat_search(vecs[[pos[j] for j in among]], among)
+        for start in range(0, len(queries), chunk):
+            part = queries[start : start + chunk]
+            sims, near = search(np.ascontiguousarray(vecs[[pos[i] for i in part]]), depth)  # B x depth
+            for i, row, sim in zip(part, near.tolist(), sims.tolist()):
+                keep(i, _MODEL_SOURCE, row, sim)
+            step(len(part))
+    have = {int(i) for i in ids if int(i) in frames_}
+    step(4 * (len(ids) - len(have)))
+    for queries, among in (([i for i in dirty if i in have], sorted(have)),
+                           ([i for i in sorted(clean) if i in have], [i for i in added if i in have])):
+        if len(have) < 2 or k == 0 or not queries or not among:
+            step(4 * len(queries))
+            continue
+        for i, flip, row, sims in pixel_neighbours(queries, frames_, depth, chunk, among):
+            keep(i, 1 + flip, row, sims)
+            step(1)
+        for i, flip, row, sims in crop_neighbours(queries, frames_, k + SAME_BYTES_MARGIN, chunk, among):
+            keep(i, 3 + flip, row, sims)
+            step(1)
     found = _Pairs()
-
-    def add(i: int, row: Iterable[int], sims: Iterable[float]) -> None:
-        kept = [(j, s) for j, s in zip(row, sims) if j >= 0 and j != i and j in live and content[i] != content[j]][:k]
-        found.add(i, [j for j, _ in kept], [s for _, s in kept])
-
     for i, nb in links.items():
         others = [j for j in nb if j in live and content[i] != content[j]]
         found.add(i, others, [LINKED] * len(others))
-    depth = k + 1 + SAME_BYTES_MARGIN
-    for start in range(0, len(ids), chunk):
-        _, near = store.search(vecs[start : start + chunk], depth)  # B x depth
-        for q, row in enumerate(near.tolist()):
-            add(int(ids[start + q]), row, [MODEL] * len(row))
-        step(len(near))
-    have = [int(i) for i in ids if int(i) in frames_]
-    step(4 * (len(ids) - len(have)))
-    if len(have) > 1 and k > 0:
-        for i, row, sims in pixel_neighbours(have, frames_, depth, chunk):  # each photo twice: plain, mirrored
-            add(i, row, sims)
-            step(1)
-        for i, row, sims in crop_neighbours(have, frames_, k + SAME_BYTES_MARGIN, chunk):  # the same
-            add(i, row, sims)
-            step(1)
-    else:
-        step(4 * len(have))
-    return found.pairs()
+    for start in range(0, len(ids), 65536):
+        a = np.broadcast_to(out.ids[start : start + 65536, None, None], out.near[start : start + 65536].shape)
+        b = out.near[start : start + 65536]  # B x S x k
+        score = out.scores[start : start + 65536].copy()  # B x S x k
+        score[:, _MODEL_SOURCE] = MODEL
+        there = b >= 0
+        found.add_keys((np.minimum(a, b)[there] << 32) | np.maximum(a, b)[there], score[there])
+    pairs, scores = found.pairs()
+    return Proposed(pairs, scores, out, len(dirty))
+
+
+def _flat_search(vectors: np.ndarray,
+                 ids: Sequence[int]) -> Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]:
+    """An exact inner-product search among ``vectors`` (M x D) of photos ``ids``: ``search(queries, k)`` gives
+    (Q x k scores, Q x k photo ids, -1 where fewer)."""
+    import faiss
+
+    flat = faiss.IndexFlatIP(vectors.shape[1])
+    if len(ids):
+        flat.add(np.ascontiguousarray(vectors, np.float32))
+    lookup = np.asarray(ids, np.int64)
+
+    def search(queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        sims, at = flat.search(queries, max(1, min(k, len(ids))))  # Q x k
+        return sims, np.where(at >= 0, lookup[np.maximum(at, 0)] if len(ids) else -1, -1)
+    return search
 
 
 class _Pairs:
@@ -103,6 +197,13 @@ class _Pairs:
     def add(self, i: int, others: Sequence[int], scores: Sequence[float]) -> None:
         self._new.extend((min(i, j) << 32) | max(i, j) for j in others)
         self._new_scores.extend(scores)
+        if len(self._new) > 1 << 22:
+            self._merge()
+
+    def add_keys(self, keys: np.ndarray, scores: np.ndarray) -> None:
+        """Add pairs given as keys (a << 32 | b, a < b) with their scores."""
+        self._new.extend(keys.tolist())
+        self._new_scores.extend(scores.tolist())
         if len(self._new) > 1 << 22:
             self._merge()
 
@@ -156,22 +257,28 @@ def _flat(grey: np.ndarray, side: int, mirror: bool) -> np.ndarray:
     return g / max(float(np.linalg.norm(g)), 1e-6)
 
 
-def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int,
-                     chunk: int = 1024) -> Iterable[tuple[int, list[int], list[float]]]:
-    """For each photo of ``ids``, twice (its query plain and mirrored), its ``k`` closest photos by the NCC of
-    their whole grey frames (shrunk to :data:`PIXEL_SIDE` a side), and those NCCs."""
-    def plain(start: int, stop: int) -> np.ndarray:  # (stop - start) x P^2
-        return np.stack([_flat(frames_[i].grey, PIXEL_SIDE, False) for i in ids[start:stop]])
+def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, chunk: int = 1024,
+                     targets: Sequence[int] | None = None) -> Iterable[tuple[int, bool, list[int], list[float]]]:
+    """For each photo of ``ids``, twice (its query plain, then mirrored: the flag), its ``k`` closest photos of
+    ``targets`` (None: ``ids``) by the NCC of their whole grey frames (shrunk to :data:`PIXEL_SIDE` a side), and
+    those NCCs."""
+    targets = ids if targets is None else targets
 
-    store = _inner_product_index(plain, len(ids), PIXEL_SIDE**2, "whole-pixel")
-    k = min(k, len(ids))
+    def plain(among: Sequence[int], start: int, stop: int) -> np.ndarray:  # (stop - start) x P^2
+        return np.stack([_flat(frames_[i].grey, PIXEL_SIDE, False) for i in among[start:stop]])
+
+    if not len(targets):
+        return
+    store = _inner_product_index(lambda a, b: plain(targets, a, b), len(targets), PIXEL_SIDE**2, "whole-pixel")
+    k = min(k, len(targets))
     for start in range(0, len(ids), chunk):
-        part = plain(start, start + chunk)  # B x P^2
+        part = plain(ids, start, start + chunk)  # B x P^2
         mirrored = part.reshape(-1, PIXEL_SIDE, PIXEL_SIDE)[:, :, ::-1].reshape(len(part), -1)  # B x P^2
-        for q in (part, np.ascontiguousarray(mirrored)):
+        for flip, q in ((False, part), (True, np.ascontiguousarray(mirrored))):
             sims, found = store.search(q, k)  # B x k
             for n, (row, sim) in enumerate(zip(found.tolist(), sims.tolist())):
-                yield ids[start + n], [ids[j] for j in row if j >= 0], [s for j, s in zip(row, sim) if j >= 0]
+                yield (ids[start + n], flip, [targets[j] for j in row if j >= 0],
+                       [s for j, s in zip(row, sim) if j >= 0])
 
 
 def crop_windows(f: Frame) -> np.ndarray:
@@ -210,22 +317,25 @@ def _at(table: np.ndarray, y: np.ndarray, x: np.ndarray) -> np.ndarray:
             + fy * (1 - fx) * table[y0 + 1, x0] + fy * fx * table[y0 + 1, x0 + 1])
 
 
-def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int,
-                    chunk: int = 1024) -> Iterable[tuple[int, list[int], list[float]]]:
-    """For each photo of ``ids``, twice (its :func:`crop_windows` plain, then mirrored), the other photos (at most
-    ``k``, the best first) whose whole frames (:data:`CROP_SIDE` a side) are closest by NCC to one of its windows:
-    the photos that could have been cut from it, mirrored or not, with those NCCs. Only the whole frames are indexed
-    (one vector a photo); each photo's windows are made and looked up a chunk of photos at a time, so memory does not
-    grow with the windows."""
+def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, chunk: int = 1024,
+                    targets: Sequence[int] | None = None) -> Iterable[tuple[int, bool, list[int], list[float]]]:
+    """For each photo of ``ids``, twice (its :func:`crop_windows` plain, then mirrored: the flag), the other photos
+    of ``targets`` (None: ``ids``; at most ``k``, the best first) whose whole frames (:data:`CROP_SIDE` a side) are
+    closest by NCC to one of its windows: the photos that could have been cut from it, mirrored or not, with those
+    NCCs. Only the whole frames are indexed (one vector a photo); each photo's windows are made and looked up a
+    chunk of photos at a time, so memory does not grow with the windows."""
+    targets = ids if targets is None else targets
+    if not len(targets):
+        return
     store = _inner_product_index(lambda start, stop: np.stack([_flat(frames_[i].grey, CROP_SIDE, False)
-                                                               for i in ids[start:stop]]),  # B x CROP_SIDE^2
-                                 len(ids), CROP_SIDE**2, "crop")
-    depth = min(len(ids), k + 2)  # frames a window looks up (the photo's own whole frame may be one)
+                                                               for i in targets[start:stop]]),  # B x CROP_SIDE^2
+                                 len(targets), CROP_SIDE**2, "crop")
+    depth = min(len(targets), k + 2)  # frames a window looks up (the photo's own whole frame may be one)
     for start in range(0, len(ids), chunk):
-        part = range(start, min(start + chunk, len(ids)))
-        windows = np.concatenate([crop_windows(frames_[ids[me]]) for me in part])  # (B * per) x CROP_SIDE^2
+        part = ids[start : start + chunk]
+        windows = np.concatenate([crop_windows(frames_[me]) for me in part])  # (B * per) x CROP_SIDE^2
         flipped = windows.reshape(-1, CROP_SIDE, CROP_SIDE)[:, :, ::-1].reshape(len(windows), -1)
-        for q in (windows, np.ascontiguousarray(flipped)):
+        for flip, q in ((False, windows), (True, np.ascontiguousarray(flipped))):
             sims, found = store.search(q, depth)  # (B * per) x depth
             sims, found = sims.reshape(len(part), -1), found.reshape(len(part), -1)  # B x (per * depth)
             order = np.argsort(-sims, axis=1, kind="stable")  # B x (per * depth): the best window's match first
@@ -236,9 +346,9 @@ def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int,
                     o, s = int(found[n, at]), float(sims[n, at])
                     if s <= 0.0:  # no frame left, or a flat window
                         break
-                    if o >= 0 and o != me and ids[o] not in row:
-                        row.append(ids[o])
+                    if o >= 0 and targets[o] != me and targets[o] not in row:
+                        row.append(targets[o])
                         best.append(s)
                         if len(row) == k:
                             break
-                yield ids[me], row, best
+                yield me, flip, row, best
