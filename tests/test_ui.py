@@ -17,7 +17,7 @@ from PIL import Image
 
 from app.page.handlers import SearchApp
 from app.page.views import groups_html, negatives_outputs
-from app.server.launch import launch_kwargs, make_demo
+from app.server.launch import make_demo, serve
 from index.building.plan import file_hash
 from index.building.runner import build_index
 from index.search.image_index import ImageIndex
@@ -193,11 +193,14 @@ def test_collection_tab_and_dedup(app, setup):
 
 @pytest.fixture(scope="module")
 def server(setup):
-    demo, app = make_demo(setup["idx"], setup["ckpt"], device="cpu")
+    """The page as `moco serve` runs it (its guard layers, uvicorn), and the page's app."""
     port = free_port()
-    demo.launch(prevent_thread_lock=True, **launch_kwargs(app.index, "127.0.0.1", port, None))
-    yield f"http://127.0.0.1:{port}", app
-    demo.close()
+    running = serve(setup["idx"], setup["ckpt"], port=port, device="cpu", block=False)
+    try:
+        yield f"http://127.0.0.1:{port}", running.api_service.library
+    finally:
+        running.close()
+        running.api_service.close()
 
 
 @pytest.mark.slow
