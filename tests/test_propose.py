@@ -83,6 +83,19 @@ def test_crop_windows_are_the_photos_own_crops():
     assert not propose.crop_windows(frame_of(Image.new("RGB", (64, 64), (90, 90, 90)))).any()
 
 
+def test_crop_windows_of_many_photos_are_each_photo_s_own():
+    """Photos of several image sizes worked together give each photo's windows, the very numbers of one at a time
+    (which the test above holds to a brute-force sum)."""
+    rng = np.random.default_rng(3)
+    frames_ = [frame_of(_picture(rng, w, h)) for w, h in ((96, 96), (150, 90), (96, 96), (40, 100), (96, 96))]
+    assert len({f.image.size for f in frames_}) == 3
+    many = propose.crop_windows_of(frames_)
+    assert many.shape == (5, len(propose.CROP_SHARES) * propose.CROP_GRID**2, propose.CROP_SIDE**2)
+    for f, got in zip(frames_, many):
+        assert np.array_equal(got, propose.crop_windows(f)) and got.any()
+    assert propose.crop_windows_of([]).shape[0] == 0
+
+
 def _brute_crop_neighbours(ids: list[int], fr: dict[int, Frame], k: int, mirror: bool) -> dict[int, list[int]]:
     """Each photo's k other photos by the NCC of their whole CROP_SIDE frame with its best window (mirrored or
     not), by hand."""
