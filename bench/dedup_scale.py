@@ -140,11 +140,29 @@ def _large_photos(count: int, split: str) -> list[Image.Image]:
     return out
 
 
+CAMERAS = (("Canon", "EOS R6"), ("Apple", "iPhone 13"), ("FUJIFILM", "X-T4"))  # a household's, for --exif
+KEEPS_EXIF = frozenset({"exact", "crop2px", "bright15", "contrast", "gamma", "mirrored", "crop70", "crop80"})  # editors
+_EXIF_IFD, _DATE_TAKEN, _MAKE, _MODEL = 0x8769, 0x9003, 0x010F, 0x0110
+
+
+def _camera_exif(rng: np.random.Generator, at: float) -> Image.Exif:
+    """EXIF as a camera writes it: a date taken (``at``, seconds since the epoch) and one of :data:`CAMERAS`."""
+    exif = Image.Exif()
+    exif[_MAKE], exif[_MODEL] = CAMERAS[int(rng.integers(len(CAMERAS)))]
+    exif.get_ifd(_EXIF_IFD)[_DATE_TAKEN] = time.strftime("%Y:%m:%d %H:%M:%S", time.gmtime(at))
+    return exif
+
+
 def write_collection(root: Path, n: int, share: float, large: int, seed: int, split: str = "report",
-                     fashion_too: bool = True) -> dict[str, str]:
+                     fashion_too: bool = True, exif: bool = False) -> dict[str, str]:
     """The photos under ``root/photos`` (folders of 1,000), the copies under ``root/copies``: copy -> photo paths.
-    ``fashion_too``: False for smooth pictures alone (photos added to a collection that holds the Fashion ones)."""
+    ``fashion_too``: False for smooth pictures alone (photos added to a collection that holds the Fashion ones).
+    ``exif``: every photo as a camera wrote it (a date taken, each a few seconds to ten minutes after the last, and a
+    camera); a copy keeps it where an editor made it (:data:`KEEPS_EXIF`) and not where a re-encode for the web did
+    (jpeg50, webp, shrunk26, half)."""
     rng = np.random.default_rng(seed + 1)
+    clock = np.random.default_rng(seed + 2)  # the dates and cameras: the photos and copies stay those without --exif
+    at = 1_600_000_000.0 + 86400.0 * seed
     (root / "copies").mkdir(parents=True)
     chosen = set(rng.choice(n, max(len(SMALL_EDITS), round(share * n)), replace=False).tolist())
     edits = itertools.cycle(SMALL_EDITS)
@@ -154,20 +172,31 @@ def write_collection(root: Path, n: int, share: float, large: int, seed: int, sp
         folder.mkdir(parents=True, exist_ok=True)
         src = folder / f"{i:07d}.png"
         img = Image.fromarray(x)
-        src.write_bytes(_encoded(img, "PNG"))
+        tags = None
+        if exif:
+            at += float(clock.integers(2, 600))
+            tags = _camera_exif(clock, at)
+        src.write_bytes(_encoded(img, "PNG", **({"exif": tags} if tags else {})))
         if i in chosen:
             edit = next(edits)
             data, suffix = (src.read_bytes(), "png") if edit == "exact" else _small_copy(img, edit)
+            if tags is not None and edit in KEEPS_EXIF and edit != "exact":
+                data = _encoded(Image.open(io.BytesIO(data)), "PNG", exif=tags)
             dst = root / "copies" / f"{i:07d}_{edit}.{suffix}"
             dst.write_bytes(data)
             copies[dst.relative_to(root).as_posix()] = src.relative_to(root).as_posix()
     (root / "large").mkdir()
     for n_, img in enumerate(_large_photos(large, split)):
         src = root / "large" / f"L{n_:03d}.jpg"
-        img.save(src, "JPEG", quality=92)
+        tags = None
+        if exif:
+            at += float(clock.integers(2, 600))
+            tags = _camera_exif(clock, at)
+        img.save(src, "JPEG", quality=92, **({"exif": tags} if tags else {}))
         for edit in LARGE_EDITS:
             dst = root / "copies" / f"L{n_:03d}_{edit}.jpg"
-            _large_copy(img, edit, rng).save(dst, "JPEG", quality=50 if edit == "jpeg50" else 92)
+            kept = {"exif": tags} if tags is not None and edit in KEEPS_EXIF else {}
+            _large_copy(img, edit, rng).save(dst, "JPEG", quality=50 if edit == "jpeg50" else 92, **kept)
             copies[dst.relative_to(root).as_posix()] = src.relative_to(root).as_posix()
     return copies
 
@@ -220,7 +249,7 @@ def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(idx, ignore_errors=True)
         t0 = time.perf_counter()
-        copies = write_collection(root, n, args.copies, args.large, args.seed, args.split)
+        copies = write_collection(root, n, args.copies, args.large, args.seed, args.split, exif=args.exif)
         print(f"{n}: collection written in {time.perf_counter() - t0:.0f} s", flush=True)
         t0 = time.perf_counter()
         build_index(root, backbone, idx, progress=False, device="cpu")
@@ -249,7 +278,8 @@ def _added(n: int, args: argparse.Namespace, idx: Path, root: Path, copies: dict
     added = args.work / f"{n}.added"
     if not (added / "done").exists():
         shutil.rmtree(added, ignore_errors=True)
-        more = write_collection(added, extra, args.copies, 0, args.seed + 7, args.split, fashion_too=False)
+        more = write_collection(added, extra, args.copies, 0, args.seed + 7, args.split, fashion_too=False,
+                                exif=args.exif)
         shutil.rmtree(root / "added", ignore_errors=True)
         (added / "copies.json").write_text(json.dumps({f"added/{c}": f"added/{p}" for c, p in more.items()}))
         (added / "done").touch()
@@ -300,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
                    "its search measured on the same indexes, side by side")
     p.add_argument("--add", type=float, default=0.0, help="then add this share of new photos (0.01: 1%%, with "
                    "copies), update the index and search again, keeping what the full search kept: its time")
+    p.add_argument("--exif", action="store_true", help="photos as cameras write them: each with a date taken and a "
+                   "camera, kept by the copies an editor made and dropped by re-encodes for the web (use another "
+                   "--work: the collections differ)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
 
@@ -308,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
 
     backbone, described = bench_backbone(args.work, None, None, SMALL)
     report: dict[str, Any] = {"backbone": described, "cpu": cpu_model(), "threads": os.environ["OMP_NUM_THREADS"],
-                              "aim": AIM, "command": shlex.join(["python", "bench/dedup_scale.py",
+                              "aim": AIM, "exif": args.exif, "command": shlex.join(["python", "bench/dedup_scale.py",
                                                                  *(argv or sys.argv[1:])]), "sizes": []}
     if args.peer:  # which code the peer is
         report["peer_commit"] = subprocess.run(["git", "-C", str(args.peer), "rev-parse", "--short", "HEAD"],

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from bench._datasets import FASHION_DIR
 from bench.dedup_copies import EDITS, main, score, write_collection
@@ -84,6 +85,29 @@ def test_the_scale_bench_plants_each_edit_and_scores_by_hand(tmp_path):
     s = _score(groups, copies)
     assert (s["pairs"], s["pair_precision"], s["largest_distinct"]) == (3, round(1 / 3, 4), 2)
     assert s["recall"][Path(c1).stem.split("_", 1)[1]] == 1.0 and s["recall"][Path(c2).stem.split("_", 1)[1]] == 0.0
+
+
+@pytest.mark.skipif(not FASHION_DIR.exists(), reason="apt-get install dataset-fashion-mnist")
+def test_the_scale_bench_writes_photos_as_cameras_do_with_exif(tmp_path):
+    """bench/dedup_scale.py --exif: every photo with its own date taken and a camera, as the catalog reads them; a
+    copy an editor made keeps its photo's, a re-encode for the web has none; the pixels are those without --exif."""
+    from bench._datasets import BACKGROUNDS_DIR
+    from bench.dedup_scale import KEEPS_EXIF, write_collection
+    from moco.data.photos import photo_info
+
+    large = 1 if (BACKGROUNDS_DIR / "gnome").exists() else 0
+    copies = write_collection(tmp_path / "exif", 30, 0.3, large, seed=0, exif=True)
+    assert copies == write_collection(tmp_path / "plain", 30, 0.3, large, seed=0)
+    photos = sorted({p for p in copies.values()} | {f"photos/0000/{i:07d}.png" for i in range(30)})
+    info = {p: photo_info(tmp_path / "exif" / p) for p in [*photos, *copies]}
+    taken = [info[p].taken for p in photos]
+    assert None not in taken and len(set(taken)) == len(taken) and all(info[p].camera for p in photos)
+    for copy, photo in copies.items():
+        edit = Path(copy).stem.split("_", 1)[1]
+        kept = (info[copy].taken, info[copy].camera) == (info[photo].taken, info[photo].camera)
+        assert kept == (edit in KEEPS_EXIF) and (info[copy].taken is None) == (edit not in KEEPS_EXIF), copy
+        plain = Image.open(tmp_path / "plain" / copy).convert("RGB")
+        assert np.array_equal(np.asarray(Image.open(tmp_path / "exif" / copy).convert("RGB")), np.asarray(plain))
 
 
 @pytest.mark.skipif(not FASHION_DIR.exists(), reason="apt-get install dataset-fashion-mnist")

@@ -356,6 +356,8 @@ def _search(idx: ImageIndex, args: argparse.Namespace) -> int:
              f"({describe_threshold(d)}) and by each photo's {d['propose_k']} closest photos"
              + (f" ({plural(d['looked_up'], 'photo')} looked up among all, the others only among the photos new "
                 "since the last search)" if d.get("looked_up", found.images) < found.images else ""),
+             *([f"  taken apart: {plural(d['taken_apart'], 'pair')} whose files' dates taken or cameras say they "
+                "are two shots (not checked)"] if d.get("taken_apart") else []),
              f"  turned down: {d['turned_down']} of the model's pairs at that cosine are no copies",
              f"  pixel check: {plural(d.get('checked', d['proposed']), 'pair')} checked, {d.get('reused', 0)} scored "
              "by an earlier search (kept in the index folder)",

@@ -21,9 +21,11 @@ the model, by the NCC of their pixels (a brighter copy, which a model may not se
 have been cut from (:func:`index.duplicates.propose.proposals`).
 A proposed pair is a near link only where :func:`index.duplicates.verify.copy_scores` finds one photo to be the other
 re-encoded, resized, cropped, brightened or mirrored (copy score at least :data:`~index.duplicates.verify.COPY_SCORE`,
-:func:`verify_links`). Distinct photos of alike things (a crowd of t-shirts, planes against blue sky, tiles of one
-texture) sit as close to each other as copies to a weak model; their pixels differ, so no threshold a model sets can
-group them: the pixel check is the guard, and it does not depend on the model. Where pixels cannot tell either (a
+:func:`verify_links`), and whose files do not say they are two captures (EXIF dates taken a second or more apart, or
+two cameras: :mod:`index.duplicates.captures`; such a pair is not checked at all). Distinct photos of alike things
+(a crowd of t-shirts, planes against blue sky, tiles of one texture) sit as close to each other as copies to a weak
+model; their pixels differ, so no threshold a model sets can group them: the pixel check is the guard, and it does
+not depend on the model. Where pixels cannot tell either (a
 photo that is a copy by pixels of :data:`~index.calibrate.CROWD` others or more: a clear sky, a gradient, a blank
 page), the photo keeps no near link, so no near group holds more than that many distinct photos.
 
@@ -60,6 +62,7 @@ from index.calibrate import (  # the threshold: re-exported here, where its user
     threshold_source,
 )
 from index.catalog import Row, sample_ids
+from index.duplicates.captures import taken_apart
 from index.duplicates.check_workers import PART, check_workers, checked_parts
 from index.duplicates.dedup_cache import (
     CHECKED_FILE,
@@ -170,7 +173,9 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
     that :func:`index.duplicates.verify.copy_scores` finds to be
     copies (score at least :data:`~index.duplicates.verify.COPY_SCORE`), each with its centred cosine (``{id: {other:
     cosine}}``,
-    symmetric), their copy scores ``{(a, b): score}`` (a < b), and counts: ``proposed``, ``verified``,
+    symmetric), their copy scores ``{(a, b): score}`` (a < b), and counts: ``proposed``, ``taken_apart`` (pairs
+    whose files say they are two captures, :func:`index.duplicates.captures.taken_apart`: never checked, never
+    copies), ``verified``,
     ``turned_down`` (the model's links at the near threshold that are no copies), ``unchecked`` (photos without
     a frame: no thumbnail and no decodable file), ``crowded``: photos that are copies by pixels of
     :data:`~index.calibrate.CROWD` or more other photos (a clear sky, a gradient, a blank page has too little of its
@@ -213,7 +218,8 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
         proposed = proposals(index.store, ids, vecs, content, frames_, links, chunk, step=bar.update,
                              before=kept_neighbours.load(versions, frames_))
     kept_neighbours.save(proposed.neighbours, versions, frames_)
-    pairs = proposed.pairs  # P x 2
+    apart = taken_apart(proposed.pairs, rows)  # P: two captures by their files' dates or cameras
+    pairs = proposed.pairs[~apart]  # P' x 2, for the pixel check
     checked = CheckedPairs(where / CHECKED_FILE, versions)
     scores: dict[tuple[int, int], float] = {}
     reused = 0
@@ -261,7 +267,8 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
             kept.pop((min(i, j), max(i, j)), None)
     turned = sum(1 for i, nb in links.items() for j in nb
                  if i < j and content[i] != content[j] and (i, j) not in kept)
-    return near, kept, {"proposed": len(pairs), "verified": len(kept), "turned_down": turned,
+    return near, kept, {"proposed": len(proposed.pairs), "taken_apart": int(apart.sum()), "verified": len(kept),
+                        "turned_down": turned,
                         "unchecked": len(ids) - len(frames_), "crowded": len(crowded),
                         "checked": len(pairs) - reused, "reused": reused, "frames_made": frames_.made,
                         "looked_up": proposed.searched}
