@@ -262,3 +262,30 @@ def test_every_script_has_a_help_page(script):
                          timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("usage:") and "--help" in out.stdout
+
+
+@pytest.mark.parametrize("argv, verbose", [
+    (["index", "stats", "IDX", "-v"], True),  # after the subcommand (it exited 2)
+    (["-v", "index", "stats", "IDX"], True),  # before it, not undone by the subcommand's own flag
+    (["index", "stats", "IDX"], False),
+    (["serve", "IDX", "--verbose"], True),
+    (["train", "DATA", "--out", "RUN", "-v"], True),
+])
+def test_verbose_is_taken_before_and_after_the_subcommand(argv: list[str], verbose: bool) -> None:
+    from app.cli import build_parser
+
+    assert build_parser().parse_args(argv).verbose is verbose
+
+
+def test_every_idx_argument_says_what_it_is() -> None:
+    from app.cli import build_parser
+
+    def parsers(p: argparse.ArgumentParser):
+        yield p
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for sub in dict.fromkeys(a.choices.values()):
+                    yield from parsers(sub)
+
+    idx = [a for p in parsers(build_parser()) for a in p._actions if a.metavar == "IDX" and not a.option_strings]
+    assert len(idx) >= 8 and all(a.help and "index folder" in a.help for a in idx)

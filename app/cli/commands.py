@@ -208,7 +208,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve(sub)
     add_run(sub)
+    _verbose_everywhere(parser)
     return parser
+
+
+def _verbose_everywhere(parser: argparse.ArgumentParser) -> None:
+    """``-v`` after any subcommand too (``moco index stats IDX -v``), not only before it: each subcommand's parser
+    takes it, and sets it only where given (so ``moco -v index stats IDX`` is not undone by the subcommand)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in dict.fromkeys(action.choices.values()):  # an alias names the same parser twice
+                if not any("--verbose" in a.option_strings for a in child._actions):
+                    child.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                                       help="debug logging (as before the command)")
+                _verbose_everywhere(child)
 
 
 _STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from index.building.args import IDX_HELP
 from index.catalog import display_path, taken_bound, taken_text
 from index.duplicates.groups import DEFAULT_KINDS, KINDS, SIMILAR
 from moco.errors import UserError, plural
@@ -18,7 +19,6 @@ if TYPE_CHECKING:
     from index.search.image_index import ImageIndex
 
 __all__ = ["add_index"]
-
 
 
 def add_index(sub: argparse._SubParsersAction) -> None:
@@ -47,7 +47,7 @@ def add_index(sub: argparse._SubParsersAction) -> None:
                         "very bytes, the "
                         "photos of --id and --not-id) are left out of the results unless --include-queries, one IMAGE "
                         "alone as several; a near-copy with other bytes is a result as any other.")
-    p.add_argument("index_dir", metavar="IDX")
+    p.add_argument("index_dir", metavar="IDX", help=IDX_HELP)
     p.add_argument("images", metavar="IMAGE", nargs="*", help="photos to search with (more like these)")
     p.add_argument("--not", dest="not_images", action="append", default=[], metavar="IMAGE",
                    help="a photo the results should be less like (repeat for more)")
@@ -76,7 +76,7 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(handler=cmd_search)
 
     p = cmds.add_parser("stats", help="counts, kind, recall, backbone, size on disk, near-duplicate threshold")
-    p.add_argument("index_dir", metavar="IDX")
+    p.add_argument("index_dir", metavar="IDX", help=IDX_HELP)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_stats)
 
@@ -86,7 +86,7 @@ def add_index(sub: argparse._SubParsersAction) -> None:
                         "(bursts, the same scene). Each group has an id, a suggested keeper and the reason. --move-to "
                         "moves every other photo of the groups out of the collection (never deleting, never "
                         "overwriting), journalled; --undo puts them back.")
-    p.add_argument("index_dir", metavar="IDX")
+    p.add_argument("index_dir", metavar="IDX", help=IDX_HELP)
     p.add_argument("--threshold", type=float, default=None,
                    help="near: the centred cosine similarity (as search scores) at which the model proposes two photos "
                         "(default: the index's, calibrated at build time on copies of its photos, raised above the "
@@ -132,7 +132,7 @@ def _add_views(cmds: argparse._SubParsersAction) -> None:
                         description="A 2-D layout of every indexed photo from the index's centred features, "
                         "coloured by theme; kept in the index directory with the index's version (computed again "
                         "only after the index changed).")
-    p.add_argument("index_dir", metavar="IDX")
+    p.add_argument("index_dir", metavar="IDX", help=IDX_HELP)
     p.add_argument("-o", "--out", default=None, metavar="MAP.png",
                    help="draw the map as a PNG, coloured by theme, with a thumbnail of a photo in each part of it "
                    "(needs the plot extra: matplotlib)")
@@ -147,7 +147,7 @@ def _add_views(cmds: argparse._SubParsersAction) -> None:
                         description="Themes: spherical k-means on the index's centred features (FAISS), each theme "
                         "with its size, its most central photos and its top folders; the number of themes follows the "
                         "collection's size (round(sqrt(N/2)), from 2 to 64) unless --themes says.")
-    p.add_argument("index_dir", metavar="IDX")
+    p.add_argument("index_dir", metavar="IDX", help=IDX_HELP)
     p.add_argument("--themes", type=int, default=None, metavar="K", help="this many themes (default: from the size)")
     p.add_argument("--refresh", action="store_true", help="compute them again even if the index did not change")
     p.add_argument("--json", action="store_true", help='JSON: {"k", "version", "count", "themes": [{"id", "size", '
@@ -157,7 +157,7 @@ def _add_views(cmds: argparse._SubParsersAction) -> None:
     p = cmds.add_parser("unusual", help="the photos farthest from any other photo of the collection",
                         description="Each photo's cosine to its closest other photo (as search scores it), lowest "
                         "first: the photos unlike anything else. A photo with an exact copy is never unusual.")
-    p.add_argument("index_dir", metavar="IDX")
+    p.add_argument("index_dir", metavar="IDX", help=IDX_HELP)
     p.add_argument("-n", type=int, default=20, help="photos to list (default: 20)")
     p.add_argument("--offset", type=int, default=0, help="photos to skip first")
     p.add_argument("--json", action="store_true", help='JSON: {"total", "offset", "limit", "next_offset", "photos": '
@@ -166,7 +166,7 @@ def _add_views(cmds: argparse._SubParsersAction) -> None:
 
     p = cmds.add_parser("browse", help="list the collection's photos by folder or theme, by name or date",
                         description="A page of the collection's photos: under --folder, of --theme, sorted.")
-    p.add_argument("index_dir", metavar="IDX")
+    p.add_argument("index_dir", metavar="IDX", help=IDX_HELP)
     p.add_argument("--folder", default=None, help="only photos under this sub-folder of the collection")
     p.add_argument("--theme", type=int, default=None, help="only photos of this theme (ids: `moco index themes`)")
     p.add_argument("--sort", choices=["name", "date", "-date"], default="name",

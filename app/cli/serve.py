@@ -10,6 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
+from index.building.args import IDX_HELP
 from moco.errors import UserError
 
 __all__ = ["add_serve", "add_run", "cmd_serve", "cmd_run"]
@@ -24,7 +25,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
         help="the search web UI (Gradio) over an index",
         description="Search, Negatives (InfoNCE view) and Collection tabs over IDX. Binds 127.0.0.1 by default.",
     )
-    p.add_argument("index_dir", metavar="IDX")
+    p.add_argument("index_dir", metavar="IDX", help=IDX_HELP)
     p.add_argument("--checkpoint", default=None, metavar="CKPT",
                    help="a `moco train` checkpoint (or official NAME): the Negatives tab then uses its saved queue and "
                    "key encoder")

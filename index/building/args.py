@@ -25,6 +25,8 @@ UPDATE_DESCRIPTION = (
 )
 
 
+IDX_HELP = "the index folder (made by `moco index build PHOTOS -o IDX`)"
+
 def memory_budget(text: str) -> int:
     """The argparse type of --memory-budget: GiB (e.g. 4 or 0.5) -> bytes."""
     try:
@@ -62,7 +64,7 @@ def add_build_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_update_arguments(p: argparse.ArgumentParser) -> None:
     """IDX and the update options."""
-    p.add_argument("index_dir", metavar="IDX", help="index directory from `moco index build`")
+    p.add_argument("index_dir", metavar="IDX", help=IDX_HELP)
     p.add_argument("--backbone", default=None, metavar="B", help="the build's backbone, if it moved")
     p.add_argument("--root", default=None, help="the collection's new place, if it moved")
     p.add_argument("--kind", default=None, choices=KINDS, help="switch the index kind (rebuilds the FAISS index)")
