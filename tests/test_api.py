@@ -269,6 +269,12 @@ def test_errors_are_the_pages_one_line_messages(http, server, sample_photos, tmp
         r = _upload(http, path, k=5, folder=folder)
         assert r.status_code == 400 and words in r.json()["detail"]
         assert page(str(path), 5, folder)[1] == "**Error:** " + r.json()["detail"]  # word for word
+    from PIL import features
+
+    from moco.data.photos import enable_formats
+    formats = _upload(http, bad, k=5).json()["detail"].rsplit("upload a photo (", 1)[1]  # what this server reads
+    assert ("AVIF" in formats) == features.check("avif") and ("HEIC" in formats) == enable_formats()
+    assert formats.startswith("JPEG, PNG, WebP")
     r = _upload(http, tiny, k=0)
     assert r.status_code == 400 and r.json()["detail"].startswith("k: Input should be greater than or equal to 1")
     r = http.post("/search/base64", json={"image_base64": "not base64!", "k": 3})

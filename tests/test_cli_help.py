@@ -289,3 +289,18 @@ def test_every_idx_argument_says_what_it_is() -> None:
 
     idx = [a for p in parsers(build_parser()) for a in p._actions if a.metavar == "IDX" and not a.option_strings]
     assert len(idx) >= 8 and all(a.help and "index folder" in a.help for a in idx)
+
+
+def test_serve_help_names_every_tab_of_the_page_and_the_real_connection_default() -> None:
+    """`moco serve --help` names the page's tabs as build_ui makes them (read from its source: the help must not
+    import gradio), and describes --max-connections' default as the code works it out."""
+    from app.cli.serve import PAGE_TABS
+    from app.guard.connections import default_max_connections
+
+    tabs = re.findall(r'gr\.Tab\("([^"]+)"', (ROOT / "app" / "page" / "blocks.py").read_text())
+    assert len(tabs) >= 8
+    named = re.findall(r"([A-Z]\w+)(?= \(|,| and|$)", PAGE_TABS)
+    assert named == tabs, (named, tabs)
+    out = subprocess.run([sys.executable, "-m", "app.cli", "serve", "--help"], env=ENV, capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout
+    assert "half the files" in " ".join(out.split()) and "half" in default_max_connections.__doc__

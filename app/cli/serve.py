@@ -15,6 +15,8 @@ from moco.errors import UserError
 
 __all__ = ["add_serve", "add_run", "cmd_serve", "cmd_run"]
 
+PAGE_TABS = ("Search, Map, Themes, Browse, Unusual, Negatives (the InfoNCE view: which photos sit closest as "
+             "negatives), Collection (duplicates, folders) and Status")  # the page's tabs, in order (a test holds it)
 DEFAULT_PRETRAINED = "moco_v2_800ep"  # moco.weights.pretrained.DEFAULT, without importing torch for --help
 
 
@@ -23,7 +25,7 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "serve",
         help="the search web UI (Gradio) over an index",
-        description="Search, Negatives (InfoNCE view) and Collection tabs over IDX. Binds 127.0.0.1 by default.",
+        description="The page's tabs over IDX: " + PAGE_TABS + ". Binds 127.0.0.1 by default.",
     )
     p.add_argument("index_dir", metavar="IDX", help=IDX_HELP)
     p.add_argument("--checkpoint", default=None, metavar="CKPT",
@@ -53,7 +55,7 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
                    "get 408 and are closed (default: 30)")
     p.add_argument("--max-connections", type=int, default=None, metavar="N",
                    help="connections open at once at most; one more closes the slowest half-sent request first "
-                   "(default: three quarters of the open-files limit, at most 1000)")
+                   "(default: half the files the process may still open when it starts, at most 1000)")
     api = p.add_argument_group("JSON API", "served beside the page at /api/v1 (docs: /api/v1/docs), with the "
                                "page's --auth")
     api.add_argument("--api-token", default=os.environ.get("MOCO_API_TOKEN"), metavar="TOKEN",

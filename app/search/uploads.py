@@ -17,13 +17,12 @@ import numpy as np
 from PIL import Image
 
 from index.search.query import check_query_size
-from moco.data.photos import DEFAULT_MAX_PIXELS, ImageDecodeError, load_rgb, open_regular
+from moco.data.photos import DEFAULT_MAX_PIXELS, ImageDecodeError, load_rgb, open_regular, readable_formats
 from moco.errors import UserError
 
-__all__ = ["MAX_UPLOAD_MB", "FORMATS", "read_upload", "upload_suffix"]
+__all__ = ["MAX_UPLOAD_MB", "read_upload", "upload_suffix"]
 
 MAX_UPLOAD_MB = 25  # per uploaded file; Gradio enforces it before the upload, read_upload again after
-FORMATS = "JPEG, PNG, WebP, GIF, BMP or TIFF"
 
 
 def _header_size(path: str | Path) -> tuple[int, int] | None:
@@ -90,4 +89,4 @@ def read_upload(image: Any, min_short: int | None = None, name: str | None = Non
     try:
         return load_rgb(image, min_short=min_short)
     except ImageDecodeError as e:
-        raise UserError(f"{name}: {e.reason}; upload a photo ({FORMATS})") from None
+        raise UserError(f"{name}: {e.reason}; upload a photo ({readable_formats()})") from None

@@ -40,7 +40,7 @@ from moco.excludes import Excludes
 __all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTENSIONS", "RAW_EXTENSIONS", "MAX_FILE_BYTES", "ImageDecodeError",
            "check_root", "short_sides", "load_rgb", "load_square_u8", "PhotoInfo", "photo_info", "open_regular",
            "read_image_bytes", "Scan", "scan_photos", "scan_images", "missing_support", "readable_extensions",
-           "enable_formats", "square_u8"]
+           "enable_formats", "square_u8", "readable_formats"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +119,15 @@ def _pillow_avif() -> bool:
     from PIL import features
 
     return bool(features.check("avif"))
+
+
+def readable_formats() -> str:
+    """The photo formats this process decodes, for a message: "JPEG, PNG, WebP, GIF, BMP, TIFF, AVIF or HEIC"
+    (AVIF with a Pillow built with it, HEIC with the ``heic`` extra, RAW with the ``raw`` extra)."""
+    names = ["JPEG", "PNG", "WebP", "GIF", "BMP", "TIFF"]
+    names += ["AVIF"] * _pillow_avif() + ["HEIC"] * enable_formats()
+    names += ["RAW (DNG, CR2, NEF, ARW)"] * _has_module("rawpy")
+    return ", ".join(names[:-1]) + " or " + names[-1]
 
 
 def _fix(ext: str) -> str:
