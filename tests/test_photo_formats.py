@@ -632,3 +632,19 @@ def test_a_bad_date_is_echoed_in_60_characters_at_most():
     with pytest.raises(UserError) as e:
         taken_bound("2024-13-01" + "z" * 1000, False, "--taken-to")
     assert "--taken-to '2024-13-01zzz" in str(e.value) and len(str(e.value)) < 220
+
+
+def test_svg_drawings_are_counted_and_said_not_silently_left_out(tmp_path):
+    root = tmp_path / "photos"
+    (root / "icons").mkdir(parents=True)
+    Image.new("RGB", (40, 30), "red").save(root / "a.jpg")
+    svg = '<svg xmlns="http://www.w3.org/2000/svg" width="10" height="10"><rect width="10" height="10"/></svg>'
+    for name in ("icons/logo.svg", "icons/arrow.SVG", "map.svgz"):
+        (root / name).write_text(svg)
+    (root / "notes.txt").write_text("not a picture at all")
+    scan = scan_photos(root)
+    assert scan.files == ["a.jpg"] and scan.unsupported == {}
+    assert scan.unsupported_counts() == {".svg": 2, ".svgz": 1}
+    assert scan.notes() == ["2 .svg files skipped: vector drawings, not photos (export them as PNG to include them)",
+                            "1 .svgz file skipped: vector drawings, not photos (export them as PNG to include them)"]
+    assert scan_photos(root, exclude=[f"{root}/icons/**"]).unsupported_counts() == {".svgz": 1}  # excluded: unsaid

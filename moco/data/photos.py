@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 _PILLOW_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif"})
 HEIF_EXTENSIONS: frozenset[str] = frozenset({".heic", ".heif"})
 RAW_EXTENSIONS: frozenset[str] = frozenset({".dng", ".cr2", ".nef", ".arw"})
+NOT_PHOTOS = {ext: "vector drawings, not photos (export them as PNG to include them)" for ext in (".svg", ".svgz")}
 """Camera RAW files, developed by rawpy (LibRaw): the ``raw`` extra."""
 IMAGE_EXTENSIONS: frozenset[str] = _PILLOW_EXTENSIONS | HEIF_EXTENSIONS | {".avif"} | RAW_EXTENSIONS
 """Lower-case file extensions of photos (matched case-insensitively); those whose decoder is missing are counted
@@ -131,7 +132,9 @@ def readable_formats() -> str:
 
 
 def _fix(ext: str) -> str:
-    """What to install so that photos with extension ``ext`` can be read."""
+    """What to install so that photos with extension ``ext`` can be read (or do, for :data:`NOT_PHOTOS`)."""
+    if ext in NOT_PHOTOS:
+        return NOT_PHOTOS[ext]
     if ext in HEIF_EXTENSIONS:
         return "pip install 'moco-retrieval[heic]'"
     if ext in RAW_EXTENSIONS:
@@ -187,10 +190,12 @@ class Scan:
     excluded: int = 0
     excludes: tuple[str, ...] = ()
     unused: list[str] = field(default_factory=list)
+    not_photos: dict[str, int] = field(default_factory=dict)  # extension -> files of a picture format never read
 
     def unsupported_counts(self) -> dict[str, int]:
-        """Extension -> how many of its files were skipped for a missing package."""
-        return {ext: len(paths) for ext, paths in sorted(self.unsupported.items())}
+        """Extension -> how many of its files were skipped: for a missing package, or as pictures that are no photos
+        (:data:`NOT_PHOTOS`)."""
+        return dict(sorted({**self.not_photos, **{ext: len(paths) for ext, paths in self.unsupported.items()}}.items()))
 
     def notes(self) -> list[str]:
         """One line per format skipped, with the fix (:func:`skipped_notes`)."""
@@ -216,6 +221,7 @@ def scan_photos(root: str | Path, exclude: Iterable[str] | Excludes = ()) -> Sca
     readable = readable_extensions()
     found: list[str] = []
     unsupported: dict[str, list[str]] = collections.defaultdict(list)
+    not_photos: collections.Counter[str] = collections.Counter()
     ignored = excluded = 0
 
     def _on_error(err: OSError) -> None:
@@ -236,10 +242,12 @@ def scan_photos(root: str | Path, exclude: Iterable[str] | Excludes = ()) -> Sca
             if name.startswith("."):
                 continue
             ext = os.path.splitext(name)[1].lower()
+            rel = (rel_dir / name).as_posix()
             if ext not in IMAGE_EXTENSIONS:
+                if ext in NOT_PHOTOS and not (rules and rules.file(rel)):
+                    not_photos[ext] += 1  # a picture, but never a photo: said in the notes, not silently left out
                 ignored += 1
                 continue
-            rel = (rel_dir / name).as_posix()
             if rules and rules.file(rel):
                 excluded += 1
             elif ext in readable:
@@ -251,7 +259,7 @@ def scan_photos(root: str | Path, exclude: Iterable[str] | Excludes = ()) -> Sca
     found.sort()
     for paths in unsupported.values():
         paths.sort()
-    return Scan(base, found, dict(unsupported), excluded, rules.patterns, rules.unused())
+    return Scan(base, found, dict(unsupported), excluded, rules.patterns, rules.unused(), dict(not_photos))
 
 
 def scan_images(root: str | Path, exclude: Iterable[str] = ()) -> list[str]:
