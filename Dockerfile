@@ -2,7 +2,7 @@
 #
 #   GPU (default):  docker build -t moco-retrieval .
 #                   docker run --gpus all -v ~/Pictures:/photos:ro -v moco-work:/work -p 7860:7860 \
-#                       -e MOCO_AUTH=alice:long-secret moco-retrieval
+#                       --env-file moco.env moco-retrieval   (moco.env: MOCO_AUTH=alice:long-secret, chmod 600)
 #   CPU:            docker build --build-arg VARIANT=cpu [--build-arg TORCH_INDEX=URL] -t moco-retrieval:cpu .
 #                   docker run -v ~/Pictures:/photos:ro -v moco-work:/work -p 7860:7860 moco-retrieval:cpu
 #                   (TORCH_INDEX: PyTorch's CPU wheel index, for torch's CPU build: about 4.5 GB less; see the README)

@@ -48,7 +48,7 @@ EXCEPTIONS = {
     "make install CPU=1 TORCH_INDEX=URL": "PyTorch's CPU wheel index (URL) is not reachable here; the Makefile's "
                                           "CPU=1 path is read by tests/test_install.py",
     "docker build -t moco-retrieval .": "docker: builds an image from a CUDA base image (internet, a docker daemon)",
-    "docker run --gpus all -v ~/Pictures:/photos:ro -v moco-work:/work -p 7860:7860 -e MOCO_AUTH=alice:secret "
+    "docker run --gpus all -v ~/Pictures:/photos:ro -v moco-work:/work -p 7860:7860 --env-file moco.env "
     "moco-retrieval": "docker and a GPU (--gpus all), on the image of the line above",
     "torchrun --nnodes=2 --node_rank=0 --master_addr=HOST --nproc_per_node=8 -m moco.training ...": "a second machine "
     "(multi-node; `...` stands for the flags of the line above, which runs)",
@@ -75,7 +75,7 @@ PYTHON_SUBSTITUTIONS = {"max_steps=200": "max_steps=2", "batch_size=64": "batch_
 #   Pictures/               30 generated photos of 32 px in family sub-folders, 6 of them under trips/2024/
 #   runs/default/sample/photos/   the sample, small: 24 photos of 32 px where `make run` keeps it (instead of 240
 #                           of 96 px that it would generate), so `make run` trains on it
-#   query.jpg, a.jpg, b.png  photos the examples name
+#   query.jpg, a.jpg, b.png  photos the examples name; login.txt, the login of --auth-file (alice:long-secret)
 # and $MOCO_HOME is its own, with MOCO_PRETRAINED_URL at a port nothing listens on: the machine is offline, and the
 # README says that `make run PHOTOS=...` then trains from scratch, saying why.
 
@@ -150,6 +150,8 @@ def make_workspace(root: Path) -> Workspace:
     shutil.copy(photos[1], root / "a.jpg")
     png = sorted((root / "Pictures").rglob("*.png"))
     shutil.copy(png[0] if png else photos[2], root / "b.png")
+    (root / "login.txt").write_text("alice:long-secret\n")  # a login kept off the command line
+    (root / "login.txt").chmod(0o600)
     env = dict(os.environ, HOME=str(root), MOCO_HOME=str(root / ".moco-home"), PYTHONPATH=str(ROOT),
                MOCO_PRETRAINED_URL=f"http://127.0.0.1:{_free_port()}")
     env.pop("XDG_CACHE_HOME", None)

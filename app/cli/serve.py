@@ -43,8 +43,12 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
                    "(repeat or separate with commas; '*': any). Default: localhost, IP addresses and the --host "
                    "name; a request for another name gets 403 (against DNS rebinding)")
     p.add_argument("--port", type=int, default=7860)
-    p.add_argument("--auth", default=os.environ.get("MOCO_AUTH"), metavar="USER:PASS",
-                   help="require this login (default: $MOCO_AUTH)")
+    p.add_argument("--auth", default=os.environ.get("MOCO_AUTH"), metavar="USER:PASS", action=_OnCommandLine,
+                   help="require this login (default: $MOCO_AUTH). On the command line every user of this machine "
+                   "can read it (ps): prefer --auth-file or $MOCO_AUTH")
+    p.add_argument("--auth-file", default=os.environ.get("MOCO_AUTH_FILE"), metavar="FILE",
+                   help="read the login from FILE's first line, USER:PASS (default: $MOCO_AUTH_FILE; a Docker or "
+                   "systemd secret)")
     p.add_argument("--device", default="auto", help="embedding device (default: auto)")
     p.add_argument("--trusted-proxy", action="append", default=[], metavar="ADDR",
                    help="a reverse proxy in front of this server (address or network; repeat or separate with "
@@ -58,11 +62,13 @@ def _serve_arguments(p: argparse.ArgumentParser) -> None:
                    "(default: half the files the process may still open when it starts, at most 1000)")
     api = p.add_argument_group("JSON API", "served beside the page at /api/v1 (docs: /api/v1/docs), with the "
                                "page's --auth")
-    api.add_argument("--api-token", default=os.environ.get("MOCO_API_TOKEN"), metavar="TOKEN",
+    api.add_argument("--api-token", default=os.environ.get("MOCO_API_TOKEN"), metavar="TOKEN", action=_OnCommandLine,
                      help="programs may also call the server with `Authorization: Bearer TOKEN` (at least 16 "
-                     "characters; default: $MOCO_API_TOKEN). With it every route (the page too) needs the token or "
-                     "the --auth login, even without --auth: browsers log in with the user name `token` and TOKEN "
-                     "as the password")
+                     "characters; default: $MOCO_API_TOKEN; prefer --api-token-file to the command line). With it "
+                     "every route (the page too) needs the token or the --auth login, even without --auth: browsers "
+                     "log in with the user name `token` and TOKEN as the password")
+    api.add_argument("--api-token-file", default=os.environ.get("MOCO_API_TOKEN_FILE"), metavar="FILE",
+                     help="read the token from FILE's first line (default: $MOCO_API_TOKEN_FILE)")
     api.add_argument("--api-cors-origin", action="append", default=[], metavar="ORIGIN",
                      help="another site's web page that may call this server (the API, the page's routes) from a "
                      "browser, as scheme://host[:port] (repeat or separate with commas). Default: none, only the "
@@ -99,10 +105,56 @@ def _limits(args: argparse.Namespace) -> object:
     return ConnectionLimits(args.request_timeout, args.max_connections)
 
 
+class _OnCommandLine(argparse.Action):
+    """A secret's flag: its value, and that it was given on the command line (``args.on_command_line``), where every
+    user of the machine can read it."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, values)
+        namespace.on_command_line = [*getattr(namespace, "on_command_line", []), option_string]
+
+
+def read_secret(path: str, flag: str) -> str:
+    """The first line of a secret's file (``--auth-file``, ``--api-token-file``), its line end stripped; a
+    :class:`UserError` naming the file and the fix when it cannot be read or is empty. A file other users may read
+    is used, with a warning."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline().rstrip("\r\n")
+        mode = os.stat(path).st_mode
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{flag} {path}: cannot read it ({getattr(e, 'strerror', None) or e}): give a readable "
+                        "file whose first line is the secret") from None
+    if not first.strip():
+        raise UserError(f"{flag} {path}: its first line is empty: write the secret on it")
+    if mode & 0o077:
+        print(f"WARNING: {flag} {path} can be read by other users (mode {mode & 0o777:o}): chmod 600 {path}",
+              file=sys.stderr)
+    return first
+
+
+def _secrets_from_files(args: argparse.Namespace) -> None:
+    """``--auth-file`` and ``--api-token-file`` read into ``args.auth`` and ``args.api_token`` (one source each: a
+    file given with its flag's value too is an error); a secret given on the command line is used, with a warning."""
+    given = getattr(args, "on_command_line", [])
+    for flag, attr, file_attr, env in (("--auth", "auth", "auth_file", "MOCO_AUTH"),
+                                       ("--api-token", "api_token", "api_token_file", "MOCO_API_TOKEN")):
+        path = getattr(args, file_attr, None)
+        if path:
+            if getattr(args, attr):
+                raise UserError(f"{flag} and {flag}-file both give the secret (${env} counts as {flag}): keep one")
+            setattr(args, attr, read_secret(path, f"{flag}-file"))
+        elif flag in given:
+            print(f"WARNING: {flag} on the command line can be read by every user of this machine (ps, /proc): put "
+                  f"it in a file only you can read and pass {flag}-file FILE, or set ${env}", file=sys.stderr)
+
+
 def _check_serve_arguments(args: argparse.Namespace) -> tuple[str, str] | None:
     from app.guard.access import parse_trusted_proxies
 
     args.trusted_proxy = parse_trusted_proxies(args.trusted_proxy)
+    _secrets_from_files(args)
     auth = None
     if args.auth:
         user, sep, password = args.auth.partition(":")
