@@ -303,6 +303,23 @@ class Embedder:
             vectors = center(vectors, mean) if normalize else vectors - np.asarray(mean, np.float32)
         return torch.from_numpy(vectors) if output == "torch" else vectors
 
+    def encode(self, images: Sequence[ImageLike] | ImageLike, batch_size: int = 32,
+               show_progress_bar: bool | None = None, convert_to_numpy: bool = True, convert_to_tensor: bool = False,
+               normalize_embeddings: bool = True) -> np.ndarray | torch.Tensor | list[torch.Tensor]:
+        """:meth:`embed` under sentence-transformers' names, for code written against ``SentenceTransformer.encode``:
+        one image in, one vector out (D); a list in, N x D. ``convert_to_tensor``: a torch tensor (before
+        ``convert_to_numpy``); neither: a list of tensors. Unlike sentence-transformers, ``normalize_embeddings``
+        is True by default: the index and its searches are in the cosine space of unit vectors."""
+        one = isinstance(images, (str, Path, Image.Image)) or (
+            isinstance(images, (np.ndarray, torch.Tensor)) and images.ndim in (2, 3))
+        vectors = self.embed(images, batch_size=batch_size, normalize=normalize_embeddings, output="torch",
+                             progress=bool(show_progress_bar))  # N x D
+        if convert_to_tensor:
+            return vectors[0] if one else vectors
+        if convert_to_numpy:
+            return vectors[0].numpy() if one else vectors.numpy()
+        return vectors[0] if one else list(vectors)
+
     def embed_folder(
         self, root: str | Path, batch_size: int = 64, workers: int | None = None, progress: bool = True,
         files: Sequence[str] | None = None, decoder: str = "auto", exclude: Sequence[str] = (),

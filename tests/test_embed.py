@@ -94,3 +94,21 @@ def test_batched_torchvision_jpeg_decode_matches_pil(embedder, tmp_path):
     assert [f[0] for b in batches for f in b[2]] == ["broken.jpg"]
     for p in pil:  # different resampling code, same picture
         assert float(pil[p] @ tv[p]) > 0.99
+
+
+def test_encode_is_embed_under_sentence_transformers_names(embedder, tmp_path):
+    arrs = [_image(1), _image(2, 40, 40)]
+    path = tmp_path / "b.png"
+    Image.fromarray(arrs[0]).save(path)
+    ref = embedder.embed(arrs)  # 2 x D, unit vectors
+    one = embedder.encode(str(path))  # one image in: one vector out, as SentenceTransformer.encode("a sentence")
+    assert one.shape == (512,) and np.abs(one - ref[0]).max() < 1e-6
+    many = embedder.encode(arrs, batch_size=1, show_progress_bar=False)
+    assert isinstance(many, np.ndarray) and many.shape == (2, 512) and np.abs(many - ref).max() < 1e-6
+    t = embedder.encode(arrs, convert_to_tensor=True)
+    assert isinstance(t, torch.Tensor) and t.shape == (2, 512) and torch.allclose(t, torch.from_numpy(ref), atol=1e-6)
+    listed = embedder.encode(arrs, convert_to_numpy=False)
+    assert isinstance(listed, list) and [v.shape for v in listed] == [(512,), (512,)]
+    raw = embedder.encode(arrs, normalize_embeddings=False)
+    assert np.abs(raw - embedder.embed(arrs, normalize=False)).max() < 1e-6
+    assert not np.allclose(np.linalg.norm(raw, axis=1), 1.0)  # not normalized when asked not to
