@@ -513,3 +513,23 @@ def test_two_servers_on_one_index_keep_answering_through_an_update(backbone, tmp
     assert all(a > s for a, s in zip(answered, seen)), (answered, seen)  # both answered during the update
     for log in logs:  # each server's startup heap was out of the collector's way (app/heap.py) while it served
         assert "app.server.heap: heap frozen: " in log.read_text(), log.read_text()[-2000:]
+
+
+def test_embed_returns_the_embedders_vector_and_a_search_with_it_is_the_photos(http, idx, backbone, sample_photos):
+    import numpy as np
+
+    from moco.embed import Embedder
+
+    q = _query(sample_photos, 5)
+    r = http.post("/embed", files={"image": (q.name, q.read_bytes())})
+    assert r.status_code == 200, r.text
+    got = np.asarray(r.json()["vector"], np.float32)  # D
+    ref = Embedder.load(backbone, device="cpu", space=idx).embed([q])[0]  # D: the library's, in the index's space
+    assert r.json()["dim"] == len(ref) == len(got)
+    assert float(got @ ref) / float(np.linalg.norm(got) * np.linalg.norm(ref)) >= 0.9999
+    by_vector = http.post("/search/multi", json={"vector": got.tolist(), "k": 6, "include_queries": True}).json()
+    by_photo = _upload(http, q, k=6, include_queries=True).json()
+    assert [h["id"] for h in by_vector["results"]] == [h["id"] for h in by_photo["results"]]
+    bad = http.post("/embed", files={"image": ("notes.jpg", b"\xff\xd8\xff not an image")})
+    assert bad.status_code == 400 and "notes.jpg" in bad.json()["detail"]
+    assert httpx.post(str(http.base_url) + "/embed", files={"image": (q.name, q.read_bytes())}).status_code == 401

@@ -73,6 +73,15 @@ class SearchResponse(BaseModel):
     took_ms: float = Field(description="time in the server, decoding and queueing included")
 
 
+class EmbedResponse(BaseModel):
+    """A photo's vector in the index's space."""
+
+    vector: list[float] = Field(description="unit length, in the index's space: what `Embedder.load(B, "
+                                "space=IDX).embed` gives; /search/multi takes it as `vector`")
+    dim: int = Field(description="its length")
+    took_ms: float = Field(description="time in the server, decoding and queueing included")
+
+
 def _one_of(*names: str) -> dict:
     """A schema rule: at least one of the list fields ``names`` given, with an item."""
     return {"anyOf": [{"required": [n], "properties": {n: {"minItems": 1}}} for n in names]}

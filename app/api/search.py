@@ -1,5 +1,6 @@
 """The JSON API's searches: ``POST /search`` (an uploaded image), ``/search/base64``, ``/search/multi`` (several
-photos, or a vector) and ``GET /photos/{id}/similar`` (an indexed photo). Each checks its values once into a
+photos, or a vector) and ``GET /photos/{id}/similar`` (an indexed photo); and ``POST /embed``, a photo's vector.
+Each checks its values once into a
 :class:`~app.search.scope.Scope` (:class:`~app.api.state.Filters`), then writes
 :class:`~app.search.service.SearchService`'s answer as JSON."""
 
@@ -24,6 +25,7 @@ from app.api.models import (
     TAKEN_FROM_FIELD,
     TAKEN_TO_FIELD,
     Base64Query,
+    EmbedResponse,
     Hit,
     MultiQuery,
     SearchResponse,
@@ -94,6 +96,17 @@ def search_router(api: Api) -> APIRouter:
         scope = filters.check(api.search, k)
         return _response(await api.search.search_image(data, _safe_name(image.filename or "upload"), scope, offset,
                                                            deduplicate, include_queries), filters)
+
+    @router.post("/embed", response_model=EmbedResponse, responses=ERRORS,
+                 summary="A photo's vector in the index's space",
+                 openapi_extra={"requestBody": {"content": {"multipart/form-data": {
+                     "encoding": {"image": {"contentType": IMAGE_TYPES}}}}}})
+    async def embed(image: UploadFile = File(description="the photo", json_schema_extra={"minLength": 1})
+                    ) -> EmbedResponse:
+        """An uploaded photo's vector (multipart/form-data), as the index's searches make it: the same as
+        `Embedder.load(backbone, space=IDX).embed`, embedded in a batch with the searches."""
+        vector, took = await api.search.embed_image(await image.read(), _safe_name(image.filename or "upload"))
+        return EmbedResponse(vector=vector.tolist(), dim=len(vector), took_ms=took)
 
     @router.post("/search/base64", response_model=SearchResponse, responses=ERRORS,
                  summary="Search by an image sent as base64 in JSON")

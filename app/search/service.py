@@ -200,6 +200,17 @@ class SearchService:
             vector, embed_ms = await self.batcher.submit(_Query(scope, image=decoded, embed_only=True))
         return vector, embed_ms, twins
 
+    async def embed_image(self, data: bytes, name: str) -> tuple[np.ndarray, float]:
+        """An uploaded image's vector in the index's space (D: what ``Embedder.load(B, space=IDX)`` gives, and what a
+        search with it uses), embedded in a batch with the searches, and the time in the server (ms)."""
+        scope = self.check(1)
+        t0 = time.perf_counter()
+        async with self.batcher.admit():
+            loop = asyncio.get_running_loop()
+            image = await loop.run_in_executor(self._decode, self._read, data, name)
+            vector, _ = await self.batcher.submit(_Query(scope, image=image, embed_only=True))  # D: the model's
+        return scope.index.center(vector[None])[0], (time.perf_counter() - t0) * 1000  # D: the index's space
+
     async def search_id(self, image_id: int, scope: Scope, offset: int = 0, deduplicate: bool = False,
                         include_queries: bool = False) -> Found:
         """An indexed photo's results, from its stored vector (nothing decoded or embedded); the photo itself left
