@@ -533,3 +533,41 @@ def test_embed_returns_the_embedders_vector_and_a_search_with_it_is_the_photos(h
     bad = http.post("/embed", files={"image": ("notes.jpg", b"\xff\xd8\xff not an image")})
     assert bad.status_code == 400 and "notes.jpg" in bad.json()["detail"]
     assert httpx.post(str(http.base_url) + "/embed", files={"image": (q.name, q.read_bytes())}).status_code == 401
+
+
+def _clip_client_body(indice_name: str, num_images: int, **query) -> str:
+    """A request as clip-retrieval's ClipClient sends it: every field, unused ones null, JSON text with no
+    content-type (``requests.post(url, data=json.dumps(...))``)."""
+    body = {"text": None, "image": None, "image_url": None, "embedding_input": None, "deduplicate": True,
+            "use_safety_model": True, "use_violence_detector": True, "indice_name": indice_name, "use_mclip": False,
+            "aesthetic_score": 9, "aesthetic_weight": 0.5, "modality": "image", "num_images": num_images,
+            "num_result_ids": num_images, "verbose": False}
+    return json.dumps(body | query)
+
+
+def test_a_clip_retrieval_client_searches_by_image_and_by_embedding(http, idx, sample_photos):
+    names = http.get("/indices-list").json()
+    assert names == [idx.name]
+    q = _query(sample_photos, 4)
+    image = base64.b64encode(q.read_bytes()).decode()
+    r = http.post("/knn-service", content=_clip_client_body(names[0], 5, image=image))
+    assert r.status_code == 200, r.text
+    got = r.json()
+    ours = _upload(http, q, k=5, deduplicate=True, include_queries=True).json()["results"]
+    assert [(h["id"], h["image_path"]) for h in got] == [(h["id"], h["path"]) for h in ours]
+    assert [round(h["similarity"], 5) for h in got] == [round(h["score"], 5) for h in ours]
+    assert got[0]["url"].endswith(f"/api/v1/photos/{got[0]['id']}/thumbnail")
+    assert http.get(got[0]["url"]).status_code == 200  # the thumbnail a front shows
+    vector = http.post("/embed", files={"image": (q.name, q.read_bytes())}).json()["vector"]
+    by_vector = http.post("/knn-service", content=_clip_client_body(names[0], 5, embedding_input=vector)).json()
+    assert [h["id"] for h in by_vector] == [h["id"] for h in got]
+    for fields, status, words in [({"text": "a cat"}, 400, "no text encoder"),
+                                  ({"image_url": "http://example.com/a.jpg"}, 400, "fetches no URL"),
+                                  ({"image": image, "modality": "text"}, 400, "image embeddings only"),
+                                  ({}, 400, "one of image (base64) and embedding_input"),
+                                  ({"image": image, "indice_name": "laion5B"}, 404, f"'{idx.name}'"),
+                                  ({"image": "not base64!"}, 400, "not base64")]:
+        r = http.post("/knn-service", content=_clip_client_body(fields.pop("indice_name", names[0]), 5, **fields))
+        assert r.status_code == status and words in r.json()["detail"], (fields, r.text)
+    r = http.post("/knn-service", content=b"{not json")
+    assert r.status_code == 400 and "send clip-retrieval's JSON" in r.json()["detail"]

@@ -1,8 +1,8 @@
 """The JSON API beside the page: ``/api/v1/...`` on the FastAPI app Gradio runs on, same port, same process.
 
 One router per resource (:mod:`app.api.search`, :mod:`app.api.photos`, :mod:`app.api.duplicates`,
-:mod:`app.api.collection`), every route answered through :func:`app.api.errors.guarded_route`, from the
-:class:`app.api.state.Api` it is given.
+:mod:`app.api.collection`, :mod:`app.api.knn` for clip-retrieval's clients), every route answered through
+:func:`app.api.errors.guarded_route`, from the :class:`app.api.state.Api` it is given.
 
 Routes (typed request and response models; the schema at ``/api/v1/openapi.json``, a docs page at ``/api/v1/docs``
 that needs nothing from the internet):
@@ -17,6 +17,9 @@ that needs nothing from the internet):
     GET  /api/v1/photos/{id}/similar       an indexed photo as the query (its stored vector): k, folder,
                                            exclude_folders, taken_from, taken_to, offset, deduplicate,
                                            include_queries
+    POST /api/v1/embed                     multipart: image: its vector in the index's space
+    POST /api/v1/knn-service               clip-retrieval's search (image base64 or embedding_input, num_images);
+    GET  /api/v1/indices-list              and its list of indexes (this one): for ClipClient and clip-front
     GET  /api/v1/photos/{id}/thumbnail     the thumbnail the page shows (JPEG)
     GET  /api/v1/photos/{id}/original      the original, under the page's rules (indexed, inside the collection,
                                            a regular file, at most MAX_ORIGINAL_BYTES)
@@ -65,6 +68,7 @@ from app.api.collection import collection_router
 from app.api.docs import docs_html
 from app.api.duplicates import duplicates_router
 from app.api.errors import guarded_route
+from app.api.knn import knn_router
 from app.api.photos import photos_router
 from app.api.search import search_router
 from app.api.state import Api
@@ -77,7 +81,7 @@ def api_routes(api: Api) -> list[Any]:
     """The API's routes (to put in the FastAPI app's routes): each resource's router's, then the schema and the docs
     page."""
     routes = [route for router in (search_router(api), photos_router(api), duplicates_router(api),
-                                   collection_router(api)) for route in router.routes]
+                                   collection_router(api), knn_router(api)) for route in router.routes]
     schema: dict[str, Any] = {}
 
     def openapi_schema() -> dict[str, Any]:

@@ -38,7 +38,7 @@ from index.catalog import taken_text
 from index.search.query import check_query_vector
 from moco.errors import UserError
 
-__all__ = ["search_router"]
+__all__ = ["search_router", "base64_bytes"]
 
 
 def _response(found: Found, filters: Filters) -> SearchResponse:
@@ -57,7 +57,7 @@ def _response(found: Found, filters: Filters) -> SearchResponse:
                           images=len(index), took_ms=found.took_ms)
 
 
-def _base64(text: str, what: str) -> bytes:
+def base64_bytes(text: str, what: str) -> bytes:
     """The bytes of a base64 field, or the UserError (400) naming ``what`` and how to encode a file."""
     try:
         return base64.b64decode(text, validate=True)
@@ -113,7 +113,7 @@ def search_router(api: Api) -> APIRouter:
     async def search_base64(query: Base64Query) -> SearchResponse:
         """The same search with the image's bytes as base64 in a JSON body (the indexed files with those bytes left
         out unless `include_queries`)."""
-        data = _base64(query.image_base64, _safe_name(query.filename))
+        data = base64_bytes(query.image_base64, _safe_name(query.filename))
         filters = Filters(query.folder, tuple(query.exclude_folders), query.taken_from, query.taken_to)
         scope = filters.check(api.search, query.k)
         return _response(await api.search.search_image(data, _safe_name(query.filename), scope, query.offset,
@@ -130,8 +130,9 @@ def search_router(api: Api) -> APIRouter:
         alone = not (query.images or query.ids or query.not_images or query.not_ids)  # a vector is a whole query
         vector = None if query.vector is None else check_query_vector(query.vector, scope.index.dim) if alone else \
             np.asarray(query.vector, np.float32)  # D
-        photos = {side: [(_base64(q.image_base64, f"{side}[{n}] ({_safe_name(q.filename)})"), _safe_name(q.filename))
-                         for n, q in enumerate(getattr(query, side))] for side in ("images", "not_images")}
+        photos = {side: [(base64_bytes(q.image_base64, f"{side}[{n}] ({_safe_name(q.filename)})"),
+                          _safe_name(q.filename)) for n, q in enumerate(getattr(query, side))]
+                  for side in ("images", "not_images")}
         several = Several(photos["images"], list(query.ids), photos["not_images"], list(query.not_ids), vector)
         return _response(await api.search.search_several(several, scope, query.offset, query.deduplicate,
                                                              query.include_queries), filters)
