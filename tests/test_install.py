@@ -8,6 +8,7 @@ not installed), then runs the real CLI or library code.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -165,6 +166,29 @@ def test_index_commands_without_faiss_name_the_index_extra(index_dir, sample_pho
     assert r.returncode == 2, r.stderr
     assert 'pip install "moco-retrieval[index]"' in r.stderr and "Traceback" not in r.stderr
     assert not new.exists() and _files(index_dir) == before  # failed before writing anything
+
+
+def test_two_faiss_builds_in_one_environment_are_refused_naming_both(index_dir, tmp_path):
+    """`.[all,gpu]` installs faiss-cpu and faiss-gpu (extras only add): the index commands notice both, by the
+    environment's own package metadata (a faiss-gpu dist-info beside this environment's faiss-cpu), before any work."""
+    import importlib.metadata
+
+    cpu = importlib.metadata.version("faiss-cpu")
+    extra = tmp_path / "site"
+    info = extra / "faiss_gpu-1.15.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: faiss-gpu\nVersion: 1.15.1\n")
+    before = _files(index_dir)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(extra)])}
+    r = subprocess.run([sys.executable, "-m", "app.cli", "index", "stats", str(index_dir), "--json"], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 2, r.stderr
+    assert f"two FAISS builds are installed here (faiss-cpu {cpu}, faiss-gpu 1.15.1)" in r.stderr
+    assert "pip uninstall -y faiss-gpu" in r.stderr and "Traceback" not in r.stderr
+    assert _files(index_dir) == before
+    r = subprocess.run([sys.executable, "-m", "app.cli", "index", "stats", str(index_dir), "--json"], cwd=ROOT,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr  # one build: as before
 
 
 def _install_sets() -> dict[str, str]:

@@ -25,6 +25,7 @@ their own id removed from the answers) or on stored ones.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -44,17 +45,44 @@ except ModuleNotFoundError as _e:  # the `index` extra is missing: this module s
         raise
     faiss = None
 
-__all__ = ["VectorStore", "choose_kind", "factory_for", "require_faiss", "KINDS", "EXACT_UP_TO", "gpu_count",
-           "tune_store", "Tuning", "exact_topk", "few_topk", "recall_at"]
+__all__ = ["VectorStore", "choose_kind", "factory_for", "require_faiss", "installed_faiss", "KINDS", "EXACT_UP_TO",
+           "gpu_count", "tune_store", "Tuning", "exact_topk", "few_topk", "recall_at"]
 
 logger = logging.getLogger(__name__)
 
 
+FAISS_DISTRIBUTIONS = ("faiss-cpu", "faiss-gpu", "faiss-gpu-cu12", "faiss-gpu-cu11")  # each ships `faiss`
+
+
+@functools.cache
+def installed_faiss() -> tuple[str, ...]:
+    """The FAISS distributions installed in this environment, as "name version"."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = []
+    for name in FAISS_DISTRIBUTIONS:
+        try:
+            found.append(f"{name} {version(name)}")
+        except PackageNotFoundError:
+            continue
+    return tuple(found)
+
+
 def require_faiss() -> Any:
-    """The ``faiss`` module; a UserError naming the extra to install when it is missing (call before any work)."""
+    """The ``faiss`` module; a UserError naming the extra to install when it is missing, or both builds and the fix
+    when two are installed (they ship the same module: the files of the one installed last replaced the other's, so
+    the module may be neither) (call before any work)."""
     if faiss is None:
         raise UserError('FAISS is not installed, and the index needs it: pip install "moco-retrieval[index]" '
                         '(faiss-cpu; on a CUDA machine "moco-retrieval[gpu]" for faiss-gpu instead)')
+    builds = installed_faiss()
+    if len(builds) > 1:
+        gpu = " ".join(b.split()[0] for b in builds if b.startswith("faiss-gpu"))
+        raise UserError(f"two FAISS builds are installed here ({', '.join(builds)}), and both ship the same `faiss` "
+                        f"module: keep one, then install it again over what the other overwrote. On the CPU: pip "
+                        f"uninstall -y {gpu} && pip install --force-reinstall faiss-cpu; with a GPU: pip uninstall -y "
+                        f"faiss-cpu && pip install --force-reinstall {gpu.split()[0]} (extras: [index] or [gpu], not "
+                        "both; [all] includes [index])")
     return faiss
 
 KINDS = ("auto", "flat", "ivf", "ivfpq", "hnsw")
