@@ -3,6 +3,7 @@
 #   GPU (default):  docker build -t moco-retrieval .
 #                   docker run --gpus all -v ~/Pictures:/photos:ro -v moco-work:/work -p 7860:7860 \
 #                       --env-file moco.env moco-retrieval   (moco.env: MOCO_AUTH=alice:long-secret, chmod 600)
+#   Compose:        PHOTOS=~/Pictures docker compose up -d   (compose.yaml: the same, the login from moco.env)
 #   CPU:            docker build --build-arg VARIANT=cpu [--build-arg TORCH_INDEX=URL] -t moco-retrieval:cpu .
 #                   docker run -v ~/Pictures:/photos:ro -v moco-work:/work -p 7860:7860 moco-retrieval:cpu
 #                   (TORCH_INDEX: PyTorch's CPU wheel index, for torch's CPU build: about 4.5 GB less; see the README)
@@ -38,14 +39,20 @@ COPY pyproject.toml README.md ./
 COPY moco ./moco
 COPY index ./index
 COPY app ./app
-# the page (ui), curves.png (plot) and one FAISS: faiss-gpu with its CUDA 12 libraries (gpu), or faiss-cpu (index);
-# this project itself, whose dependencies pyproject.toml bounds
+# the page (ui), curves.png (plot), iPhone and camera photos (heic, raw: the non-root user cannot add them later) and
+# one FAISS: faiss-gpu with its CUDA 12 libraries (gpu), or faiss-cpu (index); this project itself, whose
+# dependencies pyproject.toml bounds
 # hadolint ignore=DL3013
-RUN if [ "$VARIANT" = gpu ]; then pip install "./[gpu,ui,plot]"; else pip install "./[index,ui,plot]"; fi \
+RUN if [ "$VARIANT" = gpu ]; then pip install "./[gpu,ui,plot,heic,raw]"; \
+    else pip install "./[index,ui,plot,heic,raw]"; fi \
     && useradd --create-home --uid 1000 moco \
     && mkdir -p /work /photos && chown moco /work
 USER 1000
 VOLUME ["/work"]
 EXPOSE 7860
+# alive while the server answers on its port (a 401 of the login counts: it answered); `moco run` serves the page
+# from its first minute, before training ends
+HEALTHCHECK --interval=30s --timeout=10s --start-period=120s --retries=3 CMD ["python3", "-c", \
+    "import sys, urllib.request as r, urllib.error as e\ntry: r.urlopen('http://127.0.0.1:7860/', timeout=8)\nexcept e.HTTPError: pass\nexcept OSError: sys.exit(1)"]
 ENTRYPOINT ["moco"]
 CMD ["run", "/photos", "--work", "/work", "--host", "0.0.0.0", "--port", "7860"]

@@ -19,7 +19,53 @@ def test_hadolint_passes():
 def test_dockerfile_runs_the_pipeline_and_never_installs_both_faiss():
     text = (ROOT / "Dockerfile").read_text()
     assert 'CMD ["run", "/photos", "--work", "/work", "--host", "0.0.0.0"' in text
-    assert "[gpu,ui,plot]" in text and "[index,ui,plot]" in text and "pip uninstall" not in text  # one FAISS each
+    assert "[gpu,ui,plot,heic,raw]" in text and "[index,ui,plot,heic,raw]" in text  # iPhone and camera photos too
+    assert "pip uninstall" not in text  # one FAISS each
     assert "USER 1000" in text and "EXPOSE 7860" in text
     ignored = (ROOT / ".dockerignore").read_text().split()
     assert {".git", ".venv", "runs", "*.pt"} <= set(ignored)
+
+
+def test_the_image_has_a_healthcheck_that_counts_a_login_page_as_alive():
+    """The HEALTHCHECK's own command, run here against a real HTTP server that answers 401 (the login), then
+    against a closed port: alive, then not."""
+    import json
+    import re
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    text = (ROOT / "Dockerfile").read_text()
+    m = re.search(r"^HEALTHCHECK (.*?)CMD (\[.*?\])$", text.replace("\\\n", ""), re.M | re.S)
+    assert m and "--start-period" in m.group(1)
+    command = json.loads(m.group(2))
+    assert command[:2] == ["python3", "-c"]
+
+    class Login(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(401)
+            self.end_headers()
+
+        def log_message(self, *args):
+            return None
+
+    server = HTTPServer(("127.0.0.1", 0), Login)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        code = command[2].replace("7860", str(server.server_port))
+        assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 1  # nothing listens now
+
+
+def test_compose_mounts_the_photos_read_only_and_takes_the_login_from_an_env_file():
+    import yaml
+
+    doc = yaml.safe_load((ROOT / "compose.yaml").read_text())
+    moco = doc["services"]["moco"]
+    photos = [v for v in moco["volumes"] if v.endswith(":/photos:ro")]
+    assert len(photos) == 1 and "moco-work:/work" in moco["volumes"] and "moco-work" in doc["volumes"]
+    assert moco["env_file"][0]["path"] == "moco.env" and "environment" not in moco  # no secret in the file itself
+    assert moco["build"]["context"] == "." and all(p.startswith("127.0.0.1:") for p in moco["ports"])

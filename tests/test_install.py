@@ -203,7 +203,7 @@ def _install_sets() -> dict[str, str]:
 
 def test_images_and_make_install_the_extras_they_run():
     sets = _install_sets()
-    assert sets["docker GPU"] == "gpu,ui,plot" and sets["docker CPU"] == "index,ui,plot"  # `moco run`: curves, serve
+    assert sets["docker GPU"] == "gpu,ui,plot,heic,raw" and sets["docker CPU"] == "index,ui,plot,heic,raw"  # iPhones
     assert sets["make install"] == "all,dev"  # make run / make test get everything
     assert set(sets["make install GPU=1"].split(",")) == {"gpu", "ui", "plot", "tensorboard", "onnx", "parquet", "heic",
                                                           "raw", "dev"}
