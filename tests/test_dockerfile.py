@@ -23,7 +23,8 @@ def test_dockerfile_runs_the_pipeline_and_never_installs_both_faiss():
     assert "pip uninstall" not in text  # one FAISS each
     assert "USER 1000" in text and "EXPOSE 7860" in text
     ignored = (ROOT / ".dockerignore").read_text().split()
-    assert {".git", ".venv", "runs", "*.pt"} <= set(ignored)
+    assert {".git", ".venv", "runs", "*.pt", "moco.env", "login.txt"} <= set(ignored)  # no secret in the image
+    assert {"moco.env", "login.txt"} <= set((ROOT / ".gitignore").read_text().split())  # nor in the repository
 
 
 def test_the_image_has_a_healthcheck_that_counts_a_login_page_as_alive():
