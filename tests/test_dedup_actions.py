@@ -406,6 +406,7 @@ def test_move_and_undo_through_the_cli(coll, capsys):
     back = json.loads(capsys.readouterr().out)
     assert sorted(d["to"] for d in back["done"]) == moving and back["updated"]
     assert set(_where(coll["before"], photos, dest).values()) == {"root"}
+    assert sorted(p.name for p in dest.rglob("*")) == [MARK_FILE]  # no empty inbox/ left behind; the mark stays
     assert _indexed(coll["idx"]) == set(coll["before"])
     assert sorted(sorted(m.path for m in g.members) for g in _groups(coll["idx"])) == sorted(
         map(sorted, coll["expected"].values()))  # the groups are back

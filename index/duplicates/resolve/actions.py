@@ -35,7 +35,7 @@ from index.catalog import display_path
 from index.duplicates.dedup import Search, find_group, load_duplicates, search_duplicates, write_duplicates
 from index.duplicates.groups import DEFAULT_KINDS, Group, SavedSearch
 from index.duplicates.keeper import CHOSEN
-from index.duplicates.resolve.journal import Entry, Journal, is_marked, mark_destination
+from index.duplicates.resolve.journal import MARK_FILE, Entry, Journal, is_marked, mark_destination
 from index.duplicates.resolve.transfer import TransferError, free_name, same_file, transfer
 from index.search.image_index import ImageIndex
 from index.search.index_dir import DEDUP_FILE, INDEX_ID_KEY
@@ -232,7 +232,22 @@ def _backward(index: ImageIndex, journal: Journal, e: Entry) -> dict[str, Any] |
             journal.set_state(e.seq, "failed", note=str(err))
         return {"group": e.group_id, "id": e.photo, "from": display_path(e.dest), "to": None, "reason": str(err)}
     journal.set_state(e.seq, "undone")
+    _prune(Path(e.dest).parent, len(Path(e.path).parts) - 1)
     return {"group": e.group_id, "id": e.photo, "from": display_path(e.dest), "to": display_path(back)}
+
+
+def _prune(folder: Path, levels: int) -> None:
+    """Remove ``folder`` and up to ``levels - 1`` of its parents while they are empty: the sub-folders a move made in
+    its destination (``DEST/a/b`` for ``ROOT/a/b/photo.jpg``), once an undo has put their photos back. The destination
+    folder itself stays (it holds its mark), and so does any folder holding a file."""
+    for _ in range(max(0, levels)):
+        if (folder / MARK_FILE).exists():
+            return
+        try:
+            folder.rmdir()  # an empty folder only
+        except OSError:
+            return
+        folder = folder.parent
 
 
 def _settle(index: ImageIndex, journal: Journal) -> int:
