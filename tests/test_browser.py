@@ -499,17 +499,26 @@ def test_review_a_page_of_groups_change_a_keeper_move_and_undo(browser, dup_serv
     where = _where(dup_served["before"], photos, dups)
     assert [p for p, w in where.items() if w == "dest"] == [near[0]]  # the original moved, the chosen copy kept
     page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group').length == 1", timeout=30_000)
-    # every exact group at once, then undo both moves
+    # every exact group at once into a folder of the user's, first as a dry run, then for real; then undo both moves
+    elsewhere = photos.parent / "elsewhere"
+    page.locator("#dup-move-to textarea, #dup-move-to input").first.fill(str(elsewhere))
+    page.locator("#dup-dry-run input").check()
+    page.locator("#dup-bulk-btn").click()
+    text = _dup_message(page, "would move")
+    assert f"Dry run: 1 photo would move to {elsewhere}" in text and exact[1] in text
+    assert not elsewhere.exists() and _where(dup_served["before"], photos, dups)[exact[1]] == "root"  # nothing moved
+    page.locator("#dup-dry-run input").uncheck()
     page.locator("#dup-bulk-btn").click()
     # the message of the move before says "1 photo moved" too: the groups gone say this move is done
     page.wait_for_function("document.querySelector('#dup-where').innerText.includes('No exact or near groups')",
                            timeout=60_000)
-    _dup_message(page, "1 photo moved")
-    where = _where(dup_served["before"], photos, dups)
-    assert sorted(p for p, w in where.items() if w == "dest") == sorted([near[0], exact[1]])
+    assert f"1 photo moved to {elsewhere}" in _dup_message(page, "1 photo moved")
+    assert (elsewhere / exact[1]).is_file() and not (photos / exact[1]).exists()
+    assert (dups / near[0]).is_file() and not (photos / near[0]).exists()  # the move before, where it went
     _turns_enabled(page.locator("#dup-undo-btn"))
     page.locator("#dup-undo-btn").click()
     _dup_message(page, "2 photos put back")
     assert set(_where(dup_served["before"], photos, dups).values()) == {"root"}
+    assert [p.name for p in elsewhere.rglob("*")] == [".moco-destination.json"]  # emptied folders gone
     page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group').length == 2", timeout=30_000)
     _close(page)

@@ -122,9 +122,11 @@ class DuplicateReview:
             return mark_not_duplicates(self.ready_index(), gid)
 
     def move(self, gids: Iterable[str] | None = None, kinds: Iterable[str] | None = None,
-             keepers: Mapping[str, int] | None = None, dry_run: bool = False) -> Outcome:
+             keepers: Mapping[str, int] | None = None, dry_run: bool = False, dest: str | None = None) -> Outcome:
         """Move the others of groups ``gids`` (or of every group of ``kinds``: exact or near; similar groups are
-        moved only by id) to ``ROOT/.moco-duplicates``, keeping ``keepers[group id]`` or each group's keeper."""
+        moved only by id) to ``dest`` (None or "": ``ROOT/.moco-duplicates``; the rules of ``--move-to``: a folder
+        outside the collection or a hidden one in it), keeping ``keepers[group id]`` or each group's keeper;
+        ``dry_run``: only say what would move."""
         gids, kinds = list(gids or []), list(kinds or [])
         if not gids and not kinds:
             raise UserError("name the groups to move (their ids) or their kinds (exact, near)")
@@ -141,7 +143,8 @@ class DuplicateReview:
                 raise NotFoundError(f"keepers for groups not moved: {', '.join(map(repr, unknown))}: no such group "
                                     "among those the request moves")
         with self._acting:
-            return move_duplicates(self.ready_index(), groups, None, keepers, dry_run, self.device)
+            return move_duplicates(self.ready_index(), groups, (dest or "").strip() or None, keepers, dry_run,
+                                   self.device)
 
     def undo(self, batch: str | None = None) -> Outcome:
         """Put back the photos moved (by ``batch``, or every move not yet undone)."""

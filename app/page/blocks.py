@@ -702,6 +702,10 @@ def collection_tab(app: SearchApp, demo: Any, page: SimpleNamespace) -> None:
             bulk_btn = gr.Button("Move the others of every group shown (their keepers stay)",
                                  elem_id="dup-bulk-btn", interactive=False)
             undo_btn = gr.Button("Undo moves", elem_id="dup-undo-btn", interactive=False)
+        with gr.Row():
+            move_to = gr.Textbox(label="Move to", placeholder="empty: a hidden .moco-duplicates folder in the "
+                                 "collection; or a folder outside it", elem_id="dup-move-to", scale=3)
+            dry_run = gr.Checkbox(label="Dry run: only say what would move", elem_id="dup-dry-run", scale=1)
         dup_message = gr.Markdown(elem_id="dup-message")
         offset = gr.State(0)
         review = [dups, where, group, keeper, dup_message, offset, undo_btn, move_btn, not_btn, bulk_btn,
@@ -721,7 +725,8 @@ def collection_tab(app: SearchApp, demo: Any, page: SimpleNamespace) -> None:
         def do_page(kind_: str, offset_: int, step: int) -> tuple:
             return review_outputs(app, kind_, max(0, offset_ + step * PAGE_SIZE))
 
-        def do_act(action: str, kind_: str, offset_: int, gid: str | None, photo: str | None) -> tuple:
+        def do_act(action: str, kind_: str, offset_: int, gid: str | None, photo: str | None, dest: str = "",
+                   dry: bool = False) -> tuple:
             if action in ("keep", "move", "not") and not gid:
                 raise UserError("choose a group first")
             message, keep_gid = "", gid
@@ -732,14 +737,15 @@ def collection_tab(app: SearchApp, demo: Any, page: SimpleNamespace) -> None:
                 message = f"keeping `{app.duplicates.group(gid).keep}` of this group"
             elif action == "move":
                 keepers = {gid: int(photo)} if photo else None
-                message = outcome_text(app.duplicates.move([gid], keepers=keepers))
-                keep_gid = None
+                message = outcome_text(app.duplicates.move([gid], keepers=keepers, dry_run=dry, dest=dest))
+                keep_gid = gid if dry else None
             elif action == "not":
                 group_ = app.duplicates.not_duplicates(gid)
                 message = f"group of {group_.size} photos: not duplicates, never grouped again"
                 keep_gid = None
             elif action == "bulk":
-                message = outcome_text(app.duplicates.move(kinds=KIND_CHOICES[kind_ or "exact and near"]))
+                message = outcome_text(app.duplicates.move(kinds=KIND_CHOICES[kind_ or "exact and near"],
+                                                           dry_run=dry, dest=dest))
             elif action == "undo":
                 message = outcome_text(app.duplicates.undo())
             text, _ = app.collection()
@@ -767,7 +773,7 @@ def collection_tab(app: SearchApp, demo: Any, page: SimpleNamespace) -> None:
 
         keeper.input(_safe(2, 1)(lambda g, p: (do_keeper(g, p), gr.skip())), [group, keeper],
                      [keep_btn, dup_message], api_name=False, queue=False)
-        acting = [kind, offset, group, keeper]
+        acting = [kind, offset, group, keeper, move_to, dry_run]
         for button, action in ((keep_btn, "keep"), (move_btn, "move"), (not_btn, "not"), (bulk_btn, "bulk"),
                                (undo_btn, "undo")):
             button.click(_safe(12, 5)(functools.partial(do_act, action)), acting, [stats, *review],

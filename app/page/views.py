@@ -191,6 +191,12 @@ def review_outputs(app: SearchApp, kind: str, offset: int, gid: str | None = Non
 def outcome_text(out: Any) -> str:
     """A move's or an undo's result for the page: what moved, what did not and why."""
     verb = "moved" if out.action == "move" else "put back"
+    if out.dry_run:  # what would move: each photo and where to, nothing moved
+        text = f"**Dry run: {plural(len(out.done), 'photo')} would move** to `{out.destination}` (nothing moved)"
+        text += "".join(f"\n- `{html.escape(d['from'])}` → `{html.escape(d['to'])}`" for d in out.done[:20])
+        text += f"\n- ... and {len(out.done) - 20} more" if len(out.done) > 20 else ""
+        return text + "".join(f"\n- would stay: `{html.escape(s['path'])}`: {html.escape(s['reason'])}"
+                              for s in out.skipped[:20])
     text = f"**{plural(len(out.done), 'photo')} {verb}**" + (f" to `{out.destination}`" if out.destination and out.done
                                                   else "")
     if out.finished:
