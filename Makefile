@@ -10,7 +10,7 @@ TORCH_INDEX ?=
 # The extras: everything for the CPU (faiss-cpu), or with GPU=1 faiss-gpu and its CUDA libraries instead; never
 # both FAISS builds in one venv (they ship the same `faiss` module): the other one is removed first.
 ifeq ($(GPU),1)
-EXTRAS ?= gpu,ui,plot,tensorboard,onnx,parquet,heic,raw,dev
+EXTRAS ?= gpu,ui,plot,tensorboard,onnx,parquet,heic,raw,watch,dev
 OTHER_FAISS := faiss-cpu
 else
 EXTRAS ?= all,dev

@@ -41,6 +41,7 @@ EXTRAS_FOR = {
     "pyarrow": ("parquet",),  # `moco embed -o FILE.parquet`
     "pillow_heif": ("heic",),
     "rawpy": ("raw",),
+    "watchdog": ("watch",),  # --watch: file system events; without it a scan every 10 s (index/building/watch.py)
     "umap": ("map",),  # `moco index map --method umap`
 }
 

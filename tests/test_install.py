@@ -206,7 +206,7 @@ def test_images_and_make_install_the_extras_they_run():
     assert sets["docker GPU"] == "gpu,ui,plot,heic,raw" and sets["docker CPU"] == "index,ui,plot,heic,raw"  # iPhones
     assert sets["make install"] == "all,dev"  # make run / make test get everything
     assert set(sets["make install GPU=1"].split(",")) == {"gpu", "ui", "plot", "tensorboard", "onnx", "parquet", "heic",
-                                                          "raw", "dev"}
+                                                          "raw", "watch", "dev"}
     makefile = (ROOT / "Makefile").read_text()
     assert 'pip install -q -e ".[$(EXTRAS)]"' in makefile and "--no-deps" not in makefile
     assert "--no-deps" not in (ROOT / "Dockerfile").read_text()  # the GPU FAISS's CUDA libraries come with it

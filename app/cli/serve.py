@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-from index.building.args import IDX_HELP
+from index.building.args import IDX_HELP, add_watch_arguments
 from moco.errors import UserError
 
 __all__ = ["add_serve", "add_run", "cmd_serve", "cmd_run"]
@@ -32,6 +32,8 @@ def add_serve(sub: argparse._SubParsersAction) -> None:
                    help="a `moco train` checkpoint (or official NAME): the Negatives tab then uses its saved queue and "
                    "key encoder")
     p.add_argument("--backbone", default=None, metavar="B", help="the index's backbone, if it moved")
+    add_watch_arguments(p, "keep the index up with its photo folder while serving: photos added, changed, moved or "
+                        "deleted are noticed and the index updated once they settle (the Status tab says so)")
     _serve_arguments(p)
     p.set_defaults(handler=cmd_serve)
 
@@ -200,16 +202,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
     """`moco serve`: launch the UI and block until interrupted."""
     _require_ui()
     from app.server.launch import serve
+    from index.building.runner import check_watch_arguments
     from moco.weights.pretrained import resolve
 
     auth = _check_serve_arguments(args)
     api = _api_settings(args)
     limits = _limits(args)
+    check_watch_arguments(args)
     checkpoint = resolve(args.checkpoint) if args.checkpoint else None  # an official NAME: fetched first
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # stop as on Ctrl+C: the server's temp files go
     serve(args.index_dir, checkpoint, args.host, args.port, auth, args.backbone, args.device,
           trusted_proxies=args.trusted_proxy, api=api, limits=limits,
-          announce=lambda: _announce(args))
+          announce=lambda: _announce(args), watch=args.poll or 0.0 if args.watch else None)
     return 0
 
 

@@ -134,6 +134,7 @@ class SearchApp(Library):
         super().__init__(status=status)
         self.negatives_source: QueueNegatives | IndexNegatives | None = None
         self.negatives_note = ""
+        self.watcher: Any = None  # an index.building.watch.Watcher of the photo folder (`moco serve --watch`)
         self._files = Path(tempfile.mkdtemp(prefix="moco-results-"))  # exports and originals handed to the browser
         self._remove_files = weakref.finalize(self, shutil.rmtree, self._files, ignore_errors=True)  # also at exit
         self._kept: collections.deque[tuple[Path, int, float]] = collections.deque()  # (folder, bytes, made at)

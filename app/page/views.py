@@ -217,6 +217,8 @@ def status_outputs(app: SearchApp, was_ready: bool) -> tuple:
 
     if app.status is None:
         text, frame = "Serving a finished index.", None
+        if app.watcher is not None:
+            text = f"Serving the index. {app.watcher.state.describe()}."
     else:
         from app.run.status import loss_frame, status_markdown
 

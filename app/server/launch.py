@@ -141,9 +141,11 @@ def _quiet_clients() -> None:
 def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str = "127.0.0.1", port: int = 7860,
           auth: tuple[str, str] | None = None, backbone: str | Path | None = None, device: str = "auto",
           block: bool = True, trusted_proxies: Sequence[str] = (), api: Any = None,
-          limits: Any = None, announce: Callable[[], None] | None = None) -> Any:
+          limits: Any = None, announce: Callable[[], None] | None = None, watch: float | None = None) -> Any:
     """Launch the UI and the JSON API (``api``: :class:`app.guard.access.ApiSettings`; ``limits``: the connections'
     :class:`app.guard.connections.ConnectionLimits`); returns the running :class:`Server` when ``block`` is False.
+    ``watch``: keep the index up with its photo folder (:class:`index.building.watch.Watcher`, as ``app.watcher``;
+    0: file system events, or a scan every 10 s without them; N: a scan every N seconds); None: no watch.
     ``announce()`` runs once it serves (the index opened, the port bound): the CLI's "serving on ..." is never said
     before an error.
 
@@ -156,6 +158,8 @@ def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str
     server = None
     try:
         server = _launch(demo, launch_kwargs(app.index, host, port, auth, api=service), limits, trusted_proxies)
+        if watch is not None:
+            app.watcher = _watcher(app, index_dir, device, watch or None)
         if block:  # the process is this server's from now on: its startup heap stays out of collections
             heap.freeze()  # before it is announced: a Ctrl+C or SIGTERM raised in a collection's callback is lost
         if announce is not None:
@@ -164,11 +168,23 @@ def serve(index_dir: str | Path, checkpoint: str | Path | None = None, host: str
             server.block_thread()
     finally:
         if block:
+            if getattr(app, "watcher", None) is not None:
+                app.watcher.stop()
             if server is not None:
                 server.close()
             service.close()
             app.close()
     return server
+
+
+def _watcher(app: SearchApp, index_dir: str | Path, device: str, poll_s: float | None) -> Any:
+    """A started :class:`~index.building.watch.Watcher` of the served index's photo folder, updating the index in
+    this process (the page and the API take each new version as a ``moco index update`` beside them would give it)."""
+    from index.building.runner import update_index
+    from index.building.watch import Watcher
+
+    return Watcher(app.index.root, lambda: update_index(index_dir, progress=False, device=device),
+                   poll_s=poll_s).start()
 
 
 def serve_pending(index_dir: str | Path, photos: str | Path, status: Any, host: str = "127.0.0.1", port: int = 7860,

@@ -71,7 +71,18 @@ def add_update_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--clear-excludes", action="store_true",
                    help="forget the index's earlier --exclude patterns (the photos they left out are indexed, "
                    "unless this update's --exclude names them)")
+    add_watch_arguments(p, "then keep updating: photos added, changed, moved or deleted are noticed and the index "
+                        "updated once they settle, until Ctrl+C")
     _common(p)
+
+
+def add_watch_arguments(p: argparse.ArgumentParser, what: str) -> None:
+    """``--watch`` and ``--poll S`` (:mod:`index.building.watch`)."""
+    p.add_argument("--watch", action="store_true", help=what + " (file system events with the `watch` extra, "
+                   "else a scan every 10 s)")
+    p.add_argument("--poll", type=float, default=None, metavar="S",
+                   help="with --watch: scan the folder every S seconds instead of listening to events (network "
+                   "drives, where events never come)")
 
 
 def print_summary(s: Any, as_json: bool, index_dir: str) -> None:

@@ -24,6 +24,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -310,12 +311,50 @@ def run_cli(args: argparse.Namespace, update: bool) -> int:
     common = dict(batch_size=args.batch_size, workers=args.workers, progress=not args.quiet, device=args.device,
                   use_gpu=args.gpu, exclude=tuple(args.exclude or ()))
     if update:
+        check_watch_arguments(args)
         s = update_index(args.index_dir, backbone=args.backbone, root=args.root, kind=args.kind,
                          clear_excludes=args.clear_excludes, **common)
+        if args.watch:
+            a.print_summary(s, args.json, args.index_dir)
+            return _watch(args, common)
     else:
         s = build_index(args.photos, args.backbone, args.out, kind=args.kind, memory_budget=args.memory_budget,
                         **common)
     a.print_summary(s, args.json, args.index_dir if update else args.out)
+    return 0
+
+
+def check_watch_arguments(args: argparse.Namespace) -> None:
+    """``--poll`` needs ``--watch`` and a positive number of seconds."""
+    if getattr(args, "poll", None) is not None and (not args.watch or not 0 < args.poll <= 86400):
+        raise UserError(f"--poll {args.poll}: give it with --watch, in seconds (more than 0, at most 86400)")
+
+
+def _watch(args: argparse.Namespace, common: dict[str, Any]) -> int:
+    """`moco index update IDX --watch`: update whenever the folder's changes settle, until Ctrl+C."""
+    from index.building import args as a
+    from index.building.watch import Watcher
+
+    catalog = Catalog(Path(args.index_dir) / CATALOG_FILE)
+    try:
+        root = catalog_meta(catalog)["root"]
+    finally:
+        catalog.close()
+    common = {**common, "progress": False, "exclude": ()}  # the patterns are the index's own from now on
+
+    def update() -> Summary:
+        s = update_index(args.index_dir, backbone=args.backbone, **common)
+        a.print_summary(s, args.json, args.index_dir)
+        return s
+
+    watcher = Watcher(root, update, poll_s=args.poll).start()
+    print(f"{watcher.state.describe()} (Ctrl+C to stop)", flush=True)
+    try:
+        threading.Event().wait()  # until Ctrl+C
+    except KeyboardInterrupt:
+        print("stopped watching", flush=True)
+    finally:
+        watcher.stop()
     return 0
 
 
