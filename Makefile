@@ -37,7 +37,7 @@ HOST ?= 127.0.0.1
 PORT ?= 7860
 RUN_FLAGS ?=
 
-.PHONY: install run test lint clean bench
+.PHONY: install run test lint clean bench dist
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -105,9 +105,17 @@ bench: install
 	done
 	$(BIN)/python bench/report.py
 
+# make dist: the wheel to install without a clone, offline (only this project: its dependencies come from where pip
+# finds them): dist/moco_retrieval-VERSION-py3-none-any.whl, then pip install "dist/moco_retrieval-...whl[index,ui]"
+DIST ?= dist
+dist: install
+	rm -rf $(DIST) build
+	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w $(DIST) .
+	rm -rf build
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/hadolint Dockerfile
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache dist build

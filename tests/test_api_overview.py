@@ -16,6 +16,7 @@ from app.cli.commands import main
 from app.guard.access import ApiSettings
 from app.server.launch import serve
 from index.building.runner import build_index, update_index
+from moco.extras import install_hint
 
 from .live import free_port
 
@@ -86,7 +87,7 @@ def test_the_map_and_the_themes_agree_with_the_cli(http, idx, capsys):
         import umap  # noqa: F401
     except ImportError:  # the server says which extra brings it
         r = http.get("/map", params={"method": "umap"})
-        assert r.status_code == 404 and "pip install 'moco-retrieval[map]'" in r.json()["detail"]
+        assert r.status_code == 404 and install_hint("map") in r.json()["detail"]
 
 
 def test_unusual_and_browse_agree_with_the_cli(http, idx, capsys):

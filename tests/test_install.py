@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from app.cli.commands import main
+from moco.extras import install_hint
 from tests.conftest import TINY_CLI
 from tests.test_declared_imports import third_party_imports
 
@@ -142,7 +143,7 @@ def index_dir(sample_photos, backbone, tmp_path_factory) -> Path:
 def test_serve_without_the_ui_extra_names_it(index_dir, tmp_path, blocked):
     r = _run(tmp_path, blocked, "-m", "app.cli", "serve", str(index_dir), "--port", "7999")
     assert r.returncode == 2, r.stderr
-    assert 'pip install "moco-retrieval[ui]"' in r.stderr and "Traceback" not in r.stderr
+    assert install_hint("ui") in r.stderr and "Traceback" not in r.stderr
     assert "serving on" not in r.stdout
 
 
@@ -164,7 +165,7 @@ def test_index_commands_without_faiss_name_the_index_extra(index_dir, sample_pho
     r = _run(tmp_path, "faiss", "-m", "app.cli", "index", command, *args, "--quiet" if command in ("build", "update")
              else "--json")
     assert r.returncode == 2, r.stderr
-    assert 'pip install "moco-retrieval[index]"' in r.stderr and "Traceback" not in r.stderr
+    assert install_hint("index") in r.stderr and "Traceback" not in r.stderr
     assert not new.exists() and _files(index_dir) == before  # failed before writing anything
 
 
@@ -196,7 +197,7 @@ def _install_sets() -> dict[str, str]:
     makefile = (ROOT / "Makefile").read_text()
     make = re.findall(r"^EXTRAS \?= (\S+)$", makefile, re.M)  # GPU=1's, then the default's
     docker = re.findall(r'pip install "\./\[([\w,]+)\]"', (ROOT / "Dockerfile").read_text())
-    readme = re.findall(r'pip install "moco-retrieval\[([\w,]+)\]"', (ROOT / "README.md").read_text())
+    readme = re.findall(r'pip install "\.\[([\w,]+)\]"', (ROOT / "README.md").read_text())
     return {**{f"README {extras}": extras for extras in readme}, "make install GPU=1": make[0],
             "make install": make[1], "docker GPU": docker[0], "docker CPU": docker[1]}
 
@@ -229,6 +230,9 @@ def test_every_documented_install_resolves_to_exactly_one_faiss(tmp_path):
     sets = _install_sets()
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         resolved = dict(zip(sets, pool.map(resolve, sets.values())))
+        both = pool.submit(resolve, "all,gpu").result()  # undocumented, and extras only add: pip cannot refuse it
+    assert sorted(n for n in both if n == "faiss-cpu" or n.startswith("faiss-gpu")) == ["faiss-cpu", "faiss-gpu"]
+    # ... so the environment is refused when the index is opened (test_two_faiss_builds_in_one_environment_...)
     for what, names in resolved.items():
         faiss = sorted(n for n in names if n == "faiss-cpu" or n.startswith("faiss-gpu"))
         want = ["faiss-gpu"] if "gpu" in sets[what].split(",") else ["faiss-cpu"]
@@ -243,7 +247,7 @@ def test_run_without_its_extras_says_so_before_training(sample_photos, tmp_path,
     r = _run(tmp_path, blocked, "-m", "app.cli", "run", str(sample_photos), "--work", str(work), "--max-steps", "2",
              "--quiet", *flags)
     assert r.returncode == 2, r.stderr
-    assert f'pip install "moco-retrieval[{extra}]"' in r.stderr and "Traceback" not in r.stderr
+    assert install_hint(extra) in r.stderr and "Traceback" not in r.stderr
     assert not list(work.rglob("checkpoint.pt"))  # nothing was trained first
 
 
@@ -292,3 +296,51 @@ def test_make_test_installs_chromium_and_what_it_requires(tmp_path, known, upgra
         assert r.returncode != 0 and "installing chromium failed" in r.stderr and "CHROMIUM=" in r.stderr
     else:
         assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.slow
+def test_a_wheel_of_make_dist_installs_offline_into_a_fresh_venv_and_searches(tmp_path, sample_photos, backbone):
+    """`make dist`'s wheel, installed with no package index into a new environment whose dependencies are the ones
+    already on disk (this environment's site-packages, on its path): `moco --version` and a search, run from that
+    environment's own files, outside the clone."""
+    import importlib.metadata
+    import sysconfig
+
+    r = subprocess.run(["make", "-o", "install", "dist", f"DIST={tmp_path / 'dist'}"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    wheels = list((tmp_path / "dist").glob("moco_retrieval-*-py3-none-any.whl"))
+    assert len(wheels) == 1 and not (ROOT / "build").exists()
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    bin_ = venv / "bin"
+    purelib = subprocess.run([str(bin_ / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    deps = sysconfig.get_paths()["purelib"]  # this environment's
+    (Path(purelib) / "deps-on-disk.pth").write_text(deps + "\n")  # torch, faiss, ... as installed here
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    r = subprocess.run([str(bin_ / "python"), "-m", "pip", "install", "--no-index", "--no-deps", str(wheels[0])],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+
+    def moco(*args: str) -> str:
+        out = subprocess.run([str(bin_ / "moco"), *args], capture_output=True, text=True, env=env, cwd=outside,
+                             timeout=600)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return out.stdout
+
+    assert moco("--version").strip() == f"moco {importlib.metadata.version('moco-retrieval')}"
+    where = subprocess.run([str(bin_ / "python"), "-c", "import moco, index, app; print(moco.__file__, index.__file__,"
+                            " app.__file__)"], capture_output=True, text=True, env=env, cwd=outside, check=True)
+    assert all(str(venv) in f for f in where.stdout.split()), where.stdout  # the wheel's files, not the clone's
+    moco("index", "build", str(sample_photos), "--backbone", str(backbone), "-o", str(tmp_path / "idx"), "--quiet",
+         "--device", "cpu")
+    query = sorted(sample_photos.rglob("*.jpg"))[2]
+    search = ["index", "search", str(tmp_path / "idx"), str(query), "-k", "5", "--json"]
+    got = json.loads(moco(*search))
+    clone = subprocess.run([sys.executable, "-m", "app.cli", *search], capture_output=True, text=True, cwd=ROOT,
+                           env={**env, "PYTHONPATH": str(ROOT)}, timeout=600)  # the clone's code, the same index
+    assert clone.returncode == 0, clone.stderr
+    assert len(got) == 5 and got == json.loads(clone.stdout)

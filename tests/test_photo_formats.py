@@ -35,9 +35,11 @@ from moco.data.photos import (
 from moco.data.sample import make_sample_collection
 from moco.errors import UserError
 from moco.excludes import Excludes, check_patterns
+from moco.extras import install_hint
 from tests.test_install import _run
 
 ROOT = Path(__file__).resolve().parents[1]
+HEIC, RAW = install_hint("heic"), install_hint("raw")  # the fix a skipped photo's note names
 RED, BLUE = (200, 40, 30), (20, 60, 220)
 EXIF_IFD, DATE_TAKEN, MAKE, MODEL = 0x8769, 0x9003, 0x010F, 0x0110
 
@@ -203,9 +205,10 @@ print(json.dumps({{"files": scan.files, "counts": scan.unsupported_counts(), "no
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["counts"] == {".cr2": 1, ".heic": 3, ".nef": 1} and out["jpg"] is None
-    assert "3 .heic files skipped: pip install 'moco-retrieval[heic]'" in out["notes"]
-    assert "1 .cr2 file skipped: pip install 'moco-retrieval[raw]'" in out["notes"]
+    assert "3 .heic files skipped: " + HEIC in out["notes"]
+    assert "1 .cr2 file skipped: " + RAW in out["notes"]
     assert not any(f.lower().endswith((".heic", ".cr2", ".nef")) for f in out["files"]) and len(out["files"]) == 18
+
 
 
 def test_index_build_says_what_it_skipped_for_a_missing_package(tmp_path, backbone):
@@ -220,8 +223,8 @@ def test_index_build_says_what_it_skipped_for_a_missing_package(tmp_path, backbo
             assert summary["unsupported"] == {".cr2": 1, ".heic": 3, ".nef": 1} and summary["vectors"] == 18
             assert summary["errors"] == []  # skipped for their format, not failed
         else:
-            assert "  3 .heic files skipped: pip install 'moco-retrieval[heic]'" in r.stdout.splitlines()
-            assert "  1 .nef file skipped: pip install 'moco-retrieval[raw]'" in r.stdout.splitlines()
+            assert "  3 .heic files skipped: " + HEIC in r.stdout.splitlines()
+            assert "  1 .nef file skipped: " + RAW in r.stdout.splitlines()
     # the same index updated where the packages are installed: the photos join it; back without: they stay
     pytest.importorskip("rawpy")
     pytest.importorskip("pillow_heif").register_heif_opener()
@@ -246,11 +249,11 @@ def test_train_and_the_status_tab_say_what_was_skipped_for_a_missing_package(tmp
              *TINY_CLI, "--max-steps", "1")
     assert r.returncode == 0, r.stderr
     assert "trained 1/1 steps on 18 images" in r.stdout
-    assert "3 .heic files skipped: pip install 'moco-retrieval[heic]'" in r.stdout
-    assert "1 .cr2 file skipped: pip install 'moco-retrieval[raw]'" in r.stdout
+    assert "3 .heic files skipped: " + HEIC in r.stdout
+    assert "1 .cr2 file skipped: " + RAW in r.stdout
     status = RunStatus(tmp_path)
     status.unsupported = {".heic": 412}
-    assert "**Not read:** 412 .heic files skipped: pip install 'moco-retrieval[heic]'" in status_markdown(
+    assert "**Not read:** 412 .heic files skipped: " + HEIC in status_markdown(
         status.snapshot())
 
 
@@ -562,8 +565,8 @@ def test_dates_at_every_door(dated, capsys):
 
 def test_skipped_notes_say_the_fix():
     assert skipped_notes({".heic": 412, ".dng": 1, ".jpg": 0}) == [
-        "1 .dng file skipped: pip install 'moco-retrieval[raw]'",
-        "412 .heic files skipped: pip install 'moco-retrieval[heic]'"]
+        "1 .dng file skipped: " + RAW,
+        "412 .heic files skipped: " + HEIC]
     assert scan_photos(ROOT / "docs").files == ["screenshot-map.png", "screenshot-phone.png", "screenshot.png"]
 
 
@@ -605,11 +608,11 @@ def test_moco_run_says_what_it_left_out_and_the_status_tab_shows_it(tmp_path, ba
     out = run_pipeline(root, tmp_path / "work", checkpoint=checkpoint, say=print, progress=False, status=status,
                        exclude=("private/**", "*.gif"))
     said = capsys.readouterr().out
-    assert "photos: 2 .heic files skipped: pip install 'moco-retrieval[heic]'" in said
+    assert "photos: 2 .heic files skipped: " + HEIC in said
     assert "photos: 2 files and folders left out by --exclude, never read" in said
     assert out["summary"].unsupported == {".heic": 2} and out["summary"].vectors == 18
     text = status_markdown(status.snapshot())
-    assert "**Not read:** 2 .heic files skipped: pip install 'moco-retrieval[heic]'" in text
+    assert "**Not read:** 2 .heic files skipped: " + HEIC in text
     assert "**Excluded:** 2 files and folders" in text
     assert json.loads((out["index"] / "catalog.sqlite").with_name("index.json").read_text())
     assert Catalog(out["index"] / "catalog.sqlite").get_meta("exclude") == '["private/**", "*.gif"]'

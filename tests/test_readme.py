@@ -42,7 +42,7 @@ EXCEPTIONS = {
     "make run PHOTOS=~/Pictures INIT=moco_v2_800ep": "internet: downloads moco_v2_800ep (about 200 MB), then trains "
                                                      "a ResNet-50 at 224 px on it",
     "make run GPU=1 PHOTOS=~/Pictures": "GPU: installs faiss-gpu into the venv and needs a CUDA device",
-    "pip install moco-retrieval[gpu,ui]": "installs the published package; this tree installs itself (`make install`), "
+    "pip install .[gpu,ui]": "installs faiss-gpu into this tree's environment; this tree installs itself (`make install`), "
                                           "and tests/test_install.py asks pip's resolver what each documented install "
                                           "brings (exactly one FAISS)",
     "make install CPU=1 TORCH_INDEX=URL": "PyTorch's CPU wheel index (URL) is not reachable here; the Makefile's "

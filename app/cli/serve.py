@@ -12,6 +12,7 @@ from pathlib import Path
 
 from index.building.args import IDX_HELP, add_watch_arguments
 from moco.errors import UserError
+from moco.extras import install_hint
 
 __all__ = ["add_serve", "add_run", "cmd_serve", "cmd_run"]
 
@@ -195,7 +196,7 @@ def _require_ui() -> None:
             missing.append(module)
     if missing:
         raise UserError(f"the web UI needs {' and '.join(missing)}, which {'is' if len(missing) == 1 else 'are'} "
-                        'not installed: pip install "moco-retrieval[ui]"')
+                        f"not installed: {install_hint('ui')}")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

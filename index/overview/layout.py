@@ -25,6 +25,7 @@ import numpy as np
 from index.overview.cache import Collection, cached, centred_vectors
 from index.overview.themes import theme_labels
 from moco.errors import UserError
+from moco.extras import install_hint
 from moco.files import atomic_write
 
 __all__ = ["CollectionMap", "collection_map", "pca_layout", "umap_layout", "scale_unit", "save_map_png", "map_faces",
@@ -33,7 +34,7 @@ __all__ = ["CollectionMap", "collection_map", "pca_layout", "umap_layout", "scal
 logger = logging.getLogger(__name__)
 
 METHODS = ("pca", "umap")
-MAP_EXTRA = "pip install 'moco-retrieval[map]'"
+MAP_EXTRA = install_hint("map")
 UMAP_NEIGHBOURS = 15  # umap-learn's default
 SEED = 0
 FACES_GRID = 10  # the drawn map shows a photo's thumbnail in each occupied cell of a 10 x 10 grid
@@ -152,7 +153,7 @@ def save_map_png(m: CollectionMap, path: str | Path, title: str = "",
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise UserError(f"-o {path} draws the map with matplotlib: pip install 'moco-retrieval[plot]' (or leave out "
+        raise UserError(f"-o {path} draws the map with matplotlib: {install_hint('plot')} (or leave out "
                         "-o: the map is computed and kept all the same)") from None
     fig = Figure(figsize=(8, 8), dpi=150)  # no pyplot: no global state shared with a server's threads
     FigureCanvasAgg(fig)

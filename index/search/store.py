@@ -37,6 +37,7 @@ import numpy as np
 
 from index.search.trailer import trailer_bytes
 from moco.errors import UserError
+from moco.extras import install_hint
 
 try:
     import faiss
@@ -73,8 +74,8 @@ def require_faiss() -> Any:
     when two are installed (they ship the same module: the files of the one installed last replaced the other's, so
     the module may be neither) (call before any work)."""
     if faiss is None:
-        raise UserError('FAISS is not installed, and the index needs it: pip install "moco-retrieval[index]" '
-                        '(faiss-cpu; on a CUDA machine "moco-retrieval[gpu]" for faiss-gpu instead)')
+        raise UserError(f"FAISS is not installed, and the index needs it: {install_hint('index')}; on a CUDA "
+                        f"machine the gpu extra instead: {install_hint('gpu')}")
     builds = installed_faiss()
     if len(builds) > 1:
         gpu = " ".join(b.split()[0] for b in builds if b.startswith("faiss-gpu"))

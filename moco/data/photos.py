@@ -7,7 +7,7 @@ The formats: JPEG, PNG, WebP, BMP, TIFF and GIF with Pillow itself; AVIF with a 
 since 11.3); HEIC/HEIF with the ``heic`` extra (pillow-heif, whose opener is registered when it is first needed); RAW
 (DNG, CR2, NEF, ARW) with the ``raw`` extra (rawpy, LibRaw), developed to RGB with the camera's white balance. A
 photo of a known format whose package is missing is never read, but counted by the scan and named with the fix
-(:meth:`Scan.notes`: "412 .heic files skipped: pip install 'moco-retrieval[heic]'").
+(:meth:`Scan.notes`: "412 .heic files skipped: pip install 'pillow-heif>=1.0' (the heic extra; ...)").
 
 Light on purpose: decoding workers import it without torch.
 """
@@ -36,6 +36,7 @@ from PIL import Image, UnidentifiedImageError
 
 from moco.errors import UserError
 from moco.excludes import Excludes
+from moco.extras import install_hint
 
 __all__ = ["DEFAULT_MAX_PIXELS", "IMAGE_EXTENSIONS", "RAW_EXTENSIONS", "MAX_FILE_BYTES", "ImageDecodeError",
            "check_root", "short_sides", "load_rgb", "load_square_u8", "PhotoInfo", "photo_info", "open_regular",
@@ -136,9 +137,9 @@ def _fix(ext: str) -> str:
     if ext in NOT_PHOTOS:
         return NOT_PHOTOS[ext]
     if ext in HEIF_EXTENSIONS:
-        return "pip install 'moco-retrieval[heic]'"
+        return install_hint("heic")
     if ext in RAW_EXTENSIONS:
-        return "pip install 'moco-retrieval[raw]'"
+        return install_hint("raw")
     if ext == ".avif":
         return "pip install -U 'pillow>=11.3' (a Pillow built with AVIF)"
     return "pip install -U pillow"
@@ -203,7 +204,7 @@ class Scan:
 
 
 def skipped_notes(counts: dict[str, int]) -> list[str]:
-    """``{".heic": 412}`` -> ``["412 .heic files skipped: pip install 'moco-retrieval[heic]'"]``: the summaries' line
+    """``{".heic": 412}`` -> ``["412 .heic files skipped: pip install 'pillow-heif>=1.0' (...)"]``: the summaries' line
     for each format whose package is missing."""
     return [f"{n} {ext} file{'s' * (n != 1)} skipped: {_fix(ext)}" for ext, n in sorted(counts.items()) if n]
 

@@ -18,6 +18,7 @@ from torch import nn
 from moco.config import is_vit
 from moco.errors import StorageError, UserError, storage_error
 from moco.export.meta import BackboneMeta
+from moco.extras import install_hint
 from moco.whiten import Whitening
 
 __all__ = ["write_safetensors", "write_timm", "write_pt2", "write_onnx"]
@@ -181,7 +182,7 @@ def write_onnx(backbone: nn.Module, meta: BackboneMeta, out: Path) -> None:
         import onnxruntime as ort
         import onnxscript  # noqa: F401 - the exporter's dependency: fail here with the fix, not deep inside torch
     except ImportError as e:
-        raise UserError(f"--format onnx needs the onnx extra: pip install 'moco-retrieval[onnx]' ({e})") from None
+        raise UserError(f"--format onnx needs the onnx extra: {install_hint('onnx')} ({e})") from None
     chatty = [logging.getLogger(name) for name in ("onnxscript", "onnx_ir")]  # an INFO line per optimizer pass
     levels = [log.level for log in chatty]
     try:

@@ -13,6 +13,7 @@ from typing import Any
 
 from moco.config import short_repr
 from moco.errors import UserError
+from moco.extras import install_hint
 from moco.files import atomic_write
 
 __all__ = ["MetricsLog", "summary_writer_class", "shown_total", "progress_bar", "parse_metrics", "plot_curves",
@@ -63,7 +64,7 @@ def summary_writer_class() -> Any:
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as e:
-        raise UserError('--tensorboard needs the tensorboard package: pip install "moco-retrieval[tensorboard]" '
+        raise UserError(f"--tensorboard needs the tensorboard package: {install_hint('tensorboard')} "
                         "(or drop --tensorboard; metrics.jsonl has the same records)") from e
     return SummaryWriter
 
@@ -175,8 +176,8 @@ def plot_curves(metrics_path: str | Path, out_path: str | Path) -> Path | None:
     except ModuleNotFoundError as e:
         if e.name != "matplotlib":
             raise
-        logger.info('skipping %s: matplotlib is not installed (pip install "moco-retrieval[plot]"); %s has the '
-                    "same numbers", out_path, metrics_path)
+        logger.info("skipping %s: matplotlib is not installed (%s); %s has the same numbers", out_path,
+                    install_hint("plot"), metrics_path)
         return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
