@@ -121,6 +121,18 @@ def test_a_polling_watcher_updates_a_real_index_when_the_folder_settles(tmp_path
     assert w.step() and w.state.error is None and w.state.updates == 3
     assert "c/later.jpg" in _indexed(idx)
     assert len(snapshot(root)) == 6
+    from app.page.handlers import SearchApp
+    from app.page.views import status_outputs
+
+    served = ImageIndex.open(idx)
+    app = SearchApp(served, served.load_embedder(device="cpu"))
+    try:
+        assert status_outputs(app, True)[0] == "Serving a finished index."
+        app.watcher = w  # as `moco serve --watch` sets it: the Status tab says what the watch did
+        text = status_outputs(app, True)[0]
+        assert f"Watching {root} (scanning every 5 s): 3 updates" in text and "1 new" in text
+    finally:
+        app.close()
 
 
 def test_update_watch_flags_are_checked(tmp_path):
