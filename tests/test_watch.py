@@ -246,3 +246,21 @@ def test_update_watch_keeps_the_index_up_until_ctrl_c(tmp_path, backbone):
     out = "".join(lines)
     assert proc.returncode == 0, out
     assert "scanning every 1 s" in out and "stopped watching" in out
+
+
+def test_a_folder_events_cannot_watch_is_scanned_instead(tmp_path, caplog):
+    """Where the file system's events cannot be had (here: the folder is not there yet, as a drive not mounted;
+    elsewhere: inotify's watches used up), the watch scans instead of failing the server's start."""
+    pytest.importorskip("watchdog")
+    clock = Clock()
+    calls = []
+    w = Watcher(tmp_path / "not-mounted", lambda: calls.append(clock.now) or {"new": 0}, settle_s=1.0, clock=clock)
+    assert w.state.mode == "events"
+    w.start()
+    w.stop()  # its thread stopped: the test takes the steps, on its clock
+    assert w.state.mode == "scanning every 10 s" and "scanning it every 10 s instead" in caplog.text
+    _photo(tmp_path / "not-mounted" / "p.jpg", 0)  # the drive comes back with a photo
+    clock.now += 10.0
+    assert not w.step()  # seen, settling
+    clock.now += 10.0
+    assert w.step() and calls == [clock.now]

@@ -153,12 +153,25 @@ class Watcher:
                     if any(not _hidden(watcher.root, os.fsdecode(p)) for p in paths):
                         watcher.changed()
 
-            self._observer = Observer()
-            self._observer.schedule(Changed(), str(self.root), recursive=True)
-            self._observer.start()
+            try:
+                self._observer = Observer()
+                self._observer.schedule(Changed(), str(self.root), recursive=True)
+                self._observer.start()
+            except OSError as e:  # inotify's watches used up (a very large tree), or no events on this drive
+                self._observer = None
+                self._fall_back(f"the file system's events are not available for {self.root} ({e})")
         self._thread.start()
         logger.info("watching %s (%s)", self.root, self.state.mode)
         return self
+
+    def _fall_back(self, why: str, poll_s: float = 10.0) -> None:
+        """Scan every ``poll_s`` seconds instead of listening to events, saying ``why``."""
+        logger.warning("%s: scanning it every %.0f s instead (raise fs.inotify.max_user_watches, or pass --poll S)",
+                       why, poll_s)
+        self._poll_s = poll_s
+        self.state.mode = f"scanning every {poll_s:g} s"
+        self._seen = snapshot(self.root)
+        self._next_scan = self._clock() + poll_s
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop watching; an update under way is let finish (up to ``timeout`` seconds)."""
