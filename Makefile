@@ -110,6 +110,7 @@ bench: install
 DIST ?= dist
 dist: install
 	rm -rf $(DIST) build
+	$(BIN)/python -c "import setuptools" 2>/dev/null || $(BIN)/python -m pip install -q "setuptools>=68"
 	$(BIN)/python -m pip wheel -q --no-deps --no-build-isolation -w $(DIST) .
 	rm -rf build
 
