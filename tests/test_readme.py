@@ -42,8 +42,8 @@ EXCEPTIONS = {
     "make run PHOTOS=~/Pictures INIT=moco_v2_800ep": "internet: downloads moco_v2_800ep (about 200 MB), then trains "
                                                      "a ResNet-50 at 224 px on it",
     "make run GPU=1 PHOTOS=~/Pictures": "GPU: installs faiss-gpu into the venv and needs a CUDA device",
-    "pip install .[gpu,ui]": "installs faiss-gpu into this tree's environment; this tree installs itself (`make install`), "
-                                          "and tests/test_install.py asks pip's resolver what each documented install "
+    "pip install .[gpu,ui]": "installs faiss-gpu into this tree's environment; this tree installs itself (`make "
+                             "install`), and tests/test_install.py asks pip's resolver what each documented install "
                                           "brings (exactly one FAISS)",
     "make install CPU=1 TORCH_INDEX=URL": "PyTorch's CPU wheel index (URL) is not reachable here; the Makefile's "
                                           "CPU=1 path is read by tests/test_install.py",

@@ -229,6 +229,42 @@ def test_a_copy_brightened_until_it_clips_is_found_through_its_tone_curve(monkey
     assert all(toned[0, o] < COPY_SCORE for o in range(10, 16)), toned
 
 
+def test_busy_small_photos_given_contrast_or_a_gamma_are_copies_and_other_busy_photos_are_not(monkeypatch):
+    """Small photos with shading everywhere (no flat background: a sky, a wall, skin), given more contrast (x1.3,
+    clipping) or a gamma (0.8): their tone curve fits them almost exactly, and where content fills the frames
+    (busy_share >= BUSY_SHARE) its misfit counts BUSY_TONE_WEIGHT times, which finds them; with TONE_WEIGHT for every
+    pair (the rule before) some are missed. Other busy photos stay under COPY_SCORE either way, and a silhouette on
+    black is not busy."""
+    import index.duplicates.verify as verify
+    from index.duplicates.verify import BUSY_SHARE, busy_share
+
+    def smooth(seed: int) -> Image.Image:  # as bench/dedup_scale.py makes its small photos
+        r = np.random.default_rng(seed)
+        cells = int(r.integers(3, 8))
+        noise = r.integers(0, 256, (cells, cells, 3), dtype=np.uint8)
+        return Image.fromarray(noise).resize((32, 32), Image.Resampling.BICUBIC)
+
+    photos = {n: smooth(100 + n) for n in range(40)}
+    fr, pairs = {}, []
+    for n, img in photos.items():
+        fr[n] = frame_of(img)
+        fr[1000 + n] = frame_of(ImageEnhance.Contrast(img).enhance(1.3))
+        fr[2000 + n] = frame_of(img.point(lambda v: round(255 * (v / 255) ** 0.8)))
+        pairs += [(n, 1000 + n), (n, 2000 + n)]
+    others = [(a, b) for a in range(40) for b in range(a + 1, 40)]
+    assert all(busy_share(fr[a].grey, fr[b].grey) >= BUSY_SHARE for a, b in pairs)
+    now = copy_scores(pairs + others, fr)
+    found = sum(now[p] >= COPY_SCORE for p in pairs)
+    assert found >= 0.98 * len(pairs), sorted(now[p] for p in pairs)[:3]  # the recall aim
+    assert all(now[p] < COPY_SCORE for p in others), max(now[p] for p in others)
+    monkeypatch.setattr(verify, "BUSY_TONE_WEIGHT", verify.TONE_WEIGHT)  # the rule before
+    before = copy_scores(pairs, fr)
+    assert sum(before[p] >= COPY_SCORE for p in pairs) < found  # copies only this rule finds
+    silhouette = np.zeros((48, 48), np.uint8)
+    silhouette[8:40, 14:34] = 150
+    assert busy_share(silhouette, silhouette) < 0.5
+
+
 def test_the_shrink_matrix_is_pils_bilinear_shrink():
     """The coarse-pixel rule's shrink (a triangle filter as wide as a step) gives PIL's BILINEAR resize of the frame
     to within PIL's rounding to whole grey levels."""

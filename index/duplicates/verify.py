@@ -20,7 +20,8 @@ NCC is blind to a change of brightness or contrast only while it is linear. A co
 clip, or given a gamma, is a non-decreasing function of the photo's grey, not a line: a pair whose best NCC reaches
 :data:`TONE_FROM` is scored again by how well such a function (a tone curve, fitted by isotonic regression) maps
 one's aligned grey onto the other's (:func:`tone_score`). Such a curve has more freedom than a line, and lifts
-distinct photos of one shape too: its misfit counts :data:`TONE_WEIGHT` times a line's.
+distinct photos of one shape on a flat background too: its misfit counts :data:`TONE_WEIGHT` times a line's, or
+:data:`BUSY_TONE_WEIGHT` times for frames with content nearly everywhere (:func:`busy_share`), which it does not lift.
 
 A small photo re-encoded at a low JPEG quality, or shrunk and enlarged again, loses its finest detail: its whole
 frame correlates with the photo's at 0.989-0.995, where distinct photos of one shape can score too. What it keeps is
@@ -42,8 +43,8 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 from PIL import Image
 
-__all__ = ["Frame", "frame_of", "frames", "copy_scores", "unit_patches", "tone_score", "ncc_brute", "SIDE", "SCALES",
-           "COPY_SCORE"]
+__all__ = ["Frame", "frame_of", "frames", "copy_scores", "unit_patches", "tone_score", "busy_share", "ncc_brute",
+           "SIDE", "SCALES", "COPY_SCORE"]
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +57,9 @@ TONE_WEIGHT = 6.0  # a tone curve fits all a line fits and more: its misfit (1 -
 _EPS = 1e-6
 TEMPLATES_KEPT = 8192  # shrunk frames the pixel check keeps for reuse at once (at most 150 MB)
 FLAT = 0.5  # grey levels: a window whose pixels spread less than this is flat
+BUSY_SHARE = 0.9  # a pair whose frames hold content on this share of their pixels (away from a flat background) ...
+BUSY_TONE_WEIGHT = 1.25  # ... counts a tone curve's misfit this many times, not TONE_WEIGHT (the choose split's)
+FLAT_LEVELS = 2  # grey levels from a frame's most common one: its flat background (a studio's black, a page's white)
 LOW_FROM = 0.98  # a pair whose whole frames reach this (and not COPY_SCORE) is scored again on coarse pixels
 LOW_SIDE = 16  # pixels a side of those coarse frames
 LOW_WEIGHT = 2.5  # their misfit (1 - NCC) counts this many times: 0.998 there is a copy (chosen on the choose split)
@@ -311,9 +315,22 @@ def tone_score(x: np.ndarray, y: np.ndarray) -> float:
     return best
 
 
+def busy_share(x: np.ndarray, y: np.ndarray) -> float:
+    """The share of pixels of two aligned frames (uint8, one shape) where either frame is off its own flat
+    background: more than :data:`FLAT_LEVELS` grey levels from its most common level."""
+    flat = [np.abs(f.astype(np.int16) - int(np.bincount(f.ravel(), minlength=256).argmax())) <= FLAT_LEVELS
+            for f in (x, y)]
+    return 1.0 - float((flat[0] & flat[1]).mean())
+
+
 def _toned(x: np.ndarray, y: np.ndarray) -> float:
-    """The copy score of two aligned frames through a tone curve: its misfit counted :data:`TONE_WEIGHT` times."""
-    return 1.0 - TONE_WEIGHT * (1.0 - tone_score(x, y))
+    """The copy score of two aligned frames through a tone curve: its misfit counted :data:`TONE_WEIGHT` times, or
+    :data:`BUSY_TONE_WEIGHT` times where the frames hold content nearly everywhere (:func:`busy_share` at least
+    :data:`BUSY_SHARE`). A tone curve lifts distinct things of one shape on a flat background (two plain trousers,
+    silhouettes); where every part of both frames has its own shading, one frame is a non-decreasing function of the
+    other's grey only when it is that photo brightened, given contrast or a gamma."""
+    weight = BUSY_TONE_WEIGHT if busy_share(x, y) >= BUSY_SHARE else TONE_WEIGHT
+    return 1.0 - weight * (1.0 - tone_score(x, y))
 
 
 def _low(x: np.ndarray, y: np.ndarray) -> float:
