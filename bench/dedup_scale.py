@@ -249,7 +249,8 @@ def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(idx, ignore_errors=True)
         t0 = time.perf_counter()
-        copies = write_collection(root, n, args.copies, args.large, args.seed, args.split, exif=args.exif)
+        copies = write_collection(root, n, args.copies, args.large, args.seed, args.split, exif=args.exif,
+                                  fashion_too=not args.smooth)
         print(f"{n}: collection written in {time.perf_counter() - t0:.0f} s", flush=True)
         t0 = time.perf_counter()
         build_index(root, backbone, idx, progress=False, device="cpu")
@@ -333,6 +334,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--exif", action="store_true", help="photos as cameras write them: each with a date taken and a "
                    "camera, kept by the copies an editor made and dropped by re-encodes for the web (use another "
                    "--work: the collections differ)")
+    p.add_argument("--smooth", action="store_true", help="smooth pictures alone, no Fashion-MNIST (busy photos: no "
+                   "flat background; use another --work: the collections differ)")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
 
