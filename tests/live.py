@@ -125,8 +125,10 @@ def chromium_page(url: str) -> Iterator[Any]:
 
 
 def search_in_page(page: Any, image: Path, k: int) -> None:
-    """Upload ``image`` in the Search tab, set k, press Search and wait for ``k`` results in the gallery."""
-    page.locator("#query input[type=file]").set_input_files(str(image))
+    """Upload ``image`` in the Search tab, set k, press Search and wait for ``k`` results in the gallery. The page's
+    first render waits for the server's config and load events: on a machine busy with other work that takes more
+    than Playwright's default 30 s, so the upload waits up to 120 s (a bound on waiting, not a speed asserted)."""
+    page.locator("#query input[type=file]").set_input_files(str(image), timeout=120_000)
     page.locator("#k input[type=number]").fill(str(k))
     page.locator("#k input[type=number]").press("Enter")
     page.wait_for_timeout(500)

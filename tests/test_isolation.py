@@ -312,10 +312,10 @@ def test_the_first_connection_of_a_new_server_is_timed(idx):
 def test_schemathesis_finds_nothing(moco_serve, idx, tmp_path):
     """schemathesis (every check, bounded examples) against `moco serve`: 0 failures. What the schema says is
     checked as the schema: a list that must not be empty has minItems (a vector, the groups or kinds to move, the
-    photos to search with). For schema-valid data, a search's 400 is allowed where a schema cannot say it: bytes that
-    are not an image of at least 16 px, a vector of another width than the index's, a day that does not exist
-    (2024-02-30); and 404 where the request names what is not there: a photo id, a group or an action (no search
-    for duplicates has been saved here)."""
+    photos to search with). For schema-valid data, a search's (or an embedding's) 400 is allowed where a schema cannot
+    say it: bytes that are not an image of at least 16 px, a vector of another width than the index's, a day that
+    does not exist (2024-02-30); and 404 where the request names what is not there: a photo id, a group or an action
+    (no search for duplicates has been saved here)."""
     pytest.importorskip("schemathesis")
     port, _ = moco_serve
     config = tmp_path / "schemathesis.toml"
@@ -323,7 +323,7 @@ def test_schemathesis_finds_nothing(moco_serve, idx, tmp_path):
 photo_id = {_ids(idx)[0]}
 
 [[operations]]
-include-path-regex = "^/api/v1/search"
+include-path-regex = "^/api/v1/(search|embed|knn-service)"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404"]
 
 [[operations]]

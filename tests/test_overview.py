@@ -9,6 +9,7 @@ browsing pages, sorts and filters as a direct transcription of its rule.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import numpy as np
@@ -33,6 +34,7 @@ from index.overview.unusual import unusual_photos
 from index.search.image_index import ImageIndex
 from moco.data.sample import make_sample_collection
 from moco.errors import UserError
+from moco.extras import install_hint
 from tests.mounts import remount_ro, tmpfs
 
 
@@ -337,7 +339,7 @@ def test_umap_without_its_extra_names_the_extra(built):
     try:
         import umap  # noqa: F401
     except ImportError:
-        with pytest.raises(UserError, match=r"pip install 'moco-retrieval\[map\]'"):
+        with pytest.raises(UserError, match=re.escape(install_hint("map"))):
             collection_map(ImageIndex.open(built["idx"]), "umap")
     else:
         m = collection_map(ImageIndex.open(built["idx"]), "umap")

@@ -219,7 +219,8 @@ def test_update_watch_keeps_the_index_up_until_ctrl_c(tmp_path, backbone):
     root, idx = tmp_path / "photos", tmp_path / "idx"
     _photo(root / "p0.jpg", 0)
     build_index(root, backbone, idx, progress=False, device="cpu")
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1",
+               PYTHONFAULTHANDLER="1")  # SIGABRT prints every thread's stack: where a stop would hang
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "index", "update", str(idx), "--watch", "--poll", "1",
                              "--device", "cpu", "--quiet"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
@@ -241,7 +242,11 @@ def test_update_watch_keeps_the_index_up_until_ctrl_c(tmp_path, backbone):
         assert _indexed(idx) == {"p0.jpg", "p1.jpg"} and len(ImageIndex.open(idx)) == 2
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=120)
+        try:
+            proc.wait(timeout=300)  # a bound on waiting, not a speed asserted
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # its threads' stacks into the output, then it is gone
+            proc.wait(timeout=60)
         reader.join(30)
     out = "".join(lines)
     assert proc.returncode == 0, out

@@ -98,10 +98,9 @@ def search_router(api: Api) -> APIRouter:
                                                            deduplicate, include_queries), filters)
 
     @router.post("/embed", response_model=EmbedResponse, responses=ERRORS,
-                 summary="A photo's vector in the index's space",
-                 openapi_extra={"requestBody": {"content": {"multipart/form-data": {
-                     "encoding": {"image": {"contentType": IMAGE_TYPES}}}}}})
-    async def embed(image: UploadFile = File(description="the photo", json_schema_extra={"minLength": 1})
+                 summary="A photo's vector in the index's space")
+    async def embed(image: UploadFile = File(description="the photo (the formats of /search)",
+                                             json_schema_extra={"minLength": 1})
                     ) -> EmbedResponse:
         """An uploaded photo's vector (multipart/form-data), as the index's searches make it: the same as
         `Embedder.load(backbone, space=IDX).embed`, embedded in a batch with the searches."""
