@@ -223,7 +223,9 @@ def test_update_watch_keeps_the_index_up_until_ctrl_c(tmp_path, backbone):
                PYTHONFAULTHANDLER="1")  # SIGABRT prints every thread's stack: where a stop would hang
     proc = subprocess.Popen([sys.executable, "-m", "app.cli", "index", "update", str(idx), "--watch", "--poll", "1",
                              "--device", "cpu", "--quiet"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # (Ctrl+C as a terminal gives it: a pytest-xdist worker ignores SIGINT, and a child that inherits an ignored
+    # SIGINT never gets Python's KeyboardInterrupt for it)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)  # the output as it comes
     reader.start()
