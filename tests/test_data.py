@@ -275,6 +275,27 @@ def test_custom_max_pixels(tmp_path: Path) -> None:
     assert load_rgb(p, max_pixels=10_000).size == (100, 100)
 
 
+def test_a_photo_opened_past_pils_limit_leaves_other_threads_a_limit(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a photo is opened with our limit governing, PIL's own limit is lifted out of reach, never None: a crop
+    in another thread reads it twice (``is None``, then ``2 * limit``), and None between the reads was a TypeError
+    that ended an index build of 100,000 photos."""
+    p = _solid(tmp_path / "a.png", size=(100, 100), format="PNG")
+    seen: list[object] = []
+    real_open = Image.open
+
+    def open_and_look(*args: object, **kwargs: object) -> Image.Image:  # what another thread's crop reads meanwhile
+        seen.append(Image.MAX_IMAGE_PIXELS)
+        Image._decompression_bomb_check((4000, 3000))
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(Image, "open", open_and_look)
+    saved = Image.MAX_IMAGE_PIXELS
+    assert load_rgb(p, max_pixels=None).size == (100, 100)
+    assert seen and all(isinstance(v, int) and v > 10**12 for v in seen), seen
+    assert Image.MAX_IMAGE_PIXELS == saved
+
+
 def test_decode_error_pickles() -> None:
     import pickle
 

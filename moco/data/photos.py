@@ -77,6 +77,7 @@ _AVERAGED_NATIVELY = frozenset({"L", "LA", "RGB", "RGBA", "RGBX", "I", "F"})  # 
 _FILE_KINDS = {stat.S_IFIFO: "named pipe", stat.S_IFCHR: "character device", stat.S_IFBLK: "block device",
                stat.S_IFSOCK: "socket"}
 _PIL_LIMIT_LOCK = threading.RLock()
+_OUT_OF_REACH = 1 << 62  # pixels: PIL's limit while ours governs (:func:`_pil_bomb_check_off`)
 
 
 
@@ -360,10 +361,17 @@ def _bomb_reason(size: tuple[int, int], limit: int | None) -> str:
 
 @contextmanager
 def _pil_bomb_check_off() -> Iterator[None]:
-    """Temporarily disable PIL's own header-size check so that ``max_pixels`` governs (restored)."""
+    """Temporarily lift PIL's own header-size check so that ``max_pixels`` governs (restored).
+
+    The limit is raised out of reach, never set to None: PIL reads it twice in one check (``is None``, then ``2 *
+    limit``), and another thread's crop or resize between the two reads would multiply None (a TypeError that ended
+    an index build of 100,000 photos)."""
     with _PIL_LIMIT_LOCK:
         saved = Image.MAX_IMAGE_PIXELS
-        Image.MAX_IMAGE_PIXELS = None
+        if saved is None:  # off already
+            yield
+            return
+        Image.MAX_IMAGE_PIXELS = _OUT_OF_REACH
         try:
             yield
         finally:
