@@ -52,31 +52,18 @@ def _brute_best(big: Frame, small: Frame) -> tuple[float, float]:
 
 
 def test_the_whole_pixel_search_against_brute_force():
-    """Photos of three shapes (square, 4:3, 3:4): every ordered pair's best whole-frame scores, plain or mirrored,
-    are those of a loop over every window; its crop scores, looked for coarse to fine, are never above the loop's
-    best window, and a crop of a photo (off-centre, of a share between two of SCALES, mirrored) scores what the
-    loop's best window does."""
+    """Photos of three shapes (square, 4:3, 3:4): every ordered pair's best whole-frame and crop scores, plain or
+    mirrored, are those of a loop over every window of every crop size."""
     rng = np.random.default_rng(0)
     photos = {0: _frame(rng, 80, 80), 1: _frame(rng, 96, 72), 2: _frame(rng, 72, 96), 3: _frame(rng, 90, 90)}
-    source = Image.fromarray(np.random.default_rng(1).integers(0, 256, (16, 16), dtype=np.uint8))
-    source = source.resize((240, 240), Image.Resampling.BICUBIC)
-    photos[4] = frame_of(source.convert("RGB"))
-    crops = {5: (20, 50, 187, False), 6: (40, 8, 204, True), 7: (10, 30, 168, False), 8: (52, 4, 187, True)}
-    for n, (x, y, side, mirror) in crops.items():  # off-centre crops of 78%, 85% and 70% of each side
-        crop = source.crop((x, y, x + side, y + side))
-        photos[n] = frame_of((ImageOps.mirror(crop) if mirror else crop).convert("RGB"))
-    pairs = [(0, 1), (0, 2), (1, 2), (0, 3), (1, 3), (4, 5), (4, 6), (4, 7), (4, 8), (0, 5)]
+    pairs = [(0, 1), (0, 2), (1, 2), (0, 3), (1, 3)]
     coarse, _ = _coarse(pairs, photos)
     for a, b in pairs:
         for big, small in ((a, b), (b, a)):
             whole, crop = _brute_best(photos[big], photos[small])
             got = coarse[big, small]  # whole plain, whole mirrored, crop plain, crop mirrored
             assert max(got[0], got[1]) == pytest.approx(whole, abs=1e-4)
-            assert max(got[2], got[3], -1.0) <= crop + 1e-4
-    for copy in crops:
-        _, crop = _brute_best(photos[4], photos[copy])
-        assert crop > 0.8  # the loop finds the crop ...
-        assert max(coarse[4, copy][2:]) == pytest.approx(crop, abs=1e-4)  # ... and so does the search
+            assert max(got[2], got[3], -1.0) == pytest.approx(crop, abs=1e-4)
     assert all(max(coarse[a, b][:2]) > -1.0 for a, b in pairs)  # whole frames of every shape (a squeezed copy)
     assert max(coarse[1, 2][2:]) < -1.0  # but no crop of a 4:3 photo is a 3:4 one at 70% or more
 

@@ -11,12 +11,9 @@ and the same with the two swapped and with ``b`` mirrored (:func:`copy_scores`):
     score(a, b) = max over s in SCALES, mirror, a<->b, offset of NCC(window of a at offset, b shrunk to s)
 
 A crop that changes the shape (a 4:3 photo cut square) shrinks ``b`` by the two sides' own shares, from the two
-photos' aspect ratios; whole frames are compared whatever the shapes (a squeezed copy). The offsets are searched
-coarse to fine (:func:`_coarse`): every one on frames of :data:`SCREEN_SIDE` pixels, then the best of those on the
-frames themselves, a pixel each way; a copy's best window is where the coarse frames put it, and a distinct photo's
-best one, where it is missed, only scores less. The best crop window is then refined by fractions of a pixel. Two
-distinct photos of alike things (two t-shirts, two tiles of one texture, planes against blue sky) differ in their
-pixels wherever an embedding finds them alike: their score stays under
+photos' aspect ratios; whole frames are compared whatever the shapes (a squeezed copy). The best crop window is then
+refined by fractions of a pixel. Two distinct photos of alike things (two t-shirts, two tiles of one texture, planes
+against blue sky) differ in their pixels wherever an embedding finds them alike: their score stays under
 :data:`COPY_SCORE`; a copy scores above it. A flat window (a clear sky) matches nothing.
 
 NCC is blind to a change of brightness or contrast only while it is linear. A copy brightened until its highlights
@@ -37,7 +34,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,9 +55,7 @@ COPY_SCORE = 0.995  # a pair scoring at least this is a copy
 TONE_FROM = 0.97  # a pair whose NCC reaches this (and not COPY_SCORE) is scored again through a tone curve
 TONE_WEIGHT = 6.0  # a tone curve fits all a line fits and more: its misfit (1 - tone score) counts this many times
 _EPS = 1e-6
-SCREEN_SIDE = 24  # pixels a side of the frames every crop window is first scored on (SIDE over a whole number)
-FINE_SCALES = 1  # the crop shares the screen scores best that are scored again on the frames themselves ...
-FINE_REACH = 1  # ... at the screen's best place and this many frame pixels each way
+TEMPLATES_KEPT = 8192  # shrunk frames the pixel check keeps for reuse at once (at most 150 MB)
 FLAT = 0.5  # grey levels: a window whose pixels spread less than this is flat
 BUSY_SHARE = 0.9  # a pair whose frames hold content on this share of their pixels (away from a flat background) ...
 BUSY_TONE_WEIGHT = 1.25  # ... counts a tone curve's misfit this many times, not TONE_WEIGHT (the choose split's)
@@ -126,27 +122,26 @@ def unit_patches(x: np.ndarray) -> np.ndarray:
     return np.where(flat, 0.0, x / np.maximum(norm, _EPS)).astype(x.dtype)
 
 
-def _crop_sizes(s: float | np.ndarray, aspect_big: np.ndarray, aspect_small: np.ndarray,
-                side: int = SIDE) -> np.ndarray:
-    """(width, height) in pixels of frames of ``side`` of the crop of each photo of ``aspect_big`` that the other of
-    ``aspect_small`` could be, keeping the share ``s`` (one, or one a pair) of its more-cut side: N x 2 ints, (0, 0)
-    where the crop would not fit; the whole frame for ``s`` 1 (a resize that changed the shape, squeezed or
-    stretched, is a copy too)."""
-    rho = np.asarray(aspect_small, np.float64) / np.asarray(aspect_big, np.float64)  # = width kept / height kept
-    s = np.broadcast_to(np.asarray(s, np.float64), rho.shape)
-    sx = np.where(rho <= 1.0, s, s * rho)
-    sy = np.where(rho <= 1.0, s / rho, s)
-    fits = (sx <= 1.0 + 1e-6) & (sy <= 1.0 + 1e-6)
-    out = np.clip(np.round(np.stack([sx, sy], axis=1) * side), 2, side).astype(np.int64)  # N x 2
-    out[~fits] = 0
-    out[s >= 1.0] = side
-    return out
+def _crop_size(s: float, aspect_big: float, aspect_small: float) -> tuple[int, int] | None:
+    """(width, height) in frame pixels of a crop of the frame of a photo of ``aspect_big`` that another photo of
+    ``aspect_small`` could be, keeping the share ``s`` of its more-cut side; None where the crop would not fit."""
+    if s >= 1.0:
+        return SIDE, SIDE  # the whole frame: a resize that changed the shape (squeezed, stretched) is a copy too
+    rho = aspect_small / aspect_big  # = share of width kept / share of height kept
+    sx, sy = (s, s / rho) if rho <= 1.0 else (s * rho, s)
+    if sx > 1.0 + 1e-6 or sy > 1.0 + 1e-6:
+        return None
+    return max(2, min(SIDE, round(sx * SIDE))), max(2, min(SIDE, round(sy * SIDE)))
 
 
-def _crop_size(s: float, aspect_big: float, aspect_small: float, side: int = SIDE) -> tuple[int, int] | None:
-    """:func:`_crop_sizes` of one pair: (width, height), or None where the crop would not fit."""
-    w, h = _crop_sizes(s, np.array([aspect_big]), np.array([aspect_small]), side)[0].tolist()
-    return (w, h) if w else None
+def _template(f: Frame, size: tuple[int, int]) -> np.ndarray:
+    """A photo shrunk to ``size`` (w, h), plain and mirrored, each normalized: 2 x h x w."""
+    if size == (SIDE, SIDE):
+        t = f.grey.astype(np.float32)
+    else:
+        t = np.asarray(f.image.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0), np.float32)
+    u = unit_patches(t)  # h x w: mirroring keeps a patch's mean and norm
+    return np.stack([u, u[:, ::-1]])
 
 
 @dataclass(frozen=True)
@@ -159,92 +154,21 @@ class _Hit:
     mirror: bool
 
 
-def _shrunk(frames_: Sequence[Frame], size: tuple[int, int]) -> np.ndarray:
-    """Photos shrunk to ``size`` (w, h), normalized (:func:`unit_patches`): N x h x w (mirrored: ``[..., ::-1]``)."""
-    if size == (SIDE, SIDE):
-        t = np.stack([f.grey for f in frames_]).astype(np.float32)  # N x h x w
-    else:
-        t = np.stack([np.asarray(f.image.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0), np.float32)
-                      for f in frames_])
-    return unit_patches(t)
-
-
-def _shrunk_frames(greys: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """Frames ``greys`` (N x SIDE x SIDE float32) shrunk to ``size`` (w, h) by :func:`_shrink_matrix` and normalized
-    (:func:`unit_patches`): N x h x w. For the screen's templates, a few pixels a side fewer than a frame's: cheaper
-    than shrinking each photo's image, and as good at that size."""
-    w, h = size
-    return unit_patches(_shrink_matrix(h, SIDE) @ (greys @ _shrink_matrix(w, SIDE).T))
-
-
-def _norms(win: np.ndarray) -> np.ndarray:
-    """The norm less its mean of each window (... x hw), infinite for a flat one (spread under :data:`FLAT`): it
-    then scores 0 against any template."""
-    n = win.shape[-1]
-    norm = np.sqrt(np.maximum(np.einsum("...q,...q->...", win, win) - win.sum(-1) ** 2 / n, 0.0))
-    norm[norm < FLAT * np.sqrt(n)] = np.inf
-    return norm
-
-
-def _summed_areas(greys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The summed-area tables of frames ``greys`` (N x S x S) and of their squares, a zero row and column first:
-    two N x (S+1) x (S+1)."""
-    pad = np.zeros((len(greys), greys.shape[1] + 1, greys.shape[2] + 1))
-    pad[:, 1:, 1:] = greys
-    return pad.cumsum(1).cumsum(2), (pad * pad).cumsum(1).cumsum(2)
+def _summed_areas(grey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The summed-area tables of ``grey`` and of its square, a zero row and column first: 2 x (H+1) x (W+1)."""
+    pad = np.zeros((grey.shape[0] + 1, grey.shape[1] + 1))
+    pad[1:, 1:] = grey
+    return pad.cumsum(0).cumsum(1), (pad * pad).cumsum(0).cumsum(1)
 
 
 def _window_norms(tables: tuple[np.ndarray, np.ndarray], h: int, w: int) -> np.ndarray:
-    """The norm less its mean of every h x w window of the frames of :func:`_summed_areas`: N x W (places flattened
-    y * X + x), infinite for a flat window (:func:`_norms`)."""
+    """The norm of every h x w window less its mean, from a frame's :func:`_summed_areas`: (Y x X) flattened."""
 
     def box(t: np.ndarray) -> np.ndarray:
-        return t[:, h:, w:] - t[:, :-h, w:] - t[:, h:, :-w] + t[:, :-h, :-w]  # N x Y x X
+        return t[h:, w:] - t[:-h, w:] - t[h:, :-w] + t[:-h, :-w]  # Y x X
 
     one, two = tables
-    norm = np.sqrt(np.maximum(box(two) - box(one) ** 2 / (h * w), 0.0)).reshape(len(one), -1).astype(np.float32)
-    norm[norm < FLAT * np.sqrt(h * w)] = np.inf
-    return norm
-
-
-_CHUNK_FLOATS = 1 << 22  # windows gathered at once (16 MB)
-
-
-def _screen(greys: np.ndarray, norms: np.ndarray, bigs: np.ndarray, size: tuple[int, int], t: np.ndarray,
-            which: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every window of ``size`` (w, h) of frames ``greys`` (N x S x S float32; ``norms``: their
-    :func:`_window_norms`) scored against templates: row r's windows of ``greys[bigs[r]]`` against
-    ``t[which[r]]`` (h x w), plain and mirrored. Returns the best score (R x 2) and its place (R x 2, flattened
-    y * X + x)."""
-    w, h = size
-    view = sliding_window_view(greys, (h, w), axis=(1, 2))  # N x Y x X x h x w, no copy
-    score = np.empty((len(bigs), 2), np.float32)
-    top = np.empty((len(bigs), 2), np.int64)
-    step = max(1, _CHUNK_FLOATS // (view[0].size))
-    for at in range(0, len(bigs), step):
-        r = slice(at, at + step)
-        win = view[bigs[r]].reshape(len(bigs[r]), -1, h * w)  # R' x W x hw
-        own = t[which[r]]  # R' x h x w
-        pair = np.stack([own, own[:, :, ::-1]], axis=-1).reshape(len(own), h * w, 2)  # R' x hw x 2
-        got = np.matmul(win, pair) / norms[bigs[r], :, None]  # R' x W x 2
-        top[r] = got.argmax(axis=1)
-        score[r] = np.take_along_axis(got, top[r][:, None, :], axis=1)[:, 0]
-    return score, top
-
-
-def _placed(greys: np.ndarray, bigs: np.ndarray, ys: np.ndarray, xs: np.ndarray, size: tuple[int, int],
-            t: np.ndarray) -> np.ndarray:
-    """The NCC of chosen windows of ``size`` (w, h) of frames ``greys`` (N x S x S float32): row r's windows of
-    ``greys[bigs[r]]`` at (``ys[r, k]``, ``xs[r, k]``) against ``t[r]`` (hw, mean 0, norm 1): R x K."""
-    w, h = size
-    view = sliding_window_view(greys, (h, w), axis=(1, 2))  # N x Y x X x h x w, no copy
-    out = np.empty(ys.shape, np.float32)  # R x K
-    step = max(1, _CHUNK_FLOATS // (ys.shape[1] * h * w))
-    for at in range(0, len(bigs), step):
-        r = slice(at, at + step)
-        win = view[bigs[r, None], ys[r], xs[r]].reshape(-1, ys.shape[1], h * w)  # R' x K x hw
-        out[r] = np.matmul(win, t[r, :, None])[..., 0] / _norms(win)  # a template has mean 0: the window's drops out
-    return out
+    return np.sqrt(np.maximum(box(two) - box(one) ** 2 / (h * w), 0.0)).ravel()
 
 
 def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
@@ -253,94 +177,58 @@ def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
     small): 4 scores}`` (the whole frame, ``small`` plain and mirrored, then the best crop, plain and mirrored) and
     the crops that :func:`_refine` may lift (at least :data:`REFINE_FROM`): ``{(big, small, mirrored): hit}``.
 
-    The whole frames are one product a pair. Crops are looked for coarse to fine, as an image pyramid does: every
-    window of every crop share on frames of :data:`SCREEN_SIDE` pixels (a quarter of the pixels at a quarter of the
-    places: a sixteenth of the work), then on the frames themselves around the :data:`FINE_SCALES` best shares'
-    best places, :data:`FINE_REACH` pixels each way. A copy's best window is where the coarse frames put it; a
-    distinct photo's may be missed, which only lowers its score. All pairs of a chunk go through each step at once,
-    grouped by the crop's size."""
-    if not pairs:
-        return {}, {}
-    ids = sorted({i for p in pairs for i in p})
-    at = {i: n for n, i in enumerate(ids)}
-    own = [frames_[i] for i in ids]
-    greys = np.stack([f.grey for f in own]).astype(np.float32)  # N x SIDE x SIDE
-    k = SIDE // SCREEN_SIDE
-    screen = sum(greys[:, i::k, j::k] for i in range(k) for j in range(k)) / (k * k)  # N x s x s
-    tables = _summed_areas(screen)
-    aspect = np.array([f.aspect for f in own])  # N
-    pa = np.array([at[a] for a, _ in pairs], np.int64)  # P
-    pb = np.array([at[b] for _, b in pairs], np.int64)  # P
-    big, small = np.concatenate([pa, pb]), np.concatenate([pb, pa])  # D = 2P ordered pairs (big, small)
-    d = len(big)
-    whole = _shrunk(own, (SIDE, SIDE))  # N x SIDE x SIDE
-    best = np.full((d, 4), -2.0, np.float32)  # D x (whole plain, whole mirrored, crop plain, crop mirrored)
-    plain = np.einsum("pyx,pyx->p", whole[pa], whole[pb])  # P: the same both ways round
-    mirrored = np.einsum("pyx,pyx->p", whole[pa], whole[pb][:, :, ::-1])  # P
-    best[:, :2] = np.tile(np.stack([plain, mirrored], axis=1), (2, 1))
-    where = np.zeros((d, 2, 4), np.int64)  # the best crop window per mirror: x, y, w, h
-
-    def templates(photos: np.ndarray, size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-        """The templates of ``photos`` (G) at ``size``: U x 2 x hw, and which is each photo's (G)."""
-        uniq, which = np.unique(photos, return_inverse=True)
-        return _shrunk([own[j] for j in uniq.tolist()], size), which
-
-    crops = [s for s in SCALES if s < 1.0]
-    found = np.full((d, len(crops), 2), -np.inf, np.float32)  # the screen's best score per share and mirror
-    place = np.zeros((d, len(crops), 2, 2))  # ... its window's centre on the frame (x, y)
-    for n, s in enumerate(crops):
-        sizes = _crop_sizes(s, aspect[big], aspect[small], SCREEN_SIDE)  # D x 2
-        for w, h in np.unique(sizes[sizes[:, 0] > 0], axis=0).tolist():
-            rows = np.flatnonzero((sizes[:, 0] == w) & (sizes[:, 1] == h))  # G
-            uniq, which = np.unique(small[rows], return_inverse=True)
-            score, top = _screen(screen, _window_norms(tables, h, w), big[rows], (w, h),
-                                 _shrunk_frames(greys[uniq], (w, h)), which)
-            found[rows, n] = score
-            y, x = np.divmod(top, SCREEN_SIDE - w + 1)  # G x 2
-            place[rows, n] = np.stack([k * x + k * w / 2, k * y + k * h / 2], axis=-1)
-    order = np.argsort(-found, axis=1)[:, :FINE_SCALES]  # D x F x 2: the best shares per mirror
-    row, _, mirror = np.indices(order.shape).reshape(3, -1)  # C candidates: (row, share, mirror)
-    share = order.ravel()
-    keep = np.isfinite(found[row, share, mirror])
-    row, share, mirror = row[keep], share[keep], mirror[keep]
-    sizes = _crop_sizes(np.asarray(crops)[share], aspect[big[row]], aspect[small[row]])  # C x 2
-    reach = np.arange(-FINE_REACH, FINE_REACH + 1)
-    got_rows, got_mirror, got_score, got_box = [], [], [], []
-    for w, h in np.unique(sizes[sizes[:, 0] > 0], axis=0).tolist():
-        c = np.flatnonzero((sizes[:, 0] == w) & (sizes[:, 1] == h))  # G
-        cx = np.round(place[row[c], share[c], mirror[c], 0] - w / 2).astype(np.int64)  # G: the window's corner
-        cy = np.round(place[row[c], share[c], mirror[c], 1] - h / 2).astype(np.int64)
-        xs = np.clip(cx[:, None, None] + reach[None, None, :], 0, SIDE - w)  # G x 1 x R
-        ys = np.clip(cy[:, None, None] + reach[None, :, None], 0, SIDE - h)  # G x R x 1
-        xs, ys = (v.reshape(len(c), -1) for v in np.broadcast_arrays(xs, ys))  # G x R^2 each
-        t, which = templates(small[row[c]], (w, h))
-        t = t[which]  # G x h x w
-        flip = mirror[c] == 1
-        t[flip] = t[flip][:, :, ::-1]
-        t = t.reshape(len(c), -1)  # G x hw
-        got = _placed(greys, big[row[c]], ys, xs, (w, h), t)  # G x R^2
-        top = got.argmax(axis=1)  # G
-        on = np.arange(len(c))
-        got_rows.append(row[c])
-        got_mirror.append(mirror[c])
-        got_score.append(got[on, top])
-        got_box.append(np.stack([xs[on, top], ys[on, top], np.full(len(c), w), np.full(len(c), h)], axis=1))
-    if got_rows:
-        r, f, score, box = (np.concatenate(v) for v in (got_rows, got_mirror, got_score, got_box))
-        last = np.lexsort((score, 2 * r + f))  # each (row, mirror)'s candidates, its best last
-        first = np.r_[(2 * r + f)[last][1:] != (2 * r + f)[last][:-1], True]  # the last of each
-        pick = last[first]
-        best[r[pick], 2 + f[pick]] = score[pick]
-        where[r[pick], f[pick]] = box[pick]
+    Pairs are worked through by their larger photo: its windows of one crop size are cut once and scored against the
+    templates of every photo paired with it in one product. A template has mean 0, so a window's mean drops out of
+    the product; only its norm divides."""
+    partners: dict[int, list[int]] = {}
+    for a, b in pairs:
+        partners.setdefault(a, []).append(b)
+        partners.setdefault(b, []).append(a)
     scores: dict[tuple[int, int], np.ndarray] = {}
-    hits: dict[tuple[int, int, bool], _Hit] = {}
-    for r in range(d):
-        key = (ids[big[r]], ids[small[r]])
-        scores[key] = best[r]
-        for f in (0, 1):
-            if best[r, 2 + f] >= REFINE_FROM:
-                hits[key[0], key[1], bool(f)] = _Hit(float(best[r, 2 + f]), tuple(where[r, f].tolist()), bool(f))
-    return scores, hits
+    crops: dict[tuple[int, int, bool], _Hit] = {}
+    templates: OrderedDict[tuple[int, tuple[int, int]], np.ndarray] = OrderedDict()  # (photo, size) -> 2 x hw
+    for big, smalls in partners.items():
+        while len(templates) > TEMPLATES_KEPT:  # memory bounded: the least recently used go (each at most 18 kB)
+            templates.popitem(last=False)
+        fb = frames_[big]
+        grey = fb.grey.astype(np.float32)  # SIDE x SIDE
+        tables = _summed_areas(grey)  # one for every window size
+        best = np.full((len(smalls), 4), -2.0, np.float32)  # S x (whole plain, whole mirrored, crop plain, mirrored)
+        where = np.zeros((len(smalls), 2, 4), np.int64)  # the best crop window per mirror: x, y, w, h
+        for s in SCALES:
+            by_size: dict[tuple[int, int], list[int]] = {}
+            for n, small in enumerate(smalls):
+                size = _crop_size(s, fb.aspect, frames_[small].aspect)
+                if size is not None:
+                    by_size.setdefault(size, []).append(n)
+            for (w, h), group in by_size.items():
+                view = sliding_window_view(grey, (h, w))  # Y x X x h x w
+                norms = _window_norms(tables, h, w).astype(np.float32)  # W
+                norms[norms < FLAT * np.sqrt(h * w)] = np.inf  # a flat window matches nothing (score 0)
+                for n in group:
+                    if (smalls[n], (w, h)) in templates:
+                        templates.move_to_end((smalls[n], (w, h)))
+                    else:
+                        templates[smalls[n], (w, h)] = _template(frames_[smalls[n]], (w, h)).reshape(2, h * w)
+                t = np.concatenate([templates[smalls[n], (w, h)] for n in group])  # 2G x hw
+                got = (view.reshape(-1, h * w) @ t.T) / norms[:, None]  # W x 2G
+                at = got.argmax(axis=0)  # 2G
+                top = got[at, np.arange(len(at))].reshape(len(group), 2)  # G x 2
+                crop = (w, h) != (SIDE, SIDE)
+                rows = np.asarray(group)
+                for f in (0, 1):
+                    col = 2 * crop + f
+                    better = top[:, f] > best[rows, col]  # G
+                    best[rows[better], col] = top[better, f]
+                    if crop:
+                        y, x = np.divmod(at.reshape(len(group), 2)[better, f], view.shape[1])
+                        where[rows[better], f] = np.stack([x, y, np.full_like(x, w), np.full_like(x, h)], axis=1)
+        for n, small in enumerate(smalls):
+            scores[big, small] = best[n]
+            for f in (0, 1):
+                if best[n, 2 + f] >= REFINE_FROM:
+                    crops[big, small, bool(f)] = _Hit(float(best[n, 2 + f]), tuple(where[n, f].tolist()), bool(f))
+    return scores, crops
 
 
 def _refine(big: Frame, small: Frame, hit: _Hit) -> tuple[float, np.ndarray | None, np.ndarray]:
@@ -453,7 +341,7 @@ def _low(x: np.ndarray, y: np.ndarray) -> float:
 
 
 def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], at_least: float | None = None,
-                chunk: int = 2048, step: Callable[[int], object] | None = None) -> dict[tuple[int, int], float]:
+                chunk: int = 32768, step: Callable[[int], object] | None = None) -> dict[tuple[int, int], float]:
     """The copy score (module docstring) of each pair of photos that both have a frame: ``{(a, b): score}``.
 
     A pair under :data:`COPY_SCORE` whose best whole-pixel crop window (plain or mirrored, either way round) scores
