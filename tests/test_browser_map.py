@@ -137,7 +137,10 @@ def test_a_click_on_a_point_searches_with_its_photo_and_shows_it(browser, served
     assert "the photo itself is left out" in page.locator("#search-info").inner_text()
     assert page.locator("#detail-path input, #detail-path textarea").first.input_value().endswith(catalog[one])
     page.get_by_role("tab", name="Map").click()  # back on the map: still drawn, the same map, selections work
-    page.wait_for_function(f"document.querySelector('{POINTS}').dataset.points == {len(catalog)}", timeout=30_000)
+    # shown again (a hidden tab's stage has no size, and its canvas keeps the count it had), then drawn at that size
+    shown = "document.querySelector('#collection-map .cmap-stage').clientWidth > 0"
+    page.wait_for_function(f"{shown} && {API}.draw() >= 0 && document.querySelector('{POINTS}').dataset.points == "
+                           f"{len(catalog)}", timeout=30_000)
     box = page.locator(OVER).bounding_box()
     _drag(page, [(1, 1), (box["width"] - 1, box["height"] - 1)])
     _selected_paths(page, f"{len(catalog)} photos selected")
