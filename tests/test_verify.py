@@ -14,12 +14,14 @@ import pytest
 from PIL import Image, ImageEnhance, ImageOps
 
 from index.duplicates.verify import (
+    BUSY_SHARE,
     COPY_SCORE,
     SCALES,
     SIDE,
     Frame,
     _coarse,
     _crop_size,
+    busy_share,
     copy_scores,
     frame_of,
     frames,
@@ -236,7 +238,7 @@ def test_busy_small_photos_given_contrast_or_a_gamma_are_copies_and_other_busy_p
     pair (the rule before) some are missed. Other busy photos stay under COPY_SCORE either way, and a silhouette on
     black is not busy."""
     import index.duplicates.verify as verify
-    from index.duplicates.verify import BUSY_SHARE, busy_share
+
 
     def smooth(seed: int) -> Image.Image:  # as bench/dedup_scale.py makes its small photos
         r = np.random.default_rng(seed)
@@ -263,6 +265,26 @@ def test_busy_small_photos_given_contrast_or_a_gamma_are_copies_and_other_busy_p
     silhouette = np.zeros((48, 48), np.uint8)
     silhouette[8:40, 14:34] = 150
     assert busy_share(silhouette, silhouette) < 0.5
+
+
+def test_a_crop_window_of_a_smooth_picture_gets_no_busy_allowance(monkeypatch):
+    """Two distinct smooth pictures (the 31st and the 2,820th of bench/dedup_scale.py's choose split with --smooth,
+    seed 5): a crop window of one, refined to fit, is mapped onto the other by a tone curve well enough to pass with
+    the busy allowance (BUSY_TONE_WEIGHT), which a whole busy pair gets. A tone edit is made to a whole photo, so a
+    window's misfit counts WINDOW_TONE_WEIGHT times, busy or not, and the pair stays apart."""
+    import index.duplicates.verify as verify
+
+    rng = np.random.default_rng(5)
+    pictures = []
+    for _ in range(2820):  # as bench/dedup_scale.py makes its smooth pictures, in its order
+        cells = int(rng.integers(3, 8))
+        noise = rng.integers(0, 256, (cells, cells, 3), dtype=np.uint8)
+        pictures.append(Image.fromarray(noise).resize((32, 32), Image.Resampling.BICUBIC))
+    fr = {0: frame_of(pictures[30]), 1: frame_of(pictures[2819])}
+    assert busy_share(fr[0].grey, fr[1].grey) >= BUSY_SHARE
+    assert copy_scores([(0, 1)], fr)[0, 1] < COPY_SCORE
+    monkeypatch.setattr(verify, "WINDOW_TONE_WEIGHT", verify.BUSY_TONE_WEIGHT)  # windows given the busy allowance
+    assert copy_scores([(0, 1)], fr)[0, 1] >= COPY_SCORE
 
 
 def test_the_shrink_matrix_is_pils_bilinear_shrink():

@@ -21,7 +21,8 @@ clip, or given a gamma, is a non-decreasing function of the photo's grey, not a 
 :data:`TONE_FROM` is scored again by how well such a function (a tone curve, fitted by isotonic regression) maps
 one's aligned grey onto the other's (:func:`tone_score`). Such a curve has more freedom than a line, and lifts
 distinct photos of one shape on a flat background too: its misfit counts :data:`TONE_WEIGHT` times a line's, or
-:data:`BUSY_TONE_WEIGHT` times for frames with content nearly everywhere (:func:`busy_share`), which it does not lift.
+:data:`BUSY_TONE_WEIGHT` times for whole frames with content nearly everywhere (:func:`busy_share`), which it does
+not lift; a refined crop window's counts :data:`WINDOW_TONE_WEIGHT` times, busy or not.
 
 A small photo re-encoded at a low JPEG quality, or shrunk and enlarged again, loses its finest detail: its whole
 frame correlates with the photo's at 0.989-0.995, where distinct photos of one shape can score too. What it keeps is
@@ -34,13 +35,11 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
 from PIL import Image
 
 __all__ = ["Frame", "frame_of", "frames", "copy_scores", "unit_patches", "tone_score", "busy_share", "ncc_brute",
@@ -55,10 +54,11 @@ COPY_SCORE = 0.995  # a pair scoring at least this is a copy
 TONE_FROM = 0.97  # a pair whose NCC reaches this (and not COPY_SCORE) is scored again through a tone curve
 TONE_WEIGHT = 6.0  # a tone curve fits all a line fits and more: its misfit (1 - tone score) counts this many times
 _EPS = 1e-6
-TEMPLATES_KEPT = 8192  # shrunk frames the pixel check keeps for reuse at once (at most 150 MB)
+HYPOTHESES_AT_ONCE = 128  # ordered pairs of one crop size correlated at once (arrays of 2 MB at most)
 FLAT = 0.5  # grey levels: a window whose pixels spread less than this is flat
 BUSY_SHARE = 0.9  # a pair whose frames hold content on this share of their pixels (away from a flat background) ...
 BUSY_TONE_WEIGHT = 1.25  # ... counts a tone curve's misfit this many times, not TONE_WEIGHT (the choose split's)
+WINDOW_TONE_WEIGHT = TONE_WEIGHT  # a refined crop window's tone curve misfit counts this many times, busy or not
 FLAT_LEVELS = 2  # grey levels from a frame's most common one: its flat background (a studio's black, a page's white)
 LOW_FROM = 0.98  # a pair whose whole frames reach this (and not COPY_SCORE) is scored again on coarse pixels
 LOW_SIDE = 16  # pixels a side of those coarse frames
@@ -134,14 +134,11 @@ def _crop_size(s: float, aspect_big: float, aspect_small: float) -> tuple[int, i
     return max(2, min(SIDE, round(sx * SIDE))), max(2, min(SIDE, round(sy * SIDE)))
 
 
-def _template(f: Frame, size: tuple[int, int]) -> np.ndarray:
-    """A photo shrunk to ``size`` (w, h), plain and mirrored, each normalized: 2 x h x w."""
+def _shrunk(f: Frame, size: tuple[int, int]) -> np.ndarray:
+    """A photo shrunk to ``size`` (w, h): h x w float32 (the frame itself at SIDE x SIDE)."""
     if size == (SIDE, SIDE):
-        t = f.grey.astype(np.float32)
-    else:
-        t = np.asarray(f.image.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0), np.float32)
-    u = unit_patches(t)  # h x w: mirroring keeps a patch's mean and norm
-    return np.stack([u, u[:, ::-1]])
+        return f.grey.astype(np.float32)
+    return np.asarray(f.image.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0), np.float32)
 
 
 @dataclass(frozen=True)
@@ -154,81 +151,139 @@ class _Hit:
     mirror: bool
 
 
-def _summed_areas(grey: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The summed-area tables of ``grey`` and of its square, a zero row and column first: 2 x (H+1) x (W+1)."""
-    pad = np.zeros((grey.shape[0] + 1, grey.shape[1] + 1))
-    pad[1:, 1:] = grey
-    return pad.cumsum(0).cumsum(1), (pad * pad).cumsum(0).cumsum(1)
-
-
-def _window_norms(tables: tuple[np.ndarray, np.ndarray], h: int, w: int) -> np.ndarray:
-    """The norm of every h x w window less its mean, from a frame's :func:`_summed_areas`: (Y x X) flattened."""
-
-    def box(t: np.ndarray) -> np.ndarray:
-        return t[h:, w:] - t[:-h, w:] - t[h:, :-w] + t[:-h, :-w]  # Y x X
-
-    one, two = tables
-    return np.sqrt(np.maximum(box(two) - box(one) ** 2 / (h * w), 0.0)).ravel()
-
-
 def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
             ) -> tuple[dict[tuple[int, int], np.ndarray], dict[tuple[int, int, bool], _Hit]]:
     """The best whole-pixel hypotheses of each ordered pair (big, small), both ways round for every pair: ``{(big,
     small): 4 scores}`` (the whole frame, ``small`` plain and mirrored, then the best crop, plain and mirrored) and
     the crops that :func:`_refine` may lift (at least :data:`REFINE_FROM`): ``{(big, small, mirrored): hit}``.
 
-    Pairs are worked through by their larger photo: its windows of one crop size are cut once and scored against the
-    templates of every photo paired with it in one product. A template has mean 0, so a window's mean drops out of
-    the product; only its norm divides."""
-    partners: dict[int, list[int]] = {}
-    for a, b in pairs:
-        partners.setdefault(a, []).append(b)
-        partners.setdefault(b, []).append(a)
+    The hypotheses of all the pairs are worked through together, a crop size at a time: each photo's frame is taken
+    to its spectrum once, each photo shrunk to a size is a template once, and a template is correlated with a frame
+    over all its places at once as a product of their spectra (the template zero-padded to the frame's size: the
+    places where it fits whole never wrap round), :data:`HYPOTHESES_AT_ONCE` hypotheses in one inverse transform.
+    A template has mean 0, so a window's mean drops out of the product; only its norm divides (from summed-area
+    tables)."""
+    ordered = [(a, b) for a, b in pairs] + [(b, a) for a, b in pairs]  # H hypotheses
+    photos = sorted({i for p in pairs for i in p})
+    row = {p: n for n, p in enumerate(photos)}
+    grey = np.stack([frames_[p].grey for p in photos]).astype(np.float32) if photos else np.zeros((0, SIDE, SIDE),
+                                                                                                   np.float32)
+    spectra = _rfft2(grey)  # P x SIDE x (SIDE // 2 + 1) complex64
+    tables = _summed_areas(grey)  # 2 x P x (SIDE + 1)^2
+    by_size: dict[tuple[int, int], list[int]] = {}
+    for n, (big, small) in enumerate(ordered):
+        fb, fs = frames_[big], frames_[small]
+        for size in dict.fromkeys(_crop_size(s, fb.aspect, fs.aspect) for s in SCALES):
+            if size is not None:
+                by_size.setdefault(size, []).append(n)
+    best = np.full((len(ordered), 4), -2.0, np.float32)  # H x (whole plain, whole mirrored, crop plain, mirrored)
+    where = np.zeros((len(ordered), 2, 4), np.int64)  # the best crop window per mirror: x, y, w, h
+    for (w, h), hyp_ in by_size.items():
+        crop = (w, h) != (SIDE, SIDE)
+        y_, x_ = SIDE - h + 1, SIDE - w + 1
+        smalls_ = np.array([row[ordered[n][1]] for n in hyp_])  # M
+        order = np.argsort(smalls_, kind="stable")  # a template's hypotheses together
+        hyp, smalls_ = np.asarray(hyp_)[order], smalls_[order]
+        bigs_ = np.array([row[ordered[n][0]] for n in hyp.tolist()])  # M
+        for start in range(0, len(hyp), HYPOTHESES_AT_ONCE):  # small arrays: this machine's caches, no new pages
+            rows = hyp[start : start + HYPOTHESES_AT_ONCE]  # m
+            kinds, smalls = np.unique(smalls_[start : start + HYPOTHESES_AT_ONCE], return_inverse=True)  # T; m
+            used, bigs = np.unique(bigs_[start : start + HYPOTHESES_AT_ONCE], return_inverse=True)  # B; m
+            t = unit_patches(np.stack([_shrunk(frames_[photos[k]], (w, h)) for k in kinds]))  # T x h x w
+            norms = _window_norms(tables[:, used], h, w)  # B x W (W = Y x X)
+            if crop:
+                product = spectra[used[bigs], None] * _spectra_of_templates(t)[smalls]  # m x 2 x SIDE x (SIDE//2+1)
+                got = _places(product.reshape(-1, SIDE, SIDE // 2 + 1), y_, x_).reshape(len(rows), 2, -1)  # m x 2 x W
+            else:
+                t = np.stack([t, t[:, :, ::-1]], axis=1).reshape(len(kinds), 2, -1)  # T x 2 x SIDE^2
+                got = np.einsum("mfk,mk->mf", t[smalls], grey[used[bigs]].reshape(len(rows), -1))[..., None]
+            got = got / norms[bigs, None, :]  # m x 2 x W
+            at = got.argmax(axis=2)  # m x 2
+            top = np.take_along_axis(got, at[..., None], axis=2)[..., 0]  # m x 2
+            for f in (0, 1):
+                col = 2 * crop + f
+                better = top[:, f] > best[rows, col]  # m
+                best[rows[better], col] = top[better, f]
+                if crop:
+                    y, x = np.divmod(at[better, f], x_)
+                    where[rows[better], f] = np.stack([x, y, np.full_like(x, w), np.full_like(x, h)], axis=1)
     scores: dict[tuple[int, int], np.ndarray] = {}
     crops: dict[tuple[int, int, bool], _Hit] = {}
-    templates: OrderedDict[tuple[int, tuple[int, int]], np.ndarray] = OrderedDict()  # (photo, size) -> 2 x hw
-    for big, smalls in partners.items():
-        while len(templates) > TEMPLATES_KEPT:  # memory bounded: the least recently used go (each at most 18 kB)
-            templates.popitem(last=False)
-        fb = frames_[big]
-        grey = fb.grey.astype(np.float32)  # SIDE x SIDE
-        tables = _summed_areas(grey)  # one for every window size
-        best = np.full((len(smalls), 4), -2.0, np.float32)  # S x (whole plain, whole mirrored, crop plain, mirrored)
-        where = np.zeros((len(smalls), 2, 4), np.int64)  # the best crop window per mirror: x, y, w, h
-        for s in SCALES:
-            by_size: dict[tuple[int, int], list[int]] = {}
-            for n, small in enumerate(smalls):
-                size = _crop_size(s, fb.aspect, frames_[small].aspect)
-                if size is not None:
-                    by_size.setdefault(size, []).append(n)
-            for (w, h), group in by_size.items():
-                view = sliding_window_view(grey, (h, w))  # Y x X x h x w
-                norms = _window_norms(tables, h, w).astype(np.float32)  # W
-                norms[norms < FLAT * np.sqrt(h * w)] = np.inf  # a flat window matches nothing (score 0)
-                for n in group:
-                    if (smalls[n], (w, h)) in templates:
-                        templates.move_to_end((smalls[n], (w, h)))
-                    else:
-                        templates[smalls[n], (w, h)] = _template(frames_[smalls[n]], (w, h)).reshape(2, h * w)
-                t = np.concatenate([templates[smalls[n], (w, h)] for n in group])  # 2G x hw
-                got = (view.reshape(-1, h * w) @ t.T) / norms[:, None]  # W x 2G
-                at = got.argmax(axis=0)  # 2G
-                top = got[at, np.arange(len(at))].reshape(len(group), 2)  # G x 2
-                crop = (w, h) != (SIDE, SIDE)
-                rows = np.asarray(group)
-                for f in (0, 1):
-                    col = 2 * crop + f
-                    better = top[:, f] > best[rows, col]  # G
-                    best[rows[better], col] = top[better, f]
-                    if crop:
-                        y, x = np.divmod(at.reshape(len(group), 2)[better, f], view.shape[1])
-                        where[rows[better], f] = np.stack([x, y, np.full_like(x, w), np.full_like(x, h)], axis=1)
-        for n, small in enumerate(smalls):
-            scores[big, small] = best[n]
-            for f in (0, 1):
-                if best[n, 2 + f] >= REFINE_FROM:
-                    crops[big, small, bool(f)] = _Hit(float(best[n, 2 + f]), tuple(where[n, f].tolist()), bool(f))
+    for n, (big, small) in enumerate(ordered):
+        scores[big, small] = best[n]
+        for f in (0, 1):
+            if best[n, 2 + f] >= REFINE_FROM:
+                crops[big, small, bool(f)] = _Hit(float(best[n, 2 + f]), tuple(where[n, f].tolist()), bool(f))
     return scores, crops
+
+
+def _rfft2(x: np.ndarray) -> np.ndarray:
+    """The spectra of frames (N x SIDE x SIDE float32): N x SIDE x (SIDE // 2 + 1) complex64, worked a few hundred
+    frames at a time (numpy's transform of many small frames at once slows down by up to ten times)."""
+    out = np.empty((len(x), SIDE, SIDE // 2 + 1), np.complex64)
+    for start in range(0, len(x), 256):
+        out[start : start + 256] = np.fft.rfft2(x[start : start + 256])
+    return out
+
+
+def _spectra_of_templates(t: np.ndarray) -> np.ndarray:
+    """What a frame's spectrum is multiplied by to correlate it with templates (T x h x w, mean 0), plain and
+    mirrored: the conjugate spectra of the templates zero-padded to SIDE x SIDE, T x 2 x SIDE x (SIDE // 2 + 1)
+    complex64. The mirrored template's comes from the plain one's: mirroring the first w columns of a padded frame
+    turns its spectrum S(u, v) into exp(-2 pi i v (w - 1) / SIDE) conj(S(-u, v))."""
+    n, h, w = t.shape
+    padded = np.zeros((n, SIDE, SIDE), np.float32)
+    padded[:, :h, :w] = t
+    spec = _rfft2(padded)  # T x SIDE x (SIDE // 2 + 1)
+    shift = np.exp(2j * np.pi * np.arange(SIDE // 2 + 1) * (w - 1) / SIDE).astype(np.complex64)  # SIDE // 2 + 1
+    return np.stack([np.conj(spec), spec[:, (-np.arange(SIDE)) % SIDE] * shift], axis=1)
+
+
+def _places(spectra: np.ndarray, y: int, x: int) -> np.ndarray:
+    """The first ``y`` x ``x`` values (the places where a crop fits) of the inverse real transform of ``spectra``
+    (N x SIDE x (SIDE // 2 + 1)), as numpy's ``irfft2`` gives them: N x y x x float32. Only those are computed, by two
+    products of matrices (the columns' inverse transform at ``y`` rows, then the rows' at ``x`` columns): half the
+    time of the whole transform or less."""
+    rows, cols = _inverse_matrices(y, x)  # y x SIDE complex64, 2 (SIDE // 2 + 1) x x float32
+    n = len(spectra)
+    q = (rows @ spectra.transpose(1, 0, 2).reshape(SIDE, -1)).reshape(y, n, -1)  # y x N x (SIDE // 2 + 1)
+    q = np.concatenate([q.real, q.imag], axis=2).transpose(1, 0, 2).reshape(n * y, -1)  # Ny x 2 (SIDE // 2 + 1)
+    return (q @ cols).reshape(n, y, x)
+
+
+@functools.cache
+def _inverse_matrices(y: int, x: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_places`'s matrices: the inverse transform's first ``y`` rows over the columns' frequencies (y x SIDE),
+    and its first ``x`` columns over the rows' half spectrum, real part then imaginary (2 (SIDE // 2 + 1) x x; the
+    frequencies between 0 and SIDE / 2 count twice, for their conjugates)."""
+    half = np.arange(SIDE // 2 + 1)  # SIDE // 2 + 1
+    rows = np.exp(2j * np.pi * np.outer(np.arange(y), np.arange(SIDE)) / SIDE) / SIDE  # y x SIDE
+    twice = np.where((half == 0) | (half == SIDE // 2), 1.0, 2.0)[:, None]  # (SIDE // 2 + 1) x 1
+    angle = 2 * np.pi * np.outer(half, np.arange(x)) / SIDE  # (SIDE // 2 + 1) x x
+    cols = np.concatenate([twice * np.cos(angle), -twice * np.sin(angle)]) / SIDE  # 2 (SIDE // 2 + 1) x x
+    return rows.astype(np.complex64), cols.astype(np.float32)
+
+
+def _summed_areas(grey: np.ndarray) -> np.ndarray:
+    """Summed-area tables of frames (P x SIDE x SIDE) and of their squares, a zero row and column first:
+    2 x P x (SIDE + 1) x (SIDE + 1) int32 (exact: a frame's squares sum to under 2^31)."""
+    out = np.zeros((2, len(grey), SIDE + 1, SIDE + 1), np.int32)
+    for start in range(0, len(grey), 128):  # a few frames at a time: numpy's sums over many at once are far slower
+        x = grey[start : start + 128].astype(np.int32)  # b x SIDE x SIDE
+        out[0, start : start + 128, 1:, 1:] = x.cumsum(1).cumsum(2)
+        out[1, start : start + 128, 1:, 1:] = (x * x).cumsum(1).cumsum(2)
+    return out
+
+
+def _window_norms(tables: np.ndarray, h: int, w: int) -> np.ndarray:
+    """The norm of every h x w window less its mean, from frames' :func:`_summed_areas` (2 x B x ...): B x (Y x X)
+    float32, infinite for a flat window (it matches nothing: score 0)."""
+    t = tables.astype(np.int64)
+    one, two = t[:, :, h:, w:] - t[:, :, :-h, w:] - t[:, :, h:, :-w] + t[:, :, :-h, :-w]  # B x Y x X each
+    norms = np.sqrt(np.maximum(two - one.astype(np.float64) ** 2 / (h * w), 0.0)).reshape(len(one), -1)
+    norms = norms.astype(np.float32)
+    norms[norms < FLAT * np.sqrt(h * w)] = np.inf
+    return norms
 
 
 def _refine(big: Frame, small: Frame, hit: _Hit) -> tuple[float, np.ndarray | None, np.ndarray]:
@@ -323,13 +378,15 @@ def busy_share(x: np.ndarray, y: np.ndarray) -> float:
     return 1.0 - float((flat[0] & flat[1]).mean())
 
 
-def _toned(x: np.ndarray, y: np.ndarray) -> float:
+def _toned(x: np.ndarray, y: np.ndarray, whole: bool = True) -> float:
     """The copy score of two aligned frames through a tone curve: its misfit counted :data:`TONE_WEIGHT` times, or
-    :data:`BUSY_TONE_WEIGHT` times where the frames hold content nearly everywhere (:func:`busy_share` at least
-    :data:`BUSY_SHARE`). A tone curve lifts distinct things of one shape on a flat background (two plain trousers,
-    silhouettes); where every part of both frames has its own shading, one frame is a non-decreasing function of the
-    other's grey only when it is that photo brightened, given contrast or a gamma."""
-    weight = BUSY_TONE_WEIGHT if busy_share(x, y) >= BUSY_SHARE else TONE_WEIGHT
+    :data:`BUSY_TONE_WEIGHT` times where two ``whole`` frames hold content nearly everywhere (:func:`busy_share` at
+    least :data:`BUSY_SHARE`). A tone curve lifts distinct things of one shape on a flat background (two plain
+    trousers, silhouettes); where every part of both frames has its own shading, one frame is a non-decreasing
+    function of the other's grey only when it is that photo brightened, given contrast or a gamma. A crop window
+    (not ``whole``) counts :data:`WINDOW_TONE_WEIGHT` times, busy or not: a tone edit is made to a whole photo, and a
+    window of a smooth picture, refined to fit, is mapped onto another smooth picture by some tone curve."""
+    weight = (BUSY_TONE_WEIGHT if busy_share(x, y) >= BUSY_SHARE else TONE_WEIGHT) if whole else WINDOW_TONE_WEIGHT
     return 1.0 - weight * (1.0 - tone_score(x, y))
 
 
@@ -396,7 +453,7 @@ def _scores(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame],
                     score = max(score, _low(x, y))
             for _, window, aligned in refined:
                 if score < COPY_SCORE and window is not None:
-                    score = max(score, _toned(window, aligned))
+                    score = max(score, _toned(window, aligned, whole=False))
         if at_least is None or score >= at_least:
             out[a, b] = score
     return out
