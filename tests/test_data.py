@@ -538,3 +538,35 @@ def test_progress_bar_on_stderr(tmp_path: Path, capsys: pytest.CaptureFixture[st
     build_cache(root, 8, tmp_path / "c", progress=True)
     captured = capsys.readouterr()
     assert captured.out == "" and "2/2" in captured.err
+
+
+WORKERS_SCRIPT = """from moco.data.workers import in_workers
+
+{call}print(sum(in_workers(abs, range(-20, 0), 2, "test", init=len, init_args=(b"x" * {size},))))
+"""
+
+
+@pytest.mark.parametrize("size", [100, 1_000_000])
+def test_a_script_that_starts_workers_at_its_top_level_is_told_why_it_fails(tmp_path, size):
+    """A script that starts worker processes at its top level (no `if __name__ == "__main__":`): each spawned worker
+    imports it again. With init arguments larger than a pipe's buffer (the pixel check's frame placement of 30,000
+    photos), the parent waited forever writing them to a worker that had exited without reading them; now they go
+    through a file (removed after), and either way the worker stops at once and the parent names the fix."""
+    import subprocess
+    import sys
+
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]), OMP_NUM_THREADS="1", TMPDIR=str(temp))
+    for guarded in (False, True):
+        script = tmp_path / "mine.py"
+        script.write_text(WORKERS_SCRIPT.format(size=size, call='if __name__ == "__main__":\n    ' if guarded else ""))
+        proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=120)
+        if guarded:
+            assert proc.returncode == 0 and proc.stdout.split() == ["210"], proc.stderr[-3000:]
+        else:
+            assert proc.returncode == 1, proc.stderr[-3000:]
+            last = proc.stderr.strip().splitlines()[-1]
+            assert last.startswith("moco.errors.UserError: ") and 'if __name__ == "__main__":' in last, last
+        assert not list(temp.glob("moco-workers-*")), list(temp.iterdir())

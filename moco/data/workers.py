@@ -19,8 +19,10 @@ import concurrent.futures.process
 import contextlib
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -32,6 +34,10 @@ _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 REIMPORTED_MAIN_EXIT = 86
+INLINE_ARGS = 16384  # bytes: larger init arguments go to the workers through a file, not spawn's pipe. The parent
+# writes a new worker's arguments into a pipe whose reading end it holds open itself, so past the pipe's buffer (64 kB)
+# a worker that exits before reading them all (one importing the parent's main script again) would leave the parent
+# waiting forever.
 
 
 def exit_if_importing_main() -> None:
@@ -84,9 +90,10 @@ def _broken_pool_error(ctx: Any, workers: int, what: str) -> UserError:
                      "memory?): run again with fewer workers, or workers=0 to work in this process")
 
 
-def _worker_start(parent: int, init: Callable[..., object] | None, args: tuple) -> None:
+def _worker_start(parent: int, init: Callable[..., object] | None, args: tuple, args_file: str | None = None) -> None:
     """A worker's first step: it dies with its parent (Linux: the kernel sends SIGKILL when the parent exits, however
-    it exits), and leaves Ctrl+C to the parent, which stops it; then ``init(*args)``."""
+    it exits), and leaves Ctrl+C to the parent, which stops it; then ``init(*args)`` (the args read from
+    ``args_file`` where the parent wrote them there: :data:`INLINE_ARGS`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if sys.platform.startswith("linux"):
         import ctypes
@@ -96,6 +103,9 @@ def _worker_start(parent: int, init: Callable[..., object] | None, args: tuple) 
             ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
     if os.getppid() != parent:  # the parent was gone before the line above: nothing to work for
         os._exit(1)
+    if args_file is not None:
+        with open(args_file, "rb") as f:
+            args = pickle.load(f)
     if init is not None:
         init(*args)
 
@@ -107,7 +117,11 @@ def in_workers(fn: Callable[[_T], _R], items: Iterable[_T], workers: int, what: 
     ``init(*init_args)``; ``fn`` and ``init`` must be module-level functions), at most ``window`` items in flight
     (default three a worker). ``what`` names the workers in errors ("photo-decoding"). ``env``: variables the workers
     start with (``{"OPENBLAS_NUM_THREADS": "1"}``: one thread each, where the workers share the cores), set in this
-    process while its workers start, as they are read when a worker's libraries load."""
+    process while its workers start, as they are read when a worker's libraries load.
+
+    Called by a worker that is importing its parent's main script again (the script's top-level call), it exits that
+    worker at once (:func:`exit_if_importing_main`), and the parent says so."""
+    exit_if_importing_main()
     saved = {k: os.environ.get(k) for k in env or {}}
     os.environ.update(env or {})
     try:
@@ -124,8 +138,13 @@ def _in_pool(fn: Callable[[_T], _R], items: Iterable[_T], workers: int, what: st
              init: Callable[..., object] | None, init_args: tuple, window: int | None) -> Iterator[_R]:
     ctx = multiprocessing.get_context("spawn")
     before = set(multiprocessing.active_children())
+    args_file = None
+    if len(pickle.dumps(init_args)) > INLINE_ARGS:
+        with tempfile.NamedTemporaryFile("wb", prefix="moco-workers-", suffix=".pickle", delete=False) as f:
+            pickle.dump(init_args, f)
+        args_file, init_args = f.name, ()
     pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_start,
-                                                  initargs=(os.getpid(), init, init_args))
+                                                  initargs=(os.getpid(), init, init_args, args_file))
     finished = False
     try:
         yield from ordered_window(lambda item: pool.submit(fn, item), items, window or workers * 3)
@@ -137,3 +156,6 @@ def _in_pool(fn: Callable[[_T], _R], items: Iterable[_T], workers: int, what: st
             for proc in set(multiprocessing.active_children()) - before:
                 proc.kill()
         pool.shutdown(wait=finished, cancel_futures=True)
+        if args_file is not None:
+            with contextlib.suppress(OSError):
+                os.remove(args_file)
