@@ -207,6 +207,23 @@ def test_the_kept_scores_are_the_check_s_own(tmp_path):
     assert hit.all() and got.tolist() == list(scores.values())
 
 
+def test_kept_scores_reads_a_file_of_other_settings_and_leaves_it_as_it_was(tmp_path, monkeypatch):
+    """A bench reading a search's scored pairs after the check's settings changed (kept_scores) gets them all and
+    leaves the file as it was (it used to open it as a search does, which starts a file of other settings anew)."""
+    import index.duplicates.verify as verify
+    from index.duplicates.dedup_cache import kept_scores
+
+    pics = _pictures(6, seed=3)
+    frames_ = {i: frame_of(img) for i, img in pics.items()}
+    scores = copy_scores([(0, 1), (2, 5), (3, 4)], frames_)
+    CheckedPairs(tmp_path / CHECKED_FILE, {i: 1 for i in pics}).add(scores)
+    before = (tmp_path / CHECKED_FILE).read_bytes()
+    monkeypatch.setattr(verify, "COPY_SCORE", verify.COPY_SCORE - 0.001)  # other settings now
+    pairs, got = kept_scores(tmp_path / CHECKED_FILE)
+    assert [tuple(p) for p in pairs.tolist()] == list(scores) and got.tolist() == list(scores.values())
+    assert (tmp_path / CHECKED_FILE).read_bytes() == before
+
+
 def test_a_search_killed_in_the_pixel_check_goes_on_from_where_it_stopped(backbone, tmp_path):
     """SIGKILL after the pixel check's first block of pairs: the next search reuses that block's scores and checks
     only the rest, with the groups of an uninterrupted search."""

@@ -16,9 +16,9 @@ is ``near`` (its byte-identical members are marked), one of a single content ``e
 Near links are copies by their pixels. The model proposes pairs: those at the near threshold, the index's own
 (:func:`index.calibrate.dedup_threshold`, calibrated on copies of its photos at build time), raised above the
 collection's crowd level where a weak model or a collection of very alike photos puts distinct photos that close
-(:func:`index.calibrate.near_threshold`; its rule is reported), and each photo's :data:`PROPOSE_K` closest photos by
-the model, by the NCC of their pixels (a brighter copy, which a model may not see as close) and the photos it could
-have been cut from (:func:`index.duplicates.propose.proposals`).
+(:func:`index.calibrate.near_threshold`; its rule is reported), each photo's :data:`PROPOSE_K` closest photos by
+the model, and its closest by the NCC of their pixels (a brighter copy, which a model may not see as close) and the
+photo it could have been cut from (:func:`index.duplicates.propose.proposals`).
 A proposed pair is a near link only where :func:`index.duplicates.verify.copy_scores` finds one photo to be the other
 re-encoded, resized, cropped, brightened or mirrored (copy score at least :data:`~index.duplicates.verify.COPY_SCORE`,
 :func:`verify_links`), and whose files do not say they are two captures (EXIF dates taken a second or more apart, or
@@ -86,7 +86,7 @@ from index.duplicates.groups import (
     group_id,
 )
 from index.duplicates.keeper import photo_facts, suggest_keeper
-from index.duplicates.propose import PROPOSE_K, proposals
+from index.duplicates.propose import PIXEL_DEPTH, PROPOSE_K, proposals
 from index.duplicates.verify import COPY_SCORE, SIDE
 from index.search.image_index import ImageIndex, row_filter
 from index.search.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
@@ -421,7 +421,7 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     for a, b in index.catalog.not_duplicate_pairs():
         near.get(a, {}).pop(b, None)
         near.get(b, {}).pop(a, None)
-    decision.update(copy_score=COPY_SCORE, propose_k=PROPOSE_K, **counts)
+    decision.update(copy_score=COPY_SCORE, propose_k=PROPOSE_K, pixel_depth=PIXEL_DEPTH, **counts)
     found = [(rep, members, EXACT if len({by_id[m] for m in members}) == 1 else NEAR, near)
              for rep, members in tight_groups(near)]
     if SIMILAR in kinds:

@@ -396,7 +396,7 @@ def kept_neighbours(path: Path) -> Neighbours:
 
 
 def kept_scores(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Every pair a checked-pairs file holds (P x 2, a < b) and its score (P), whatever the photos' versions."""
-    file = _RecordFile(path, b"MOCOCHK1", check_settings(), _PAIR)
-    rec = file.read(0, file.records())
+    """Every pair a checked-pairs file holds (P x 2, a < b) and its score (P), whatever the photos' versions and the
+    settings it was written with (for benches; the file is only read)."""
+    rec = np.fromfile(path, _PAIR, offset=_HEADER)
     return np.stack([rec["a"], rec["b"]], axis=1).astype(np.int64), rec["score"].astype(np.float64)

@@ -4,9 +4,15 @@ Checking every pair is quadratic, so each photo puts forward a few others, from 
 
 - **the model**: its :data:`PROPOSE_K` closest photos in the index's space, and the model's pairs at the near
   threshold (a re-encoded or resized copy);
-- **whole pixels**: its :data:`PROPOSE_K` closest photos by the NCC of their whole grey frames,
+- **whole pixels**: its closest photo by the NCC of their whole grey frames (:data:`PIXEL_DEPTH`),
   :data:`PIXEL_SIDE` a side, plain and mirrored (a brighter copy, which a model may not see as close);
-- **crops**: the :data:`PROPOSE_K` photos that could have been cut from it. Every photo's whole frame, shrunk to
+- **crops**: the photo that could best have been cut from it (:data:`PIXEL_DEPTH`).
+
+A copy of a photo is the first of one of the pixel searches, or among the model's first few: on both choose splits of
+bench/dedup_scale.py (10,000 Fashion-MNIST photos, 30,000 smooth pictures), every planted copy of a small photo was
+the first of some search; what the pixel searches find further down is alike photos, a copy of a large photo's
+other copies, and their first is the copy of it. Each search keeps its :data:`PROPOSE_K` closest (the neighbours,
+for a later search to start from); only the model's all go to the check. Every photo's whole frame, shrunk to
   :data:`CROP_SIDE` a side, goes into one index (one vector a photo); each photo's windows at the crop shares the
   check tests (:data:`~index.duplicates.verify.SCALES` under 1) and at :data:`CROP_GRID` x :data:`CROP_GRID` places,
   plain and
@@ -36,11 +42,14 @@ from index.duplicates.verify import SCALES, Frame, unit_patches
 from index.search.store import VectorStore
 
 __all__ = ["proposals", "Proposed", "Neighbours", "SOURCES", "LINKED", "MODEL", "pixel_neighbours", "crop_neighbours",
-           "crop_windows", "crop_windows_of", "PROPOSE_K", "PIXEL_SIDE", "CROP_SIDE", "CROP_GRID", "PIXEL_EXACT_UP_TO"]
+           "crop_windows", "crop_windows_of", "PROPOSE_K", "PIXEL_DEPTH", "SOURCE_DEPTH", "PIXEL_SIDE", "CROP_SIDE",
+           "CROP_GRID", "PIXEL_EXACT_UP_TO"]
 
 logger = logging.getLogger(__name__)
 
-PROPOSE_K = 5  # each photo's closest photos by the model, by whole pixels and by crops go to the pixel check
+PROPOSE_K = 5  # each photo's closest photos by the model, by whole pixels and by crops are kept (the neighbours)
+PIXEL_DEPTH = 1  # of those by whole pixels and by crops, this many go to the pixel check; all PROPOSE_K of the model's
+SOURCE_DEPTH = (PROPOSE_K, PIXEL_DEPTH, PIXEL_DEPTH, PIXEL_DEPTH, PIXEL_DEPTH)  # per search of SOURCES
 LINKED = 2.0  # the proposal score of a pair the model links at the near threshold
 MODEL = 1.5  # the proposal score of a pair among the model's k nearest (above any NCC)
 SAME_BYTES_MARGIN = 8  # k-NN slots beyond k + 1 for photos with the same bytes (not other photos)
@@ -92,8 +101,9 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
     """The pairs of photos with other bytes that the pixel check looks at (P x 2 ids, a < b, sorted, each pair once;
     8 bytes a pair in all): the ``links`` (the model's, at the near threshold), each photo's ``k`` closest other
     photos by the model (``vecs``: N x D in the index's space, searched in ``store``), by whole pixels
-    (:func:`pixel_neighbours`) and the ``k`` that could be cut from it (:func:`crop_neighbours`); and each pair's best
-    proposal score (:data:`LINKED`, :data:`MODEL`, or an NCC: only the pixel searches put it forward).
+    (:func:`pixel_neighbours`) and the ``k`` that could be cut from it (:func:`crop_neighbours`), of each search the
+    first :data:`SOURCE_DEPTH` (at most ``k``); and each pair's best proposal score (:data:`LINKED`, :data:`MODEL`,
+    or an NCC: only the pixel searches put it forward). The neighbours found are all ``k`` of each search.
 
     ``before``: the neighbours an earlier search found, of the photos that are as they were then (the same version,
     with or without a frame as now; :class:`~index.duplicates.dedup_cache.NeighbourFile`). A photo whose neighbours
@@ -164,7 +174,8 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
         b = out.near[start : start + 65536]  # B x S x k
         score = out.scores[start : start + 65536].copy()  # B x S x k
         score[:, _MODEL_SOURCE] = MODEL
-        there = b >= 0
+        depth = np.minimum(np.asarray(SOURCE_DEPTH), k)  # S
+        there = (b >= 0) & (np.arange(b.shape[2])[None, None, :] < depth[None, :, None])  # B x S x k
         found.add_keys((np.minimum(a, b)[there] << 32) | np.maximum(a, b)[there], score[there])
     pairs, scores = found.pairs()
     return Proposed(pairs, scores, out, len(dirty))
