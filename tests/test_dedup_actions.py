@@ -18,6 +18,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from index.building.runner import build_index, update_index
 from index.calibrate import CROWD, MIN_PHOTOS, near_threshold, neighbour_levels
 from index.duplicates.dedup import KINDS, load_duplicates, search_duplicates
 from index.duplicates.keeper import CHOSEN, Facts, format_rank, named_as_copy, suggest_keeper
-from index.duplicates.propose import CROP_SIDE, PIXEL_DEPTH, PIXEL_SIDE, crop_windows, proposals
+from index.duplicates.propose import CROP_SIDE, PIXEL_ALIKE, PIXEL_DEPTH, PIXEL_SIDE, crop_windows, proposals
 from index.duplicates.resolve.actions import DUPLICATES_DIR, PAUSE_ENV, destination, move_duplicates, undo_moves
 from index.duplicates.resolve.journal import MARK_FILE, Journal
 from index.duplicates.resolve.transfer import PARTIAL_SUFFIX, TransferError, free_name, transfer
@@ -158,6 +159,14 @@ def test_the_crowd_level_against_brute_force_and_its_guard():
     assert near_threshold(0.9, "default", all_first[: MIN_PHOTOS - 1], all_kth[: MIN_PHOTOS - 1])["crowd_level"] is None
 
 
+def _first(others: list[int], ncc: Callable[[int], float], k: int = 2) -> list[int]:
+    """What a pixel search proposes of its k closest photos, by hand: the first PIXEL_DEPTH of those under
+    PIXEL_ALIKE, and every one at PIXEL_ALIKE or more."""
+    near = sorted(others, key=lambda j: -ncc(j))[:k]
+    return [j for n, j in enumerate(near) if ncc(j) >= PIXEL_ALIKE
+            or sum(ncc(o) < PIXEL_ALIKE for o in near[:n]) < PIXEL_DEPTH]
+
+
 def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
     """At a threshold of -1 every pair of photos is a link of the model (the weakest model there is, or a collection
     of very alike photos): the pixel check turns down every pair of distinct photos and keeps the copies, a
@@ -182,8 +191,8 @@ def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
     n = len(paths) + 3
     assert d["rule"] == "given" and d["proposed"] == n * (n - 1) // 2 and d["verified"] == 3
     assert d["turned_down"] == d["proposed"] - 3 and d["unchecked"] == 0
-    # without the model's links, the proposals are each photo's 2 closest by the model, and its first PIXEL_DEPTH by
-    # whole pixels and by crops (the photos whose frames match one of its windows best), by hand
+    # without the model's links, the proposals are each photo's 2 closest by the model, and by whole pixels and by
+    # crops (the photos whose frames match one of its windows best) what _first keeps of its 2 closest, by hand
     ids, raw = index.catalog.vectors(dim=index.dim)
     rows = index.catalog.rows_by_id(ids)
     content = {int(i): int(i) for i in ids}
@@ -203,12 +212,12 @@ def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
             want.add((min(i, j), max(i, j)))
         others = [j for j in ids.tolist() if j != i]
         for q in flat[PIXEL_SIDE][i]:
-            near = sorted(others, key=lambda j: -float(q @ flat[PIXEL_SIDE][j][0]))[: min(PIXEL_DEPTH, 2)]
+            near = _first(others, lambda j, q=q: float(q @ flat[PIXEL_SIDE][j][0]))
             want |= {(min(i, j), max(i, j)) for j in near}
         for mirrored in (False, True):  # the photos whose whole frames match one of i's windows best
             w = windows[i].reshape(-1, CROP_SIDE, CROP_SIDE)
             w = (w[:, :, ::-1] if mirrored else w).reshape(len(w), -1)
-            near = sorted(others, key=lambda j: -float((w @ flat[CROP_SIDE][j][0]).max()))[: min(PIXEL_DEPTH, 2)]
+            near = _first(others, lambda j, w=w: float((w @ flat[CROP_SIDE][j][0]).max()))
             want |= {(min(i, j), max(i, j)) for j in near}
     assert {(int(a), int(b)) for a, b in got} == want and len(got) == len(want)
 

@@ -10,9 +10,11 @@ Checking every pair is quadratic, so each photo puts forward a few others, from 
 
 A copy of a photo is the first of one of the pixel searches, or among the model's first few: on both choose splits of
 bench/dedup_scale.py (10,000 Fashion-MNIST photos, 30,000 smooth pictures), every planted copy of a small photo was
-the first of some search; what the pixel searches find further down is alike photos, a copy of a large photo's
-other copies, and their first is the copy of it. Each search keeps its :data:`PROPOSE_K` closest (the neighbours,
-for a later search to start from); only the model's all go to the check. Every photo's whole frame, shrunk to
+the first of some search; what the pixel searches find further down is alike photos. Where a photo has several
+copies, they fill its first places: a large photo's four copies scored 0.998-0.999 there and its 70% crop came
+fourth, so every neighbour a pixel search puts at :data:`PIXEL_ALIKE` or more is proposed too, and the first under
+it. Each search keeps its :data:`PROPOSE_K` closest (the neighbours, for a later search to start from); only the
+model's all go to the check. Every photo's whole frame, shrunk to
   :data:`CROP_SIDE` a side, goes into one index (one vector a photo); each photo's windows at the crop shares the
   check tests (:data:`~index.duplicates.verify.SCALES` under 1) and at :data:`CROP_GRID` x :data:`CROP_GRID` places,
   plain and
@@ -42,13 +44,14 @@ from index.duplicates.verify import SCALES, Frame, unit_patches
 from index.search.store import VectorStore
 
 __all__ = ["proposals", "Proposed", "Neighbours", "SOURCES", "LINKED", "MODEL", "pixel_neighbours", "crop_neighbours",
-           "crop_windows", "crop_windows_of", "PROPOSE_K", "PIXEL_DEPTH", "SOURCE_DEPTH", "PIXEL_SIDE", "CROP_SIDE",
-           "CROP_GRID", "PIXEL_EXACT_UP_TO"]
+           "crop_windows", "crop_windows_of", "PROPOSE_K", "PIXEL_DEPTH", "PIXEL_ALIKE", "SOURCE_DEPTH", "PIXEL_SIDE",
+           "CROP_SIDE", "CROP_GRID", "PIXEL_EXACT_UP_TO"]
 
 logger = logging.getLogger(__name__)
 
 PROPOSE_K = 5  # each photo's closest photos by the model, by whole pixels and by crops are kept (the neighbours)
 PIXEL_DEPTH = 1  # of those by whole pixels and by crops, this many go to the pixel check; all PROPOSE_K of the model's
+PIXEL_ALIKE = 0.98  # ... besides every one at least this close by the pixel search (a family of copies of one photo)
 SOURCE_DEPTH = (PROPOSE_K, PIXEL_DEPTH, PIXEL_DEPTH, PIXEL_DEPTH, PIXEL_DEPTH)  # per search of SOURCES
 LINKED = 2.0  # the proposal score of a pair the model links at the near threshold
 MODEL = 1.5  # the proposal score of a pair among the model's k nearest (above any NCC)
@@ -102,8 +105,9 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
     8 bytes a pair in all): the ``links`` (the model's, at the near threshold), each photo's ``k`` closest other
     photos by the model (``vecs``: N x D in the index's space, searched in ``store``), by whole pixels
     (:func:`pixel_neighbours`) and the ``k`` that could be cut from it (:func:`crop_neighbours`), of each search the
-    first :data:`SOURCE_DEPTH` (at most ``k``); and each pair's best proposal score (:data:`LINKED`, :data:`MODEL`,
-    or an NCC: only the pixel searches put it forward). The neighbours found are all ``k`` of each search.
+    first :data:`SOURCE_DEPTH` (at most ``k``) and those at :data:`PIXEL_ALIKE` or more; and each pair's best
+    proposal score (:data:`LINKED`, :data:`MODEL`, or an NCC: only the pixel searches put it forward). The neighbours
+    found are all ``k`` of each search.
 
     ``before``: the neighbours an earlier search found, of the photos that are as they were then (the same version,
     with or without a frame as now; :class:`~index.duplicates.dedup_cache.NeighbourFile`). A photo whose neighbours
@@ -173,9 +177,12 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
         a = np.broadcast_to(out.ids[start : start + 65536, None, None], out.near[start : start + 65536].shape)
         b = out.near[start : start + 65536]  # B x S x k
         score = out.scores[start : start + 65536].copy()  # B x S x k
-        score[:, _MODEL_SOURCE] = MODEL
+        alike = score >= PIXEL_ALIKE  # B x S x k: a copy of the photo by the pixels alone, nearly
+        below = (b >= 0) & ~alike
+        before = np.cumsum(below, axis=2) - below  # B x S x k: the neighbours before this one that are not
         depth = np.minimum(np.asarray(SOURCE_DEPTH), k)  # S
-        there = (b >= 0) & (np.arange(b.shape[2])[None, None, :] < depth[None, :, None])  # B x S x k
+        there = (b >= 0) & ((before < depth[None, :, None]) | alike)  # B x S x k
+        score[:, _MODEL_SOURCE] = MODEL
         found.add_keys((np.minimum(a, b)[there] << 32) | np.maximum(a, b)[there], score[there])
     pairs, scores = found.pairs()
     return Proposed(pairs, scores, out, len(dirty))
