@@ -6,7 +6,15 @@ Checking every pair is quadratic, so each photo puts forward a few others, from 
   threshold (a re-encoded or resized copy);
 - **whole pixels**: its closest photo by the NCC of their whole grey frames (:data:`PIXEL_DEPTH`),
   :data:`PIXEL_SIDE` a side, plain and mirrored (a brighter copy, which a model may not see as close);
-- **crops**: the photo that could best have been cut from it (:data:`PIXEL_DEPTH`).
+- **crops**: the photo that could best have been cut from it (:data:`PIXEL_DEPTH`). Every photo's whole frame,
+  shrunk to :data:`CROP_SIDE` a side, goes into one index (one vector a photo); each photo's windows at the crop
+  shares the check tests (:data:`~index.duplicates.verify.SCALES` under 1) and at :data:`CROP_GRID` x
+  :data:`CROP_GRID` places, plain and mirrored, look up the whole frames closest to them by NCC, and their photos are
+  its candidates. A crop is the one edit that moves every pixel of a small frame, and a model trained to see crops as
+  the same scene puts a crop of a shirt beside every shirt. The windows are made and looked up a chunk of photos at a
+  time: memory holds one vector a photo, never the 45 windows of every photo (at 50,000 photos those were 2.25
+  million vectors, 7 GB with their graph). The vectors of both pixel searches are made from the frames a chunk at a
+  time too: only the indexes hold them (above :data:`PIXEL_EXACT_UP_TO` photos, one byte a dimension).
 
 A copy of a photo is the first of one of the pixel searches, or among the model's first few: on both choose splits of
 bench/dedup_scale.py (10,000 Fashion-MNIST photos, 30,000 smooth pictures), every planted copy of a small photo was
@@ -14,16 +22,7 @@ the first of some search; what the pixel searches find further down is alike pho
 copies, they fill its first places: a large photo's four copies scored 0.998-0.999 there and its 70% crop came
 fourth, so every neighbour a pixel search puts at :data:`PIXEL_ALIKE` or more is proposed too, and the first under
 it. Each search keeps its :data:`PROPOSE_K` closest (the neighbours, for a later search to start from); only the
-model's all go to the check. Every photo's whole frame, shrunk to
-  :data:`CROP_SIDE` a side, goes into one index (one vector a photo); each photo's windows at the crop shares the
-  check tests (:data:`~index.duplicates.verify.SCALES` under 1) and at :data:`CROP_GRID` x :data:`CROP_GRID` places,
-  plain and
-  mirrored, look up the whole frames closest to them by NCC, and their photos are its candidates. A crop is the one
-  edit that moves every pixel of a small frame, and a model trained to see crops as the same scene puts a crop of a
-  shirt beside every shirt. The windows are made and looked up a chunk of photos at a time: memory holds one vector
-  a photo, never the 45 windows of every photo (at 50,000 photos those were 2.25 million vectors, 7 GB with their
-  graph). The vectors of both pixel searches are made from the frames a chunk at a time too: only the indexes hold
-  them (above :data:`PIXEL_EXACT_UP_TO` photos, one byte a dimension).
+model's all go to the check.
 
 The searches are exact (flat inner-product indexes) up to :data:`PIXEL_EXACT_UP_TO` photos and approximate above
 (inverted files of one byte a dimension, :data:`IVF_PROBE` cells searched). Photos of the same bytes are never

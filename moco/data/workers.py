@@ -139,9 +139,10 @@ def _in_pool(fn: Callable[[_T], _R], items: Iterable[_T], workers: int, what: st
     ctx = multiprocessing.get_context("spawn")
     before = set(multiprocessing.active_children())
     args_file = None
-    if len(pickle.dumps(init_args)) > INLINE_ARGS:
+    payload = pickle.dumps(init_args)
+    if len(payload) > INLINE_ARGS:
         with tempfile.NamedTemporaryFile("wb", prefix="moco-workers-", suffix=".pickle", delete=False) as f:
-            pickle.dump(init_args, f)
+            f.write(payload)
         args_file, init_args = f.name, ()
     pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_start,
                                                   initargs=(os.getpid(), init, init_args, args_file))
