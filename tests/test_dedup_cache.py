@@ -22,10 +22,13 @@ from index.duplicates.dedup import load_duplicates, search_duplicates
 from index.duplicates.dedup_cache import (
     CHECKED_FILE,
     FRAMES_FILE,
+    LINKS_FILE,
     NEIGHBOURS_FILE,
     CheckedPairs,
     FrameFile,
+    LinkFile,
     check_settings,
+    kept_links,
     kept_neighbours,
 )
 from index.duplicates.verify import COPY_SCORE, copy_scores, frame_of
@@ -132,11 +135,12 @@ def _collection(root: Path, n: int, seed: int) -> None:
 
 
 def test_a_search_after_an_update_checks_only_the_pairs_of_the_new_photos(backbone, tmp_path, capsys):
-    """The second search of an unchanged index checks no pair and looks up no photo's proposals again; after photos
-    were added, it checks only pairs that hold a new photo (or the model's new links among the others), looks up only
-    the new photos among all (the others among the new ones), and its proposals and groups are those of a search that
-    kept nothing (the files deleted); after photos were deleted, only the photos that had one of them among their
-    neighbours are looked up again, with the neighbours of a search anew."""
+    """The second search of an unchanged index checks no pair and looks up no photo's proposals or links again; after
+    photos were added, it checks only pairs that hold a new photo (or the model's new links among the others), looks
+    up only the new photos among all (the others among the new ones), searches only the new photos' links, and its
+    links, proposals and groups are those of a search that kept nothing (the files deleted); after photos were
+    deleted, only the photos that had one of them among their neighbours are looked up again, with the neighbours of a
+    search anew."""
     photos = tmp_path / "photos"
     _collection(photos, 40, seed=1)
     build_index(photos, backbone, tmp_path / "idx", progress=False)
@@ -152,11 +156,15 @@ def test_a_search_after_an_update_checks_only_the_pairs_of_the_new_photos(backbo
     assert sum(g.kind == "near" for g in first.groups) >= 5  # the copies were found
 
     assert second.decision["looked_up"] == 0 and first.decision["looked_up"] == len(idx)
+    assert second.decision["linked"] == 0 and first.decision["linked"] == len(idx)
     assert _neighbours(tmp_path / "idx") == kept_first
+    links_first = kept_links(tmp_path / "idx" / LINKS_FILE)
+    assert links_first and min(links_first.values()) >= first.decision["threshold"] - dedup.LINK_MARGIN - 1e-6
 
     before = {r.id for r in ImageIndex.open(tmp_path / "idx").catalog.rows_by_id(
         ImageIndex.open(tmp_path / "idx").catalog.vectors(dim=idx.dim)[0]).values()}
     _collection(photos, 8, seed=2)
+    Image.open(photos / "p1_3.png").save(photos / "p1_3_again.jpg", quality=90)  # linked to a photo searched before
     update_index(tmp_path / "idx", progress=False)
     idx = ImageIndex.open(tmp_path / "idx")
     assert main(["index", "dedup", str(tmp_path / "idx")]) == 0  # as a user does it
@@ -166,12 +174,17 @@ def test_a_search_after_an_update_checks_only_the_pairs_of_the_new_photos(backbo
             "the last search)") in capsys.readouterr().out
     assert 0 < d["checked"] < d["proposed"] // 2 and d["frames_made"] == len(idx) - len(before)
     assert d["looked_up"] == len(idx) - len(before)  # the new photos; the others only among them
-    incremental = _neighbours(tmp_path / "idx")
-    for name in (FRAMES_FILE, CHECKED_FILE, NEIGHBOURS_FILE):
+    assert d["linked"] == len(idx) - len(before)  # the new photos' links: the others' are kept
+    incremental, links = _neighbours(tmp_path / "idx"), kept_links(tmp_path / "idx" / LINKS_FILE)
+    assert set(links_first) < set(links)  # the new photos' links were added to the kept ones
+    for name in (FRAMES_FILE, CHECKED_FILE, NEIGHBOURS_FILE, LINKS_FILE):
         (tmp_path / "idx" / name).unlink()
     fresh = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
-    assert fresh.decision["reused"] == 0 and fresh.decision["looked_up"] == len(idx)
+    assert fresh.decision["reused"] == 0 and fresh.decision["looked_up"] == fresh.decision["linked"] == len(idx)
     assert incremental == _neighbours(tmp_path / "idx")  # each photo's, by each search: those of a search anew
+    fresh_links = kept_links(tmp_path / "idx" / LINKS_FILE)  # the model's links: those of a search anew
+    assert set(fresh_links) == set(links)
+    assert np.allclose([fresh_links[q] for q in links], list(links.values()), atol=1e-5)
     assert fresh.decision["proposed"] == d["proposed"]
     assert [g.id for g in third.groups] == [g.id for g in fresh.groups]
     new_ids = {m.id for g in fresh.groups for m in g.members} - before
@@ -330,3 +343,20 @@ def test_a_search_script_without_a_main_guard_gets_one_clear_error(backbone, tmp
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("moco.errors.UserError: ") and str(script) in last and "workers=0" in last, last
     assert 'if __name__ == "__main__":' in last and "groups" not in proc.stdout
+
+
+def test_kept_links_hold_the_photos_as_they_were_and_a_lower_threshold_or_other_space_searches_anew(tmp_path):
+    """The model's kept links: a photo replaced since (another version) is left out with its links, a search at a
+    threshold under the floor they were found at gets none (it would lack links), and a file of another space is
+    started anew."""
+    path = tmp_path / LINKS_FILE
+    links = {1: {2: 0.9}, 2: {1: 0.9, 3: 0.85}, 3: {2: 0.85}}
+    LinkFile(path, "space").save(0.8, [1, 2, 3, 4], {1: 10, 2: 20, 3: 30, 4: 40}, links)
+    kept = LinkFile(path, "space").load({1: 10, 2: 20, 3: 30, 4: 40}, 0.82)
+    assert kept.floor == pytest.approx(0.8) and kept.photos.tolist() == [1, 2, 3, 4]
+    assert kept.pairs.tolist() == [[1, 2], [2, 3]] and np.allclose(kept.cosines, [0.9, 0.85])
+    kept = LinkFile(path, "space").load({1: 10, 2: 21, 3: 30, 4: 40}, 0.82)  # 2 replaced in place
+    assert kept.photos.tolist() == [1, 3, 4] and kept.pairs.tolist() == []
+    assert LinkFile(path, "space").load({1: 10, 2: 20, 3: 30, 4: 40}, 0.79) is None
+    assert LinkFile(path, "another space").load({1: 10, 2: 20, 3: 30, 4: 40}, 0.82) is None
+    assert kept_links(path) == {}  # started anew

@@ -67,9 +67,11 @@ from index.duplicates.check_workers import PART, check_workers, checked_parts
 from index.duplicates.dedup_cache import (
     CHECKED_FILE,
     FRAMES_FILE,
+    LINKS_FILE,
     NEIGHBOURS_FILE,
     CheckedPairs,
     FrameFile,
+    LinkFile,
     NeighbourFile,
     photo_version,
 )
@@ -99,13 +101,12 @@ __all__ = ["find_duplicates", "search_duplicates", "Search", "load_duplicates", 
            "find_group", "tight_groups", "verify_links"]
 
 
-def _neighbours(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold: float,
-                chunk: int) -> dict[int, dict[int, float]]:
-    """The neighbours of photos ``ids`` (vectors ``vecs`` in the index's space, :meth:`ImageIndex.center`) at
-    centred cosine >= ``threshold``: ``{id: {other id: cosine}}``, symmetric (a pair an approximate index finds one
-    way only is kept both ways); photos without one are left out."""
-    live = set(ids.tolist())
-    graph: dict[int, dict[int, float]] = {}
+def _neighbours(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold: float, chunk: int,
+                live: set[int], graph: dict[int, dict[int, float]], step: Callable[[int], object]) -> None:
+    """Add to ``graph`` the neighbours of photos ``ids`` (vectors ``vecs`` in the index's space,
+    :meth:`ImageIndex.center`) among the photos ``live`` at centred cosine >= ``threshold``: ``{id: {other id:
+    cosine}}``, symmetric (a pair an approximate index finds one way only is kept both ways); photos without one are
+    left out. ``step(n)``: called as the photos are searched."""
     for start in range(0, len(ids), chunk):
         lims, scores, found = index.store.range_search(np.ascontiguousarray(vecs[start : start + chunk]), threshold)
         for q in range(len(lims) - 1):
@@ -115,7 +116,38 @@ def _neighbours(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold:
                     continue
                 s = max(s, graph.get(j, {}).get(own, -1.0))
                 graph.setdefault(own, {})[j] = graph.setdefault(j, {})[own] = s
-    return graph
+        step(min(chunk, len(ids) - start))
+
+
+LINK_MARGIN = 0.02  # the model's links are kept this far under the threshold: a later search's, measured anew, may dip
+
+
+def _model_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold: float, chunk: int,
+                 versions: Mapping[int, int], progress: bool) -> tuple[dict[int, dict[int, float]], int]:
+    """The model's links: every pair of photos ``ids`` at centred cosine >= ``threshold`` (:func:`_neighbours`), and
+    how many photos were searched for them. A range search of every photo grows faster than the photos (each
+    searches all the others: BENCHMARKS.md), so the links are kept in the index directory
+    (:class:`~index.duplicates.dedup_cache.LinkFile`, at :data:`LINK_MARGIN` under the threshold): a later search
+    takes the links among the photos that are as they were, and searches only the others (new or changed since)
+    among all, which finds their links to the rest too."""
+    live = set(ids.tolist())
+    kept_file = None if index.catalog.read_only else LinkFile(index.dir / LINKS_FILE, _space_key(index))
+    kept = kept_file.load(versions, threshold) if kept_file is not None else None
+    graph: dict[int, dict[int, float]] = {}
+    known: set[int] = set()
+    floor = round(threshold - LINK_MARGIN, 4)
+    if kept is not None:
+        floor, known = kept.floor, set(kept.photos.tolist()) & live
+        for (a, b), s in zip(kept.pairs.tolist(), kept.cosines.tolist()):
+            if a in known and b in known:
+                graph.setdefault(a, {})[b] = graph.setdefault(b, {})[a] = s
+    todo = np.array([i not in known for i in ids.tolist()], bool)  # N
+    with _stage("model links", int(todo.sum()), "photo", progress) as bar:
+        _neighbours(index, ids[todo], vecs[todo], floor, chunk, live, graph, bar.update)
+    if kept_file is not None:
+        kept_file.save(floor, ids.tolist(), versions, graph)
+    links = {i: {j: s for j, s in nb.items() if s >= threshold} for i, nb in graph.items()}
+    return {i: nb for i, nb in links.items() if nb}, int(todo.sum())
 
 
 def tight_groups(graph: Mapping[int, Mapping[int, float]]) -> list[tuple[int, list[int]]]:
@@ -294,10 +326,10 @@ def _stage(name: str, total: int, unit: str, enabled: bool) -> Any:
 
 
 def _graph(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: np.ndarray, low: float,
-           chunk: int) -> dict[int, dict[int, float]]:
-    """Neighbours at centred cosine >= ``low``, photos of the same bytes linked (1.0), the user's "not duplicates"
-    pairs unlinked."""
-    graph = _neighbours(index, ids, vecs, low, chunk)
+           chunk: int, versions: Mapping[int, int], progress: bool) -> tuple[dict[int, dict[int, float]], int]:
+    """Neighbours at centred cosine >= ``low`` (:func:`_model_links`), photos of the same bytes linked (1.0), the
+    user's "not duplicates" pairs unlinked; and how many photos were searched for them."""
+    graph, searched = _model_links(index, ids, vecs, low, chunk, versions, progress)
     by_content: dict[int, list[int]] = {}
     for i, c in zip(ids.tolist(), content.tolist()):
         by_content.setdefault(c, []).append(i)
@@ -309,7 +341,7 @@ def _graph(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: np.nda
     for a, b in index.catalog.not_duplicate_pairs():
         graph.get(a, {}).pop(b, None)
         graph.get(b, {}).pop(a, None)
-    return graph
+    return graph, searched
 
 
 def _centred(index: ImageIndex, raw: np.ndarray, chunk: int = 65536) -> np.ndarray:
@@ -409,7 +441,8 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     del raw
     decision = _decide(index, vecs, content, ids, threshold, similar_threshold)
     near_t, similar_t = decision["threshold"], decision["similar_threshold"]
-    graph = _graph(index, ids, vecs, content, similar_t if SIMILAR in kinds else near_t, chunk)
+    graph, linked = _graph(index, ids, vecs, content, similar_t if SIMILAR in kinds else near_t, chunk, versions,
+                           progress)
     by_id = dict(zip(ids.tolist(), content.tolist()))
     model_links = {i: {j: s for j, s in nb.items() if s >= near_t and by_id[j] != by_id[i]} for i, nb in graph.items()}
     near, copy_of, counts = verify_links(index, ids, vecs, by_id, rows, model_links, chunk, progress, versions,
@@ -421,7 +454,7 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     for a, b in index.catalog.not_duplicate_pairs():
         near.get(a, {}).pop(b, None)
         near.get(b, {}).pop(a, None)
-    decision.update(copy_score=COPY_SCORE, propose_k=PROPOSE_K, pixel_depth=PIXEL_DEPTH, **counts)
+    decision.update(copy_score=COPY_SCORE, propose_k=PROPOSE_K, pixel_depth=PIXEL_DEPTH, linked=linked, **counts)
     found = [(rep, members, EXACT if len({by_id[m] for m in members}) == 1 else NEAR, near)
              for rep, members in tight_groups(near)]
     if SIMILAR in kinds:

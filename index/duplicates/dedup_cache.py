@@ -1,6 +1,6 @@
 """What a search for duplicates keeps between runs, in the index directory: each photo's grey frame
-(:data:`FRAMES_FILE`), each photo's proposed neighbours (:data:`NEIGHBOURS_FILE`) and every pair the pixel check has
-scored (:data:`CHECKED_FILE`).
+(:data:`FRAMES_FILE`), each photo's proposed neighbours (:data:`NEIGHBOURS_FILE`), the model's links
+(:data:`LINKS_FILE`) and every pair the pixel check has scored (:data:`CHECKED_FILE`).
 
 The pixel check is most of a search's time, and a library changes little between two searches: after an
 ``index update`` that added a few photos, only the pairs that hold one of them are new. So every scored pair is
@@ -9,7 +9,9 @@ keeps the pairs it scored (they are written a chunk at a time) and the next one 
 12 kB a photo) are kept the same way, so memory does not hold them all: a search reads the ones it needs. The
 proposals are kept too (each photo's closest photos by each search, :class:`~index.duplicates.propose.Neighbours`,
 about 300 bytes a photo, written anew by each search): after an update, only the new photos are looked up among all,
-and the others only among the new ones.
+and the others only among the new ones. So are the model's links (the pairs at a cosine of at least a floor a little
+under the near threshold: a range search of the index, whose cost grows faster than the photos; :class:`LinkFile`):
+after an update, only the new photos' links are searched.
 
 A record is valid for the photo it was made from: each carries a version of its photo (a digest of its content hash
 and thumbnail, :func:`photo_version`), and a pair scored for other versions of its photos (a file replaced in
@@ -22,11 +24,14 @@ Deleting them loses nothing: the next search makes them again.
 
 File layout (little-endian)::
 
-    header   8 bytes kind (b"MOCOFRM1", b"MOCONBR1" or b"MOCOCHK1"), 8 bytes settings digest, 8 bytes record size
+    header   8 bytes kind (b"MOCOFRM1", b"MOCONBR1", b"MOCOLNK1" or b"MOCOCHK1"), 8 bytes settings digest, 8 bytes
+             record size
     frames   id int64, version uint64, aspect float32, width uint16, height uint16,
              grey SIDE x SIDE uint8, image (2 SIDE) x (2 SIDE) uint8 (its first width x height bytes)
     neighbours  id int64, version uint64, framed uint8 (1: the photo had a frame), near int64 (5 x k: a photo id, -1
              for none), scores float32 (5 x k), k = PROPOSE_K
+    links    a int64, b int64, version uint64, cosine float32: a photo searched (b = -1, its version, the floor
+             searched at: one for the file) or a link (a < b, version 0, their centred cosine)
     pairs    a int64, b int64 (a < b), version of a uint64, version of b uint64, score float64
 """
 
@@ -38,6 +43,7 @@ import logging
 import os
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,18 +54,21 @@ from index.duplicates.propose import PROPOSE_K, SOURCES, Neighbours
 from index.duplicates.verify import SIDE, Frame, frames
 from moco.files import atomic_write
 
-__all__ = ["FrameFile", "CheckedPairs", "NeighbourFile", "NEIGHBOURS_FILE", "photo_version", "check_settings",
+__all__ = ["FrameFile", "CheckedPairs", "NeighbourFile", "NEIGHBOURS_FILE", "LinkFile", "KeptLinks", "LINKS_FILE",
+           "kept_links", "photo_version", "check_settings",
            "neighbour_settings", "FRAMES_FILE", "CHECKED_FILE", "kept_frames", "kept_scores", "kept_neighbours"]
 
 logger = logging.getLogger(__name__)
 
 FRAMES_FILE, CHECKED_FILE, NEIGHBOURS_FILE = "dedup-frames.bin", "dedup-checked.bin", "dedup-neighbours.bin"
+LINKS_FILE = "dedup-links.bin"
 FRAME_FORMAT = 1  # raised when verify.frame_of makes other frames
 _HEADER = 24
 _FRAME = np.dtype([("id", "<i8"), ("version", "<u8"), ("aspect", "<f4"), ("width", "<u2"), ("height", "<u2"),
                    ("grey", "u1", (SIDE * SIDE,)), ("image", "u1", (4 * SIDE * SIDE,))])
 _NEIGHBOURS = np.dtype([("id", "<i8"), ("version", "<u8"), ("framed", "u1"),
                         ("near", "<i8", (len(SOURCES), PROPOSE_K)), ("scores", "<f4", (len(SOURCES), PROPOSE_K))])
+_LINK = np.dtype([("a", "<i8"), ("b", "<i8"), ("version", "<u8"), ("cos", "<f4")])
 _PAIR = np.dtype([("a", "<i8"), ("b", "<i8"), ("va", "<u8"), ("vb", "<u8"), ("score", "<f8")])
 FRAMES_KEPT = 4096  # frames a FrameFile keeps decoded at once
 _BLOCK = 1 << 16  # neighbour records read or written at a time (20 MB)
@@ -373,6 +382,76 @@ class NeighbourFile:
                 rec["near"], rec["scores"] = found.near[start : start + _BLOCK], found.scores[start : start + _BLOCK]
                 yield rec
         self._file.rewrite(chunks)
+
+
+@dataclass
+class KeptLinks:
+    """The model's links a search kept (:class:`LinkFile`): every pair of ``photos`` at a cosine of ``floor`` or
+    more."""
+
+    floor: float
+    photos: np.ndarray  # N ids: the photos searched, as they are now
+    pairs: np.ndarray  # L x 2 ids, a < b: both of ``photos``
+    cosines: np.ndarray  # L float32
+
+
+class LinkFile:
+    """The model's links of the last search, kept in :data:`LINKS_FILE`: the pairs of photos at a centred cosine of
+    at least a floor (a range search of the index), with the photos searched and their versions. Written anew by
+    each search; a photo's links to the photos new since are found by the new photos' own searches."""
+
+    def __init__(self, path: Path, space: str) -> None:
+        self._file = _RecordFile(path, b"MOCOLNK1", _digest(repr(("links", space))), _LINK)
+
+    def load(self, versions: Mapping[int, int], threshold: float) -> KeptLinks | None:
+        """The links among the photos searched that are as they were (``versions``: every photo's now); None when
+        the file holds none, or its floor is above ``threshold`` (a search at a lower one finds links it lacks)."""
+        total = self._file.records()
+        if not total:
+            return None
+        rec = np.concatenate([self._file.read(start, _BLOCK) for start in range(0, total, _BLOCK)])
+        marks, links = rec[rec["b"] < 0], rec[rec["b"] >= 0]
+        if not len(marks):
+            return None
+        floor = float(marks["cos"].max())
+        if floor > threshold:
+            logger.info("%s holds the links at %.4f or more, above this search's %.4f: searched anew", self._file.path,
+                        floor, threshold)
+            return None
+        ok = np.array([versions.get(i) == v for i, v in zip(marks["a"].tolist(), marks["version"].tolist())], bool)
+        photos = np.unique(marks["a"][ok])
+        inside = np.isin(links["a"], photos) & np.isin(links["b"], photos)
+        return KeptLinks(floor, photos.astype(np.int64), np.stack([links["a"][inside], links["b"][inside]], axis=1),
+                         links["cos"][inside].astype(np.float32))
+
+    def save(self, floor: float, photos: Iterable[int], versions: Mapping[int, int],
+             links: Mapping[int, Mapping[int, float]]) -> None:
+        """Write the file anew (atomically; nothing where the index cannot be written): ``photos`` were searched at
+        ``floor`` and ``links`` (``{id: {other: cosine}}``, symmetric) are all their pairs at ``floor`` or more."""
+        if not self._file.writable:
+            return
+
+        def chunks() -> Iterator[np.ndarray]:
+            ids = list(photos)
+            for start in range(0, len(ids), _BLOCK):
+                part = ids[start : start + _BLOCK]
+                rec = np.zeros(len(part), _LINK)
+                rec["a"], rec["b"], rec["version"], rec["cos"] = part, -1, [versions[i] for i in part], floor
+                yield rec
+            pairs = [(a, b, s) for a, nb in links.items() for b, s in nb.items() if a < b]
+            for start in range(0, len(pairs), _BLOCK):
+                part = pairs[start : start + _BLOCK]
+                rec = np.zeros(len(part), _LINK)
+                rec["a"], rec["b"], rec["cos"] = [p[0] for p in part], [p[1] for p in part], [p[2] for p in part]
+                yield rec
+        self._file.rewrite(chunks)
+
+
+def kept_links(path: Path) -> dict[tuple[int, int], float]:
+    """Every link a links file holds (``{(a, b): cosine}``, a < b), whatever its photos' versions (for tests)."""
+    rec = np.fromfile(path, _LINK, offset=_HEADER)
+    rec = rec[rec["b"] >= 0]
+    return {(a, b): s for a, b, s in zip(rec["a"].tolist(), rec["b"].tolist(), rec["cos"].tolist())}
 
 
 def kept_frames(path: Path, ids: Iterable[int]) -> dict[int, Frame]:
