@@ -138,3 +138,25 @@ def test_crop_neighbours_exact_and_approximate(monkeypatch):
     approx = list(propose.crop_neighbours(ids, fr, 3, chunk=16))
     hits = sum(len(set(a) & set(b)) for (_, _, a, _), (_, _, b, _) in zip(approx, got))
     assert hits >= 0.9 * sum(len(b) for _, _, b, _ in got)
+
+
+def test_many_frames_shrunk_at_once_are_those_pil_shrinks_one_at_a_time(tmp_path):
+    """The pixel searches' vectors made for many frames at once (read at once from a frames file) equal those of PIL's
+    box filter, frame by frame (random greys: every rounding of both passes is met)."""
+    from index.duplicates.dedup_cache import FrameFile
+    from index.duplicates.verify import SIDE
+
+    rng = np.random.default_rng(3)
+    greys = rng.integers(0, 256, (300, SIDE, SIDE), dtype=np.uint8)
+    greys[0] = 7  # a flat frame: all zero
+    for side in (propose.PIXEL_SIDE, propose.CROP_SIDE):
+        want = np.stack([propose._flat(g, side, False) for g in greys])
+        assert np.allclose(propose._flats(greys, side), want, atol=1e-6)
+    pictures = {i: _picture(rng, int(rng.integers(30, 90)), int(rng.integers(30, 90))) for i in range(40)}
+    photos = {i: (i, None) for i in pictures}
+    made = FrameFile(tmp_path / "frames.bin").update(photos, pictures.get)
+    kept = FrameFile(tmp_path / "frames.bin").update(photos, pictures.get)  # read back from the file
+    assert made.made == 40 and kept.made == 0
+    ids = [31, 5, 2, 39, 0, 17]
+    assert np.array_equal(kept.greys(ids), np.stack([made[i].grey for i in ids]))
+    assert np.array_equal(kept.greys(ids), np.stack([frame_of(pictures[i]).grey for i in ids]))

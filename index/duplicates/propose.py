@@ -132,6 +132,8 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
 
     def keep(i: int, source: int, row: Sequence[int], sims: Sequence[float]) -> None:
         n = pos[i]
+        if i in clean and not len(row):  # no new photo comes before its earlier neighbours
+            return
         got = [(j, s) for j, s in zip(row, sims) if j >= 0 and j != i and j in live and content[i] != content[j]]
         if i in clean:  # its earlier neighbours and the new ones: the best k, each photo once
             got += [(j, s) for j, s in zip(out.near[n, source].tolist(), out.scores[n, source].tolist()) if j >= 0]
@@ -155,17 +157,23 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
             for i, row, sim in zip(part, near.tolist(), sims.tolist()):
                 keep(i, _MODEL_SOURCE, row, sim)
             step(len(part))
+    def kth(first: int) -> Callable[[int, bool], float]:
+        """A clean photo's k-th earlier neighbour by search ``first`` (+1 mirrored): a new photo under it changes
+        nothing (among all, every neighbour found counts)."""
+        return lambda photo, mirrored: float(out.scores[pos[photo], first + mirrored, k - 1])
+
     have = {int(i) for i in ids if int(i) in frames_}
     step(4 * (len(ids) - len(have)))
-    for queries, among in (([i for i in dirty if i in have], sorted(have)),
-                           ([i for i in sorted(clean) if i in have], [i for i in added if i in have])):
+    for queries, among, anew in (([i for i in dirty if i in have], sorted(have), True),
+                                 ([i for i in sorted(clean) if i in have], [i for i in added if i in have], False)):
         if len(have) < 2 or k == 0 or not queries or not among:
             step(4 * len(queries))
             continue
-        for i, flip, row, sims in pixel_neighbours(queries, frames_, depth, chunk, among):
+        for i, flip, row, sims in pixel_neighbours(queries, frames_, depth, chunk, among, None if anew else kth(1)):
             keep(i, 1 + flip, row, sims)
             step(1)
-        for i, flip, row, sims in crop_neighbours(queries, frames_, k + SAME_BYTES_MARGIN, chunk, among):
+        for i, flip, row, sims in crop_neighbours(queries, frames_, k + SAME_BYTES_MARGIN, chunk, among,
+                                                  None if anew else kth(3)):
             keep(i, 3 + flip, row, sims)
             step(1)
     found = _Pairs()
@@ -268,6 +276,27 @@ def _inner_product_index(vectors: Callable[[int, int], np.ndarray], n: int, dim:
     return store
 
 
+def _flats(greys: np.ndarray, side: int) -> np.ndarray:
+    """:func:`_flat` of many grey frames at once (N x SIDE x SIDE uint8, SIDE a multiple of ``side``; not mirrored):
+    N x side^2. PIL's box filter shrinks rows, then columns, each pass rounded to 8 bits (half up), and so does
+    this."""
+    f = greys.shape[1] // side
+    x = greys.astype(np.float32).reshape(len(greys), greys.shape[1], side, f).sum(3)  # N x SIDE x side
+    x = np.floor(x / f + 0.5)
+    x = np.floor(x.reshape(len(greys), side, f, side).sum(2) / f + 0.5).reshape(len(greys), -1)  # N x side^2
+    x -= x.mean(axis=1, keepdims=True)
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-6)
+
+
+def _greys(frames_: Mapping[int, Frame], ids: Sequence[int]) -> np.ndarray:
+    """The grey frames of photos ``ids`` (N x SIDE x SIDE uint8), read at once where ``frames_`` can
+    (:meth:`~index.duplicates.dedup_cache.FrameFile.greys`)."""
+    bulk = getattr(frames_, "greys", None)
+    if bulk is not None:
+        return bulk(ids)
+    return np.stack([frames_[i].grey for i in ids]) if len(ids) else np.zeros((0, 1, 1), np.uint8)
+
+
 def _flat(grey: np.ndarray, side: int, mirror: bool) -> np.ndarray:
     """A frame shrunk to ``side`` a side (box filter), mirrored or not, less its mean, over its norm: side^2."""
     g = np.asarray(Image.fromarray(grey).resize((side, side), Image.Resampling.BOX), np.float32)
@@ -277,14 +306,15 @@ def _flat(grey: np.ndarray, side: int, mirror: bool) -> np.ndarray:
 
 
 def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, chunk: int = 1024,
-                     targets: Sequence[int] | None = None) -> Iterable[tuple[int, bool, list[int], list[float]]]:
+                     targets: Sequence[int] | None = None, floor: Callable[[int, bool], float] | None = None
+                     ) -> Iterable[tuple[int, bool, list[int], list[float]]]:
     """For each photo of ``ids``, twice (its query plain, then mirrored: the flag), its ``k`` closest photos of
     ``targets`` (None: ``ids``) by the NCC of their whole grey frames (shrunk to :data:`PIXEL_SIDE` a side), and
-    those NCCs."""
+    those NCCs; none where the closest is under ``floor(photo, mirrored)``."""
     targets = ids if targets is None else targets
 
     def plain(among: Sequence[int], start: int, stop: int) -> np.ndarray:  # (stop - start) x P^2
-        return np.stack([_flat(frames_[i].grey, PIXEL_SIDE, False) for i in among[start:stop]])
+        return _flats(_greys(frames_, among[start:stop]), PIXEL_SIDE)
 
     if not len(targets):
         return
@@ -296,6 +326,9 @@ def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
         for flip, q in ((False, part), (True, np.ascontiguousarray(mirrored))):
             sims, found = store.search(q, k)  # B x k
             for n, (row, sim) in enumerate(zip(found.tolist(), sims.tolist())):
+                if floor is not None and sim[0] < floor(ids[start + n], flip):
+                    yield ids[start + n], flip, [], []
+                    continue
                 yield (ids[start + n], flip, [targets[j] for j in row if j >= 0],
                        [s for j, s in zip(row, sim) if j >= 0])
 
@@ -358,18 +391,19 @@ def _at(table: np.ndarray, y: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, chunk: int = 1024,
-                    targets: Sequence[int] | None = None) -> Iterable[tuple[int, bool, list[int], list[float]]]:
+                    targets: Sequence[int] | None = None, floor: Callable[[int, bool], float] | None = None
+                    ) -> Iterable[tuple[int, bool, list[int], list[float]]]:
     """For each photo of ``ids``, twice (its :func:`crop_windows` plain, then mirrored: the flag), the other photos
     of ``targets`` (None: ``ids``; at most ``k``, the best first) whose whole frames (:data:`CROP_SIDE` a side) are
     closest by NCC to one of its windows: the photos that could have been cut from it, mirrored or not, with those
-    NCCs. Only the whole frames are indexed (one vector a photo); each photo's windows are made and looked up a
-    chunk of photos at a time, so memory does not grow with the windows."""
+    NCCs; none where the closest is under ``floor(photo, mirrored)``. Only the whole frames are indexed (one vector
+    a photo); each photo's windows are made and looked up a chunk of photos at a time, so memory does not grow with
+    the windows."""
     targets = ids if targets is None else targets
     if not len(targets):
         return
-    store = _inner_product_index(lambda start, stop: np.stack([_flat(frames_[i].grey, CROP_SIDE, False)
-                                                               for i in targets[start:stop]]),  # B x CROP_SIDE^2
-                                 len(targets), CROP_SIDE**2, "crop")
+    store = _inner_product_index(lambda start, stop: _flats(_greys(frames_, targets[start:stop]), CROP_SIDE),
+                                 len(targets), CROP_SIDE**2, "crop")  # B x CROP_SIDE^2 a chunk
     depth = min(len(targets), k + 2)  # frames a window looks up (the photo's own whole frame may be one)
     for start in range(0, len(ids), chunk):
         part = ids[start : start + chunk]
@@ -378,8 +412,18 @@ def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, ch
         for flip, q in ((False, windows), (True, np.ascontiguousarray(flipped))):
             sims, found = store.search(q, depth)  # (B * per) x depth
             sims, found = sims.reshape(len(part), -1), found.reshape(len(part), -1)  # B x (per * depth)
-            order = np.argsort(-sims, axis=1, kind="stable")  # B x (per * depth): the best window's match first
+            if floor is not None:
+                top = sims.max(axis=1)  # B
+                under = [bool(b < floor(me, flip)) for me, b in zip(part, top.tolist())]
+            else:
+                under = [False] * len(part)
+            looked = np.flatnonzero(~np.array(under, bool))  # the photos that may have a new neighbour
+            order = np.zeros(sims.shape, np.int64)  # B x (per * depth): the best window's match first
+            order[looked] = np.argsort(-sims[looked], axis=1, kind="stable")
             for n, me in enumerate(part):
+                if under[n]:
+                    yield me, flip, [], []
+                    continue
                 row: list[int] = []
                 best: list[float] = []
                 for at in order[n].tolist():
