@@ -360,3 +360,30 @@ def test_kept_links_hold_the_photos_as_they_were_and_a_lower_threshold_or_other_
     assert LinkFile(path, "space").load({1: 10, 2: 20, 3: 30, 4: 40}, 0.79) is None
     assert LinkFile(path, "another space").load({1: 10, 2: 20, 3: 30, 4: 40}, 0.82) is None
     assert kept_links(path) == {}  # started anew
+
+
+def test_the_model_links_are_those_of_a_brute_force_range_search_crowded_photos_too(backbone, tmp_path):
+    """The model's links come from each photo's closest photos, and a range search of the photos whose last closest is
+    still a link: at a threshold where half the photos have more links than that, the links are every pair at it or
+    more, as numpy finds them over all pairs; a second search takes them from the index folder, searching none."""
+    _collection(tmp_path / "photos", 40, seed=4)
+    build_index(tmp_path / "photos", backbone, tmp_path / "idx", progress=False)
+    idx = ImageIndex.open(tmp_path / "idx")
+    ids, raw = idx.catalog.vectors(dim=idx.dim)
+    vecs = dedup._centred(idx, raw)
+    versions = {i: dedup._version(r) for i, r in idx.catalog.rows_by_id(ids).items()}
+    cos = vecs @ vecs.T  # N x N
+    np.fill_diagonal(cos, -np.inf)
+    threshold = float(np.median(np.sort(cos, axis=1)[:, -(dedup.MODEL_DEPTH + 4)]))  # half have more links
+    links, searched, found = dedup._model_links(idx, ids, vecs, threshold, 16, versions, False)
+    want = {(int(ids[a]), int(ids[b])) for a, b in zip(*np.nonzero(cos >= threshold)) if a < b}
+    got = {(a, b) for a, nb in links.items() for b in nb if a < b}
+    near_edge = {(int(ids[a]), int(ids[b])) for a, b in zip(*np.nonzero(np.abs(cos - threshold) < 1e-5)) if a < b}
+    assert got - near_edge == want - near_edge and len(want) > dedup.MODEL_DEPTH * len(ids) // 2
+    assert searched == len(ids) and found.ids.tolist() == ids.tolist()
+    sims, near = idx.store.search(vecs, dedup.MODEL_DEPTH)  # the proposals' own search
+    assert np.array_equal(found.near, near) and np.allclose(found.sims, sims)
+    again, searched, _ = dedup._model_links(idx, ids, vecs, threshold + 0.01, 16, versions, False)
+    assert searched == 0
+    assert {(a, b) for a, nb in again.items() for b in nb if a < b} == {
+        q for q in got if cos[list(ids).index(q[0]), list(ids).index(q[1])] >= threshold + 0.01}

@@ -88,7 +88,7 @@ from index.duplicates.groups import (
     group_id,
 )
 from index.duplicates.keeper import photo_facts, suggest_keeper
-from index.duplicates.propose import PIXEL_DEPTH, PROPOSE_K, proposals
+from index.duplicates.propose import MODEL_DEPTH, PIXEL_DEPTH, PROPOSE_K, ModelFound, proposals
 from index.duplicates.verify import COPY_SCORE, SIDE
 from index.search.image_index import ImageIndex, row_filter
 from index.search.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
@@ -101,32 +101,46 @@ __all__ = ["find_duplicates", "search_duplicates", "Search", "load_duplicates", 
            "find_group", "tight_groups", "verify_links"]
 
 
-def _neighbours(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold: float, chunk: int,
-                live: set[int], graph: dict[int, dict[int, float]], step: Callable[[int], object]) -> None:
-    """Add to ``graph`` the neighbours of photos ``ids`` (vectors ``vecs`` in the index's space,
-    :meth:`ImageIndex.center`) among the photos ``live`` at centred cosine >= ``threshold``: ``{id: {other id:
-    cosine}}``, symmetric (a pair an approximate index finds one way only is kept both ways); photos without one are
-    left out. ``step(n)``: called as the photos are searched."""
-    for start in range(0, len(ids), chunk):
-        lims, scores, found = index.store.range_search(np.ascontiguousarray(vecs[start : start + chunk]), threshold)
+def _neighbours(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, at: np.ndarray, threshold: float, chunk: int,
+                live: set[int], graph: dict[int, dict[int, float]]) -> None:
+    """Add to ``graph`` the neighbours of the photos at places ``at`` of ``ids`` (vectors ``vecs`` in the index's
+    space, :meth:`ImageIndex.center`) among the photos ``live`` at centred cosine >= ``threshold`` (a range search):
+    ``{id: {other id: cosine}}``, symmetric (a pair an approximate index finds one way only is kept both ways); photos
+    without one are left out."""
+    for start in range(0, len(at), chunk):
+        part = at[start : start + chunk]  # B
+        lims, scores, found = index.store.range_search(np.ascontiguousarray(vecs[part]), threshold)
         for q in range(len(lims) - 1):
-            own = int(ids[start + q])
-            for j, s in zip(found[lims[q] : lims[q + 1]].tolist(), scores[lims[q] : lims[q + 1]].tolist()):
-                if j == own or j not in live or s < threshold:
-                    continue
-                s = max(s, graph.get(j, {}).get(own, -1.0))
-                graph.setdefault(own, {})[j] = graph.setdefault(j, {})[own] = s
-        step(min(chunk, len(ids) - start))
+            _link(graph, int(ids[part[q]]), found[lims[q] : lims[q + 1]].tolist(),
+                  scores[lims[q] : lims[q + 1]].tolist(), threshold, live)
+
+
+def _link(graph: dict[int, dict[int, float]], own: int, found: list[int], scores: list[float], threshold: float,
+          live: set[int]) -> None:
+    """Add photo ``own``'s neighbours ``found`` (with their cosines ``scores``) at ``threshold`` or more to
+    ``graph``, both ways (the higher cosine where the pair is there already)."""
+    for j, s in zip(found, scores):
+        if j == own or j not in live or s < threshold:
+            continue
+        s = max(s, graph.get(j, {}).get(own, -1.0))
+        graph.setdefault(own, {})[j] = graph.setdefault(j, {})[own] = s
 
 
 LINK_MARGIN = 0.02  # the model's links are kept this far under the threshold: a later search's, measured anew, may dip
 
 
 def _model_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold: float, chunk: int,
-                 versions: Mapping[int, int], progress: bool) -> tuple[dict[int, dict[int, float]], int]:
-    """The model's links: every pair of photos ``ids`` at centred cosine >= ``threshold`` (:func:`_neighbours`), and
-    how many photos were searched for them. A range search of every photo grows faster than the photos (each
-    searches all the others: BENCHMARKS.md), so the links are kept in the index directory
+                 versions: Mapping[int, int], progress: bool
+                 ) -> tuple[dict[int, dict[int, float]], int, ModelFound]:
+    """The model's links: every pair of photos ``ids`` at centred cosine >= ``threshold``; how many photos were
+    searched for them; and those photos' :data:`~index.duplicates.propose.MODEL_DEPTH` closest photos, which the
+    proposals take instead of searching again.
+
+    A photo's links are among its closest photos (the near threshold is above the crowd level of nearly every
+    photo: :func:`index.calibrate.near_threshold`), so each photo is searched once for its closest, as the proposals
+    search, and only a photo whose last one is still at the threshold is range-searched for the rest: the same
+    links as a range search of every photo. Searching every photo grows faster than the photos (each is compared
+    with all the others on a flat index), so the links are kept in the index directory
     (:class:`~index.duplicates.dedup_cache.LinkFile`, at :data:`LINK_MARGIN` under the threshold): a later search
     takes the links among the photos that are as they were, and searches only the others (new or changed since)
     among all, which finds their links to the rest too."""
@@ -141,13 +155,25 @@ def _model_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold
         for (a, b), s in zip(kept.pairs.tolist(), kept.cosines.tolist()):
             if a in known and b in known:
                 graph.setdefault(a, {})[b] = graph.setdefault(b, {})[a] = s
-    todo = np.array([i not in known for i in ids.tolist()], bool)  # N
-    with _stage("model links", int(todo.sum()), "photo", progress) as bar:
-        _neighbours(index, ids[todo], vecs[todo], floor, chunk, live, graph, bar.update)
+    at = np.flatnonzero([i not in known for i in ids.tolist()])  # T: the photos searched
+    width = max(1, min(MODEL_DEPTH, index.store.ntotal))
+    found = ModelFound(ids[at], np.full((len(at), width), -1, np.int64), np.full((len(at), width), -np.inf, np.float32))
+    wide: list[int] = []  # places of the photos whose last closest photo is still a link
+    with _stage("model links", len(at), "photo", progress) as bar:
+        for start in range(0, len(at), chunk):
+            part = at[start : start + chunk]  # B
+            sims, near = index.store.search(np.ascontiguousarray(vecs[part]), width)  # B x width
+            found.sims[start : start + len(part)], found.near[start : start + len(part)] = sims, near
+            for n, row, sim in zip(part.tolist(), near.tolist(), sims.tolist()):
+                _link(graph, int(ids[n]), row, sim, floor, live)
+                if width < index.store.ntotal and row[-1] >= 0 and sim[-1] >= floor:
+                    wide.append(n)
+            bar.update(len(part))
+        _neighbours(index, ids, vecs, np.array(wide, np.int64), floor, chunk, live, graph)
     if kept_file is not None:
         kept_file.save(floor, ids.tolist(), versions, graph)
     links = {i: {j: s for j, s in nb.items() if s >= threshold} for i, nb in graph.items()}
-    return {i: nb for i, nb in links.items() if nb}, int(todo.sum())
+    return {i: nb for i, nb in links.items() if nb}, len(at), found
 
 
 def tight_groups(graph: Mapping[int, Mapping[int, float]]) -> list[tuple[int, list[int]]]:
@@ -199,7 +225,8 @@ def _frame_fallback(index: ImageIndex, rows: Mapping[int, Row]) -> Callable[[int
 
 def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
                  rows: Mapping[int, Row], links: Mapping[int, Mapping[int, float]], chunk: int = 1024,
-                 progress: bool = False, versions: Mapping[int, int] | None = None, workers: int | None = None
+                 progress: bool = False, versions: Mapping[int, int] | None = None, workers: int | None = None,
+                 found: ModelFound | None = None
                  ) -> tuple[dict[int, dict[int, float]], dict[tuple[int, int], float], dict[str, int]]:
     """The near links: the pairs of :func:`index.duplicates.propose.proposals`
     that :func:`index.duplicates.verify.copy_scores` finds to be
@@ -223,12 +250,14 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
     a kill, those it had not reached. ``versions``: every photo's version
     (:func:`index.duplicates.dedup_cache.photo_version`;
     None: ``rows``'). ``workers``: the pixel check's processes (:func:`index.duplicates.check_workers.check_workers`
-    for None)."""
+    for None). ``found``: the model's closest photos of the photos searched for the links
+    (:class:`~index.duplicates.propose.ModelFound`), not searched again."""
     if index.catalog.read_only:
         with tempfile.TemporaryDirectory(prefix="moco-dedup-") as scratch:
             return _verify_links(index, Path(scratch), ids, vecs, content, rows, links, chunk, progress, versions,
-                                 workers)
-    return _verify_links(index, index.dir, ids, vecs, content, rows, links, chunk, progress, versions, workers)
+                                 workers, found)
+    return _verify_links(index, index.dir, ids, vecs, content, rows, links, chunk, progress, versions, workers,
+                         found)
 
 
 CHECK_BLOCK = 1 << 16  # pairs looked up among those scored before at a time (memory: 25 bytes a pair)
@@ -236,8 +265,8 @@ CHECK_BLOCK = 1 << 16  # pairs looked up among those scored before at a time (me
 
 def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
                   rows: Mapping[int, Row], links: Mapping[int, Mapping[int, float]], chunk: int, progress: bool,
-                  versions: Mapping[int, int] | None, workers: int | None) -> tuple[dict[int, dict[int, float]],
-                                                               dict[tuple[int, int], float], dict[str, int]]:
+                  versions: Mapping[int, int] | None, workers: int | None, found: ModelFound | None
+                  ) -> tuple[dict[int, dict[int, float]], dict[tuple[int, int], float], dict[str, int]]:
     """:func:`verify_links`, its frames and scored pairs kept in the folder ``where``."""
     pos = {int(i): n for n, i in enumerate(ids.tolist())}
     versions = versions if versions is not None else {i: _version(r) for i, r in rows.items()}
@@ -248,7 +277,7 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
     kept_neighbours = NeighbourFile(where / NEIGHBOURS_FILE, _space_key(index))
     with _stage("proposals", 5 * len(ids), "search", progress) as bar:
         proposed = proposals(index.store, ids, vecs, content, frames_, links, chunk, step=bar.update,
-                             before=kept_neighbours.load(versions, frames_))
+                             before=kept_neighbours.load(versions, frames_), found=found)
     kept_neighbours.save(proposed.neighbours, versions, frames_)
     apart = taken_apart(proposed.pairs, rows)  # P: two captures by their files' dates or cameras
     pairs = proposed.pairs[~apart]  # P' x 2, for the pixel check
@@ -326,10 +355,11 @@ def _stage(name: str, total: int, unit: str, enabled: bool) -> Any:
 
 
 def _graph(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: np.ndarray, low: float,
-           chunk: int, versions: Mapping[int, int], progress: bool) -> tuple[dict[int, dict[int, float]], int]:
+           chunk: int, versions: Mapping[int, int], progress: bool
+           ) -> tuple[dict[int, dict[int, float]], int, ModelFound]:
     """Neighbours at centred cosine >= ``low`` (:func:`_model_links`), photos of the same bytes linked (1.0), the
-    user's "not duplicates" pairs unlinked; and how many photos were searched for them."""
-    graph, searched = _model_links(index, ids, vecs, low, chunk, versions, progress)
+    user's "not duplicates" pairs unlinked; how many photos were searched for them, and their closest photos."""
+    graph, searched, found = _model_links(index, ids, vecs, low, chunk, versions, progress)
     by_content: dict[int, list[int]] = {}
     for i, c in zip(ids.tolist(), content.tolist()):
         by_content.setdefault(c, []).append(i)
@@ -341,7 +371,7 @@ def _graph(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: np.nda
     for a, b in index.catalog.not_duplicate_pairs():
         graph.get(a, {}).pop(b, None)
         graph.get(b, {}).pop(a, None)
-    return graph, searched
+    return graph, searched, found
 
 
 def _centred(index: ImageIndex, raw: np.ndarray, chunk: int = 65536) -> np.ndarray:
@@ -441,12 +471,13 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     del raw
     decision = _decide(index, vecs, content, ids, threshold, similar_threshold)
     near_t, similar_t = decision["threshold"], decision["similar_threshold"]
-    graph, linked = _graph(index, ids, vecs, content, similar_t if SIMILAR in kinds else near_t, chunk, versions,
-                           progress)
+    graph, linked, found = _graph(index, ids, vecs, content, similar_t if SIMILAR in kinds else near_t, chunk,
+                                  versions, progress)
     by_id = dict(zip(ids.tolist(), content.tolist()))
     model_links = {i: {j: s for j, s in nb.items() if s >= near_t and by_id[j] != by_id[i]} for i, nb in graph.items()}
     near, copy_of, counts = verify_links(index, ids, vecs, by_id, rows, model_links, chunk, progress, versions,
-                                         workers)
+                                         workers, found)
+    del found
     for i, nb in graph.items():  # the same bytes: always near
         for j, s in nb.items():
             if by_id[j] == by_id[i]:

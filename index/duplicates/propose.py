@@ -42,7 +42,8 @@ from PIL import Image
 from index.duplicates.verify import SCALES, Frame, unit_patches
 from index.search.store import VectorStore
 
-__all__ = ["proposals", "Proposed", "Neighbours", "SOURCES", "LINKED", "MODEL", "pixel_neighbours", "crop_neighbours",
+__all__ = ["proposals", "Proposed", "Neighbours", "ModelFound", "MODEL_DEPTH",
+           "SOURCES", "LINKED", "MODEL", "pixel_neighbours", "crop_neighbours",
            "crop_windows", "crop_windows_of", "PROPOSE_K", "PIXEL_DEPTH", "PIXEL_ALIKE", "SOURCE_DEPTH", "PIXEL_SIDE",
            "CROP_SIDE", "CROP_GRID", "PIXEL_EXACT_UP_TO"]
 
@@ -55,6 +56,7 @@ SOURCE_DEPTH = (PROPOSE_K, PIXEL_DEPTH, PIXEL_DEPTH, PIXEL_DEPTH, PIXEL_DEPTH)  
 LINKED = 2.0  # the proposal score of a pair the model links at the near threshold
 MODEL = 1.5  # the proposal score of a pair among the model's k nearest (above any NCC)
 SAME_BYTES_MARGIN = 8  # k-NN slots beyond k + 1 for photos with the same bytes (not other photos)
+MODEL_DEPTH = PROPOSE_K + 1 + SAME_BYTES_MARGIN  # the model's closest photos a photo looks up (itself among them)
 PIXEL_SIDE = 16  # pixels a side of the whole frames whose NCC proposes pairs
 CROP_SIDE = 8  # pixels a side of the crop windows (and of the whole frames that look them up)
 CROP_GRID = 3  # places a side for the windows of one crop share: the corners, the edges' middles, the centre
@@ -86,6 +88,16 @@ class Neighbours:
 
 
 @dataclass
+class ModelFound:
+    """Each photo's :data:`MODEL_DEPTH` closest photos by the model, found among all (the same search the proposals
+    make): made once where the model's links are found (:func:`index.duplicates.dedup.search_duplicates`)."""
+
+    ids: np.ndarray  # M photo ids
+    near: np.ndarray  # M x MODEL_DEPTH photo ids, -1 where fewer
+    sims: np.ndarray  # M x MODEL_DEPTH float32 cosines
+
+
+@dataclass
 class Proposed:
     """What :func:`proposals` found: the pairs, each one's best proposal score, every photo's neighbours, and how many
     photos were searched among all (the rest only among the photos new since ``before``)."""
@@ -99,7 +111,7 @@ class Proposed:
 def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
               frames_: Mapping[int, Frame], links: Mapping[int, Mapping[int, float]], chunk: int = 1024,
               k: int = PROPOSE_K, step: Callable[[int], object] | None = None,
-              before: Neighbours | None = None) -> Proposed:
+              before: Neighbours | None = None, found: ModelFound | None = None) -> Proposed:
     """The pairs of photos with other bytes that the pixel check looks at (P x 2 ids, a < b, sorted, each pair once;
     8 bytes a pair in all): the ``links`` (the model's, at the near threshold), each photo's ``k`` closest other
     photos by the model (``vecs``: N x D in the index's space, searched in ``store``), by whole pixels
@@ -112,8 +124,9 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
     with or without a frame as now; :class:`~index.duplicates.dedup_cache.NeighbourFile`). A photo whose neighbours
     there are all still here is looked up only among the photos that were not: its neighbours are its earlier ones
     and those new photos, the best ``k``; the others (new, or one of their neighbours gone or changed) are looked up
-    among all. An exact search (flat indexes) gives the same neighbours either way. ``step(n)``: called as the
-    searches go, 5 for each photo in all (a progress bar)."""
+    among all. An exact search (flat indexes) gives the same neighbours either way. ``found``: the model's closest
+    photos of some photos, found among all already (not searched again; ``k`` of :data:`PROPOSE_K`). ``step(n)``:
+    called as the searches go, 5 for each photo in all (a progress bar)."""
     step = step or (lambda n: None)
     live = set(ids.tolist())
     pos = {int(i): n for n, i in enumerate(ids.tolist())}
@@ -146,6 +159,8 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
         out.scores[n, source, : len(got)] = [s for _, s in got]
 
     depth = k + 1 + SAME_BYTES_MARGIN
+    row_of = ({int(i): n for n, i in enumerate(found.ids.tolist())}
+              if found is not None and depth == MODEL_DEPTH else {})
     for queries, among in ((dirty, None), (sorted(clean), added)):
         if among is not None and not among:  # nothing new to look up
             step(len(queries))
@@ -153,7 +168,14 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
         search = store.search if among is None else _flat_search(vecs[[pos[j] for j in among]], among)
         for start in range(0, len(queries), chunk):
             part = queries[start : start + chunk]
-            sims, near = search(np.ascontiguousarray(vecs[[pos[i] for i in part]]), depth)  # B x depth
+            at = np.array([row_of.get(i, -1) if among is None else -1 for i in part], np.int64)  # B: in found
+            miss = np.flatnonzero(at < 0)
+            if len(miss) == len(part):
+                sims, near = search(np.ascontiguousarray(vecs[[pos[i] for i in part]]), depth)  # B x depth
+            else:  # found already (the same search), the rest searched
+                sims, near = found.sims[np.maximum(at, 0)], found.near[np.maximum(at, 0)]  # B x depth
+                if len(miss):
+                    sims[miss], near[miss] = search(np.ascontiguousarray(vecs[[pos[part[n]] for n in miss]]), depth)
             for i, row, sim in zip(part, near.tolist(), sims.tolist()):
                 keep(i, _MODEL_SOURCE, row, sim)
             step(len(part))
