@@ -160,3 +160,29 @@ def test_many_frames_shrunk_at_once_are_those_pil_shrinks_one_at_a_time(tmp_path
     ids = [31, 5, 2, 39, 0, 17]
     assert np.array_equal(kept.greys(ids), np.stack([made[i].grey for i in ids]))
     assert np.array_equal(kept.greys(ids), np.stack([frame_of(pictures[i]).grey for i in ids]))
+
+
+def test_a_clean_photo_among_a_few_new_ones_gets_the_neighbours_a_search_finds_at_its_floor():
+    """Among a few new photos, each photo's whole-pixel and crop neighbours are scored at once (matrix products) and
+    only those at its floor (its k-th earlier neighbour) or more kept: the same photos, in the same order, with the
+    same scores, as the search among them finds over its floor; under it, none; crops of photos among the new ones
+    are found."""
+    rng = np.random.default_rng(11)
+    pictures = [_picture(rng, 90, 72) for _ in range(50)]
+    fr = {n: frame_of(p) for n, p in enumerate(pictures)}
+    for n in range(6):  # new photos cut from old ones
+        fr[100 + n] = frame_of(pictures[n * 3].crop((5 + n, 4, 80, 66)))
+    old, new = [i for i in fr if i < 40], [i for i in fr if i >= 40]
+    floors = {(i, m): float(rng.choice([-np.inf, 0.3, 0.6, 0.9])) for i in old for m in (False, True)}
+    floor = lambda i, m: floors[i, m]  # noqa: E731
+    for search, k in ((propose.pixel_neighbours, 14), (propose.crop_neighbours, 13)):
+        plain = list(search(old, fr, k, 16, new))
+        few = list(search(old, fr, k, 16, new, floor))
+        assert [(i, m) for i, m, _, _ in few] == [(i, m) for i, m, _, _ in plain]
+        for (i, m, row, sims), (_, _, got, got_sims) in zip(plain, few):
+            keep = [n for n, s in enumerate(sims) if s >= floors[i, m]]
+            assert got == [row[n] for n in keep], (search.__name__, i, m)
+            assert np.allclose(got_sims, [sims[n] for n in keep], atol=1e-5)
+        if search is propose.crop_neighbours:
+            assert all(100 + n in next(r for i, m, r, _ in few if i == n * 3 and not m) for n in range(6)
+                       if floors[n * 3, False] < 0.9)

@@ -340,6 +340,16 @@ def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
 
     if not len(targets):
         return
+    if floor is not None and len(targets) <= PIXEL_EXACT_UP_TO:  # a few new photos: every score, at once
+        few = plain(targets, 0, len(targets))  # M x P^2
+        for start in range(0, len(ids), chunk):
+            part = plain(ids, start, start + chunk)  # B x P^2
+            mirrored = part.reshape(-1, PIXEL_SIDE, PIXEL_SIDE)[:, :, ::-1].reshape(len(part), -1)  # B x P^2
+            for flip, q in ((False, part), (True, mirrored)):
+                scores = q @ few.T  # B x M
+                for n, me in enumerate(ids[start : start + chunk]):
+                    yield me, flip, *_best(scores[n], floor(me, flip), targets, k)
+        return
     store = _inner_product_index(lambda a, b: plain(targets, a, b), len(targets), PIXEL_SIDE**2, "whole-pixel")
     k = min(k, len(targets))
     for start in range(0, len(ids), chunk):
@@ -353,6 +363,20 @@ def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
                     continue
                 yield (ids[start + n], flip, [targets[j] for j in row if j >= 0],
                        [s for j, s in zip(row, sim) if j >= 0])
+
+
+def _best(scores: np.ndarray, floor: float, targets: Sequence[int], k: int, me: int | None = None
+          ) -> tuple[list[int], list[float]]:
+    """Of one photo's ``scores`` (M) with ``targets``, the ``k`` best at ``floor`` or more (the best first; ties: the
+    first target first), and those scores; with ``me``, only scores above 0, ``me`` left out (the crop searches)."""
+    keep = scores >= floor  # M
+    if me is not None:
+        keep &= (scores > 0.0) & (np.asarray(targets) != me)
+    at = np.flatnonzero(keep)
+    if not len(at):
+        return [], []
+    at = at[np.argsort(-scores[at], kind="stable")[:k]]
+    return [targets[j] for j in at.tolist()], scores[at].tolist()
 
 
 def crop_windows(f: Frame) -> np.ndarray:
@@ -424,6 +448,9 @@ def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, ch
     targets = ids if targets is None else targets
     if not len(targets):
         return
+    if floor is not None and len(targets) <= PIXEL_EXACT_UP_TO:  # a few new photos: every window's score, at once
+        yield from _crops_among_few(ids, frames_, k, chunk, targets, floor)
+        return
     store = _inner_product_index(lambda start, stop: _flats(_greys(frames_, targets[start:stop]), CROP_SIDE),
                                  len(targets), CROP_SIDE**2, "crop")  # B x CROP_SIDE^2 a chunk
     depth = min(len(targets), k + 2)  # frames a window looks up (the photo's own whole frame may be one)
@@ -458,3 +485,24 @@ def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, ch
                         if len(row) == k:
                             break
                 yield me, flip, row, best
+
+
+WINDOW_SCORES_AT_ONCE = 1 << 22  # window-photo scores worked at once (16 MB)
+
+
+def _crops_among_few(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, chunk: int, targets: Sequence[int],
+                     floor: Callable[[int, bool], float]) -> Iterable[tuple[int, bool, list[int], list[float]]]:
+    """:func:`crop_neighbours` among a few ``targets``, each photo's best window for each of them scored at once
+    (matrix products: no k-nearest search of each window); those under ``floor(photo, mirrored)`` left out. The best
+    ``k`` over all windows are the same: a target a window ranks under ``k + 2`` others is under ``k`` others too."""
+    few = _flats(_greys(frames_, targets), CROP_SIDE)  # M x S^2
+    per = len(CROP_SHARES) * CROP_GRID**2
+    step = max(1, min(chunk, WINDOW_SCORES_AT_ONCE // (per * len(targets))))
+    for start in range(0, len(ids), step):
+        part = ids[start : start + step]
+        windows = crop_windows_of([frames_[me] for me in part])  # B x per x S^2
+        flipped = windows.reshape(-1, CROP_SIDE, CROP_SIDE)[:, :, ::-1].reshape(windows.shape)
+        for flip, w in ((False, windows), (True, flipped)):
+            best = (w.reshape(-1, CROP_SIDE**2) @ few.T).reshape(len(part), per, -1).max(axis=1)  # B x M
+            for n, me in enumerate(part):
+                yield me, flip, *_best(best[n], floor(me, flip), targets, k, me)
