@@ -210,7 +210,9 @@ found = search_duplicates(ImageIndex.open(sys.argv[1]), save=False)
 seconds = time.perf_counter() - t0
 peak = int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read())[1]) * 1024
 groups = [g.to_json() if hasattr(g, "to_json") else g for g in found.groups]  # a checkout before typed groups: dicts
+import index.duplicates.dedup as dedup
 json.dump({"seconds": seconds, "peak_bytes": peak, "decision": found.decision,
+           "stages": getattr(dedup, "STAGE_SECONDS", {}),
            "groups": [{"members": [{"path": m["path"]} for m in g["members"]], "reason": g["reason"],
                        "keep": g["keep"]} for g in groups]}, open(sys.argv[2], "w"))
 """
@@ -312,7 +314,7 @@ def _search(code: Path, idx: Path, out: Path, copies: dict[str, str], index_byte
     return {"seconds": round(got["seconds"], 1), "peak_gb": round(got["peak_bytes"] / 1e9, 3),
             "beyond_index_gb": round((got["peak_bytes"] - index_bytes) / 1e9, 3), "proposed": d["proposed"],
             "verified": d["verified"], "checked": d.get("checked", d["proposed"]), "reused": d.get("reused", 0),
-            "looked_up": d.get("looked_up"),
+            "looked_up": d.get("looked_up"), "stages": got.get("stages", {}),
             "threshold": d["threshold"], **_score(got["groups"], copies)}
 
 
@@ -360,11 +362,15 @@ def main(argv: list[str] | None = None) -> int:
                   f"proposed {x['proposed']}, verified {x['verified']}, keeper the original "
                   f"{x['keeper_is_the_original']}", flush=True)
             print("  recall: " + ", ".join(f"{e} {v} ({r['copies'][e]})" for e, v in x["recall"].items()), flush=True)
+            if x.get("stages"):
+                print("  stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in x["stages"].items()), flush=True)
         if r.get("added"):
             a = r["added"]
             print(f"  after adding {a['photos_added']} photos: {a['seconds']} s ({a['seconds'] / r['seconds']:.3f} of "
                   f"the full search), {a['checked']} pairs checked, {a['reused']} kept; recall: "
                   + ", ".join(f"{e} {v}" for e, v in a["recall"].items()), flush=True)
+            if a.get("stages"):
+                print("  stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in a["stages"].items()), flush=True)
         if r.get("peer"):
             print(f"  this / peer: time {r['seconds'] / max(r['peer']['seconds'], 1e-9):.2f}x, peak memory "
                   f"{r['peak_gb'] / max(r['peer']['peak_gb'], 1e-9):.2f}x", flush=True)

@@ -40,10 +40,12 @@ the reason (:mod:`index.duplicates.keeper`), and its members' pixels, size, date
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import heapq
 import json
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -346,12 +348,20 @@ def _version(row: Row) -> int:
     return photo_version(row.hash, row.thumb, row.path, row.size, row.mtime_ns)
 
 
-def _stage(name: str, total: int, unit: str, enabled: bool) -> Any:
-    """A progress bar of one stage of a search (its rate and time left), shown only when ``enabled``."""
+STAGE_SECONDS: dict[str, float] = {}  # each stage's wall time in the last search of this process (for benches)
+
+
+@contextlib.contextmanager
+def _stage(name: str, total: int, unit: str, enabled: bool) -> Iterator[Any]:
+    """A progress bar of one stage of a search (its rate and time left), shown only when ``enabled``; the stage's
+    wall time goes to :data:`STAGE_SECONDS`."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=name, unit=unit, disable=not enabled, dynamic_ncols=True, leave=True,
-                mininterval=1.0)
+    start = time.perf_counter()
+    with tqdm(total=total, desc=name, unit=unit, disable=not enabled, dynamic_ncols=True, leave=True,
+              mininterval=1.0) as bar:
+        yield bar
+    STAGE_SECONDS[name] = round(time.perf_counter() - start, 2)
 
 
 def _graph(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: np.ndarray, low: float,
@@ -451,6 +461,7 @@ def search_duplicates(index: ImageIndex, threshold: float | None = None, kinds: 
     :mod:`index.duplicates.check_workers`).
     """
     exit_if_importing_main()  # a script's top-level call, run again by a pixel-check worker: that worker stops there
+    STAGE_SECONDS.clear()
     kinds = _check_kinds(kinds)
     if workers is not None and workers < 0:
         raise UserError(f"--workers {workers}: give the pixel check's processes, 0 or more (0: none besides this one)")
