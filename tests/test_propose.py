@@ -31,7 +31,8 @@ def _flat(grey: np.ndarray, side: int, mirror: bool) -> np.ndarray:
 
 def test_pixel_neighbours_exact_and_approximate(monkeypatch):
     """The whole-pixel proposals: the flat index's neighbours are the brute-force NCC top k of the 16-px frames
-    (plain and mirrored queries); above PIXEL_EXACT_UP_TO photos an inverted file finds nearly the same."""
+    (plain and mirrored queries); above PIXEL_EXACT_UP_TO photos an inverted file finds nearly the same, unless the
+    queries are few (a search after an update): then the flat index's."""
     rng = np.random.default_rng(5)
     fr = {100 + n: _frame(rng, 48, 48) for n in range(150)}
     ids = list(fr)
@@ -43,9 +44,13 @@ def test_pixel_neighbours_exact_and_approximate(monkeypatch):
         q = _flat(fr[i].grey, propose.PIXEL_SIDE, mirror)
         assert j == i and row == sorted(ids, key=lambda o: -float(q @ _flat(fr[o].grey, propose.PIXEL_SIDE, False)))[:4]
     monkeypatch.setattr(propose, "PIXEL_EXACT_UP_TO", 10)
+    monkeypatch.setattr(propose, "FLAT_PAIRS", 0)
     approx = list(propose.pixel_neighbours(ids, fr, 4, chunk=32))
     hits = sum(len(set(a) & set(b)) for (_, _, a, _), (_, _, b, _) in zip(approx, got))
     assert hits >= 0.9 * 4 * len(got)
+    monkeypatch.setattr(propose, "FLAT_PAIRS", 2 * 3 * len(ids))  # a few queries among many: searched exactly
+    few = list(propose.pixel_neighbours(ids[:3], fr, 4, 32, ids))
+    assert [row for _, _, row, _ in few] == [row for i, _, row, _ in got if i in ids[:3]]
 
 
 def _overlap(lo: float, hi: float, n: int) -> np.ndarray:
@@ -135,14 +140,16 @@ def test_crop_neighbours_exact_and_approximate(monkeypatch):
     for c, photo in crops.items():
         assert c in {row[0] for i, _, row, _ in got if i == photo}, c  # first, plain or mirrored
     monkeypatch.setattr(propose, "PIXEL_EXACT_UP_TO", 10)
+    monkeypatch.setattr(propose, "FLAT_PAIRS", 0)
     approx = list(propose.crop_neighbours(ids, fr, 3, chunk=16))
     hits = sum(len(set(a) & set(b)) for (_, _, a, _), (_, _, b, _) in zip(approx, got))
     assert hits >= 0.9 * sum(len(b) for _, _, b, _ in got)
 
 
-def test_many_frames_shrunk_at_once_are_those_pil_shrinks_one_at_a_time(tmp_path):
+def test_many_frames_shrunk_at_once_are_those_pil_shrinks_one_at_a_time(tmp_path, monkeypatch):
     """The pixel searches' vectors made for many frames at once (read at once from a frames file) equal those of PIL's
     box filter, frame by frame (random greys: every rounding of both passes is met)."""
+    from index.duplicates import dedup_cache
     from index.duplicates.dedup_cache import FrameFile
     from index.duplicates.verify import SIDE
 
@@ -160,6 +167,8 @@ def test_many_frames_shrunk_at_once_are_those_pil_shrinks_one_at_a_time(tmp_path
     ids = [31, 5, 2, 39, 0, 17]
     assert np.array_equal(kept.greys(ids), np.stack([made[i].grey for i in ids]))
     assert np.array_equal(kept.greys(ids), np.stack([frame_of(pictures[i]).grey for i in ids]))
+    monkeypatch.setattr(dedup_cache, "GREYS_SPAN", 4)  # read a few records at a time
+    assert np.array_equal(kept.greys(ids + list(range(8))), np.stack([made[i].grey for i in ids + list(range(8))]))
 
 
 def test_a_clean_photo_among_a_few_new_ones_gets_the_neighbours_a_search_finds_at_its_floor():

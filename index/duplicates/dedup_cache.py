@@ -71,6 +71,7 @@ _NEIGHBOURS = np.dtype([("id", "<i8"), ("version", "<u8"), ("framed", "u1"),
 _LINK = np.dtype([("a", "<i8"), ("b", "<i8"), ("version", "<u8"), ("cos", "<f4")])
 _PAIR = np.dtype([("a", "<i8"), ("b", "<i8"), ("va", "<u8"), ("vb", "<u8"), ("score", "<f8")])
 FRAMES_KEPT = 4096  # frames a FrameFile keeps decoded at once
+GREYS_SPAN = 512  # records a FrameFile reads at once for the grey frames of many photos (6 MB)
 _BLOCK = 1 << 16  # neighbour records read or written at a time (20 MB)
 
 
@@ -95,7 +96,7 @@ def neighbour_settings(space: str) -> int:
     """A digest of what a photo's proposed neighbours depend on: the proposals' settings, the frames, and ``space``
     (the index's backbone and space, which the model's neighbours are found in)."""
     names = ("PROPOSE_K", "SAME_BYTES_MARGIN", "PIXEL_SIDE", "CROP_SIDE", "CROP_GRID", "CROP_SHARES",
-             "PIXEL_EXACT_UP_TO", "IVF_CELLS_PER_ROOT", "IVF_PROBE", "SOURCES")
+             "PIXEL_EXACT_UP_TO", "FLAT_PAIRS", "IVF_CELLS_PER_ROOT", "IVF_PROBE", "SOURCES")
     return _digest(repr((FRAME_FORMAT, SIDE, space, *(getattr(propose, n) for n in names))))
 
 
@@ -289,10 +290,13 @@ class FrameFile(Mapping[int, Frame]):
             rest = np.setdiff1d(np.arange(len(ids)), held)
             at = np.array([self._where[ids[n]] for n in rest.tolist()], np.int64)
             order = np.argsort(at)
-            size = (self.path.stat().st_size - _HEADER) // _FRAME.itemsize
-            kept = np.memmap(self.path, _FRAME, "r", offset=_HEADER, shape=(size,))
-            out[rest[order]] = kept["grey"][at[order]].reshape(-1, SIDE, SIDE)
-            del kept
+            rest, at = rest[order], at[order]
+            start = 0
+            while start < len(at):  # the records from one to GREYS_SPAN further read at once (no map of the file,
+                stop = int(np.searchsorted(at, at[start] + GREYS_SPAN))  # which would count as this process's memory)
+                rec = self._file.read(int(at[start]), int(at[stop - 1] - at[start]) + 1, ["grey"])
+                out[rest[start:stop]] = rec["grey"][at[start:stop] - at[start]].reshape(-1, SIDE, SIDE)
+                start = stop
         return out
 
     def __contains__(self, i: object) -> bool:

@@ -61,7 +61,8 @@ PIXEL_SIDE = 16  # pixels a side of the whole frames whose NCC proposes pairs
 CROP_SIDE = 8  # pixels a side of the crop windows (and of the whole frames that look them up)
 CROP_GRID = 3  # places a side for the windows of one crop share: the corners, the edges' middles, the centre
 CROP_SHARES = tuple(s for s in SCALES if s < 1.0)  # the crop shares the pixel check tests
-PIXEL_EXACT_UP_TO = 20000  # photos: above, the pixel proposals come from approximate indexes (inverted files)
+PIXEL_EXACT_UP_TO = 20000  # photos: above, the pixel proposals come from approximate indexes (inverted files)...
+FLAT_PAIRS = 1 << 28  # ... unless the queries are few: query-photo pairs an exact search scores (after an update)
 IVF_CELLS_PER_ROOT = 4  # cells of an inverted file for n vectors: this many times sqrt(n)
 IVF_PROBE = 16  # cells a query looks in
 WINDOW_BATCH = 32  # photos whose crop windows are made at once (more: slower, their tables leave the cache)
@@ -123,10 +124,11 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
     ``before``: the neighbours an earlier search found, of the photos that are as they were then (the same version,
     with or without a frame as now; :class:`~index.duplicates.dedup_cache.NeighbourFile`). A photo whose neighbours
     there are all still here is looked up only among the photos that were not: its neighbours are its earlier ones
-    and those new photos, the best ``k``; the others (new, or one of their neighbours gone or changed) are looked up
-    among all. An exact search (flat indexes) gives the same neighbours either way. ``found``: the model's closest
-    photos of some photos, found among all already (not searched again; ``k`` of :data:`PROPOSE_K`). ``step(n)``:
-    called as the searches go, 5 for each photo in all (a progress bar)."""
+    and those new photos, the best ``k`` (a few new photos are all scored at once by matrix products, and only those
+    at its ``k``-th earlier neighbour or more are kept: the others change nothing); the others (new, or one of their
+    neighbours gone or changed) are looked up among all. An exact search (flat indexes) gives the same neighbours
+    either way. ``found``: the model's closest photos of some photos, found among all already (not searched again;
+    ``k`` of :data:`PROPOSE_K`). ``step(n)``: called as the searches go, 5 for each photo in all (a progress bar)."""
     step = step or (lambda n: None)
     live = set(ids.tolist())
     pos = {int(i): n for n, i in enumerate(ids.tolist())}
@@ -272,15 +274,17 @@ class _Pairs:
         return np.stack([self._keys >> 32, self._keys & 0xFFFFFFFF], axis=1), self._scores
 
 
-def _inner_product_index(vectors: Callable[[int, int], np.ndarray], n: int, dim: int, what: str):  # -> faiss.Index
+def _inner_product_index(vectors: Callable[[int, int], np.ndarray], n: int, dim: int, what: str,
+                         queries: int):  # -> faiss.Index
     """An inner-product index of ``n`` vectors of ``dim``, made ``vectors(start, stop)`` a chunk at a time (so they
-    are never all held): flat (exact) up to :data:`PIXEL_EXACT_UP_TO`; above, an inverted file of
+    are never all held): flat (exact) up to :data:`PIXEL_EXACT_UP_TO`, or where ``queries`` are few (a flat search
+    of them scores at most :data:`FLAT_PAIRS`); otherwise an inverted file of
     :data:`IVF_CELLS_PER_ROOT` x sqrt(n) cells searched :data:`IVF_PROBE` at a time, one byte a dimension (8-bit
     scalar quantizer): a quarter of the vectors' own memory, and a query's cost grows with the root of their
     number."""
     import faiss
 
-    if n <= PIXEL_EXACT_UP_TO:
+    if n <= PIXEL_EXACT_UP_TO or n * queries <= FLAT_PAIRS:
         store = faiss.IndexFlatIP(dim)
     else:
         cells = max(1, min(n // 39, int(IVF_CELLS_PER_ROOT * np.sqrt(n))))
@@ -346,11 +350,10 @@ def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
             part = plain(ids, start, start + chunk)  # B x P^2
             mirrored = part.reshape(-1, PIXEL_SIDE, PIXEL_SIDE)[:, :, ::-1].reshape(len(part), -1)  # B x P^2
             for flip, q in ((False, part), (True, mirrored)):
-                scores = q @ few.T  # B x M
-                for n, me in enumerate(ids[start : start + chunk]):
-                    yield me, flip, *_best(scores[n], floor(me, flip), targets, k)
+                yield from _over_floor(ids[start : start + chunk], flip, q @ few.T, floor, targets, k)  # B x M
         return
-    store = _inner_product_index(lambda a, b: plain(targets, a, b), len(targets), PIXEL_SIDE**2, "whole-pixel")
+    store = _inner_product_index(lambda a, b: plain(targets, a, b), len(targets), PIXEL_SIDE**2, "whole-pixel",
+                                 2 * len(ids))
     k = min(k, len(targets))
     for start in range(0, len(ids), chunk):
         part = plain(ids, start, start + chunk)  # B x P^2
@@ -365,18 +368,24 @@ def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
                        [s for j, s in zip(row, sim) if j >= 0])
 
 
-def _best(scores: np.ndarray, floor: float, targets: Sequence[int], k: int, me: int | None = None
-          ) -> tuple[list[int], list[float]]:
-    """Of one photo's ``scores`` (M) with ``targets``, the ``k`` best at ``floor`` or more (the best first; ties: the
-    first target first), and those scores; with ``me``, only scores above 0, ``me`` left out (the crop searches)."""
-    keep = scores >= floor  # M
-    if me is not None:
-        keep &= (scores > 0.0) & (np.asarray(targets) != me)
-    at = np.flatnonzero(keep)
-    if not len(at):
-        return [], []
-    at = at[np.argsort(-scores[at], kind="stable")[:k]]
-    return [targets[j] for j in at.tolist()], scores[at].tolist()
+def _over_floor(part: Sequence[int], flip: bool, scores: np.ndarray, floor: Callable[[int, bool], float],
+                targets: Sequence[int], k: int, crops: bool = False
+                ) -> Iterable[tuple[int, bool, list[int], list[float]]]:
+    """For each photo of ``part`` (its ``scores`` with ``targets``: B x M), the ``k`` best at its ``floor`` or more
+    (the best first; ties: the first target first) and those scores; for ``crops``, only scores above 0, the photo
+    itself left out."""
+    floors = np.array([floor(me, flip) for me in part], np.float32)  # B
+    keep = scores >= floors[:, None]  # B x M
+    if crops:
+        keep &= (scores > 0.0) & (np.asarray(targets)[None, :] != np.asarray(part)[:, None])
+    some = keep.any(axis=1)  # B: the photos with a new neighbour
+    for n, me in enumerate(part):
+        if not some[n]:
+            yield me, flip, [], []
+            continue
+        at = np.flatnonzero(keep[n])
+        at = at[np.argsort(-scores[n, at], kind="stable")[:k]]
+        yield me, flip, [targets[j] for j in at.tolist()], scores[n, at].tolist()
 
 
 def crop_windows(f: Frame) -> np.ndarray:
@@ -452,7 +461,8 @@ def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, ch
         yield from _crops_among_few(ids, frames_, k, chunk, targets, floor)
         return
     store = _inner_product_index(lambda start, stop: _flats(_greys(frames_, targets[start:stop]), CROP_SIDE),
-                                 len(targets), CROP_SIDE**2, "crop")  # B x CROP_SIDE^2 a chunk
+                                 len(targets), CROP_SIDE**2, "crop",  # B x CROP_SIDE^2 a chunk
+                                 2 * len(ids) * len(CROP_SHARES) * CROP_GRID**2)
     depth = min(len(targets), k + 2)  # frames a window looks up (the photo's own whole frame may be one)
     for start in range(0, len(ids), chunk):
         part = ids[start : start + chunk]
@@ -500,9 +510,8 @@ def _crops_among_few(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
     step = max(1, min(chunk, WINDOW_SCORES_AT_ONCE // (per * len(targets))))
     for start in range(0, len(ids), step):
         part = ids[start : start + step]
-        windows = crop_windows_of([frames_[me] for me in part])  # B x per x S^2
+        windows = crop_windows_of([frames_[me] for me in part]).transpose(1, 0, 2)  # per x B x S^2: by window
         flipped = windows.reshape(-1, CROP_SIDE, CROP_SIDE)[:, :, ::-1].reshape(windows.shape)
         for flip, w in ((False, windows), (True, flipped)):
-            best = (w.reshape(-1, CROP_SIDE**2) @ few.T).reshape(len(part), per, -1).max(axis=1)  # B x M
-            for n, me in enumerate(part):
-                yield me, flip, *_best(best[n], floor(me, flip), targets, k, me)
+            scores = (np.ascontiguousarray(w).reshape(-1, CROP_SIDE**2) @ few.T).reshape(per, len(part), -1)
+            yield from _over_floor(part, flip, scores.max(axis=0), floor, targets, k, crops=True)  # B x M
