@@ -65,6 +65,8 @@ PIXEL_EXACT_UP_TO = 20000  # photos: above, the pixel proposals come from approx
 FLAT_PAIRS = 1 << 28  # ... unless the queries are few: query-photo pairs an exact search scores (after an update)
 IVF_CELLS_PER_ROOT = 4  # cells of an inverted file for n vectors: this many times sqrt(n)
 IVF_PROBE = 16  # cells a query looks in
+FLATS_AT_ONCE = 1024  # grey frames shrunk at once (4 B a pixel of temporaries: 9 MB)
+INDEX_ADD = 16384  # vectors made and added to a pixel search's index at once (their frames read at once: 38 MB)
 WINDOW_BATCH = 32  # photos whose crop windows are made at once (more: slower, their tables leave the cache)
 
 
@@ -297,21 +299,25 @@ def _inner_product_index(vectors: Callable[[int, int], np.ndarray], n: int, dim:
         store.train(np.ascontiguousarray(sample))
         store.nprobe = min(cells, IVF_PROBE)
         logger.info("%s proposals: an inverted file of %d vectors in %d cells", what, n, cells)
-    for start in range(0, n, 65536):
-        store.add(np.ascontiguousarray(vectors(start, min(start + 65536, n))))
+    for start in range(0, n, INDEX_ADD):
+        store.add(np.ascontiguousarray(vectors(start, min(start + INDEX_ADD, n))))
     return store
 
 
 def _flats(greys: np.ndarray, side: int) -> np.ndarray:
     """:func:`_flat` of many grey frames at once (N x SIDE x SIDE uint8, SIDE a multiple of ``side``; not mirrored):
     N x side^2. PIL's box filter shrinks rows, then columns, each pass rounded to 8 bits (half up), and so does
-    this."""
+    this, :data:`FLATS_AT_ONCE` frames at a time (its temporaries stay small)."""
     f = greys.shape[1] // side
-    x = greys.astype(np.float32).reshape(len(greys), greys.shape[1], side, f).sum(3)  # N x SIDE x side
-    x = np.floor(x / f + 0.5)
-    x = np.floor(x.reshape(len(greys), side, f, side).sum(2) / f + 0.5).reshape(len(greys), -1)  # N x side^2
-    x -= x.mean(axis=1, keepdims=True)
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-6)
+    out = np.empty((len(greys), side * side), np.float32)  # N x side^2
+    for start in range(0, len(greys), FLATS_AT_ONCE):
+        g = greys[start : start + FLATS_AT_ONCE]
+        x = g.astype(np.float32).reshape(len(g), greys.shape[1], side, f).sum(3)  # B x SIDE x side
+        x = np.floor(x / f + 0.5)
+        x = np.floor(x.reshape(len(g), side, f, side).sum(2) / f + 0.5).reshape(len(g), -1)  # B x side^2
+        x -= x.mean(axis=1, keepdims=True)
+        out[start : start + len(g)] = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-6)
+    return out
 
 
 def _greys(frames_: Mapping[int, Frame], ids: Sequence[int]) -> np.ndarray:
