@@ -183,6 +183,7 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
             for i, row, sim in zip(part, near.tolist(), sims.tolist()):
                 keep(i, _MODEL_SOURCE, row, sim)
             step(len(part))
+
     def kth(first: int) -> Callable[[int, bool], float]:
         """A clean photo's k-th earlier neighbour by search ``first`` (+1 mirrored): a new photo under it changes
         nothing (among all, every neighbour found counts)."""
@@ -202,10 +203,10 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
                                                   None if anew else kth(3)):
             keep(i, 3 + flip, row, sims)
             step(1)
-    found = _Pairs()
+    gathered = _Pairs()
     for i, nb in links.items():
         others = [j for j in nb if j in live and content[i] != content[j]]
-        found.add(i, others, [LINKED] * len(others))
+        gathered.add(i, others, [LINKED] * len(others))
     for start in range(0, len(ids), 65536):
         a = np.broadcast_to(out.ids[start : start + 65536, None, None], out.near[start : start + 65536].shape)
         b = out.near[start : start + 65536]  # B x S x k
@@ -216,8 +217,8 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
         depth = np.minimum(np.asarray(SOURCE_DEPTH), k)  # S
         there = (b >= 0) & ((before < depth[None, :, None]) | alike)  # B x S x k
         score[:, _MODEL_SOURCE] = MODEL
-        found.add_keys((np.minimum(a, b)[there] << 32) | np.maximum(a, b)[there], score[there])
-    pairs, scores = found.pairs()
+        gathered.add_keys((np.minimum(a, b)[there] << 32) | np.maximum(a, b)[there], score[there])
+    pairs, scores = gathered.pairs()
     return Proposed(pairs, scores, out, len(dirty))
 
 
