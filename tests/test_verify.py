@@ -18,9 +18,13 @@ from index.duplicates.verify import (
     COPY_SCORE,
     SCALES,
     SIDE,
+    SCREEN_FROM,
+    SCREEN_SIDE,
     Frame,
     _coarse,
     _crop_size,
+    _screen,
+    _shrink,
     busy_share,
     copy_scores,
     frame_of,
@@ -68,6 +72,80 @@ def test_the_whole_pixel_search_against_brute_force():
             assert max(got[2], got[3], -1.0) == pytest.approx(crop, abs=1e-4)
     assert all(max(coarse[a, b][:2]) > -1.0 for a, b in pairs)  # whole frames of every shape (a squeezed copy)
     assert max(coarse[1, 2][2:]) < -1.0  # but no crop of a 4:3 photo is a 3:4 one at 70% or more
+
+
+def test_the_screen_against_brute_force():
+    """Every pair's screen score is the best NCC, by a loop over every window, of either photo shrunk to a crop's
+    size (from its frame, by the triangle filter) over the other's frame at SCREEN_SIDE a side, plain or mirrored."""
+    rng = np.random.default_rng(1)
+    photos = {0: _frame(rng, 80, 80), 1: _frame(rng, 96, 72), 2: _frame(rng, 72, 96), 3: _frame(rng, 90, 90)}
+    pairs = [(0, 1), (0, 2), (1, 2), (0, 3), (1, 3), (2, 3)]
+    f = SIDE // SCREEN_SIDE
+
+    def low(p: int) -> np.ndarray:
+        return photos[p].grey.astype(np.float64).reshape(SCREEN_SIDE, f, SCREEN_SIDE, f).sum(axis=(1, 3))
+
+    got = _screen(pairs, photos)
+    for n, (a, b) in enumerate(pairs):
+        want = -1.0
+        for big, small in ((a, b), (b, a)):
+            for s in SCALES:
+                size = _crop_size(s, photos[big].aspect, photos[small].aspect, SCREEN_SIDE)
+                if size is None:
+                    continue
+                t = _shrink(size[1]) @ photos[small].grey.astype(np.float32) @ _shrink(size[0]).T  # h x w
+                want = max(want, ncc_brute(low(big), t), ncc_brute(low(big), t[:, ::-1]))
+        assert got[n] == pytest.approx(want, abs=1e-4), (a, b)
+
+
+def test_the_screen_changes_no_decision_and_turns_most_distinct_pairs_away(monkeypatch):
+    """Smooth pictures (as bench/dedup_scale.py makes them) with copies of every kind the check finds: the same
+    copies with the screen as without it, the same score for every pair that passes it, and most distinct pairs
+    turned away by it (they are not checked in full)."""
+    import index.duplicates.verify as verify
+
+    rng = np.random.default_rng(11)
+    fr: dict[int, Frame] = {}
+    copies = []
+    for n in range(30):
+        cells = int(rng.integers(3, 8))
+        img = Image.fromarray(rng.integers(0, 256, (cells, cells, 3), dtype=np.uint8)).resize(
+            (32, 32), Image.Resampling.BICUBIC)
+        fr[n] = frame_of(img)
+        edit = n % 5
+        copy = (_jpeg(img, 50) if edit == 0 else img.resize((26, 26), Image.Resampling.BICUBIC).resize((32, 32))
+                if edit == 1 else ImageOps.mirror(img) if edit == 2 else ImageEnhance.Contrast(img).enhance(1.3)
+                if edit == 3 else img.crop((2, 2, 30, 30)))
+        fr[100 + n] = frame_of(copy)
+        copies.append((n, 100 + n))
+    photo = Image.open(io.BytesIO(_picture_bytes())).convert("RGB")
+    fr[200], fr[201] = frame_of(photo), frame_of(_crop(photo, 0.75, 0.75, 0.2, 0.7))
+    copies.append((200, 201))
+    distinct = [(a, b) for a in range(30) for b in range(a + 1, 30)]
+    pairs = copies + distinct
+    screened = _screen(pairs, fr)
+    with_screen = copy_scores(pairs, fr)
+    monkeypatch.setattr(verify, "SCREEN_FROM", -np.inf)
+    without = copy_scores(pairs, fr)
+    assert {p for p in pairs if with_screen[p] >= COPY_SCORE} == {p for p in pairs if without[p] >= COPY_SCORE}
+    assert sum(without[p] >= COPY_SCORE for p in copies) >= len(copies) - 1  # the copies are found
+    passed = [p for p, s in zip(pairs, screened.tolist()) if s >= SCREEN_FROM]
+    assert all(with_screen[p] == without[p] for p in passed)
+    away = [p for p, s in zip(pairs, screened.tolist()) if s < SCREEN_FROM]
+    assert len(away) >= 0.5 * len(distinct) and not set(away) & set(copies)
+    assert all(with_screen[p] == pytest.approx(s) for p, s in zip(pairs, screened.tolist()) if s < SCREEN_FROM)
+
+
+def _picture_bytes() -> bytes:
+    """A busy 400 x 300 photo-like picture (smooth noise at two scales) as PNG bytes."""
+    rng = np.random.default_rng(7)
+    coarse = Image.fromarray(rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)).resize((400, 300),
+                                                                                      Image.Resampling.BICUBIC)
+    fine = Image.fromarray(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)).resize((400, 300),
+                                                                                    Image.Resampling.BICUBIC)
+    buf = io.BytesIO()
+    Image.blend(coarse, fine, 0.35).save(buf, "PNG")
+    return buf.getvalue()
 
 
 def _jpeg(img: Image.Image, quality: int) -> Image.Image:

@@ -29,6 +29,11 @@ frame correlates with the photo's at 0.989-0.995, where distinct photos of one s
 every coarser detail, exactly. A pair whose whole frames reach :data:`LOW_FROM` is scored again on both frames shrunk
 to :data:`LOW_SIDE` pixels (:func:`_low`), where such a copy scores 0.9976 and more and distinct photos rarely
 reach that: the misfit there counts :data:`LOW_WEIGHT` times.
+
+Most pairs a search proposes are distinct photos, and the search over every window is most of a check's cost. So
+every pair is first screened by the same search on frames of half the side (:func:`_screen`: a quarter of the
+pixels and of the places, each pixel the sum of four): a copy stays a near match there (the lowest of both choose
+splits' copies scored 0.88), and a pair under :data:`SCREEN_FROM` is not checked further.
 """
 
 from __future__ import annotations
@@ -55,6 +60,9 @@ TONE_FROM = 0.97  # a pair whose NCC reaches this (and not COPY_SCORE) is scored
 TONE_WEIGHT = 6.0  # a tone curve fits all a line fits and more: its misfit (1 - tone score) counts this many times
 _EPS = 1e-6
 HYPOTHESES_AT_ONCE = 128  # ordered pairs of one crop size correlated at once (arrays of 2 MB at most)
+SCREEN_SIDE = 24  # pixels a side of the frames every pair is screened on first (:func:`_screen`) ...
+SCREEN_FROM = 0.8  # ... and checked in full only where it scores this much (the lowest copy scored 0.88 there)
+SCREEN_AT_ONCE = 512  # hypotheses screened at once (a quarter of the pixels: arrays as small)
 FLAT = 0.5  # grey levels: a window whose pixels spread less than this is flat
 BUSY_SHARE = 0.9  # a pair whose frames hold content on this share of their pixels (away from a flat background) ...
 BUSY_TONE_WEIGHT = 1.25  # ... counts a tone curve's misfit this many times, not TONE_WEIGHT (the choose split's)
@@ -122,16 +130,16 @@ def unit_patches(x: np.ndarray) -> np.ndarray:
     return np.where(flat, 0.0, x / np.maximum(norm, _EPS)).astype(x.dtype)
 
 
-def _crop_size(s: float, aspect_big: float, aspect_small: float) -> tuple[int, int] | None:
-    """(width, height) in frame pixels of a crop of the frame of a photo of ``aspect_big`` that another photo of
-    ``aspect_small`` could be, keeping the share ``s`` of its more-cut side; None where the crop would not fit."""
+def _crop_size(s: float, aspect_big: float, aspect_small: float, side: int = SIDE) -> tuple[int, int] | None:
+    """(width, height) in pixels of a crop of the frame (``side`` a side) of a photo of ``aspect_big`` that another
+    photo of ``aspect_small`` could be, keeping the share ``s`` of its more-cut side; None where it would not fit."""
     if s >= 1.0:
-        return SIDE, SIDE  # the whole frame: a resize that changed the shape (squeezed, stretched) is a copy too
+        return side, side  # the whole frame: a resize that changed the shape (squeezed, stretched) is a copy too
     rho = aspect_small / aspect_big  # = share of width kept / share of height kept
     sx, sy = (s, s / rho) if rho <= 1.0 else (s * rho, s)
     if sx > 1.0 + 1e-6 or sy > 1.0 + 1e-6:
         return None
-    return max(2, min(SIDE, round(sx * SIDE))), max(2, min(SIDE, round(sy * SIDE)))
+    return max(2, min(side, round(sx * side))), max(2, min(side, round(sy * side)))
 
 
 def _shrunk(f: Frame, size: tuple[int, int]) -> np.ndarray:
@@ -155,47 +163,70 @@ def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
             ) -> tuple[dict[tuple[int, int], np.ndarray], dict[tuple[int, int, bool], _Hit]]:
     """The best whole-pixel hypotheses of each ordered pair (big, small), both ways round for every pair: ``{(big,
     small): 4 scores}`` (the whole frame, ``small`` plain and mirrored, then the best crop, plain and mirrored) and
-    the crops that :func:`_refine` may lift (at least :data:`REFINE_FROM`): ``{(big, small, mirrored): hit}``.
-
-    The hypotheses of all the pairs are worked through together, a crop size at a time: each photo's frame is taken
-    to its spectrum once, each photo shrunk to a size is a template once, and a template is correlated with a frame
-    over all its places at once as a product of their spectra (the template zero-padded to the frame's size: the
-    places where it fits whole never wrap round), :data:`HYPOTHESES_AT_ONCE` hypotheses in one inverse transform.
-    A template has mean 0, so a window's mean drops out of the product; only its norm divides (from summed-area
-    tables)."""
-    ordered = [(a, b) for a, b in pairs] + [(b, a) for a, b in pairs]  # H hypotheses
+    the crops that :func:`_refine` may lift (at least :data:`REFINE_FROM`): ``{(big, small, mirrored): hit}``
+    (:func:`_hypotheses` on the frames, each photo shrunk to a crop's size from its image as PIL shrinks it)."""
     photos = sorted({i for p in pairs for i in p})
     row = {p: n for n, p in enumerate(photos)}
+    ordered = [(a, b) for a, b in pairs] + [(b, a) for a, b in pairs]  # H hypotheses
     grey = np.stack([frames_[p].grey for p in photos]).astype(np.float32) if photos else np.zeros((0, SIDE, SIDE),
                                                                                                    np.float32)
-    spectra = _rfft2(grey)  # P x SIDE x (SIDE // 2 + 1) complex64
-    tables = _summed_areas(grey)  # 2 x P x (SIDE + 1)^2
-    by_size: dict[tuple[int, int], list[int]] = {}
+    best, where = _hypotheses(np.array([(row[a], row[b]) for a, b in ordered], np.int64).reshape(-1, 2), grey,
+                              np.array([frames_[p].aspect for p in photos]),
+                              lambda ks, size: np.stack([_shrunk(frames_[photos[k]], size) for k in ks.tolist()]))
+    scores: dict[tuple[int, int], np.ndarray] = {}
+    crops: dict[tuple[int, int, bool], _Hit] = {}
     for n, (big, small) in enumerate(ordered):
-        fb, fs = frames_[big], frames_[small]
-        for size in dict.fromkeys(_crop_size(s, fb.aspect, fs.aspect) for s in SCALES):
-            if size is not None:
-                by_size.setdefault(size, []).append(n)
+        scores[big, small] = best[n]
+        for f in (0, 1):
+            if best[n, 2 + f] >= REFINE_FROM:
+                crops[big, small, bool(f)] = _Hit(float(best[n, 2 + f]), tuple(where[n, f].tolist()), bool(f))
+    return scores, crops
+
+
+def _hypotheses(ordered: np.ndarray, grey: np.ndarray, aspects: np.ndarray,
+                template: Callable[[np.ndarray, tuple[int, int]], np.ndarray], at_once: int = HYPOTHESES_AT_ONCE
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """The best whole-pixel hypotheses of ordered pairs of frames (``ordered``: H x 2 rows of ``grey``, big then
+    small; ``grey``: P x side x side float32; ``aspects``: P): H x 4 scores (the whole frame, small plain and
+    mirrored, then the best crop, plain and mirrored; -2 where none fits) and H x 2 x 4 the best crop's window per
+    mirror (x, y, w, h). ``template(rows, (w, h))``: those photos shrunk to a crop's size (T x h x w).
+
+    The hypotheses are worked through together, a crop size at a time: each frame is taken to its spectrum once,
+    each photo shrunk to a size is a template once, and a template is correlated with a frame over all its places
+    at once as a product of their spectra (the template zero-padded to the frame's size: the places where it fits
+    whole never wrap round), ``at_once`` hypotheses in one inverse transform. A template has mean 0, so a window's
+    mean drops out of the product; only its norm divides (from summed-area tables)."""
+    side = grey.shape[1]
+    spectra = _rfft2(grey)  # P x side x (side // 2 + 1) complex64
+    tables = _summed_areas(grey)  # 2 x P x (side + 1)^2
+    by_size: dict[tuple[int, int], list[int]] = {}
+    shapes = aspects.tolist()
+    sizes: dict[tuple[float, float], list[tuple[int, int]]] = {}  # the crop sizes of two photos' shapes
+    for n, (big, small) in enumerate(ordered.tolist()):
+        shape = shapes[big], shapes[small]
+        if shape not in sizes:
+            sizes[shape] = [z for z in dict.fromkeys(_crop_size(s, *shape, side) for s in SCALES) if z is not None]
+        for size in sizes[shape]:
+            by_size.setdefault(size, []).append(n)
     best = np.full((len(ordered), 4), -2.0, np.float32)  # H x (whole plain, whole mirrored, crop plain, mirrored)
     where = np.zeros((len(ordered), 2, 4), np.int64)  # the best crop window per mirror: x, y, w, h
     for (w, h), hyp_ in by_size.items():
-        crop = (w, h) != (SIDE, SIDE)
-        y_, x_ = SIDE - h + 1, SIDE - w + 1
-        smalls_ = np.array([row[ordered[n][1]] for n in hyp_])  # M
-        order = np.argsort(smalls_, kind="stable")  # a template's hypotheses together
-        hyp, smalls_ = np.asarray(hyp_)[order], smalls_[order]
-        bigs_ = np.array([row[ordered[n][0]] for n in hyp.tolist()])  # M
-        for start in range(0, len(hyp), HYPOTHESES_AT_ONCE):  # small arrays: this machine's caches, no new pages
-            rows = hyp[start : start + HYPOTHESES_AT_ONCE]  # m
-            kinds, smalls = np.unique(smalls_[start : start + HYPOTHESES_AT_ONCE], return_inverse=True)  # T; m
-            used, bigs = np.unique(bigs_[start : start + HYPOTHESES_AT_ONCE], return_inverse=True)  # B; m
-            t = unit_patches(np.stack([_shrunk(frames_[photos[k]], (w, h)) for k in kinds]))  # T x h x w
+        crop = (w, h) != (side, side)
+        y_, x_ = side - h + 1, side - w + 1
+        hyp = np.asarray(hyp_)
+        hyp = hyp[np.argsort(ordered[hyp, 1], kind="stable")]  # M: a template's hypotheses together
+        smalls_, bigs_ = ordered[hyp, 1], ordered[hyp, 0]  # M each
+        for start in range(0, len(hyp), at_once):  # small arrays: this machine's caches, no new pages
+            rows = hyp[start : start + at_once]  # m
+            kinds, smalls = np.unique(smalls_[start : start + at_once], return_inverse=True)  # T; m
+            used, bigs = np.unique(bigs_[start : start + at_once], return_inverse=True)  # B; m
+            t = unit_patches(template(kinds, (w, h)))  # T x h x w
             norms = _window_norms(tables[:, used], h, w)  # B x W (W = Y x X)
             if crop:
-                product = spectra[used[bigs], None] * _spectra_of_templates(t)[smalls]  # m x 2 x SIDE x (SIDE//2+1)
-                got = _places(product.reshape(-1, SIDE, SIDE // 2 + 1), y_, x_).reshape(len(rows), 2, -1)  # m x 2 x W
+                product = spectra[used[bigs], None] * _spectra_of_templates(t, side)[smalls]  # m x 2 x side x (s//2+1)
+                got = _places(product.reshape(-1, side, side // 2 + 1), y_, x_).reshape(len(rows), 2, -1)  # m x 2 x W
             else:
-                t = np.stack([t, t[:, :, ::-1]], axis=1).reshape(len(kinds), 2, -1)  # T x 2 x SIDE^2
+                t = np.stack([t, t[:, :, ::-1]], axis=1).reshape(len(kinds), 2, -1)  # T x 2 x side^2
                 got = np.einsum("mfk,mk->mf", t[smalls], grey[used[bigs]].reshape(len(rows), -1))[..., None]
             got = got / norms[bigs, None, :]  # m x 2 x W
             at = got.argmax(axis=2)  # m x 2
@@ -207,69 +238,89 @@ def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
                 if crop:
                     y, x = np.divmod(at[better, f], x_)
                     where[rows[better], f] = np.stack([x, y, np.full_like(x, w), np.full_like(x, h)], axis=1)
-    scores: dict[tuple[int, int], np.ndarray] = {}
-    crops: dict[tuple[int, int, bool], _Hit] = {}
-    for n, (big, small) in enumerate(ordered):
-        scores[big, small] = best[n]
-        for f in (0, 1):
-            if best[n, 2 + f] >= REFINE_FROM:
-                crops[big, small, bool(f)] = _Hit(float(best[n, 2 + f]), tuple(where[n, f].tolist()), bool(f))
-    return scores, crops
+    return best, where
+
+
+def _screen(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]) -> np.ndarray:
+    """Each pair's best hypothesis (:func:`_hypotheses`, both ways round) on its frames shrunk to
+    :data:`SCREEN_SIDE` a side (sums of whole blocks of pixels; each photo shrunk to a crop's size from its frame by
+    a triangle filter): P scores. A quarter of the pixels (or less) and of the places: a few times cheaper than
+    :func:`_coarse`, and blurred frames correlate at least as well, so a copy's screen score stays high (on both
+    choose splits the lowest was 0.88) while most distinct pairs fall under :data:`SCREEN_FROM`."""
+    photos = sorted({i for p in pairs for i in p})
+    row = {p: n for n, p in enumerate(photos)}
+    grey = np.stack([frames_[p].grey for p in photos]).astype(np.float32)  # P x SIDE x SIDE
+    f = SIDE // SCREEN_SIDE
+    low = grey.reshape(len(grey), SCREEN_SIDE, f, SCREEN_SIDE, f).sum(axis=(2, 4))  # P x S x S, whole numbers
+
+    def template(ks: np.ndarray, size: tuple[int, int]) -> np.ndarray:  # T x h x w
+        w, h = size
+        across = grey[ks].reshape(-1, SIDE) @ _shrink(w).T  # (T SIDE) x w
+        return _shrink(h) @ across.reshape(len(ks), SIDE, w)  # T x h x w
+
+    ordered = np.array([(row[a], row[b]) for a, b in pairs] + [(row[b], row[a]) for a, b in pairs],
+                       np.int64).reshape(-1, 2)  # 2P x 2
+    best, _ = _hypotheses(ordered, low, np.array([frames_[p].aspect for p in photos]), template, SCREEN_AT_ONCE)
+    top = best.max(axis=1)  # 2P
+    return np.maximum(top[: len(pairs)], top[len(pairs) :])
 
 
 def _rfft2(x: np.ndarray) -> np.ndarray:
-    """The spectra of frames (N x SIDE x SIDE float32): N x SIDE x (SIDE // 2 + 1) complex64, worked a few hundred
+    """The spectra of frames (N x side x side float32): N x side x (side // 2 + 1) complex64, worked a few hundred
     frames at a time (numpy's transform of many small frames at once slows down by up to ten times)."""
-    out = np.empty((len(x), SIDE, SIDE // 2 + 1), np.complex64)
+    out = np.empty((len(x), x.shape[1], x.shape[2] // 2 + 1), np.complex64)
     for start in range(0, len(x), 256):
         out[start : start + 256] = np.fft.rfft2(x[start : start + 256])
     return out
 
 
-def _spectra_of_templates(t: np.ndarray) -> np.ndarray:
-    """What a frame's spectrum is multiplied by to correlate it with templates (T x h x w, mean 0), plain and
-    mirrored: the conjugate spectra of the templates zero-padded to SIDE x SIDE, T x 2 x SIDE x (SIDE // 2 + 1)
-    complex64. The mirrored template's comes from the plain one's: mirroring the first w columns of a padded frame
-    turns its spectrum S(u, v) into exp(-2 pi i v (w - 1) / SIDE) conj(S(-u, v))."""
+def _spectra_of_templates(t: np.ndarray, side: int = SIDE) -> np.ndarray:
+    """What a frame's spectrum (``side`` a side) is multiplied by to correlate it with templates (T x h x w, mean
+    0), plain and mirrored: the conjugate spectra of the templates zero-padded to side x side,
+    T x 2 x side x (side // 2 + 1) complex64. The mirrored template's comes from the plain one's: mirroring the
+    first w columns of a padded frame turns its spectrum S(u, v) into exp(-2 pi i v (w - 1) / side) conj(S(-u, v))."""
     n, h, w = t.shape
-    padded = np.zeros((n, SIDE, SIDE), np.float32)
+    padded = np.zeros((n, side, side), np.float32)
     padded[:, :h, :w] = t
-    spec = _rfft2(padded)  # T x SIDE x (SIDE // 2 + 1)
-    shift = np.exp(2j * np.pi * np.arange(SIDE // 2 + 1) * (w - 1) / SIDE).astype(np.complex64)  # SIDE // 2 + 1
-    return np.stack([np.conj(spec), spec[:, (-np.arange(SIDE)) % SIDE] * shift], axis=1)
+    spec = _rfft2(padded)  # T x side x (side // 2 + 1)
+    shift = np.exp(2j * np.pi * np.arange(side // 2 + 1) * (w - 1) / side).astype(np.complex64)  # side // 2 + 1
+    return np.stack([np.conj(spec), spec[:, (-np.arange(side)) % side] * shift], axis=1)
 
 
 def _places(spectra: np.ndarray, y: int, x: int) -> np.ndarray:
     """The first ``y`` x ``x`` values (the places where a crop fits) of the inverse real transform of ``spectra``
-    (N x SIDE x (SIDE // 2 + 1)), as numpy's ``irfft2`` gives them: N x y x x float32. Only those are computed, by two
-    products of matrices (the columns' inverse transform at ``y`` rows, then the rows' at ``x`` columns): half the
-    time of the whole transform or less."""
-    rows, cols = _inverse_matrices(y, x)  # y x SIDE complex64, 2 (SIDE // 2 + 1) x x float32
+    (N x side x (side // 2 + 1)), as numpy's ``irfft2`` gives them: N x y x x float32. Only those are computed, by
+    two products of matrices (the columns' inverse transform at ``y`` rows, then the rows' at ``x`` columns): half
+    the time of the whole transform or less."""
+    side = spectra.shape[1]
+    rows, cols = _inverse_matrices(y, x, side)  # y x side complex64, 2 (side // 2 + 1) x x float32
     n = len(spectra)
-    q = (rows @ spectra.transpose(1, 0, 2).reshape(SIDE, -1)).reshape(y, n, -1)  # y x N x (SIDE // 2 + 1)
-    q = np.concatenate([q.real, q.imag], axis=2).transpose(1, 0, 2).reshape(n * y, -1)  # Ny x 2 (SIDE // 2 + 1)
+    q = (rows @ spectra.transpose(1, 0, 2).reshape(side, -1)).reshape(y, n, -1)  # y x N x (side // 2 + 1)
+    q = np.concatenate([q.real, q.imag], axis=2).transpose(1, 0, 2).reshape(n * y, -1)  # Ny x 2 (side // 2 + 1)
     return (q @ cols).reshape(n, y, x)
 
 
 @functools.cache
-def _inverse_matrices(y: int, x: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`_places`'s matrices: the inverse transform's first ``y`` rows over the columns' frequencies (y x SIDE),
-    and its first ``x`` columns over the rows' half spectrum, real part then imaginary (2 (SIDE // 2 + 1) x x; the
-    frequencies between 0 and SIDE / 2 count twice, for their conjugates)."""
-    half = np.arange(SIDE // 2 + 1)  # SIDE // 2 + 1
-    rows = np.exp(2j * np.pi * np.outer(np.arange(y), np.arange(SIDE)) / SIDE) / SIDE  # y x SIDE
-    twice = np.where((half == 0) | (half == SIDE // 2), 1.0, 2.0)[:, None]  # (SIDE // 2 + 1) x 1
-    angle = 2 * np.pi * np.outer(half, np.arange(x)) / SIDE  # (SIDE // 2 + 1) x x
-    cols = np.concatenate([twice * np.cos(angle), -twice * np.sin(angle)]) / SIDE  # 2 (SIDE // 2 + 1) x x
+def _inverse_matrices(y: int, x: int, side: int = SIDE) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_places`'s matrices: the inverse transform's first ``y`` rows over the columns' frequencies
+    (y x side), and its first ``x`` columns over the rows' half spectrum, real part then imaginary
+    (2 (side // 2 + 1) x x; the frequencies between 0 and side / 2 count twice, for their conjugates)."""
+    half = np.arange(side // 2 + 1)  # side // 2 + 1
+    rows = np.exp(2j * np.pi * np.outer(np.arange(y), np.arange(side)) / side) / side  # y x side
+    twice = np.where((half == 0) | (half == side // 2), 1.0, 2.0)[:, None]  # (side // 2 + 1) x 1
+    angle = 2 * np.pi * np.outer(half, np.arange(x)) / side  # (side // 2 + 1) x x
+    cols = np.concatenate([twice * np.cos(angle), -twice * np.sin(angle)]) / side  # 2 (side // 2 + 1) x x
     return rows.astype(np.complex64), cols.astype(np.float32)
 
 
 def _summed_areas(grey: np.ndarray) -> np.ndarray:
-    """Summed-area tables of frames (P x SIDE x SIDE) and of their squares, a zero row and column first:
-    2 x P x (SIDE + 1) x (SIDE + 1) int32 (exact: a frame's squares sum to under 2^31)."""
-    out = np.zeros((2, len(grey), SIDE + 1, SIDE + 1), np.int32)
+    """Summed-area tables of frames (P x side x side, whole numbers: grey levels, or sums of a few) and of their
+    squares, a zero row and column first: 2 x P x (side + 1) x (side + 1) int32 (exact: a frame's squares sum to
+    under 2^31)."""
+    side = grey.shape[1]
+    out = np.zeros((2, len(grey), side + 1, side + 1), np.int32)
     for start in range(0, len(grey), 128):  # a few frames at a time: numpy's sums over many at once are far slower
-        x = grey[start : start + 128].astype(np.int32)  # b x SIDE x SIDE
+        x = grey[start : start + 128].astype(np.int32)  # b x side x side
         out[0, start : start + 128, 1:, 1:] = x.cumsum(1).cumsum(2)
         out[1, start : start + 128, 1:, 1:] = (x * x).cumsum(1).cumsum(2)
     return out
@@ -401,7 +452,9 @@ def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], 
                 chunk: int = 32768, step: Callable[[int], object] | None = None) -> dict[tuple[int, int], float]:
     """The copy score (module docstring) of each pair of photos that both have a frame: ``{(a, b): score}``.
 
-    A pair under :data:`COPY_SCORE` whose best whole-pixel crop window (plain or mirrored, either way round) scores
+    Every pair is first screened on its frames shrunk to :data:`SCREEN_SIDE` a side (:func:`_screen`): a pair whose
+    best hypothesis there is under :data:`SCREEN_FROM` scores that (no copy comes near it) and is not checked
+    further. A pair under :data:`COPY_SCORE` whose best whole-pixel crop window (plain or mirrored, either way round) scores
     at least :data:`REFINE_FROM` and more than its whole frames do has that window refined by fractions of a pixel
     (:func:`_refine`). Whole frames are not refined: a re-encoded, resized, brightened or mirrored copy scores high
     on whole pixels, and refining would only lift distinct photos of one shape (two plain trousers), which match
@@ -434,9 +487,14 @@ def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], 
 def _scores(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame],
             at_least: float | None) -> dict[tuple[int, int], float]:
     """:func:`copy_scores` of one chunk of pairs."""
-    coarse, crops = _coarse(pairs, frames_)
+    screened = _screen(pairs, frames_) if pairs else np.zeros(0, np.float32)  # P
+    coarse, crops = _coarse([p for p, s in zip(pairs, screened.tolist()) if s >= SCREEN_FROM], frames_)
     out = {}
-    for a, b in pairs:
+    for (a, b), first in zip(pairs, screened.tolist()):
+        if first < SCREEN_FROM:  # no hypothesis comes near a copy's, even blurred
+            if at_least is None or first >= at_least:
+                out[a, b] = first
+            continue
         ab, ba = coarse[a, b], coarse[b, a]  # 4 scores each
         score = float(max(ab.max(), ba.max()))
         whole = float(max(ab[:2].max(), ba[:2].max()))
