@@ -34,21 +34,30 @@ Most pairs a search proposes are distinct photos, and the search over every wind
 every pair is first screened by the same search on frames of half the side (:func:`_screen`: a quarter of the
 pixels and of the places, each pixel the sum of four): a copy stays a near match there (the lowest of both choose
 splits' copies scored 0.88), and a pair under :data:`SCREEN_FROM` is not checked further.
+
+A crop of a large photo with fine texture (a wallpaper of icons on a ground of fine stripes) is the hard case: the
+thumbnail (256 pixels, JPEG) and the 48-pixel frame alias the texture, each chain of resampling differently, and a
+crop's share between two of :data:`SCALES` (80%, between 78% and 85%) leaves a template off by a few percent, which a
+fine texture does not forgive; the refinement starts too low to climb. So a pair of large photos (both at least
+:data:`FINE_MIN` pixels on their short side) that the check scores at least :data:`FINE_FROM` and not a copy is
+checked again from the photos themselves (decoded at a reduced scale, no thumbnail between), at the shares of
+:data:`FINE_SCALES` (every 3%), on their frames and on frames of :data:`FINE_SIDE` pixels (:func:`fine_scores`),
+and scores the best of the three.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-__all__ = ["Frame", "frame_of", "frames", "copy_scores", "unit_patches", "tone_score", "busy_share", "ncc_brute",
-           "SIDE", "SCALES", "COPY_SCORE"]
+__all__ = ["Frame", "frame_of", "frames", "copy_scores", "fine_scores", "unit_patches", "tone_score", "busy_share",
+           "ncc_brute", "SIDE", "SCALES", "COPY_SCORE", "FINE_SIDE", "FINE_MIN", "FINE_FROM", "FINE_SCALES"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +72,10 @@ HYPOTHESES_AT_ONCE = 128  # ordered pairs of one crop size correlated at once (a
 SCREEN_SIDE = 24  # pixels a side of the frames every pair is screened on first (:func:`_screen`) ...
 SCREEN_FROM = 0.8  # ... and checked in full only where it scores this much (the lowest copy scored 0.88 there)
 SCREEN_AT_ONCE = 512  # hypotheses screened at once (a quarter of the pixels: arrays as small)
+FINE_SIDE = 96  # pixels a side of the finer frames a pair of large photos is checked again on (:func:`fine_scores`) ...
+FINE_MIN = 2 * FINE_SIDE  # ... both photos at least this many pixels on their short side ...
+FINE_FROM = 0.8  # ... where the check scored it this much, and not a copy ...
+FINE_SCALES = (1.0, 0.97, 0.94, 0.91, 0.88, 0.85, 0.82, 0.79, 0.76, 0.73, 0.7)  # ... at these crop shares
 FLAT = 0.5  # grey levels: a window whose pixels spread less than this is flat
 BUSY_SHARE = 0.9  # a pair whose frames hold content on this share of their pixels (away from a flat background) ...
 BUSY_TONE_WEIGHT = 1.25  # ... counts a tone curve's misfit this many times, not TONE_WEIGHT (the choose split's)
@@ -83,21 +96,21 @@ class Frame:
     image: Image.Image
 
 
-def frame_of(img: Image.Image) -> Frame:
-    """A photo's :class:`Frame` from a decoded image (a thumbnail is plenty)."""
+def frame_of(img: Image.Image, side: int = SIDE) -> Frame:
+    """A photo's :class:`Frame` (``side`` pixels a side) from a decoded image (a thumbnail is plenty)."""
     grey = img.convert("L")
     w, h = grey.size
-    if min(w, h) < 2 * SIDE:  # every frame shrunk from twice its side: a small photo and its enlarged copy alike
-        grey = grey.resize((max(2 * SIDE, round(2 * SIDE * w / h)), max(2 * SIDE, round(2 * SIDE * h / w))),
+    if min(w, h) < 2 * side:  # every frame shrunk from twice its side: a small photo and its enlarged copy alike
+        grey = grey.resize((max(2 * side, round(2 * side * w / h)), max(2 * side, round(2 * side * h / w))),
                            Image.Resampling.BICUBIC)
-    small = grey.resize((SIDE, SIDE), Image.Resampling.BILINEAR, reducing_gap=2.0)
+    small = grey.resize((side, side), Image.Resampling.BILINEAR, reducing_gap=2.0)
     kept = grey.copy()
-    kept.thumbnail((2 * SIDE, 2 * SIDE), Image.Resampling.BILINEAR)  # enough for a window's fractions of a pixel
+    kept.thumbnail((2 * side, 2 * side), Image.Resampling.BILINEAR)  # enough for a window's fractions of a pixel
     return Frame(np.asarray(small, np.uint8), w / max(h, 1), kept)
 
 
 def frames(paths: Mapping[int, Path | None], fallback: Callable[[int], Image.Image | None],
-           step: Callable[[int], object] | None = None) -> dict[int, Frame]:
+           step: Callable[[int], object] | None = None, side: int = SIDE) -> dict[int, Frame]:
     """Frames of photos ``{id: thumbnail path}``. A photo whose thumbnail is missing or unreadable is decoded with
     ``fallback(id)`` (None: it has no frame, and no pair of it can be checked), and so is a small photo (a thumbnail
     under twice the frame's side: the photo is as cheap to read, and its thumbnail's JPEG would blur fine dots).
@@ -108,14 +121,14 @@ def frames(paths: Mapping[int, Path | None], fallback: Callable[[int], Image.Ima
         if path is not None:
             try:
                 with Image.open(path) as im:
-                    im.draft("L", (2 * SIDE, 2 * SIDE))
+                    im.draft("L", (2 * side, 2 * side))
                     img = im.convert("L")
             except OSError as e:
                 logger.debug("thumbnail %s unreadable (%s): decoding the photo", path, e)
-        if img is None or min(img.size) < 2 * SIDE:
+        if img is None or min(img.size) < 2 * side:
             img = fallback(i) or img
         if img is not None:
-            out[i] = frame_of(img)
+            out[i] = frame_of(img, side)
         if step is not None:
             step(1)
     return out
@@ -143,8 +156,8 @@ def _crop_size(s: float, aspect_big: float, aspect_small: float, side: int = SID
 
 
 def _shrunk(f: Frame, size: tuple[int, int]) -> np.ndarray:
-    """A photo shrunk to ``size`` (w, h): h x w float32 (the frame itself at SIDE x SIDE)."""
-    if size == (SIDE, SIDE):
+    """A photo shrunk to ``size`` (w, h): h x w float32 (the frame itself at its own side)."""
+    if size == f.grey.shape[::-1]:
         return f.grey.astype(np.float32)
     return np.asarray(f.image.resize(size, Image.Resampling.BILINEAR, reducing_gap=2.0), np.float32)
 
@@ -159,7 +172,7 @@ class _Hit:
     mirror: bool
 
 
-def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
+def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame], scales: Sequence[float] | None = None
             ) -> tuple[dict[tuple[int, int], np.ndarray], dict[tuple[int, int, bool], _Hit]]:
     """The best whole-pixel hypotheses of each ordered pair (big, small), both ways round for every pair: ``{(big,
     small): 4 scores}`` (the whole frame, ``small`` plain and mirrored, then the best crop, plain and mirrored) and
@@ -172,7 +185,8 @@ def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
                                                                                                    np.float32)
     best, where = _hypotheses(np.array([(row[a], row[b]) for a, b in ordered], np.int64).reshape(-1, 2), grey,
                               np.array([frames_[p].aspect for p in photos]),
-                              lambda ks, size: np.stack([_shrunk(frames_[photos[k]], size) for k in ks.tolist()]))
+                              lambda ks, size: np.stack([_shrunk(frames_[photos[k]], size) for k in ks.tolist()]),
+                              scales=scales)
     scores: dict[tuple[int, int], np.ndarray] = {}
     crops: dict[tuple[int, int, bool], _Hit] = {}
     for n, (big, small) in enumerate(ordered):
@@ -184,12 +198,13 @@ def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]
 
 
 def _hypotheses(ordered: np.ndarray, grey: np.ndarray, aspects: np.ndarray,
-                template: Callable[[np.ndarray, tuple[int, int]], np.ndarray], at_once: int = HYPOTHESES_AT_ONCE
-                ) -> tuple[np.ndarray, np.ndarray]:
+                template: Callable[[np.ndarray, tuple[int, int]], np.ndarray], at_once: int = HYPOTHESES_AT_ONCE,
+                scales: Sequence[float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The best whole-pixel hypotheses of ordered pairs of frames (``ordered``: H x 2 rows of ``grey``, big then
     small; ``grey``: P x side x side float32; ``aspects``: P): H x 4 scores (the whole frame, small plain and
     mirrored, then the best crop, plain and mirrored; -2 where none fits) and H x 2 x 4 the best crop's window per
-    mirror (x, y, w, h). ``template(rows, (w, h))``: those photos shrunk to a crop's size (T x h x w).
+    mirror (x, y, w, h). ``template(rows, (w, h))``: those photos shrunk to a crop's size (T x h x w). ``scales``:
+    the crop shares tried (None: :data:`SCALES`).
 
     The hypotheses are worked through together, a crop size at a time: each frame is taken to its spectrum once,
     each photo shrunk to a size is a template once, and a template is correlated with a frame over all its places
@@ -205,7 +220,8 @@ def _hypotheses(ordered: np.ndarray, grey: np.ndarray, aspects: np.ndarray,
     for n, (big, small) in enumerate(ordered.tolist()):
         shape = shapes[big], shapes[small]
         if shape not in sizes:
-            sizes[shape] = [z for z in dict.fromkeys(_crop_size(s, *shape, side) for s in SCALES) if z is not None]
+            sizes[shape] = [z for z in dict.fromkeys(_crop_size(s, *shape, side) for s in scales or SCALES)
+                            if z is not None]
         for size in sizes[shape]:
             by_size.setdefault(size, []).append(n)
     best = np.full((len(ordered), 4), -2.0, np.float32)  # H x (whole plain, whole mirrored, crop plain, mirrored)
@@ -343,26 +359,27 @@ def _refine(big: Frame, small: Frame, hit: _Hit) -> tuple[float, np.ndarray | No
     fall on the frame's pixels, and its size rarely on one of :data:`SCALES`. With it, the two aligned frames
     (SIDE x SIDE uint8: the window, None where no tone curve is to look at it, and ``small`` mirrored where the hit
     was)."""
-    aligned = small.grey[:, ::-1] if hit.mirror else small.grey  # SIDE x SIDE
-    target = unit_patches(aligned.astype(np.float64)).ravel()  # SIDE^2
+    px = small.grey.shape[0]  # the frames' side
+    aligned = small.grey[:, ::-1] if hit.mirror else small.grey  # px x px
+    target = unit_patches(aligned.astype(np.float64)).ravel()  # px^2
     iw, ih = big.image.size
-    fx, fy = iw / SIDE, ih / SIDE  # image pixels per frame pixel
+    fx, fy = iw / px, ih / px  # image pixels per frame pixel
     x, y, w, h = hit.box
     box = [x * fx, y * fy, (x + w) * fx, (y + h) * fy]
 
     def window(b: list[float]) -> np.ndarray:
-        return np.frombuffer(big.image.resize((SIDE, SIDE), Image.Resampling.BILINEAR, box=tuple(b)).tobytes(),
-                             np.uint8)  # SIDE^2
+        return np.frombuffer(big.image.resize((px, px), Image.Resampling.BILINEAR, box=tuple(b)).tobytes(),
+                             np.uint8)  # px^2
 
     def score(b: list[float]) -> float:
-        win = window(b).astype(np.float64)  # SIDE^2; ``target`` has mean 0, so the window's mean drops out
+        win = window(b).astype(np.float64)  # px^2; ``target`` has mean 0, so the window's mean drops out
         total = float(win.sum())
         spread = float(win @ win) - total * total / win.size  # its squared norm less its mean
-        return float(win @ target) / np.sqrt(spread) if spread >= (FLAT * SIDE) ** 2 else 0.0
+        return float(win @ target) / np.sqrt(spread) if spread >= (FLAT * px) ** 2 else 0.0
 
     def result(b: list[float], ncc: float) -> tuple[float, np.ndarray | None, np.ndarray]:
         toned = TONE_FROM <= ncc < COPY_SCORE  # the window only where a tone curve will look at it
-        return ncc, window(b).reshape(SIDE, SIDE) if toned else None, aligned
+        return ncc, window(b).reshape(px, px) if toned else None, aligned
 
     best, passes = score(box), 0
     for step, reach in ((0.5, 0.03), (0.25, 0.015), (0.125, 0.006)):
@@ -444,17 +461,21 @@ def _toned(x: np.ndarray, y: np.ndarray, whole: bool = True) -> float:
 def _low(x: np.ndarray, y: np.ndarray) -> float:
     """The copy score of two aligned whole frames by their coarse pixels alone: the NCC of both shrunk to
     :data:`LOW_SIDE` a side, its misfit counted :data:`LOW_WEIGHT` times."""
-    a, b = (unit_patches(_shrink(LOW_SIDE) @ f.astype(np.float32) @ _shrink(LOW_SIDE).T).ravel() for f in (x, y))
+    shrink = _shrink(LOW_SIDE, x.shape[0])  # LOW_SIDE x side
+    a, b = (unit_patches(shrink @ f.astype(np.float32) @ shrink.T).ravel() for f in (x, y))
     return 1.0 - LOW_WEIGHT * (1.0 - float(a @ b))
 
 
 def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], at_least: float | None = None,
-                chunk: int = 32768, step: Callable[[int], object] | None = None) -> dict[tuple[int, int], float]:
+                chunk: int = 32768, step: Callable[[int], object] | None = None,
+                screen: bool = True, scales: Sequence[float] | None = None) -> dict[tuple[int, int], float]:
     """The copy score (module docstring) of each pair of photos that both have a frame: ``{(a, b): score}``.
 
-    Every pair is first screened on its frames shrunk to :data:`SCREEN_SIDE` a side (:func:`_screen`): a pair whose
-    best hypothesis there is under :data:`SCREEN_FROM` scores that (no copy comes near it) and is not checked
-    further. A pair under :data:`COPY_SCORE` whose best whole-pixel crop window (plain or mirrored, either way round) scores
+    Every pair is first screened (``screen``) on its frames shrunk to :data:`SCREEN_SIDE` a side (:func:`_screen`): a
+    pair whose best hypothesis there is under :data:`SCREEN_FROM` scores that (no copy comes near it) and is not
+    checked further. ``scales``: the crop shares tried (None: :data:`SCALES`).
+
+    A pair under :data:`COPY_SCORE` whose best whole-pixel crop window (plain or mirrored, either way round) scores
     at least :data:`REFINE_FROM` and more than its whole frames do has that window refined by fractions of a pixel
     (:func:`_refine`). Whole frames are not refined: a re-encoded, resized, brightened or mirrored copy scores high
     on whole pixels, and refining would only lift distinct photos of one shape (two plain trousers), which match
@@ -474,21 +495,32 @@ def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], 
         if a in frames_ and b in frames_:
             part.append((a, b))
         if len(part) == chunk:
-            out.update(_scores(part, frames_, at_least))
+            out.update(_scores(part, frames_, at_least, screen, scales))
             if step is not None:
                 step(seen)
             part, seen = [], 0
-    out.update(_scores(part, frames_, at_least))
+    out.update(_scores(part, frames_, at_least, screen, scales))
     if step is not None and seen:
         step(seen)
     return out
 
 
-def _scores(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame],
-            at_least: float | None) -> dict[tuple[int, int], float]:
+def fine_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame],
+                fine: Mapping[int, Frame]) -> dict[tuple[int, int], float]:
+    """The copy scores of pairs of large photos from their photos' own pixels (module docstring): the better of the
+    check at the crop shares of :data:`FINE_SCALES` on their frames (``frames_``) and on their frames of
+    :data:`FINE_SIDE` a side (``fine``), none screened: ``{(a, b): score}``."""
+    pairs = list(pairs)
+    coarse = copy_scores(pairs, frames_, screen=False, scales=FINE_SCALES)
+    finer = copy_scores(pairs, fine, screen=False, scales=FINE_SCALES)
+    return {p: max(coarse[p], finer[p]) for p in coarse}
+
+
+def _scores(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame], at_least: float | None,
+            screen: bool = True, scales: Sequence[float] | None = None) -> dict[tuple[int, int], float]:
     """:func:`copy_scores` of one chunk of pairs."""
-    screened = _screen(pairs, frames_) if pairs else np.zeros(0, np.float32)  # P
-    coarse, crops = _coarse([p for p, s in zip(pairs, screened.tolist()) if s >= SCREEN_FROM], frames_)
+    screened = _screen(pairs, frames_) if pairs and screen else np.full(len(pairs), np.inf, np.float32)  # P
+    coarse, crops = _coarse([p for p, s in zip(pairs, screened.tolist()) if s >= SCREEN_FROM], frames_, scales)
     out = {}
     for (a, b), first in zip(pairs, screened.tolist()):
         if first < SCREEN_FROM:  # no hypothesis comes near a copy's, even blurred
@@ -527,8 +559,8 @@ def _shrink_matrix(n_out: int, n_in: int) -> np.ndarray:
 
 
 @functools.cache
-def _shrink(n_out: int) -> np.ndarray:
-    return _shrink_matrix(n_out, SIDE)  # n_out x SIDE
+def _shrink(n_out: int, n_in: int = SIDE) -> np.ndarray:
+    return _shrink_matrix(n_out, n_in)  # n_out x n_in
 
 
 def ncc_brute(big: np.ndarray, small: np.ndarray) -> float:

@@ -1,0 +1,98 @@
+"""Crops of large photos with fine texture (index/duplicates/verify.py's fine check): in the thumbnail's 48-pixel frame
+the texture aliases and a crop's share between two of the check's scales leaves it under the copy score; the pair of
+large photos is checked again from the photos themselves, at a crop share every 3%, and found. Real FAISS,
+SQLite and a real (randomly initialized) ResNet-18 on generated photos."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from index.building.runner import build_index
+from index.duplicates import dedup, verify
+from index.duplicates.dedup import search_duplicates
+from index.duplicates.verify import COPY_SCORE, FINE_SIDE, copy_scores, fine_scores, frame_of
+from index.search.image_index import ImageIndex
+from moco.data.photos import load_rgb
+
+
+def _icons(seed: int, side: int = 1024) -> Image.Image:
+    """A large picture of small shapes scattered on a background of fine diagonal stripes (as a wallpaper of icons
+    on a textured ground: its 48-pixel frame aliases the stripes and shrinks the shapes to a pixel or two)."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:side, 0:side]
+    ground = rng.integers(40, 200, 3)[None, None, :] + 18 * np.sin(2 * np.pi * (x + y) / 5.0)[..., None]
+    img = Image.fromarray(np.clip(ground, 0, 255).astype(np.uint8))
+    draw = ImageDraw.Draw(img)
+    for _ in range(40):
+        cx, cy, r = (int(v) for v in (rng.integers(0, side), rng.integers(0, side), rng.integers(20, 45)))
+        fill = tuple(int(v) for v in rng.integers(0, 256, 3))
+        if rng.random() < 0.5:
+            draw.ellipse((cx - r, cy - r, cx + r, cy + r), fill=fill, outline=(20, 20, 20), width=4)
+        else:
+            draw.rectangle((cx - r, cy - r, cx + r, cy + r), fill=fill, outline=(240, 240, 240), width=4)
+    return img
+
+
+def _centre(img: Image.Image, share: float) -> Image.Image:
+    w, h = img.size
+    cw, ch = round(w * share), round(h * share)
+    return img.crop(((w - cw) // 2, (h - ch) // 2, (w - cw) // 2 + cw, (h - ch) // 2 + ch))
+
+
+def _thumb(img: Image.Image) -> Image.Image:
+    """The index's thumbnail of a photo: 256 pixels on its long side, as JPEG at quality 85."""
+    t = img.copy()
+    t.thumbnail((256, 256))
+    buf = io.BytesIO()
+    t.save(buf, "JPEG", quality=85)
+    return Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+
+
+def test_the_fine_check_finds_an_80_percent_crop_that_the_check_of_thumbnails_misses(tmp_path):
+    """Three such pictures and the centre 80% of each (a share between two of SCALES): the check of their thumbnails'
+    frames leaves every crop under COPY_SCORE; from the photos themselves (decoded as the search decodes them), at a
+    crop share every 3%, each is a copy; distinct pictures stay far under it either way."""
+    thumbs, own, fine = {}, {}, {}
+    for n in (1, 3, 4):
+        for i, img in ((n, _icons(n)), (10 + n, _centre(_icons(n), 0.8))):
+            img.save(tmp_path / f"{i}.png")
+            decoded = load_rgb(tmp_path / f"{i}.png", min_short=2 * FINE_SIDE)
+            thumbs[i], own[i], fine[i] = frame_of(_thumb(img)), frame_of(decoded), frame_of(decoded, FINE_SIDE)
+    copies = [(n, 10 + n) for n in (1, 3, 4)]
+    distinct = [(a, b) for a in thumbs for b in thumbs if a < b and a % 10 != b % 10]
+    checked = copy_scores(copies + distinct, thumbs)
+    again = fine_scores(copies + distinct, own, fine)
+    assert max(checked[p] for p in copies) < COPY_SCORE, [checked[p] for p in copies]
+    assert min(again[p] for p in copies) >= COPY_SCORE, [again[p] for p in copies]
+    assert max(max(checked[p], again[p]) for p in distinct) < 0.8
+
+
+def test_a_search_finds_a_large_photo_s_crop_by_the_fine_check_and_not_without_it(backbone, tmp_path, monkeypatch):
+    """A search of an index of three such photos, the centre 80% of one and a small photo: the crop and its
+    photo are one group of near duplicates; with the fine check off (FINE_FROM above any score) they are not, and
+    the small photo is never checked again on fine frames (it is under FINE_MIN)."""
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for n in range(1, 4):
+        _icons(n).save(photos / f"icons{n}.png")
+    _centre(_icons(1), 0.8).save(photos / "icons1_crop.png")
+    _icons(7, side=96).save(photos / "small.png")
+    build_index(photos, backbone, tmp_path / "idx", progress=False)
+    checked: list[tuple[int, int]] = []
+    fine = dedup.fine_scores
+    monkeypatch.setattr(dedup, "fine_scores", lambda pairs, *fr: (checked.extend(pairs), fine(pairs, *fr))[1])
+    found = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
+    near = [sorted(m.path for m in g.members) for g in found.groups if g.kind == "near"]
+    assert near == [["icons1.png", "icons1_crop.png"]]
+    index = ImageIndex.open(tmp_path / "idx")
+    small = index.catalog.rows()["small.png"].id
+    assert checked and all(small not in p for p in checked)
+
+    for module in (verify, dedup):  # the kept scores are of other settings: checked anew
+        monkeypatch.setattr(module, "FINE_FROM", 2.0)
+    again = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
+    assert again.decision["reused"] == 0
+    assert not [g for g in again.groups if g.kind == "near"]
