@@ -22,7 +22,8 @@ photo it could have been cut from (:func:`index.duplicates.propose.proposals`).
 A proposed pair is a near link only where :func:`index.duplicates.verify.copy_scores` finds one photo to be the other
 re-encoded, resized, cropped, brightened or mirrored (copy score at least :data:`~index.duplicates.verify.COPY_SCORE`,
 :func:`verify_links`), and whose files do not say they are two captures (EXIF dates taken a second or more apart, or
-two cameras: :mod:`index.duplicates.captures`; such a pair is not checked at all). Distinct photos of alike things
+two cameras: :mod:`index.duplicates.captures`; such a pair is not checked at all). A pair of large photos that the
+check puts near a copy is checked again from the photos themselves (:func:`_fine_check`). Distinct photos of alike things
 (a crowd of t-shirts, planes against blue sky, tiles of one texture) sit as close to each other as copies to a weak
 model; their pixels differ, so no threshold a model sets can group them: the pixel check is the guard, and it does
 not depend on the model. Where pixels cannot tell either (a
