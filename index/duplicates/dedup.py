@@ -23,9 +23,9 @@ A proposed pair is a near link only where :func:`index.duplicates.verify.copy_sc
 re-encoded, resized, cropped, brightened or mirrored (copy score at least :data:`~index.duplicates.verify.COPY_SCORE`,
 :func:`verify_links`), and whose files do not say they are two captures (EXIF dates taken a second or more apart, or
 two cameras: :mod:`index.duplicates.captures`; such a pair is not checked at all). A pair of large photos that the
-check puts near a copy is checked again from the photos themselves (:func:`_fine_check`). Distinct photos of alike things
-(a crowd of t-shirts, planes against blue sky, tiles of one texture) sit as close to each other as copies to a weak
-model; their pixels differ, so no threshold a model sets can group them: the pixel check is the guard, and it does
+check puts near a copy is checked again from the photos themselves (:func:`_fine_check`). Distinct photos of alike
+things (a crowd of t-shirts, planes against blue sky, tiles of one texture) sit as close to each other as copies to a
+weak model; their pixels differ, so no threshold a model sets can group them: the pixel check is the guard, and it does
 not depend on the model. Where pixels cannot tell either (a
 photo that is a copy by pixels of :data:`~index.calibrate.CROWD` others or more: a clear sky, a gradient, a blank
 page), the photo keeps no near link, so no near group holds more than that many distinct photos.
@@ -345,7 +345,7 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
 
         finer = _fine_check(index, rows)
         for part, got in checked_parts(parts(), frames_, workers):
-            got = finer(part, got)  # pairs of large photos near a copy: checked again on finer frames
+            got = finer(part, got)  # pairs of large photos near a copy: checked again from the photos themselves
             new = {(a, b): s for (a, b), s in zip(part.tolist(), got.tolist()) if s == s}  # NaN: a photo without one
             checked.add(new)  # kept at once: a search killed after this goes on from here
             scores.update({q: s for q, s in new.items() if s >= COPY_SCORE})
