@@ -11,8 +11,9 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from index.building.runner import build_index
-from index.duplicates import dedup, verify
+from index.duplicates import verify
 from index.duplicates.dedup import search_duplicates
+from index.duplicates.dedup_cache import CHECKED_FILE
 from index.duplicates.verify import COPY_SCORE, FINE_SIDE, copy_scores, fine_scores, frame_of
 from index.search.image_index import ImageIndex
 from moco.data.photos import load_rgb
@@ -71,9 +72,9 @@ def test_the_fine_check_finds_an_80_percent_crop_that_the_check_of_thumbnails_mi
 
 
 def test_a_search_finds_a_large_photo_s_crop_by_the_fine_check_and_not_without_it(backbone, tmp_path, monkeypatch):
-    """A search of an index of three such photos, the centre 80% of one and a small photo: the crop and its
-    photo are one group of near duplicates; with the fine check off (FINE_FROM above any score) they are not, and
-    the small photo is never checked again on fine frames (it is under FINE_MIN)."""
+    """A search of an index of three such photos, the centre 80% of one and a small photo: the crop and its photo are
+    one group of near duplicates, in this process and in the check's worker processes alike; with the fine check off
+    (FINE_FROM above any score) they are not, and the small photo is never checked again (it is under FINE_MIN)."""
     photos = tmp_path / "photos"
     photos.mkdir()
     for n in range(1, 4):
@@ -82,17 +83,19 @@ def test_a_search_finds_a_large_photo_s_crop_by_the_fine_check_and_not_without_i
     _icons(7, side=96).save(photos / "small.png")
     build_index(photos, backbone, tmp_path / "idx", progress=False)
     checked: list[tuple[int, int]] = []
-    fine = dedup.fine_scores
-    monkeypatch.setattr(dedup, "fine_scores", lambda pairs, *fr: (checked.extend(pairs), fine(pairs, *fr))[1])
-    found = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
+    fine = verify.fine_scores
+    monkeypatch.setattr(verify, "fine_scores", lambda pairs, *fr: (checked.extend(pairs), fine(pairs, *fr))[1])
+    found = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False, workers=0)
     near = [sorted(m.path for m in g.members) for g in found.groups if g.kind == "near"]
     assert near == [["icons1.png", "icons1_crop.png"]]
-    index = ImageIndex.open(tmp_path / "idx")
-    small = index.catalog.rows()["small.png"].id
+    small = ImageIndex.open(tmp_path / "idx").catalog.rows()["small.png"].id
     assert checked and all(small not in p for p in checked)
 
-    for module in (verify, dedup):  # the kept scores are of other settings: checked anew
-        monkeypatch.setattr(module, "FINE_FROM", 2.0)
-    again = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
+    (tmp_path / "idx" / CHECKED_FILE).unlink()  # checked anew, by two worker processes
+    two = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False, workers=2)
+    assert [sorted(m.path for m in g.members) for g in two.groups if g.kind == "near"] == near
+
+    monkeypatch.setattr(verify, "FINE_FROM", 2.0)  # the kept scores are of other settings: checked anew
+    again = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False, workers=0)
     assert again.decision["reused"] == 0
     assert not [g for g in again.groups if g.kind == "near"]

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from index.duplicates.dedup_cache import FrameFile
-from index.duplicates.verify import copy_scores
+from index.duplicates.verify import FineCheck, copy_scores
 from moco.data.workers import in_workers
 
 __all__ = ["checked_parts", "check_workers", "PART", "MIN_PAIRS", "MAX_WORKERS"]
@@ -32,6 +32,7 @@ MAX_WORKERS = 8
 ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 _frames: FrameFile | None = None  # a worker's frames
+_fine: FineCheck | None = None  # and its fine check of large photos
 
 
 def check_workers(pairs: int, cores: int | None = None) -> int:
@@ -42,31 +43,34 @@ def check_workers(pairs: int, cores: int | None = None) -> int:
     return 0 if pairs < MIN_PAIRS or cores < 2 else min(cores, MAX_WORKERS)
 
 
-def _open(path: Path, where: dict[int, int]) -> None:
-    global _frames
-    _frames = FrameFile.placed(path, where)
+def _open(path: Path, where: dict[int, int], fine: FineCheck | None) -> None:
+    global _frames, _fine
+    _frames, _fine = FrameFile.placed(path, where), fine
 
 
-def _scores(frames_: FrameFile, part: np.ndarray) -> np.ndarray:
-    """The copy scores of ``part`` (B x 2): B, NaN for a pair one of whose photos has no frame."""
+def _scores(frames_: FrameFile, part: np.ndarray, fine: FineCheck | None) -> np.ndarray:
+    """The copy scores of ``part`` (B x 2): B, NaN for a pair one of whose photos has no frame; pairs of large photos
+    near a copy checked again by ``fine``."""
     got = copy_scores([tuple(p) for p in part.tolist()], frames_)
-    return np.array([got.get((a, b), np.nan) for a, b in part.tolist()], np.float64)
+    scores = np.array([got.get((a, b), np.nan) for a, b in part.tolist()], np.float64)
+    return fine.rescore(part, scores) if fine is not None else scores
 
 
 def _worker_scores(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     assert _frames is not None, "a pixel-check worker without its frames"
-    return part, _scores(_frames, part)
+    return part, _scores(_frames, part, _fine)
 
 
-def checked_parts(parts: Iterable[np.ndarray], frames_: FrameFile,
-                  workers: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def checked_parts(parts: Iterable[np.ndarray], frames_: FrameFile, workers: int,
+                  fine: FineCheck | None = None) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """``(part, scores)`` for each part of pairs (B x 2, a < b) in order: its copy scores (B; NaN where a photo has
-    no frame), in ``workers`` processes (0: in this one)."""
+    no frame; pairs of large photos near a copy checked again by ``fine``), in ``workers`` processes (0: in this
+    one)."""
     where = frames_.placement() if workers > 0 else None
     if where is None:
         for part in parts:
-            yield part, _scores(frames_, part)
+            yield part, _scores(frames_, part, fine)
         return
     logger.info("the pixel check in %d worker processes", workers)
-    yield from in_workers(_worker_scores, parts, workers, "pixel-check", init=_open, init_args=(frames_.path, where),
-                          env=ONE_THREAD)
+    yield from in_workers(_worker_scores, parts, workers, "pixel-check", init=_open,
+                          init_args=(frames_.path, where, fine), env=ONE_THREAD)

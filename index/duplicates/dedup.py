@@ -47,7 +47,6 @@ import heapq
 import json
 import tempfile
 import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,7 +92,7 @@ from index.duplicates.groups import (
 )
 from index.duplicates.keeper import photo_facts, suggest_keeper
 from index.duplicates.propose import MODEL_DEPTH, PIXEL_DEPTH, PROPOSE_K, ModelFound, proposals
-from index.duplicates.verify import COPY_SCORE, FINE_FROM, FINE_MIN, FINE_SIDE, SIDE, Frame, fine_scores, frame_of
+from index.duplicates.verify import COPY_SCORE, FINE_MIN, SIDE, FineCheck
 from index.search.image_index import ImageIndex, row_filter
 from index.search.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
 from moco.data.photos import ImageDecodeError, load_rgb
@@ -229,41 +228,12 @@ def _frame_fallback(index: ImageIndex, rows: Mapping[int, Row],
     return decode
 
 
-FINE_KEPT = 256  # photos whose frames for the fine check are kept at once (about 56 kB each)
-
-
-def _fine_check(index: ImageIndex, rows: Mapping[int, Row]) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    """``rescore(pairs, scores)``: the scores (P) of pairs (P x 2), each pair of large photos (both at least
-    :data:`~index.duplicates.verify.FINE_MIN` pixels on their short side, by the catalog) scoring at least
-    :data:`~index.duplicates.verify.FINE_FROM` and not a copy given the better of its score and its
-    :func:`~index.duplicates.verify.fine_scores`, from the photos decoded anew (a photo that cannot be decoded keeps
-    its score; the frames of the last :data:`FINE_KEPT` photos kept)."""
-    kept: OrderedDict[int, tuple[Frame, Frame] | None] = OrderedDict()
-    decode = _frame_fallback(index, rows, FINE_SIDE)
-
-    def large(i: int) -> bool:
-        r = rows.get(i)
-        return r is not None and bool(r.width) and bool(r.height) and min(r.width, r.height) >= FINE_MIN
-
-    def both(i: int) -> tuple[Frame, Frame] | None:
-        if i not in kept:
-            img = decode(i)
-            kept[i] = (frame_of(img), frame_of(img, FINE_SIDE)) if img is not None else None
-            while len(kept) > FINE_KEPT:
-                kept.popitem(last=False)
-        kept.move_to_end(i)
-        return kept[i]
-
-    def rescore(pairs: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        out = scores.copy()
-        for n, ((a, b), s) in enumerate(zip(pairs.tolist(), scores.tolist())):
-            if FINE_FROM <= s < COPY_SCORE and large(a) and large(b):
-                fa, fb = both(a), both(b)
-                if fa is not None and fb is not None:
-                    got = fine_scores([(a, b)], {a: fa[0], b: fb[0]}, {a: fa[1], b: fb[1]})[a, b]
-                    out[n] = max(s, got)
-        return out
-    return rescore
+def _fine_check(index: ImageIndex, rows: Mapping[int, Row]) -> FineCheck:
+    """The fine check of the photos at least :data:`~index.duplicates.verify.FINE_MIN` pixels on their short side (by
+    the catalog; a photo whose size it does not know is left out): a pair of two of them near a copy is checked again
+    from the photos themselves."""
+    return FineCheck({i: index.root / r.path for i, r in rows.items()
+                      if r.width and r.height and min(r.width, r.height) >= FINE_MIN})
 
 
 def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
@@ -343,9 +313,7 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
                 todo = block[~hit]  # T x 2
                 yield from (todo[n : n + PART] for n in range(0, len(todo), PART))
 
-        finer = _fine_check(index, rows)
-        for part, got in checked_parts(parts(), frames_, workers):
-            got = finer(part, got)  # pairs of large photos near a copy: checked again from the photos themselves
+        for part, got in checked_parts(parts(), frames_, workers, _fine_check(index, rows)):
             new = {(a, b): s for (a, b), s in zip(part.tolist(), got.tolist()) if s == s}  # NaN: a photo without one
             checked.add(new)  # kept at once: a search killed after this goes on from here
             scores.update({q: s for q, s in new.items() if s >= COPY_SCORE})

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,8 +57,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-__all__ = ["Frame", "frame_of", "frames", "copy_scores", "fine_scores", "unit_patches", "tone_score", "busy_share",
-           "ncc_brute", "SIDE", "SCALES", "COPY_SCORE", "FINE_SIDE", "FINE_MIN", "FINE_FROM", "FINE_SCALES"]
+__all__ = ["Frame", "frame_of", "frames", "copy_scores", "fine_scores", "FineCheck", "unit_patches", "tone_score",
+           "busy_share", "ncc_brute", "SIDE", "SCALES", "COPY_SCORE", "FINE_SIDE", "FINE_MIN", "FINE_FROM",
+           "FINE_SCALES"]
 
 logger = logging.getLogger(__name__)
 
@@ -514,6 +516,53 @@ def fine_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame],
     coarse = copy_scores(pairs, frames_, screen=False, scales=FINE_SCALES)
     finer = copy_scores(pairs, fine, screen=False, scales=FINE_SCALES)
     return {p: max(coarse[p], finer[p]) for p in coarse}
+
+
+FINE_KEPT = 256  # photos whose frames for the fine check are kept at once (about 56 kB each)
+
+
+class FineCheck:
+    """The fine check of a search's large photos (module docstring): ``large`` maps each photo at least
+    :data:`FINE_MIN` pixels on its short side to its file. :meth:`rescore` gives a pair of two of them that the
+    check scored at least :data:`FINE_FROM` and not a copy the better of that and its :func:`fine_scores`, from the
+    photos decoded anew (at a reduced scale; a photo that cannot be decoded keeps the score; the frames of the last
+    :data:`FINE_KEPT` photos kept). Picklable: the check's workers each hold one."""
+
+    def __init__(self, large: Mapping[int, Path]) -> None:
+        self.large = dict(large)
+        self._kept: OrderedDict[int, tuple[Frame, Frame] | None] = OrderedDict()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {"large": self.large}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__init__(state["large"])  # type: ignore[misc, arg-type]
+
+    def _frames(self, i: int) -> tuple[Frame, Frame] | None:
+        """Photo ``i``'s frames (SIDE and :data:`FINE_SIDE` a side) from its file; None where it cannot be decoded."""
+        from moco.data.photos import ImageDecodeError, load_rgb
+
+        if i not in self._kept:
+            try:
+                img = load_rgb(self.large[i], min_short=2 * FINE_SIDE)
+                self._kept[i] = frame_of(img), frame_of(img, FINE_SIDE)
+            except ImageDecodeError as e:
+                logger.debug("%s: no fine check (%s)", self.large[i], e)
+                self._kept[i] = None
+            while len(self._kept) > FINE_KEPT:
+                self._kept.popitem(last=False)
+        self._kept.move_to_end(i)
+        return self._kept[i]
+
+    def rescore(self, pairs: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        """The scores (P) of ``pairs`` (P x 2) with the fine check's where it applies (``scores``: the check's)."""
+        out = scores.copy()
+        for n, ((a, b), s) in enumerate(zip(pairs.tolist(), scores.tolist())):
+            if FINE_FROM <= s < COPY_SCORE and a in self.large and b in self.large:
+                fa, fb = self._frames(a), self._frames(b)
+                if fa is not None and fb is not None:
+                    out[n] = max(s, fine_scores([(a, b)], {a: fa[0], b: fb[0]}, {a: fa[1], b: fb[1]})[a, b])
+        return out
 
 
 def _scores(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame], at_least: float | None,
