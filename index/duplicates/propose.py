@@ -25,8 +25,9 @@ it. Each search keeps its :data:`PROPOSE_K` closest (the neighbours, for a later
 model's all go to the check.
 
 The searches are exact (flat inner-product indexes) up to :data:`PIXEL_EXACT_UP_TO` photos and approximate above
-(inverted files of one byte a dimension, :data:`IVF_PROBE` cells searched). Photos of the same bytes are never
-proposed: they are exact duplicates already. The pairs are kept as 64-bit keys with their best proposal score.
+(inverted files of one byte a dimension, :data:`IVF_PROBE` cells searched, :data:`CROP_PROBE` by a crop window).
+Photos of the same bytes are never proposed: they are exact duplicates already. The pairs are kept as 64-bit keys
+with their best proposal score.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ PIXEL_EXACT_UP_TO = 20000  # photos: above, the pixel proposals come from approx
 FLAT_PAIRS = 1 << 28  # ... unless the queries are few: query-photo pairs an exact search scores (after an update)
 IVF_CELLS_PER_ROOT = 4  # cells of an inverted file for n vectors: this many times sqrt(n)
 IVF_PROBE = 16  # cells a query looks in
+CROP_PROBE = 8  # ... a crop window's query (90 a photo: half the cells kept the same copies first at 100,000 photos)
 FLATS_AT_ONCE = 1024  # grey frames shrunk at once (4 B a pixel of temporaries: 9 MB)
 INDEX_ADD = 16384  # vectors made and added to a pixel search's index at once (their frames read at once: 38 MB)
 WINDOW_BATCH = 32  # photos whose crop windows are made at once (more: slower, their tables leave the cache)
@@ -278,11 +280,11 @@ class _Pairs:
 
 
 def _inner_product_index(vectors: Callable[[int, int], np.ndarray], n: int, dim: int, what: str,
-                         queries: int):  # -> faiss.Index
+                         queries: int, probe: int = IVF_PROBE):  # -> faiss.Index
     """An inner-product index of ``n`` vectors of ``dim``, made ``vectors(start, stop)`` a chunk at a time (so they
     are never all held): flat (exact) up to :data:`PIXEL_EXACT_UP_TO`, or where ``queries`` are few (a flat search
     of them scores at most :data:`FLAT_PAIRS`); otherwise an inverted file of
-    :data:`IVF_CELLS_PER_ROOT` x sqrt(n) cells searched :data:`IVF_PROBE` at a time, one byte a dimension (8-bit
+    :data:`IVF_CELLS_PER_ROOT` x sqrt(n) cells searched ``probe`` at a time, one byte a dimension (8-bit
     scalar quantizer): a quarter of the vectors' own memory, and a query's cost grows with the root of their
     number."""
     import faiss
@@ -298,7 +300,7 @@ def _inner_product_index(vectors: Callable[[int, int], np.ndarray], n: int, dim:
         sample = np.concatenate([vectors(start, min(start + step * 4096, n))[::step]
                                  for start in range(0, n, step * 4096)])
         store.train(np.ascontiguousarray(sample))
-        store.nprobe = min(cells, IVF_PROBE)
+        store.nprobe = min(cells, probe)
         logger.info("%s proposals: an inverted file of %d vectors in %d cells", what, n, cells)
     for start in range(0, n, INDEX_ADD):
         store.add(np.ascontiguousarray(vectors(start, min(start + INDEX_ADD, n))))
@@ -469,7 +471,7 @@ def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, ch
         return
     store = _inner_product_index(lambda start, stop: _flats(_greys(frames_, targets[start:stop]), CROP_SIDE),
                                  len(targets), CROP_SIDE**2, "crop",  # B x CROP_SIDE^2 a chunk
-                                 2 * len(ids) * len(CROP_SHARES) * CROP_GRID**2)
+                                 2 * len(ids) * len(CROP_SHARES) * CROP_GRID**2, CROP_PROBE)
     depth = min(len(targets), k + 2)  # frames a window looks up (the photo's own whole frame may be one)
     for start in range(0, len(ids), chunk):
         part = ids[start : start + chunk]
