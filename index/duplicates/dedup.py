@@ -228,6 +228,14 @@ def _frame_fallback(index: ImageIndex, rows: Mapping[int, Row],
     return decode
 
 
+def _frame_source(index: ImageIndex, row: Row) -> Path | None:
+    """Where a photo's frame is made from: its thumbnail, or None (the photo itself, through the frames' fallback)
+    where the catalog says the photo is smaller than twice a frame's side (its thumbnail would be read for nothing)."""
+    if row.width and row.height and min(row.width, row.height) < 2 * SIDE:
+        return None
+    return index.thumb_path(row)
+
+
 def _fine_check(index: ImageIndex, rows: Mapping[int, Row]) -> FineCheck:
     """The fine check of the photos at least :data:`~index.duplicates.verify.FINE_MIN` pixels on their short side (by
     the catalog; a photo whose size it does not know is left out): a pair of two of them near a copy is checked again
@@ -283,7 +291,7 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
     """:func:`verify_links`, its frames and scored pairs kept in the folder ``where``."""
     pos = {int(i): n for n, i in enumerate(ids.tolist())}
     versions = versions if versions is not None else {i: _version(r) for i, r in rows.items()}
-    photos = {int(i): (versions[int(i)], index.thumb_path(rows[int(i)])) for i in ids if int(i) in rows}
+    photos = {int(i): (versions[int(i)], _frame_source(index, rows[int(i)])) for i in ids if int(i) in rows}
     with _stage("frames", len(ids), "photo", progress) as bar:
         bar.update(len(ids) - len(photos))
         frames_ = FrameFile(where / FRAMES_FILE).update(photos, _frame_fallback(index, rows), bar.update, versions)
