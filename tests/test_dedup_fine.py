@@ -14,7 +14,7 @@ from index.building.runner import build_index
 from index.duplicates import verify
 from index.duplicates.dedup import search_duplicates
 from index.duplicates.dedup_cache import CHECKED_FILE
-from index.duplicates.verify import COPY_SCORE, FINE_SIDE, copy_scores, fine_scores, frame_of
+from index.duplicates.verify import COPY_SCORE, FINE_SIDE, FineCheck, copy_scores, fine_scores, frame_of
 from index.search.image_index import ImageIndex
 from moco.data.photos import load_rgb
 
@@ -99,3 +99,18 @@ def test_a_search_finds_a_large_photo_s_crop_by_the_fine_check_and_not_without_i
     again = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False, workers=0)
     assert again.decision["reused"] == 0
     assert not [g for g in again.groups if g.kind == "near"]
+
+
+def test_the_fine_check_keeps_its_photos_paths_packed_and_pickles_them(tmp_path):
+    """Every large photo's path comes back whole (names of any script, sub-folders), another photo's is None, and a
+    worker's pickled copy gives the same."""
+    import pickle
+
+    large = {7: "a.jpg", 3: "trips/été/b.png", 12: "日本/c d.JPG", 40: "x" * 300 + ".jpg"}
+    fine = FineCheck(tmp_path, large)
+    copy = pickle.loads(pickle.dumps(fine))
+    for check in (fine, copy):
+        assert len(check) == 4
+        assert {i: check.path(i) for i in large} == {i: tmp_path / p for i, p in large.items()}
+        assert [check.path(i) for i in (0, 4, 8, 13, 41, -1)] == [None] * 6
+    assert FineCheck(tmp_path, {}).path(1) is None

@@ -240,8 +240,8 @@ def _fine_check(index: ImageIndex, rows: Mapping[int, Row]) -> FineCheck:
     """The fine check of the photos at least :data:`~index.duplicates.verify.FINE_MIN` pixels on their short side (by
     the catalog; a photo whose size it does not know is left out): a pair of two of them near a copy is checked again
     from the photos themselves."""
-    return FineCheck({i: index.root / r.path for i, r in rows.items()
-                      if r.width and r.height and min(r.width, r.height) >= FINE_MIN})
+    return FineCheck(index.root, {i: r.path for i, r in rows.items()
+                                  if r.width and r.height and min(r.width, r.height) >= FINE_MIN})
 
 
 def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],

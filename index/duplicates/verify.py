@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -523,20 +524,37 @@ FINE_KEPT = 256  # photos whose frames for the fine check are kept at once (abou
 
 class FineCheck:
     """The fine check of a search's large photos (module docstring): ``large`` maps each photo at least
-    :data:`FINE_MIN` pixels on its short side to its file. :meth:`rescore` gives a pair of two of them that the
-    check scored at least :data:`FINE_FROM` and not a copy the better of that and its :func:`fine_scores`, from the
-    photos decoded anew (at a reduced scale; a photo that cannot be decoded keeps the score; the frames of the last
-    :data:`FINE_KEPT` photos kept). Picklable: the check's workers each hold one."""
+    :data:`FINE_MIN` pixels on its short side to its file's path under ``root``. :meth:`rescore` gives a pair of two
+    of them that the check scored at least :data:`FINE_FROM` and not a copy the better of that and its
+    :func:`fine_scores`, from the photos decoded anew (at a reduced scale; a photo that cannot be decoded keeps the
+    score; the frames of the last :data:`FINE_KEPT` photos kept). Picklable, and small: the check's workers each
+    hold one, the paths packed into one string (a library of a million photos: about 70 MB, not a dict of paths)."""
 
-    def __init__(self, large: Mapping[int, Path]) -> None:
-        self.large = dict(large)
+    def __init__(self, root: str | Path, large: Mapping[int, str]) -> None:
+        order = sorted(large)
+        encoded = [os.fsencode(large[i]) for i in order]
+        self.root = Path(root)
+        self._ids = np.array(order, np.int64)  # L, sorted
+        self._ends = np.cumsum([len(e) for e in encoded], dtype=np.int64)  # L: where each path ends in _blob
+        self._blob = b"".join(encoded)
         self._kept: OrderedDict[int, tuple[Frame, Frame] | None] = OrderedDict()
 
+    def __len__(self) -> int:
+        return len(self._ids)
+
     def __getstate__(self) -> dict[str, object]:
-        return {"large": self.large}
+        return {"root": self.root, "ids": self._ids, "ends": self._ends, "blob": self._blob}
 
     def __setstate__(self, state: dict[str, object]) -> None:
-        self.__init__(state["large"])  # type: ignore[misc, arg-type]
+        self.root, self._ids, self._ends, self._blob = state["root"], state["ids"], state["ends"], state["blob"]
+        self._kept = OrderedDict()
+
+    def path(self, i: int) -> Path | None:
+        """Photo ``i``'s file where it is a large photo; None where it is not."""
+        n = int(np.searchsorted(self._ids, i))
+        if n == len(self._ids) or self._ids[n] != i:
+            return None
+        return self.root / os.fsdecode(self._blob[int(self._ends[n - 1]) if n else 0 : int(self._ends[n])])
 
     def _frames(self, i: int) -> tuple[Frame, Frame] | None:
         """Photo ``i``'s frames (SIDE and :data:`FINE_SIDE` a side) from its file; None where it cannot be decoded."""
@@ -544,10 +562,10 @@ class FineCheck:
 
         if i not in self._kept:
             try:
-                img = load_rgb(self.large[i], min_short=2 * FINE_SIDE)
+                img = load_rgb(self.path(i), min_short=2 * FINE_SIDE)
                 self._kept[i] = frame_of(img), frame_of(img, FINE_SIDE)
             except ImageDecodeError as e:
-                logger.debug("%s: no fine check (%s)", self.large[i], e)
+                logger.debug("%s: no fine check (%s)", self.path(i), e)
                 self._kept[i] = None
             while len(self._kept) > FINE_KEPT:
                 self._kept.popitem(last=False)
@@ -558,7 +576,7 @@ class FineCheck:
         """The scores (P) of ``pairs`` (P x 2) with the fine check's where it applies (``scores``: the check's)."""
         out = scores.copy()
         for n, ((a, b), s) in enumerate(zip(pairs.tolist(), scores.tolist())):
-            if FINE_FROM <= s < COPY_SCORE and a in self.large and b in self.large:
+            if FINE_FROM <= s < COPY_SCORE and self.path(a) is not None and self.path(b) is not None:
                 fa, fb = self._frames(a), self._frames(b)
                 if fa is not None and fb is not None:
                     out[n] = max(s, fine_scores([(a, b)], {a: fa[0], b: fb[0]}, {a: fa[1], b: fb[1]})[a, b])
