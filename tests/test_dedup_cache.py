@@ -387,3 +387,23 @@ def test_the_model_links_are_those_of_a_brute_force_range_search_crowded_photos_
     assert searched == 0
     assert {(a, b) for a, nb in again.items() for b in nb if a < b} == {
         q for q in got if cos[list(ids).index(q[0]), list(ids).index(q[1])] >= threshold + 0.01}
+
+
+def test_the_check_s_processes_are_chosen_for_the_pairs_it_will_check(backbone, tmp_path, monkeypatch):
+    """After photos were deleted and as many added, the kept scores hold about as many pairs as the search proposes,
+    yet the pairs of the new photos are still to check: the number the search weighs its worker processes by is
+    the number of pairs it checks (not the proposals less the kept file's length, which said none and left a
+    search of 115,000 new pairs on one core)."""
+    photos = tmp_path / "photos"
+    _collection(photos, 40, seed=4)
+    build_index(photos, backbone, tmp_path / "idx", progress=False)
+    search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
+    for path in sorted(photos.glob("p4_*"))[:12]:
+        path.unlink()
+    _collection(photos, 10, seed=5)
+    update_index(tmp_path / "idx", progress=False)
+    weighed: list[int] = []
+    monkeypatch.setattr(dedup, "check_workers", lambda pairs: weighed.append(pairs) or 0)
+    again = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
+    assert weighed == [again.decision["checked"]] and again.decision["checked"] > 0
+    assert again.decision["reused"] > 0

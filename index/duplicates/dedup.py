@@ -305,8 +305,10 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
     checked = CheckedPairs(where / CHECKED_FILE, versions)
     scores: dict[tuple[int, int], float] = {}
     reused = 0
-    if workers is None:  # at least the pairs no earlier search can have scored
-        workers = check_workers(len(pairs) - min(len(checked), len(pairs)))
+    if workers is None:  # as many as the pairs no earlier search scored (not a guess from the kept file's length:
+        # after the proposals changed, a file of as many pairs may hold few of these)
+        workers = check_workers(sum(int((~checked.known(pairs[n : n + CHECK_BLOCK])[0]).sum())
+                                    for n in range(0, len(pairs), CHECK_BLOCK)))
     with _stage("pixel check", len(pairs), "pair", progress) as bar:
 
         def parts() -> Iterator[np.ndarray]:  # the pairs no earlier search scored, PART at a time, in order
