@@ -216,13 +216,11 @@ def _content(ids: np.ndarray, rows: Mapping[int, Row]) -> np.ndarray:
     return np.array([codes[h] if h else len(codes) + n for n, h in enumerate(hashes)], np.int64)
 
 
-def _frame_fallback(index: ImageIndex, rows: Mapping[int, Row],
-                    side: int = SIDE) -> Callable[[int], Image.Image | None]:
-    """A photo decoded from its file, for a frame (``side`` a side) where its thumbnail is missing; None where it
-    cannot be."""
+def _frame_fallback(index: ImageIndex, rows: Mapping[int, Row]) -> Callable[[int], Image.Image | None]:
+    """A photo decoded from its file, for a frame where its thumbnail is missing; None where it cannot be."""
     def decode(i: int) -> Image.Image | None:
         try:
-            return load_rgb(index.root / rows[i].path, min_short=2 * side)
+            return load_rgb(index.root / rows[i].path, min_short=2 * SIDE)
         except (ImageDecodeError, KeyError):
             return None
     return decode

@@ -113,7 +113,7 @@ def frame_of(img: Image.Image, side: int = SIDE) -> Frame:
 
 
 def frames(paths: Mapping[int, Path | None], fallback: Callable[[int], Image.Image | None],
-           step: Callable[[int], object] | None = None, side: int = SIDE) -> dict[int, Frame]:
+           step: Callable[[int], object] | None = None) -> dict[int, Frame]:
     """Frames of photos ``{id: thumbnail path}``. A photo whose thumbnail is missing or unreadable is decoded with
     ``fallback(id)`` (None: it has no frame, and no pair of it can be checked), and so is a small photo (a thumbnail
     under twice the frame's side: the photo is as cheap to read, and its thumbnail's JPEG would blur fine dots).
@@ -124,14 +124,14 @@ def frames(paths: Mapping[int, Path | None], fallback: Callable[[int], Image.Ima
         if path is not None:
             try:
                 with Image.open(path) as im:
-                    im.draft("L", (2 * side, 2 * side))
+                    im.draft("L", (2 * SIDE, 2 * SIDE))
                     img = im.convert("L")
             except OSError as e:
                 logger.debug("thumbnail %s unreadable (%s): decoding the photo", path, e)
-        if img is None or min(img.size) < 2 * side:
+        if img is None or min(img.size) < 2 * SIDE:
             img = fallback(i) or img
         if img is not None:
-            out[i] = frame_of(img, side)
+            out[i] = frame_of(img)
         if step is not None:
             step(1)
     return out
