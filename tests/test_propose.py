@@ -94,7 +94,7 @@ def test_crop_windows_of_many_photos_are_each_photo_s_own():
     rng = np.random.default_rng(3)
     frames_ = [frame_of(_picture(rng, w, h)) for w, h in ((96, 96), (150, 90), (96, 96), (40, 100), (96, 96))]
     assert len({f.image.size for f in frames_}) == 3
-    many = propose.crop_windows_of(frames_)
+    many = propose.crop_windows_of([np.asarray(f.image) for f in frames_])
     assert many.shape == (5, len(propose.CROP_SHARES) * propose.CROP_GRID**2, propose.CROP_SIDE**2)
     for f, got in zip(frames_, many):
         assert np.array_equal(got, propose.crop_windows(f)) and got.any()

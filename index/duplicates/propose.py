@@ -332,6 +332,15 @@ def _greys(frames_: Mapping[int, Frame], ids: Sequence[int]) -> np.ndarray:
     return np.stack([frames_[i].grey for i in ids]) if len(ids) else np.zeros((0, 1, 1), np.uint8)
 
 
+def _images(frames_: Mapping[int, Frame], ids: Sequence[int]) -> list[np.ndarray]:
+    """The grey images of photos ``ids`` (h x w uint8 each), read at once where ``frames_`` can
+    (:meth:`~index.duplicates.dedup_cache.FrameFile.images`)."""
+    bulk = getattr(frames_, "images", None)
+    if bulk is not None:
+        return bulk(ids)
+    return [np.asarray(frames_[i].image, np.uint8) for i in ids]
+
+
 def _flat(grey: np.ndarray, side: int, mirror: bool) -> np.ndarray:
     """A frame shrunk to ``side`` a side (box filter), mirrored or not, less its mean, over its norm: side^2."""
     g = np.asarray(Image.fromarray(grey).resize((side, side), Image.Resampling.BOX), np.float32)
@@ -400,58 +409,52 @@ def _over_floor(part: Sequence[int], flip: bool, scores: np.ndarray, floor: Call
 def crop_windows(f: Frame) -> np.ndarray:
     """A photo's crop windows: at each share of :data:`CROP_SHARES` (of both sides: the photo's shape kept) and at
     :data:`CROP_GRID` x :data:`CROP_GRID` places from corner to corner, the window's mean grey over each cell of a
-    :data:`CROP_SIDE` x :data:`CROP_SIDE` grid (exact: a pixel cut by a cell's edge counts by its share inside), less
-    its mean, over its norm (a flat window is all zero, and matches nothing): W x CROP_SIDE^2,
+    :data:`CROP_SIDE` x :data:`CROP_SIDE` grid of its image (exact: a pixel cut by a cell's edge counts by its share
+    inside), less its mean, over its norm (a flat window is all zero, and matches nothing): W x CROP_SIDE^2,
     W = len(CROP_SHARES) * CROP_GRID^2."""
-    return crop_windows_of([f])[0]
+    return crop_windows_of([np.asarray(f.image, np.uint8)])[0]
 
 
-def crop_windows_of(frames_: Sequence[Frame]) -> np.ndarray:
-    """:func:`crop_windows` of several photos: B x W x CROP_SIDE^2, photos of one image size worked
-    :data:`WINDOW_BATCH` at a time (the same numbers as one at a time, in half the time)."""
-    out = np.empty((len(frames_), len(CROP_SHARES) * CROP_GRID**2, CROP_SIDE**2), np.float32)  # B x W x S^2
+def crop_windows_of(images: Sequence[np.ndarray]) -> np.ndarray:
+    """:func:`crop_windows` of several photos from their grey images (h x w uint8 each: a
+    :attr:`~index.duplicates.verify.Frame.image`): B x W x CROP_SIDE^2. A window's cells are products of the image
+    with the rows' and the columns' weights (:func:`_cell_weights`), the images of one size :data:`WINDOW_BATCH` at a
+    time (the same numbers as one at a time)."""
+    per = len(CROP_SHARES) * CROP_GRID**2
+    out = np.empty((len(images), per, CROP_SIDE**2), np.float32)  # B x W x S^2
     by_size: dict[tuple[int, int], list[int]] = {}
-    for n, f in enumerate(frames_):
-        by_size.setdefault(f.image.size, []).append(n)
-    parts = [(size, group[n : n + WINDOW_BATCH]) for size, group in by_size.items()
-             for n in range(0, len(group), WINDOW_BATCH)]
-    for (w, h), group in parts:
-        grey = np.stack([np.asarray(frames_[n].image, np.float64) for n in group])  # G x H x W, at most 2 SIDE a side
-        table = np.pad(grey, ((0, 0), (1, 0), (1, 0))).cumsum(1).cumsum(2)  # G x (H+1) x (W+1) summed-area tables
-        y, x = _cell_edges(h, w)  # W' x (S+1) each
-        corners = _at(table, y[:, :, None], x[:, None, :])  # G x W' x (S+1) x (S+1): the grey summed to each corner
-        sums = corners[..., 1:, 1:] - corners[..., :-1, 1:] - corners[..., 1:, :-1] + corners[..., :-1, :-1]
-        area = np.diff(y, axis=1)[:, :, None] * np.diff(x, axis=1)[:, None, :]  # W' x S x S
-        cells = (sums / np.maximum(area, 1e-9)).astype(np.float32)  # G x W' x S x S
-        for n, c in zip(group, cells):  # photo by photo: numpy's sums over a batch round by its size
-            out[n] = unit_patches(c).reshape(len(c), -1)  # W' x S^2
+    for n, img in enumerate(images):
+        by_size.setdefault(img.shape, []).append(n)
+    g, s = CROP_GRID, CROP_SIDE
+    for (h, w), group in by_size.items():
+        rows, cols = _cell_weights(h, w)  # shares x G*S x h, shares x G*S x w
+        for start in range(0, len(group), WINDOW_BATCH):
+            part = group[start : start + WINDOW_BATCH]
+            grey = np.stack([images[n] for n in part]).astype(np.float64)  # B' x h x w
+            shares = []
+            for r, c in zip(rows, cols):
+                cells = r @ grey @ c.T  # B' x G*S x G*S: every row place's cells by every column place's
+                shares.append(cells.reshape(len(part), g, s, g, s).transpose(0, 1, 3, 2, 4))  # B' x G x G x S x S
+            cells = np.stack(shares, axis=1).astype(np.float32)  # B' x shares x G x G x S x S
+            out[part] = unit_patches(cells.reshape(len(part) * per, s, s)).reshape(len(part), per, s * s)
     return out
 
 
 @functools.cache
-def _cell_edges(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
-    """The edges of every window's cells in an image of h x w pixels (fractions too): rows (W' x (S+1)) and columns
-    (W' x (S+1)), window by window (share, then place from corner to corner)."""
-    steps = np.linspace(0.0, 1.0, CROP_GRID)
-    edges = np.linspace(0.0, 1.0, CROP_SIDE + 1)
-    ys, xs = [], []
-    for s in CROP_SHARES:
-        for gy in steps:
-            for gx in steps:
-                ys.append((1 - s) * h * gy + s * h * edges)
-                xs.append((1 - s) * w * gx + s * w * edges)
-    return np.clip(np.array(ys), 0, h), np.clip(np.array(xs), 0, w)
-
-
-def _at(table: np.ndarray, y: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Summed-area tables (... x (H+1) x (W+1)) read between their points: bilinear, which is exact (the sum of a
-    picture of constant pixels up to (y, x) is bilinear inside each pixel), so a cell cut between pixels gets its
-    exact mean."""
-    y0 = np.minimum(np.floor(y).astype(np.int64), table.shape[-2] - 2)
-    x0 = np.minimum(np.floor(x).astype(np.int64), table.shape[-1] - 2)
-    fy, fx = y - y0, x - x0
-    return ((1 - fy) * (1 - fx) * table[..., y0, x0] + (1 - fy) * fx * table[..., y0, x0 + 1]
-            + fy * (1 - fx) * table[..., y0 + 1, x0] + fy * fx * table[..., y0 + 1, x0 + 1])
+def _cell_weights(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    """For each share of :data:`CROP_SHARES`, how much each of the image's rows (shares x G*S x h) and columns
+    (shares x G*S x w) counts in the mean of each cell of its windows (G places from corner to corner, S cells a
+    side; a pixel cut by a cell's edge by the share inside): a cell's mean grey is ``rows[k] @ image @ cols[k].T``."""
+    def weights(n: int) -> np.ndarray:  # shares x G*S x n
+        p = np.arange(n)
+        out = np.empty((len(CROP_SHARES), CROP_GRID * CROP_SIDE, n))
+        for k, s in enumerate(CROP_SHARES):
+            for gi, g in enumerate(np.linspace(0.0, 1.0, CROP_GRID)):
+                edges = np.clip((1 - s) * n * g + s * n * np.linspace(0.0, 1.0, CROP_SIDE + 1), 0, n)  # S+1
+                inside = np.clip(np.minimum(p + 1, edges[1:, None]) - np.maximum(p, edges[:-1, None]), 0, None)  # S x n
+                out[k, gi * CROP_SIDE : (gi + 1) * CROP_SIDE] = inside / np.maximum(inside.sum(1, keepdims=True), 1e-9)
+        return out
+    return weights(h), weights(w)
 
 
 def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, chunk: int = 1024,
@@ -475,7 +478,7 @@ def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, ch
     depth = min(len(targets), k + 2)  # frames a window looks up (the photo's own whole frame may be one)
     for start in range(0, len(ids), chunk):
         part = ids[start : start + chunk]
-        windows = crop_windows_of([frames_[me] for me in part]).reshape(-1, CROP_SIDE**2)  # (B * per) x CROP_SIDE^2
+        windows = crop_windows_of(_images(frames_, part)).reshape(-1, CROP_SIDE**2)  # (B * per) x CROP_SIDE^2
         flipped = windows.reshape(-1, CROP_SIDE, CROP_SIDE)[:, :, ::-1].reshape(len(windows), -1)
         for flip, q in ((False, windows), (True, np.ascontiguousarray(flipped))):
             sims, found = store.search(q, depth)  # (B * per) x depth
@@ -519,7 +522,7 @@ def _crops_among_few(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
     step = max(1, min(chunk, WINDOW_SCORES_AT_ONCE // (per * len(targets))))
     for start in range(0, len(ids), step):
         part = ids[start : start + step]
-        windows = crop_windows_of([frames_[me] for me in part]).transpose(1, 0, 2)  # per x B x S^2: by window
+        windows = crop_windows_of(_images(frames_, part)).transpose(1, 0, 2)  # per x B x S^2: by window
         flipped = windows.reshape(-1, CROP_SIDE, CROP_SIDE)[:, :, ::-1].reshape(windows.shape)
         for flip, w in ((False, windows), (True, flipped)):
             scores = (np.ascontiguousarray(w).reshape(-1, CROP_SIDE**2) @ few.T).reshape(per, len(part), -1)
