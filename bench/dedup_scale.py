@@ -9,8 +9,10 @@ random pictures for the rest: distinct, and as cheap to make as a library needs)
 their long side (the gnome-backgrounds pictures that are not plain colours: 6 a split). A ``--copies`` share of the
 small photos get one copy each, the edits in turn: ``exact``, ``jpeg50`` (JPEG quality 50), ``webp`` (quality 75),
 ``shrunk26`` (to 26 px and back), ``crop2px`` (2 px off each side), ``bright15`` (+15%), ``contrast`` (x1.3),
-``gamma`` (0.8) and ``mirrored``; every large photo gets ``crop70`` (70% of each side, at a seeded off-centre place),
-``crop80`` (its centre 80%), ``jpeg50`` and ``half`` (half its size). The index is built with a seeded random
+``gamma`` (0.8), ``mirrored`` and ``heic`` (HEIC quality 50, as a phone or a converter saves it: pillow-heif, the
+``heic`` extra); every large photo gets ``crop70`` (70% of each side, at a seeded off-centre place), ``crop80`` (its
+centre 80%), ``jpeg50``, ``half`` (half its size) and ``heic``. A collection is written and indexed once per work
+folder and settings (its ``done`` file holds them: other settings, or other edits, write it anew). The index is built with a seeded random
 ResNet-18 (the weakest model: the pixel check does the work), then `moco index dedup`'s search runs in a process of
 its own (cold: what an earlier search kept in the index folder deleted first), whose wall time and peak resident
 memory (VmHWM) are measured; "beyond the index" subtracts the index's own files (vectors and thumbnails' catalog,
@@ -45,8 +47,8 @@ from PIL import Image, ImageEnhance, ImageOps  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-SMALL_EDITS = ("exact", "jpeg50", "webp", "shrunk26", "crop2px", "bright15", "contrast", "gamma", "mirrored")
-LARGE_EDITS = ("crop70", "crop80", "jpeg50", "half")
+SMALL_EDITS = ("exact", "jpeg50", "webp", "shrunk26", "crop2px", "bright15", "contrast", "gamma", "mirrored", "heic")
+LARGE_EDITS = ("crop70", "crop80", "jpeg50", "half", "heic")
 AIM = {"seconds": {100_000: 300, 1_000_000: 3600}, "beyond_index_gb": 2.0, "recall": 0.98, "pair_precision": 0.98,
        "largest_distinct": 10}
 SMALL, LARGE = 32, 1024
@@ -66,6 +68,8 @@ def _small_copy(img: Image.Image, edit: str) -> tuple[bytes, str]:
         return _encoded(img, "JPEG", quality=50), "jpg"
     if edit == "webp":
         return _encoded(img, "WEBP", quality=75), "webp"
+    if edit == "heic":
+        return _encoded(img, "HEIF", quality=50), "heic"
     if edit == "shrunk26":
         out = img.resize((26, 26), Image.Resampling.BICUBIC).resize(img.size, Image.Resampling.BICUBIC)
     elif edit == "crop2px":
@@ -160,6 +164,10 @@ def write_collection(root: Path, n: int, share: float, large: int, seed: int, sp
     ``exif``: every photo as a camera wrote it (a date taken, each a few seconds to ten minutes after the last, and a
     camera); a copy keeps it where an editor made it (:data:`KEEPS_EXIF`) and not where a re-encode for the web did
     (jpeg50, webp, shrunk26, half)."""
+    from moco.data.photos import enable_formats
+
+    if not enable_formats():
+        raise SystemExit("bench/dedup_scale.py plants HEIC copies: pip install 'pillow-heif>=1.0' (the heic extra)")
     rng = np.random.default_rng(seed + 1)
     clock = np.random.default_rng(seed + 2)  # the dates and cameras: the photos and copies stay those without --exif
     at = 1_600_000_000.0 + 86400.0 * seed
@@ -194,9 +202,11 @@ def write_collection(root: Path, n: int, share: float, large: int, seed: int, sp
             tags = _camera_exif(clock, at)
         img.save(src, "JPEG", quality=92, **({"exif": tags} if tags else {}))
         for edit in LARGE_EDITS:
-            dst = root / "copies" / f"L{n_:03d}_{edit}.jpg"
+            heic = edit == "heic"
+            dst = root / "copies" / f"L{n_:03d}_{edit}.{'heic' if heic else 'jpg'}"
             kept = {"exif": tags} if tags is not None and edit in KEEPS_EXIF else {}
-            _large_copy(img, edit, rng).save(dst, "JPEG", quality=50 if edit == "jpeg50" else 92, **kept)
+            _large_copy(img, edit, rng).save(dst, "HEIF" if heic else "JPEG",
+                                             quality=50 if edit in ("jpeg50", "heic") else 92, **kept)
             copies[dst.relative_to(root).as_posix()] = src.relative_to(root).as_posix()
     return copies
 
@@ -247,7 +257,13 @@ def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]
     from index.building.runner import build_index
 
     root, idx = args.work / str(n), args.work / f"{n}.idx"
-    if not (root / "done").exists() or not (idx / "index.faiss").exists():
+    settings = json.dumps({"photos": n, "copies": args.copies, "large": args.large, "seed": args.seed,
+                           "split": args.split, "exif": args.exif, "smooth": args.smooth,
+                           "edits": [SMALL_EDITS, LARGE_EDITS]})
+    done = root / "done"
+    if not done.exists() or done.read_text() != settings or not (idx / "index.faiss").exists():
+        if done.exists():
+            print(f"{n}: the collection in {root} was written with other settings or edits: written anew", flush=True)
         shutil.rmtree(root, ignore_errors=True)
         shutil.rmtree(idx, ignore_errors=True)
         t0 = time.perf_counter()
@@ -258,7 +274,7 @@ def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]
         build_index(root, backbone, idx, progress=False, device="cpu")
         print(f"{n}: index built in {time.perf_counter() - t0:.0f} s", flush=True)
         (root / "copies.json").write_text(json.dumps(copies))
-        (root / "done").touch()
+        done.write_text(settings)
     copies = json.loads((root / "copies.json").read_text())
     index_bytes = sum(p.stat().st_size for p in idx.iterdir() if p.is_file() and p.name not in CACHE_FILES)
     out = {"photos": n + args.large, "copies_planted": len(copies), "index_gb": round(index_bytes / 1e9, 3),
@@ -279,13 +295,14 @@ def _added(n: int, args: argparse.Namespace, idx: Path, root: Path, copies: dict
 
     extra = max(1, round(args.add * n))
     added = args.work / f"{n}.added"
-    if not (added / "done").exists():
+    settings = (root / "done").read_text() + f" + {extra}"  # the collection's, and as many new photos
+    if not (added / "done").exists() or (added / "done").read_text() != settings:
         shutil.rmtree(added, ignore_errors=True)
         more = write_collection(added, extra, args.copies, 0, args.seed + 7, args.split, fashion_too=False,
                                 exif=args.exif)
         shutil.rmtree(root / "added", ignore_errors=True)
         (added / "copies.json").write_text(json.dumps({f"added/{c}": f"added/{p}" for c, p in more.items()}))
-        (added / "done").touch()
+        (added / "done").write_text(settings)
     if not (root / "added").is_dir():  # into the collection (again, where it was written anew since)
         (root / "added").mkdir()
         for folder in ("photos", "copies"):
