@@ -4,23 +4,23 @@
     OMP_NUM_THREADS=2 python bench/dedup_scale.py --sizes 10000,100000 --work .bench_runs/dedup_scale \\
         --json bench/results/dedup_scale.json [--peer WORKTREE_OF_AN_EARLIER_COMMIT]
 
-A collection of N photos: small ones of 32 px (Fashion-MNIST's ``--split``, 28 px enlarged, then seeded smooth
-random pictures for the rest: distinct, and as cheap to make as a library needs) and ``--large`` photos of 1024 px on
-their long side (the gnome-backgrounds pictures that are not plain colours: 6 a split). A ``--copies`` share of the
-small photos get one copy each, the edits in turn: ``exact``, ``jpeg50`` (JPEG quality 50), ``webp`` (quality 75),
-``shrunk26`` (to 26 px and back), ``crop2px`` (2 px off each side), ``bright15`` (+15%), ``contrast`` (x1.3),
-``gamma`` (0.8), ``mirrored`` and ``heic`` (HEIC quality 50, as a phone or a converter saves it: pillow-heif, the
-``heic`` extra); every large photo gets ``crop70`` (70% of each side, at a seeded off-centre place), ``crop80`` (its
-centre 80%), ``jpeg50``, ``half`` (half its size) and ``heic``. A collection is written and indexed once per work
-folder and settings (its ``done`` file holds them: other settings, or other edits, write it anew). The index is built with a seeded random
-ResNet-18 (the weakest model: the pixel check does the work), then `moco index dedup`'s search runs in a process of
-its own (cold: what an earlier search kept in the index folder deleted first), whose wall time and peak resident
-memory (VmHWM) are measured; "beyond the index" subtracts the index's own files (vectors and thumbnails' catalog,
-which a search holds). ``--add 0.01``: then 1% new photos (smooth pictures, with copies) are added, a copy of the index
-updated, and the search run again with what the full one kept (only the new pairs checked). Aims (issue 52, 2 cores):
-100,000 photos in at most 5 minutes, 1,000,000 in at most an hour, at most 2 GB beyond the index, recall >= 0.98 for
-every edit, pair precision >= 0.98, no group of more than 10 distinct photos; after adding 1%, at most a tenth of
-the full search's time.
+A collection of N photos: small ones of 32 px (Fashion-MNIST's ``--split``, 28 px enlarged, then seeded smooth random
+pictures for the rest: distinct, and as cheap to make as a library needs) and ``--large`` photos of 1024 px on their
+long side (the gnome-backgrounds pictures that are not plain colours: 6 a split). A ``--copies`` share of the small
+photos get one copy each, the edits in turn: ``exact``, ``jpeg50`` (JPEG quality 50), ``webp`` (quality 75),
+``shrunk26`` (to 26 px and back), ``crop2px`` (2 px off each side), ``bright15`` (+15%), ``contrast`` (x1.3), ``gamma``
+(0.8), ``mirrored`` and ``heic`` (HEIC quality 50, as a phone or a converter saves it: pillow-heif, the ``heic`` extra);
+every large photo gets ``crop70`` (70% of each side, at a seeded off-centre place), ``crop80`` (its centre 80%),
+``jpeg50``, ``half`` (half its size) and ``heic``. A collection is written and indexed once per work folder and settings
+(its ``done`` file holds them: other settings, or other edits, write it anew). The index is built with a seeded random
+ResNet-18 (the weakest model: the pixel check does the work), then `moco index dedup`'s search runs in a process of its
+own (cold: what an earlier search kept in the index folder deleted first), whose wall time and peak resident memory
+(VmHWM) are measured; "beyond the index" subtracts the index's own files (vectors and thumbnails' catalog, which a
+search holds). ``--add 0.01``: then 1% new photos (smooth pictures, with copies) are added, a copy of the index updated,
+and the search run again with what the full one kept (only the new pairs checked). Aims (issue 52, 2 cores): 100,000
+photos in at most 5 minutes, 1,000,000 in at most an hour, at most 2 GB beyond the index, recall >= 0.98 for every edit,
+pair precision >= 0.98, no group of more than 10 distinct photos; after adding 1%, at most a tenth of the full search's
+time.
 """
 
 from __future__ import annotations
