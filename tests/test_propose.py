@@ -6,6 +6,7 @@ of any share the check tests, found among alike photos."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from PIL import Image
 
 import index.duplicates.propose as propose
@@ -172,6 +173,15 @@ def test_many_frames_shrunk_at_once_are_those_pil_shrinks_one_at_a_time(tmp_path
     assert np.array_equal(kept.greys(ids), np.stack([frame_of(pictures[i]).grey for i in ids]))
     monkeypatch.setattr(dedup_cache, "GREYS_SPAN", 4)  # read a few records at a time
     assert np.array_equal(kept.greys(ids + list(range(8))), np.stack([made[i].grey for i in ids + list(range(8))]))
+    images = kept.images(ids + list(range(8)))  # the crop windows' images, of every shape, read the same way
+    assert len({im.shape for im in images}) > 3
+    want = [np.asarray(frame_of(pictures[i]).image) for i in ids + list(range(8))]
+    assert all(np.array_equal(im, w) for im, w in zip(images, want))
+    held = FrameFile(tmp_path / "held.bin")  # frames held only in memory (a file that could not be written)
+    held._memory.update({i: made[i] for i in ids[:3]})
+    assert all(np.array_equal(a, b) for a, b in zip(held.images(ids[:3]), kept.images(ids[:3])))
+    with pytest.raises(KeyError):
+        kept.images([999])
 
 
 def test_a_clean_photo_among_a_few_new_ones_gets_the_neighbours_a_search_finds_at_its_floor():

@@ -69,7 +69,7 @@ IVF_PROBE = 16  # cells a query looks in
 CROP_PROBE = 8  # ... a crop window's query (90 a photo: half the cells kept the same copies first at 100,000 photos)
 FLATS_AT_ONCE = 1024  # grey frames shrunk at once (4 B a pixel of temporaries: 9 MB)
 INDEX_ADD = 16384  # vectors made and added to a pixel search's index at once (their frames read at once: 38 MB)
-WINDOW_BATCH = 32  # photos whose crop windows are made at once (more: slower, their tables leave the cache)
+WINDOW_BATCH = 32  # photos whose crop windows are made at once (more: slower, their products leave the cache)
 
 
 SOURCES = ("model", "pixels", "pixels mirrored", "crops", "crops mirrored")  # a photo's searches, in this order
@@ -440,7 +440,7 @@ def crop_windows_of(images: Sequence[np.ndarray]) -> np.ndarray:
     return out
 
 
-@functools.cache
+@functools.lru_cache(maxsize=256)  # an image has 96 pixels on its long side: about 190 shapes, 184 kB each
 def _cell_weights(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
     """For each share of :data:`CROP_SHARES`, how much each of the image's rows (shares x G*S x h) and columns
     (shares x G*S x w) counts in the mean of each cell of its windows (G places from corner to corner, S cells a
