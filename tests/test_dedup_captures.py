@@ -11,7 +11,7 @@ from PIL import Image, ImageEnhance
 from app.cli.commands import main
 from index.building.runner import build_index
 from index.catalog import Row
-from index.duplicates.captures import APART_S, ZONE_STEP_S, taken_apart
+from index.duplicates.captures import APART_S, ZONE_STEP_S, Captures, taken_apart
 from index.duplicates.dedup import search_duplicates
 from index.search.image_index import ImageIndex
 from moco.data.sample import make_sample_collection
@@ -51,6 +51,11 @@ def test_pairs_taken_apart_are_those_the_rule_names():
     pairs = np.array([(a, b) for a in range(1, 60) for b in range(a + 1, 60)], np.int64)
     assert taken_apart(pairs, many).tolist() == [_by_hand(many[a], many[b]) for a, b in pairs.tolist()]
     assert taken_apart(np.zeros((0, 2), np.int64), many).shape == (0,)
+    table = Captures.of(many)  # the table a search builds once: every pair of two id lists, an unknown id says nothing
+    a, b = np.array([3, 1, 59, 999]), np.array([2, 59, 1000, 7, 3])
+    want = [[a_ in many and b_ in many and _by_hand(many[a_], many[b_]) for b_ in b.tolist()] for a_ in a.tolist()]
+    assert table.apart(a, b).tolist() == want
+    assert Captures.of({}).apart(a, b).sum() == 0
 
 
 def _exif(taken: str | None, camera: tuple[str, str] | None) -> bytes:
@@ -89,3 +94,37 @@ def test_a_copy_is_grouped_unless_its_file_says_it_is_another_shot(backbone, tmp
     out = capsys.readouterr().out
     assert (f"taken apart: {apart} pair" in out) == (not grouped)
 
+
+
+def test_after_an_update_new_photos_taken_apart_from_the_old_ones_change_no_group(backbone, tmp_path):
+    """Every photo with its own date taken: after an update, the photos from before do not score the new photos their
+    files keep apart (the proposals' products skip them); an editor's copy that kept its photo's date and a re-encode
+    that dropped it are grouped with their photos, and the groups are those of a search that kept nothing."""
+    from index.building.runner import update_index
+
+    root = tmp_path / "photos"
+    make_sample_collection(root, per_family=3, size=96, seed=5)
+    photos = sorted(root.rglob("*.jpg"))
+    for n, p in enumerate(photos):  # a camera's files: a date taken each, a minute apart
+        Image.open(p).convert("RGB").save(p, quality=95, exif=_exif(f"2024:05:06 07:{n:02d}:09", ("Canon", "EOS R5")))
+    build_index(root, backbone, tmp_path / "idx", progress=False, device="cpu")
+    search_duplicates(ImageIndex.open(tmp_path / "idx"), save=True)
+    first, second = photos[0], photos[4]
+    ImageEnhance.Brightness(Image.open(first).convert("RGB")).enhance(1.15).save(
+        root / "edited.jpg", quality=95, exif=Image.open(first).getexif().tobytes())  # an editor keeps the date
+    Image.open(second).convert("RGB").save(root / "sent.jpg", quality=60)  # a messenger's re-encode: no metadata
+    make_sample_collection(tmp_path / "more", per_family=1, size=96, seed=9)
+    for n, p in enumerate(sorted((tmp_path / "more").rglob("*.jpg"))):  # new shots, later
+        Image.open(p).convert("RGB").save(root / f"new{n}.jpg", quality=95,
+                                          exif=_exif(f"2024:05:07 08:{n:02d}:09", ("Canon", "EOS R5")))
+    update_index(tmp_path / "idx", progress=False, device="cpu")
+    found = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
+    assert found.decision["looked_up"] < found.images  # the photos from before: only against the new ones
+    for name in ("dedup-neighbours.bin", "dedup-checked.bin", "dedup-links.bin", "dedup-frames.bin"):
+        (tmp_path / "idx" / name).unlink()
+    cold = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
+    groups = lambda f: sorted(sorted(m.path for m in g.members) for g in f.groups)  # noqa: E731
+    assert groups(found) == groups(cold)
+    rel = lambda p: p.relative_to(root).as_posix()  # noqa: E731
+    assert any({rel(first), "edited.jpg"} <= set(g) for g in groups(found))
+    assert any({rel(second), "sent.jpg"} <= set(g) for g in groups(found))

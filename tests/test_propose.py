@@ -208,3 +208,16 @@ def test_a_clean_photo_among_a_few_new_ones_gets_the_neighbours_a_search_finds_a
         if search is propose.crop_neighbours:
             assert all(100 + n in next(r for i, m, r, _ in few if i == n * 3 and not m) for n in range(6)
                        if floors[n * 3, False] < 0.9)
+        # new photos taken apart from an earlier one (its files' dates or cameras) are not its neighbours: the same as
+        # scoring only the others, photo by photo; a part of photos apart from every new one is not scored at all
+        away = rng.random((len(old), len(new))) < 0.6  # old x new
+        away[: len(old) // 2] = True
+        apart = lambda a, b, away=away: away[np.searchsorted(old, a)][:, np.searchsorted(new, b)]  # noqa: E731
+        got = list(search(old, fr, k, 16, new, floor, apart))
+        assert [(i, m) for i, m, _, _ in got] == [(i, m) for i, m, _, _ in few]
+        for i, m, row, sims in got:
+            alone = [new[j] for j in np.flatnonzero(~away[old.index(i)])]
+            want = next((r, s_) for i_, m_, r, s_ in search([i], fr, k, 16, alone, floor) if m_ == m) if alone else (
+                [], [])
+            assert row == want[0] and np.allclose(sims, want[1], atol=1e-5), (search.__name__, i, m)
+        assert all(not row for i, m, row, _ in got if old.index(i) < len(old) // 2)

@@ -17,15 +17,51 @@ is judged by its pixels too.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from index.catalog import Row
 
-__all__ = ["taken_apart", "APART_S", "ZONE_STEP_S"]
+__all__ = ["taken_apart", "Captures", "APART_S", "ZONE_STEP_S"]
 
 APART_S = 1.0  # seconds: dates taken this far apart or more are two captures (EXIF dates are whole seconds)
 ZONE_STEP_S = 900.0  # seconds: time zones differ by whole quarter hours; dates that far apart may be one capture
+
+
+@dataclass
+class Captures:
+    """What the files of some photos say of their capture: a table to ask which pairs were taken apart
+    (:meth:`apart`), built once for many questions (:meth:`of`)."""
+
+    ids: np.ndarray  # N photo ids, sorted
+    taken: np.ndarray  # N float64: the EXIF date taken (seconds), NaN where none
+    camera: np.ndarray  # N int64: the camera's number, -1 where none
+
+    @classmethod
+    def of(cls, rows: Mapping[int, Row], ids: np.ndarray | None = None) -> Captures:
+        """The table of photos ``ids`` (None: every photo of ``rows``); photos missing from ``rows`` say nothing."""
+        ids = np.unique(np.fromiter(rows, np.int64, len(rows)) if ids is None else np.asarray(ids, np.int64))
+        names = {name: n for n, name in enumerate(sorted({r.camera for r in rows.values() if r.camera}))}
+        taken = np.array([_taken(rows.get(int(i))) for i in ids.tolist()], np.float64)  # N
+        camera = np.array([names.get(getattr(rows.get(int(i)), "camera", None) or "", -1) for i in ids.tolist()],
+                          np.int64)  # N
+        return cls(ids, taken, camera)
+
+    def _at(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The dates and cameras of ``ids`` (any shape; a photo the table lacks: NaN and -1)."""
+        ids = np.asarray(ids, np.int64)
+        if not len(self.ids):
+            return np.full(ids.shape, np.nan), np.full(ids.shape, -1, np.int64)
+        at = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
+        known = self.ids[at] == ids
+        return np.where(known, self.taken[at], np.nan), np.where(known, self.camera[at], -1)
+
+    def apart(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Which photos of ``a`` (A ids) were taken apart from which of ``b`` (B ids), by the rule of
+        :func:`taken_apart`: A x B bools."""
+        (ta, ca), (tb, cb) = self._at(np.asarray(a)[:, None]), self._at(np.asarray(b)[None, :])
+        return _apart(ta, ca, tb, cb)
 
 
 def taken_apart(pairs: np.ndarray, rows: Mapping[int, Row]) -> np.ndarray:
@@ -34,16 +70,18 @@ def taken_apart(pairs: np.ndarray, rows: Mapping[int, Row]) -> np.ndarray:
     differ. Photos missing from ``rows`` say nothing."""
     if not len(pairs):
         return np.zeros(0, bool)
-    ids = np.unique(pairs)  # U, sorted
-    taken = np.array([_taken(rows.get(int(i))) for i in ids], np.float64)  # U, NaN: no date taken
-    names = {name: n for n, name in enumerate(sorted({r.camera for r in rows.values() if r.camera}))}
-    camera = np.array([names.get(getattr(rows.get(int(i)), "camera", None) or "", -1) for i in ids], np.int64)  # U
-    a, b = np.searchsorted(ids, pairs[:, 0]), np.searchsorted(ids, pairs[:, 1])  # P, P
-    gap = np.abs(taken[a] - taken[b])  # P, NaN where either has no date
-    zone = np.abs(gap - np.round(gap / ZONE_STEP_S) * ZONE_STEP_S) < APART_S  # P: a time zone's shift
+    table = Captures.of(rows, np.unique(pairs))
+    (ta, ca), (tb, cb) = table._at(pairs[:, 0]), table._at(pairs[:, 1])
+    return _apart(ta, ca, tb, cb)
+
+
+def _apart(ta: np.ndarray, ca: np.ndarray, tb: np.ndarray, cb: np.ndarray) -> np.ndarray:
+    """The rule of :func:`taken_apart` on dates (NaN: none) and cameras (-1: none), broadcast."""
+    gap = np.abs(ta - tb)  # NaN where either has no date
+    zone = np.abs(gap - np.round(gap / ZONE_STEP_S) * ZONE_STEP_S) < APART_S  # a time zone's shift
     with np.errstate(invalid="ignore"):
         dated = (gap >= APART_S) & ~zone  # NaN compares False
-    cameras = (camera[a] >= 0) & (camera[b] >= 0) & (camera[a] != camera[b])  # P
+    cameras = (ca >= 0) & (cb >= 0) & (ca != cb)
     return dated | cameras
 
 

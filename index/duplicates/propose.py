@@ -72,6 +72,7 @@ INDEX_ADD = 16384  # vectors made and added to a pixel search's index at once (t
 WINDOW_BATCH = 16  # photos whose crop windows are made at once (8-16 the fastest on 20,000 frames; 32: 7% slower)
 
 
+Apart = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (A ids, B ids) -> A x B bools: which were taken apart
 SOURCES = ("model", "pixels", "pixels mirrored", "crops", "crops mirrored")  # a photo's searches, in this order
 _MODEL_SOURCE = 0
 
@@ -116,7 +117,8 @@ class Proposed:
 def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
               frames_: Mapping[int, Frame], links: Mapping[int, Mapping[int, float]], chunk: int = 1024,
               k: int = PROPOSE_K, step: Callable[[int], object] | None = None,
-              before: Neighbours | None = None, found: ModelFound | None = None) -> Proposed:
+              before: Neighbours | None = None, found: ModelFound | None = None,
+              apart: Apart | None = None) -> Proposed:
     """The pairs of photos with other bytes that the pixel check looks at (P x 2 ids, a < b, sorted, each pair once;
     8 bytes a pair in all): the ``links`` (the model's, at the near threshold), each photo's ``k`` closest other
     photos by the model (``vecs``: N x D in the index's space, searched in ``store``), by whole pixels
@@ -132,7 +134,10 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
     at its ``k``-th earlier neighbour or more are kept: the others change nothing); the others (new, or one of their
     neighbours gone or changed) are looked up among all. An exact search (flat indexes) gives the same neighbours
     either way. ``found``: the model's closest photos of some photos, found among all already (not searched again;
-    ``k`` of :data:`PROPOSE_K`). ``step(n)``: called as the searches go, 5 for each photo in all (a progress bar)."""
+    ``k`` of :data:`PROPOSE_K`). ``apart(a, b)``: which photos of ``a`` were taken apart from which of ``b`` (A x B
+    bools, :meth:`index.duplicates.captures.Captures.apart`): a photo that was there before does not score the new
+    photos it was taken apart from (their pair is never checked). ``step(n)``: called as the searches go, 5 for each
+    photo in all (a progress bar)."""
     step = step or (lambda n: None)
     live = set(ids.tolist())
     pos = {int(i): n for n, i in enumerate(ids.tolist())}
@@ -198,11 +203,12 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
         if len(have) < 2 or k == 0 or not queries or not among:
             step(4 * len(queries))
             continue
-        for i, flip, row, sims in pixel_neighbours(queries, frames_, depth, chunk, among, None if anew else kth(1)):
+        for i, flip, row, sims in pixel_neighbours(queries, frames_, depth, chunk, among, None if anew else kth(1),
+                                                   None if anew else apart):
             keep(i, 1 + flip, row, sims)
             step(1)
         for i, flip, row, sims in crop_neighbours(queries, frames_, k + SAME_BYTES_MARGIN, chunk, among,
-                                                  None if anew else kth(3)):
+                                                  None if anew else kth(3), None if anew else apart):
             keep(i, 3 + flip, row, sims)
             step(1)
     gathered = _Pairs()
@@ -350,11 +356,12 @@ def _flat(grey: np.ndarray, side: int, mirror: bool) -> np.ndarray:
 
 
 def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, chunk: int = 1024,
-                     targets: Sequence[int] | None = None, floor: Callable[[int, bool], float] | None = None
-                     ) -> Iterable[tuple[int, bool, list[int], list[float]]]:
+                     targets: Sequence[int] | None = None, floor: Callable[[int, bool], float] | None = None,
+                     apart: Apart | None = None) -> Iterable[tuple[int, bool, list[int], list[float]]]:
     """For each photo of ``ids``, twice (its query plain, then mirrored: the flag), its ``k`` closest photos of
     ``targets`` (None: ``ids``) by the NCC of their whole grey frames (shrunk to :data:`PIXEL_SIDE` a side), and
-    those NCCs; none where the closest is under ``floor(photo, mirrored)``."""
+    those NCCs; none where the closest is under ``floor(photo, mirrored)``. With a ``floor`` (a few targets, scored at
+    once), ``apart``: targets taken apart from a photo are not its neighbours (:func:`_columns`)."""
     targets = ids if targets is None else targets
 
     def plain(among: Sequence[int], start: int, stop: int) -> np.ndarray:  # (stop - start) x P^2
@@ -365,10 +372,12 @@ def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
     if floor is not None and len(targets) <= PIXEL_EXACT_UP_TO:  # a few new photos: every score, at once
         few = plain(targets, 0, len(targets))  # M x P^2
         for start in range(0, len(ids), chunk):
+            cols, away = _columns(ids[start : start + chunk], targets, apart)  # C, B x M
             part = plain(ids, start, start + chunk)  # B x P^2
             mirrored = part.reshape(-1, PIXEL_SIDE, PIXEL_SIDE)[:, :, ::-1].reshape(len(part), -1)  # B x P^2
             for flip, q in ((False, part), (True, mirrored)):
-                yield from _over_floor(ids[start : start + chunk], flip, q @ few.T, floor, targets, k)  # B x M
+                yield from _over_floor(ids[start : start + chunk], flip, _spread(q @ few[cols].T, cols, len(targets)),
+                                       floor, targets, k, away=away)  # B x M
         return
     store = _inner_product_index(lambda a, b: plain(targets, a, b), len(targets), PIXEL_SIDE**2, "whole-pixel",
                                  2 * len(ids))
@@ -387,13 +396,15 @@ def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
 
 
 def _over_floor(part: Sequence[int], flip: bool, scores: np.ndarray, floor: Callable[[int, bool], float],
-                targets: Sequence[int], k: int, crops: bool = False
+                targets: Sequence[int], k: int, crops: bool = False, away: np.ndarray | None = None
                 ) -> Iterable[tuple[int, bool, list[int], list[float]]]:
     """For each photo of ``part`` (its ``scores`` with ``targets``: B x M), the ``k`` best at its ``floor`` or more
-    (the best first; ties: the first target first) and those scores; for ``crops``, only scores above 0, the photo
-    itself left out."""
+    (the best first; ties: the first target first) and those scores, none where ``away`` (B x M: taken apart); for
+    ``crops``, only scores above 0, the photo itself left out."""
     floors = np.array([floor(me, flip) for me in part], np.float32)  # B
     keep = scores >= floors[:, None]  # B x M
+    if away is not None:
+        keep &= ~away
     if crops:
         keep &= (scores > 0.0) & (np.asarray(targets)[None, :] != np.asarray(part)[:, None])
     some = keep.any(axis=1)  # B: the photos with a new neighbour
@@ -458,8 +469,8 @@ def _cell_weights(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, chunk: int = 1024,
-                    targets: Sequence[int] | None = None, floor: Callable[[int, bool], float] | None = None
-                    ) -> Iterable[tuple[int, bool, list[int], list[float]]]:
+                    targets: Sequence[int] | None = None, floor: Callable[[int, bool], float] | None = None,
+                    apart: Apart | None = None) -> Iterable[tuple[int, bool, list[int], list[float]]]:
     """For each photo of ``ids``, twice (its :func:`crop_windows` plain, then mirrored: the flag), the other photos
     of ``targets`` (None: ``ids``; at most ``k``, the best first) whose whole frames (:data:`CROP_SIDE` a side) are
     closest by NCC to one of its windows: the photos that could have been cut from it, mirrored or not, with those
@@ -470,7 +481,7 @@ def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, ch
     if not len(targets):
         return
     if floor is not None and len(targets) <= PIXEL_EXACT_UP_TO:  # a few new photos: every window's score, at once
-        yield from _crops_among_few(ids, frames_, k, chunk, targets, floor)
+        yield from _crops_among_few(ids, frames_, k, chunk, targets, floor, apart)
         return
     store = _inner_product_index(lambda start, stop: _flats(_greys(frames_, targets[start:stop]), CROP_SIDE),
                                  len(targets), CROP_SIDE**2, "crop",  # B x CROP_SIDE^2 a chunk
@@ -513,17 +524,46 @@ WINDOW_SCORES_AT_ONCE = 1 << 22  # window-photo scores worked at once (16 MB)
 
 
 def _crops_among_few(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, chunk: int, targets: Sequence[int],
-                     floor: Callable[[int, bool], float]) -> Iterable[tuple[int, bool, list[int], list[float]]]:
+                     floor: Callable[[int, bool], float], apart: Apart | None = None
+                     ) -> Iterable[tuple[int, bool, list[int], list[float]]]:
     """:func:`crop_neighbours` among a few ``targets``, each photo's best window for each of them scored at once
-    (matrix products: no k-nearest search of each window); those under ``floor(photo, mirrored)`` left out. The best
-    ``k`` over all windows are the same: a target a window ranks under ``k + 2`` others is under ``k`` others too."""
+    (matrix products: no k-nearest search of each window); those under ``floor(photo, mirrored)`` left out, and
+    those ``apart`` says were taken apart from the photo (:func:`_columns`). The best ``k`` over all windows are the
+    same: a target a window ranks under ``k + 2`` others is under ``k`` others too."""
     few = _flats(_greys(frames_, targets), CROP_SIDE)  # M x S^2
     per = len(CROP_SHARES) * CROP_GRID**2
     step = max(1, min(chunk, WINDOW_SCORES_AT_ONCE // (per * len(targets))))
     for start in range(0, len(ids), step):
         part = ids[start : start + step]
+        cols, away = _columns(part, targets, apart)  # C, B x M
+        if not len(cols):  # every target taken apart from every photo here: no window to make
+            for flip in (False, True):
+                yield from ((me, flip, [], []) for me in part)
+            continue
         windows = crop_windows_of(_images(frames_, part)).transpose(1, 0, 2)  # per x B x S^2: by window
         flipped = windows.reshape(-1, CROP_SIDE, CROP_SIDE)[:, :, ::-1].reshape(windows.shape)
         for flip, w in ((False, windows), (True, flipped)):
-            scores = (np.ascontiguousarray(w).reshape(-1, CROP_SIDE**2) @ few.T).reshape(per, len(part), -1)
-            yield from _over_floor(part, flip, scores.max(axis=0), floor, targets, k, crops=True)  # B x M
+            scores = (np.ascontiguousarray(w).reshape(-1, CROP_SIDE**2) @ few[cols].T).reshape(per, len(part), -1)
+            yield from _over_floor(part, flip, _spread(scores.max(axis=0), cols, len(targets)), floor, targets, k,
+                                   crops=True, away=away)  # B x M
+
+
+def _columns(part: Sequence[int], targets: Sequence[int], apart: Apart | None
+             ) -> tuple[np.ndarray, np.ndarray | None]:
+    """The targets worth scoring for photos ``part``: those that ``apart(part, targets)`` (B x M bools: taken apart,
+    by the files' dates or cameras, :class:`~index.duplicates.captures.Captures`) leaves for one photo or more (C
+    indices into ``targets``), and that mask (None: no ``apart``, every target). A pair taken apart is never checked,
+    so it need not be a neighbour either: the photo keeps an earlier one instead, whose pair was checked already."""
+    if apart is None:
+        return np.arange(len(targets)), None
+    away = apart(np.asarray(part, np.int64), np.asarray(targets, np.int64))  # B x M
+    return np.flatnonzero(~away.all(axis=0)), away
+
+
+def _spread(scores: np.ndarray, cols: np.ndarray, m: int) -> np.ndarray:
+    """B x C scores of the targets ``cols`` as B x ``m`` (-inf for the others: targets taken apart from every photo)."""
+    if len(cols) == m:
+        return scores
+    out = np.full((len(scores), m), -np.inf, np.float32)  # B x M
+    out[:, cols] = scores
+    return out
