@@ -35,8 +35,8 @@ class Captures:
     (:meth:`apart`), built once for many questions (:meth:`of`)."""
 
     ids: np.ndarray  # N photo ids, sorted
-    taken: np.ndarray  # N float64: the EXIF date taken (seconds), NaN where none
-    camera: np.ndarray  # N int64: the camera's number, -1 where none
+    taken: np.ndarray  # N float32: the EXIF date taken (seconds) modulo ZONE_STEP_S, NaN where none
+    camera: np.ndarray  # N int32: the camera's number, -1 where none
 
     @classmethod
     def of(cls, rows: Mapping[int, Row], ids: np.ndarray | None = None) -> Captures:
@@ -45,14 +45,14 @@ class Captures:
         names = {name: n for n, name in enumerate(sorted({r.camera for r in rows.values() if r.camera}))}
         taken = np.array([_taken(rows.get(int(i))) for i in ids.tolist()], np.float64)  # N
         camera = np.array([names.get(getattr(rows.get(int(i)), "camera", None) or "", -1) for i in ids.tolist()],
-                          np.int64)  # N
-        return cls(ids, taken, camera)
+                          np.int32)  # N
+        return cls(ids, np.mod(taken, ZONE_STEP_S).astype(np.float32), camera)
 
     def _at(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The dates and cameras of ``ids`` (any shape; a photo the table lacks: NaN and -1)."""
         ids = np.asarray(ids, np.int64)
         if not len(self.ids):
-            return np.full(ids.shape, np.nan), np.full(ids.shape, -1, np.int64)
+            return np.full(ids.shape, np.nan, np.float32), np.full(ids.shape, -1, np.int32)
         at = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)
         known = self.ids[at] == ids
         return np.where(known, self.taken[at], np.nan), np.where(known, self.camera[at], -1)
@@ -76,13 +76,13 @@ def taken_apart(pairs: np.ndarray, rows: Mapping[int, Row]) -> np.ndarray:
 
 
 def _apart(ta: np.ndarray, ca: np.ndarray, tb: np.ndarray, cb: np.ndarray) -> np.ndarray:
-    """The rule of :func:`taken_apart` on dates (NaN: none) and cameras (-1: none), broadcast."""
+    """The rule of :func:`taken_apart` on dates modulo :data:`ZONE_STEP_S` (NaN: none) and cameras (-1: none),
+    broadcast. Two dates are within :data:`APART_S` of a whole number of quarter hours apart (0 among them) exactly
+    when their remainders are that close, or that close to a quarter hour apart."""
     gap = np.abs(ta - tb)  # NaN where either has no date
-    zone = np.abs(gap - np.round(gap / ZONE_STEP_S) * ZONE_STEP_S) < APART_S  # a time zone's shift
     with np.errstate(invalid="ignore"):
-        dated = (gap >= APART_S) & ~zone  # NaN compares False
-    cameras = (ca >= 0) & (cb >= 0) & (ca != cb)
-    return dated | cameras
+        dated = (gap >= APART_S) & (gap <= ZONE_STEP_S - APART_S)  # NaN compares False
+    return dated | ((ca >= 0) & (cb >= 0) & (ca != cb))
 
 
 def _taken(row: Row | None) -> float:

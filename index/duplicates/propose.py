@@ -441,7 +441,7 @@ def crop_windows_of(images: Sequence[np.ndarray]) -> np.ndarray:
         rows, cols = _cell_weights(h, w)  # shares x G*S x h, shares x G*S x w
         for start in range(0, len(group), WINDOW_BATCH):
             part = group[start : start + WINDOW_BATCH]
-            grey = np.stack([images[n] for n in part]).astype(np.float64)  # B' x h x w
+            grey = np.stack([images[n] for n in part]).astype(np.float32)  # B' x h x w
             shares = []
             for r, c in zip(rows, cols):
                 cells = r @ grey @ c.T  # B' x G*S x G*S: every row place's cells by every column place's
@@ -458,7 +458,7 @@ def _cell_weights(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
     side; a pixel cut by a cell's edge by the share inside): a cell's mean grey is ``rows[k] @ image @ cols[k].T``."""
     def weights(n: int) -> np.ndarray:  # shares x G*S x n
         p = np.arange(n)
-        out = np.empty((len(CROP_SHARES), CROP_GRID * CROP_SIDE, n))
+        out = np.empty((len(CROP_SHARES), CROP_GRID * CROP_SIDE, n), np.float32)
         for k, s in enumerate(CROP_SHARES):
             for gi, g in enumerate(np.linspace(0.0, 1.0, CROP_GRID)):
                 edges = np.clip((1 - s) * n * g + s * n * np.linspace(0.0, 1.0, CROP_SIDE + 1), 0, n)  # S+1
