@@ -71,7 +71,6 @@ FLATS_AT_ONCE = 1024  # grey frames shrunk at once (4 B a pixel of temporaries: 
 INDEX_ADD = 16384  # vectors made and added to a pixel search's index at once (their frames read at once: 38 MB)
 WINDOW_BATCH = 16  # photos whose crop windows are made at once (8-16 the fastest on 20,000 frames; 32: 7% slower)
 
-
 Apart = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (A ids, B ids) -> A x B bools: which were taken apart
 SOURCES = ("model", "pixels", "pixels mirrored", "crops", "crops mirrored")  # a photo's searches, in this order
 _MODEL_SOURCE = 0
@@ -476,7 +475,7 @@ def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, ch
     closest by NCC to one of its windows: the photos that could have been cut from it, mirrored or not, with those
     NCCs; none where the closest is under ``floor(photo, mirrored)``. Only the whole frames are indexed (one vector
     a photo); each photo's windows are made and looked up a chunk of photos at a time, so memory does not grow with
-    the windows."""
+    the windows. ``apart``: as :func:`pixel_neighbours`'s."""
     targets = ids if targets is None else targets
     if not len(targets):
         return
