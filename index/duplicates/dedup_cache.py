@@ -285,41 +285,42 @@ class FrameFile(Mapping[int, Frame]):
         """The grey frames of photos ``ids`` (N x SIDE x SIDE uint8; KeyError: one without a frame), read from the
         file at once, in its order (one photo at a time, a frame costs more to read than to use)."""
         out = np.empty((len(ids), SIDE, SIDE), np.uint8)
-        for n, rec in self._records(ids, ["grey"]):
-            out[n] = self[ids[n]].grey if rec is None else rec["grey"].reshape(SIDE, SIDE)
+        for at, rec in self._spans(ids, ["grey"]):
+            out[at] = [self[ids[n]].grey for n in at.tolist()] if rec is None else rec["grey"].reshape(-1, SIDE, SIDE)
         return out
 
     def images(self, ids: Sequence[int]) -> list[np.ndarray]:
         """The grey images of photos ``ids`` (:attr:`~index.duplicates.verify.Frame.image` as h x w uint8 arrays;
         KeyError: one without a frame), read from the file at once as :meth:`greys` are."""
         out: list[np.ndarray] = [np.empty((0, 0), np.uint8)] * len(ids)
-        for n, rec in self._records(ids, ["width", "height", "image"]):
-            if rec is None:
-                out[n] = np.asarray(self[ids[n]].image, np.uint8)
-            else:
-                w, h = int(rec["width"]), int(rec["height"])
-                out[n] = rec["image"][: w * h].reshape(h, w).copy()
+        for at, rec in self._spans(ids, ["width", "height", "image"]):
+            for k, n in enumerate(at.tolist()):
+                if rec is None:
+                    out[n] = np.asarray(self[ids[n]].image, np.uint8)
+                else:
+                    w, h = int(rec["width"][k]), int(rec["height"][k])
+                    out[n] = rec["image"][k, : w * h].reshape(h, w).copy()
         return out
 
-    def _records(self, ids: Sequence[int], fields: list[str]) -> Iterator[tuple[int, np.ndarray | None]]:
-        """``(n, record)`` for each ``ids[n]``: its record's ``fields`` read from the file, the records from one to
+    def _spans(self, ids: Sequence[int], fields: list[str]) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """``(at, records)``: positions in ``ids`` (K) and their records' ``fields`` (K), read from the file from one to
         :data:`GREYS_SPAN` further at once (no map of the file, which would count as this process's memory), in the
-        file's order; ``(n, None)`` for a frame held only in memory (KeyError: a photo without a frame)."""
-        held = [n for n, i in enumerate(ids) if i in self._memory or i not in self._where]
-        for n in held:
-            yield n, None
-        if len(held) < len(ids):
-            rest = np.setdiff1d(np.arange(len(ids)), held)
-            at = np.array([self._where[ids[n]] for n in rest.tolist()], np.int64)
-            order = np.argsort(at)
-            rest, at = rest[order], at[order]
-            start = 0
-            while start < len(at):
-                stop = int(np.searchsorted(at, at[start] + GREYS_SPAN))
-                rec = self._file.read(int(at[start]), int(at[stop - 1] - at[start]) + 1, fields)
-                for n, r in zip(rest[start:stop].tolist(), (at[start:stop] - at[start]).tolist()):
-                    yield n, rec[r]
-                start = stop
+        file's order; ``(at, None)`` for the frames held only in memory (KeyError: a photo without a frame)."""
+        held = np.array([n for n, i in enumerate(ids) if i in self._memory or i not in self._where], np.int64)
+        if len(held):
+            yield held, None
+        rest = np.setdiff1d(np.arange(len(ids)), held)
+        if not len(rest):
+            return
+        at = np.array([self._where[ids[n]] for n in rest.tolist()], np.int64)
+        order = np.argsort(at)
+        rest, at = rest[order], at[order]
+        start = 0
+        while start < len(at):
+            stop = int(np.searchsorted(at, at[start] + GREYS_SPAN))
+            rec = self._file.read(int(at[start]), int(at[stop - 1] - at[start]) + 1, fields)
+            yield rest[start:stop], rec[at[start:stop] - at[start]]
+            start = stop
 
     def __contains__(self, i: object) -> bool:
         return i in self._where or i in self._memory
