@@ -57,6 +57,13 @@ class Captures:
         known = self.ids[at] == ids
         return np.where(known, self.taken[at], np.nan), np.where(known, self.camera[at], -1)
 
+    def pairs_apart(self, pairs: np.ndarray) -> np.ndarray:
+        """Which pairs (P x 2 ids) were taken apart, by the rule of :func:`taken_apart`: P bools."""
+        if not len(pairs):
+            return np.zeros(0, bool)
+        (ta, ca), (tb, cb) = self._at(pairs[:, 0]), self._at(pairs[:, 1])
+        return _apart(ta, ca, tb, cb)
+
     def apart(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Which photos of ``a`` (A ids) were taken apart from which of ``b`` (B ids), by the rule of
         :func:`taken_apart`: A x B bools."""
@@ -68,11 +75,7 @@ def taken_apart(pairs: np.ndarray, rows: Mapping[int, Row]) -> np.ndarray:
     """Which pairs (P x 2 ids) the photos' files say were taken apart (P bools): both have an EXIF date taken and
     they differ by at least :data:`APART_S` (and not by whole quarter hours), or both name a camera and the cameras
     differ. Photos missing from ``rows`` say nothing."""
-    if not len(pairs):
-        return np.zeros(0, bool)
-    table = Captures.of(rows, np.unique(pairs))
-    (ta, ca), (tb, cb) = table._at(pairs[:, 0]), table._at(pairs[:, 1])
-    return _apart(ta, ca, tb, cb)
+    return Captures.of(rows, np.unique(pairs)).pairs_apart(pairs)
 
 
 def _apart(ta: np.ndarray, ca: np.ndarray, tb: np.ndarray, cb: np.ndarray) -> np.ndarray:

@@ -378,6 +378,10 @@ def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
         few = plain(targets, 0, len(targets))  # M x P^2
         for start in range(0, len(ids), chunk):
             cols, away = _columns(ids[start : start + chunk], targets, apart)  # C, B x M
+            if not len(cols):  # every target taken apart from every photo here
+                for flip in (False, True):
+                    yield from ((me, flip, [], []) for me in ids[start : start + chunk])
+                continue
             part = plain(ids, start, start + chunk)  # B x P^2
             mirrored = part.reshape(-1, PIXEL_SIDE, PIXEL_SIDE)[:, :, ::-1].reshape(len(part), -1)  # B x P^2
             for flip, q in ((False, part), (True, mirrored)):
@@ -451,7 +455,7 @@ def crop_windows_of(images: Sequence[np.ndarray]) -> np.ndarray:
             for r, c in zip(rows, cols):
                 cells = r @ grey @ c.T  # B' x G*S x G*S: every row place's cells by every column place's
                 shares.append(cells.reshape(len(part), g, s, g, s).transpose(0, 1, 3, 2, 4))  # B' x G x G x S x S
-            cells = np.stack(shares, axis=1).astype(np.float32)  # B' x shares x G x G x S x S
+            cells = np.stack(shares, axis=1)  # B' x shares x G x G x S x S
             out[part] = unit_patches(cells.reshape(len(part) * per, s, s)).reshape(len(part), per, s * s)
     return out
 
