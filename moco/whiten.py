@@ -29,10 +29,12 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # torch is imported where features are made: an index's searches and duplicates need only numpy
+    import torch
 
 __all__ = ["STAGES", "Whitening", "embedding_features", "fit_whitening", "ledoit_wolf_shrinkage", "mirror_features",
            "resnet_stages", "feature_widths", "whiten_features", "fit_space", "MAX_MATRIX_ENTRY", "save_space",
@@ -50,6 +52,8 @@ def whiten_features(v: torch.Tensor, mean: torch.Tensor, matrix: torch.Tensor | 
     """``(v - mean) @ matrix`` of L2-normalized features ``v`` (N x D), not normalized again (``matrix`` None:
     centring only): what :class:`Whitening` computes in numpy, with the same input, on ``v``'s device (``mean``: D,
     ``matrix``: D x D). A row within :data:`SAME_AS_MEAN` of the mean keeps ``v``: no vector is ever zero."""
+    import torch
+
     c = v - mean  # N x D
     w = c if matrix is None else c @ matrix  # N x D
     same = c.norm(dim=1, keepdim=True) < SAME_AS_MEAN  # N x 1
@@ -64,6 +68,8 @@ def mirror_features(backbone: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 def resnet_stages(backbone: torch.nn.Module) -> tuple[str, ...]:
     """:data:`STAGES` where ``backbone`` has them all (torchvision's and timm's ResNets), else ()."""
+    import torch
+
     return STAGES if all(isinstance(getattr(backbone, s, None), torch.nn.Module) for s in STAGES) else ()
 
 
@@ -85,6 +91,8 @@ def embedding_features(backbone: torch.nn.Module, x: torch.Tensor, mirror: bool 
     """What a whitening is fitted on and applied to, for views ``x`` (N x 3 x s x s): the global average of each
     named stage's output (N x C_i), then the backbone's output (N x D), concatenated (N x D', float32); with
     ``mirror``, ``normalize(.)`` of it summed over each view and its mirror image (one forward pass of 2N views)."""
+    import torch
+
     if mirror:
         x = torch.cat([x, x.flip(3)])  # 2N x 3 x s x s
     with _tapped(backbone, stages) as outs:
@@ -96,13 +104,14 @@ def embedding_features(backbone: torch.nn.Module, x: torch.Tensor, mirror: bool 
     return torch.nn.functional.normalize(f, dim=1).unflatten(0, (2, -1)).sum(0)  # N x D'
 
 
-@torch.no_grad()
 def feature_widths(backbone: torch.nn.Module, stages: Sequence[str], image_size: int) -> tuple[tuple[int, ...], int]:
     """Channels of each named stage's output, and the width D of the backbone's: one forward pass of a blank
     ``image_size`` view in eval mode."""
+    import torch
+
     was_training = backbone.training
     p = next(backbone.parameters())
-    with _tapped(backbone.eval(), stages) as outs:
+    with torch.no_grad(), _tapped(backbone.eval(), stages) as outs:
         f = backbone(torch.zeros(1, 3, image_size, image_size, device=p.device, dtype=p.dtype))  # 1 x D
     backbone.train(was_training)
     return tuple(int(outs[name].shape[1]) for name in stages), int(f.shape[1])
@@ -177,6 +186,8 @@ class Whitening:
 
     def state(self) -> dict[str, Any]:
         """Tensors and numbers (what ``torch.load(weights_only=True)`` reads back), for a checkpoint."""
+        import torch
+
         out = {"mean": torch.from_numpy(self.mean.copy()), "shrinkage": float(self.shrinkage),
                "count": int(self.count), "mirror": bool(self.mirror), "source": self.source,
                "stages": [[name, int(c)] for name, c in self.stages]}
@@ -334,6 +345,8 @@ def apply_space(model: torch.nn.Module, x: torch.Tensor, space: str | Path | Whi
     ``moco.Embedder`` (N x D' float32, L2-normalized)."""
     w = load_space(Path(space) / SPACE_FILE if Path(str(space)).is_dir() else space)[0] if not isinstance(
         space, Whitening) else space
+    import torch
+
     with torch.no_grad():
         f = w.features(model.eval(), x)  # N x D'
         mat = None if w.matrix is None else torch.from_numpy(w.matrix).to(f.device)

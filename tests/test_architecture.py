@@ -157,6 +157,17 @@ def test_the_exporter_does_not_import_the_trainer():
     assert [(m, t) for m in exporting for t in graph[m] if t.startswith("moco.training")] == []
 
 
+def test_an_index_s_searches_and_duplicates_open_without_torch():
+    """Opening an index and finding its duplicates needs numpy and faiss, not torch (a second of imports: most of
+    a one-shot command after a small update). A fresh interpreter, so what other tests imported does not count."""
+    import subprocess
+
+    code = ("import sys; import index.duplicates.dedup, index.search.image_index, index.overview.documents; "
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout[:500]
+
+
 def test_a_few_modules_beside_the_stages():
     assert set(TOP_MODULES) == set(PACKAGES)
     for pkg, most in TOP_MODULES.items():

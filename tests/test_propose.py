@@ -54,6 +54,28 @@ def test_pixel_neighbours_exact_and_approximate(monkeypatch):
     assert [row for _, _, row, _ in few] == [row for i, _, row, _ in got if i in ids[:3]]
 
 
+def test_an_inverted_file_for_a_few_queries_has_fewer_cells_and_finds_as_much(monkeypatch):
+    """Above PIXEL_EXACT_UP_TO vectors the proposals search an inverted file of at most IVF_CELLS_PER_ROOT x sqrt(n)
+    cells; for a few queries (after an update) the cells that make training and searching cheapest, fewer: each
+    query looks at a larger share of the vectors, so its closest vector (by brute force) is found at least as
+    often."""
+    monkeypatch.setattr(propose, "PIXEL_EXACT_UP_TO", 10)
+    monkeypatch.setattr(propose, "FLAT_PAIRS", 0)
+    rng = np.random.default_rng(3)
+    centres = rng.normal(size=(40, 16))
+    vecs = centres[rng.integers(0, 40, 3000)] + 0.5 * rng.normal(size=(3000, 16))  # 3000 x 16
+    vecs = (vecs / np.linalg.norm(vecs, axis=1, keepdims=True)).astype(np.float32)
+    queries = vecs[rng.choice(3000, 200, replace=False)] + 0.05 * rng.normal(size=(200, 16)).astype(np.float32)
+    truth = (queries @ vecs.T).argmax(axis=1)  # 200: numpy's closest
+    found = {}
+    for asked in (10**7, 50):
+        store = propose._inner_product_index(lambda a, b: vecs[a:b], len(vecs), 16, "test", asked, probe=4)
+        found[asked] = (store.nlist, float((store.search(np.ascontiguousarray(queries), 1)[1][:, 0] == truth).mean()))
+    cheapest = int(np.cbrt(50 * 4 * 3000 / (128 * propose.KMEANS_ROUNDS)))
+    assert found[10**7][0] == 3000 // 39 and found[50][0] == cheapest < found[10**7][0]
+    assert found[50][1] >= found[10**7][1] and found[50][1] >= 0.95, found
+
+
 def _overlap(lo: float, hi: float, n: int) -> np.ndarray:
     """How much of each of n unit pixels lies in [lo, hi]."""
     p = np.arange(n)

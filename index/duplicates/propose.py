@@ -67,6 +67,7 @@ FLAT_PAIRS = 1 << 28  # ... unless the queries are few: query-photo pairs an exa
 IVF_CELLS_PER_ROOT = 4  # cells of an inverted file for n vectors: this many times sqrt(n)
 IVF_PROBE = 16  # cells a query looks in
 CROP_PROBE = 8  # ... a crop window's query (90 a photo: half the cells kept the same copies first at 100,000 photos)
+KMEANS_ROUNDS = 10  # rounds of k-means that place an inverted file's cells (faiss's own default)
 FLATS_AT_ONCE = 1024  # grey frames shrunk at once (2 B a pixel of temporaries: 2 MB)
 INDEX_ADD = 16384  # vectors made and added to a pixel search's index at once (their frames read at once: 38 MB)
 WINDOW_BATCH = 16  # photos whose crop windows are made at once (8-16 the fastest on 20,000 frames; 32: 7% slower)
@@ -155,7 +156,7 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
 
     def keep(i: int, source: int, row: Sequence[int], sims: Sequence[float]) -> None:
         n = pos[i]
-        if i in clean and not len(row):  # no new photo comes before its earlier neighbours
+        if i in clean and (not len(row) or max(row) < 0):  # no new photo comes before its earlier neighbours
             return
         got = [(j, s) for j, s in zip(row, sims) if j >= 0 and j != i and j in live and content[i] != content[j]]
         if i in clean:  # its earlier neighbours and the new ones: the best k, each photo once
@@ -186,6 +187,8 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
                 sims, near = found.sims[np.maximum(at, 0)], found.near[np.maximum(at, 0)]  # B x depth
                 if len(miss):
                     sims[miss], near[miss] = search(np.ascontiguousarray(vecs[[pos[part[n]] for n in miss]]), depth)
+            if among is not None:  # a new photo under a clean photo's k-th earlier neighbour changes nothing
+                near = np.where(sims >= out.scores[[pos[i] for i in part], _MODEL_SOURCE, k - 1][:, None], near, -1)
             for i, row, sim in zip(part, near.tolist(), sims.tolist()):
                 keep(i, _MODEL_SOURCE, row, sim)
             step(len(part))
@@ -288,19 +291,24 @@ def _inner_product_index(vectors: Callable[[int, int], np.ndarray], n: int, dim:
                          queries: int, probe: int = IVF_PROBE):  # -> faiss.Index
     """An inner-product index of ``n`` vectors of ``dim``, made ``vectors(start, stop)`` a chunk at a time (so they
     are never all held): flat (exact) up to :data:`PIXEL_EXACT_UP_TO`, or where ``queries`` are few (a flat search
-    of them scores at most :data:`FLAT_PAIRS`); otherwise an inverted file of
+    of them scores at most :data:`FLAT_PAIRS`); otherwise an inverted file of at most
     :data:`IVF_CELLS_PER_ROOT` x sqrt(n) cells searched ``probe`` at a time, one byte a dimension (8-bit
     scalar quantizer): a quarter of the vectors' own memory, and a query's cost grows with the root of their
-    number."""
+    number. Fewer cells where the queries are few (after an update): those that make training and searching
+    cheapest, ``(queries x probe x n / (128 x KMEANS_ROUNDS))^(1/3)`` (each query then looks at a larger share
+    of the vectors)."""
     import faiss
 
     if n <= PIXEL_EXACT_UP_TO or n * queries <= FLAT_PAIRS:
         store = faiss.IndexFlatIP(dim)
     else:
-        cells = max(1, min(n // 39, int(IVF_CELLS_PER_ROOT * np.sqrt(n))))
+        # k-means on 64 vectors a cell costs 64 c^2 a round, the queries q (c + probe n / c): least at this c
+        cheapest = np.cbrt(queries * probe * n / (128 * KMEANS_ROUNDS))
+        cells = max(1, min(n // 39, int(IVF_CELLS_PER_ROOT * np.sqrt(n)), int(cheapest)))
         quantizer = faiss.IndexFlatIP(dim)
         store = faiss.IndexIVFScalarQuantizer(quantizer, dim, cells, faiss.ScalarQuantizer.QT_8bit,
                                               faiss.METRIC_INNER_PRODUCT)
+        store.cp.niter = KMEANS_ROUNDS
         step = max(1, n // (64 * cells))  # k-means on at most 64 vectors a cell, spread over all of them
         sample = np.concatenate([vectors(start, min(start + step * 4096, n))[::step]
                                  for start in range(0, n, step * 4096)])
