@@ -139,11 +139,15 @@ def frames(paths: Mapping[int, Path | None], fallback: Callable[[int], Image.Ima
 
 def unit_patches(x: np.ndarray) -> np.ndarray:
     """Patches (... x h x w) less their mean, over their norm; a flat patch (pixels spread under :data:`FLAT` grey
-    levels) is all zero: it matches nothing."""
-    x = x - x.mean(axis=(-2, -1), keepdims=True)
-    norm = np.sqrt((x * x).sum(axis=(-2, -1), keepdims=True))
-    flat = norm < FLAT * np.sqrt(x.shape[-2] * x.shape[-1])
-    return np.where(flat, 0.0, x / np.maximum(norm, _EPS)).astype(x.dtype)
+    levels) is all zero: it matches nothing. Worked as rows of h x w (a reduction over one axis: several times faster
+    than over two, the same numbers)."""
+    n = x.shape[-2] * x.shape[-1]
+    y = x.reshape(-1, n)  # (...) x hw
+    y = y - y.mean(axis=1, keepdims=True)
+    norm = np.sqrt((y * y).sum(axis=1, keepdims=True))  # (...) x 1
+    y /= np.maximum(norm, _EPS)
+    y[norm[:, 0] < FLAT * np.sqrt(n)] = 0.0
+    return y.reshape(x.shape).astype(x.dtype, copy=False)
 
 
 def _crop_size(s: float, aspect_big: float, aspect_small: float, side: int = SIDE) -> tuple[int, int] | None:
