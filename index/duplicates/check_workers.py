@@ -53,7 +53,7 @@ def _scores(frames_: FrameFile, part: np.ndarray, fine: FineCheck | None) -> np.
     near a copy checked again by ``fine``."""
     got = copy_scores([tuple(p) for p in part.tolist()], frames_)
     scores = np.array([got.get((a, b), np.nan) for a, b in part.tolist()], np.float64)
-    return fine.rescore(part, scores) if fine is not None else scores
+    return fine.rescore(part, scores, frames_) if fine is not None else scores
 
 
 def _worker_scores(part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -41,8 +41,12 @@ crop's share between two of :data:`SCALES` (80%, between 78% and 85%) leaves a t
 fine texture does not forgive; the refinement starts too low to climb. So a pair of large photos (both at least
 :data:`FINE_MIN` pixels on their short side) that the check scores at least :data:`FINE_FROM` and not a copy is
 checked again from the photos themselves (decoded at a reduced scale, no thumbnail between), at the shares of
-:data:`FINE_SCALES` (every 3%), on their frames and on frames of :data:`FINE_SIDE` pixels (:func:`fine_scores`),
-and scores the best of the three.
+:data:`FINE_SCALES` (every 1%), on their frames and on frames of :data:`FINE_SIDE` pixels, and where those come near
+a copy (:data:`FINER_FROM`) on frames of :data:`FINER_SIDE` pixels too (:func:`fine_scores`), and scores the best.
+A texture of dots or tiles a few pixels wide in the frame's image aliases so badly that a crop of it may score
+anything on thumbnails: a pair of two such photos (:func:`fine_texture` at least :data:`TEXTURE_SHARE`) is checked
+again from :data:`TEXTURE_FINE_FROM`. (Chosen on `bench/large_crops.py`: the bench's choose split of wallpapers and
+seeded textures.)
 """
 
 from __future__ import annotations
@@ -59,8 +63,8 @@ import numpy as np
 from PIL import Image
 
 __all__ = ["Frame", "frame_of", "frames", "copy_scores", "fine_scores", "FineCheck", "unit_patches", "tone_score",
-           "busy_share", "ncc_brute", "SIDE", "SCALES", "COPY_SCORE", "FINE_SIDE", "FINE_MIN", "FINE_FROM",
-           "FINE_SCALES"]
+           "busy_share", "fine_texture", "ncc_brute", "SIDE", "SCALES", "COPY_SCORE", "FINE_SIDE", "FINE_MIN",
+           "FINE_FROM", "FINE_SCALES", "FINER_SIDE", "FINER_FROM", "TEXTURE_SHARE", "TEXTURE_FINE_FROM"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +82,11 @@ SCREEN_AT_ONCE = 512  # hypotheses screened at once (a quarter of the pixels: ar
 FINE_SIDE = 96  # pixels a side of the finer frames a pair of large photos is checked again on (:func:`fine_scores`) ...
 FINE_MIN = 2 * FINE_SIDE  # ... both photos at least this many pixels on their short side ...
 FINE_FROM = 0.8  # ... where the check scored it this much, and not a copy ...
-FINE_SCALES = (1.0, 0.97, 0.94, 0.91, 0.88, 0.85, 0.82, 0.79, 0.76, 0.73, 0.7)  # ... at these crop shares
+FINE_SCALES = tuple(round(1.0 - 0.01 * k, 2) for k in range(31))  # ... at these crop shares (every 1%) ...
+FINER_SIDE = 192  # ... and on frames of this side where it scored at least FINER_FROM on those, and not a copy
+FINER_FROM = 0.94
+TEXTURE_SHARE = 0.2  # a frame whose image has this share of its variance in its finest detail is a fine texture ...
+TEXTURE_FINE_FROM = 0.5  # ... and a pair of two large ones is checked again from this score (its thumbnails alias)
 FLAT = 0.5  # grey levels: a window whose pixels spread less than this is flat
 BUSY_SHARE = 0.9  # a pair whose frames hold content on this share of their pixels (away from a flat background) ...
 BUSY_TONE_WEIGHT = 1.25  # ... counts a tone curve's misfit this many times, not TONE_WEIGHT (the choose split's)
@@ -512,27 +520,47 @@ def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], 
     return out
 
 
-def fine_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame],
-                fine: Mapping[int, Frame]) -> dict[tuple[int, int], float]:
-    """The copy scores of pairs of large photos from their photos' own pixels (module docstring): the better of the
-    check at the crop shares of :data:`FINE_SCALES` on their frames (``frames_``) and on their frames of
-    :data:`FINE_SIDE` a side (``fine``), none screened: ``{(a, b): score}``."""
+def fine_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], fine: Mapping[int, Frame],
+                finer: Mapping[int, Frame] | None = None) -> dict[tuple[int, int], float]:
+    """The copy scores of pairs of large photos from their photos' own pixels (module docstring): the best of the
+    check at the crop shares of :data:`FINE_SCALES` on their frames (``frames_``), on their frames of
+    :data:`FINE_SIDE` a side (``fine``) and, for a pair that scores at least :data:`FINER_FROM` there and is not a
+    copy, on their frames of :data:`FINER_SIDE` a side (``finer``, where given), none screened: ``{(a, b): score}``."""
     pairs = list(pairs)
     coarse = copy_scores(pairs, frames_, screen=False, scales=FINE_SCALES)
-    finer = copy_scores(pairs, fine, screen=False, scales=FINE_SCALES)
-    return {p: max(coarse[p], finer[p]) for p in coarse}
+    finest = copy_scores(pairs, fine, screen=False, scales=FINE_SCALES)
+    out = {p: max(coarse[p], finest[p]) for p in coarse}
+    again = [p for p, s in out.items() if FINER_FROM <= s < COPY_SCORE]
+    if finer is not None and again:
+        for p, s in copy_scores(again, finer, screen=False, scales=FINE_SCALES).items():
+            out[p] = max(out[p], s)
+    return out
 
 
-FINE_KEPT = 256  # photos whose frames for the fine check are kept at once (about 56 kB each)
+def fine_texture(f: Frame) -> float:
+    """The share of the variance of a frame's image (:attr:`Frame.image`) in its finest detail: what a Gaussian blur
+    of one pixel takes away. A wallpaper of dots or tiles a few pixels wide at that size holds a third or more of it
+    there, a photo of a scene a tenth or less; at :data:`TEXTURE_SHARE` or more the frame is a fine texture, which
+    every thumbnail aliases anew."""
+    from PIL import ImageFilter
+
+    g = np.asarray(f.image, np.float64)  # h x w
+    rest = g - np.asarray(f.image.filter(ImageFilter.GaussianBlur(1.0)), np.float64)  # h x w
+    spread = float(((g - g.mean()) ** 2).sum())
+    return float((rest * rest).sum()) / spread if spread > (FLAT**2) * g.size else 0.0
+
+
+FINE_KEPT = 128  # photos whose frames for the fine check are kept at once (about 250 kB each)
 
 
 class FineCheck:
     """The fine check of a search's large photos (module docstring): ``large`` maps each photo at least
     :data:`FINE_MIN` pixels on its short side to its file's path under ``root``. :meth:`rescore` gives a pair of two
-    of them that the check scored at least :data:`FINE_FROM` and not a copy the better of that and its
-    :func:`fine_scores`, from the photos decoded anew (at a reduced scale; a photo that cannot be decoded keeps the
-    score; the frames of the last :data:`FINE_KEPT` photos kept). Picklable, and small: the check's workers each
-    hold one, the paths packed into one string (a library of a million photos: about 70 MB, not a dict of paths)."""
+    of them that the check scored at least :data:`FINE_FROM` (:data:`TEXTURE_FINE_FROM` where both are fine
+    textures: :func:`fine_texture`) and not a copy the better of that and its :func:`fine_scores`, from the photos
+    decoded anew (at a reduced scale; a photo that cannot be decoded keeps the score; the frames of the last
+    :data:`FINE_KEPT` photos kept). Picklable, and small: the check's workers each hold one, the paths packed into one
+    string (a library of a million photos: about 70 MB, not a dict of paths)."""
 
     def __init__(self, root: str | Path, large: Mapping[int, str]) -> None:
         order = sorted(large)
@@ -541,7 +569,7 @@ class FineCheck:
         self._ids = np.array(order, np.int64)  # L, sorted
         self._ends = np.cumsum([len(e) for e in encoded], dtype=np.int64)  # L: where each path ends in _blob
         self._blob = b"".join(encoded)
-        self._kept: OrderedDict[int, tuple[Frame, Frame] | None] = OrderedDict()
+        self._kept: OrderedDict[int, tuple[Frame, Frame, Frame] | None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -560,14 +588,15 @@ class FineCheck:
             return None
         return self.root / os.fsdecode(self._blob[int(self._ends[n - 1]) if n else 0 : int(self._ends[n])])
 
-    def _frames(self, i: int) -> tuple[Frame, Frame] | None:
-        """Photo ``i``'s frames (SIDE and :data:`FINE_SIDE` a side) from its file; None where it cannot be decoded."""
+    def _frames(self, i: int) -> tuple[Frame, Frame, Frame] | None:
+        """Photo ``i``'s frames (SIDE, :data:`FINE_SIDE` and :data:`FINER_SIDE` a side) from its file; None where it
+        cannot be decoded."""
         from moco.data.photos import ImageDecodeError, load_rgb
 
         if i not in self._kept:
             try:
-                img = load_rgb(self.path(i), min_short=2 * FINE_SIDE)
-                self._kept[i] = frame_of(img), frame_of(img, FINE_SIDE)
+                img = load_rgb(self.path(i), min_short=2 * FINER_SIDE)
+                self._kept[i] = frame_of(img), frame_of(img, FINE_SIDE), frame_of(img, FINER_SIDE)
             except ImageDecodeError as e:
                 logger.debug("%s: no fine check (%s)", self.path(i), e)
                 self._kept[i] = None
@@ -576,14 +605,26 @@ class FineCheck:
         self._kept.move_to_end(i)
         return self._kept[i]
 
-    def rescore(self, pairs: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        """The scores (P) of ``pairs`` (P x 2) with the fine check's where it applies (``scores``: the check's)."""
+    def applies(self, a: int, b: int, score: float, frames_: Mapping[int, Frame] | None = None) -> bool:
+        """Whether a pair the check scored ``score`` is checked again: two large photos, not a copy, and at least
+        :data:`FINE_FROM`, or :data:`TEXTURE_FINE_FROM` where both of their ``frames_`` are fine textures."""
+        if score >= COPY_SCORE or self.path(a) is None or self.path(b) is None:
+            return False
+        return score >= FINE_FROM or (score >= TEXTURE_FINE_FROM and frames_ is not None and a in frames_
+                                      and b in frames_ and min(fine_texture(frames_[a]),
+                                                               fine_texture(frames_[b])) >= TEXTURE_SHARE)
+
+    def rescore(self, pairs: np.ndarray, scores: np.ndarray, frames_: Mapping[int, Frame] | None = None
+                ) -> np.ndarray:
+        """The scores (P) of ``pairs`` (P x 2) with the fine check's where it :meth:`applies` (``scores``: the
+        check's; ``frames_``: the check's frames, which tell the fine textures)."""
         out = scores.copy()
         for n, ((a, b), s) in enumerate(zip(pairs.tolist(), scores.tolist())):
-            if FINE_FROM <= s < COPY_SCORE and self.path(a) is not None and self.path(b) is not None:
+            if self.applies(a, b, s, frames_):
                 fa, fb = self._frames(a), self._frames(b)
                 if fa is not None and fb is not None:
-                    out[n] = max(s, fine_scores([(a, b)], {a: fa[0], b: fb[0]}, {a: fa[1], b: fb[1]})[a, b])
+                    out[n] = max(s, fine_scores([(a, b)], {a: fa[0], b: fb[0]}, {a: fa[1], b: fb[1]},
+                                                {a: fa[2], b: fb[2]})[a, b])
         return out
 
 
