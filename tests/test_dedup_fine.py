@@ -1,7 +1,9 @@
 """Crops of large photos with fine texture (index/duplicates/verify.py's fine check): in the thumbnail's 48-pixel frame
 the texture aliases and a crop's share between two of the check's scales leaves it under the copy score; the pair of
-large photos is checked again from the photos themselves, at a crop share every 3%, and found. Real FAISS,
-SQLite and a real (randomly initialized) ResNet-18 on generated photos."""
+large photos is checked again from the photos themselves, at a crop share every 1%, and found; a texture of tiles a
+few pixels wide in the frame's image aliases so badly that its crop scores anything on thumbnails, and a pair of two
+such photos is checked again from a lower score. Real FAISS, SQLite and a real (randomly initialized) ResNet-18 on
+generated photos."""
 
 from __future__ import annotations
 
@@ -14,7 +16,17 @@ from index.building.runner import build_index
 from index.duplicates import verify
 from index.duplicates.dedup import search_duplicates
 from index.duplicates.dedup_cache import CHECKED_FILE
-from index.duplicates.verify import COPY_SCORE, FINE_SIDE, FineCheck, copy_scores, fine_scores, frame_of
+from index.duplicates.verify import (
+    COPY_SCORE,
+    FINE_FROM,
+    FINE_SIDE,
+    TEXTURE_SHARE,
+    FineCheck,
+    copy_scores,
+    fine_scores,
+    fine_texture,
+    frame_of,
+)
 from index.search.image_index import ImageIndex
 from moco.data.photos import load_rgb
 
@@ -35,6 +47,34 @@ def _icons(seed: int, side: int = 1024) -> Image.Image:
         else:
             draw.rectangle((cx - r, cy - r, cx + r, cy + r), fill=fill, outline=(240, 240, 240), width=4)
     return img
+
+
+def _tiles(seed: int, side: int = 1024) -> Image.Image:
+    """A large picture of bevelled square tiles of random colours, 18 to 30 pixels each (as a mosaic wallpaper: in
+    a 96-pixel image a tile is two or three pixels)."""
+    rng = np.random.default_rng(seed)
+    cell = int(rng.integers(18, 31))
+    img = Image.new("RGB", (side, side), (20, 20, 20))
+    draw = ImageDraw.Draw(img)
+    for y in range(0, side, cell):
+        for x in range(0, side, cell):
+            c = tuple(int(v) for v in rng.integers(40, 256, 3))
+            draw.rectangle((x, y, x + cell - 2, y + cell - 2), fill=c)
+            draw.line((x, y + cell - 2, x + cell - 2, y + cell - 2), fill=tuple(v // 2 for v in c), width=3)
+    return img
+
+
+def _smooth(seed: int, side: int = 1024) -> Image.Image:
+    """A large smooth picture (a scene's shapes and shading, no fine detail)."""
+    small = np.random.default_rng(seed).integers(0, 256, (6, 6, 3), dtype=np.uint8)
+    return Image.fromarray(small).resize((side, side), Image.Resampling.BICUBIC)
+
+
+def _off_centre(img: Image.Image, share: float, fx: float, fy: float) -> Image.Image:
+    w, h = img.size
+    cw, ch = round(w * share), round(h * share)
+    x, y = round((w - cw) * fx), round((h - ch) * fy)
+    return img.crop((x, y, x + cw, y + ch))
 
 
 def _centre(img: Image.Image, share: float) -> Image.Image:
@@ -114,3 +154,46 @@ def test_the_fine_check_keeps_its_photos_paths_packed_and_pickles_them(tmp_path)
         assert {i: check.path(i) for i in large} == {i: tmp_path / p for i, p in large.items()}
         assert [check.path(i) for i in (0, 4, 8, 13, 41, -1)] == [None] * 6
     assert FineCheck(tmp_path, {}).path(1) is None
+
+
+def test_a_fine_texture_is_told_from_a_scene_by_its_finest_detail():
+    """Tiles two or three pixels wide in the frame's image hold a large share of its variance in what a one-pixel blur
+    takes away (at least TEXTURE_SHARE); a smooth picture and the icons on a striped ground hold little; a flat
+    picture none. The share is that of the image by hand (PIL's blur, numpy's sums)."""
+    from PIL import ImageFilter
+
+    tiles, smooth = frame_of(_thumb(_tiles(2))), frame_of(_thumb(_smooth(2)))
+    g = np.asarray(tiles.image, np.float64)
+    rest = g - np.asarray(tiles.image.filter(ImageFilter.GaussianBlur(1.0)), np.float64)
+    assert fine_texture(tiles) == ((rest**2).sum() / ((g - g.mean()) ** 2).sum())
+    assert fine_texture(tiles) >= TEXTURE_SHARE > 2 * fine_texture(smooth)
+    assert fine_texture(frame_of(Image.new("RGB", (512, 512), (90, 90, 90)))) == 0.0
+
+
+def test_a_crop_of_a_fine_texture_that_thumbnails_put_far_from_a_copy_is_checked_again_and_found(tmp_path):
+    """70-85% crops of tile mosaics, off centre: on their thumbnails' frames each scores under FINE_FROM (no pair of
+    ordinary photos would be checked again), but the mosaic is a fine texture (its crop, enlarged, may not be), so
+    the fine check applies and finds each a copy from the photos; distinct mosaics are checked again too and stay
+    distinct; two smooth pictures (scenes) under FINE_FROM and a small photo are not checked again."""
+    pictures = {1: _tiles(1), 2: _tiles(2), 3: _tiles(3), 4: _smooth(4), 5: _smooth(5)}
+    cuts = {11: (1, 0.7, 0.2, 0.9), 12: (2, 0.8, 0.7, 0.1), 13: (3, 0.85, 0.5, 0.5), 14: (4, 0.75, 0.9, 0.3)}
+    photos = dict(pictures)
+    photos.update({c: _off_centre(pictures[p], s, fx, fy) for c, (p, s, fx, fy) in cuts.items()})
+    photos[20] = _tiles(9, side=150)
+    for i, img in photos.items():
+        img.save(tmp_path / f"{i}.jpg", "JPEG", quality=92)
+    thumbs = {i: frame_of(_thumb(img)) for i, img in photos.items()}
+    check = FineCheck(tmp_path, {i: f"{i}.jpg" for i, img in photos.items() if min(img.size) >= 2 * FINE_SIDE})
+    copies = [(p, c) for c, (p, *_) in cuts.items() if p != 4]
+    distinct = [(1, 2), (2, 13), (1, 3), (1, 4)]
+    first = copy_scores(copies + distinct + [(4, 5), (1, 20)], thumbs)
+    assert max(first[p] for p in copies) < FINE_FROM, [first[p] for p in copies]
+    applies = {p: check.applies(*p, first[p], thumbs) for p in copies + distinct}
+    assert applies == {p: first[p] >= 0.5 for p in applies} and all(applies[p] for p in copies), (applies, first)
+    assert 0.5 <= first[4, 5] < FINE_FROM and not check.applies(4, 5, first[4, 5], thumbs), first[4, 5]  # scenes
+    assert not check.applies(1, 20, first[1, 20], thumbs)  # a small photo
+    assert not check.applies(1, 11, first[1, 11], None)  # without the frames, the ordinary gate
+    pairs = np.array(copies + distinct, np.int64)
+    again = check.rescore(pairs, np.array([first[tuple(p)] for p in pairs.tolist()]), thumbs)
+    assert min(again[: len(copies)]) >= COPY_SCORE, again
+    assert max(again[len(copies) :]) < COPY_SCORE, again

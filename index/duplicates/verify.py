@@ -44,8 +44,9 @@ checked again from the photos themselves (decoded at a reduced scale, no thumbna
 :data:`FINE_SCALES` (every 1%), on their frames and on frames of :data:`FINE_SIDE` pixels, and where those come near
 a copy (:data:`FINER_FROM`) on frames of :data:`FINER_SIDE` pixels too (:func:`fine_scores`), and scores the best.
 A texture of dots or tiles a few pixels wide in the frame's image aliases so badly that a crop of it may score
-anything on thumbnails: a pair of two such photos (:func:`fine_texture` at least :data:`TEXTURE_SHARE`) is checked
-again from :data:`TEXTURE_FINE_FROM`. (Chosen on `bench/large_crops.py`: the bench's choose split of wallpapers and
+anything on thumbnails: a pair of large photos one of which is such a texture (:func:`fine_texture` at least
+:data:`TEXTURE_SHARE`; a crop's texture is coarser by its share, so the photo it was cut from tells) is checked again
+from :data:`TEXTURE_FINE_FROM`. (Chosen on `bench/large_crops.py`: the bench's choose split of wallpapers and
 seeded textures.)
 """
 
@@ -86,7 +87,7 @@ FINE_SCALES = tuple(round(1.0 - 0.01 * k, 2) for k in range(31))  # ... at these
 FINER_SIDE = 192  # ... and on frames of this side where it scored at least FINER_FROM on those, and not a copy
 FINER_FROM = 0.94
 TEXTURE_SHARE = 0.2  # a frame whose image has this share of its variance in its finest detail is a fine texture ...
-TEXTURE_FINE_FROM = 0.5  # ... and a pair of two large ones is checked again from this score (its thumbnails alias)
+TEXTURE_FINE_FROM = 0.5  # ... and a pair of large photos, one of them such, is checked again from this score
 FLAT = 0.5  # grey levels: a window whose pixels spread less than this is flat
 BUSY_SHARE = 0.9  # a pair whose frames hold content on this share of their pixels (away from a flat background) ...
 BUSY_TONE_WEIGHT = 1.25  # ... counts a tone curve's misfit this many times, not TONE_WEIGHT (the choose split's)
@@ -556,8 +557,8 @@ FINE_KEPT = 128  # photos whose frames for the fine check are kept at once (abou
 class FineCheck:
     """The fine check of a search's large photos (module docstring): ``large`` maps each photo at least
     :data:`FINE_MIN` pixels on its short side to its file's path under ``root``. :meth:`rescore` gives a pair of two
-    of them that the check scored at least :data:`FINE_FROM` (:data:`TEXTURE_FINE_FROM` where both are fine
-    textures: :func:`fine_texture`) and not a copy the better of that and its :func:`fine_scores`, from the photos
+    of them that the check scored at least :data:`FINE_FROM` (:data:`TEXTURE_FINE_FROM` where one is a fine
+    texture: :func:`fine_texture`) and not a copy the better of that and its :func:`fine_scores`, from the photos
     decoded anew (at a reduced scale; a photo that cannot be decoded keeps the score; the frames of the last
     :data:`FINE_KEPT` photos kept). Picklable, and small: the check's workers each hold one, the paths packed into one
     string (a library of a million photos: about 70 MB, not a dict of paths)."""
@@ -607,11 +608,12 @@ class FineCheck:
 
     def applies(self, a: int, b: int, score: float, frames_: Mapping[int, Frame] | None = None) -> bool:
         """Whether a pair the check scored ``score`` is checked again: two large photos, not a copy, and at least
-        :data:`FINE_FROM`, or :data:`TEXTURE_FINE_FROM` where both of their ``frames_`` are fine textures."""
+        :data:`FINE_FROM`, or :data:`TEXTURE_FINE_FROM` where one of their ``frames_`` is a fine texture (the photo a
+        crop was cut from: the crop's own texture is coarser by its share)."""
         if score >= COPY_SCORE or self.path(a) is None or self.path(b) is None:
             return False
         return score >= FINE_FROM or (score >= TEXTURE_FINE_FROM and frames_ is not None and a in frames_
-                                      and b in frames_ and min(fine_texture(frames_[a]),
+                                      and b in frames_ and max(fine_texture(frames_[a]),
                                                                fine_texture(frames_[b])) >= TEXTURE_SHARE)
 
     def rescore(self, pairs: np.ndarray, scores: np.ndarray, frames_: Mapping[int, Frame] | None = None
