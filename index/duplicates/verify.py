@@ -540,8 +540,8 @@ def fine_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], 
 
 def fine_texture(f: Frame) -> float:
     """The share of the variance of a frame's image (:attr:`Frame.image`) in its finest detail: what a Gaussian blur
-    of one pixel takes away. A wallpaper of dots or tiles a few pixels wide at that size holds a third or more of it
-    there, a photo of a scene a tenth or less; at :data:`TEXTURE_SHARE` or more the frame is a fine texture, which
+    of one pixel takes away. A wallpaper of dots or tiles a few pixels wide at that size holds a fifth to a half of
+    it there, a smooth picture a tenth or less; at :data:`TEXTURE_SHARE` or more the frame is a fine texture, which
     every thumbnail aliases anew."""
     from PIL import ImageFilter
 
