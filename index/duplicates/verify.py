@@ -552,6 +552,7 @@ def fine_texture(f: Frame) -> float:
 
 
 FINE_KEPT = 128  # photos whose frames for the fine check are kept at once (about 250 kB each)
+TEXTURES_KEPT = 1 << 16  # photos whose fine_texture is kept at once (about 100 bytes each)
 
 
 class FineCheck:
@@ -571,6 +572,7 @@ class FineCheck:
         self._ends = np.cumsum([len(e) for e in encoded], dtype=np.int64)  # L: where each path ends in _blob
         self._blob = b"".join(encoded)
         self._kept: OrderedDict[int, tuple[Frame, Frame, Frame] | None] = OrderedDict()
+        self._textures: OrderedDict[int, float] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._ids)
@@ -580,7 +582,7 @@ class FineCheck:
 
     def __setstate__(self, state: dict[str, object]) -> None:
         self.root, self._ids, self._ends, self._blob = state["root"], state["ids"], state["ends"], state["blob"]
-        self._kept = OrderedDict()
+        self._kept, self._textures = OrderedDict(), OrderedDict()
 
     def path(self, i: int) -> Path | None:
         """Photo ``i``'s file where it is a large photo; None where it is not."""
@@ -614,8 +616,18 @@ class FineCheck:
         if score >= COPY_SCORE or self.path(a) is None or self.path(b) is None:
             return False
         return score >= FINE_FROM or (score >= TEXTURE_FINE_FROM and frames_ is not None and a in frames_
-                                      and b in frames_ and max(fine_texture(frames_[a]),
-                                                               fine_texture(frames_[b])) >= TEXTURE_SHARE)
+                                      and b in frames_ and max(self._texture(a, frames_),
+                                                               self._texture(b, frames_)) >= TEXTURE_SHARE)
+
+    def _texture(self, i: int, frames_: Mapping[int, Frame]) -> float:
+        """:func:`fine_texture` of photo ``i``'s frame, that of the last :data:`TEXTURES_KEPT` photos kept (in a
+        library of large photos most pairs ask it: one blur a photo, not one a pair)."""
+        if i not in self._textures:
+            self._textures[i] = fine_texture(frames_[i])
+            while len(self._textures) > TEXTURES_KEPT:
+                self._textures.popitem(last=False)
+        self._textures.move_to_end(i)
+        return self._textures[i]
 
     def rescore(self, pairs: np.ndarray, scores: np.ndarray, frames_: Mapping[int, Frame] | None = None
                 ) -> np.ndarray:
