@@ -586,9 +586,9 @@ class FineCheck:
 
     def path(self, i: int) -> Path | None:
         """Photo ``i``'s file where it is a large photo; None where it is not."""
-        n = int(np.searchsorted(self._ids, i))
-        if n == len(self._ids) or self._ids[n] != i:
+        if not self._large(i):
             return None
+        n = int(np.searchsorted(self._ids, i))
         return self.root / os.fsdecode(self._blob[int(self._ends[n - 1]) if n else 0 : int(self._ends[n])])
 
     def _frames(self, i: int) -> tuple[Frame, Frame, Frame] | None:
@@ -613,11 +613,14 @@ class FineCheck:
         """Whether a pair the check scored ``score`` is checked again: two large photos, not a copy, and at least
         :data:`FINE_FROM`, or :data:`TEXTURE_FINE_FROM` where one of their ``frames_`` is a fine texture (the photo a
         crop was cut from: the crop's own texture is coarser by its share)."""
-        if score >= COPY_SCORE or self.path(a) is None or self.path(b) is None:
-            return False
-        return score >= FINE_FROM or (score >= TEXTURE_FINE_FROM and frames_ is not None and a in frames_
-                                      and b in frames_ and max(self._texture(a, frames_),
-                                                               self._texture(b, frames_)) >= TEXTURE_SHARE)
+        if not TEXTURE_FINE_FROM <= score < COPY_SCORE or not (self._large(a) and self._large(b)):
+            return False  # most pairs: two numbers compared, no path made
+        return score >= FINE_FROM or (frames_ is not None and a in frames_ and b in frames_
+                                      and max(self._texture(a, frames_), self._texture(b, frames_)) >= TEXTURE_SHARE)
+
+    def _large(self, i: int) -> bool:
+        n = int(np.searchsorted(self._ids, i))
+        return n < len(self._ids) and int(self._ids[n]) == i
 
     def _texture(self, i: int, frames_: Mapping[int, Frame]) -> float:
         """:func:`fine_texture` of photo ``i``'s frame, that of the last :data:`TEXTURES_KEPT` photos kept (in a
