@@ -31,7 +31,15 @@ from index.building.runner import build_index, update_index
 from index.calibrate import CROWD, MIN_PHOTOS, near_threshold, neighbour_levels
 from index.duplicates.dedup import KINDS, load_duplicates, search_duplicates
 from index.duplicates.keeper import CHOSEN, Facts, format_rank, named_as_copy, suggest_keeper
-from index.duplicates.propose import CROP_SIDE, PIXEL_ALIKE, PIXEL_DEPTH, PIXEL_SIDE, crop_windows, proposals
+from index.duplicates.propose import (
+    CROP_SIDE,
+    MODEL_FIRST,
+    PIXEL_ALIKE,
+    PIXEL_DEPTH,
+    PIXEL_SIDE,
+    crop_windows,
+    proposals,
+)
 from index.duplicates.resolve.actions import DUPLICATES_DIR, PAUSE_ENV, destination, move_duplicates, undo_moves
 from index.duplicates.resolve.journal import MARK_FILE, Journal
 from index.duplicates.resolve.transfer import PARTIAL_SUFFIX, TransferError, free_name, transfer
@@ -159,12 +167,12 @@ def test_the_crowd_level_against_brute_force_and_its_guard():
     assert near_threshold(0.9, "default", all_first[: MIN_PHOTOS - 1], all_kth[: MIN_PHOTOS - 1])["crowd_level"] is None
 
 
-def _first(others: list[int], ncc: Callable[[int], float], k: int = 2) -> list[int]:
-    """What a pixel search proposes of its k closest photos, by hand: the first PIXEL_DEPTH of those under
-    PIXEL_ALIKE, and every one at PIXEL_ALIKE or more."""
+def _first(others: list[int], ncc: Callable[[int], float], k: int = 2, depth: int = PIXEL_DEPTH) -> list[int]:
+    """What a search proposes of its k closest photos, by hand: the first ``depth`` (a pixel search's PIXEL_DEPTH, the
+    model's MODEL_FIRST) of those under PIXEL_ALIKE, and every one at PIXEL_ALIKE or more."""
     near = sorted(others, key=lambda j: -ncc(j))[:k]
     return [j for n, j in enumerate(near) if ncc(j) >= PIXEL_ALIKE
-            or sum(ncc(o) < PIXEL_ALIKE for o in near[:n]) < PIXEL_DEPTH]
+            or sum(ncc(o) < PIXEL_ALIKE for o in near[:n]) < depth]
 
 
 def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
@@ -191,8 +199,8 @@ def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
     n = len(paths) + 3
     assert d["rule"] == "given" and d["proposed"] == n * (n - 1) // 2 and d["verified"] == 3
     assert d["turned_down"] == d["proposed"] - 3 and d["unchecked"] == 0
-    # without the model's links, the proposals are each photo's 2 closest by the model, and by whole pixels and by
-    # crops (the photos whose frames match one of its windows best) what _first keeps of its 2 closest, by hand
+    # without the model's links, the proposals are what _first keeps of each photo's 2 closest by the model, by whole
+    # pixels and by crops (the photos whose frames match one of its windows best), by hand
     ids, raw = index.catalog.vectors(dim=index.dim)
     rows = index.catalog.rows_by_id(ids)
     content = {int(i): int(i) for i in ids}
@@ -207,10 +215,11 @@ def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
         flat[side][i] = [(x - x.mean()) / np.linalg.norm(x - x.mean()) for x in (g.ravel(), g[:, ::-1].ravel())]
     windows = {i: crop_windows(fr[i]) for i in ids.tolist()}
     want = set()
+    col = {j: c for c, j in enumerate(ids.tolist())}  # a photo's row and column of sim
     for n, i in enumerate(ids.tolist()):
-        for j in ids[np.argsort(-sim[n])[:2]].tolist():
-            want.add((min(i, j), max(i, j)))
         others = [j for j in ids.tolist() if j != i]
+        near = _first(others, lambda j, n=n: float(sim[n, col[j]]), depth=MODEL_FIRST)
+        want |= {(min(i, j), max(i, j)) for j in near}
         for q in flat[PIXEL_SIDE][i]:
             near = _first(others, lambda j, q=q: float(q @ flat[PIXEL_SIDE][j][0]))
             want |= {(min(i, j), max(i, j)) for j in near}

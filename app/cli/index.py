@@ -90,11 +90,11 @@ def add_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threshold", type=float, default=None,
                    help="near: the centred cosine similarity (as search scores) at which the model proposes two photos "
                         "(default: the index's, calibrated at build time on copies of its photos, raised above the "
-                        "collection's crowd level; the output says which rule set it). Each photo's 5 closest photos "
-                        "by the model and by pixels are proposed too. A proposed pair is near only where its pixels "
-                        "show a copy: one re-encoded, resized, cropped (70%% of a side or more), brightened or "
-                        "mirrored from the other (its copy score, listed per photo, at least the one the summary "
-                        "states); alike distinct photos are not")
+                        "collection's crowd level; the output says which rule set it). Each photo's closest photo "
+                        "by the model, by its pixels and by a crop of them is proposed too. A proposed pair is "
+                        "near only where its pixels show a copy: one re-encoded, resized, cropped (70%% of a side "
+                        "or more), brightened or mirrored from the other (its copy score, listed per photo, at least "
+                        "the one the summary states); alike distinct photos are not")
     p.add_argument("--similar-threshold", type=float, default=None, metavar="F",
                    help="similar: the same, for --kind similar (default: measured on the collection)")
     p.add_argument("--kind", action="append", choices=KINDS, default=None,

@@ -16,9 +16,9 @@ is ``near`` (its byte-identical members are marked), one of a single content ``e
 Near links are copies by their pixels. The model proposes pairs: those at the near threshold, the index's own
 (:func:`index.calibrate.dedup_threshold`, calibrated on copies of its photos at build time), raised above the
 collection's crowd level where a weak model or a collection of very alike photos puts distinct photos that close
-(:func:`index.calibrate.near_threshold`; its rule is reported), each photo's :data:`PROPOSE_K` closest photos by
-the model, and its closest by the NCC of their pixels (a brighter copy, which a model may not see as close) and the
-photo it could have been cut from (:func:`index.duplicates.propose.proposals`).
+(:func:`index.calibrate.near_threshold`; its rule is reported), each photo's closest photo by the model, and its
+closest by the NCC of their pixels (a brighter copy, which a model may not see as close) and the photo it could have
+been cut from (:func:`index.duplicates.propose.proposals`).
 A proposed pair is a near link only where :func:`index.duplicates.verify.copy_scores` finds one photo to be the other
 re-encoded, resized, cropped, brightened or mirrored (copy score at least :data:`~index.duplicates.verify.COPY_SCORE`,
 :func:`verify_links`), and whose files do not say they are two captures (EXIF dates taken a second or more apart, or

@@ -87,10 +87,10 @@ def photo_version(content_hash: str | None, thumb: str | None, path: str, size: 
 
 def check_settings() -> int:
     """A digest of what a pair's copy score depends on: the frames and every threshold of the pixel check."""
-    names = ("SIDE", "SCALES", "REFINE_FROM", "COPY_SCORE", "TONE_FROM", "TONE_WEIGHT", "LOW_FROM", "LOW_SIDE",
-             "LOW_WEIGHT", "FLAT", "BUSY_SHARE", "BUSY_TONE_WEIGHT", "FLAT_LEVELS", "WINDOW_TONE_WEIGHT", "SCREEN_SIDE",
-             "SCREEN_FROM", "FINE_SIDE", "FINE_MIN", "FINE_FROM", "FINE_SCALES", "FINER_SIDE", "FINER_FROM",
-             "TEXTURE_SHARE", "TEXTURE_FINE_FROM")
+    names = ("SIDE", "SCALES", "REFINE_FROM", "REFINE_GAP", "COPY_SCORE", "TONE_FROM", "TONE_WEIGHT", "LOW_FROM",
+             "LOW_SIDE", "LOW_WEIGHT", "FLAT", "BUSY_SHARE", "BUSY_TONE_WEIGHT", "FLAT_LEVELS", "WINDOW_TONE_WEIGHT",
+             "SCREEN_SIDE", "SCREEN_FROM", "FINE_SIDE", "FINE_MIN", "FINE_FROM", "FINE_SCALES", "FINER_SIDE",
+             "FINER_FROM", "TEXTURE_SHARE", "TEXTURE_FINE_FROM")
     return _digest(repr((FRAME_FORMAT, *(getattr(verify, n) for n in names))))
 
 

@@ -2,7 +2,7 @@
 
 Checking every pair is quadratic, so each photo puts forward a few others, from three searches:
 
-- **the model**: its :data:`PROPOSE_K` closest photos in the index's space, and the model's pairs at the near
+- **the model**: its closest photo in the index's space (:data:`MODEL_FIRST`), and the model's pairs at the near
   threshold (a re-encoded or resized copy);
 - **whole pixels**: its closest photo by the NCC of their whole grey frames (:data:`PIXEL_DEPTH`),
   :data:`PIXEL_SIDE` a side, plain and mirrored (a brighter copy, which a model may not see as close);
@@ -16,13 +16,15 @@ Checking every pair is quadratic, so each photo puts forward a few others, from 
   million vectors, 7 GB with their graph). The vectors of both pixel searches are made from the frames a chunk at a
   time too: only the indexes hold them (above :data:`PIXEL_EXACT_UP_TO` photos, one byte a dimension).
 
-A copy of a photo is the first of one of the pixel searches, or among the model's first few: on both choose splits of
-bench/dedup_scale.py (10,000 Fashion-MNIST photos, 30,000 smooth pictures), every planted copy of a small photo was
-the first of some search; what the pixel searches find further down is alike photos. Where a photo has several
-copies, they fill its first places: a large photo's four copies scored 0.998-0.999 there and its 70% crop came
-fourth, so every neighbour a pixel search puts at :data:`PIXEL_ALIKE` or more is proposed too, and the first under
-it. Each search keeps its :data:`PROPOSE_K` closest (the neighbours, for a later search to start from); only the
-model's all go to the check.
+A copy of a photo is the first of one of the searches: on both choose splits of bench/dedup_scale.py (10,000
+Fashion-MNIST photos, 30,000 smooth pictures), every planted copy of a small photo was the first of some search; what
+the searches find further down is alike photos. Where a photo has several copies, they fill its first places: a
+large photo's four copies scored 0.998-0.999 there and its 70% crop came fourth, so every neighbour a search puts at
+:data:`PIXEL_ALIKE` or more (an NCC, or the model's cosine) is proposed too, and the first under it; the model's
+pairs at the near threshold (its own measure of a copy, :mod:`index.calibrate`) are proposed however far down.
+Each search keeps its :data:`PROPOSE_K` closest (the neighbours, for a later search to start from); the model's
+second to fifth went to the check too until the choose splits showed that they found no copy the rest missed (26%
+and 39% of the pairs: bench/NOTES.md, fourteenth session).
 
 The searches are exact (flat inner-product indexes) up to :data:`PIXEL_EXACT_UP_TO` photos and approximate above
 (inverted files of one byte a dimension, :data:`IVF_PROBE` cells searched, :data:`CROP_PROBE` by a crop window).
@@ -45,15 +47,16 @@ from index.search.store import VectorStore
 
 __all__ = ["proposals", "Proposed", "Neighbours", "ModelFound", "MODEL_DEPTH",
            "SOURCES", "LINKED", "MODEL", "pixel_neighbours", "crop_neighbours",
-           "crop_windows", "crop_windows_of", "PROPOSE_K", "PIXEL_DEPTH", "PIXEL_ALIKE", "SOURCE_DEPTH", "PIXEL_SIDE",
-           "CROP_SIDE", "CROP_GRID", "PIXEL_EXACT_UP_TO"]
+           "crop_windows", "crop_windows_of", "PROPOSE_K", "PIXEL_DEPTH", "PIXEL_ALIKE", "SOURCE_DEPTH", "MODEL_FIRST",
+           "PIXEL_SIDE", "CROP_SIDE", "CROP_GRID", "PIXEL_EXACT_UP_TO"]
 
 logger = logging.getLogger(__name__)
 
 PROPOSE_K = 5  # each photo's closest photos by the model, by whole pixels and by crops are kept (the neighbours)
-PIXEL_DEPTH = 1  # of those by whole pixels and by crops, this many go to the pixel check; all PROPOSE_K of the model's
-PIXEL_ALIKE = 0.98  # ... besides every one at least this close by the pixel search (a family of copies of one photo)
-SOURCE_DEPTH = (PROPOSE_K, PIXEL_DEPTH, PIXEL_DEPTH, PIXEL_DEPTH, PIXEL_DEPTH)  # per search of SOURCES
+PIXEL_DEPTH = 1  # of those by whole pixels and by crops, this many go to the pixel check ...
+MODEL_FIRST = 1  # ... and of the model's (besides its links at the near threshold) ...
+PIXEL_ALIKE = 0.98  # ... besides every one at least this close by its search (a family of copies of one photo)
+SOURCE_DEPTH = (MODEL_FIRST, PIXEL_DEPTH, PIXEL_DEPTH, PIXEL_DEPTH, PIXEL_DEPTH)  # per search of SOURCES
 LINKED = 2.0  # the proposal score of a pair the model links at the near threshold
 MODEL = 1.5  # the proposal score of a pair among the model's k nearest (above any NCC)
 SAME_BYTES_MARGIN = 8  # k-NN slots beyond k + 1 for photos with the same bytes (not other photos)

@@ -71,7 +71,8 @@ logger = logging.getLogger(__name__)
 
 SIDE = 48  # pixels a side of a photo's grey frame
 SCALES = (1.0, 0.96, 0.92, 0.85, 0.78, 0.7)  # the share of a side a crop may keep
-REFINE_FROM = 0.85  # a pair scoring this much on whole pixels is refined by fractions of a pixel
+REFINE_FROM = 0.85  # a crop window scoring this much on whole pixels is refined by fractions of a pixel ...
+REFINE_GAP = 0.5  # ... where it closes this share of the whole frames' gap to 1 (a crop, not alike photos)
 COPY_SCORE = 0.995  # a pair scoring at least this is a copy
 TONE_FROM = 0.97  # a pair whose NCC reaches this (and not COPY_SCORE) is scored again through a tone curve
 TONE_WEIGHT = 6.0  # a tone curve fits all a line fits and more: its misfit (1 - tone score) counts this many times
@@ -492,11 +493,13 @@ def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], 
     checked further. ``scales``: the crop shares tried (None: :data:`SCALES`).
 
     A pair under :data:`COPY_SCORE` whose best whole-pixel crop window (plain or mirrored, either way round) scores
-    at least :data:`REFINE_FROM` and more than its whole frames do has that window refined by fractions of a pixel
-    (:func:`_refine`). Whole frames are not refined: a re-encoded, resized, brightened or mirrored copy scores high
-    on whole pixels, and refining would only lift distinct photos of one shape (two plain trousers), which match
-    best whole, towards the copies. A pair still under it whose whole frames or refined window reach
-    :data:`TONE_FROM` is scored again through a tone curve (:func:`tone_score`; its misfit counts
+    at least :data:`REFINE_FROM` and closes at least :data:`REFINE_GAP` of the gap between its whole frames' score
+    and 1 has that window refined by fractions of a pixel (:func:`_refine`). Whole frames are not refined: a
+    re-encoded, resized, brightened or mirrored copy scores high on whole pixels, and refining would only lift
+    distinct photos of one shape (two plain trousers), which match best whole, towards the copies. A crop matches
+    far better in its window than whole (its whole frames are out of register by the crop), alike distinct photos
+    about as well (bench/NOTES.md, fourteenth session). A pair still under it whose whole frames or refined window
+    reach :data:`TONE_FROM` is scored again through a tone curve (:func:`tone_score`; its misfit counts
     :data:`TONE_WEIGHT` times): a copy brightened until its highlights clip is no longer a linear function of the
     photo's grey, but still a non-decreasing one.
 
@@ -663,7 +666,7 @@ def _scores(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame], at_least
         if score < COPY_SCORE:
             found = [(big, small, crops.get((big, small, f))) for big, small in ((a, b), (b, a)) for f in (False, True)]
             refined = [_refine(frames_[big], frames_[small], hit) for big, small, hit in found
-                       if hit is not None and hit.score > whole]
+                       if hit is not None and hit.score - whole >= REFINE_GAP * (1.0 - whole)]
             score = max([score, *(r[0] for r in refined)])
             if score < COPY_SCORE and whole >= TONE_FROM:
                 mirror = max(ab[1], ba[1]) > max(ab[0], ba[0])
