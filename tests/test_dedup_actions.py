@@ -229,6 +229,12 @@ def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
             near = _first(others, lambda j, w=w: float((w @ flat[CROP_SIDE][j][0]).max()))
             want |= {(min(i, j), max(i, j)) for j in near}
     assert {(int(a), int(b)) for a, b in got} == want and len(got) == len(want)
+    # a large photo (its crops seen at a few pixels by the pixel searches) puts forward all 2 of the model's closest
+    large = ids[::2].tolist()
+    got = proposals(index.store, ids, vecs, content, fr, {}, chunk=4, k=2, large=set(large)).pairs
+    deep = {(min(i, j), max(i, j)) for i in large for j in ids[np.argsort(-sim[col[i]])[:2]].tolist()}
+    assert deep - want  # the model's second closest of some photos: proposed by no other search
+    assert {(int(a), int(b)) for a, b in got} == want | deep
 
 
 def test_a_photo_that_matches_crowd_others_by_pixels_has_no_near_link(backbone, tmp_path):

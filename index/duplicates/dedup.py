@@ -234,6 +234,12 @@ def _frame_source(index: ImageIndex, row: Row) -> Path | None:
     return index.thumb_path(row)
 
 
+def _large(rows: Mapping[int, Row]) -> set[int]:
+    """The photos at least :data:`~index.duplicates.verify.FINE_MIN` pixels on their short side, or of a size the
+    catalog does not know: their crops are proposed by the model's closest photos more than by their frames."""
+    return {i for i, r in rows.items() if not (r.width and r.height) or min(r.width, r.height) >= FINE_MIN}
+
+
 def _fine_check(index: ImageIndex, rows: Mapping[int, Row]) -> FineCheck:
     """The fine check of the photos at least :data:`~index.duplicates.verify.FINE_MIN` pixels on their short side (by
     the catalog; a photo whose size it does not know is left out): a pair of two of them near a copy is checked again
@@ -297,7 +303,8 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
     captures = Captures.of(rows)  # the files' dates and cameras (0.07 s at 100,000 photos)
     with _stage("proposals", 5 * len(ids), "search", progress) as bar:
         proposed = proposals(index.store, ids, vecs, content, frames_, links, chunk, step=bar.update,
-                             before=kept_neighbours.load(versions, frames_), found=found, apart=captures.apart)
+                             before=kept_neighbours.load(versions, frames_), found=found, apart=captures.apart,
+                             large=_large(rows))
     kept_neighbours.save(proposed.neighbours, versions, frames_)
     apart = captures.pairs_apart(proposed.pairs)  # P: two captures by their files' dates or cameras
     pairs = proposed.pairs[~apart]  # P' x 2, for the pixel check

@@ -2,8 +2,8 @@
 
 Checking every pair is quadratic, so each photo puts forward a few others, from three searches:
 
-- **the model**: its closest photo in the index's space (:data:`MODEL_FIRST`), and the model's pairs at the near
-  threshold (a re-encoded or resized copy);
+- **the model**: its closest photo in the index's space (:data:`MODEL_FIRST`; a large photo's :data:`PROPOSE_K`), and
+  the model's pairs at the near threshold (a re-encoded or resized copy);
 - **whole pixels**: its closest photo by the NCC of their whole grey frames (:data:`PIXEL_DEPTH`),
   :data:`PIXEL_SIDE` a side, plain and mirrored (a brighter copy, which a model may not see as close);
 - **crops**: the photo that could best have been cut from it (:data:`PIXEL_DEPTH`). Every photo's whole frame,
@@ -22,9 +22,10 @@ the searches find further down is alike photos. Where a photo has several copies
 large photo's four copies scored 0.998-0.999 there and its 70% crop came fourth, so every neighbour a search puts at
 :data:`PIXEL_ALIKE` or more (an NCC, or the model's cosine) is proposed too, and the first under it; the model's
 pairs at the near threshold (its own measure of a copy, :mod:`index.calibrate`) are proposed however far down.
-Each search keeps its :data:`PROPOSE_K` closest (the neighbours, for a later search to start from); the model's
-second to fifth went to the check too until the choose splits showed that they found no copy the rest missed (26%
-and 39% of the pairs: bench/NOTES.md, fourteenth session).
+Each search keeps its :data:`PROPOSE_K` closest (the neighbours, for a later search to start from). Of a small
+photo's, the model's second to fifth found no copy that the rest missed on either choose split (they were 26% and 39%
+of the pairs), so they are not checked; a large photo's all are (a crop of a fine texture that no pixel search put
+first was among them: bench/NOTES.md, fourteenth session).
 
 The searches are exact (flat inner-product indexes) up to :data:`PIXEL_EXACT_UP_TO` photos and approximate above
 (inverted files of one byte a dimension, :data:`IVF_PROBE` cells searched, :data:`CROP_PROBE` by a crop window).
@@ -36,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -121,12 +122,13 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
               frames_: Mapping[int, Frame], links: Mapping[int, Mapping[int, float]], chunk: int = 1024,
               k: int = PROPOSE_K, step: Callable[[int], object] | None = None,
               before: Neighbours | None = None, found: ModelFound | None = None,
-              apart: Apart | None = None) -> Proposed:
+              apart: Apart | None = None, large: Container[int] = ()) -> Proposed:
     """The pairs of photos with other bytes that the pixel check looks at (P x 2 ids, a < b, sorted, each pair once;
     8 bytes a pair in all): the ``links`` (the model's, at the near threshold), each photo's ``k`` closest other
     photos by the model (``vecs``: N x D in the index's space, searched in ``store``), by whole pixels
     (:func:`pixel_neighbours`) and the ``k`` that could be cut from it (:func:`crop_neighbours`), of each search the
-    first :data:`SOURCE_DEPTH` (at most ``k``) and those at :data:`PIXEL_ALIKE` or more; and each pair's best
+    first :data:`SOURCE_DEPTH` (at most ``k``; all ``k`` of the model's for a photo of ``large``) and those at
+    :data:`PIXEL_ALIKE` or more; and each pair's best
     proposal score (:data:`LINKED`, :data:`MODEL`, or an NCC: only the pixel searches put it forward). The neighbours
     found are all ``k`` of each search.
 
@@ -139,8 +141,10 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
     either way. ``found``: the model's closest photos of some photos, found among all already (not searched again;
     ``k`` of :data:`PROPOSE_K`). ``apart(a, b)``: which photos of ``a`` were taken apart from which of ``b`` (A x B
     bools, :meth:`index.duplicates.captures.Captures.apart`): a photo that was there before does not score the new
-    photos it was taken apart from (their pair is never checked). ``step(n)``: called as the searches go, 5 for each
-    photo in all (a progress bar)."""
+    photos it was taken apart from (their pair is never checked). ``large``: the photos whose frames are shrunk
+    from many more pixels (:data:`~index.duplicates.verify.FINE_MIN` a side or more), whose crops and fine textures
+    the pixel searches see at a few pixels a side: the model's closest photos are their crops' best source.
+    ``step(n)``: called as the searches go, 5 for each photo in all (a progress bar)."""
     step = step or (lambda n: None)
     live = set(ids.tolist())
     pos = {int(i): n for n, i in enumerate(ids.tolist())}
@@ -227,8 +231,9 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
         alike = score >= PIXEL_ALIKE  # B x S x k: a copy of the photo by the pixels alone, nearly
         below = (b >= 0) & ~alike
         before = np.cumsum(below, axis=2) - below  # B x S x k: the neighbours before this one that are not
-        depth = np.minimum(np.asarray(SOURCE_DEPTH), k)  # S
-        there = (b >= 0) & ((before < depth[None, :, None]) | alike)  # B x S x k
+        depth = np.repeat(np.minimum(np.asarray(SOURCE_DEPTH), k)[None], len(b), axis=0)  # B x S
+        depth[[int(i) in large for i in out.ids[start : start + 65536].tolist()], _MODEL_SOURCE] = k
+        there = (b >= 0) & ((before < depth[:, :, None]) | alike)  # B x S x k
         score[:, _MODEL_SOURCE] = MODEL
         gathered.add_keys((np.minimum(a, b)[there] << 32) | np.maximum(a, b)[there], score[there])
     pairs, scores = gathered.pairs()
