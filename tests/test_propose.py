@@ -83,9 +83,10 @@ def _overlap(lo: float, hi: float, n: int) -> np.ndarray:
 
 
 def test_crop_windows_are_the_photos_own_crops():
-    """Each window is the photo's crop at its share and place (both sides' share, from corner to corner), its mean
-    grey over each cell of a CROP_SIDE grid, pixels cut by a cell's edge counted by the share inside: the same as a
-    brute-force sum over every pixel's overlap with every cell; a flat photo's windows are all zero."""
+    """Each window is the photo's crop at its share and place (both sides' share, from corner to corner or at the
+    centre alone), its mean grey over each cell of a CROP_SIDE grid, pixels cut by a cell's edge counted by the share
+    inside: the same as a brute-force sum over every pixel's overlap with every cell; a flat photo's windows are all
+    zero."""
     rng = np.random.default_rng(1)
     S = propose.CROP_SIDE
     for w, h in ((96, 96), (96, 60), (40, 96)):
@@ -94,9 +95,10 @@ def test_crop_windows_are_the_photos_own_crops():
         grey = np.asarray(f.image, np.float64)
         H, W = grey.shape
         n = 0
-        for s in propose.CROP_SHARES:
-            for gy in np.linspace(0, 1, propose.CROP_GRID):
-                for gx in np.linspace(0, 1, propose.CROP_GRID):
+        for s, grid in zip(propose.CROP_SHARES, propose.CROP_GRIDS, strict=True):
+            places = np.linspace(0, 1, grid) if grid > 1 else [0.5]  # corner to corner, or the centre alone
+            for gy in places:
+                for gx in places:
                     x0, y0 = (1 - s) * W * gx, (1 - s) * H * gy
                     want = np.empty((S, S))
                     for r in range(S):
@@ -118,7 +120,7 @@ def test_crop_windows_of_many_photos_are_each_photo_s_own():
     frames_ = [frame_of(_picture(rng, w, h)) for w, h in ((96, 96), (150, 90), (96, 96), (40, 100), (96, 96))]
     assert len({f.image.size for f in frames_}) == 3
     many = propose.crop_windows_of([np.asarray(f.image) for f in frames_])
-    assert many.shape == (5, len(propose.CROP_SHARES) * propose.CROP_GRID**2, propose.CROP_SIDE**2)
+    assert many.shape == (5, propose.CROP_WINDOWS, propose.CROP_SIDE**2)
     for f, got in zip(frames_, many):
         assert np.array_equal(got, propose.crop_windows(f)) and got.any()
     assert propose.crop_windows_of([]).shape[0] == 0

@@ -97,7 +97,7 @@ def check_settings() -> int:
 def neighbour_settings(space: str) -> int:
     """A digest of what a photo's proposed neighbours depend on: the proposals' settings, the frames, and ``space``
     (the index's backbone and space, which the model's neighbours are found in)."""
-    names = ("PROPOSE_K", "SAME_BYTES_MARGIN", "PIXEL_SIDE", "CROP_SIDE", "CROP_GRID", "CROP_SHARES",
+    names = ("PROPOSE_K", "SAME_BYTES_MARGIN", "PIXEL_SIDE", "CROP_SIDE", "CROP_GRIDS", "CROP_SHARES",
              "PIXEL_EXACT_UP_TO", "FLAT_PAIRS", "IVF_CELLS_PER_ROOT", "IVF_PROBE", "CROP_PROBE",
              "SOURCES")
     return _digest(repr((FRAME_FORMAT, SIDE, space, *(getattr(propose, n) for n in names))))

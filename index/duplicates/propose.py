@@ -8,11 +8,11 @@ Checking every pair is quadratic, so each photo puts forward a few others, from 
   :data:`PIXEL_SIDE` a side, plain and mirrored (a brighter copy, which a model may not see as close);
 - **crops**: the photo that could best have been cut from it (:data:`PIXEL_DEPTH`). Every photo's whole frame,
   shrunk to :data:`CROP_SIDE` a side, goes into one index (one vector a photo); each photo's windows at the crop
-  shares the check tests (:data:`~index.duplicates.verify.SCALES` under 1) and at :data:`CROP_GRID` x
-  :data:`CROP_GRID` places, plain and mirrored, look up the whole frames closest to them by NCC, and their photos are
+  shares the check tests (:data:`~index.duplicates.verify.SCALES` under 1) and at a few places each
+  (:data:`CROP_GRIDS`), plain and mirrored, look up the whole frames closest to them by NCC, and their photos are
   its candidates. A crop is the one edit that moves every pixel of a small frame, and a model trained to see crops as
   the same scene puts a crop of a shirt beside every shirt. The windows are made and looked up a chunk of photos at a
-  time: memory holds one vector a photo, never the 45 windows of every photo (at 50,000 photos those were 2.25
+  time: memory holds one vector a photo, never the windows of every photo (at 50,000 photos their 45 a photo were 2.25
   million vectors, 7 GB with their graph). The vectors of both pixel searches are made from the frames a chunk at a
   time too: only the indexes hold them (above :data:`PIXEL_EXACT_UP_TO` photos, one byte a dimension).
 
@@ -49,7 +49,7 @@ from index.search.store import VectorStore
 __all__ = ["proposals", "Proposed", "Neighbours", "ModelFound", "MODEL_DEPTH",
            "SOURCES", "LINKED", "MODEL", "pixel_neighbours", "crop_neighbours",
            "crop_windows", "crop_windows_of", "PROPOSE_K", "PIXEL_DEPTH", "PIXEL_ALIKE", "SOURCE_DEPTH", "MODEL_FIRST",
-           "PIXEL_SIDE", "CROP_SIDE", "CROP_GRID", "PIXEL_EXACT_UP_TO"]
+           "PIXEL_SIDE", "CROP_SIDE", "CROP_GRIDS", "CROP_WINDOWS", "crop_places", "PIXEL_EXACT_UP_TO"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,8 +64,9 @@ SAME_BYTES_MARGIN = 8  # k-NN slots beyond k + 1 for photos with the same bytes 
 MODEL_DEPTH = PROPOSE_K + 1 + SAME_BYTES_MARGIN  # the model's closest photos a photo looks up (itself among them)
 PIXEL_SIDE = 16  # pixels a side of the whole frames whose NCC proposes pairs
 CROP_SIDE = 8  # pixels a side of the crop windows (and of the whole frames that look them up)
-CROP_GRID = 3  # places a side for the windows of one crop share: the corners, the edges' middles, the centre
-CROP_SHARES = tuple(s for s in SCALES if s < 1.0)  # the crop shares the pixel check tests
+CROP_SHARES = tuple(s for s in SCALES if s < 1.0)  # the crop shares the pixel check tests ...
+CROP_GRIDS = (1, 2, 3, 3, 3)  # ... and places a side for each one's windows, from corner to corner (1: the centre)
+CROP_WINDOWS = sum(g * g for g in CROP_GRIDS)  # windows a photo, plain (as many mirrored)
 PIXEL_EXACT_UP_TO = 20000  # photos: above, the pixel proposals come from approximate indexes (inverted files)...
 FLAT_PAIRS = 1 << 28  # ... unless the queries are few: query-photo pairs an exact search scores (after an update)
 IVF_CELLS_PER_ROOT = 4  # cells of an inverted file for n vectors: this many times sqrt(n)
@@ -444,10 +445,11 @@ def _over_floor(part: Sequence[int], flip: bool, scores: np.ndarray, floor: Call
 
 def crop_windows(f: Frame) -> np.ndarray:
     """A photo's crop windows: at each share of :data:`CROP_SHARES` (of both sides: the photo's shape kept) and at
-    :data:`CROP_GRID` x :data:`CROP_GRID` places from corner to corner, the window's mean grey over each cell of a
-    :data:`CROP_SIDE` x :data:`CROP_SIDE` grid of its image (exact: a pixel cut by a cell's edge counts by its share
-    inside), less its mean, over its norm (a flat window is all zero, and matches nothing): W x CROP_SIDE^2,
-    W = len(CROP_SHARES) * CROP_GRID^2."""
+    G x G places from corner to corner (G of :data:`CROP_GRIDS`; one: the centre), the window's mean grey over each
+    cell of a :data:`CROP_SIDE` x :data:`CROP_SIDE` grid of its image (exact: a pixel cut by a cell's edge counts by
+    its share inside), less its mean, over its norm (a flat window is all zero, and matches nothing):
+    :data:`CROP_WINDOWS` x CROP_SIDE^2, a share's places row by row. The places of a share near 1 lie within a
+    fraction of a cell of each other (the nine of 0.96 within a third of one), so it needs fewer of them."""
     return crop_windows_of([np.asarray(f.image, np.uint8)])[0]
 
 
@@ -456,41 +458,46 @@ def crop_windows_of(images: Sequence[np.ndarray]) -> np.ndarray:
     :attr:`~index.duplicates.verify.Frame.image`): B x W x CROP_SIDE^2. A window's cells are products of the image
     with the rows' and the columns' weights (:func:`_cell_weights`), the images of one size :data:`WINDOW_BATCH` at a
     time (the same numbers as one at a time)."""
-    per = len(CROP_SHARES) * CROP_GRID**2
-    out = np.empty((len(images), per, CROP_SIDE**2), np.float32)  # B x W x S^2
+    out = np.empty((len(images), CROP_WINDOWS, CROP_SIDE**2), np.float32)  # B x W x S^2
     by_size: dict[tuple[int, int], list[int]] = {}
     for n, img in enumerate(images):
         by_size.setdefault(img.shape, []).append(n)
-    g, s = CROP_GRID, CROP_SIDE
+    s = CROP_SIDE
     for (h, w), group in by_size.items():
-        rows, cols = _cell_weights(h, w)  # shares x G*S x h, shares x G*S x w
+        weights = _cell_weights(h, w)  # a share's (G*S x h, G*S x w)
         for start in range(0, len(group), WINDOW_BATCH):
             part = group[start : start + WINDOW_BATCH]
             grey = np.stack([images[n] for n in part]).astype(np.float32)  # B' x h x w
             shares = []
-            for r, c in zip(rows, cols):
+            for (r, c), g in zip(weights, CROP_GRIDS):
                 cells = r @ grey @ c.T  # B' x G*S x G*S: every row place's cells by every column place's
-                shares.append(cells.reshape(len(part), g, s, g, s).transpose(0, 1, 3, 2, 4))  # B' x G x G x S x S
-            cells = np.stack(shares, axis=1)  # B' x shares x G x G x S x S
-            out[part] = unit_patches(cells.reshape(len(part) * per, s, s)).reshape(len(part), per, s * s)
+                shares.append(cells.reshape(len(part), g, s, g, s).transpose(0, 1, 3, 2, 4)
+                              .reshape(len(part), g * g, s, s))  # B' x G^2 x S x S
+            cells = np.concatenate(shares, axis=1)  # B' x W x S x S
+            out[part] = unit_patches(cells.reshape(-1, s, s)).reshape(len(part), CROP_WINDOWS, s * s)
     return out
 
 
-@functools.lru_cache(maxsize=256)  # an image has 96 pixels on its long side: about 190 shapes, 184 kB each
-def _cell_weights(h: int, w: int) -> tuple[np.ndarray, np.ndarray]:
-    """For each share of :data:`CROP_SHARES`, how much each of the image's rows (shares x G*S x h) and columns
-    (shares x G*S x w) counts in the mean of each cell of its windows (G places from corner to corner, S cells a
-    side; a pixel cut by a cell's edge by the share inside): a cell's mean grey is ``rows[k] @ image @ cols[k].T``."""
-    def weights(n: int) -> np.ndarray:  # shares x G*S x n
+def crop_places(grid: int) -> np.ndarray:
+    """Where a share's ``grid`` places a side lie, from 0 (the window at the top or left edge) to 1 (at the bottom or
+    right): evenly from corner to corner, or the centre alone."""
+    return np.linspace(0.0, 1.0, grid) if grid > 1 else np.array([0.5])
+
+
+@functools.lru_cache(maxsize=256)  # an image has 96 pixels on its long side: about 190 shapes, about 110 kB each
+def _cell_weights(h: int, w: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each share of :data:`CROP_SHARES`, how much each of the image's rows (G*S x h) and columns (G*S x w)
+    counts in the mean of each cell of its windows (G places of :data:`CROP_GRIDS`, S cells a side; a pixel cut by a
+    cell's edge by the share inside): a cell's mean grey is ``rows @ image @ cols.T``."""
+    def weights(n: int, s: float, grid: int) -> np.ndarray:  # G*S x n
         p = np.arange(n)
-        out = np.empty((len(CROP_SHARES), CROP_GRID * CROP_SIDE, n), np.float32)
-        for k, s in enumerate(CROP_SHARES):
-            for gi, g in enumerate(np.linspace(0.0, 1.0, CROP_GRID)):
-                edges = np.clip((1 - s) * n * g + s * n * np.linspace(0.0, 1.0, CROP_SIDE + 1), 0, n)  # S+1
-                inside = np.clip(np.minimum(p + 1, edges[1:, None]) - np.maximum(p, edges[:-1, None]), 0, None)  # S x n
-                out[k, gi * CROP_SIDE : (gi + 1) * CROP_SIDE] = inside / np.maximum(inside.sum(1, keepdims=True), 1e-9)
+        out = np.empty((grid * CROP_SIDE, n), np.float32)
+        for gi, g in enumerate(crop_places(grid)):
+            edges = np.clip((1 - s) * n * g + s * n * np.linspace(0.0, 1.0, CROP_SIDE + 1), 0, n)  # S+1
+            inside = np.clip(np.minimum(p + 1, edges[1:, None]) - np.maximum(p, edges[:-1, None]), 0, None)  # S x n
+            out[gi * CROP_SIDE : (gi + 1) * CROP_SIDE] = inside / np.maximum(inside.sum(1, keepdims=True), 1e-9)
         return out
-    return weights(h), weights(w)
+    return [(weights(h, s, g), weights(w, s, g)) for s, g in zip(CROP_SHARES, CROP_GRIDS)]
 
 
 def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, chunk: int = 1024,
@@ -510,22 +517,22 @@ def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, ch
         return
     store = _inner_product_index(lambda start, stop: _flats(_greys(frames_, targets[start:stop]), CROP_SIDE),
                                  len(targets), CROP_SIDE**2, "crop",  # B x CROP_SIDE^2 a chunk
-                                 2 * len(ids) * len(CROP_SHARES) * CROP_GRID**2, CROP_PROBE)
+                                 2 * len(ids) * CROP_WINDOWS, CROP_PROBE)
     depth = min(len(targets), k + 2)  # frames a window looks up (the photo's own whole frame may be one)
     for start in range(0, len(ids), chunk):
         part = ids[start : start + chunk]
-        windows = crop_windows_of(_images(frames_, part)).reshape(-1, CROP_SIDE**2)  # (B * per) x CROP_SIDE^2
+        windows = crop_windows_of(_images(frames_, part)).reshape(-1, CROP_SIDE**2)  # (B * W) x CROP_SIDE^2
         flipped = windows.reshape(-1, CROP_SIDE, CROP_SIDE)[:, :, ::-1].reshape(len(windows), -1)
         for flip, q in ((False, windows), (True, np.ascontiguousarray(flipped))):
-            sims, found = store.search(q, depth)  # (B * per) x depth
-            sims, found = sims.reshape(len(part), -1), found.reshape(len(part), -1)  # B x (per * depth)
+            sims, found = store.search(q, depth)  # (B * W) x depth
+            sims, found = sims.reshape(len(part), -1), found.reshape(len(part), -1)  # B x (W * depth)
             if floor is not None:
                 top = sims.max(axis=1)  # B
                 under = [bool(b < floor(me, flip)) for me, b in zip(part, top.tolist())]
             else:
                 under = [False] * len(part)
             looked = np.flatnonzero(~np.array(under, bool))  # the photos that may have a new neighbour
-            order = np.zeros(sims.shape, np.int64)  # B x (per * depth): the best window's match first
+            order = np.zeros(sims.shape, np.int64)  # B x (W * depth): the best window's match first
             order[looked] = np.argsort(-sims[looked], axis=1, kind="stable")
             for n, me in enumerate(part):
                 if under[n]:
@@ -556,7 +563,7 @@ def _crops_among_few(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
     those ``apart`` says were taken apart from the photo (:func:`_columns`). The best ``k`` over all windows are the
     same: a target a window ranks under ``k + 2`` others is under ``k`` others too."""
     few = _flats(_greys(frames_, targets), CROP_SIDE)  # M x S^2
-    per = len(CROP_SHARES) * CROP_GRID**2
+    per = CROP_WINDOWS
     step = max(1, min(chunk, WINDOW_SCORES_AT_ONCE // (per * len(targets))))
     for start in range(0, len(ids), step):
         part = ids[start : start + step]
