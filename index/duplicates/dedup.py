@@ -234,18 +234,19 @@ def _frame_source(index: ImageIndex, row: Row) -> Path | None:
     return index.thumb_path(row)
 
 
-def _large(rows: Mapping[int, Row]) -> set[int]:
-    """The photos at least :data:`~index.duplicates.verify.FINE_MIN` pixels on their short side, or of a size the
-    catalog does not know: their crops are proposed by the model's closest photos more than by their frames."""
-    return {i for i, r in rows.items() if not (r.width and r.height) or min(r.width, r.height) >= FINE_MIN}
+def _large(rows: Mapping[int, Row], unknown: bool = True) -> set[int]:
+    """The photos at least :data:`~index.duplicates.verify.FINE_MIN` pixels on their short side by the catalog, and
+    with ``unknown`` those of a size it does not know: their crops are proposed by the model's closest photos more
+    than by their frames, and the fine check can look at their pixels."""
+    return {i for i, r in rows.items()
+            if (min(r.width, r.height) >= FINE_MIN if r.width and r.height else unknown)}
 
 
 def _fine_check(index: ImageIndex, rows: Mapping[int, Row]) -> FineCheck:
     """The fine check of the photos at least :data:`~index.duplicates.verify.FINE_MIN` pixels on their short side (by
     the catalog; a photo whose size it does not know is left out): a pair of two of them near a copy is checked again
     from the photos themselves."""
-    return FineCheck(index.root, {i: r.path for i, r in rows.items()
-                                  if r.width and r.height and min(r.width, r.height) >= FINE_MIN})
+    return FineCheck(index.root, {i: rows[i].path for i in _large(rows, unknown=False)})
 
 
 def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: Mapping[int, int],
