@@ -11,6 +11,7 @@ from PIL import Image
 
 import index.duplicates.propose as propose
 from index.duplicates.verify import Frame, frame_of
+from index.search.store import VectorStore
 
 
 def _frame(rng: np.random.Generator, w: int, h: int) -> Frame:
@@ -245,3 +246,34 @@ def test_a_clean_photo_among_a_few_new_ones_gets_the_neighbours_a_search_finds_a
                 [], [])
             assert row == want[0] and np.allclose(sims, want[1], atol=1e-5), (search.__name__, i, m)
         assert all(not row for i, m, row, _ in got if old.index(i) < len(old) // 2)
+
+
+def test_the_model_s_closest_photos_on_a_flat_index_of_many_come_from_an_inverted_file_scored_exactly(monkeypatch):
+    """On a flat index of more than MODEL_EXACT_UP_TO photos, every photo searched, the model's closest photos come
+    from an inverted file of their own (an exact search of all among all grows with the square of the photos): each
+    cosine it gives is the exact one (numpy's dot product, the best first), each planted copy is its photo's first as
+    by brute force, and a few queries (after an update) still search the index itself."""
+    monkeypatch.setattr(propose, "MODEL_EXACT_UP_TO", 10)
+    rng = np.random.default_rng(5)
+    vecs = rng.normal(size=(3000, 32)).astype(np.float32)  # 3000 x 32
+    vecs[2800:] = vecs[:200] + 0.3 * rng.normal(size=(200, 32)).astype(np.float32)  # copies of the first 200
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    ids = np.arange(3000, dtype=np.int64) * 7 + 1  # photo ids, not places
+    store = VectorStore.create("flat", 32, len(ids), use_gpu="no")
+    store.add(ids, vecs)
+    monkeypatch.setattr(propose, "FLAT_PAIRS", 10 * len(ids))
+    assert propose.model_search(store, ids, vecs, 10) == store.search  # a few queries: the index's exact search
+    search = propose.model_search(store, ids, vecs, len(ids))
+    assert search != store.search
+    sims, near = search(vecs, 6)  # 3000 x 6
+    place = {int(i): n for n, i in enumerate(ids.tolist())}
+    exact = np.array([[vecs[q] @ vecs[place[j]] if j >= 0 else -np.inf for j in row] for q, row in enumerate(near)])
+    assert np.allclose(sims, exact, atol=1e-5) and np.all(np.diff(sims, axis=1) <= 1e-6)
+    cos = vecs @ vecs.T  # 3000 x 3000, brute force
+    np.fill_diagonal(cos, -np.inf)
+    truth = ids[cos.argmax(axis=1)]  # each photo's closest
+    self_first = near[:, 0] == ids
+    first = np.where(self_first, near[:, 1], near[:, 0])
+    planted = np.r_[0:200, 2800:3000]
+    assert np.array_equal(truth[planted], ids[np.r_[2800:3000, 0:200]])  # the copies are each other's closest ...
+    assert np.array_equal(first[planted], truth[planted])  # ... and the inverted file finds every one

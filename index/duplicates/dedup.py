@@ -91,7 +91,7 @@ from index.duplicates.groups import (
     group_id,
 )
 from index.duplicates.keeper import photo_facts, suggest_keeper
-from index.duplicates.propose import MODEL_DEPTH, PIXEL_DEPTH, PROPOSE_K, ModelFound, proposals
+from index.duplicates.propose import MODEL_DEPTH, PIXEL_DEPTH, PROPOSE_K, ModelFound, model_search, proposals
 from index.duplicates.verify import COPY_SCORE, FINE_MIN, SIDE, FineCheck
 from index.search.image_index import ImageIndex, row_filter
 from index.search.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
@@ -142,8 +142,8 @@ def _model_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold
     A photo's links are among its closest photos (the near threshold is above the crowd level of nearly every
     photo: :func:`index.calibrate.near_threshold`), so each photo is searched once for its closest, as the proposals
     search, and only a photo whose last one is still at the threshold is range-searched for the rest: the same
-    links as a range search of every photo. Searching every photo grows faster than the photos (each is compared
-    with all the others on a flat index), so the links are kept in the index directory
+    links as a range search of every photo where the search is exact (on a flat index of many photos the closest come
+    from an inverted file, :func:`~index.duplicates.propose.model_search`: a link may be missed). The links are kept in the index directory
     (:class:`~index.duplicates.dedup_cache.LinkFile`, at :data:`LINK_MARGIN` under the threshold): a later search
     takes the links among the photos that are as they were, and searches only the others (new or changed since)
     among all, which finds their links to the rest too."""
@@ -163,9 +163,10 @@ def _model_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold
     found = ModelFound(ids[at], np.full((len(at), width), -1, np.int64), np.full((len(at), width), -np.inf, np.float32))
     wide: list[int] = []  # places of the photos whose last closest photo is still a link
     with _stage("model links", len(at), "photo", progress) as bar:
+        search = model_search(index.store, ids, vecs, len(at))
         for start in range(0, len(at), chunk):
             part = at[start : start + chunk]  # B
-            sims, near = index.store.search(np.ascontiguousarray(vecs[part]), width)  # B x width
+            sims, near = search(np.ascontiguousarray(vecs[part]), width)  # B x width
             found.sims[start : start + len(part)], found.near[start : start + len(part)] = sims, near
             for n, row, sim in zip(part.tolist(), near.tolist(), sims.tolist()):
                 _link(graph, int(ids[n]), row, sim, floor, live)
