@@ -216,7 +216,7 @@ import json, re, sys, time
 t0 = time.perf_counter()
 from index.duplicates.dedup import search_duplicates
 from index.search.image_index import ImageIndex
-found = search_duplicates(ImageIndex.open(sys.argv[1]), save=False)
+found = search_duplicates(ImageIndex.open(sys.argv[1]), save=False, progress=sys.argv[3:] == ["progress"])
 seconds = time.perf_counter() - t0
 peak = int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read())[1]) * 1024
 groups = [g.to_json() if hasattr(g, "to_json") else g for g in found.groups]  # a checkout before typed groups: dicts
@@ -278,7 +278,7 @@ def run_size(n: int, args: argparse.Namespace, backbone: Path) -> dict[str, Any]
     copies = json.loads((root / "copies.json").read_text())
     index_bytes = sum(p.stat().st_size for p in idx.iterdir() if p.is_file() and p.name not in CACHE_FILES)
     out = {"photos": n + args.large, "copies_planted": len(copies), "index_gb": round(index_bytes / 1e9, 3),
-           **_search(ROOT, idx, args.work / f"{n}.search.json", copies, index_bytes)}
+           **_search(ROOT, idx, args.work / f"{n}.search.json", copies, index_bytes, progress=args.progress)}
     if args.add:
         out["added"] = _added(n, args, idx, root, copies, index_bytes)
     if args.peer:  # the same search by another checkout's code, on the same index, in the same run
@@ -317,15 +317,17 @@ def _added(n: int, args: argparse.Namespace, idx: Path, root: Path, copies: dict
     return got
 
 
-def _search(code: Path, idx: Path, out: Path, copies: dict[str, str], index_bytes: int, cold: bool = True
-            ) -> dict[str, Any]:
+def _search(code: Path, idx: Path, out: Path, copies: dict[str, str], index_bytes: int, cold: bool = True,
+            progress: bool = False) -> dict[str, Any]:
     """`moco index dedup`'s search of ``idx`` by the code of checkout ``code``, in a process of its own: its
-    wall time, peak memory and scores. ``cold``: what an earlier search kept in the index folder is deleted first."""
+    wall time, peak memory and scores. ``cold``: what an earlier search kept in the index folder is deleted first.
+    ``progress``: each stage's bar (its rate and time left) on stderr."""
     if cold:
         for name in CACHE_FILES:
             (idx / name).unlink(missing_ok=True)
     env = dict(os.environ, PYTHONPATH=str(code))
-    subprocess.run([sys.executable, "-c", _SEARCH, str(idx), str(out)], env=env, check=True, cwd=code)
+    subprocess.run([sys.executable, "-c", _SEARCH, str(idx), str(out)] + ["progress"] * progress, env=env,
+                   check=True, cwd=code)
     got = json.loads(out.read_text())
     d = got["decision"]
     return {"seconds": round(got["seconds"], 1), "peak_gb": round(got["peak_bytes"] / 1e9, 3),
@@ -356,6 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--smooth", action="store_true", help="smooth pictures alone, no Fashion-MNIST (busy photos: no "
                    "flat background; use another --work: the collections differ)")
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--progress", action="store_true", help="show each stage of the search as it goes (its rate and "
+                   "time left) on stderr: for a long run")
     args = p.parse_args(argv)
 
     from bench._backbone import bench_backbone
