@@ -5,6 +5,8 @@ of any share the check tests, found among alike photos."""
 
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -277,3 +279,57 @@ def test_the_model_s_closest_photos_on_a_flat_index_of_many_come_from_an_inverte
     planted = np.r_[0:200, 2800:3000]
     assert np.array_equal(truth[planted], ids[np.r_[2800:3000, 0:200]])  # the copies are each other's closest ...
     assert np.array_equal(first[planted], truth[planted])  # ... and the inverted file finds every one
+
+
+def _jpeg(img: Image.Image, quality: int) -> Image.Image:
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=quality)
+    return Image.open(buf).convert("RGB")
+
+
+def test_a_small_photo_proposes_its_first_and_their_ties_a_large_one_every_alike_neighbour():
+    """Of a small photo's searches, the pixel check gets each one's first and the neighbours that tie with it (at
+    PIXEL_ALIKE or more, within ALIKE_TIE of the first: two copies of one photo); an alike photo further down (a
+    picture blended into another, at PIXEL_ALIKE but not a tie) is left out, as alike garments were (it brought no
+    copy on the choose splits). A large photo's searches keep every alike neighbour and the first under them.
+    Brute force from the searches' own neighbours: both rules by hand."""
+    rng = np.random.default_rng(12)
+    x, other = _picture(rng, 48, 48), _picture(rng, 48, 48)
+    y = Image.blend(x, other, 0.12)  # alike x, not a copy
+    pics = {1: x, 2: _jpeg(x, 95), 3: _jpeg(x, 93), 4: y, 5: _jpeg(y, 95)}
+    pics |= {10 + n: _picture(rng, 48, 48) for n in range(40)}
+    fr = {i: frame_of(p) for i, p in pics.items()}
+    ids = np.array(sorted(fr), np.int64)
+    vecs = rng.normal(size=(len(ids), 16)).astype(np.float32)  # N x 16
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    store = VectorStore.create("flat", 16, len(ids), use_gpu="no")
+    store.add(ids, vecs)
+    content = {int(i): int(i) for i in ids}
+    k, alike, tie = propose.PROPOSE_K, propose.PIXEL_ALIKE, propose.ALIKE_TIE
+
+    def by_hand(nb: propose.Neighbours, large: set[int]) -> set[tuple[int, int]]:
+        want = set()
+        for r, i in enumerate(nb.ids.tolist()):
+            for s in range(len(propose.SOURCES)):
+                row, sc = nb.near[r, s].tolist(), nb.scores[r, s].tolist()
+                depth = k if i in large and s == 0 else min(propose.SOURCE_DEPTH[s], k)
+                for n, (j, v) in enumerate(zip(row, sc)):
+                    if j < 0:
+                        continue
+                    if i in large:
+                        keep = v >= alike or sum(u < alike for u, o in zip(sc[:n], row[:n]) if o >= 0) < depth
+                    else:
+                        keep = n < depth or (v >= alike and sc[0] - v <= tie)
+                    want |= {(min(i, j), max(i, j))} if keep else set()
+        return want
+
+    small = propose.proposals(store, ids, vecs, content, fr, {})
+    big = propose.proposals(store, ids, vecs, content, fr, {}, large=set(ids.tolist()))
+    got_small = {(int(a), int(b)) for a, b in small.pairs}
+    got_big = {(int(a), int(b)) for a, b in big.pairs}
+    assert got_small == by_hand(small.neighbours, set()) and got_big == by_hand(big.neighbours, set(ids.tolist()))
+    whole = small.neighbours.near[0, 1].tolist(), small.neighbours.scores[0, 1].tolist()  # x's whole-pixel search
+    assert whole[0][:2] in ([2, 3], [3, 2]) and whole[1][0] - whole[1][1] <= tie  # its two copies tie ...
+    assert {(1, 2), (1, 3)} <= got_small  # ... and both are proposed
+    assert 4 in whole[0] and whole[1][whole[0].index(4)] >= alike  # the alike picture: at PIXEL_ALIKE, not a tie
+    assert (1, 4) in got_big and (1, 4) not in got_small and got_small < got_big

@@ -143,8 +143,9 @@ def _model_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold
     photo: :func:`index.calibrate.near_threshold`), so each photo is searched once for its closest, as the proposals
     search, and only a photo whose last one is still at the threshold is range-searched for the rest: the same
     links as a range search of every photo where the search is exact (on a flat index of many photos the closest come
-    from an inverted file, :func:`~index.duplicates.propose.model_search`: a link may be missed). The links are kept in the index directory
-    (:class:`~index.duplicates.dedup_cache.LinkFile`, at :data:`LINK_MARGIN` under the threshold): a later search
+    from an inverted file, :func:`~index.duplicates.propose.model_search`: a link may be missed). The links are kept
+    in the index directory (:class:`~index.duplicates.dedup_cache.LinkFile`, at :data:`LINK_MARGIN` under the
+    threshold): a later search
     takes the links among the photos that are as they were, and searches only the others (new or changed since)
     among all, which finds their links to the rest too."""
     live = set(ids.tolist())
