@@ -23,10 +23,9 @@ large photo's four copies scored 0.998-0.999 there and its 70% crop came fourth,
 search puts at :data:`PIXEL_ALIKE` or more (an NCC, or the model's cosine) is proposed too, and the first under it. A
 small photo is seen whole at 8-16 pixels a side by its searches, where alike photos (two shirts) reach
 :data:`PIXEL_ALIKE` as well: besides its first, only the neighbours that tie with the first (within
-:data:`ALIKE_TIE`) are proposed. On Fashion-MNIST's choose split the others were 26,026 pairs, 43% of those checked,
-and the check found 5 copies among them, 4 of them wrong; the one planted copy was a 2-pixel crop that tied with an
-alike garment (0.9972 against 0.9973: bench/NOTES.md, fifteenth session). The model's pairs at the near threshold
-(its own measure of a copy, :mod:`index.calibrate`) are proposed however far down.
+:data:`ALIKE_TIE`) are proposed. On Fashion-MNIST's choose split the others were nearly half the pairs checked and
+brought one copy, a 2-pixel crop that tied with an alike garment (bench/NOTES.md, fifteenth session). The model's
+pairs at the near threshold (its own measure of a copy, :mod:`index.calibrate`) are proposed however far down.
 Each search keeps its :data:`PROPOSE_K` closest (the neighbours, for a later search to start from). Of a small
 photo's, the model's second to fifth found no copy that the rest missed on either choose split (they were 26% and 39%
 of the pairs), so they are not checked; a large photo's all are (a crop of a fine texture that no pixel search put
@@ -244,10 +243,10 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
         big = np.array([int(i) in large for i in out.ids[start : start + 65536].tolist()], bool)  # B
         depth = np.repeat(np.minimum(np.asarray(SOURCE_DEPTH), k)[None], len(b), axis=0)  # B x S
         depth[big, _MODEL_SOURCE] = k
-        there = (b >= 0) & ((before < depth[:, :, None]) | alike)  # B x S x k: a large photo's
         tie = alike & (score[:, :, :1] - score <= ALIKE_TIE)  # B x S x k: as close as the first, nearly
         first = np.arange(b.shape[2])[None, None, :] < depth[:, :, None]  # B x S x k
-        there[~big] = ((b >= 0) & (first | tie))[~big]  # a small photo's: its first and their ties
+        there = (b >= 0) & np.where(big[:, None, None], (before < depth[:, :, None]) | alike,  # a large photo's
+                                    first | tie)  # B x S x k; a small photo's: its first and their ties
         score[:, _MODEL_SOURCE] = MODEL
         gathered.add_keys((np.minimum(a, b)[there] << 32) | np.maximum(a, b)[there], score[there])
     pairs, scores = gathered.pairs()
@@ -260,9 +259,8 @@ def model_search(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, queries:
     index's space): ``search(queries, k)`` gives (Q x k cosines, the best first; Q x k photo ids, -1 where fewer).
     The index's own search where it is approximate already, on a GPU, or where an exact search of the queries costs
     little (as :func:`_inner_product_index` decides); otherwise an inverted file of the vectors of its own (an exact
-    search of every photo among all grows with the square of the photos: 43 s at 100,000 photos of 512 dimensions,
-    about 70 minutes at 1,000,000), whose candidates are scored exactly: the cosines are the index's, only a
-    neighbour may be missed (bench/NOTES.md, fifteenth session)."""
+    search of every photo among all grows with the square of the photos), whose candidates are scored exactly: the
+    cosines are the index's, only a neighbour may be missed (figures: bench/NOTES.md, fifteenth session)."""
     n = len(ids)
     if store.kind != "flat" or store.on_gpu or n <= MODEL_EXACT_UP_TO or n * queries <= FLAT_PAIRS:
         return store.search
