@@ -31,7 +31,7 @@ from index.duplicates.dedup_cache import (
     kept_links,
     kept_neighbours,
 )
-from index.duplicates.verify import COPY_SCORE, copy_scores, frame_of
+from index.duplicates.verify import COLOUR_SIDE, COPY_SCORE, copy_scores, frame_of
 from index.search.image_index import ImageIndex
 from moco.errors import UserError
 
@@ -47,8 +47,9 @@ def _pictures(n: int, seed: int = 0) -> dict[int, Image.Image]:
 
 
 def _same(a, b) -> bool:  # noqa: ANN001 - two Frames
+    colours = [np.full((2, COLOUR_SIDE, COLOUR_SIDE), 128, np.uint8) if f.colour is None else f.colour for f in (a, b)]
     return (np.array_equal(a.grey, b.grey) and a.aspect == pytest.approx(b.aspect) and a.image.size == b.image.size
-            and a.image.tobytes() == b.image.tobytes())
+            and a.image.tobytes() == b.image.tobytes() and np.array_equal(*colours))
 
 
 def test_frames_read_back_equal_frames_made_anew_and_only_changed_photos_are_made_again(tmp_path):
@@ -61,7 +62,7 @@ def test_frames_read_back_equal_frames_made_anew_and_only_changed_photos_are_mad
     again = FrameFile(tmp_path / FRAMES_FILE).update(photos, lambda i: None)
     assert again.made == 0 and sorted(again) == sorted(pics)
     for i, img in pics.items():
-        assert _same(again[i], frame_of(img.convert("L"))), i
+        assert _same(again[i], frame_of(img)), i
     # photo 3 replaced in place (another version), photo 5 gone, photo 20 new
     ImageEnhance.Brightness(pics[3]).enhance(0.5).save(tmp_path / "3.png")
     pics[20] = _pictures(1, seed=9)[0]
@@ -70,8 +71,9 @@ def test_frames_read_back_equal_frames_made_anew_and_only_changed_photos_are_mad
     changed |= {3: (999, tmp_path / "3.png"), 20: (120, tmp_path / "20.png")}
     third = FrameFile(tmp_path / FRAMES_FILE).update(changed, lambda i: None)
     assert third.made == 2 and 5 not in third and sorted(third) == sorted(changed)
-    assert _same(third[3], frame_of(Image.open(tmp_path / "3.png").convert("L")))
-    assert _same(third[20], frame_of(pics[20].convert("L")))
+    assert _same(third[3], frame_of(Image.open(tmp_path / "3.png")))
+    assert _same(third[20], frame_of(pics[20]))
+    assert third[20].colour is not None and third[20].colour.std() > 0  # the colours are kept with the grey
 
 
 def test_a_frame_file_cut_short_or_of_other_settings_is_read_as_far_as_it_is_whole(tmp_path):
@@ -86,7 +88,7 @@ def test_a_frame_file_cut_short_or_of_other_settings_is_read_as_far_as_it_is_who
         f.truncate(size - 1000)
     cut = FrameFile(path).update(photos, lambda i: None)
     assert cut.made == 1 and path.stat().st_size == size  # the torn record dropped, the photo made again
-    assert all(_same(cut[i], frame_of(pics[i].convert("L"))) for i in pics)
+    assert all(_same(cut[i], frame_of(pics[i])) for i in pics)
     path.write_bytes(b"MOCOFRM1" + b"\0" * 40)  # another format's header: started anew
     assert FrameFile(path).update(photos, lambda i: None).made == 4
     path.write_bytes(b"not ours at all")
@@ -102,7 +104,7 @@ def test_a_read_only_folder_keeps_frames_in_memory(tmp_path):
     folder.chmod(0o500)
     try:
         got = FrameFile(folder / FRAMES_FILE).update({i: (1, tmp_path / f"{i}.png") for i in pics}, lambda i: None)
-        assert sorted(got) == [0, 1, 2] and _same(got[1], frame_of(pics[1].convert("L")))
+        assert sorted(got) == [0, 1, 2] and _same(got[1], frame_of(pics[1]))
     finally:
         folder.chmod(0o700)
 

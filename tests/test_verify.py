@@ -6,6 +6,7 @@ thumbnails, from the photo where a thumbnail is missing, and none where neither 
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from pathlib import Path
 
@@ -15,6 +16,9 @@ from PIL import Image, ImageEnhance, ImageOps
 
 from index.duplicates.verify import (
     BUSY_SHARE,
+    COLOUR_AGREE,
+    COLOUR_GRID,
+    COLOUR_SIDE,
     COPY_SCORE,
     SCALES,
     SCREEN_FROM,
@@ -26,6 +30,7 @@ from index.duplicates.verify import (
     _screen,
     _shrink,
     busy_share,
+    colour_agreement,
     copy_scores,
     frame_of,
     frames,
@@ -359,10 +364,12 @@ def test_a_crop_window_of_a_smooth_picture_gets_no_busy_allowance(monkeypatch):
         noise = rng.integers(0, 256, (cells, cells, 3), dtype=np.uint8)
         pictures.append(Image.fromarray(noise).resize((32, 32), Image.Resampling.BICUBIC))
     fr = {0: frame_of(pictures[30]), 1: frame_of(pictures[2819])}
+    grey = {i: dataclasses.replace(f, colour=None) for i, f in fr.items()}  # their grey alone
     assert busy_share(fr[0].grey, fr[1].grey) >= BUSY_SHARE
-    assert copy_scores([(0, 1)], fr)[0, 1] < COPY_SCORE
+    assert copy_scores([(0, 1)], grey)[0, 1] < COPY_SCORE
     monkeypatch.setattr(verify, "WINDOW_TONE_WEIGHT", verify.BUSY_TONE_WEIGHT)  # windows given the busy allowance
-    assert copy_scores([(0, 1)], fr)[0, 1] >= COPY_SCORE
+    assert copy_scores([(0, 1)], grey)[0, 1] >= COPY_SCORE
+    assert copy_scores([(0, 1)], fr)[0, 1] < COLOUR_AGREE  # (their colours tell them apart even then)
 
 
 def test_the_shrink_matrix_is_pils_bilinear_shrink():
@@ -448,3 +455,69 @@ def test_alike_trousers_are_not_refined_into_a_copy_and_a_crop_of_them_still_is(
     assert copy_scores([(0, 1)], fr)[0, 1] >= COPY_SCORE
     monkeypatch.setattr(verify, "REFINE_FROM", 2.0)  # no window refined: the crops are not found whole
     assert max(copy_scores([(0, 2), (1, 3)], fr).values()) < COPY_SCORE
+
+
+def _recoloured(img: Image.Image, other: Image.Image) -> Image.Image:
+    """``img``'s luma (its grey, exactly) with the chroma of ``other``: the same picture in other colours."""
+    y = img.convert("YCbCr").getchannel(0)
+    _, cb, cr = other.convert("YCbCr").split()
+    return Image.merge("YCbCr", (y, cb, cr))
+
+
+def _cells(colour: np.ndarray) -> np.ndarray:
+    """A frame's colours (2 x COLOUR_SIDE^2) as the mean chroma of COLOUR_GRID^2 square blocks, less grey."""
+    f = COLOUR_SIDE // COLOUR_GRID
+    return colour.astype(np.float64).reshape(2, COLOUR_GRID, f, COLOUR_GRID, f).mean(axis=(2, 4)) - 128.0
+
+
+def test_colour_agreement_is_the_cosine_of_the_aligned_chroma_by_hand():
+    """Whole frames, plain and mirrored: the cosine of the two photos' block-mean chroma, by numpy; a grey photo has
+    no colour to tell by (1.0)."""
+    rng = np.random.default_rng(3)
+    pics = [Image.fromarray(rng.integers(0, 256, (5, 5, 3), dtype=np.uint8)).resize((64, 48), Image.Resampling.BICUBIC)
+            for _ in range(2)]
+    fr = {0: frame_of(pics[0]), 1: frame_of(pics[1]), 2: frame_of(pics[1].convert("L"))}
+    x, y = _cells(fr[0].colour), _cells(fr[1].colour)  # 2 x G x G each
+    for mirrored, yy in ((False, y), (True, y[:, :, ::-1])):
+        want = float((x * yy).sum() / np.sqrt((x * x).sum() * (yy * yy).sum()))
+        assert colour_agreement(fr, 0, 1, None, mirrored) == pytest.approx(want, abs=1e-6)
+    assert fr[2].colour is None and colour_agreement(fr, 0, 2, None, False) == 1.0
+
+
+def test_one_pattern_in_other_colours_is_no_copy_and_every_copy_of_a_colour_photo_still_is():
+    """A picture with another's chroma keeps its grey exactly (the grey check alone calls it a copy, 1.0), and is
+    turned down by its colours; copies brightened, given contrast or a gamma, re-encoded at JPEG quality 50, mirrored,
+    cropped (a small photo by 2 pixels, a large one to 75% off-centre: the colours compared where the crop lies) and
+    a grey copy are still copies."""
+    import index.duplicates.verify as verify
+
+    rng = np.random.default_rng(21)
+    pics = [Image.fromarray(rng.integers(0, 256, (c, c, 3), dtype=np.uint8)).resize((32, 32), Image.Resampling.BICUBIC)
+            for c in (4, 5, 6, 4, 5, 6)]
+    photo = Image.open(io.BytesIO(_picture_bytes())).convert("RGB")
+    edits = {"bright": lambda im: ImageEnhance.Brightness(im).enhance(1.15),
+             "contrast": lambda im: ImageEnhance.Contrast(im).enhance(1.3),
+             "gamma": lambda im: im.point(lambda v: round(255 * (v / 255) ** 0.8)),
+             "jpeg50": lambda im: _jpeg(im, 50), "mirrored": ImageOps.mirror,
+             "crop2px": lambda im: im.crop((2, 2, im.width - 2, im.height - 2)),
+             "grey": lambda im: im.convert("L")}
+    fr: dict[int, Frame] = {}
+    copies, recoloured = [], []
+    for n, img in enumerate(pics):
+        fr[n] = frame_of(img)
+        fr[100 + n] = frame_of(_recoloured(img, pics[(n + 1) % len(pics)]))
+        recoloured.append((n, 100 + n))
+        for k, edit in enumerate(edits.values()):
+            fr[1000 + 10 * n + k] = frame_of(edit(img))
+            copies.append((n, 1000 + 10 * n + k))
+    fr[200], fr[201] = frame_of(photo), frame_of(_crop(photo, 0.75, 0.75, 0.2, 0.7))
+    copies.append((200, 201))
+    got = copy_scores(copies + recoloured, fr, screen=False)
+    assert all(got[p] >= COPY_SCORE for p in copies), {p: got[p] for p in copies if got[p] < COPY_SCORE}
+    assert all(got[p] < COLOUR_AGREE for p in recoloured), [got[p] for p in recoloured]
+    grey_only = {i: dataclasses.replace(f, colour=None) for i, f in fr.items()}
+    assert all(s >= COPY_SCORE for s in copy_scores(recoloured, grey_only, screen=False).values())  # the grey alone
+    coarse, crops = _coarse([(200, 201)], fr)
+    big, small, box, mirrored = verify._alignment(200, 201, coarse[200, 201], coarse[201, 200], crops)
+    assert (big, small, mirrored) == (200, 201, False) and box is not None  # the crop's window, not the whole frame
+    assert colour_agreement(fr, big, small, box, False) > colour_agreement(fr, big, small, None, False)

@@ -51,7 +51,7 @@ from PIL import Image
 
 from index.duplicates import propose, verify
 from index.duplicates.propose import PROPOSE_K, SOURCES, Neighbours
-from index.duplicates.verify import SIDE, Frame, frames
+from index.duplicates.verify import COLOUR_SIDE, SIDE, Frame, frames
 from moco.files import atomic_write
 
 __all__ = ["FrameFile", "CheckedPairs", "NeighbourFile", "NEIGHBOURS_FILE", "LinkFile", "KeptLinks", "LINKS_FILE",
@@ -62,10 +62,11 @@ logger = logging.getLogger(__name__)
 
 FRAMES_FILE, CHECKED_FILE, NEIGHBOURS_FILE = "dedup-frames.bin", "dedup-checked.bin", "dedup-neighbours.bin"
 LINKS_FILE = "dedup-links.bin"
-FRAME_FORMAT = 1  # raised when verify.frame_of makes other frames
+FRAME_FORMAT = 2  # raised when verify.frame_of makes other frames (2: with their colours)
 _HEADER = 24
 _FRAME = np.dtype([("id", "<i8"), ("version", "<u8"), ("aspect", "<f4"), ("width", "<u2"), ("height", "<u2"),
-                   ("grey", "u1", (SIDE * SIDE,)), ("image", "u1", (4 * SIDE * SIDE,))])
+                   ("grey", "u1", (SIDE * SIDE,)), ("image", "u1", (4 * SIDE * SIDE,)),
+                   ("colour", "u1", (2 * COLOUR_SIDE * COLOUR_SIDE,))])
 _NEIGHBOURS = np.dtype([("id", "<i8"), ("version", "<u8"), ("framed", "u1"),
                         ("near", "<i8", (len(SOURCES), PROPOSE_K)), ("scores", "<f4", (len(SOURCES), PROPOSE_K))])
 _LINK = np.dtype([("a", "<i8"), ("b", "<i8"), ("version", "<u8"), ("cos", "<f4")])
@@ -90,7 +91,8 @@ def check_settings() -> int:
     names = ("SIDE", "SCALES", "REFINE_FROM", "REFINE_GAP", "COPY_SCORE", "TONE_FROM", "TONE_WEIGHT", "LOW_FROM",
              "LOW_SIDE", "LOW_WEIGHT", "FLAT", "BUSY_SHARE", "BUSY_TONE_WEIGHT", "FLAT_LEVELS", "WINDOW_TONE_WEIGHT",
              "SCREEN_SIDE", "SCREEN_FROM", "FINE_SIDE", "FINE_MIN", "FINE_FROM", "FINE_SCALES", "FINER_SIDE",
-             "FINER_FROM", "TEXTURE_SHARE", "TEXTURE_FINE_FROM")
+             "FINER_FROM", "TEXTURE_SHARE", "TEXTURE_FINE_FROM", "COLOUR_SIDE", "COLOUR_GRID", "COLOUR_FROM",
+             "COLOUR_AGREE")
     return _digest(repr((FRAME_FORMAT, *(getattr(verify, n) for n in names))))
 
 
@@ -224,6 +226,7 @@ class FrameFile(Mapping[int, Frame]):
                 rec[n]["id"], rec[n]["version"], rec[n]["aspect"] = i, photos[i][0], f.aspect
                 rec[n]["width"], rec[n]["height"], rec[n]["grey"] = w, h, f.grey.ravel()
                 rec[n]["image"][: w * h] = np.frombuffer(f.image.tobytes(), np.uint8)
+                rec[n]["colour"] = 128 if f.colour is None else f.colour.ravel()
                 self._keep(i, f)
             first = self._file.append(rec) if len(rec) else None
             if first is not None:
@@ -278,7 +281,8 @@ class FrameFile(Mapping[int, Frame]):
         rec = self._file.read(self._where[i], 1)[0]  # KeyError: no frame
         w, h = int(rec["width"]), int(rec["height"])
         f = Frame(rec["grey"].reshape(SIDE, SIDE).copy(), float(rec["aspect"]),
-                  Image.frombytes("L", (w, h), rec["image"][: w * h].tobytes()))
+                  Image.frombytes("L", (w, h), rec["image"][: w * h].tobytes()),
+                  rec["colour"].reshape(2, COLOUR_SIDE, COLOUR_SIDE).copy())
         self._keep(i, f)
         return f
 

@@ -64,8 +64,9 @@ import numpy as np
 from PIL import Image
 
 __all__ = ["Frame", "frame_of", "frames", "copy_scores", "fine_scores", "FineCheck", "unit_patches", "tone_score",
-           "busy_share", "fine_texture", "ncc_brute", "SIDE", "SCALES", "COPY_SCORE", "FINE_SIDE", "FINE_MIN",
-           "FINE_FROM", "FINE_SCALES", "FINER_SIDE", "FINER_FROM", "TEXTURE_SHARE", "TEXTURE_FINE_FROM"]
+           "busy_share", "fine_texture", "ncc_brute", "colour_agreement", "SIDE", "SCALES", "COPY_SCORE",
+           "COLOUR_AGREE", "FINE_SIDE", "FINE_MIN", "FINE_FROM", "FINE_SCALES", "FINER_SIDE", "FINER_FROM",
+           "TEXTURE_SHARE", "TEXTURE_FINE_FROM"]
 
 logger = logging.getLogger(__name__)
 
@@ -97,6 +98,10 @@ FLAT_LEVELS = 2  # grey levels from a frame's most common one: its flat backgrou
 LOW_FROM = 0.98  # a pair whose whole frames reach this (and not COPY_SCORE) is scored again on coarse pixels
 LOW_SIDE = 16  # pixels a side of those coarse frames
 LOW_WEIGHT = 2.5  # their misfit (1 - NCC) counts this many times: 0.998 there is a copy (chosen on the choose split)
+COLOUR_SIDE = 16  # pixels a side of a frame's colours (its chroma, Cb and Cr: the picture squeezed as the grey is) ...
+COLOUR_GRID = 8  # ... compared on this many cells a side where two photos align
+COLOUR_FROM = 4.0  # chroma levels (root mean square from grey) each photo needs for its colours to tell anything
+COLOUR_AGREE = 0.6  # a copy's colours: their cosine with its photo's at least this (chosen on the choose splits)
 
 
 @dataclass(frozen=True)
@@ -107,10 +112,22 @@ class Frame:
     grey: np.ndarray
     aspect: float
     image: Image.Image
+    colour: np.ndarray | None = None  # 2 x COLOUR_SIDE x COLOUR_SIDE uint8: Cb and Cr (128: grey); None: a grey photo
+
+
+def _colour(img: Image.Image) -> np.ndarray | None:
+    """A photo's colours (:attr:`Frame.colour`) from a decoded image: its chroma shrunk to :data:`COLOUR_SIDE` a side
+    by a box filter; None for a grey image."""
+    if img.mode not in ("RGB", "RGBA", "YCbCr", "P", "CMYK", "LAB", "HSV"):
+        return None
+    ycc = img if img.mode == "YCbCr" else img.convert("RGB").convert("YCbCr")
+    small = ycc.resize((COLOUR_SIDE, COLOUR_SIDE), Image.Resampling.BOX)
+    return np.ascontiguousarray(np.asarray(small, np.uint8)[:, :, 1:].transpose(2, 0, 1))  # 2 x C x C
 
 
 def frame_of(img: Image.Image, side: int = SIDE) -> Frame:
     """A photo's :class:`Frame` (``side`` pixels a side) from a decoded image (a thumbnail is plenty)."""
+    colour = _colour(img)
     grey = img.convert("L")
     w, h = grey.size
     if min(w, h) < 2 * side:  # every frame shrunk from twice its side: a small photo and its enlarged copy alike
@@ -119,7 +136,7 @@ def frame_of(img: Image.Image, side: int = SIDE) -> Frame:
     small = grey.resize((side, side), Image.Resampling.BILINEAR, reducing_gap=2.0)
     kept = grey.copy()
     kept.thumbnail((2 * side, 2 * side), Image.Resampling.BILINEAR)  # enough for a window's fractions of a pixel
-    return Frame(np.asarray(small, np.uint8), w / max(h, 1), kept)
+    return Frame(np.asarray(small, np.uint8), w / max(h, 1), kept, colour)
 
 
 def frames(paths: Mapping[int, Path | None], fallback: Callable[[int], Image.Image | None],
@@ -134,8 +151,8 @@ def frames(paths: Mapping[int, Path | None], fallback: Callable[[int], Image.Ima
         if path is not None:
             try:
                 with Image.open(path) as im:
-                    im.draft("L", (2 * SIDE, 2 * SIDE))
-                    img = im.convert("L")
+                    im.draft("YCbCr", (2 * SIDE, 2 * SIDE))  # a JPEG's luma exactly as a grey draft, and its chroma
+                    img = im.convert(im.mode if im.mode in ("L", "YCbCr") else "RGB")
             except OSError as e:
                 logger.debug("thumbnail %s unreadable (%s): decoding the photo", path, e)
         if img is None or min(img.size) < 2 * SIDE:
@@ -677,9 +694,53 @@ def _scores(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame], at_least
             for _, window, aligned in refined:
                 if score < COPY_SCORE and window is not None:
                     score = max(score, _toned(window, aligned, whole=False))
+        if score >= COPY_SCORE:  # a copy by its grey: its colours, where both photos have some, must agree too
+            agree = colour_agreement(frames_, *_alignment(a, b, ab, ba, crops))
+            score = agree if agree < COLOUR_AGREE else score
         if at_least is None or score >= at_least:
             out[a, b] = score
     return out
+
+
+def _alignment(a: int, b: int, ab: np.ndarray, ba: np.ndarray, crops: Mapping[tuple[int, int, bool], _Hit]
+               ) -> tuple[int, int, tuple[int, int, int, int] | None, bool]:
+    """Where the best whole-pixel hypothesis of pair ``(a, b)`` puts one photo in the other (``ab``, ``ba``: their
+    :func:`_coarse` scores; ``crops``: its crop windows): ``(big, small, box, mirrored)``, ``box`` None for the whole
+    frames."""
+    whole = float(max(ab[:2].max(), ba[:2].max()))
+    hits = [(h.score, big, small, h) for big, small in ((a, b), (b, a)) for f in (False, True)
+            if (h := crops.get((big, small, f))) is not None]
+    if hits and max(hits)[0] > whole:
+        _, big, small, hit = max(hits, key=lambda t: t[0])
+        return big, small, hit.box, hit.mirror
+    return a, b, None, bool(max(ab[1], ba[1]) > max(ab[0], ba[0]))
+
+
+def colour_agreement(frames_: Mapping[int, Frame], big: int, small: int, box: tuple[int, int, int, int] | None,
+                     mirrored: bool) -> float:
+    """How well the colours of photo ``small`` (``mirrored`` or not) agree with those of photo ``big`` where it
+    lies in it (``box``: x, y, w, h in ``big``'s frame pixels; None: the whole frame): the cosine of their chroma
+    (:attr:`Frame.colour`, less grey) over :data:`COLOUR_GRID` x :data:`COLOUR_GRID` cells. A change of brightness,
+    contrast or tone scales a photo's chroma and keeps its hues: a copy's cosine stays near 1. Two distinct pictures
+    of one pattern in other colours (smooth gradients, a garment in two dyes) score far lower, under
+    :data:`COLOUR_AGREE`. 1.0 where either photo has too little colour to tell (:data:`COLOUR_FROM`: a grey photo, or
+    a grey copy of a colour one)."""
+    fb, fs = frames_[big], frames_[small]
+    if fb.colour is None or fs.colour is None:
+        return 1.0
+    f = COLOUR_SIDE / fb.grey.shape[0]
+    region = None if box is None else (box[0] * f, box[1] * f, (box[0] + box[2]) * f, (box[1] + box[3]) * f)
+
+    def cells(colour: np.ndarray, where: tuple[float, float, float, float] | None) -> np.ndarray:  # 2 x G x G
+        return np.stack([np.asarray(Image.fromarray(c.astype(np.float32), "F").resize(
+            (COLOUR_GRID, COLOUR_GRID), Image.Resampling.BOX, box=where), np.float64) for c in colour]) - 128.0
+
+    x, y = cells(fb.colour, region), cells(fs.colour, None)  # 2 x G x G each
+    y = y[:, :, ::-1] if mirrored else y
+    nx, ny = float(np.sqrt((x * x).mean())), float(np.sqrt((y * y).mean()))  # root mean square chroma
+    if min(nx, ny) < COLOUR_FROM:
+        return 1.0
+    return float((x * y).mean() / (nx * ny))
 
 
 def _shrink_matrix(n_out: int, n_in: int) -> np.ndarray:
