@@ -30,6 +30,13 @@ every coarser detail, exactly. A pair whose whole frames reach :data:`LOW_FROM` 
 to :data:`LOW_SIDE` pixels (:func:`_low`), where such a copy scores 0.9976 and more and distinct photos rarely
 reach that: the misfit there counts :data:`LOW_WEIGHT` times.
 
+The grey is blind to colour: two smooth pictures of one pattern in other hues, or a garment in two dyes, can match
+as a copy does. A copy keeps its photo's hues (a change of brightness, contrast or tone scales the chroma and keeps
+its direction), so a pair the grey calls a copy is one only where its colours agree too: the cosine of the two
+photos' chroma where the best hypothesis aligns them (:func:`colour_agreement`) is at least :data:`COLOUR_AGREE`.
+A photo with too little colour (:data:`COLOUR_FROM`: a grey photo, or a grey copy of a colour one) tells nothing,
+and the pair is decided by its grey alone.
+
 Most pairs a search proposes are distinct photos, and the search over every window is most of a check's cost. So
 every pair is first screened by the same search on frames of half the side (:func:`_screen`: a quarter of the
 pixels and of the places, each pixel the sum of four): a copy stays a near match there (the lowest of both choose
