@@ -35,7 +35,8 @@ as a copy does. A copy keeps its photo's hues (a change of brightness, contrast 
 its direction), so a pair the grey calls a copy is one only where its colours agree too: the cosine of the two
 photos' chroma where the best hypothesis aligns them (:func:`colour_agreement`) is at least :data:`COLOUR_AGREE`.
 A photo with too little colour (:data:`COLOUR_FROM`: a grey photo, or a grey copy of a colour one) tells nothing,
-and the pair is decided by its grey alone.
+and the pair is decided by its grey alone. The colours are compared first where the screen (below) aligns the pair:
+one whose colours disagree there is not checked further (in a colourful library, most pairs the screen passes).
 
 Most pairs a search proposes are distinct photos, and the search over every window is most of a check's cost. So
 every pair is first screened by the same search on frames of half the side (:func:`_screen`: a quarter of the
@@ -108,7 +109,8 @@ LOW_WEIGHT = 2.5  # their misfit (1 - NCC) counts this many times: 0.998 there i
 COLOUR_SIDE = 16  # pixels a side of a frame's colours (its chroma, Cb and Cr: the picture squeezed as the grey is) ...
 COLOUR_GRID = 8  # ... compared on this many cells a side where two photos align
 COLOUR_FROM = 4.0  # chroma levels (root mean square from grey) each photo needs for its colours to tell anything
-COLOUR_AGREE = 0.6  # a copy's colours: their cosine with its photo's at least this (chosen on the choose splits)
+COLOUR_AGREE = 0.6  # a copy's colours: their cosine with its photo's at least this, where the screen aligns them and
+# where the check does (chosen on the choose splits: the least copy 0.81, the most of a distinct pair 0.48)
 
 
 @dataclass(frozen=True)
@@ -213,6 +215,9 @@ class _Hit:
     mirror: bool
 
 
+Aligned = tuple[int, int, tuple[int, int, int, int] | None, bool]  # big, small, its window in big (None: whole), mirror
+
+
 def _coarse(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame], scales: Sequence[float] | None = None
             ) -> tuple[dict[tuple[int, int], np.ndarray], dict[tuple[int, int, bool], _Hit]]:
     """The best whole-pixel hypotheses of each ordered pair (big, small), both ways round for every pair: ``{(big,
@@ -304,6 +309,12 @@ def _screen(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]) -> np.nd
     a triangle filter): P scores. A quarter of the pixels (or less) and of the places: a few times cheaper than
     :func:`_coarse`, and blurred frames correlate at least as well, so a copy's screen score stays high (on both
     choose splits the lowest was 0.88) while most distinct pairs fall under :data:`SCREEN_FROM`."""
+    return _screened(pairs, frames_)[0]
+
+
+def _screened(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]) -> tuple[np.ndarray, list[Aligned]]:
+    """:func:`_screen`'s scores (P) and where each pair's best hypothesis puts one photo in the other (P, its window
+    in :data:`SCREEN_SIDE` pixels)."""
     photos = sorted({i for p in pairs for i in p})
     row = {p: n for n, p in enumerate(photos)}
     grey = np.stack([frames_[p].grey for p in photos]).astype(np.float32)  # P x SIDE x SIDE
@@ -317,9 +328,17 @@ def _screen(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame]) -> np.nd
 
     ordered = np.array([(row[a], row[b]) for a, b in pairs] + [(row[b], row[a]) for a, b in pairs],
                        np.int64).reshape(-1, 2)  # 2P x 2
-    best, _ = _hypotheses(ordered, low, np.array([frames_[p].aspect for p in photos]), template, SCREEN_AT_ONCE)
+    best, where = _hypotheses(ordered, low, np.array([frames_[p].aspect for p in photos]), template, SCREEN_AT_ONCE)
     top = best.max(axis=1)  # 2P
-    return np.maximum(top[: len(pairs)], top[len(pairs) :])
+    n = len(pairs)
+    flip = top[n:] > top[:n]  # P: the best hypothesis has the second photo as the big one
+    at = np.where(flip, np.arange(n) + n, np.arange(n))  # P: its row of ordered
+    col = best[at].argmax(axis=1)  # P: whole plain, whole mirrored, crop plain, crop mirrored
+    aligned: list[Aligned] = []
+    for (a, b), fl, c, h in zip(pairs, flip.tolist(), col.tolist(), at.tolist()):
+        big, small = (b, a) if fl else (a, b)
+        aligned.append((big, small, tuple(where[h, c - 2].tolist()) if c >= 2 else None, c % 2 == 1))
+    return np.maximum(top[:n], top[n:]), aligned
 
 
 def _rfft2(x: np.ndarray) -> np.ndarray:
@@ -513,8 +532,11 @@ def copy_scores(pairs: Iterable[tuple[int, int]], frames_: Mapping[int, Frame], 
     """The copy score (module docstring) of each pair of photos that both have a frame: ``{(a, b): score}``.
 
     Every pair is first screened (``screen``) on its frames shrunk to :data:`SCREEN_SIDE` a side (:func:`_screen`): a
-    pair whose best hypothesis there is under :data:`SCREEN_FROM` scores that (no copy comes near it) and is not
-    checked further. ``scales``: the crop shares tried (None: :data:`SCALES`).
+    pair whose best hypothesis there is under :data:`SCREEN_FROM` scores that (no copy comes near it), and one whose
+    colours disagree where that hypothesis aligns it (:func:`colour_agreement` under :data:`COLOUR_AGREE`) scores
+    their agreement; neither is checked further. A pair the check finds a copy by its grey scores the agreement of
+    its colours instead where that is under :data:`COLOUR_AGREE`. ``scales``: the crop shares tried (None:
+    :data:`SCALES`).
 
     A pair under :data:`COPY_SCORE` whose best whole-pixel crop window (plain or mirrored, either way round) scores
     at least :data:`REFINE_FROM` and closes at least :data:`REFINE_GAP` of the gap between its whole frames' score
@@ -676,11 +698,15 @@ class FineCheck:
 def _scores(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame], at_least: float | None,
             screen: bool = True, scales: Sequence[float] | None = None) -> dict[tuple[int, int], float]:
     """:func:`copy_scores` of one chunk of pairs."""
-    screened = _screen(pairs, frames_) if pairs and screen else np.full(len(pairs), np.inf, np.float32)  # P
+    screened = np.full(len(pairs), np.inf, np.float32)  # P
+    if pairs and screen:  # the screen, then the colours where it puts one photo in the other
+        screened, aligned = _screened(pairs, frames_)
+        screened = np.array([s if s < SCREEN_FROM or (c := colour_agreement(frames_, *al, side=SCREEN_SIDE))
+                             >= COLOUR_AGREE else min(c, s) for s, al in zip(screened.tolist(), aligned)], np.float32)
     coarse, crops = _coarse([p for p, s in zip(pairs, screened.tolist()) if s >= SCREEN_FROM], frames_, scales)
     out = {}
     for (a, b), first in zip(pairs, screened.tolist()):
-        if first < SCREEN_FROM:  # no hypothesis comes near a copy's, even blurred
+        if first < SCREEN_FROM:  # no hypothesis comes near a copy's, even blurred, or their colours disagree
             if at_least is None or first >= at_least:
                 out[a, b] = first
             continue
@@ -710,7 +736,7 @@ def _scores(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame], at_least
 
 
 def _alignment(a: int, b: int, ab: np.ndarray, ba: np.ndarray, crops: Mapping[tuple[int, int, bool], _Hit]
-               ) -> tuple[int, int, tuple[int, int, int, int] | None, bool]:
+               ) -> Aligned:
     """Where the best whole-pixel hypothesis of pair ``(a, b)`` puts one photo in the other (``ab``, ``ba``: their
     :func:`_coarse` scores; ``crops``: its crop windows): ``(big, small, box, mirrored)``, ``box`` None for the whole
     frames."""
@@ -724,18 +750,18 @@ def _alignment(a: int, b: int, ab: np.ndarray, ba: np.ndarray, crops: Mapping[tu
 
 
 def colour_agreement(frames_: Mapping[int, Frame], big: int, small: int, box: tuple[int, int, int, int] | None,
-                     mirrored: bool) -> float:
+                     mirrored: bool, side: int | None = None) -> float:
     """How well the colours of photo ``small`` (``mirrored`` or not) agree with those of photo ``big`` where it
     lies in it (``box``: x, y, w, h in ``big``'s frame pixels; None: the whole frame): the cosine of their chroma
     (:attr:`Frame.colour`, less grey) over :data:`COLOUR_GRID` x :data:`COLOUR_GRID` cells. A change of brightness,
     contrast or tone scales a photo's chroma and keeps its hues: a copy's cosine stays near 1. Two distinct pictures
     of one pattern in other colours (smooth gradients, a garment in two dyes) score far lower, under
     :data:`COLOUR_AGREE`. 1.0 where either photo has too little colour to tell (:data:`COLOUR_FROM`: a grey photo, or
-    a grey copy of a colour one)."""
+    a grey copy of a colour one). ``side``: the frames' side that ``box`` counts pixels of (None: ``big``'s grey)."""
     fb, fs = frames_[big], frames_[small]
     if fb.colour is None or fs.colour is None:
         return 1.0
-    f = COLOUR_SIDE / fb.grey.shape[0]
+    f = COLOUR_SIDE / (side or fb.grey.shape[0])
     region = None if box is None else (box[0] * f, box[1] * f, (box[0] + box[2]) * f, (box[1] + box[3]) * f)
 
     def cells(colour: np.ndarray, where: tuple[float, float, float, float] | None) -> np.ndarray:  # 2 x G x G
