@@ -484,6 +484,8 @@ def test_colour_agreement_is_the_cosine_of_the_aligned_chroma_by_hand():
         want = float((x * yy).sum() / np.sqrt((x * x).sum() * (yy * yy).sum()))
         assert colour_agreement(fr, 0, 1, None, mirrored) == pytest.approx(want, abs=1e-6)
     assert fr[2].colour is None and colour_agreement(fr, 0, 2, None, False) == 1.0
+    fr[3] = frame_of(pics[1].convert("L").convert("RGB"))  # grey pixels in a colour image: chroma 0 everywhere
+    assert fr[3].colour is not None and colour_agreement(fr, 0, 3, (4, 4, 30, 30), True) == 1.0
 
 
 def test_one_pattern_in_other_colours_is_no_copy_and_every_copy_of_a_colour_photo_still_is():

@@ -749,6 +749,11 @@ def _alignment(a: int, b: int, ab: np.ndarray, ba: np.ndarray, crops: Mapping[tu
     return a, b, None, bool(max(ab[1], ba[1]) > max(ab[0], ba[0]))
 
 
+def _most_colour(colour: np.ndarray) -> int:
+    """The largest chroma of any pixel of a frame's colours (levels from grey): no mean over cells exceeds it."""
+    return int(np.abs(colour.astype(np.int16) - 128).max())
+
+
 def colour_agreement(frames_: Mapping[int, Frame], big: int, small: int, box: tuple[int, int, int, int] | None,
                      mirrored: bool, side: int | None = None) -> float:
     """How well the colours of photo ``small`` (``mirrored`` or not) agree with those of photo ``big`` where it
@@ -759,8 +764,8 @@ def colour_agreement(frames_: Mapping[int, Frame], big: int, small: int, box: tu
     :data:`COLOUR_AGREE`. 1.0 where either photo has too little colour to tell (:data:`COLOUR_FROM`: a grey photo, or
     a grey copy of a colour one). ``side``: the frames' side that ``box`` counts pixels of (None: ``big``'s grey)."""
     fb, fs = frames_[big], frames_[small]
-    if fb.colour is None or fs.colour is None:
-        return 1.0
+    if fb.colour is None or fs.colour is None or min(_most_colour(fb.colour), _most_colour(fs.colour)) < COLOUR_FROM:
+        return 1.0  # (no cell anywhere reaches COLOUR_FROM: a grey photo, without the resizes)
     f = COLOUR_SIDE / (side or fb.grey.shape[0])
     region = None if box is None else (box[0] * f, box[1] * f, (box[0] + box[2]) * f, (box[1] + box[3]) * f)
 
