@@ -17,7 +17,9 @@ from PIL import Image, ImageEnhance, ImageOps
 from index.duplicates.verify import (
     BUSY_SHARE,
     COLOUR_AGREE,
+    COLOUR_COPY_FROM,
     COLOUR_GRID,
+    COLOUR_PATTERN,
     COLOUR_SIDE,
     COPY_SCORE,
     SCALES,
@@ -31,6 +33,7 @@ from index.duplicates.verify import (
     _shrink,
     busy_share,
     colour_agreement,
+    colour_pattern,
     copy_scores,
     frame_of,
     frames,
@@ -333,10 +336,10 @@ def test_busy_small_photos_given_contrast_or_a_gamma_are_copies_and_other_busy_p
 
     photos = {n: smooth(100 + n) for n in range(40)}
     fr, pairs = {}, []
-    for n, img in photos.items():
-        fr[n] = frame_of(img)
-        fr[1000 + n] = frame_of(ImageEnhance.Contrast(img).enhance(1.3))
-        fr[2000 + n] = frame_of(img.point(lambda v: round(255 * (v / 255) ** 0.8)))
+    for n, img in photos.items():  # their grey alone (colour evidence has a test of its own)
+        fr[n] = dataclasses.replace(frame_of(img), colour=None)
+        fr[1000 + n] = dataclasses.replace(frame_of(ImageEnhance.Contrast(img).enhance(1.3)), colour=None)
+        fr[2000 + n] = dataclasses.replace(frame_of(img.point(lambda v: round(255 * (v / 255) ** 0.8))), colour=None)
         pairs += [(n, 1000 + n), (n, 2000 + n)]
     others = [(a, b) for a in range(40) for b in range(a + 1, 40)]
     assert all(busy_share(fr[a].grey, fr[b].grey) >= BUSY_SHARE for a, b in pairs)
@@ -525,3 +528,48 @@ def test_one_pattern_in_other_colours_is_no_copy_and_every_copy_of_a_colour_phot
     big, small, box, mirrored = verify._alignment(200, 201, coarse[200, 201], coarse[201, 200], crops)
     assert (big, small, mirrored) == (200, 201, False) and box is not None  # the crop's window, not the whole frame
     assert colour_agreement(fr, big, small, box, False) > colour_agreement(fr, big, small, None, False)
+
+
+def test_the_pattern_of_colours_is_the_cosine_of_the_chroma_less_its_mean_by_hand():
+    rng = np.random.default_rng(4)
+    pics = [Image.fromarray(rng.integers(0, 256, (5, 5, 3), dtype=np.uint8)).resize((40, 40), Image.Resampling.BICUBIC)
+            for _ in range(2)]
+    fr = {0: frame_of(pics[0]), 1: frame_of(pics[1]), 2: frame_of(pics[1].convert("L").convert("RGB"))}
+    x, y = _cells(fr[0].colour), _cells(fr[1].colour)[:, :, ::-1]  # 2 x G x G each, the second mirrored
+    x, y = x - x.mean(axis=(1, 2), keepdims=True), y - y.mean(axis=(1, 2), keepdims=True)
+    assert colour_pattern(fr, 0, 1, None, True) == pytest.approx(float((x * y).sum() / np.sqrt((x * x).sum()
+                                                                                           * (y * y).sum())), abs=1e-6)
+    assert colour_pattern(fr, 0, 2, None, False) is None  # no colours to tell
+
+
+def test_copies_just_under_the_copy_score_by_their_grey_are_found_by_the_pattern_of_their_colours(monkeypatch):
+    """Busy smooth pictures given contrast (x1.3) or a gamma, scored by the tone rule before the busy allowance: some
+    fall just under COPY_SCORE by their grey; with their colours, every one of those at COLOUR_COPY_FROM or more is
+    a copy (its colour pattern agrees), and no pair of distinct pictures becomes one."""
+    import index.duplicates.verify as verify
+
+    def smooth(seed: int) -> Image.Image:  # as bench/dedup_scale.py makes its small photos
+        r = np.random.default_rng(seed)
+        cells = int(r.integers(3, 8))
+        return Image.fromarray(r.integers(0, 256, (cells, cells, 3), dtype=np.uint8)).resize(
+            (32, 32), Image.Resampling.BICUBIC)
+
+    fr, pairs = {}, []
+    for n in range(40):
+        img = smooth(100 + n)
+        fr[n] = frame_of(img)
+        fr[1000 + n] = frame_of(ImageEnhance.Contrast(img).enhance(1.3))
+        fr[2000 + n] = frame_of(img.point(lambda v: round(255 * (v / 255) ** 0.8)))
+        pairs += [(n, 1000 + n), (n, 2000 + n)]
+    others = [(a, b) for a in range(40) for b in range(a + 1, 40)]
+    monkeypatch.setattr(verify, "BUSY_TONE_WEIGHT", verify.TONE_WEIGHT)  # grey scores that miss some copies
+    grey = {i: dataclasses.replace(f, colour=None) for i, f in fr.items()}
+    by_grey = copy_scores(pairs + others, grey)
+    with_colour = copy_scores(pairs + others, fr)
+    near = [p for p in pairs if COLOUR_COPY_FROM <= by_grey[p] < COPY_SCORE]
+    assert near and all(with_colour[p] >= COPY_SCORE for p in near)  # each of them found by its colours
+    assert all(with_colour[p] >= COPY_SCORE for p in pairs if by_grey[p] >= COPY_SCORE)
+    assert all(with_colour[p] < COPY_SCORE for p in others)
+    for a, b in near:
+        coarse, crops = _coarse([(a, b)], fr)
+        assert colour_pattern(fr, *verify._alignment(a, b, coarse[a, b], coarse[b, a], crops)) >= COLOUR_PATTERN

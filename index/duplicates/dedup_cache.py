@@ -92,7 +92,7 @@ def check_settings() -> int:
              "LOW_SIDE", "LOW_WEIGHT", "FLAT", "BUSY_SHARE", "BUSY_TONE_WEIGHT", "FLAT_LEVELS", "WINDOW_TONE_WEIGHT",
              "SCREEN_SIDE", "SCREEN_FROM", "FINE_SIDE", "FINE_MIN", "FINE_FROM", "FINE_SCALES", "FINER_SIDE",
              "FINER_FROM", "TEXTURE_SHARE", "TEXTURE_FINE_FROM", "COLOUR_SIDE", "COLOUR_GRID", "COLOUR_FROM",
-             "COLOUR_AGREE")
+             "COLOUR_AGREE", "COLOUR_COPY_FROM", "COLOUR_PATTERN")
     return _digest(repr((FRAME_FORMAT, *(getattr(verify, n) for n in names))))
 
 

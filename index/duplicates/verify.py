@@ -37,6 +37,11 @@ photos' chroma where the best hypothesis aligns them (:func:`colour_agreement`) 
 A photo with too little colour (:data:`COLOUR_FROM`: a grey photo, or a grey copy of a colour one) tells nothing,
 and the pair is decided by its grey alone. The colours are compared first where the screen (below) aligns the pair:
 one whose colours disagree there is not checked further (in a colourful library, most pairs the screen passes).
+Colour is evidence for a copy too: a brightened or contrasted copy of a busy small picture can fall just under
+:data:`COPY_SCORE` by its grey (its clipped highlights), and a pair that scores :data:`COLOUR_COPY_FROM` there is a
+copy where the pattern of its colours (their chroma less each photo's mean: :func:`colour_pattern`, blind to a cast
+both share, a blue sky) agrees at least :data:`COLOUR_PATTERN`. Alike distinct photos of one colour pattern taken
+apart by their files (two shots a second apart) are never checked.
 
 Most pairs a search proposes are distinct photos, and the search over every window is most of a check's cost. So
 every pair is first screened by the same search on frames of half the side (:func:`_screen`: a quarter of the
@@ -72,9 +77,9 @@ import numpy as np
 from PIL import Image
 
 __all__ = ["Frame", "frame_of", "frames", "copy_scores", "fine_scores", "FineCheck", "unit_patches", "tone_score",
-           "busy_share", "fine_texture", "ncc_brute", "colour_agreement", "SIDE", "SCALES", "COPY_SCORE",
-           "COLOUR_AGREE", "FINE_SIDE", "FINE_MIN", "FINE_FROM", "FINE_SCALES", "FINER_SIDE", "FINER_FROM",
-           "TEXTURE_SHARE", "TEXTURE_FINE_FROM"]
+           "busy_share", "fine_texture", "ncc_brute", "colour_agreement", "colour_pattern", "SIDE", "SCALES",
+           "COPY_SCORE", "COLOUR_AGREE", "FINE_SIDE", "FINE_MIN", "FINE_FROM", "FINE_SCALES", "FINER_SIDE",
+           "FINER_FROM", "TEXTURE_SHARE", "TEXTURE_FINE_FROM"]
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +116,8 @@ COLOUR_GRID = 8  # ... compared on this many cells a side where two photos align
 COLOUR_FROM = 4.0  # chroma levels (root mean square from grey) each photo needs for its colours to tell anything
 COLOUR_AGREE = 0.6  # a copy's colours: their cosine with its photo's at least this, where the screen aligns them and
 # where the check does (chosen on the choose splits: the least copy 0.81, the most of a distinct pair 0.48)
+COLOUR_COPY_FROM = 0.985  # a pair whose grey scores this (not COPY_SCORE) is a copy where its colours' pattern ...
+COLOUR_PATTERN = 0.95  # ... agrees this much (chosen on a choose split: copies 0.988 and more, distinct 0.76 at most)
 
 
 @dataclass(frozen=True)
@@ -727,9 +734,14 @@ def _scores(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame], at_least
             for _, window, aligned in refined:
                 if score < COPY_SCORE and window is not None:
                     score = max(score, _toned(window, aligned, whole=False))
-        if score >= COPY_SCORE:  # a copy by its grey: its colours, where both photos have some, must agree too
-            agree = colour_agreement(frames_, *_alignment(a, b, ab, ba, crops))
-            score = agree if agree < COLOUR_AGREE else score
+        if score >= COLOUR_COPY_FROM:  # a copy by its grey, or nearly: its colours tell, where both photos have some
+            aligned = _alignment(a, b, ab, ba, crops)
+            agree = colour_agreement(frames_, *aligned)
+            if agree < COLOUR_AGREE:  # other colours: no copy
+                score = agree
+            elif score < COPY_SCORE and (pattern := colour_pattern(frames_, *aligned)) is not None \
+                    and pattern >= COLOUR_PATTERN:  # the same pattern of colours: a copy
+                score = COPY_SCORE
         if at_least is None or score >= at_least:
             out[a, b] = score
     return out
@@ -763,9 +775,35 @@ def colour_agreement(frames_: Mapping[int, Frame], big: int, small: int, box: tu
     of one pattern in other colours (smooth gradients, a garment in two dyes) score far lower, under
     :data:`COLOUR_AGREE`. 1.0 where either photo has too little colour to tell (:data:`COLOUR_FROM`: a grey photo, or
     a grey copy of a colour one). ``side``: the frames' side that ``box`` counts pixels of (None: ``big``'s grey)."""
+    cells = _colour_cells(frames_, big, small, box, mirrored, side)
+    if cells is None:
+        return 1.0
+    x, y = cells
+    nx, ny = float(np.sqrt((x * x).mean())), float(np.sqrt((y * y).mean()))  # root mean square chroma
+    return 1.0 if min(nx, ny) < COLOUR_FROM else float((x * y).mean() / (nx * ny))
+
+
+def colour_pattern(frames_: Mapping[int, Frame], big: int, small: int, box: tuple[int, int, int, int] | None,
+                   mirrored: bool, side: int | None = None) -> float | None:
+    """:func:`colour_agreement`'s cosine of the two photos' chroma less each one's mean chroma: how well the pattern
+    of their colours agrees, blind to a colour cast that both share (a blue sky); None where either photo's colours
+    vary too little to tell (:data:`COLOUR_FROM`)."""
+    cells = _colour_cells(frames_, big, small, box, mirrored, side)
+    if cells is None:
+        return None
+    x, y = (c - c.mean(axis=(1, 2), keepdims=True) for c in cells)  # 2 x G x G each
+    nx, ny = float(np.sqrt((x * x).mean())), float(np.sqrt((y * y).mean()))
+    return None if min(nx, ny) < COLOUR_FROM else float((x * y).mean() / (nx * ny))
+
+
+def _colour_cells(frames_: Mapping[int, Frame], big: int, small: int, box: tuple[int, int, int, int] | None,
+                  mirrored: bool, side: int | None) -> tuple[np.ndarray, np.ndarray] | None:
+    """The chroma of ``big`` where ``small`` lies in it and of ``small`` (mirrored or not), less grey, each over
+    :data:`COLOUR_GRID` x :data:`COLOUR_GRID` cells (2 x G x G); None where either photo has no chroma of
+    :data:`COLOUR_FROM` anywhere (a grey photo: no cell can reach it, no resizes made)."""
     fb, fs = frames_[big], frames_[small]
     if fb.colour is None or fs.colour is None or min(_most_colour(fb.colour), _most_colour(fs.colour)) < COLOUR_FROM:
-        return 1.0  # (no cell anywhere reaches COLOUR_FROM: a grey photo, without the resizes)
+        return None
     f = COLOUR_SIDE / (side or fb.grey.shape[0])
     region = None if box is None else (box[0] * f, box[1] * f, (box[0] + box[2]) * f, (box[1] + box[3]) * f)
 
@@ -773,12 +811,8 @@ def colour_agreement(frames_: Mapping[int, Frame], big: int, small: int, box: tu
         return np.stack([np.asarray(Image.fromarray(c.astype(np.float32), "F").resize(
             (COLOUR_GRID, COLOUR_GRID), Image.Resampling.BOX, box=where), np.float64) for c in colour]) - 128.0
 
-    x, y = cells(fb.colour, region), cells(fs.colour, None)  # 2 x G x G each
-    y = y[:, :, ::-1] if mirrored else y
-    nx, ny = float(np.sqrt((x * x).mean())), float(np.sqrt((y * y).mean()))  # root mean square chroma
-    if min(nx, ny) < COLOUR_FROM:
-        return 1.0
-    return float((x * y).mean() / (nx * ny))
+    y = cells(fs.colour, None)  # 2 x G x G
+    return cells(fb.colour, region), y[:, :, ::-1] if mirrored else y
 
 
 def _shrink_matrix(n_out: int, n_in: int) -> np.ndarray:
