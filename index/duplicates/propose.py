@@ -243,7 +243,7 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
         big = np.array([int(i) in large for i in out.ids[start : start + 65536].tolist()], bool)  # B
         depth = np.repeat(np.minimum(np.asarray(SOURCE_DEPTH), k)[None], len(b), axis=0)  # B x S
         depth[big, _MODEL_SOURCE] = k
-        tie = alike & (score[:, :, :1] - score <= ALIKE_TIE)  # B x S x k: as close as the first, nearly
+        tie = alike & (score >= score[:, :, :1] - ALIKE_TIE)  # B x S x k: as close as the first, nearly
         first = np.arange(b.shape[2])[None, None, :] < depth[:, :, None]  # B x S x k
         there = (b >= 0) & np.where(big[:, None, None], (before < depth[:, :, None]) | alike,  # a large photo's
                                     first | tie)  # B x S x k; a small photo's: its first and their ties
