@@ -115,9 +115,9 @@ COLOUR_SIDE = 16  # pixels a side of a frame's colours (its chroma, Cb and Cr: t
 COLOUR_GRID = 8  # ... compared on this many cells a side where two photos align
 COLOUR_FROM = 4.0  # chroma levels (root mean square from grey) each photo needs for its colours to tell anything
 COLOUR_AGREE = 0.6  # a copy's colours: their cosine with its photo's at least this, where the screen aligns them and
-# where the check does (chosen on the choose splits: the least copy 0.81, the most of a distinct pair 0.48)
+# where the check does (chosen on the choose splits: bench/NOTES.md, sixteenth session)
 COLOUR_COPY_FROM = 0.985  # a pair whose grey scores this (not COPY_SCORE) is a copy where its colours' pattern ...
-COLOUR_PATTERN = 0.95  # ... agrees this much (chosen on a choose split: copies 0.988 and more, distinct 0.76 at most)
+COLOUR_PATTERN = 0.95  # ... agrees this much (chosen on a choose split: bench/NOTES.md, sixteenth session)
 
 
 @dataclass(frozen=True)
@@ -134,7 +134,7 @@ class Frame:
 def _colour(img: Image.Image) -> np.ndarray | None:
     """A photo's colours (:attr:`Frame.colour`) from a decoded image: its chroma shrunk to :data:`COLOUR_SIDE` a side
     by a box filter; None for a grey image."""
-    if img.mode not in ("RGB", "RGBA", "YCbCr", "P", "CMYK", "LAB", "HSV"):
+    if img.mode not in ("RGB", "RGBA", "YCbCr", "P", "CMYK"):
         return None
     ycc = img if img.mode == "YCbCr" else img.convert("RGB").convert("YCbCr")
     small = ycc.resize((COLOUR_SIDE, COLOUR_SIDE), Image.Resampling.BOX)
@@ -735,12 +735,10 @@ def _scores(pairs: list[tuple[int, int]], frames_: Mapping[int, Frame], at_least
                 if score < COPY_SCORE and window is not None:
                     score = max(score, _toned(window, aligned, whole=False))
         if score >= COLOUR_COPY_FROM:  # a copy by its grey, or nearly: its colours tell, where both photos have some
-            aligned = _alignment(a, b, ab, ba, crops)
-            agree = colour_agreement(frames_, *aligned)
+            agree, pattern = _colour_cosines(_colour_cells(frames_, *_alignment(a, b, ab, ba, crops)))
             if agree < COLOUR_AGREE:  # other colours: no copy
                 score = agree
-            elif score < COPY_SCORE and (pattern := colour_pattern(frames_, *aligned)) is not None \
-                    and pattern >= COLOUR_PATTERN:  # the same pattern of colours: a copy
+            elif score < COPY_SCORE and pattern is not None and pattern >= COLOUR_PATTERN:  # the same pattern: a copy
                 score = COPY_SCORE
         if at_least is None or score >= at_least:
             out[a, b] = score
@@ -775,12 +773,7 @@ def colour_agreement(frames_: Mapping[int, Frame], big: int, small: int, box: tu
     of one pattern in other colours (smooth gradients, a garment in two dyes) score far lower, under
     :data:`COLOUR_AGREE`. 1.0 where either photo has too little colour to tell (:data:`COLOUR_FROM`: a grey photo, or
     a grey copy of a colour one). ``side``: the frames' side that ``box`` counts pixels of (None: ``big``'s grey)."""
-    cells = _colour_cells(frames_, big, small, box, mirrored, side)
-    if cells is None:
-        return 1.0
-    x, y = cells
-    nx, ny = float(np.sqrt((x * x).mean())), float(np.sqrt((y * y).mean()))  # root mean square chroma
-    return 1.0 if min(nx, ny) < COLOUR_FROM else float((x * y).mean() / (nx * ny))
+    return _colour_cosines(_colour_cells(frames_, big, small, box, mirrored, side))[0]
 
 
 def colour_pattern(frames_: Mapping[int, Frame], big: int, small: int, box: tuple[int, int, int, int] | None,
@@ -788,16 +781,26 @@ def colour_pattern(frames_: Mapping[int, Frame], big: int, small: int, box: tupl
     """:func:`colour_agreement`'s cosine of the two photos' chroma less each one's mean chroma: how well the pattern
     of their colours agrees, blind to a colour cast that both share (a blue sky); None where either photo's colours
     vary too little to tell (:data:`COLOUR_FROM`)."""
-    cells = _colour_cells(frames_, big, small, box, mirrored, side)
+    return _colour_cosines(_colour_cells(frames_, big, small, box, mirrored, side))[1]
+
+
+def _colour_cosines(cells: tuple[np.ndarray, np.ndarray] | None) -> tuple[float, float | None]:
+    """:func:`colour_agreement` and :func:`colour_pattern` of two photos' aligned chroma (:func:`_colour_cells`)."""
     if cells is None:
-        return None
-    x, y = (c - c.mean(axis=(1, 2), keepdims=True) for c in cells)  # 2 x G x G each
-    nx, ny = float(np.sqrt((x * x).mean())), float(np.sqrt((y * y).mean()))
-    return None if min(nx, ny) < COLOUR_FROM else float((x * y).mean() / (nx * ny))
+        return 1.0, None
+
+    def cosine(x: np.ndarray, y: np.ndarray) -> float | None:  # None: either one's chroma under COLOUR_FROM
+        nx, ny = float(np.sqrt((x * x).mean())), float(np.sqrt((y * y).mean()))  # root mean square chroma
+        return None if min(nx, ny) < COLOUR_FROM else float((x * y).mean() / (nx * ny))
+
+    x, y = cells  # 2 x G x G each
+    agree = cosine(x, y)
+    pattern = cosine(*(c - c.mean(axis=(1, 2), keepdims=True) for c in cells))
+    return 1.0 if agree is None else agree, pattern
 
 
 def _colour_cells(frames_: Mapping[int, Frame], big: int, small: int, box: tuple[int, int, int, int] | None,
-                  mirrored: bool, side: int | None) -> tuple[np.ndarray, np.ndarray] | None:
+                  mirrored: bool, side: int | None = None) -> tuple[np.ndarray, np.ndarray] | None:
     """The chroma of ``big`` where ``small`` lies in it and of ``small`` (mirrored or not), less grey, each over
     :data:`COLOUR_GRID` x :data:`COLOUR_GRID` cells (2 x G x G); None where either photo has no chroma of
     :data:`COLOUR_FROM` anywhere (a grey photo: no cell can reach it, no resizes made)."""
