@@ -222,7 +222,7 @@ peak = int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read())[1]) 
 groups = [g.to_json() if hasattr(g, "to_json") else g for g in found.groups]  # a checkout before typed groups: dicts
 import index.duplicates.dedup as dedup
 json.dump({"seconds": seconds, "peak_bytes": peak, "decision": found.decision,
-           "stages": getattr(dedup, "STAGE_SECONDS", {}),
+           "stages": getattr(dedup, "STAGE_SECONDS", {}), "memory": getattr(dedup, "STAGE_MEMORY", {}),
            "groups": [{"members": [{"path": m["path"]} for m in g["members"]], "reason": g["reason"],
                        "keep": g["keep"]} for g in groups]}, open(sys.argv[2], "w"))
 """
@@ -334,6 +334,7 @@ def _search(code: Path, idx: Path, out: Path, copies: dict[str, str], index_byte
             "beyond_index_gb": round((got["peak_bytes"] - index_bytes) / 1e9, 3), "proposed": d["proposed"],
             "verified": d["verified"], "checked": d.get("checked", d["proposed"]), "reused": d.get("reused", 0),
             "looked_up": d.get("looked_up"), "stages": got.get("stages", {}),
+            "memory_gb": {k: [round(b / 1e9, 3) for b in v] for k, v in got.get("memory", {}).items()},
             "threshold": d["threshold"], **_score(got["groups"], copies)}
 
 
@@ -385,6 +386,9 @@ def main(argv: list[str] | None = None) -> int:
             print("  recall: " + ", ".join(f"{e} {v} ({r['copies'][e]})" for e, v in x["recall"].items()), flush=True)
             if x.get("stages"):
                 print("  stages: " + ", ".join(f"{k} {v:.1f} s" for k, v in x["stages"].items()), flush=True)
+            if x.get("memory_gb"):
+                print("  memory at each stage's end (resident, peak so far): " + ", ".join(
+                    f"{k} {rss} / {peak} GB" for k, (rss, peak) in x["memory_gb"].items()), flush=True)
         if r.get("added"):
             a = r["added"]
             print(f"  after adding {a['photos_added']} photos: {a['seconds']} s ({a['seconds'] / r['seconds']:.3f} of "

@@ -196,15 +196,20 @@ def calibrate_index(root: Path, index_dir: Path, catalog: Catalog, ids: np.ndarr
     return result
 
 
+LEVEL_SCORES_AT_ONCE = 1 << 23  # photo-photo scores :func:`neighbour_levels` holds at once (32 MB, and as much again)
+
+
 def neighbour_levels(vecs: np.ndarray, content: np.ndarray, sample: np.ndarray, k: int = CROWD,
                      chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
     """The closest and the ``k``-th closest other photo of each photo of ``sample``, over every photo of ``vecs``.
 
     ``vecs``: N x D centred, L2-normalized vectors (search scores); ``content``: N ints, equal for photos with the
     same bytes (they are not other photos of each other); ``sample``: S positions in ``vecs``. Returns (S, S)
-    scores, -inf where a photo has fewer other photos.
+    scores, -inf where a photo has fewer other photos. At most ``chunk`` photos of the sample at a time, fewer where
+    their scores with every photo would pass :data:`LEVEL_SCORES_AT_ONCE`.
     """
     n = len(vecs)
+    chunk = max(1, min(chunk, LEVEL_SCORES_AT_ONCE // max(n, 1)))
     first = np.full(len(sample), -np.inf, np.float32)
     kth = np.full(len(sample), -np.inf, np.float32)
     for s in range(0, len(sample), chunk):

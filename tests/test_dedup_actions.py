@@ -686,3 +686,20 @@ def test_a_destination_that_holds_the_collection_or_a_link_out_is_refused(coll, 
     assert not out.done and {s["path"] for s in out.skipped} == {"inbox/exact.jpg", "inbox/small.png"}
     assert all("leads out of it" in s["reason"] for s in out.skipped)
     assert list(elsewhere.iterdir()) == [] and _bytes(photos) == coll["before"]
+
+
+def test_the_crowd_level_is_the_same_a_few_rows_at_a_time(monkeypatch):
+    """At a million photos a sample's scores with every photo are read a few rows at a time (their memory bounded):
+    the same levels as 64 rows at a time."""
+    import index.calibrate as calibrate
+
+    rng = np.random.default_rng(1)
+    v = rng.standard_normal((500, 8)).astype(np.float32)
+    v /= np.linalg.norm(v, axis=1, keepdims=True)
+    content = np.arange(500)
+    content[20:25] = 20
+    sample = np.arange(0, 500, 7)
+    whole = neighbour_levels(v, content, sample)
+    monkeypatch.setattr(calibrate, "LEVEL_SCORES_AT_ONCE", 3 * 500)  # 3 rows at a time
+    few = neighbour_levels(v, content, sample)
+    assert np.array_equal(whole[0], few[0]) and np.array_equal(whole[1], few[1])
