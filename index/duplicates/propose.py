@@ -189,8 +189,8 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
     row_of = ({int(i): n for n, i in enumerate(found.ids.tolist())}
               if found is not None and depth == MODEL_DEPTH else {})
     for queries, among in ((dirty, None), (sorted(clean), added)):
-        if among is not None and not among:  # nothing new to look up
-            step(len(queries))
+        if not queries or (among is not None and not among):  # no photo to look up, or nothing new to look up
+            step(len(queries))  # (and no exact index of the new photos' vectors: all of them, in a first search)
             continue
         search = store.search if among is None else _flat_search(vecs[[pos[j] for j in among]], among)
         for start in range(0, len(queries), chunk):
