@@ -15,12 +15,12 @@ every large photo gets ``crop70`` (70% of each side, at a seeded off-centre plac
 (its ``done`` file holds them: other settings, or other edits, write it anew). The index is built with a seeded random
 ResNet-18 (the weakest model: the pixel check does the work), then `moco index dedup`'s search runs in a process of its
 own (cold: what an earlier search kept in the index folder deleted first), whose wall time and peak resident memory
-(VmHWM; and the largest of its worker processes', apart) are measured; "beyond the index" subtracts the index's own
-files (vectors and thumbnails' catalog, which a search holds). ``--add 0.01``: then 1% new photos (smooth pictures, with
-copies) are added, a copy of the index updated, and the search run again with what the full one kept (only the new pairs
-checked). Aims (issue 52, 2 cores): 100,000 photos in at most 5 minutes, 1,000,000 in at most an hour, at most 2 GB
-beyond the index, recall >= 0.98 for every edit, pair precision >= 0.98, no group of more than 10 distinct photos; after
-adding 1%, at most a tenth of the full search's time.
+(VmHWM; and each stage's resident memory at its end, with the peak so far) are measured; "beyond the index" subtracts
+the index's own files (vectors and thumbnails' catalog, which a search holds). ``--add 0.01``: then 1% new photos
+(smooth pictures, with copies) are added, a copy of the index updated, and the search run again with what the full one
+kept (only the new pairs checked). Aims (issue 52, 2 cores): 100,000 photos in at most 5 minutes, 1,000,000 in at most
+an hour, at most 2 GB beyond the index, recall >= 0.98 for every edit, pair precision >= 0.98, no group of more than 10
+distinct photos; after adding 1%, at most a tenth of the full search's time.
 """
 
 from __future__ import annotations
@@ -219,11 +219,9 @@ from index.search.image_index import ImageIndex
 found = search_duplicates(ImageIndex.open(sys.argv[1]), save=False, progress=sys.argv[3:] == ["progress"])
 seconds = time.perf_counter() - t0
 peak = int(re.search(r"VmHWM:\\s+(\\d+)", open("/proc/self/status").read())[1]) * 1024
-import resource
-workers_peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # the largest finished worker's
 groups = [g.to_json() if hasattr(g, "to_json") else g for g in found.groups]  # a checkout before typed groups: dicts
 import index.duplicates.dedup as dedup
-json.dump({"seconds": seconds, "peak_bytes": peak, "workers_peak_bytes": workers_peak, "decision": found.decision,
+json.dump({"seconds": seconds, "peak_bytes": peak, "decision": found.decision,
            "stages": getattr(dedup, "STAGE_SECONDS", {}), "memory": getattr(dedup, "STAGE_MEMORY", {}),
            "groups": [{"members": [{"path": m["path"]} for m in g["members"]], "reason": g["reason"],
                        "keep": g["keep"]} for g in groups]}, open(sys.argv[2], "w"))
@@ -334,7 +332,6 @@ def _search(code: Path, idx: Path, out: Path, copies: dict[str, str], index_byte
     d = got["decision"]
     return {"seconds": round(got["seconds"], 1), "peak_gb": round(got["peak_bytes"] / 1e9, 3),
             "beyond_index_gb": round((got["peak_bytes"] - index_bytes) / 1e9, 3), "proposed": d["proposed"],
-            "worker_peak_gb": round(got.get("workers_peak_bytes", 0) / 1e9, 3),
             "verified": d["verified"], "checked": d.get("checked", d["proposed"]), "reused": d.get("reused", 0),
             "looked_up": d.get("looked_up"), "stages": got.get("stages", {}),
             "memory_gb": {k: [round(b / 1e9, 3) for b in v] for k, v in got.get("memory", {}).items()},
@@ -383,8 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             if x is None:
                 continue
             print(f"{r['photos']} photos, {who}: {x['seconds']} s, peak {x['peak_gb']} GB ({x['beyond_index_gb']} "
-                  f"beyond the index; its largest worker process {x['worker_peak_gb']} GB), precision "
-                  f"{x['pair_precision']}, largest {x['largest_distinct']}, "
+                  f"beyond the index), precision {x['pair_precision']}, largest {x['largest_distinct']}, "
                   f"proposed {x['proposed']}, verified {x['verified']}, keeper the original "
                   f"{x['keeper_is_the_original']}", flush=True)
             print("  recall: " + ", ".join(f"{e} {v} ({r['copies'][e]})" for e, v in x["recall"].items()), flush=True)
