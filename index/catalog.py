@@ -499,10 +499,9 @@ class Catalog:
                     out_ids = np.concatenate([out_ids, np.empty(grow, np.int64)])
                     vecs = np.concatenate([vecs, np.empty((grow, vecs.shape[1]), np.float32)])
                     total += grow
-                for r in rows:
-                    out_ids[n] = r[0]
-                    vecs[n] = np.frombuffer(r[1], np.float32)
-                    n += 1
+                out_ids[n : n + len(rows)] = [r[0] for r in rows]
+                vecs[n : n + len(rows)] = np.frombuffer(b"".join(r[1] for r in rows), np.float32).reshape(len(rows), -1)
+                n += len(rows)
         if vecs is None:
             return np.zeros(0, np.int64), np.zeros((0, dim), np.float32)
         return out_ids[:n], vecs[:n]
