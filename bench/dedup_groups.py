@@ -74,7 +74,7 @@ def main() -> int:
     ids, feats = idx.catalog.vectors(dim=idx.dim)  # N, N x D
     rows = idx.catalog.rows_by_id(ids)
     labels = [rows[int(i)].path.split("/")[0] for i in ids]
-    vecs = idx.center(feats)  # N x D
+    vecs = idx.to_space(feats)  # N x D
     pos = {int(i): n for n, i in enumerate(ids)}
     old_t = (STAGED_DEDUP_THRESHOLD if idx.pooled_stages else WHITENED_DEDUP_THRESHOLD) if idx.whitened \
         else DEDUP_THRESHOLD

@@ -55,9 +55,10 @@ def main() -> int:
     doors: dict[str, float] = {}
     emb = idx.load_embedder(device="cpu")
     doors["index search (bf16 autocast features, index space)"] = float(
-        np.abs(idx.center(emb.embed_views(views)) - want).max())
+        np.abs(idx.to_space(emb.embed_views(views)) - want).max())
     fp32 = Embedder.load(idx.meta["backbone_path"], device="cpu", precision="fp32", space="features")
-    doors["index search (fp32 features, index space)"] = float(np.abs(idx.center(fp32.embed_views(views)) - want).max())
+    doors["index search (fp32 features, index space)"] = float(
+        np.abs(idx.to_space(fp32.embed_views(views)) - want).max())
     with tempfile.TemporaryDirectory() as tmp:
         t = Path(tmp)
         export_backbone(args.checkpoint, t / "b.pt2", fmt="pt2", space=args.index_dir)

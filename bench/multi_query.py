@@ -85,7 +85,7 @@ def run_split(idx: Any, trials: int, seed: int) -> dict[str, Any]:
     ids = idx.catalog.ok_ids()  # N
     rows = idx.catalog.rows_by_id(ids)
     label_of = {int(i): CLASSES.index(rows[int(i)].path.split("/")[0]) for i in ids}
-    space = dict(zip(ids.tolist(), idx.center(idx.vectors(ids))))  # id -> D, as stored
+    space = dict(zip(ids.tolist(), idx.to_space(idx.vectors(ids))))  # id -> D, as stored
     rng = np.random.default_rng(seed)
     by_class = {c: [i for i in ids.tolist() if label_of[i] == c] for c in range(len(CLASSES))}
     settings = [(p, n) for p in POSITIVES for n in (0, NEGATIVES)]

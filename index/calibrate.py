@@ -60,7 +60,7 @@ SIMILAR_QUANTILE = 0.9  # the similar threshold: the closest other photo of 1 ph
 
 
 # The defaults of an index without a calibration (built before it, or of fewer than 8 photos). Centred cosine (see
-# ImageIndex.center). Measured on the sample collection (240 photos) with the model `make run` trains (ResNet-18,
+# ImageIndex.to_space). Measured on the sample collection (240 photos) with the model `make run` trains (ResNet-18,
 # 64 px, 10 minutes): resized (75%) and JPEG q=60 copies score 0.955-0.999 with their photo,
 # 90%-cropped ones 0.86-0.99 (median 0.97), while the nearest other photo of a family scores 0.55-0.97 (median
 # 0.72-0.92 by family; only the near-uniform "stars" family reaches 0.97-0.99). At 0.9 whole families merged

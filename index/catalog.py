@@ -2,10 +2,13 @@
 
 One row per file under the collection root: its id (the FAISS id, never reused or renumbered),
 path relative to the root, size, mtime, content hash, status (``ok`` or ``error`` with the reason),
-thumbnail and time added, and what its header says: the date taken (EXIF DateTimeOriginal, else the file's
-mtime; seconds since the epoch of the camera's clock read as UTC, so a photo's date is the one it shows), the
-camera and the pixels. ``vectors`` holds each ok row's float32 embedding, so the FAISS index can
-always be rebuilt, re-tuned or checked without decoding a photo again.
+thumbnail and time added, and what its header says: the photo's date (``Row.date``, the column ``taken``: when it
+was taken, EXIF DateTimeOriginal, else the file's mtime, ``date_exif`` saying which; seconds since the epoch of the
+camera's clock read as UTC, so a photo's date is the one it shows), the camera and the pixels. Elsewhere in the code
+"taken" is EXIF's date taken alone (None without one). The column keeps its name (the file's format), as do the
+public names that always meant this date: ``--taken-from``/``--taken-to`` and a search result's ``taken``.
+``vectors`` holds each ok row's float32 embedding, so the FAISS index can always be rebuilt, re-tuned or checked
+without decoding a photo again.
 
 A catalog made before the header columns existed gets them (``ALTER TABLE``) when it is opened writable; the next
 ``moco index update`` fills them, reading headers only. Opened read-only, it reads as if they were empty.
@@ -47,7 +50,7 @@ import numpy as np
 
 from moco.errors import StorageError, UserError
 
-__all__ = ["Catalog", "Row", "display_path", "MAX_ID", "sample_ids", "wall_clock", "taken_text", "taken_bound"]
+__all__ = ["Catalog", "Row", "display_path", "MAX_ID", "sample_ids", "wall_clock", "date_text", "taken_bound"]
 
 logger = logging.getLogger(__name__)
 
@@ -130,8 +133,8 @@ class Row:
     added: float = 0.0
     indexed: int = 0
     deleted: int = 0
-    taken: float | None = None  # see the module's docstring; None until the header was read
-    taken_exif: int | None = None  # 1: ``taken`` is the photo's EXIF date; 0: its file's mtime (no EXIF date)
+    date: float | None = None  # the photo's date (column ``taken``): see the module's docstring; None until read
+    date_exif: int | None = None  # 1: ``date`` is when it was taken (EXIF); 0: its file's mtime (no date taken)
     camera: str | None = None
     width: int | None = None
     height: int | None = None
@@ -147,19 +150,19 @@ _HEADER_COLUMNS = (("taken", "REAL"), ("taken_exif", "INTEGER"), ("camera", "TEX
 
 
 def wall_clock(seconds: float) -> float:
-    """A moment (seconds since the epoch) as the catalog's ``taken`` holds it: this machine's local clock at that
+    """A moment (seconds since the epoch) as the catalog's dates hold it: this machine's local clock at that
     moment, read as UTC (what a camera's EXIF date is), so both kinds of dates compare and show alike."""
     local = datetime.datetime.fromtimestamp(seconds)
     return local.replace(tzinfo=datetime.timezone.utc).timestamp()
 
 
-def taken_text(taken: float | None) -> str | None:
-    """A ``taken`` value as ISO 8601 without a zone (the camera's clock): ``2024-05-06T07:08:09`` (``0001-01-01T...``
-    for the year 1, four digits always); None for None."""
-    if taken is None:
+def date_text(date: float | None) -> str | None:
+    """A date as the catalog keeps it (``Row.date``, a date taken) as ISO 8601 without a zone (the camera's clock):
+    ``2024-05-06T07:08:09`` (``0001-01-01T...`` for the year 1, four digits always); None for None."""
+    if date is None:
         return None
     try:
-        moment = _EPOCH + datetime.timedelta(seconds=float(taken))
+        moment = _EPOCH + datetime.timedelta(seconds=float(date))
     except (OverflowError, ValueError):  # outside the years 1-9999 (no camera writes such a date): unknown
         return None
     return moment.isoformat(timespec="seconds")
@@ -446,7 +449,7 @@ class Catalog:
         """Insert or replace ``row`` (by id) and its vector, inside a transaction."""
         db.execute(f"INSERT OR REPLACE INTO images({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                    (row.id, _sql_path(row.path), row.size, row.mtime_ns, row.hash, row.status, row.error, row.thumb,
-                    row.added or time.time(), row.indexed, row.deleted, row.taken, row.taken_exif, row.camera,
+                    row.added or time.time(), row.indexed, row.deleted, row.date, row.date_exif, row.camera,
                     row.width, row.height))
         if vector is None:
             db.execute("DELETE FROM vectors WHERE id = ?", (row.id,))
@@ -465,7 +468,7 @@ class Catalog:
         return [_row(r) for r in self.db.execute(sql)]
 
     def set_header(self, values: Iterable[tuple[int, float, int, str | None, int | None, int | None]]) -> None:
-        """Record (id, taken, taken_exif, camera, width, height) of rows, in one transaction."""
+        """Record (id, date, date_exif, camera, width, height) of rows, in one transaction."""
         with self.transaction() as db:
             db.executemany("UPDATE images SET taken = ?, taken_exif = ?, camera = ?, width = ?, height = ? "
                            "WHERE id = ?", [(t, e, c, w, h, i) for i, t, e, c, w, h in values])

@@ -138,7 +138,7 @@ def test_exact_near_and_similar_groups(coll):
     assert similar, "the families of the sample give similar photos"
     taken = {m.id for g in found.groups for m in g.members}
     ids, raw = index.catalog.vectors(dim=index.dim)
-    vecs = dict(zip(ids.tolist(), index.center(raw)))
+    vecs = dict(zip(ids.tolist(), index.to_space(raw)))
     for g in similar:
         rep = g.representative.id
         assert not taken & {m.id for m in g.members}
@@ -211,7 +211,7 @@ def test_a_model_that_links_every_pair_groups_only_copies(backbone, tmp_path):
     rows = index.catalog.rows_by_id(ids)
     content = {int(i): int(i) for i in ids}
     fr = frames({int(i): index.thumb_path(rows[int(i)]) for i in ids}, lambda i: None)
-    vecs = index.center(raw)
+    vecs = index.to_space(raw)
     got = proposals(index.store, ids, vecs, content, fr, {}, chunk=4, k=2).pairs
     sim = vecs @ vecs.T  # N x N
     np.fill_diagonal(sim, -np.inf)
@@ -290,7 +290,8 @@ def test_photos_of_the_same_bytes_share_their_copies(backbone, tmp_path, monkeyp
     content = {int(i): int(i) for i in ids}
     content[same] = content[p]
     monkeypatch.setattr(dedup, "proposals", functools.partial(dedup.proposals, k=0))  # no k-NN proposals: links
-    near, copy_of, counts = dedup.verify_links(index, ids, index.center(raw), content, rows, {b: {p: 0.5}, p: {b: 0.5}})
+    near, copy_of, counts = dedup.verify_links(index, ids, index.to_space(raw), content, rows,
+                                                {b: {p: 0.5}, p: {b: 0.5}})
     assert counts["proposed"] == 1 and set(near[b]) == {p, same} and set(near[same]) == {b}
     assert copy_of[min(b, same), max(b, same)] == copy_of[min(b, p), max(b, p)] >= COPY_SCORE
 

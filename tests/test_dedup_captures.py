@@ -20,13 +20,13 @@ EXIF_IFD, DATE_TAKEN, MAKE, MODEL = 0x8769, 0x9003, 0x010F, 0x0110
 
 
 def _row(i: int, taken: float | None, exif: int | None, camera: str | None) -> Row:
-    return Row(id=i, path=f"{i}.jpg", size=1, mtime_ns=0, hash=str(i), status="ok", taken=taken, taken_exif=exif,
+    return Row(id=i, path=f"{i}.jpg", size=1, mtime_ns=0, hash=str(i), status="ok", date=taken, date_exif=exif,
                camera=camera)
 
 
 def _by_hand(a: Row, b: Row) -> bool:
-    if a.taken_exif and b.taken_exif and a.taken is not None and b.taken is not None:
-        gap = abs(a.taken - b.taken)
+    if a.date_exif and b.date_exif and a.date is not None and b.date is not None:
+        gap = abs(a.date - b.date)
         shifted = any(abs(gap - q * ZONE_STEP_S) < APART_S for q in range(0, 200))
         if gap >= APART_S and not shifted:
             return True

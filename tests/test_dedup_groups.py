@@ -187,7 +187,7 @@ def copied(backbone, tmp_path_factory) -> dict:
 
 def _space(idx: ImageIndex) -> tuple[dict[int, np.ndarray], dict[str, int]]:
     ids, raw = idx.catalog.vectors(dim=idx.dim)
-    c = idx.center(raw)  # N x D, the search space
+    c = idx.to_space(raw)  # N x D, the search space
     rows = idx.catalog.rows_by_id(ids)
     return {int(i): c[n] for n, i in enumerate(ids)}, {rows[int(i)].path: int(i) for i in ids}
 
@@ -222,7 +222,7 @@ def test_the_threshold_is_calibrated_between_copies_and_other_photos(copied, bac
     imgs = [load_rgb(copied["photos"] / r.path, min_short=emb.resize) for r in rows if r.status == "ok"]
 
     def embed(images: list[Image.Image]) -> np.ndarray:
-        return idx.center(emb.embed_squares(np.stack([square_u8(im, emb.resize) for im in images])))  # N x D
+        return idx.to_space(emb.embed_squares(np.stack([square_u8(im, emb.resize) for im in images])))  # N x D
 
     orig = embed(imgs)
     jpeg, crop = embed([_copy_jpeg(im, 0.75, 60) for im in imgs]), embed([_crop(im, 0.9) for im in imgs])

@@ -47,7 +47,7 @@ def test_the_index_fits_its_own_space_on_its_photos_and_declares_it(built):
     export = Embedder.load(built / "b.safetensors", device="cpu", precision="fp32").space  # the training-time one
     want = fit_space(feats, "centred", export)  # 48 photos: too few to whiten on their own (the rule): centred
     np.testing.assert_allclose(idx.mean, feats.mean(0), atol=1e-6)
-    np.testing.assert_allclose(idx.center(feats), want(feats), atol=1e-5)
+    np.testing.assert_allclose(idx.to_space(feats), want(feats), atol=1e-5)
     assert idx.space.matrix is None and not idx.whitened
     meta = idx.meta
     assert meta["dim"] == DIM and meta["backbone"]["backbone_dim"] == 512 and "embed_dim" not in meta["backbone"]
@@ -71,7 +71,7 @@ def test_every_door_gives_the_same_vector(built, sample_photos, capsys):
     query = files[5]
     # the index's own door: its embedder's features, mapped by its space
     emb = idx.load_embedder(device="cpu")
-    via_index = idx.center(emb.embed([query]))  # 1 x D (bf16 autocast on the CPU)
+    via_index = idx.to_space(emb.embed([query]))  # 1 x D (bf16 autocast on the CPU)
     assert float(via_index[0] @ vecs[5]) > 0.99
     # CLI search --json (the photo itself kept): the scores of the hits are the reference cosines
     assert main(["index", "search", str(built / "idx"), str(query), "-k", "6", "--json", "--include-queries"]) == 0

@@ -88,7 +88,7 @@ def test_space_gives_the_index_vectors(photos, white, tmp_path):
     assert _embed(str(photos), "--backbone", str(white), "-o", str(out), "--space", str(tmp_path / "idx")) == 0
     idx = ImageIndex.open(tmp_path / "idx")
     paths = _paths(out)
-    want = idx.center(idx.load_embedder(device="cpu").embed([photos / p for p in paths]))  # what search compares
+    want = idx.to_space(idx.load_embedder(device="cpu").embed([photos / p for p in paths]))  # what search compares
     assert np.allclose(np.load(out), want, atol=1e-5)
 
 

@@ -78,8 +78,10 @@ def test_twenty_identical_photos_centre_without_zero_vectors_and_group_as_duplic
         build_index(photos, backbone, tmp_path / "idx", progress=False, device="cpu")
     idx = ImageIndex.open(tmp_path / "idx")
     ids, feats = idx.catalog.vectors(dim=idx.dim)
-    vecs = idx.center(feats)  # what index.faiss holds
+    vecs = idx.to_space(feats)  # what index.faiss holds
     assert np.isfinite(vecs).all() and (np.linalg.norm(vecs, axis=1) > 0.99).all()
+    with pytest.warns(DeprecationWarning, match="to_space"):  # the former name still answers, and says the new one
+        np.testing.assert_array_equal(idx.center(feats), vecs)
     assert idx.space.matrix is None
     hits = idx.search(feats[:1], k=20)
     np.testing.assert_allclose(hits.scores, 1.0, atol=1e-4)  # never 0.0000

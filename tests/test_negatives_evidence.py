@@ -59,14 +59,14 @@ def _copy(path: Path) -> Image.Image:
 def _index_reference(index: ImageIndex, emb, img: Image.Image, seed: int, level: float) -> dict:
     """IndexNegatives by hand: centred cosines of the seeded views and of the clean embedding to every photo."""
     ids, raw = index.catalog.vectors()  # N, N x D
-    vecs = index.center(raw)  # N x D
+    vecs = index.to_space(raw)  # N x D
     square = square_u8(img, emb.resize)
     xq, xk = two_views(torch.tensor(square)[None], "v2", emb.image_size, emb.pixel_mean, emb.pixel_std,
                        torch.Generator().manual_seed(seed))
-    q, k = index.center(emb.embed_views(torch.cat([xq, xk])))  # D, D
+    q, k = index.to_space(emb.embed_views(torch.cat([xq, xk])))  # D, D
     clean = emb.embed_squares(np.array(square)[None])  # 1 x D
     keep = raw @ clean[0] < 0.9999  # copies of the query itself are left out
-    sims, dup = vecs[keep] @ q, vecs[keep] @ index.center(clean)[0] >= index.dedup_threshold  # K, K
+    sims, dup = vecs[keep] @ q, vecs[keep] @ index.to_space(clean)[0] >= index.dedup_threshold  # K, K
     if index.weak_below is not None and level <= index.weak_below:
         level = np.inf  # views no closer than random pairs: closeness is no evidence
     code = np.where(dup, 2, np.where(sims >= level, 3, 0))  # K
@@ -147,7 +147,7 @@ def test_counts_come_from_all_negatives_not_the_rows_shown(setup, index, queue):
     train_id = queue.files.index(photo.relative_to(setup["photos"]).as_posix())
     paths = [queue.files[i] for i in ids]
     idx_ids = np.array([index.catalog.row_by_path(p).id for p in paths])
-    near = index.center(index.vectors(idx_ids)) @ index.center(index.vectors([row.id]))[0] >= index.dedup_threshold
+    near = index.to_space(index.vectors(idx_ids)) @ index.to_space(index.vectors([row.id]))[0] >= index.dedup_threshold
     level = view.augment_level if view.augment_level > queue._chance else np.inf  # closeness above chance only
     code = np.where(ids == train_id, 1, np.where(near, 2, np.where(sims >= level, 3, 0)))
     assert view.count == len(ids) and view.above_positive == int(np.sum(sims >= float((q * k).sum())))

@@ -54,7 +54,7 @@ def built(backbone, tmp_path_factory) -> dict:
 def _live(idx: ImageIndex) -> tuple[np.ndarray, np.ndarray]:
     """The search space's vectors: what the unusual photos are scored in."""
     ids, raw = idx.catalog.vectors(dim=idx.dim)
-    return ids, idx.center(raw)  # N, N x D
+    return ids, idx.to_space(raw)  # N, N x D
 
 
 def _centred(idx: ImageIndex) -> tuple[np.ndarray, np.ndarray]:
@@ -202,8 +202,8 @@ def test_browse_pages_sorts_and_filters_by_folder_and_theme(built):
     assert total == len(under) and [r.path for r in rows] == under[1:3]
     newest, _ = idx.browse(sort="-date", limit=1000)
     oldest, _ = idx.browse(sort="date", limit=1000)
-    assert [r.taken for r in oldest] == sorted(r.taken for r in oldest)
-    assert [r.taken for r in newest] == sorted((r.taken for r in newest), reverse=True)
+    assert [r.date for r in oldest] == sorted(r.date for r in oldest)
+    assert [r.date for r in newest] == sorted((r.date for r in newest), reverse=True)
     for t in collection_themes(idx).themes[:3]:
         rows, total = browse_photos(idx, theme=t.id, limit=1000)
         assert total == t.size and {r.id for r in rows} == set(theme_members(idx, t.id, 0, 1000)[0])

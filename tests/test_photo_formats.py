@@ -21,7 +21,7 @@ from PIL import Image
 
 from app.cli.commands import main
 from index.building.runner import build_index, update_index
-from index.catalog import Catalog, taken_bound, taken_text
+from index.catalog import Catalog, date_text, taken_bound
 from index.search.image_index import ImageIndex
 from moco.data.cache import build_cache
 from moco.data.photos import (
@@ -145,7 +145,7 @@ def test_heic_and_avif_decode_like_jpeg_with_their_exif(tmp_path, heif):
         assert np.abs(np.asarray(out).astype(int) - _halves()).mean() < 4  # the same pixels, lossy-coded
         info = photo_info(tmp_path / name)
         assert (info.width, info.height, info.camera) == (96, 64, "Apple iPhone 15")
-        assert taken_text(info.taken) == "2024-03-04T05:06:07"
+        assert date_text(info.taken) == "2024-03-04T05:06:07"
     assert scan_images(tmp_path) == ["a.heic", "b.HEIF", "c.avif"]
 
 
@@ -156,7 +156,7 @@ def test_raw_is_developed_to_rgb_with_its_header(tmp_path):
     assert img.mode == "RGB" and img.size == (96, 64) and _red_left_blue_right(img)
     info = photo_info(path)
     assert (info.width, info.height, info.camera) == (96, 64, "TestMake TestModel")
-    assert taken_text(info.taken) == "2021-05-06T07:08:09"
+    assert date_text(info.taken) == "2021-05-06T07:08:09"
     for bad in (b"", b"II*\0" + b"\0" * 64, b"not a raw file at all"):
         (tmp_path / "bad.cr2").write_bytes(bad)
         with pytest.raises(ImageDecodeError, match="bad.cr2"):
@@ -433,11 +433,11 @@ def test_the_catalog_records_the_date_taken_camera_and_pixels(dated):
         assert (row.width, row.height) == (48, 48)
         if day is None:
             local = datetime.datetime.fromtimestamp(1_600_000_000).strftime("%Y-%m-%dT%H:%M:%S")
-            assert taken_text(row.taken) == local and row.camera is None  # the file's date, on this clock
-            assert row.taken_exif == 0
+            assert date_text(row.date) == local and row.camera is None  # the file's date, on this clock
+            assert row.date_exif == 0
         else:
-            assert taken_text(row.taken) == day.replace(":", "-", 2).replace(" ", "T")
-            assert row.camera.startswith("Cam Model ") and row.taken_exif == 1
+            assert date_text(row.date) == day.replace(":", "-", 2).replace(" ", "T")
+            assert row.camera.startswith("Cam Model ") and row.date_exif == 1
 
 
 def test_the_keeper_rule_reads_only_a_camera_date_as_a_date_taken(dated):
@@ -447,7 +447,7 @@ def test_the_keeper_rule_reads_only_a_camera_date_as_a_date_taken(dated):
     rows = Catalog(tmp / "idx" / "catalog.sqlite").rows()
     facts = {path: photo_facts(tmp / "photos", rows[path]) for path in dates}
     assert {path for path, f in facts.items() if f.taken is not None} == {p for p, d in dates.items() if d}
-    assert all(f.taken == rows[path].taken for path, f in facts.items() if dates[path])
+    assert all(f.taken == rows[path].date for path, f in facts.items() if dates[path])
 
 
 OLD_COLUMNS = "id, path, size, mtime_ns, hash, status, error, thumb, added, indexed, deleted"
@@ -472,26 +472,26 @@ def test_an_older_catalog_gets_the_columns_and_the_next_update_fills_them(dated,
     (tmp_path / "idx").chmod(0o555)  # read-only: opened as it is, the header columns read as empty
     try:
         if not os.access(tmp_path / "idx", os.W_OK):  # (root writes anyway)
-            assert {r.taken for r in Catalog(tmp_path / "idx" / "catalog.sqlite").rows().values()} == {None}
+            assert {r.date for r in Catalog(tmp_path / "idx" / "catalog.sqlite").rows().values()} == {None}
     finally:
         (tmp_path / "idx").chmod(0o755)
     cat = Catalog(tmp_path / "idx" / "catalog.sqlite")  # writable: the columns are added, empty
-    assert {r.taken for r in cat.rows().values()} == {None} and len(cat.without_header()) == len(dates)
+    assert {r.date for r in cat.rows().values()} == {None} and len(cat.without_header()) == len(dates)
     cat.close()
     s = update_index(tmp_path / "idx", progress=False)
     assert s.headers_read == len(dates) and s.embedded == 0 and s.reembedded == 0
     before = Catalog(tmp / "idx" / "catalog.sqlite").rows()
     after = Catalog(tmp_path / "idx" / "catalog.sqlite").rows()
-    assert {p: (r.taken, r.camera, r.width, r.height) for p, r in after.items()} == \
-        {p: (r.taken, r.camera, r.width, r.height) for p, r in before.items()}
+    assert {p: (r.date, r.camera, r.width, r.height) for p, r in after.items()} == \
+        {p: (r.date, r.camera, r.width, r.height) for p, r in before.items()}
 
 
 def _reference(index: ImageIndex, q: np.ndarray, k: int, offset: int, keep) -> list[list[tuple[int, float]]]:
     """Brute force in numpy: every live row's centred vector scored against each query, filtered, ranked."""
     rows = {r.id: r for r in index.catalog.rows().values() if r.status == "ok"}
     ids = np.array(sorted(rows), np.int64)
-    base = index.center(index.vectors(ids))  # N x D, as index.faiss holds them
-    scores = index.center(q) @ base.T  # Q x N
+    base = index.to_space(index.vectors(ids))  # N x D, as index.faiss holds them
+    scores = index.to_space(q) @ base.T  # Q x N
     out = []
     for s in scores:
         ranked = [(int(ids[j]), float(s[j])) for j in np.argsort(-s, kind="stable") if keep(rows[int(ids[j])])]
@@ -518,7 +518,7 @@ def test_search_by_date_and_folders_matches_a_brute_force_reference(dated, k, of
     def keep(row) -> bool:
         ok = (folder is None or row.path.startswith(folder + "/")) and not row.path.startswith(
             tuple(f + "/" for f in away))
-        return ok and (lo is None or row.taken >= lo) and (hi is None or row.taken < hi)
+        return ok and (lo is None or row.date >= lo) and (hi is None or row.date < hi)
 
     hits = index.search(q, k=k, folder=folder, offset=offset, exclude_folders=away, taken=(lo, hi))
     want = _reference(index, q, k, offset, keep)
@@ -582,7 +582,7 @@ def test_dedup_leaves_excluded_folders_out_and_shows_the_dates(dated, capsys):
     assert groups and not any(m.path.startswith("stars/") for g in groups for m in g.members)
     rows = {m.path: index.catalog.row_by_path(m.path) for g in groups for m in g.members}
     # a member's date taken is its EXIF date; a date the catalog took from the file's mtime is none
-    assert all(m.taken == (rows[m.path].taken if rows[m.path].taken_exif else None) for g in groups
+    assert all(m.taken == (rows[m.path].date if rows[m.path].date_exif else None) for g in groups
                for m in g.members)
     assert any(m.taken is not None for g in groups for m in g.members)
     assert main(["index", "dedup", str(tmp / "idx"), "--threshold", "0.3", "--json", "--exclude-folder", "stars",
@@ -625,10 +625,10 @@ def test_dates_of_every_year_go_both_ways_in_iso_8601(day):
     import datetime
 
     start, end = taken_bound(day, False), taken_bound(day, True)
-    assert taken_text(start) == f"{day}T00:00:00" and end - start == 86400
-    assert datetime.datetime.fromisoformat(taken_text(start)).date().isoformat() == day
-    assert taken_text(taken_bound(f"{day}T23:59:58", False)) == f"{day}T23:59:58"
-    assert taken_text(1e300) is None  # no camera's date: unknown rather than a crash
+    assert date_text(start) == f"{day}T00:00:00" and end - start == 86400
+    assert datetime.datetime.fromisoformat(date_text(start)).date().isoformat() == day
+    assert date_text(taken_bound(f"{day}T23:59:58", False)) == f"{day}T23:59:58"
+    assert date_text(1e300) is None  # no camera's date: unknown rather than a crash
 
 
 def test_a_bad_date_is_echoed_in_60_characters_at_most():

@@ -82,7 +82,7 @@ def test_one_positive_is_todays_search_bit_for_bit(collection):
     ids = idx.catalog.ok_ids()
     f = idx.vectors(ids[[3, 17]])  # 2 x D: features, as the embedder gives them
     q = idx.query_vector(f[:1])
-    assert np.array_equal(q, idx.center(f[:1])[0])
+    assert np.array_equal(q, idx.to_space(f[:1])[0])
     today, multi = idx.search(f[:1], k=12), idx.search(q, k=12, centred=True)
     assert np.array_equal(today.ids, multi.ids) and np.array_equal(today.scores, multi.scores)
 
@@ -120,7 +120,7 @@ def test_three_positives_of_a_family_and_a_negative_of_another(collection):
     assert len(rank_a) == len(by[a]) - 3 and len(rank_b) == len(by[b]) - 1
     assert max(rank_a) < min(rank_b)  # every photo of the first family ahead of every photo of the second
     # the same ranking from numpy: the centred collection against the combined query
-    x = idx.center(idx.vectors(np.array(ranked)))  # N x D
+    x = idx.to_space(idx.vectors(np.array(ranked)))  # N x D
     assert np.all(np.diff(x @ q) <= 1e-6)
     np.testing.assert_allclose(hits.scores[0][: len(ranked)], x @ q, atol=1e-5)
 
@@ -138,8 +138,8 @@ def test_near_copies_hidden_and_uploads_matched_by_their_bytes(collection):
     np.testing.assert_array_equal(left_out.ids[0][:8], [i for i in plain.ids[0] if i not in twins][:8])
     # deduplicate: greedy over the full ranking in numpy, no kept result within the threshold of a better one
     ids = idx.catalog.ok_ids()
-    x = idx.center(idx.vectors(ids))  # N x D
-    order = ids[np.argsort(-(x @ idx.center(f)[0]), kind="stable")]
+    x = idx.to_space(idx.vectors(ids))  # N x D
+    order = ids[np.argsort(-(x @ idx.to_space(f)[0]), kind="stable")]
     near, kept = idx.dedup_threshold, []
     xs = dict(zip(ids.tolist(), x))
     for i in order.tolist():

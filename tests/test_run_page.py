@@ -159,7 +159,7 @@ def _walk(page, work: Path, photos: Path) -> None:
     index = ImageIndex.open(work / "index")
     for other in (int(i) for i in ids if int(i) != keep):  # each other card: its cosine to the new keeper
         card = page.locator("#dup-groups .dup-group").nth(at).locator(f"figure[data-id='{other}'] figcaption")
-        v = index.center(index.vectors(np.array([keep, other])))  # 2 x D, unit
+        v = index.to_space(index.vectors(np.array([keep, other])))  # 2 x D, unit
         assert f"cos {float(v[1] @ v[0]):.3f} to the keeper" in card.inner_text(), card.inner_text()
 
 

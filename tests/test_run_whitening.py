@@ -229,7 +229,7 @@ def test_near_duplicates_of_a_whitened_index_use_its_threshold(run, sample_photo
     groups = find_duplicates(idx)  # no threshold given: the index's
     assert load_duplicates(idx.dir).threshold == threshold
     ids, vecs = idx.catalog.vectors(dim=idx.dim)
-    c = dict(zip(ids.tolist(), idx.center(vecs)))  # id -> D, the search space
+    c = dict(zip(ids.tolist(), idx.to_space(vecs)))  # id -> D, the search space
     for g in groups:  # every member a copy of its group's representative by its pixels, its cosine the search's
         rep = g.representative.id
         assert all(m.copy_score >= COPY_SCORE for m in g.members)

@@ -110,7 +110,7 @@ def test_one_image_alone_is_the_search_of_base64(setup, http, capsys):
 def test_a_raw_vector_of_the_space(setup, http):
     idx = ImageIndex.open(setup["idx"])
     some = int(idx.catalog.ok_ids()[9])
-    v = idx.center(idx.vectors(np.array([some])))[0] * 3.0  # any length: normalized by the API
+    v = idx.to_space(idx.vectors(np.array([some])))[0] * 3.0  # any length: normalized by the API
     got = http.post("/search/multi", json={"vector": v.tolist(), "k": 7}).json()["results"]
     similar = http.get(f"/photos/{some}/similar", params={"k": 7, "include_queries": True}).json()["results"]
     assert [h["id"] for h in got] == [h["id"] for h in similar]

@@ -155,8 +155,8 @@ def test_negatives_from_the_index_match_a_hand_computation(setup):
     square = square_u8(img, emb.resize)
     xq, xk = two_views(torch.tensor(square)[None], "v2", emb.image_size, emb.pixel_mean, emb.pixel_std,
                        torch.Generator().manual_seed(1))
-    q, k = index.center(emb.embed_views(torch.cat([xq, xk])))  # centred, as search scores
-    negs = index.center(vecs[keep]) @ q
+    q, k = index.to_space(emb.embed_views(torch.cat([xq, xk])))  # centred, as search scores
+    negs = index.to_space(vecs[keep]) @ q
     shares, loss, rank = _hand_info_nce(float(q @ k), negs, view.temperature)
     assert view.count == int(keep.sum()) == len(ids) - 1
     assert view.loss == pytest.approx(loss, rel=1e-4) and view.positive_rank == rank

@@ -13,7 +13,7 @@ from app.api.state import Api, json_path
 from app.collection.review import MAX_PAGE
 from app.guard.access import API_PREFIX
 from app.search.service import NotFound
-from index.catalog import taken_text
+from index.catalog import date_text
 from index.duplicates import groups
 from index.search.image_index import ImageIndex
 from moco.errors import UserError
@@ -27,7 +27,7 @@ def _group(index: ImageIndex, g: groups.Group) -> Group:
     def member(m: groups.Member) -> Member:
         return Member(id=m.id, path=json_path(m.path), score=float(m.similarity if m.similarity is not None else 1.0),
                       copy_score=m.copy_score, width=m.width, height=m.height, bytes=m.bytes,
-                      taken=taken_text(m.taken), mtime=m.mtime, identical=g.identical(m))
+                      taken=date_text(m.taken), mtime=m.mtime, identical=g.identical(m))
 
     rep, keep = g.member(g.representative.id if g.representative else None), g.keeper
     return Group(id=g.id, kind=g.kind, size=g.size, representative=member(rep) if rep else None,

@@ -137,7 +137,7 @@ class MultiQuery(BaseModel):
     vector: list[float] | None = Field(None, min_length=1, max_length=65536, description="instead of photos: a query "
                                        "vector in the "
                                        "index's space (`dim` numbers of /stats, finite, not all zero; normalized "
-                                       "here), as `ImageIndex.center` or `Embedder.load(B, space=INDEX_DIR)` give "
+                                       "here), as `ImageIndex.to_space` or `Embedder.load(B, space=INDEX_DIR)` give "
                                        "them")
     k: int = Field(12, ge=1, le=MAX_RESULTS, description="results per page")
     folder: str = Field("", **FOLDER_FIELD)  # type: ignore[arg-type]

@@ -18,7 +18,7 @@ from app.api.models import MAX_ID, BrowsePhoto
 from app.api.state import Api
 from app.guard.access import API_PREFIX
 from app.search.service import NotFound
-from index.catalog import display_path, taken_text
+from index.catalog import date_text, display_path
 
 __all__ = ["photos_router", "OriginalResponse"]
 
@@ -71,7 +71,7 @@ def photos_router(api: Api) -> APIRouter:
         row = library.indexed(photo_id)
         if row is None:
             raise NotFound(f"photo id {photo_id} is not an indexed photo: search again for current ids")
-        return BrowsePhoto(id=row.id, path=display_path(row.path), taken=taken_text(row.taken), width=row.width,
+        return BrowsePhoto(id=row.id, path=display_path(row.path), taken=date_text(row.date), width=row.width,
                            height=row.height)
 
     @router.get("/photos/{photo_id}/thumbnail", responses={**ERRORS, 200: {"content": {"image/jpeg": {}}}},

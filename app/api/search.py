@@ -34,7 +34,7 @@ from app.api.state import Api, Filters, json_path
 from app.guard.access import API_PREFIX
 from app.search.scope import MAX_RESULTS
 from app.search.service import Found, Several
-from index.catalog import taken_text
+from index.catalog import date_text
 from index.search.query import check_query_vector
 from moco.errors import UserError
 
@@ -47,7 +47,7 @@ def _response(found: Found, filters: Filters) -> SearchResponse:
     weak = index.weak_below
     hits = found.hits
     results = [Hit(rank=found.offset + r + 1, id=int(i), path=json_path(p), score=float(s),
-                   weak=weak is not None and float(s) < weak, taken=taken_text(row.taken))
+                   weak=weak is not None and float(s) < weak, taken=date_text(row.date))
                for r, (i, s, p, row) in enumerate(zip(hits.ids[n], hits.scores[n], hits.paths[n], hits.rows[n]))]
     return SearchResponse(results=results, k=found.scope.k, offset=found.offset,
                           folder=filters.folder.strip("/") or None,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from index.building.args import IDX_HELP
-from index.catalog import display_path, taken_bound, taken_text
+from index.catalog import date_text, display_path, taken_bound
 from index.duplicates.groups import DEFAULT_KINDS, KINDS, SIMILAR
 from moco.errors import UserError, plural
 
@@ -229,7 +229,7 @@ def cmd_search(args: argparse.Namespace) -> int:
                           exclude_ids=skip, deduplicate=args.deduplicate)
     weak = idx.weak_below  # None for an index from before centred scores
     out = [{"rank": r + 1, "id": int(i), "path": p, "score": round(float(s), 6),
-            "weak": weak is not None and float(s) < weak, "taken": taken_text(row.taken)}
+            "weak": weak is not None and float(s) < weak, "taken": date_text(row.date)}
            for r, (i, s, p, row) in enumerate(zip(hits.ids[0], hits.scores[0], hits.paths[0], hits.rows[0]))]
     if args.json:
         print(json.dumps(out))

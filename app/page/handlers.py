@@ -39,7 +39,7 @@ from app.page.overview import CollectionOverview
 from app.search.scope import ALL_FOLDERS, Scope
 from app.search.service import SearchService
 from app.search.uploads import read_upload
-from index.catalog import display_path, taken_text
+from index.catalog import date_text, display_path
 from index.duplicates.groups import NEAR, SIMILAR, Group
 from index.search.image_index import ImageIndex
 from moco.data.photos import load_rgb, open_regular
@@ -183,7 +183,7 @@ class SearchApp(Library):
         """A result's caption: rank, centred cosine (3 decimals), weak-match marker, the day taken, the full path."""
         index = self.ready_index()
         weak = " · weak match" if index.weak_below is not None and score < index.weak_below else ""
-        day = f" · {taken_text(taken)[:10]}" if taken is not None else ""
+        day = f" · {date_text(taken)[:10]}" if taken is not None else ""
         return f"#{rank} · {score_text(score)}{weak}{day} · {display_path(path)}"
 
     def _gallery(self, state: Results) -> list[tuple[str | None, str]]:
@@ -217,7 +217,7 @@ class SearchApp(Library):
         state = Results(vector, k, folder, label, source, ids=[r.id for r in rows], paths=hits.paths[0],
                         scores=[float(s) for s in hits.scores[0][: len(rows)]],
                         thumbs=[str(index.thumb_path(r)) if r.thumb else None for r in rows],
-                        dates=[r.taken for r in rows], exclude_folders=away, taken=taken,
+                        dates=[r.date for r in rows], exclude_folders=away, taken=taken,
                         taken_given=(taken_from or "", taken_to or ""), centred=centred, positives=positives,
                         negatives=negatives, query_ids=tuple(int(i) for i in query_ids),
                         photo_ids=tuple(int(i) for i in photo_ids))
@@ -348,7 +348,7 @@ class SearchApp(Library):
         state = replace(state, ids=state.ids + [r.id for r in rows], paths=state.paths + hits.paths[0],
                         scores=state.scores + [float(s) for s in hits.scores[0][: len(rows)]],
                         thumbs=state.thumbs + [str(index.thumb_path(r)) if r.thumb else None for r in rows],
-                        dates=dates + [r.taken for r in rows])
+                        dates=dates + [r.date for r in rows])
         info = (f"**{len(state.ids)} results** for {state.heading()} · search "
                 f"{(time.perf_counter() - t0) * 1000:.1f} ms" + ("" if rows else " · no more results"))
         return self._gallery(state), info, state
@@ -395,8 +395,8 @@ class SearchApp(Library):
         when = datetime.datetime.fromtimestamp(row.mtime_ns / 1e9).strftime("%Y-%m-%d %H:%M")
         thumb = index.thumb_path(row)
         text = f"**{_path_html(display_path(row.path))}**\n\n{size_text(row.size)} · modified {when}"
-        if row.taken is not None:
-            text += f" · taken {taken_text(row.taken).replace('T', ' ')[:16]}"
+        if row.date is not None:
+            text += f" · taken {date_text(row.date).replace('T', ' ')[:16]}"
         if row.camera:
             text += f" · {html.escape(row.camera)}"
         preview: Any = str(thumb) if thumb else None
@@ -490,7 +490,7 @@ class SearchApp(Library):
         weak = self.index.weak_below if self.index is not None else None
         dates = state.dates or [None] * len(state.ids)
         rows = [{"rank": r, "path": display_path(p), "score": float(score_text(s)),
-                 "weak_match": weak is not None and s < weak, "id": i, "taken": taken_text(t)}
+                 "weak_match": weak is not None and s < weak, "id": i, "taken": date_text(t)}
                 for r, (i, p, s, t) in enumerate(zip(state.ids, state.paths, state.scores, dates), 1)]
         table = io.StringIO(newline="")
         writer = csv.DictWriter(table, fieldnames=list(rows[0]))

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from index.catalog import Row, display_path, taken_text
+from index.catalog import Row, date_text, display_path
 from index.search.image_index import ImageIndex
 from moco.errors import UserError, plural
 
@@ -261,5 +261,5 @@ class CollectionOverview:
 
 
 def _caption(row: Row) -> str:
-    day = f"{taken_text(row.taken)[:10]} · " if row.taken is not None else ""
+    day = f"{date_text(row.date)[:10]} · " if row.date is not None else ""
     return day + display_path(row.path)

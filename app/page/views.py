@@ -101,7 +101,7 @@ def _to_keeper(group: Group, index: ImageIndex) -> dict[int, tuple[float | None,
     others = [i for i in by_id if i not in (keep, rep)]
     if others:
         try:
-            v = index.center(index.vectors(np.array([keep, *others], np.int64)))  # 1 + n x D, unit
+            v = index.to_space(index.vectors(np.array([keep, *others], np.int64)))  # 1 + n x D, unit
         except KeyError:  # a member moved or deleted since the search
             return out
         for i, cos in zip(others, (v[1:] @ v[0]).tolist()):

@@ -209,7 +209,7 @@ class SearchService:
             loop = asyncio.get_running_loop()
             image = await loop.run_in_executor(self._decode, self._read, data, name)
             vector, _ = await self.batcher.submit(_Query(scope, image=image, embed_only=True))  # D: the model's
-        return scope.index.center(vector[None])[0], (time.perf_counter() - t0) * 1000  # D: the index's space
+        return scope.index.to_space(vector[None])[0], (time.perf_counter() - t0) * 1000  # D: the index's space
 
     async def search_id(self, image_id: int, scope: Scope, offset: int = 0, deduplicate: bool = False,
                         include_queries: bool = False) -> Found:

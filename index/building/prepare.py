@@ -35,7 +35,7 @@ __all__ = ["THUMB_SIZE", "is_our_failure", "write_failed", "decode_round", "embe
 THUMB_SIZE = 256
 
 
-# What the catalog keeps of a photo's header: taken, taken_exif (1: taken is EXIF's), camera, width, height.
+# What the catalog keeps of a photo's header: date, date_exif (1: the date is EXIF's date taken), camera, width, height.
 Header = tuple[float, int, str | None, int | None, int | None]
 
 
@@ -55,10 +55,10 @@ class _Record:
 
 
 def read_header(path: Path, mtime_ns: int) -> Header:
-    """(taken, taken_exif, camera, width, height) of a photo for the catalog, from its header only
-    (:func:`moco.data.photos.photo_info`): taken is EXIF DateTimeOriginal (taken_exif 1), else the file's mtime (as
-    the catalog keeps dates, :func:`index.catalog.wall_clock`; taken_exif 0); an unreadable header gives the mtime
-    and Nones."""
+    """(date, date_exif, camera, width, height) of a photo for the catalog, from its header only
+    (:func:`moco.data.photos.photo_info`): the date is when it was taken, EXIF DateTimeOriginal (date_exif 1), else
+    the file's mtime (as the catalog keeps dates, :func:`index.catalog.wall_clock`; date_exif 0); an unreadable header
+    gives the mtime and Nones."""
     try:
         info = photo_info(path)
     except ImageDecodeError as e:
@@ -155,9 +155,9 @@ def commit(catalog: Catalog, records: list[_Record], summary: Summary, reembed_i
     with catalog.transaction() as db:
         for r in sorted(records, key=lambda r: r.id):
             status = "ok" if r.vector is not None else "error"
-            taken, exif, camera, width, height = r.header if r.header and status == "ok" else (None,) * 5
+            date, exif, camera, width, height = r.header if r.header and status == "ok" else (None,) * 5
             catalog.put(db, Row(r.id, r.path, r.stat.size, r.stat.mtime_ns, r.hash, status, r.error, r.thumb,
-                                0.0, indexed=0, deleted=0, taken=taken, taken_exif=exif, camera=camera, width=width,
+                                0.0, indexed=0, deleted=0, date=date, date_exif=exif, camera=camera, width=width,
                                 height=height),
                         r.vector)
             if r.error:
@@ -188,9 +188,9 @@ def quick_ops(catalog: Catalog, plan: Plan, index_dir: Path, summary: Summary) -
                 except OSError as e:
                     raise write_failed(e, index_dir / thumb) from e
             same = src_row or Row(0, "", 0, 0, None, "ok")  # a copy: the source's header (the same bytes)
-            taken = same.taken if same.taken_exif else wall_clock(st.mtime_ns / 1e9)  # without EXIF: its own mtime
-            catalog.put(db, Row(id_, path, st.size, st.mtime_ns, content, "ok", None, thumb, taken=taken,
-                                taken_exif=same.taken_exif or 0, camera=same.camera, width=same.width,
+            date = same.date if same.date_exif else wall_clock(st.mtime_ns / 1e9)  # without EXIF: its own mtime
+            catalog.put(db, Row(id_, path, st.size, st.mtime_ns, content, "ok", None, thumb, date=date,
+                                date_exif=same.date_exif or 0, camera=same.camera, width=same.width,
                                 height=same.height), vec[0])
         db.executemany("UPDATE images SET deleted=1 WHERE id=?", [(i,) for i in plan.gone])
     summary.touched, summary.moved, summary.copied = len(plan.touch), len(plan.moves), len(plan.copies)

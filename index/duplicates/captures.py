@@ -89,4 +89,4 @@ def _apart(ta: np.ndarray, ca: np.ndarray, tb: np.ndarray, cb: np.ndarray) -> np
 
 
 def _taken(row: Row | None) -> float:
-    return float(row.taken) if row is not None and row.taken_exif and row.taken is not None else np.nan
+    return float(row.date) if row is not None and row.date_exif and row.date is not None else np.nan

@@ -107,7 +107,7 @@ __all__ = ["find_duplicates", "search_duplicates", "Search", "load_duplicates", 
 def _neighbours(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, at: np.ndarray, threshold: float, chunk: int,
                 live: set[int], graph: dict[int, dict[int, float]]) -> None:
     """Add to ``graph`` the neighbours of the photos at places ``at`` of ``ids`` (vectors ``vecs`` in the index's
-    space, :meth:`ImageIndex.center`) among the photos ``live`` at centred cosine >= ``threshold`` (a range search):
+    space, :meth:`ImageIndex.to_space`) among the photos ``live`` at centred cosine >= ``threshold`` (a range search):
     ``{id: {other id: cosine}}``, symmetric (a pair an approximate index finds one way only is kept both ways); photos
     without one are left out."""
     for start in range(0, len(at), chunk):
@@ -432,13 +432,13 @@ def _graph(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: np.nda
 
 
 def _centred(index: ImageIndex, raw: np.ndarray, chunk: int = 8192) -> np.ndarray:
-    """``index.center(raw)``, in place a chunk at a time where it keeps the dimension: one copy of the vectors at a
+    """``index.to_space(raw)``, in place a chunk at a time where it keeps the dimension: one copy of the vectors at a
     time (2 GB a copy at 1,000,000 photos of 512 dimensions), the temporaries of a chunk small (17 MB a copy)."""
     raw = np.ascontiguousarray(raw, np.float32)  # N x D
     for start in range(0, len(raw), chunk):
-        part = index.center(raw[start : start + chunk])  # B x D'
+        part = index.to_space(raw[start : start + chunk])  # B x D'
         if part.shape[1] != raw.shape[1]:
-            return index.center(raw)
+            return index.to_space(raw)
         raw[start : start + chunk] = part
     return raw
 

@@ -14,8 +14,8 @@ re-encoded copy saved as PNG is larger than its JPEG photo. A keeper the user ch
 What the pixels alone cannot tell: of a photo and its mirror image, or its brightened copy, with the same pixels,
 format, dates and no name that gives one away, either may be the original; the file times then decide.
 
-A photo's pixels and date taken come from the catalog when its rows carry them (``width``, ``height``, ``taken``
-when ``taken_exif``: a date from the file's mtime is no date taken),
+A photo's pixels and date taken come from the catalog when its rows carry them (``width``, ``height``, ``date``
+when ``date_exif``: a date from the file's mtime is no date taken),
 else from the photo's header (:func:`moco.data.photos.photo_info`, nothing decoded): :func:`photo_facts`.
 """
 
@@ -64,7 +64,7 @@ def photo_facts(root: Path, row: Row) -> Facts:
     """The facts of a catalog row: pixels and date taken from the catalog's columns where it has them, else from the
     header of ``root / row.path`` (unknown when it cannot be read); size and mtime from the catalog."""
     width, height = row.width, row.height
-    taken = row.taken if row.taken_exif else None  # a date from the file's mtime is no date taken
+    taken = row.date if row.date_exif else None  # a date from the file's mtime is no date taken
     if width is None or height is None:
         try:
             info = photo_info(root / row.path)

@@ -66,7 +66,7 @@ class Collection(Protocol):
 
     def refresh(self) -> bool: ...
 
-    def center(self, vectors: np.ndarray) -> np.ndarray: ...
+    def to_space(self, vectors: np.ndarray) -> np.ndarray: ...
 
 
 def index_version(index: Collection) -> str:
@@ -87,7 +87,7 @@ def space_vectors(index: Collection) -> tuple[np.ndarray, np.ndarray]:
     ids, raw = index.catalog.vectors(dim=index.dim)  # N, N x D
     if not len(ids):
         return ids, raw
-    return ids, index.center(raw)  # N x D
+    return ids, index.to_space(raw)  # N x D
 
 
 def centred_vectors(index: Collection) -> tuple[np.ndarray, np.ndarray]:

@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from index.catalog import Row, display_path, taken_text
+from index.catalog import Row, date_text, display_path
 from index.overview.cache import Collection
 from index.overview.layout import collection_map
 from index.overview.themes import collection_themes, theme_labels, theme_members
@@ -270,5 +270,5 @@ def browse_document(index: Browsable, folder: str | None = None, theme: int | No
     rows, total = browse_photos(index, folder, theme, sort, offset, limit)
     return BrowsePageDoc(total=total, offset=offset, limit=limit, next_offset=_next(offset, len(rows), total),
                          folder=folder or None, theme=theme, sort=sort,
-                         photos=[BrowsePhotoItem(id=r.id, path=display_path(r.path), taken=taken_text(r.taken),
+                         photos=[BrowsePhotoItem(id=r.id, path=display_path(r.path), taken=date_text(r.date),
                                                  width=r.width, height=r.height) for r in rows])

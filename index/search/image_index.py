@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,7 +71,7 @@ def row_filter(folder: str | None = None, exclude_folders: Sequence[str] = (),
         if away and row.path.startswith(away):
             return False
         if lo is not None or hi is not None:
-            if row.taken is None or (lo is not None and row.taken < lo) or (hi is not None and row.taken >= hi):
+            if row.date is None or (lo is not None and row.date < lo) or (hi is not None and row.date >= hi):
                 return False
         return True
 
@@ -255,11 +256,17 @@ class ImageIndex:
         value = self.meta.get("augment_level")
         return dict(value) if isinstance(value, dict) and "median" in value else None
 
-    def center(self, vectors: np.ndarray) -> np.ndarray:
+    def to_space(self, vectors: np.ndarray) -> np.ndarray:
         """Features (Q x D, L2-normalized: what :meth:`load_embedder` embeds) in the space of ``index.faiss``:
         ``normalize((f - mean) @ matrix)``, the matrix where the space whitens."""
         v = np.ascontiguousarray(np.atleast_2d(vectors), np.float32)  # Q x D
         return v if self.space is None else self.space(v)
+
+    def center(self, vectors: np.ndarray) -> np.ndarray:
+        """Deprecated name of :meth:`to_space` (which also whitens where the index's space does)."""
+        warnings.warn("ImageIndex.center is now ImageIndex.to_space: it maps into the index's space, which may "
+                      "whiten as well as centre", DeprecationWarning, stacklevel=2)
+        return self.to_space(vectors)
 
     def thumb_path(self, row: Row) -> Path | None:
         """Absolute path of a row's thumbnail (inside ``thumbs/``), when it has one."""
@@ -319,7 +326,7 @@ class ImageIndex:
         the number of vectors in the index.
 
         ``vectors`` are features (what :meth:`load_embedder` embeds), mapped into the index's space by
-        :meth:`center`; ``centred``: they are already in it (:meth:`query_vector`'s, or a raw query vector), searched
+        :meth:`to_space`; ``centred``: they are already in it (:meth:`query_vector`'s, or a raw query vector), searched
         as they are. ``folder``: only files under this sub-folder of the collection root; ``exclude_folders``: none
         under these; ``taken``: only photos taken in this range (:func:`row_filter`); ``exclude_ids``: never these
         photos (the query's own); ``exclude_each``: one collection of ids per row of ``vectors``, never that row's
@@ -336,7 +343,7 @@ class ImageIndex:
             raise UserError(f"vectors have dimension {q.shape[1]}, this index holds {self.dim}: embed with "
                             f"the index's backbone ({self.meta.get('backbone_path')})")
         if not centred:
-            q = self.center(q)  # Q x D, as the stored vectors
+            q = self.to_space(q)  # Q x D, as the stored vectors
         if exclude_each and len(exclude_each) != len(q):
             raise ValueError(f"exclude_each has {len(exclude_each)} collections of ids for {len(q)} query vectors: "
                              "give one per query (empty for none)")
@@ -382,7 +389,7 @@ class ImageIndex:
         of them kept."""
         if not hits:
             return hits
-        x = self.center(self.vectors(np.array([j for j, _, _ in hits], np.int64)))  # H x D, as stored
+        x = self.to_space(self.vectors(np.array([j for j, _, _ in hits], np.int64)))  # H x D, as stored
         kept: list[int] = []
         for n in range(len(hits)):
             if not kept or float((x[kept] @ x[n]).max()) < near:
@@ -394,15 +401,15 @@ class ImageIndex:
     def query_vector(self, positives: np.ndarray, negatives: np.ndarray | None = None, rule: str = RULE,
                      seed: int = 0) -> np.ndarray:
         """One query (D, in the index's space: what :meth:`search` takes with ``centred=True``) from the features of
-        ``positives`` (P x D) and ``negatives`` (N x D or None), each mapped by :meth:`center` as one photo's query
+        ``positives`` (P x D) and ``negatives`` (N x D or None), each mapped by :meth:`to_space` as one photo's query
         is, then combined by :func:`index.search.query.combine` (``rule``; the logistic rule's background: a seeded
         sample of the collection). One positive alone gives exactly the vector a search with that photo uses."""
-        pos = self.center(np.atleast_2d(positives))  # P x D
-        neg = None if negatives is None or len(negatives) == 0 else self.center(np.atleast_2d(negatives))  # N x D
+        pos = self.to_space(np.atleast_2d(positives))  # P x D
+        neg = None if negatives is None or len(negatives) == 0 else self.to_space(np.atleast_2d(negatives))  # N x D
         background = None
         if rule == "logistic":
             picked = sample_ids(self.catalog.ok_ids(), BACKGROUND, np.random.default_rng(seed))  # B
-            background = self.center(self.vectors(picked)) if len(picked) else None  # B x D
+            background = self.to_space(self.vectors(picked)) if len(picked) else None  # B x D
         return combine(pos, neg, rule, background=background)
 
     def ids_of_files(self, hashes: Collection[str]) -> list[int]:

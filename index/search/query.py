@@ -1,6 +1,6 @@
 """One query from several photos: "more like these, less like those" as a single vector of the index's space.
 
-Positives and negatives are vectors of the index's space (rows as :meth:`index.search.image_index.ImageIndex.center`
+Positives and negatives are vectors of the index's space (rows as :meth:`index.search.image_index.ImageIndex.to_space`
 gives
 them: centred, whitened where the space whitens, L2-normalized). Every rule here is linear, so its result ``q`` is one
 inner-product query: FAISS ranks the collection by ``q . x`` exactly as it ranks it for one photo. The rules measured

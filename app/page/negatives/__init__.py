@@ -10,7 +10,7 @@ catalog id) the Negatives tab computes exactly those numbers, from one of two so
   of the training image it came from. This is the space the loss lives in.
 - ``IndexNegatives`` (no checkpoint, or one without a queue; :mod:`~app.page.negatives.from_index`): both views go
   through the exported backbone, and every other image of the index is a negative, in the centred backbone space of
-  search scores (:meth:`index.search.image_index.ImageIndex.center`).
+  search scores (:meth:`index.search.image_index.ImageIndex.to_space`).
 
 Both fill a ``NegativesView`` (:mod:`~app.page.negatives.view`: the view, the loss's numbers, and the evidence that
 flags a negative as a likely false negative).

@@ -1,5 +1,5 @@
 """Negatives from the index: every other image of the index is a negative, in the index's space of search scores
-(:meth:`index.search.image_index.ImageIndex.center`); both views go through the exported backbone."""
+(:meth:`index.search.image_index.ImageIndex.to_space`); both views go through the exported backbone."""
 
 from __future__ import annotations
 
@@ -31,10 +31,10 @@ _CHUNK = 65_536  # rows centred at a time (bounds the temporary memory of a larg
 
 
 def _in_space(raw: np.ndarray, index: Any) -> np.ndarray:
-    """``index.center(raw)`` (N x D, the vectors index.faiss holds), in chunks."""
+    """``index.to_space(raw)`` (N x D, the vectors index.faiss holds), in chunks."""
     out = np.empty(raw.shape, np.float32)  # N x D
     for s in range(0, len(raw), _CHUNK):
-        out[s : s + _CHUNK] = index.center(raw[s : s + _CHUNK])
+        out[s : s + _CHUNK] = index.to_space(raw[s : s + _CHUNK])
     return out
 
 
@@ -83,9 +83,9 @@ class IndexNegatives:
         square = square_u8(img, emb.resize)
         g = torch.Generator().manual_seed(seed)
         xq, xk = two_views(torch.tensor(square)[None], self.recipe, emb.image_size, emb.pixel_mean, emb.pixel_std, g)
-        q, k = self.index.center(emb.embed_views(torch.cat([xq, xk])))  # D, D (centred)
+        q, k = self.index.to_space(emb.embed_views(torch.cat([xq, xk])))  # D, D (centred)
         clean = emb.embed_squares(np.array(square)[None])[0]  # D (raw)
-        to = vecs @ np.stack([q, self.index.center(clean[None])[0]], axis=1)  # N x 2
+        to = vecs @ np.stack([q, self.index.to_space(clean[None])[0]], axis=1)  # N x 2
         raw_to_clean = raw @ clean  # N: cosine of the features
         same = raw_to_clean >= SAME_IMAGE
         if image_id is not None:

@@ -133,7 +133,7 @@ class QueueNegatives:
                 if len(got):
                     pos = np.searchsorted(got, want).clip(0, len(got) - 1)  # U
                     row_of = np.where((want >= 0) & (got[pos] == want), pos, -1)
-                self._in_index = (key, row_of[inverse.reshape(-1)], self.index.center(raw))
+                self._in_index = (key, row_of[inverse.reshape(-1)], self.index.to_space(raw))
             return self._in_index[1], self._in_index[2]
 
     def _index_embedder(self) -> Any | None:
@@ -162,7 +162,7 @@ class QueueNegatives:
         if len(cand):
             raw = self.index.vectors(cand) @ clean[0]  # C: raw cosines
             index_id = int(cand[np.argmax(raw)]) if raw.max() >= SAME_IMAGE else None
-        return index_id, self.index.center(clean)[0], []
+        return index_id, self.index.to_space(clean)[0], []
 
     # -------------------------------------------------------------------------------- the level
     def _measure_level(self) -> tuple[float | None, str]:
@@ -236,7 +236,7 @@ class QueueNegatives:
             raise UserError(f"image id {image_id!r}: inspecting a photo by id needs the index "
                             "(QueueNegatives(checkpoint, index)); pass the image itself to compute()")
         row, img, notes = load_indexed(self.index, image_id, self.size)
-        clean = self.index.center(self.index.vectors(np.array([row.id])))[0]  # D, the stored vector centred
+        clean = self.index.to_space(self.index.vectors(np.array([row.id])))[0]  # D, the stored vector centred
         return self._inspect(img, n, seed, row.id, clean, notes)
 
     def _inspect(self, img: Image.Image, n: int, seed: int, index_id: int | None, clean: np.ndarray | None,
