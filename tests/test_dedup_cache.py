@@ -364,10 +364,16 @@ def test_kept_links_hold_the_photos_as_they_were_and_a_lower_threshold_or_other_
     assert kept_links(path) == {}  # started anew
 
 
-def test_the_model_links_are_those_of_a_brute_force_range_search_crowded_photos_too(backbone, tmp_path):
-    """The model's links come from each photo's closest photos, and a range search of the photos whose last closest is
-    still a link: at a threshold where half the photos have more links than that, the links are every pair at it or
-    more, as numpy finds them over all pairs; a second search takes them from the index folder, searching none."""
+@pytest.mark.parametrize("deep", [None, 20])
+def test_the_model_links_are_those_of_a_brute_force_range_search_crowded_photos_too(backbone, tmp_path, monkeypatch,
+                                                                                    deep):
+    """The model's links come from each photo's closest photos, a deeper search of the photos whose last closest is
+    still a link, and a range search of those whose last is a link there too: at a threshold where half the photos
+    have more links than that, the links are every pair at it or more, as numpy finds them over all pairs (``deep``:
+    a depth that some photos' links outnumber, so that they are range-searched); a second search takes them from the
+    index folder, searching none."""
+    if deep is not None:
+        monkeypatch.setattr(dedup, "WIDE_DEPTH", deep)
     _collection(tmp_path / "photos", 40, seed=4)
     build_index(tmp_path / "photos", backbone, tmp_path / "idx", progress=False)
     idx = ImageIndex.open(tmp_path / "idx")
@@ -382,6 +388,8 @@ def test_the_model_links_are_those_of_a_brute_force_range_search_crowded_photos_
     got = {(a, b) for a, nb in links.items() for b in nb if a < b}
     near_edge = {(int(ids[a]), int(ids[b])) for a, b in zip(*np.nonzero(np.abs(cos - threshold) < 1e-5)) if a < b}
     assert got - near_edge == want - near_edge and len(want) > dedup.MODEL_DEPTH * len(ids) // 2
+    most = int((cos >= threshold).sum(axis=1).max())
+    assert most >= dedup.WIDE_DEPTH if deep else most < dedup.WIDE_DEPTH  # range-searched photos, or none
     assert searched == len(ids) and found.ids.tolist() == ids.tolist()
     sims, near = idx.store.search(vecs, dedup.MODEL_DEPTH)  # the proposals' own search
     assert np.array_equal(found.near, near) and np.allclose(found.sims, sims)

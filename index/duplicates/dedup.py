@@ -130,6 +130,29 @@ def _link(graph: dict[int, dict[int, float]], own: int, found: list[int], scores
 
 
 LINK_MARGIN = 0.02  # the model's links are kept this far under the threshold: a later search's, measured anew, may dip
+WIDE_DEPTH = 256  # a photo whose closest photos are all links is searched this deep before a range search among all
+WIDE_CHUNK = 64  # photos searched that deep at a time (their candidates' vectors: 64 x 256 x D floats)
+
+
+def _deeper(search: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]], ntotal: int, ids: np.ndarray,
+            vecs: np.ndarray, at: np.ndarray, width: int, threshold: float, live: set[int],
+            graph: dict[int, dict[int, float]]) -> np.ndarray:
+    """Link the photos at places ``at`` of ``ids`` (whose ``width`` closest photos were all links) to their
+    :data:`WIDE_DEPTH` closest by ``search`` (the closest photos' own search); the places of those whose last is
+    still a link, for a range search. A range search of a flat index reads every vector, so that range-searching
+    every such photo grew with the square of the photos; most have far fewer links than this depth."""
+    depth = min(WIDE_DEPTH, ntotal)
+    if depth <= width or not len(at):
+        return at
+    wider: list[int] = []
+    for start in range(0, len(at), WIDE_CHUNK):
+        part = at[start : start + WIDE_CHUNK]  # B
+        sims, near = search(np.ascontiguousarray(vecs[part]), depth)  # B x depth
+        for n, row, sim in zip(part.tolist(), near.tolist(), sims.tolist()):
+            _link(graph, int(ids[n]), row, sim, threshold, live)
+            if depth < ntotal and row[-1] >= 0 and sim[-1] >= threshold:
+                wider.append(n)
+    return np.array(wider, np.int64)
 
 
 def _model_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold: float, chunk: int,
@@ -141,7 +164,8 @@ def _model_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold
 
     A photo's links are among its closest photos (the near threshold is above the crowd level of nearly every
     photo: :func:`index.calibrate.near_threshold`), so each photo is searched once for its closest, as the proposals
-    search, and only a photo whose last one is still at the threshold is range-searched for the rest: the same
+    search; a photo whose last one is still at the threshold is searched deeper (:func:`_deeper`), and only one whose
+    last is still at it there is range-searched for the rest: the same
     links as a range search of every photo where the search is exact (on a flat index of many photos the closest come
     from an inverted file, :func:`~index.duplicates.propose.model_search`: a link may be missed). The links are kept
     in the index directory (:class:`~index.duplicates.dedup_cache.LinkFile`, at :data:`LINK_MARGIN` under the
@@ -174,7 +198,8 @@ def _model_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, threshold
                 if width < index.store.ntotal and row[-1] >= 0 and sim[-1] >= floor:
                     wide.append(n)
             bar.update(len(part))
-        _neighbours(index, ids, vecs, np.array(wide, np.int64), floor, chunk, live, graph)
+        wider = _deeper(search, index.store.ntotal, ids, vecs, np.array(wide, np.int64), width, floor, live, graph)
+        _neighbours(index, ids, vecs, wider, floor, chunk, live, graph)
     if kept_file is not None:
         kept_file.save(floor, ids.tolist(), versions, graph)
     links = {i: {j: s for j, s in nb.items() if s >= threshold} for i, nb in graph.items()}
@@ -304,7 +329,7 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
         frames_ = FrameFile(where / FRAMES_FILE).update(photos, _frame_fallback(index, rows), bar.update, versions)
     del photos  # a path a photo: about 0.3 GB at 1,000,000 photos
     kept_neighbours = NeighbourFile(where / NEIGHBOURS_FILE, _space_key(index))
-    captures = Captures.of(rows)  # the files' dates and cameras (0.07 s at 100,000 photos)
+    captures = Captures.of(rows)  # the files' dates and cameras
     with _stage("proposals", 5 * len(ids), "search", progress) as bar:
         proposed = proposals(index.store, ids, vecs, content, frames_, links, chunk, step=bar.update,
                              before=kept_neighbours.load(versions, frames_), found=found, apart=captures.apart,
