@@ -197,3 +197,56 @@ def test_a_crop_of_a_fine_texture_that_thumbnails_put_far_from_a_copy_is_checked
     again = check.rescore(pairs, np.array([first[tuple(p)] for p in pairs.tolist()]), thumbs)
     assert min(again[: len(copies)]) >= COPY_SCORE, again
     assert max(again[len(copies) :]) < COPY_SCORE, again
+
+
+def test_a_search_checks_the_crop_family_of_every_large_photo_with_a_verified_first_crop(backbone, tmp_path):
+    """After the check, a large photo whose crop search found a verified copy first has the other photos that search
+    found checked too: a 70% crop off centre that only its photo's crop search finds (fifth, behind the 80% crop, a
+    re-encode and two tone curves, one of them not alike), with a model that finds nothing (random vectors, as a
+    weak model's), is verified by it; the search counts those pairs, the kept scores hold every one of the family,
+    and a search again scores none anew."""
+    from index.duplicates import dedup
+    from index.duplicates.dedup_cache import NEIGHBOURS_FILE, kept_neighbours, kept_scores
+    from index.duplicates.propose import MODEL_DEPTH, ModelFound, crop_families
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for n in range(1, 41):  # large photos (FINE_MIN a side or more), many: each keeps a few of the others
+        _icons(n, side=320).save(photos / f"icons{n}.png")
+    img = _icons(1, side=320)
+    _centre(img, 0.8).save(photos / "icons1_crop80.png")
+    img.crop((0, 90, 224, 314)).save(photos / "icons1_crop70.png")  # 70% of a side, off centre
+    img.save(photos / "icons1_q20.jpg", quality=20)
+    grey = np.asarray(img, np.float32) / 255.0
+    for g in (0.6, 1.6):  # tone curves: in the crop search, under the alike photos and above the 70% crop
+        Image.fromarray(np.clip(255.0 * grey**g, 0, 255).astype(np.uint8)).save(photos / f"icons1_gamma{g}.png")
+    build_index(photos, backbone, tmp_path / "idx", progress=False)
+
+    rows = ImageIndex.open(tmp_path / "idx").catalog.rows()
+    whole, crop = rows["icons1.png"].id, rows["icons1_crop70.png"].id
+
+    def search() -> tuple[dict[tuple[int, int], float], dict[str, int]]:
+        idx = ImageIndex.open(tmp_path / "idx")
+        ids, _ = idx.catalog.vectors(dim=idx.dim)
+        rows = idx.catalog.rows_by_id(ids)
+        rng = np.random.default_rng(0)
+        vecs = rng.normal(size=(len(ids), 8)).astype(np.float32)  # N x 8: a model that tells nothing
+        vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+        near = np.stack([rng.permutation(ids[~np.isin(ids, [i, whole + crop - i] if i in (whole, crop) else [i])])
+                         [:MODEL_DEPTH] for i in ids.tolist()])  # N x MODEL_DEPTH: the two never each other's
+        sims = np.sort(rng.uniform(0.1, 0.3, near.shape).astype(np.float32), axis=1)[:, ::-1]
+        _, kept, counts = dedup.verify_links(idx, ids, vecs, dedup._content(ids, rows), rows, {}, workers=0,
+                                             found=ModelFound(ids, near, np.ascontiguousarray(sims)))
+        return kept, counts
+
+    kept, counts = search()
+    assert (min(whole, crop), max(whole, crop)) in kept and counts["crop_families"] > 0
+    nb = kept_neighbours(tmp_path / "idx" / NEIGHBOURS_FILE)
+    keys, scores = kept_scores(tmp_path / "idx" / CHECKED_FILE)
+    scored = {(int(a), int(b)): float(s) for (a, b), s in zip(keys.tolist(), scores.tolist())}
+    family = {tuple(p) for p in crop_families(nb, set(nb.ids.tolist()), {p for p, s in scored.items()
+                                                                           if s >= COPY_SCORE}).tolist()}
+    assert (min(whole, crop), max(whole, crop)) in family and family <= set(scored)
+    again, counts_again = search()
+    assert counts_again["checked"] == 0 and counts_again["crop_families"] == counts["crop_families"]
+    assert again == kept

@@ -333,3 +333,24 @@ def test_a_small_photo_proposes_its_first_and_their_ties_a_large_one_every_alike
     assert {(1, 2), (1, 3)} <= got_small  # ... and both are proposed
     assert 4 in whole[0] and whole[1][whole[0].index(4)] >= alike  # the alike picture: at PIXEL_ALIKE, not a tie
     assert (1, 4) in got_big and (1, 4) not in got_small and got_small < got_big
+
+
+def test_a_verified_crop_brings_its_family_the_photos_further_down_its_crop_search():
+    """Of a large photo whose crop search (plain or mirrored) found a verified copy first, every other photo that
+    search found is paired with it (each pair once, a < b); nothing for a small photo, for a large photo whose first
+    is no copy, or for the other searches. By hand from the rows."""
+    k, crops = 5, propose.SOURCES.index("crops")
+    ids = np.array([3, 8, 11, 20], np.int64)
+    nb = propose.Neighbours.empty(ids, k)
+    nb.near[0, crops] = [8, 11, 20, -1, -1]  # 3 (large): its 80% crop 8 first, a verified copy; then 11 and 20
+    nb.near[0, crops + 1] = [20, 8, -1, -1, -1]  # mirrored: 20 first, no copy: nothing
+    nb.near[0, 1] = [8, 11, 20, -1, -1]  # whole pixels: not a crop search
+    nb.near[1, crops] = [3, 11, -1, -1, -1]  # 8 (small): nothing, though 3 is a copy of it
+    nb.near[2, crops + 1] = [20, 3, 8, -1, -1]  # 11 (large), mirrored: 20 first, a copy: 3 and 8 (3 already)
+    nb.near[3, crops] = [11, -1, -1, -1, -1]  # 20 (large): 11 first, a copy, and no other
+    copies = {(3, 8), (11, 20)}
+    got = propose.crop_families(nb, {3, 11, 20}, copies)
+    assert got.dtype == np.int64 and got.tolist() == [[3, 11], [3, 20], [8, 11]]
+    assert propose.crop_families(nb, set(), copies).shape == (0, 2)
+    assert propose.crop_families(nb, {3, 11, 20}, set()).shape == (0, 2)
+    assert propose.crop_families(propose.Neighbours.empty(ids, 0), {3, 11, 20}, copies).shape == (0, 2)  # k = 0

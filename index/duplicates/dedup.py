@@ -23,10 +23,12 @@ A proposed pair is a near link only where :func:`index.duplicates.verify.copy_sc
 re-encoded, resized, cropped, brightened or mirrored (copy score at least :data:`~index.duplicates.verify.COPY_SCORE`,
 :func:`verify_links`), and whose files do not say they are two captures (EXIF dates taken a second or more apart, or
 two cameras: :mod:`index.duplicates.captures`; such a pair is not checked at all). A pair of large photos that the
-check puts near a copy is checked again from the photos themselves (:func:`_fine_check`). Distinct photos of alike
-things (a crowd of t-shirts, planes against blue sky, tiles of one texture) sit as close to each other as copies to a
-weak model; their pixels differ, so no threshold a model sets can group them: the pixel check is the guard, and it does
-not depend on the model. Where pixels cannot tell either (a
+check puts near a copy is checked again from the photos themselves (:func:`_fine_check`). A large photo whose crop
+search found a copy first has the other photos that search found checked after it (its family of crops, which meet
+its crop windows less well the more they are cut: :func:`index.duplicates.propose.crop_families`). Distinct photos
+of alike things (a crowd of t-shirts, planes against blue sky, tiles of one texture) sit as close to each other as
+copies to a weak model; their pixels differ, so no threshold a model sets can group them: the pixel check is the
+guard, and it does not depend on the model. Where pixels cannot tell either (a
 photo that is a copy by pixels of :data:`~index.calibrate.CROWD` others or more: a clear sky, a gradient, a blank
 page), the photo keeps no near link, so no near group holds more than that many distinct photos.
 
@@ -91,7 +93,15 @@ from index.duplicates.groups import (
     group_id,
 )
 from index.duplicates.keeper import photo_facts, suggest_keeper
-from index.duplicates.propose import MODEL_DEPTH, PIXEL_DEPTH, PROPOSE_K, ModelFound, model_search, proposals
+from index.duplicates.propose import (
+    MODEL_DEPTH,
+    PIXEL_DEPTH,
+    PROPOSE_K,
+    ModelFound,
+    crop_families,
+    model_search,
+    proposals,
+)
 from index.duplicates.verify import COPY_SCORE, FINE_MIN, SIDE, FineCheck
 from index.search.image_index import ImageIndex, row_filter
 from index.search.index_dir import DEDUP_FILE, DEDUP_LAST_KEY
@@ -331,9 +341,10 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
     kept_neighbours = NeighbourFile(where / NEIGHBOURS_FILE, _space_key(index))
     captures = Captures.of(rows)  # the files' dates and cameras
     with _stage("proposals", 5 * len(ids), "search", progress) as bar:
+        large = _large(rows)
         proposed = proposals(index.store, ids, vecs, content, frames_, links, chunk, step=bar.update,
                              before=kept_neighbours.load(versions, frames_), found=found, apart=captures.apart,
-                             large=_large(rows))
+                             large=large)
     kept_neighbours.save(proposed.neighbours, versions, frames_)
     apart = captures.pairs_apart(proposed.pairs)  # P: two captures by their files' dates or cameras
     pairs = proposed.pairs[~apart]  # P' x 2, for the pixel check
@@ -344,8 +355,9 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
         # after the proposals changed, a file of as many pairs may hold few of these)
         workers = check_workers(sum(int((~checked.known(pairs[n : n + CHECK_BLOCK])[0]).sum())
                                     for n in range(0, len(pairs), CHECK_BLOCK)))
-    with _stage("pixel check", len(pairs), "pair", progress) as bar:
+    fine = _fine_check(index, rows)
 
+    def check(pairs: np.ndarray, bar: Any) -> None:  # scores of ``pairs`` (P x 2): kept ones, or checked now
         def parts() -> Iterator[np.ndarray]:  # the pairs no earlier search scored, PART at a time, in order
             nonlocal reused
             for start in range(0, len(pairs), CHECK_BLOCK):
@@ -358,11 +370,23 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
                 todo = block[~hit]  # T x 2
                 yield from (todo[n : n + PART] for n in range(0, len(todo), PART))
 
-        for part, got in checked_parts(parts(), frames_, workers, _fine_check(index, rows)):
+        for part, got in checked_parts(parts(), frames_, workers, fine):
             new = {(a, b): s for (a, b), s in zip(part.tolist(), got.tolist()) if s == s}  # NaN: a photo without one
             checked.add(new)  # kept at once: a search killed after this goes on from here
             scores.update({q: s for q, s in new.items() if s >= COPY_SCORE})
             bar.update(len(part))
+
+    with _stage("pixel check", len(pairs), "pair", progress) as bar:
+        check(pairs, bar)
+    family = crop_families(proposed.neighbours, large, scores)  # F x 2: a verified crop's family, further down
+    keys = (proposed.pairs[:, 0] << 32) | proposed.pairs[:, 1]  # P, sorted
+    family = family[~np.isin((family[:, 0] << 32) | family[:, 1], keys)]  # not proposed already
+    family = family[[content[a] != content[b] for a, b in family.tolist()]]  # other bytes (the same: exact)
+    family = family[~captures.pairs_apart(family)]
+    if len(family):
+        with _stage("crop families", len(family), "pair", progress) as bar:
+            check(family, bar)
+    pairs = np.concatenate([pairs, family.reshape(-1, 2)])  # every pair scored
     near: dict[int, dict[int, float]] = {}
     kept: dict[tuple[int, int], float] = {}
     for (a, b), s in scores.items():
@@ -386,7 +410,8 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
             kept.pop((min(i, j), max(i, j)), None)
     turned = sum(1 for i, nb in links.items() for j in nb
                  if i < j and content[i] != content[j] and (i, j) not in kept)
-    return near, kept, {"proposed": len(proposed.pairs), "taken_apart": int(apart.sum()), "verified": len(kept),
+    return near, kept, {"proposed": len(proposed.pairs) + len(family), "taken_apart": int(apart.sum()),
+                        "crop_families": len(family), "verified": len(kept),
                         "turned_down": turned,
                         "unchecked": len(ids) - len(frames_), "crowded": len(crowded),
                         "checked": len(pairs) - reused, "reused": reused, "frames_made": frames_.made,
