@@ -333,7 +333,8 @@ def _search(code: Path, idx: Path, out: Path, copies: dict[str, str], index_byte
     return {"seconds": round(got["seconds"], 1), "peak_gb": round(got["peak_bytes"] / 1e9, 3),
             "beyond_index_gb": round((got["peak_bytes"] - index_bytes) / 1e9, 3), "proposed": d["proposed"],
             "verified": d["verified"], "checked": d.get("checked", d["proposed"]), "reused": d.get("reused", 0),
-            "looked_up": d.get("looked_up"), "stages": got.get("stages", {}),
+            "looked_up": d.get("looked_up"), "crop_families": d.get("crop_families", 0),
+            "stages": got.get("stages", {}),
             "memory_gb": {k: [round(b / 1e9, 3) for b in v] for k, v in got.get("memory", {}).items()},
             "threshold": d["threshold"], **_score(got["groups"], copies)}
 
@@ -381,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             print(f"{r['photos']} photos, {who}: {x['seconds']} s, peak {x['peak_gb']} GB ({x['beyond_index_gb']} "
                   f"beyond the index), precision {x['pair_precision']}, largest {x['largest_distinct']}, "
-                  f"proposed {x['proposed']}, verified {x['verified']}, keeper the original "
+                  f"proposed {x['proposed']} ({x.get('crop_families', 0)} of them crop families), verified "
+                  f"{x['verified']}, keeper the original "
                   f"{x['keeper_is_the_original']}", flush=True)
             print("  recall: " + ", ".join(f"{e} {v} ({r['copies'][e]})" for e, v in x["recall"].items()), flush=True)
             if x.get("stages"):
