@@ -379,10 +379,12 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
     with _stage("pixel check", len(pairs), "pair", progress) as bar:
         check(pairs, bar)
     family = crop_families(proposed.neighbours, large, scores)  # F x 2: a verified crop's family, further down
-    keys = (proposed.pairs[:, 0] << 32) | proposed.pairs[:, 1]  # P, sorted
-    family = family[~np.isin((family[:, 0] << 32) | family[:, 1], keys)]  # not proposed already
-    family = family[[content[a] != content[b] for a, b in family.tolist()]]  # other bytes (the same: exact)
-    family = family[~captures.pairs_apart(family)]
+    if len(family):
+        proposed_keys = (proposed.pairs[:, 0] << 32) | proposed.pairs[:, 1]  # P, sorted
+        at = np.minimum(np.searchsorted(proposed_keys, (family[:, 0] << 32) | family[:, 1]), len(proposed_keys) - 1)
+        family = family[proposed_keys[at] != ((family[:, 0] << 32) | family[:, 1])] if len(proposed_keys) else family
+        family = family[[content[a] != content[b] for a, b in family.tolist()]]  # other bytes (the same: exact)
+        family = family[~captures.pairs_apart(family)]  # not proposed already, nor two captures
     if len(family):
         with _stage("crop families", len(family), "pair", progress) as bar:
             check(family, bar)
