@@ -379,12 +379,13 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
     with _stage("pixel check", len(pairs), "pair", progress) as bar:
         check(pairs, bar)
     family = crop_families(proposed.neighbours, large, scores)  # F x 2: a verified crop's family, further down
-    if len(family):
-        proposed_keys = (proposed.pairs[:, 0] << 32) | proposed.pairs[:, 1]  # P, sorted
-        at = np.minimum(np.searchsorted(proposed_keys, (family[:, 0] << 32) | family[:, 1]), len(proposed_keys) - 1)
-        family = family[proposed_keys[at] != ((family[:, 0] << 32) | family[:, 1])] if len(proposed_keys) else family
-        family = family[[content[a] != content[b] for a, b in family.tolist()]]  # other bytes (the same: exact)
-        family = family[~captures.pairs_apart(family)]  # not proposed already, nor two captures
+    if len(family) and len(proposed.pairs):  # not proposed already (the proposed pairs are sorted by their keys)
+        keys = (proposed.pairs[:, 0] << 32) | proposed.pairs[:, 1]  # P: 8 bytes a pair, no sorting
+        wanted = (family[:, 0] << 32) | family[:, 1]  # F
+        family = family[keys[np.minimum(np.searchsorted(keys, wanted), len(keys) - 1)] != wanted]
+    if len(family):  # other bytes (the same: exact), not two captures
+        family = family[[content[a] != content[b] for a, b in family.tolist()]]
+        family = family[~captures.pairs_apart(family)]
     if len(family):
         with _stage("crop families", len(family), "pair", progress) as bar:
             check(family, bar)

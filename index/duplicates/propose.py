@@ -261,16 +261,17 @@ def crop_families(nb: Neighbours, large: Container[int], copies: Container[tuple
     proposals take, among alike photos: a 70% crop at 0.67 behind the 80% one at 0.98. Only where a copy was
     verified: a library of large photos gets no more pairs for the photos without one."""
     crops = SOURCES.index("crops")
+    verified = np.array(sorted((a << 32) | b for a, b in copies), np.int64)  # V keys: the verified pairs, few
     big = np.fromiter((int(i) in large for i in nb.ids.tolist()), bool, len(nb.ids))  # N
-    keys: list[int] = []
-    for source in (crops, crops + 1) if nb.near.shape[2] else ():  # (no neighbours kept: k = 0)
+    family = _Pairs()
+    for source in (crops, crops + 1) if nb.near.shape[2] and len(verified) else ():  # (k = 0: nothing kept)
         first = nb.near[:, source, 0]  # N
-        for r in np.flatnonzero(big & (first >= 0)).tolist():
-            i, j = int(nb.ids[r]), int(first[r])
-            if (min(i, j), max(i, j)) in copies:
-                keys += [(min(i, o) << 32) | max(i, o) for o in nb.near[r, source, 1:].tolist() if o >= 0 and o != i]
-    unique = np.unique(np.array(keys, np.int64))  # P
-    return np.stack([unique >> 32, unique & 0xFFFFFFFF], axis=1)  # P x 2
+        a, b = np.minimum(nb.ids, first), np.maximum(nb.ids, first)  # N, N
+        for r in np.flatnonzero(big & (first >= 0) & np.isin((a << 32) | b, verified)).tolist():
+            i = int(nb.ids[r])
+            others = [o for o in nb.near[r, source, 1:].tolist() if o >= 0 and o != i]
+            family.add(i, others, [0.0] * len(others))
+    return family.pairs()[0]  # P x 2
 
 
 def model_search(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, queries: int
