@@ -85,20 +85,21 @@ def _overlap(lo: float, hi: float, n: int) -> np.ndarray:
     return np.clip(np.minimum(p + 1, hi) - np.maximum(p, lo), 0, None)
 
 
-def test_crop_windows_are_the_photos_own_crops():
+@pytest.mark.parametrize("grids", [propose.CROP_GRIDS, propose.FAMILY_GRIDS])
+def test_crop_windows_are_the_photos_own_crops(grids):
     """Each window is the photo's crop at its share and place (both sides' share, from corner to corner or at the
     centre alone), its mean grey over each cell of a CROP_SIDE grid, pixels cut by a cell's edge counted by the share
     inside: the same as a brute-force sum over every pixel's overlap with every cell; a flat photo's windows are all
-    zero."""
+    zero. The proposals' places and a crop family's finer ones."""
     rng = np.random.default_rng(1)
     S = propose.CROP_SIDE
     for w, h in ((96, 96), (96, 60), (40, 96)):
         f = frame_of(_picture(rng, 3 * w, 3 * h))
-        win = propose.crop_windows(f)
+        win = propose.crop_windows_of([np.asarray(f.image, np.uint8)], grids)[0]
         grey = np.asarray(f.image, np.float64)
         H, W = grey.shape
         n = 0
-        for s, grid in zip(propose.CROP_SHARES, propose.CROP_GRIDS, strict=True):
+        for s, grid in zip(propose.CROP_SHARES, grids, strict=True):
             places = np.linspace(0, 1, grid) if grid > 1 else [0.5]  # corner to corner, or the centre alone
             for gy in places:
                 for gx in places:
@@ -129,13 +130,16 @@ def test_crop_windows_of_many_photos_are_each_photo_s_own():
     assert propose.crop_windows_of([]).shape[0] == 0
 
 
-def _brute_crop_neighbours(ids: list[int], fr: dict[int, Frame], k: int, mirror: bool) -> dict[int, list[int]]:
-    """Each photo's k other photos by the NCC of their whole CROP_SIDE frame with its best window (mirrored or
-    not), by hand."""
+def _brute_crop_neighbours(ids: list[int], fr: dict[int, Frame], k: int, mirror: bool,
+                           grids: tuple[int, ...] = propose.CROP_GRIDS, queries: list[int] | None = None
+                           ) -> dict[int, list[int]]:
+    """Each photo's (of ``queries``, None: ``ids``) k other photos of ``ids`` by the NCC of their whole CROP_SIDE
+    frame with its best window (mirrored or not), by hand."""
     whole = {o: _flat(fr[o].grey, propose.CROP_SIDE, False) for o in ids}
     out = {}
-    for i in ids:
-        windows = propose.crop_windows(fr[i]).astype(np.float64).reshape(-1, propose.CROP_SIDE, propose.CROP_SIDE)
+    for i in ids if queries is None else queries:
+        windows = propose.crop_windows_of([np.asarray(fr[i].image, np.uint8)], grids)[0].astype(np.float64)
+        windows = windows.reshape(-1, propose.CROP_SIDE, propose.CROP_SIDE)
         windows = (windows[:, :, ::-1] if mirror else windows).reshape(len(windows), -1)
         best = {o: float((windows @ whole[o]).max()) for o in ids if o != i}
         out[i] = [o for o in sorted(best, key=lambda o: -best[o]) if best[o] > 0][:k]
@@ -354,3 +358,36 @@ def test_a_verified_crop_brings_its_family_the_photos_further_down_its_crop_sear
     assert propose.crop_families(nb, set(), copies).shape == (0, 2)
     assert propose.crop_families(nb, {3, 11, 20}, set()).shape == (0, 2)
     assert propose.crop_families(propose.Neighbours.empty(ids, 0), {3, 11, 20}, copies).shape == (0, 2)  # k = 0
+    assert propose.family_heads(nb, {3, 11, 20}, copies).tolist() == [3, 11, 20]
+    assert propose.family_heads(nb, {8, 20}, copies).tolist() == [8, 20]  # those of large photos alone
+    assert propose.family_heads(nb, {3, 11, 20}, {(3, 8)}).tolist() == [3]  # 11's first (20) is no copy then
+    assert propose.family_heads(nb, {3, 11, 20}, set()).tolist() == []
+
+
+def test_a_crop_cut_between_the_proposals_places_is_found_by_its_family_s_finer_windows():
+    """A 70% crop of a large textured photo, cut half-way between two of the proposals' places, among alike
+    textures: the proposals' windows (CROP_GRIDS) put other photos before it, a crop family's windows
+    (FAMILY_GRIDS, a few pixels apart) put it first, and family_crops pairs each head with the same photos as a
+    brute-force NCC of every finer window with every whole frame, plain and mirrored (each pair once, a < b)."""
+    rng = np.random.default_rng(11)
+
+    def texture(w: int, h: int) -> Image.Image:  # detail of 6 pixels: a window a cell off matches badly
+        small = rng.integers(0, 256, (h // 6, w // 6), dtype=np.uint8)
+        return Image.fromarray(small).resize((w, h), Image.Resampling.BILINEAR).convert("RGB")
+
+    big = texture(400, 400)
+    fr = {n: frame_of(texture(400, 400)) for n in range(1, 40)}  # alike textures
+    fr[0] = frame_of(big)
+    s, at = 0.7, 0.25  # the proposals' places of 0.7 are 0, 0.5 and 1 of the free side: this is half-way
+    x0 = y0 = round((1 - s) * 400 * at)
+    fr[100] = frame_of(big.crop((x0, y0, x0 + round(s * 400), y0 + round(s * 400))))
+    ids = sorted(fr)
+    coarse = list(propose.crop_neighbours([0], fr, 3, 16, ids))
+    assert 100 not in {row[0] for _, _, row, _ in coarse if row}, coarse  # not first by the proposals' windows
+    plain = next(propose.crop_neighbours([0], fr, 3, 16, ids, grids=propose.FAMILY_GRIDS))
+    assert plain[2][0] == 100 and plain[3][0] >= 0.99, plain  # first by the finer windows, nearly exact
+    finer = {m: _brute_crop_neighbours(ids, fr, 3, m, propose.FAMILY_GRIDS, [0, 5]) for m in (False, True)}
+    got = propose.family_crops([0, 5], fr, ids, k=3)
+    want = sorted({(min(i, o), max(i, o)) for m in (False, True) for i, row in finer[m].items() for o in row})
+    assert got.dtype == np.int64 and got.tolist() == [list(p) for p in want]
+    assert propose.family_crops([], fr, ids).shape == (0, 2)

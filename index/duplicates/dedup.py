@@ -99,6 +99,8 @@ from index.duplicates.propose import (
     PROPOSE_K,
     ModelFound,
     crop_families,
+    family_crops,
+    family_heads,
     model_search,
     proposals,
 )
@@ -378,7 +380,10 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
 
     with _stage("pixel check", len(pairs), "pair", progress) as bar:
         check(pairs, bar)
-    family = crop_families(proposed.neighbours, large, scores)  # F x 2: a verified crop's family, further down
+    heads = family_heads(proposed.neighbours, large, scores)  # H: large photos a verified crop was cut from
+    with _stage("family search", 2 * len(heads), "search", progress and len(heads) > 0) as bar:
+        finer = family_crops(heads, frames_, ids.tolist(), step=bar.update)  # F' x 2: by finer windows
+    family = np.unique(np.concatenate([crop_families(proposed.neighbours, large, scores), finer]), axis=0)  # F x 2
     if len(family) and len(proposed.pairs):  # not proposed already (the proposed pairs are sorted by their keys)
         keys = (proposed.pairs[:, 0] << 32) | proposed.pairs[:, 1]  # P: 8 bytes a pair, no sorting
         wanted = (family[:, 0] << 32) | family[:, 1]  # F

@@ -54,6 +54,7 @@ __all__ = ["proposals", "Proposed", "Neighbours", "ModelFound", "MODEL_DEPTH",
            "SOURCES", "LINKED", "MODEL", "pixel_neighbours", "crop_neighbours",
            "crop_windows", "crop_windows_of", "model_search", "PROPOSE_K", "PIXEL_DEPTH", "PIXEL_ALIKE", "ALIKE_TIE",
            "SOURCE_DEPTH", "MODEL_FIRST", "PIXEL_SIDE", "CROP_SIDE", "CROP_GRIDS", "CROP_WINDOWS", "crop_places",
+           "crop_families", "family_heads", "family_crops", "FAMILY_GRIDS",
            "PIXEL_EXACT_UP_TO", "MODEL_EXACT_UP_TO"]
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ CROP_SIDE = 8  # pixels a side of the crop windows (and of the whole frames that
 CROP_SHARES = tuple(s for s in SCALES if s < 1.0)  # the crop shares the pixel check tests ...
 CROP_GRIDS = (1, 2, 3, 3, 3)  # ... and places a side for each one's windows, from corner to corner (1: the centre)
 CROP_WINDOWS = sum(g * g for g in CROP_GRIDS)  # windows a photo, plain (as many mirrored)
+FAMILY_GRIDS = (3, 5, 7, 10, 13)  # places a side of a crop family's search (:func:`crop_families`): a few pixels apart
 PIXEL_EXACT_UP_TO = 20000  # photos: above, the pixel proposals come from approximate indexes (inverted files)...
 MODEL_EXACT_UP_TO = PIXEL_EXACT_UP_TO  # photos: above, the model's closest photos too (on a flat index)...
 FLAT_PAIRS = 1 << 28  # ... unless the queries are few: query-photo pairs an exact search scores (after an update)
@@ -253,6 +255,27 @@ def proposals(store: VectorStore, ids: np.ndarray, vecs: np.ndarray, content: Ma
     return Proposed(pairs, scores, out, len(dirty))
 
 
+def _cut(nb: Neighbours, large: Container[int], copies: Container[tuple[int, int]]) -> np.ndarray:
+    """N x 2 bools: which crop search of each photo (plain, mirrored) found a copy first (a pair of ``copies``:
+    verified), for the photos of ``large``."""
+    crops = SOURCES.index("crops")
+    verified = np.array(sorted((a << 32) | b for a, b in copies), np.int64)  # V keys: the verified pairs, few
+    big = np.fromiter((int(i) in large for i in nb.ids.tolist()), bool, len(nb.ids))  # N
+    out = np.zeros((len(nb.ids), 2), bool)  # N x 2
+    for flip in (0, 1) if nb.near.shape[2] and len(verified) else ():  # (k = 0: nothing kept)
+        first = nb.near[:, crops + flip, 0]  # N
+        a, b = np.minimum(nb.ids, first), np.maximum(nb.ids, first)  # N, N
+        out[:, flip] = big & (first >= 0) & np.isin((a << 32) | b, verified)
+    return out
+
+
+def family_heads(nb: Neighbours, large: Container[int], copies: Container[tuple[int, int]]) -> np.ndarray:
+    """The photos of ``large`` whose crop search (plain or mirrored) found a copy first (a pair of ``copies``:
+    verified), sorted (H ids): photos known to be cut, whose other crops :func:`crop_families` and
+    :func:`family_crops` look for."""
+    return np.sort(nb.ids[_cut(nb, large, copies).any(axis=1)])
+
+
 def crop_families(nb: Neighbours, large: Container[int], copies: Container[tuple[int, int]]) -> np.ndarray:
     """The pairs (P x 2 ids, a < b, sorted, each once) of each photo of ``large`` with every other photo one of its
     crop searches found (plain or mirrored), where the first that search found is a copy of it (a pair of
@@ -261,16 +284,32 @@ def crop_families(nb: Neighbours, large: Container[int], copies: Container[tuple
     proposals take, among alike photos: a 70% crop at 0.67 behind the 80% one at 0.98. Only where a copy was
     verified: a library of large photos gets no more pairs for the photos without one."""
     crops = SOURCES.index("crops")
-    verified = np.array(sorted((a << 32) | b for a, b in copies), np.int64)  # V keys: the verified pairs, few
-    big = np.fromiter((int(i) in large for i in nb.ids.tolist()), bool, len(nb.ids))  # N
     family = _Pairs()
-    for source in (crops, crops + 1) if nb.near.shape[2] and len(verified) else ():  # (k = 0: nothing kept)
-        first = nb.near[:, source, 0]  # N
-        a, b = np.minimum(nb.ids, first), np.maximum(nb.ids, first)  # N, N
-        for r in np.flatnonzero(big & (first >= 0) & np.isin((a << 32) | b, verified)).tolist():
-            i = int(nb.ids[r])
-            others = [o for o in nb.near[r, source, 1:].tolist() if o >= 0 and o != i]
-            family.add(i, others, [0.0] * len(others))
+    for r, flip in zip(*np.nonzero(_cut(nb, large, copies))):
+        i = int(nb.ids[r])
+        others = [o for o in nb.near[r, crops + flip, 1:].tolist() if o >= 0 and o != i]
+        family.add(i, others, [0.0] * len(others))
+    return family.pairs()[0]  # P x 2
+
+
+def family_crops(heads: Sequence[int], frames_: Mapping[int, Frame], targets: Sequence[int],
+                 k: int = PROPOSE_K + SAME_BYTES_MARGIN, chunk: int = 64,
+                 step: Callable[[int], object] | None = None) -> np.ndarray:
+    """The pairs (P x 2 ids, a < b, sorted, each once) of each photo of ``heads`` (:func:`family_heads`) with the
+    ``k`` photos of ``targets`` that could best have been cut from it by a search of its windows at
+    :data:`FAMILY_GRIDS` places a side (plain and mirrored): :func:`crop_neighbours`, its windows a few pixels of the
+    photo's image apart instead of a third of the free side. A crop cut at another place than the proposals' places
+    meets their windows a fraction of a cell off, and a large photo's texture at :data:`CROP_SIDE` pixels a side does
+    not forgive it: on the report split of bench/dedup_scale.py a 70% crop off the centre ranked fifteenth by the
+    proposals' windows (0.66) and first by these (0.96). Eleven times the windows: for the few photos known to be
+    cut, not for every photo. ``step(1)``: after each photo's search, plain and mirrored (a progress bar)."""
+    family = _Pairs()
+    have = [int(i) for i in heads if int(i) in frames_]
+    for i, _, row, _ in crop_neighbours(have, frames_, k, chunk, [t for t in targets if t in frames_],
+                                        grids=FAMILY_GRIDS) if have else ():
+        family.add(i, row, [0.0] * len(row))
+        if step is not None:
+            step(1)
     return family.pairs()[0]  # P x 2
 
 
@@ -510,28 +549,30 @@ def crop_windows(f: Frame) -> np.ndarray:
     return crop_windows_of([np.asarray(f.image, np.uint8)])[0]
 
 
-def crop_windows_of(images: Sequence[np.ndarray]) -> np.ndarray:
+def crop_windows_of(images: Sequence[np.ndarray], grids: tuple[int, ...] = CROP_GRIDS) -> np.ndarray:
     """:func:`crop_windows` of several photos from their grey images (h x w uint8 each: a
-    :attr:`~index.duplicates.verify.Frame.image`): B x W x CROP_SIDE^2. A window's cells are products of the image
-    with the rows' and the columns' weights (:func:`_cell_weights`), the images of one size :data:`WINDOW_BATCH` at a
-    time (the same numbers as one at a time)."""
-    out = np.empty((len(images), CROP_WINDOWS, CROP_SIDE**2), np.float32)  # B x W x S^2
+    :attr:`~index.duplicates.verify.Frame.image`): B x W x CROP_SIDE^2 (W: the squares of ``grids`` summed, a share's
+    places a side each). A window's cells are products of the image with the rows' and the columns' weights
+    (:func:`_cell_weights`), the images of one size :data:`WINDOW_BATCH` at a time (the same numbers as one at a
+    time)."""
+    windows = sum(g * g for g in grids)
+    out = np.empty((len(images), windows, CROP_SIDE**2), np.float32)  # B x W x S^2
     by_size: dict[tuple[int, int], list[int]] = {}
     for n, img in enumerate(images):
         by_size.setdefault(img.shape, []).append(n)
     s = CROP_SIDE
     for (h, w), group in by_size.items():
-        weights = _cell_weights(h, w)  # a share's (G*S x h, G*S x w)
+        weights = _cell_weights(h, w, grids)  # a share's (G*S x h, G*S x w)
         for start in range(0, len(group), WINDOW_BATCH):
             part = group[start : start + WINDOW_BATCH]
             grey = np.stack([images[n] for n in part]).astype(np.float32)  # B' x h x w
             shares = []
-            for (r, c), g in zip(weights, CROP_GRIDS):
+            for (r, c), g in zip(weights, grids):
                 cells = r @ grey @ c.T  # B' x G*S x G*S: every row place's cells by every column place's
                 shares.append(cells.reshape(len(part), g, s, g, s).transpose(0, 1, 3, 2, 4)
                               .reshape(len(part), g * g, s, s))  # B' x G^2 x S x S
             cells = np.concatenate(shares, axis=1)  # B' x W x S x S
-            out[part] = unit_patches(cells.reshape(-1, s, s)).reshape(len(part), CROP_WINDOWS, s * s)
+            out[part] = unit_patches(cells.reshape(-1, s, s)).reshape(len(part), windows, s * s)
     return out
 
 
@@ -542,9 +583,9 @@ def crop_places(grid: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=256)  # an image has 96 pixels on its long side: about 190 shapes, about 110 kB each
-def _cell_weights(h: int, w: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def _cell_weights(h: int, w: int, grids: tuple[int, ...] = CROP_GRIDS) -> list[tuple[np.ndarray, np.ndarray]]:
     """For each share of :data:`CROP_SHARES`, how much each of the image's rows (G*S x h) and columns (G*S x w)
-    counts in the mean of each cell of its windows (G places of :data:`CROP_GRIDS`, S cells a side; a pixel cut by a
+    counts in the mean of each cell of its windows (G places of ``grids``, S cells a side; a pixel cut by a
     cell's edge by the share inside): a cell's mean grey is ``rows @ image @ cols.T``."""
     def weights(n: int, s: float, grid: int) -> np.ndarray:  # G*S x n
         p = np.arange(n)
@@ -554,18 +595,20 @@ def _cell_weights(h: int, w: int) -> list[tuple[np.ndarray, np.ndarray]]:
             inside = np.clip(np.minimum(p + 1, edges[1:, None]) - np.maximum(p, edges[:-1, None]), 0, None)  # S x n
             out[gi * CROP_SIDE : (gi + 1) * CROP_SIDE] = inside / np.maximum(inside.sum(1, keepdims=True), 1e-9)
         return out
-    return [(weights(h, s, g), weights(w, s, g)) for s, g in zip(CROP_SHARES, CROP_GRIDS)]
+    return [(weights(h, s, g), weights(w, s, g)) for s, g in zip(CROP_SHARES, grids)]
 
 
 def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, chunk: int = 1024,
                     targets: Sequence[int] | None = None, floor: Callable[[int, bool], float] | None = None,
-                    apart: Apart | None = None) -> Iterable[tuple[int, bool, list[int], list[float]]]:
+                    apart: Apart | None = None, grids: tuple[int, ...] = CROP_GRIDS
+                    ) -> Iterable[tuple[int, bool, list[int], list[float]]]:
     """For each photo of ``ids``, twice (its :func:`crop_windows` plain, then mirrored: the flag), the other photos
     of ``targets`` (None: ``ids``; at most ``k``, the best first) whose whole frames (:data:`CROP_SIDE` a side) are
     closest by NCC to one of its windows: the photos that could have been cut from it, mirrored or not, with those
     NCCs; none where the closest is under ``floor(photo, mirrored)``. Only the whole frames are indexed (one vector
     a photo); each photo's windows are made and looked up a chunk of photos at a time, so memory does not grow with
-    the windows. ``apart``: as :func:`pixel_neighbours`'s."""
+    the windows. ``apart``: as :func:`pixel_neighbours`'s. ``grids``: the places a side of each share's windows
+    (:func:`crop_windows_of`)."""
     targets = ids if targets is None else targets
     if not len(targets):
         return
@@ -574,11 +617,11 @@ def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, ch
         return
     store = _inner_product_index(lambda start, stop: _flats(_greys(frames_, targets[start:stop]), CROP_SIDE),
                                  len(targets), CROP_SIDE**2, "crop",  # B x CROP_SIDE^2 a chunk
-                                 2 * len(ids) * CROP_WINDOWS, CROP_PROBE)
+                                 2 * len(ids) * sum(g * g for g in grids), CROP_PROBE)
     depth = min(len(targets), k + 2)  # frames a window looks up (the photo's own whole frame may be one)
     for start in range(0, len(ids), chunk):
         part = ids[start : start + chunk]
-        windows = crop_windows_of(_images(frames_, part)).reshape(-1, CROP_SIDE**2)  # (B * W) x CROP_SIDE^2
+        windows = crop_windows_of(_images(frames_, part), grids).reshape(-1, CROP_SIDE**2)  # (B * W) x CROP_SIDE^2
         flipped = windows.reshape(-1, CROP_SIDE, CROP_SIDE)[:, :, ::-1].reshape(len(windows), -1)
         for flip, q in ((False, windows), (True, np.ascontiguousarray(flipped))):
             sims, found = store.search(q, depth)  # (B * W) x depth
