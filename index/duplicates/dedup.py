@@ -25,7 +25,9 @@ re-encoded, resized, cropped, brightened or mirrored (copy score at least :data:
 two cameras: :mod:`index.duplicates.captures`; such a pair is not checked at all). A pair of large photos that the
 check puts near a copy is checked again from the photos themselves (:func:`_fine_check`). A large photo whose crop
 search found a copy first has the other photos that search found checked after it (its family of crops, which meet
-its crop windows less well the more they are cut: :func:`index.duplicates.propose.crop_families`). Distinct photos
+its crop windows less well the more they are cut: :func:`index.duplicates.propose.crop_families`), and those its
+windows at finer places find (:func:`index.duplicates.propose.family_crops`: a crop cut between the proposals'
+places). Distinct photos
 of alike things (a crowd of t-shirts, planes against blue sky, tiles of one texture) sit as close to each other as
 copies to a weak model; their pixels differ, so no threshold a model sets can group them: the pixel check is the
 guard, and it does not depend on the model. Where pixels cannot tell either (a
