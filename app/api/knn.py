@@ -12,19 +12,22 @@ out (clip-retrieval does not leave it out either)."""
 
 from __future__ import annotations
 
+import functools
+
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from app.api.errors import ERRORS, guarded_route
+from app.api.errors import guarded_route
+from app.api.models import Filters, json_path
 from app.api.search import base64_bytes
-from app.api.state import Api, Filters, json_path
+from app.api.state import Api, serve
 from app.guard.access import API_PREFIX
 from app.search.scope import MAX_RESULTS
 from app.search.service import Found, NotFound, Several
 from index.search.query import check_query_vector
 from moco.errors import UserError
 
-__all__ = ["knn_router", "KnnQuery", "KnnResult"]
+__all__ = ["knn_router", "KnnQuery", "KnnResult", "indices_list", "knn_service"]
 
 
 class KnnQuery(BaseModel):
@@ -64,54 +67,58 @@ def _knn_query(body: bytes) -> KnnQuery:
                         "\"modality\": \"image\", \"num_images\": 40}") from None
 
 
+def _index_name(api: Api) -> str:
+    """The one index the server searches, by its folder's name (clip-retrieval's ``indice_name``)."""
+    return api.search.searcher.ready_index().dir.name
+
+
+async def indices_list(api: Api) -> list[str]:
+    """The one index this server searches, by its folder's name (clip-retrieval's `indice_name`)."""
+    api.search.ready()
+    return [_index_name(api)]
+
+
+async def knn_service(api: Api, request: Request) -> list[KnnResult]:
+    """clip-retrieval's `/knn-service` (module docstring: which fields it honours): the nearest photos to
+    `image` or `embedding_input`, the best first. The body is JSON with or without a content type (ClipClient
+    sends none)."""
+    query = _knn_query(await request.body())
+    if query.text is not None:
+        raise UserError("text: this server searches by image only (a MoCo model has no text encoder): send "
+                        "image (base64) or embedding_input")
+    if query.image_url is not None:
+        raise UserError("image_url: the server fetches no URL: send the image's bytes as base64 in image")
+    if query.modality != "image":
+        raise UserError(f"modality {query.modality!r}: this server has image embeddings only: use \"image\"")
+    if (query.image is None) == (query.embedding_input is None):
+        raise UserError("a search needs one of image (base64) and embedding_input")
+    api.search.ready()
+    if query.indice_name not in (None, _index_name(api)):
+        raise NotFound(f"indice_name {query.indice_name!r}: this server has one index, {_index_name(api)!r} "
+                       "(GET /indices-list)")
+    scope = Filters().check(api.search, query.num_images)
+    if query.image is not None:
+        found: Found = await api.search.search_image(base64_bytes(query.image, "image"), "image", scope,
+                                                     deduplicate=query.deduplicate, include_queries=True)
+    else:
+        vector = check_query_vector(query.embedding_input, scope.index.dim)  # D, in the index's space
+        found = await api.search.search_several(Several([], [], [], [], vector), scope,
+                                                deduplicate=query.deduplicate, include_queries=True)
+    hits, n = found.hits, found.n
+    base = str(request.base_url).rstrip("/")
+    return [KnnResult(id=int(i), similarity=float(s), image_path=json_path(p),
+                      url=f"{base}{API_PREFIX}/photos/{int(i)}/thumbnail")
+            for i, s, p in zip(hits.ids[n], hits.scores[n], hits.paths[n])]
+
+
 def knn_router(api: Api) -> APIRouter:
     """clip-retrieval's ``/knn-service`` and ``/indices-list``, answered from ``api``'s searches."""
     router = APIRouter(prefix=API_PREFIX, route_class=guarded_route(api.settings), tags=["clip-retrieval"])
-
-    def name() -> str:
-        return api.search.searcher.ready_index().dir.name
-
-    @router.get("/indices-list", response_model=list[str], responses=ERRORS,
-                summary="clip-retrieval's list of indexes: this one")
-    async def indices_list() -> list[str]:
-        """The one index this server searches, by its folder's name (clip-retrieval's `indice_name`)."""
-        api.search.ready()
-        return [name()]
-
-    @router.post("/knn-service", response_model=list[KnnResult], responses=ERRORS,
-                 summary="clip-retrieval's search: an image (base64) or an embedding",
-                 openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-                     "schema": KnnQuery.model_json_schema(ref_template="#/components/schemas/{model}")}}}})
-    async def knn_service(request: Request) -> list[KnnResult]:
-        """clip-retrieval's `/knn-service` (module docstring: which fields it honours): the nearest photos to
-        `image` or `embedding_input`, the best first. The body is JSON with or without a content type (ClipClient
-        sends none)."""
-        query = _knn_query(await request.body())
-        if query.text is not None:
-            raise UserError("text: this server searches by image only (a MoCo model has no text encoder): send "
-                            "image (base64) or embedding_input")
-        if query.image_url is not None:
-            raise UserError("image_url: the server fetches no URL: send the image's bytes as base64 in image")
-        if query.modality != "image":
-            raise UserError(f"modality {query.modality!r}: this server has image embeddings only: use \"image\"")
-        if (query.image is None) == (query.embedding_input is None):
-            raise UserError("a search needs one of image (base64) and embedding_input")
-        api.search.ready()
-        if query.indice_name not in (None, name()):
-            raise NotFound(f"indice_name {query.indice_name!r}: this server has one index, {name()!r} "
-                           "(GET /indices-list)")
-        scope = Filters().check(api.search, query.num_images)
-        if query.image is not None:
-            found: Found = await api.search.search_image(base64_bytes(query.image, "image"), "image", scope,
-                                                         deduplicate=query.deduplicate, include_queries=True)
-        else:
-            vector = check_query_vector(query.embedding_input, scope.index.dim)  # D, in the index's space
-            found = await api.search.search_several(Several([], [], [], [], vector), scope,
-                                                    deduplicate=query.deduplicate, include_queries=True)
-        hits, n = found.hits, found.n
-        base = str(request.base_url).rstrip("/")
-        return [KnnResult(id=int(i), similarity=float(s), image_path=json_path(p),
-                          url=f"{base}{API_PREFIX}/photos/{int(i)}/thumbnail")
-                for i, s, p in zip(hits.ids[n], hits.scores[n], hits.paths[n])]
-
+    served = functools.partial(serve, router, api)
+    served(indices_list, "/indices-list", "GET", response_model=list[str],
+           summary="clip-retrieval's list of indexes: this one")
+    served(knn_service, "/knn-service", "POST", response_model=list[KnnResult],
+           summary="clip-retrieval's search: an image (base64) or an embedding",
+           openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+               "schema": KnnQuery.model_json_schema(ref_template="#/components/schemas/{model}")}}}})
     return router

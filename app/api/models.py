@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.search.scope import FOLDER_PATTERN, MAX_RESULTS
+from index.catalog import date_text, display_path
 from index.duplicates.groups import DEFAULT_KINDS, KINDS
 
-__all__ = ["FOLDER_FIELD", "EXCLUDE_FIELD", "TAKEN_FROM_FIELD", "TAKEN_TO_FIELD", "IMAGE_TYPES", "BASE64_PATTERN",
+if TYPE_CHECKING:
+    from app.search.scope import Scope
+    from app.search.service import Found, SearchService
+
+__all__ = ["Filters", "json_path", "FOLDER_FIELD", "EXCLUDE_FIELD", "TAKEN_FROM_FIELD", "TAKEN_TO_FIELD", "IMAGE_TYPES",
+           "BASE64_PATTERN",
            "Hit", "SearchResponse", "Base64Query", "QueryImage", "MultiQuery", "MAX_QUERY_PHOTOS", "Stats", "Member",
            "Group", "Duplicates", "Kind", "MAX_ID", "KeeperRequest", "MoveRequest", "UndoRequest", "DEDUPLICATE",
            "Moved",
@@ -57,6 +64,21 @@ class Hit(BaseModel):
                               "DateTimeOriginal, else the file's date; null until `moco index update` reads it")
 
 
+@dataclass(frozen=True)
+class Filters:
+    """What a search keeps, besides its ``k``: the folder, the folders left out, the dates taken (as given)."""
+
+    folder: str = ""
+    exclude_folders: tuple[str, ...] = ()
+    taken_from: str = ""
+    taken_to: str = ""
+
+    def check(self, search: SearchService, k: int) -> Scope:
+        """The search's :class:`~app.search.scope.Scope` (every value checked once: its 400, or a 404 for a folder
+        the collection does not have)."""
+        return search.check(k, self.folder, self.exclude_folders, self.taken_from, self.taken_to)
+
+
 class SearchResponse(BaseModel):
     """A page of results for one query."""
 
@@ -71,6 +93,22 @@ class SearchResponse(BaseModel):
     weak_below: float | None = Field(description="scores under this are weak matches (null: an older index)")
     images: int = Field(description="photos in the index")
     took_ms: float = Field(description="time in the server, decoding and queueing included")
+
+    @classmethod
+    def of(cls, found: Found, filters: Filters) -> SearchResponse:
+        """A search's answer (:class:`~app.search.service.Found`) as the API gives it, with the ``filters`` it
+        kept as they were asked."""
+        index, n = found.scope.index, found.n
+        weak = index.weak_below
+        hits = found.hits
+        results = [Hit(rank=found.offset + r + 1, id=int(i), path=json_path(p), score=float(s),
+                       weak=weak is not None and float(s) < weak, taken=date_text(row.date))
+                   for r, (i, s, p, row) in enumerate(zip(hits.ids[n], hits.scores[n], hits.paths[n], hits.rows[n]))]
+        return cls(results=results, k=found.scope.k, offset=found.offset, folder=filters.folder.strip("/") or None,
+                   exclude_folders=[f.strip("/") for f in filters.exclude_folders if f.strip("/")],
+                   taken_from=filters.taken_from or None, taken_to=filters.taken_to or None,
+                   next_offset=None if found.last else found.offset + len(results), weak_below=weak,
+                   images=len(index), took_ms=found.took_ms)
 
 
 class EmbedResponse(BaseModel):
@@ -394,3 +432,12 @@ class PhotosPage(BaseModel):
 
 class ErrorResponse(BaseModel):
     detail: str = Field(description="what went wrong and what to do, in one line (the page's message)")
+
+
+def json_path(path: str) -> str:
+    """A catalog path as JSON text: itself, or escaped as the page shows it when it is not valid UTF-8."""
+    try:
+        path.encode("utf-8")
+        return path
+    except UnicodeEncodeError:
+        return display_path(path)

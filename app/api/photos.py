@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import functools
 import mimetypes
 import urllib.parse
 from typing import Any, BinaryIO
@@ -15,12 +16,12 @@ from fastapi.responses import FileResponse, Response
 
 from app.api.errors import ERRORS, guarded_route
 from app.api.models import MAX_ID, BrowsePhoto
-from app.api.state import Api
+from app.api.state import Api, serve
 from app.guard.access import API_PREFIX
 from app.search.service import NotFound
 from index.catalog import date_text, display_path
 
-__all__ = ["photos_router", "OriginalResponse"]
+__all__ = ["photos_router", "OriginalResponse", "photo", "thumbnail", "original"]
 
 
 class OriginalResponse(Response):
@@ -57,45 +58,47 @@ def _attachment(name: str) -> str:
     return f"attachment; filename*=utf-8''{quoted_name}" if quoted_name != name else f'attachment; filename="{name}"'
 
 
+def photo(api: Api, photo_id: int = PathParam(ge=0, le=MAX_ID)) -> BrowsePhoto:
+    """An indexed photo's path (relative to the collection), date taken and pixels: what a page of /photos lists
+    for it (the page's map shows it on hover)."""
+    api.search.ready()
+    row = api.library.indexed(photo_id)
+    if row is None:
+        raise NotFound(f"photo id {photo_id} is not an indexed photo: search again for current ids")
+    return BrowsePhoto(id=row.id, path=display_path(row.path), taken=date_text(row.date), width=row.width,
+                       height=row.height)
+
+
+def thumbnail(api: Api, photo_id: int = PathParam(ge=0, le=MAX_ID)) -> FileResponse:
+    """The thumbnail the page shows (JPEG, about 256 px), from the index's thumbs/ folder only."""
+    api.search.ready()
+    index = api.library.ready_index()
+    row = index.catalog.rows_by_id([photo_id]).get(photo_id)
+    thumb = index.thumb_path(row) if row is not None and not row.deleted else None
+    thumbs = (index.dir / "thumbs").resolve()
+    if thumb is None or thumbs not in thumb.resolve().parents or not thumb.is_file():
+        raise NotFound(f"photo id {photo_id} has no thumbnail: search again for current ids")
+    return FileResponse(thumb, media_type="image/jpeg")
+
+
+def original(api: Api, photo_id: int = PathParam(ge=0, le=MAX_ID)) -> Response:
+    """The original file under the page's rules: an indexed photo, inside the collection, a regular file of at
+    most 64 MB; streamed from the file itself (opened once, checked, sent with its size), never from a copy."""
+    api.search.ready()
+    if api.library.indexed(photo_id) is None:
+        raise NotFound(f"photo id {photo_id} is not an indexed photo: search again for current ids")
+    f, size, name = api.library.open_original(photo_id)
+    return OriginalResponse(f, size, name, mimetypes.guess_type(name)[0] or "application/octet-stream")
+
+
 def photos_router(api: Api) -> APIRouter:
     """The routes of one indexed photo, answered from ``api``'s :class:`~app.collection.library.Library`."""
-    library = api.library
     router = APIRouter(prefix=API_PREFIX, route_class=guarded_route(api.settings), tags=["search"])
-
-    @router.get("/photos/{photo_id}", response_model=BrowsePhoto, responses=ERRORS, summary="One indexed photo",
-                tags=["collection"])
-    def photo(photo_id: int = PathParam(ge=0, le=MAX_ID)) -> BrowsePhoto:
-        """An indexed photo's path (relative to the collection), date taken and pixels: what a page of /photos lists
-        for it (the page's map shows it on hover)."""
-        api.search.ready()
-        row = library.indexed(photo_id)
-        if row is None:
-            raise NotFound(f"photo id {photo_id} is not an indexed photo: search again for current ids")
-        return BrowsePhoto(id=row.id, path=display_path(row.path), taken=date_text(row.date), width=row.width,
-                           height=row.height)
-
-    @router.get("/photos/{photo_id}/thumbnail", responses={**ERRORS, 200: {"content": {"image/jpeg": {}}}},
-                response_class=FileResponse, summary="A photo's thumbnail")
-    def thumbnail(photo_id: int = PathParam(ge=0, le=MAX_ID)) -> FileResponse:
-        """The thumbnail the page shows (JPEG, about 256 px), from the index's thumbs/ folder only."""
-        api.search.ready()
-        index = library.ready_index()
-        row = index.catalog.rows_by_id([photo_id]).get(photo_id)
-        thumb = index.thumb_path(row) if row is not None and not row.deleted else None
-        thumbs = (index.dir / "thumbs").resolve()
-        if thumb is None or thumbs not in thumb.resolve().parents or not thumb.is_file():
-            raise NotFound(f"photo id {photo_id} has no thumbnail: search again for current ids")
-        return FileResponse(thumb, media_type="image/jpeg")
-
-    @router.get("/photos/{photo_id}/original", responses={**ERRORS, 200: {"content": {"image/*": {}}}},
-                response_class=FileResponse, summary="A photo's original file")
-    def original(photo_id: int = PathParam(ge=0, le=MAX_ID)) -> Response:
-        """The original file under the page's rules: an indexed photo, inside the collection, a regular file of at
-        most 64 MB; streamed from the file itself (opened once, checked, sent with its size), never from a copy."""
-        api.search.ready()
-        if library.indexed(photo_id) is None:
-            raise NotFound(f"photo id {photo_id} is not an indexed photo: search again for current ids")
-        f, size, name = library.open_original(photo_id)
-        return OriginalResponse(f, size, name, mimetypes.guess_type(name)[0] or "application/octet-stream")
-
+    served = functools.partial(serve, router, api)
+    served(photo, "/photos/{photo_id}", "GET", response_model=BrowsePhoto, summary="One indexed photo",
+           tags=["collection"])
+    served(thumbnail, "/photos/{photo_id}/thumbnail", "GET", responses={**ERRORS, 200: {"content": {"image/jpeg": {}}}},
+           response_class=FileResponse, summary="A photo's thumbnail")
+    served(original, "/photos/{photo_id}/original", "GET", responses={**ERRORS, 200: {"content": {"image/*": {}}}},
+           response_class=FileResponse, summary="A photo's original file")
     return router

@@ -1,36 +1,25 @@
 """What every router of the JSON API serves from: the :class:`Api` (the collection's
 :class:`~app.collection.library.Library`, the batched searches the page's Search shares, the gate of the views of the
-whole collection, the settings), a search's :class:`Filters`, and how a catalog path reads in JSON."""
+whole collection, the settings), and how a route is put on a router (:func:`serve`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Any
 
+from fastapi import APIRouter
+
+from app.api.errors import ERRORS
 from app.api.gate import Gate
 from app.collection.library import Library
 from app.guard.access import ApiSettings
-from app.search.scope import Scope
 from app.search.service import SearchService
-from index.catalog import display_path
 
-__all__ = ["Api", "Filters", "json_path"]
+__all__ = ["Api", "serve"]
 
 VIEWS_RUNNING, VIEWS_WAITING = 1, 4  # views of the collection computed at once, and waiting (app/api/gate.py)
-
-
-@dataclass(frozen=True)
-class Filters:
-    """What a search keeps, besides its ``k``: the folder, the folders left out, the dates taken (as given)."""
-
-    folder: str = ""
-    exclude_folders: tuple[str, ...] = ()
-    taken_from: str = ""
-    taken_to: str = ""
-
-    def check(self, search: SearchService, k: int) -> Scope:
-        """The search's :class:`~app.search.scope.Scope` (every value checked once: its 400, or a 404 for a folder
-        the collection does not have)."""
-        return search.check(k, self.folder, self.exclude_folders, self.taken_from, self.taken_to)
 
 
 class Api:
@@ -50,10 +39,11 @@ class Api:
         self.views.close()
 
 
-def json_path(path: str) -> str:
-    """A catalog path as JSON text: itself, or escaped as the page shows it when it is not valid UTF-8."""
-    try:
-        path.encode("utf-8")
-        return path
-    except UnicodeEncodeError:
-        return display_path(path)
+def serve(router: APIRouter, api: Api, endpoint: Callable[..., Any], path: str, method: str, **route: Any) -> None:
+    """Put ``endpoint`` (a module's function of ``api`` first, then the request's fields) on ``router`` at ``path``
+    for ``method``, answered from ``api``: its name and docstring as the route's, the rest of ``route``
+    (``response_model``, ``summary``, ...) as :meth:`APIRouter.add_api_route` takes it, the errors of ``ERRORS``
+    documented unless ``responses`` says otherwise."""
+    route.setdefault("responses", ERRORS)
+    router.add_api_route(path, functools.partial(endpoint, api), methods=[method], name=endpoint.__name__,
+                         description=inspect.getdoc(endpoint) or "", **route)
