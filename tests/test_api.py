@@ -359,6 +359,29 @@ def test_schema_and_docs_page_work_offline(http):
     assert "<script" not in docs.text and "://" not in docs.text.replace("http://", "")  # nothing fetched
 
 
+def test_every_route_is_named_and_described_by_its_function(http):
+    """Each documented operation comes from its module's route function (put on its router with the Api bound):
+    its id starts with the function's name and its description is the function's docstring, not the binding's;
+    no operation asks for the Api itself."""
+    import inspect
+
+    from app.api import collection, duplicates, knn, photos, search
+
+    schema = http.get("/openapi.json").json()
+    ops = {(path, method): op for path, item in schema["paths"].items() for method, op in item.items()}
+    functions = {n: f for m in (search, photos, duplicates, collection, knn) for n, f in vars(m).items()
+                 if inspect.isfunction(f) and f.__module__ == m.__name__ and not n.startswith("_")
+                 and not n.endswith("_router") and list(inspect.signature(f).parameters)[:1] == ["api"]}  # the routes
+    assert len(functions) == len(ops) == 21, (sorted(functions), sorted(ops))
+    named = set()
+    for (path, method), op in ops.items():
+        name = next(n for n in functions if op["operationId"].startswith(n + "_api_v1"))
+        named.add(name)
+        assert op["description"] == inspect.getdoc(functions[name]), (path, method)
+        assert "api" not in {p["name"] for p in op.get("parameters", [])}, (path, method)
+    assert named == set(functions)
+
+
 # ----------------------------------------------------------------------------------------------- access
 def test_access_needs_the_token_the_basic_login_or_the_page_cookie(server):
     url = server[0] + "/api/v1/stats"
