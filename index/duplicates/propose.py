@@ -281,8 +281,8 @@ def crop_families(nb: Neighbours, large: Container[int], copies: Container[tuple
     crop searches found (plain or mirrored), where the first that search found is a copy of it (a pair of
     ``copies``: verified). The crops of a large photo meet its crop windows at a few pixels a side the less well the
     more they are cut, so the least cut comes first and the others of the family come under the depth the
-    proposals take, among alike photos: a 70% crop at 0.67 behind the 80% one at 0.98. Only where a copy was
-    verified: a library of large photos gets no more pairs for the photos without one."""
+    proposals take, among alike photos (bench/NOTES.md, eighteenth session). Only where a copy was verified: a
+    library of large photos gets no more pairs for the photos without one."""
     crops = SOURCES.index("crops")
     family = _Pairs()
     for r, flip in zip(*np.nonzero(_cut(nb, large, copies))):
@@ -300,9 +300,9 @@ def family_crops(heads: Sequence[int], frames_: Mapping[int, Frame], targets: Se
     :data:`FAMILY_GRIDS` places a side (plain and mirrored): :func:`crop_neighbours`, its windows a few pixels of the
     photo's image apart instead of a third of the free side. A crop cut at another place than the proposals' places
     meets their windows a fraction of a cell off, and a large photo's texture at :data:`CROP_SIDE` pixels a side does
-    not forgive it: on the report split of bench/dedup_scale.py a 70% crop off the centre ranked fifteenth by the
-    proposals' windows (0.66) and first by these (0.96). Eleven times the windows: for the few photos known to be
-    cut, not for every photo. ``step(1)``: after each photo's search, plain and mirrored (a progress bar)."""
+    not forgive it: alike photos come before it (bench/NOTES.md, nineteenth session). Eleven times the windows: for
+    the few photos known to be cut, not for every photo. ``step(1)``: after each photo's search, plain and mirrored
+    (a progress bar)."""
     family = _Pairs()
     have = [int(i) for i in heads if int(i) in frames_]
     for i, _, row, _ in crop_neighbours(have, frames_, k, chunk, [t for t in targets if t in frames_],
