@@ -17,7 +17,7 @@ from PIL import Image, ImageEnhance
 
 from app.cli.commands import main
 from index.building.runner import build_index, update_index
-from index.duplicates import check_workers, dedup
+from index.duplicates import check_workers, dedup, dedup_cache
 from index.duplicates.dedup import load_duplicates, search_duplicates
 from index.duplicates.dedup_cache import (
     CHECKED_FILE,
@@ -31,8 +31,9 @@ from index.duplicates.dedup_cache import (
     kept_links,
     kept_neighbours,
 )
-from index.duplicates.verify import COLOUR_SIDE, COPY_SCORE, copy_scores, frame_of
+from index.duplicates.verify import COLOUR_SIDE, COPY_SCORE, SIDE, copy_scores, frame_of
 from index.search.image_index import ImageIndex
+from moco.data.photos import ImageDecodeError, load_rgb
 from moco.errors import UserError
 
 
@@ -74,6 +75,42 @@ def test_frames_read_back_equal_frames_made_anew_and_only_changed_photos_are_mad
     assert _same(third[3], frame_of(Image.open(tmp_path / "3.png")))
     assert _same(third[20], frame_of(pics[20]))
     assert third[20].colour is not None and third[20].colour.std() > 0  # the colours are kept with the grey
+
+
+def test_frames_made_in_worker_processes_are_this_process_s_in_the_same_file(tmp_path, monkeypatch):
+    """Frames made by two worker processes, a batch at a time, are the frames this process makes, appended in the
+    same order: thumbnails where given, the photo's file where not (or where the thumbnail is unreadable), none for a
+    photo that cannot be read; each photo counted once as the photos are done."""
+    monkeypatch.setattr(dedup_cache, "FRAMES_IN_WORKERS", 1)
+    pics = _pictures(30, seed=4)
+    (tmp_path / "thumbs").mkdir()
+    for i, img in pics.items():
+        img.save(tmp_path / f"{i}.png")
+        if i % 3 == 0:  # a thumbnail for some, as the index keeps them
+            img.convert("RGB").save(tmp_path / "thumbs" / f"{i}.jpg", quality=90)
+    (tmp_path / "thumbs" / "6.jpg").write_bytes(b"not a jpeg")  # unreadable: the photo is decoded instead
+    (tmp_path / "7.png").write_bytes(b"not a png")  # no frame at all
+    photos = {i: (i, tmp_path / "thumbs" / f"{i}.jpg" if i % 3 == 0 else None) for i in pics}
+
+    def decode(i: int) -> Image.Image | None:  # this process's way to the photo's file (as the search's own)
+        try:
+            return load_rgb(tmp_path / f"{i}.png", min_short=2 * SIDE)
+        except ImageDecodeError:
+            return None
+
+    made, steps = {}, {}
+    for workers in (0, 2):
+        counted: list[int] = []
+        made[workers] = FrameFile(tmp_path / f"frames{workers}.bin").update(
+            photos, decode, counted.append, batch=4,
+            originals=lambda i: tmp_path / f"{i}.png", workers=workers)
+        steps[workers] = sum(counted)
+    assert steps[0] == steps[2] == len(pics)
+    assert sorted(made[0]) == sorted(made[2]) == sorted(set(pics) - {7}) and made[2].made == len(pics) - 1
+    for i in made[0]:
+        assert _same(made[0][i], made[2][i]), i
+    assert _same(made[2][6], frame_of(pics[6])) and _same(made[2][4], frame_of(pics[4]))
+    assert (tmp_path / "frames0.bin").read_bytes() == (tmp_path / "frames2.bin").read_bytes()
 
 
 def test_a_frame_file_cut_short_or_of_other_settings_is_read_as_far_as_it_is_whole(tmp_path):

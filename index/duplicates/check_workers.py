@@ -22,7 +22,7 @@ from index.duplicates.dedup_cache import FrameFile
 from index.duplicates.verify import FineCheck, copy_scores
 from moco.data.workers import in_workers
 
-__all__ = ["checked_parts", "check_workers", "PART", "MIN_PAIRS", "MAX_WORKERS"]
+__all__ = ["checked_parts", "check_workers", "core_workers", "PART", "MIN_PAIRS", "MAX_WORKERS"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,9 +38,15 @@ _fine: FineCheck | None = None  # and its fine check of large photos
 def check_workers(pairs: int, cores: int | None = None) -> int:
     """Worker processes for checking ``pairs`` pairs: every core this process may use (at most
     :data:`MAX_WORKERS`); 0 (this process) for fewer than :data:`MIN_PAIRS` or a single core."""
+    return 0 if pairs < MIN_PAIRS else core_workers(cores)
+
+
+def core_workers(cores: int | None = None) -> int:
+    """Worker processes for work that fills every core this process may use (``cores``, None: as many as it may
+    use), at most :data:`MAX_WORKERS`; 0 (this process) on a single core."""
     cores = cores if cores is not None else len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
         os.cpu_count() or 1)
-    return 0 if pairs < MIN_PAIRS or cores < 2 else min(cores, MAX_WORKERS)
+    return 0 if cores < 2 else min(cores, MAX_WORKERS)
 
 
 def _open(path: Path, where: dict[int, int], fine: FineCheck | None) -> None:

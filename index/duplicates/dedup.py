@@ -70,7 +70,7 @@ from index.calibrate import (  # the threshold: re-exported here, where its user
 )
 from index.catalog import Row, sample_ids
 from index.duplicates.captures import Captures
-from index.duplicates.check_workers import PART, check_workers, checked_parts
+from index.duplicates.check_workers import PART, check_workers, checked_parts, core_workers
 from index.duplicates.dedup_cache import (
     CHECKED_FILE,
     FRAMES_FILE,
@@ -317,8 +317,9 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
     a kill, those it had not reached. ``versions``: every photo's version
     (:func:`index.duplicates.dedup_cache.photo_version`;
     None: ``rows``'). ``workers``: the pixel check's processes (:func:`index.duplicates.check_workers.check_workers`
-    for None). ``found``: the model's closest photos of the photos searched for the links
-    (:class:`~index.duplicates.propose.ModelFound`), not searched again."""
+    for None), and the frames' (every core for None, where there are many frames to make). ``found``: the model's
+    closest photos of the photos searched for the links (:class:`~index.duplicates.propose.ModelFound`), not
+    searched again."""
     if index.catalog.read_only:
         with tempfile.TemporaryDirectory(prefix="moco-dedup-") as scratch:
             return _verify_links(index, Path(scratch), ids, vecs, content, rows, links, chunk, progress, versions,
@@ -340,7 +341,10 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
     photos = {int(i): (versions[int(i)], _frame_source(index, rows[int(i)])) for i in ids if int(i) in rows}
     with _stage("frames", len(ids), "photo", progress) as bar:
         bar.update(len(ids) - len(photos))
-        frames_ = FrameFile(where / FRAMES_FILE).update(photos, _frame_fallback(index, rows), bar.update, versions)
+        frames_ = FrameFile(where / FRAMES_FILE).update(
+            photos, _frame_fallback(index, rows), bar.update, versions,
+            originals=lambda i: index.root / rows[i].path if i in rows else None,
+            workers=workers if workers is not None else core_workers())  # every core, for many photos
     del photos  # a path a photo: about 0.3 GB at 1,000,000 photos
     kept_neighbours = NeighbourFile(where / NEIGHBOURS_FILE, _space_key(index))
     captures = Captures.of(rows)  # the files' dates and cameras

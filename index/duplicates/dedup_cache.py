@@ -52,6 +52,8 @@ from PIL import Image
 from index.duplicates import propose, verify
 from index.duplicates.propose import PROPOSE_K, SOURCES, Neighbours
 from index.duplicates.verify import COLOUR_SIDE, SIDE, Frame, frames
+from moco.data.photos import ImageDecodeError, load_rgb
+from moco.data.workers import in_workers
 from moco.files import atomic_write
 
 __all__ = ["FrameFile", "CheckedPairs", "NeighbourFile", "NEIGHBOURS_FILE", "LinkFile", "KeptLinks", "LINKS_FILE",
@@ -184,6 +186,27 @@ class _RecordFile:
             logger.warning("cannot write %s anew (%s)", self.path, e)
 
 
+FRAMES_IN_WORKERS = 4096  # photos to make frames of, at least, for worker processes to make them (a second to start)
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def _original(path: Path | None) -> Image.Image | None:
+    """A photo decoded from its file for its frame (at least twice a frame's side on its short side); None where it
+    cannot be."""
+    if path is None:
+        return None
+    try:
+        return load_rgb(path, min_short=2 * SIDE)
+    except ImageDecodeError:
+        return None
+
+
+def _made_frames(part: list[tuple[int, Path | None, Path | None]]) -> list[tuple[int, Frame]]:
+    """A worker's frames of photos ``(id, thumbnail path, the photo's file)``, in order (those it could make)."""
+    files = {i: photo for i, _, photo in part}
+    return list(frames({i: thumb for i, thumb, _ in part}, lambda i: _original(files[i])).items())
+
+
 class FrameFile(Mapping[int, Frame]):
     """The frames of the photos of one search, kept in :data:`FRAMES_FILE`: a mapping ``{id: Frame}`` of the photos
     that have one, read from the file as needed (the last :data:`FRAMES_KEPT` kept decoded)."""
@@ -197,13 +220,16 @@ class FrameFile(Mapping[int, Frame]):
 
     def update(self, photos: Mapping[int, tuple[int, Path | None]], fallback: Callable[[int], Image.Image | None],
                step: Callable[[int], object] | None = None, every: Mapping[int, int] | None = None,
-               batch: int = 256) -> FrameFile:
+               batch: int = 256, originals: Callable[[int], Path | None] | None = None,
+               workers: int = 0) -> FrameFile:
         """Take the frames of ``photos`` (``{id: (version, thumbnail path)}``) from the file where it holds them at
         that version; make the others (:func:`index.duplicates.verify.frames`, ``fallback`` decoding a photo) and append
         them.
         ``every``: the versions of every photo of the index (``{id: version}``; None: ``photos``'): the file is
         written anew without the others' records when they outnumber the live ones. ``step(n)``: called as photos
-        are done. Returns itself."""
+        are done. ``workers`` processes make the frames (``batch`` photos at a time, appended in order: the same
+        file) where there are at least :data:`FRAMES_IN_WORKERS` to make and ``originals(id)`` gives the file a
+        photo is decoded from where its thumbnail cannot serve (what ``fallback`` decodes). Returns itself."""
         step = step or (lambda n: None)
         every = every if every is not None else {i: v for i, (v, _) in photos.items()}
         total = self._file.records()
@@ -217,9 +243,17 @@ class FrameFile(Mapping[int, Frame]):
         self._where = {i: known[i] for i in photos if i in known and photos[i][0] == every[i]}
         step(len(self._where))
         todo = [i for i in photos if i not in self._where]
-        for start in range(0, len(todo), batch):
-            part = todo[start : start + batch]
-            made = frames({i: photos[i][1] for i in part}, fallback, step)
+        parts = [todo[start : start + batch] for start in range(0, len(todo), batch)]
+        if workers > 0 and originals is not None and len(todo) >= FRAMES_IN_WORKERS:
+            logger.info("frames of %d photos made in %d worker processes", len(todo), workers)
+            made_parts: Iterable[dict[int, Frame]] = (
+                dict(got) for got in in_workers(_made_frames, ([(i, photos[i][1], originals(i)) for i in part]
+                                                               for part in parts),
+                                                 workers, "frame-making", env=ONE_THREAD))
+        else:
+            made_parts = (frames({i: photos[i][1] for i in part}, fallback) for part in parts)
+        for part, made in zip(parts, made_parts):
+            step(len(part))
             rec = np.zeros(len(made), _FRAME)
             for n, (i, f) in enumerate(made.items()):
                 w, h = f.image.size
