@@ -201,10 +201,32 @@ def _original(path: Path | None) -> Image.Image | None:
         return None
 
 
-def _made_frames(part: list[tuple[int, Path | None, Path | None]]) -> list[tuple[int, Frame]]:
-    """A worker's frames of photos ``(id, thumbnail path, the photo's file)``, in order (those it could make)."""
-    files = {i: photo for i, _, photo in part}
-    return list(frames({i: thumb for i, thumb, _ in part}, lambda i: _original(files[i])).items())
+def _records(made: Mapping[int, Frame], versions: Mapping[int, int]) -> np.ndarray:
+    """The frames file's records of frames ``made`` (``{id: frame}``, at ``versions``): F records, in order."""
+    rec = np.zeros(len(made), _FRAME)
+    for n, (i, f) in enumerate(made.items()):
+        w, h = f.image.size
+        rec[n]["id"], rec[n]["version"], rec[n]["aspect"] = i, versions[i], f.aspect
+        rec[n]["width"], rec[n]["height"], rec[n]["grey"] = w, h, f.grey.ravel()
+        rec[n]["image"][: w * h] = np.frombuffer(f.image.tobytes(), np.uint8)
+        rec[n]["colour"] = 128 if f.colour is None else f.colour.ravel()
+    return rec
+
+
+def _frame(rec: np.void) -> Frame:
+    """The frame a record of the frames file holds."""
+    w, h = int(rec["width"]), int(rec["height"])
+    return Frame(rec["grey"].reshape(SIDE, SIDE).copy(), float(rec["aspect"]),
+                 Image.frombytes("L", (w, h), rec["image"][: w * h].tobytes()),
+                 rec["colour"].reshape(2, COLOUR_SIDE, COLOUR_SIDE).copy())
+
+
+def _made_records(part: list[tuple[int, int, Path | None, Path | None]]) -> np.ndarray:
+    """A worker's records of the frames of photos ``(id, version, thumbnail path, the photo's file)``, in order (of
+    those it could make): the worker packs them, so this process only appends them."""
+    files = {i: photo for i, _, _, photo in part}
+    made = frames({i: thumb for i, _, thumb, _ in part}, lambda i: _original(files[i]))
+    return _records(made, {i: v for i, v, _, _ in part})
 
 
 class FrameFile(Mapping[int, Frame]):
@@ -244,30 +266,35 @@ class FrameFile(Mapping[int, Frame]):
         step(len(self._where))
         todo = [i for i in photos if i not in self._where]
         parts = [todo[start : start + batch] for start in range(0, len(todo), batch)]
-        if workers > 0 and originals is not None and len(todo) >= FRAMES_IN_WORKERS:
+        if (workers > 0 and originals is not None and len(todo) >= FRAMES_IN_WORKERS
+                and self._file.writable):  # (a read-only folder keeps the frames in memory: made here)
             logger.info("frames of %d photos made in %d worker processes", len(todo), workers)
-            made_parts: Iterable[dict[int, Frame]] = (
-                dict(got) for got in in_workers(_made_frames, ([(i, photos[i][1], originals(i)) for i in part]
-                                                               for part in parts),
-                                                 workers, "frame-making", env=ONE_THREAD))
-        else:
-            made_parts = (frames({i: photos[i][1] for i in part}, fallback) for part in parts)
-        for part, made in zip(parts, made_parts):
+            packed = in_workers(_made_records, ([(i, photos[i][0], photos[i][1], originals(i)) for i in part]
+                                                for part in parts), workers, "frame-making", env=ONE_THREAD)
+            for part, rec in zip(parts, packed):
+                step(len(part))
+                self._append(rec, {})
+            return self._compacted(stale, known)
+        for part in parts:
+            made = frames({i: photos[i][1] for i in part}, fallback)
             step(len(part))
-            rec = np.zeros(len(made), _FRAME)
-            for n, (i, f) in enumerate(made.items()):
-                w, h = f.image.size
-                rec[n]["id"], rec[n]["version"], rec[n]["aspect"] = i, photos[i][0], f.aspect
-                rec[n]["width"], rec[n]["height"], rec[n]["grey"] = w, h, f.grey.ravel()
-                rec[n]["image"][: w * h] = np.frombuffer(f.image.tobytes(), np.uint8)
-                rec[n]["colour"] = 128 if f.colour is None else f.colour.ravel()
+            for i, f in made.items():
                 self._keep(i, f)
-            first = self._file.append(rec) if len(rec) else None
-            if first is not None:
-                self._where.update({i: first + n for n, i in enumerate(made)})
-            elif made:  # nowhere to keep them: in memory
-                self._memory.update(made)
-            self.made += len(made)
+            self._append(_records(made, {i: photos[i][0] for i in made}), made)
+        return self._compacted(stale, known)
+
+    def _append(self, rec: np.ndarray, made: Mapping[int, Frame]) -> None:
+        """Append records ``rec`` (of frames ``made``, where this process made them) to the file, or keep
+        ``made`` in memory where the file cannot be written."""
+        first = self._file.append(rec) if len(rec) else None
+        if first is not None:
+            self._where.update({int(i): first + n for n, i in enumerate(rec["id"].tolist())})
+        elif len(rec):  # nowhere to keep them (the disk full, say): in memory
+            self._memory.update(made or {int(r["id"]): _frame(r) for r in rec})
+        self.made += len(rec)
+
+    def _compacted(self, stale: int, known: Mapping[int, int]) -> FrameFile:
+        """Itself, its file written anew where it holds more ``stale`` records than live ones (``known``)."""
         if stale > len(known) + 1024 and self._file.writable:  # more stale records than live ones: write anew
             self._compact(known | self._where)
         return self
@@ -312,11 +339,7 @@ class FrameFile(Mapping[int, Frame]):
             return f
         if i in self._memory:
             return self._memory[i]
-        rec = self._file.read(self._where[i], 1)[0]  # KeyError: no frame
-        w, h = int(rec["width"]), int(rec["height"])
-        f = Frame(rec["grey"].reshape(SIDE, SIDE).copy(), float(rec["aspect"]),
-                  Image.frombytes("L", (w, h), rec["image"][: w * h].tobytes()),
-                  rec["colour"].reshape(2, COLOUR_SIDE, COLOUR_SIDE).copy())
+        f = _frame(self._file.read(self._where[i], 1)[0])  # KeyError: no frame
         self._keep(i, f)
         return f
 
