@@ -20,7 +20,7 @@ import numpy as np
 
 from index.duplicates.dedup_cache import FrameFile
 from index.duplicates.verify import FineCheck, copy_scores
-from moco.data.workers import in_workers
+from moco.data.workers import ONE_THREAD, in_workers
 
 __all__ = ["checked_parts", "check_workers", "core_workers", "PART", "MIN_PAIRS", "MAX_WORKERS"]
 
@@ -29,7 +29,6 @@ logger = logging.getLogger(__name__)
 PART = 2048  # pairs a worker scores at a time
 MIN_PAIRS = 4 * PART  # fewer pairs are checked in this process: starting the workers costs about a second
 MAX_WORKERS = 8
-ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 _frames: FrameFile | None = None  # a worker's frames
 _fine: FineCheck | None = None  # and its fine check of large photos

@@ -53,7 +53,7 @@ from index.duplicates import propose, verify
 from index.duplicates.propose import PROPOSE_K, SOURCES, Neighbours
 from index.duplicates.verify import COLOUR_SIDE, SIDE, Frame, frames
 from moco.data.photos import ImageDecodeError, load_rgb
-from moco.data.workers import in_workers
+from moco.data.workers import ONE_THREAD, in_workers
 from moco.files import atomic_write
 
 __all__ = ["FrameFile", "CheckedPairs", "NeighbourFile", "NEIGHBOURS_FILE", "LinkFile", "KeptLinks", "LINKS_FILE",
@@ -187,7 +187,6 @@ class _RecordFile:
 
 
 FRAMES_IN_WORKERS = 4096  # photos to make frames of, at least, for worker processes to make them (a second to start)
-ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 def _original(path: Path | None) -> Image.Image | None:
@@ -264,11 +263,11 @@ class FrameFile(Mapping[int, Frame]):
         stale = total - len(known)
         self._where = {i: known[i] for i in photos if i in known and photos[i][0] == every[i]}
         step(len(self._where))
-        todo = [i for i in photos if i not in self._where]
-        parts = [todo[start : start + batch] for start in range(0, len(todo), batch)]
-        if (workers > 0 and originals is not None and len(todo) >= FRAMES_IN_WORKERS
+        missing = [i for i in photos if i not in self._where]
+        parts = [missing[start : start + batch] for start in range(0, len(missing), batch)]
+        if (workers > 0 and originals is not None and len(missing) >= FRAMES_IN_WORKERS
                 and self._file.writable):  # (a read-only folder keeps the frames in memory: made here)
-            logger.info("frames of %d photos made in %d worker processes", len(todo), workers)
+            logger.info("frames of %d photos made in %d worker processes", len(missing), workers)
             packed = in_workers(_made_records, ([(i, photos[i][0], photos[i][1], originals(i)) for i in part]
                                                 for part in parts), workers, "frame-making", env=ONE_THREAD)
             for part, rec in zip(parts, packed):

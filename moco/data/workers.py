@@ -28,12 +28,13 @@ from typing import Any, TypeVar
 
 from moco.errors import UserError
 
-__all__ = ["in_workers", "ordered_window", "chunks", "exit_if_importing_main", "REIMPORTED_MAIN_EXIT"]
+__all__ = ["in_workers", "ordered_window", "chunks", "exit_if_importing_main", "REIMPORTED_MAIN_EXIT", "ONE_THREAD"]
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 
 REIMPORTED_MAIN_EXIT = 86
+ONE_THREAD = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # workers sharing the cores
 INLINE_ARGS = 16384  # bytes: larger init arguments go to the workers through a file, not spawn's pipe. The parent
 # writes a new worker's arguments into a pipe whose reading end it holds open itself, so past the pipe's buffer (64 kB)
 # a worker that exits before reading them all (one importing the parent's main script again) would leave the parent
