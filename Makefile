@@ -89,7 +89,7 @@ $(CHROMIUM):
 # once): about 1.3x faster than one process on 2 cores. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: install $(CHROMIUM)
-	@echo "make test: about 10 minutes on 2 cores (about 20 with both cores busy); PYTEST_ARGS='-m \"not slow\"'" \
+	@echo "make test: about 15 minutes on 2 cores (about 25 with both cores busy); PYTEST_ARGS='-m \"not slow\"'" \
 		"leaves out the slow ones"
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
