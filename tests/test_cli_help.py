@@ -187,6 +187,7 @@ def test_python_m_entry_points_parse_their_own_flags(argv, prog, flags):
     imported = _imported(proc.stderr)
     assert argv[0] in imported or argv[0].split(".")[0] in imported  # the import log was read
     assert not {m for m in imported if m == "app" or m.startswith("app.")}, "moco/ and index/ never import app/"
+    assert "torch" not in imported, "the flags are read before torch loads (--help answers at once)"
 
 
 def _config_parser() -> argparse.ArgumentParser:

@@ -23,7 +23,6 @@ import concurrent.futures
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from pathlib import Path
@@ -53,9 +52,9 @@ from index.search.index_dir import (
 from index.search.store import KINDS, require_faiss
 from moco.errors import UserError
 from moco.excludes import check_patterns
-from moco.runtime import Dist, setup_logging
+from moco.runtime import Dist
 
-__all__ = ["build_index", "update_index", "default_memory_budget", "run_cli", "main"]
+__all__ = ["build_index", "update_index", "default_memory_budget", "run_cli"]
 
 logger = logging.getLogger(__name__)
 
@@ -356,27 +355,3 @@ def _watch(args: argparse.Namespace, common: dict[str, Any]) -> int:
     finally:
         watcher.stop()
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``torchrun ... -m index.building PHOTOS --backbone B -o IDX`` or ``-m index.building update IDX``; 2 on bad
-    input."""
-    from index.building import args as a
-
-    argv = list(sys.argv[1:] if argv is None else argv)
-    update = bool(argv) and argv[0] == "update"
-    if update:
-        parser = argparse.ArgumentParser(prog="python -m index.building update", description=a.UPDATE_DESCRIPTION)
-        a.add_update_arguments(parser)
-    else:
-        parser = argparse.ArgumentParser(prog="python -m index.building", description=a.BUILD_DESCRIPTION,
-                                         epilog=f"python -m index.building update IDX: {a.UPDATE_HELP}")
-        a.add_build_arguments(parser)
-    args = parser.parse_args(argv[1:] if update else argv)
-    setup_logging()
-    try:
-        return run_cli(args, update)
-    except UserError as e:  # StorageError (disk full, read-only) exits 1: not bad input
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return e.exit_code
-

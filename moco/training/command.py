@@ -192,13 +192,13 @@ def train_from_args(args: argparse.Namespace) -> TrainingSummary:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m moco.training`` (the entry point for torchrun): the flags of ``moco train``; 2 on bad input."""
+    parser = argparse.ArgumentParser(prog="python -m moco.training", description=DESCRIPTION)
+    add_train_arguments(parser)
+    args = parser.parse_args(argv)  # before torch loads: --help and a bad flag answer at once
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from moco.runtime import setup_logging
 
-    parser = argparse.ArgumentParser(prog="python -m moco.training", description=DESCRIPTION)
-    add_train_arguments(parser)
-    args = parser.parse_args(argv)
     setup_logging()
     try:
         with logging_redirect_tqdm():
