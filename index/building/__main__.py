@@ -9,7 +9,7 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     """``torchrun ... -m index.building PHOTOS --backbone B -o IDX`` or ``-m index.building update IDX``; 2 on bad
-    input. The flags are read before torch and FAISS load: ``--help`` and a bad flag answer at once."""
+    input. The flags are read before torch loads: ``--help`` and a bad flag answer at once."""
     from index.building import args as a
 
     argv = list(sys.argv[1:] if argv is None else argv)
