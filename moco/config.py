@@ -125,6 +125,9 @@ class TrainConfig:
     whiten_stages: str = _field("off", "ResNets: the whitened embedding also takes the pooled outputs of layer1-3 "
                                 "beside the last stage's: on | off | auto (on when the whitening is fitted on at "
                                 "least twice as many photos as those features have dimensions; the cpu preset)")
+    whiten_edges: str = _field("off", "the whitened embedding also takes each photo's edge layout (orientations of "
+                               "its grey's gradients, moco.edges) beside the network's features: on | off | auto "
+                               "(on for a run from scratch on fewer than 1,000 photos; the cpu preset)")
     # ---- optimization
     batch_size: int = _field(256, "images per step on each device", Bounds(
         2, 65536, "use 2 or more: contrastive learning needs other images in the batch (at most 65536), e.g. 256"))
@@ -239,6 +242,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         "decorrelation": 0.1,  # moco.model.loss.decorrelation on the backbone's features (BENCHMARKS.md, fifth round)
         "whiten": True,  # a whitening fitted on the photos after training (moco.whiten; BENCHMARKS.md, rounds 6-7)
         "whiten_stages": "auto",  # ... of the earlier stages' pooled outputs too (BENCHMARKS.md, ninth round)
+        "whiten_edges": "auto",  # ... and of the photos' edge layout after a run from scratch on few photos
     },
 }
 # v3 with a ViT backbone (the paper's ViT recipe: CONFIG.md, builder.py MoCo_ViT), applied unless the user set these.
@@ -257,6 +261,7 @@ CHOICES = {
     "device": ("auto", "cpu", "cuda", "mps"),
     "memory_format": ("auto", "channels_last", "contiguous"),
     "whiten_stages": ("auto", "on", "off"),
+    "whiten_edges": ("auto", "on", "off"),
     "vit_v3_tweaks": ("auto", "on", "off"),
 }
 

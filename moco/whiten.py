@@ -26,19 +26,21 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from moco.edges import EDGES
+
 if TYPE_CHECKING:  # torch is imported where features are made: an index's searches and duplicates need only numpy
     import torch
 
 __all__ = ["STAGES", "Whitening", "embedding_features", "fit_whitening", "ledoit_wolf_shrinkage", "mirror_features",
            "resnet_stages", "feature_widths", "whiten_features", "fit_space", "MAX_MATRIX_ENTRY", "save_space",
-           "load_space", "SPACE_FILE", "apply_space"]
+           "load_space", "SPACE_FILE", "apply_space", "with_edges", "fit_features"]
 
 STAGES = ("layer1", "layer2", "layer3")  # ResNet stages before the last, pooled beside the backbone's output
 SAME_AS_MEAN = 1e-6  # a feature this close to the space's mean has no direction of its own: it keeps its own
@@ -90,31 +92,42 @@ def embedding_features(backbone: torch.nn.Module, x: torch.Tensor, mirror: bool 
                        stages: Sequence[str] = ()) -> torch.Tensor:
     """What a whitening is fitted on and applied to, for views ``x`` (N x 3 x s x s): the global average of each
     named stage's output (N x C_i), then the backbone's output (N x D), concatenated (N x D', float32); with
-    ``mirror``, ``normalize(.)`` of it summed over each view and its mirror image (one forward pass of 2N views)."""
+    ``mirror``, ``normalize(.)`` of it summed over each view and its mirror image (one forward pass of 2N views).
+    With :data:`~moco.edges.EDGES` among the stages (the last), the network's part and the views' edge layout
+    (:func:`moco.edges.edge_layout`) each L2-normalized, the edges last."""
     import torch
+
+    from moco.edges import EDGES, edge_layout
 
     if mirror:
         x = torch.cat([x, x.flip(3)])  # 2N x 3 x s x s
-    with _tapped(backbone, stages) as outs:
+    tapped = [name for name in stages if name != EDGES]
+    with _tapped(backbone, tapped) as outs:
         f = backbone(x).float()  # (2)N x D
-    if stages:
-        f = torch.cat([*(outs[name].float().mean((2, 3)) for name in stages), f], 1)  # (2)N x D'
+    if tapped:
+        f = torch.cat([*(outs[name].float().mean((2, 3)) for name in tapped), f], 1)  # (2)N x D'
+    if EDGES in stages:
+        norm = torch.nn.functional.normalize
+        f = torch.cat([norm(f, dim=1), norm(edge_layout(x), dim=1)], 1)  # (2)N x (D' + E)
     if not mirror:
         return f
     return torch.nn.functional.normalize(f, dim=1).unflatten(0, (2, -1)).sum(0)  # N x D'
 
 
 def feature_widths(backbone: torch.nn.Module, stages: Sequence[str], image_size: int) -> tuple[tuple[int, ...], int]:
-    """Channels of each named stage's output, and the width D of the backbone's: one forward pass of a blank
-    ``image_size`` view in eval mode."""
+    """Channels of each named stage's output (:data:`~moco.edges.EDGES`: its width), and the width D of the
+    backbone's: one forward pass of a blank ``image_size`` view in eval mode."""
     import torch
+
+    from moco.edges import DIM, EDGES
 
     was_training = backbone.training
     p = next(backbone.parameters())
-    with torch.no_grad(), _tapped(backbone.eval(), stages) as outs:
+    tapped = [name for name in stages if name != EDGES]
+    with torch.no_grad(), _tapped(backbone.eval(), tapped) as outs:
         f = backbone(torch.zeros(1, 3, image_size, image_size, device=p.device, dtype=p.dtype))  # 1 x D
     backbone.train(was_training)
-    return tuple(int(outs[name].shape[1]) for name in stages), int(f.shape[1])
+    return tuple(DIM if name == EDGES else int(outs[name].shape[1]) for name in stages), int(f.shape[1])
 
 
 @dataclass(frozen=True)
@@ -138,13 +151,24 @@ class Whitening:
 
     @property
     def whitened(self) -> bool:
-        """Whether it whitens (a matrix) or only centres."""
-        return self.matrix is not None
+        """Whether it whitens (a matrix) or only centres; with the edge layout, whether it whitens the network's
+        part (the matrix of a centring beside the edges only scales the two parts)."""
+        m = self.without_edges().matrix
+        return m is not None and (m is self.matrix or not np.allclose(m, m[0, 0] * np.eye(len(m)), atol=1e-7))
 
     @property
     def stage_names(self) -> tuple[str, ...]:
         """The names of the stages pooled before the backbone's output (``backbone.layer1``, ...)."""
         return tuple(name for name, _ in self.stages)
+
+    def without_edges(self) -> Whitening:
+        """The same map of the network's part alone: the edge layout (:data:`~moco.edges.EDGES`, the last stage)
+        left out of its mean, matrix and stages."""
+        if EDGES not in self.stage_names:
+            return self
+        d = self.dim - dict(self.stages)[EDGES]
+        return replace(self, mean=self.mean[:d], matrix=None if self.matrix is None else self.matrix[:d, :d],
+                       stages=tuple(st for st in self.stages if st[0] != EDGES))
 
     @property
     def digest(self) -> str:
@@ -259,6 +283,40 @@ def fit_whitening(vectors: np.ndarray, shrinkage: float | None = None, max_rows:
     return Whitening(mean.astype(np.float32), matrix.astype(np.float32), a, len(v))  # count: the rows fitted
 
 
+def with_edges(v: np.ndarray, fit_net: Callable[[np.ndarray], Whitening]) -> Whitening:
+    """The space of L2-normalized features ``v`` (N x (D' + E)) whose last E columns are the edge layout
+    (:data:`~moco.edges.EDGES`): the network's part mapped by ``fit_net(v[:, :D'])`` (a space fitted on it alone: no
+    whitening mixes the two parts), the edges centred on their own mean, and each part scaled so that its centred
+    rows are on average sqrt(1 - :data:`~moco.edges.WEIGHT`) and sqrt(WEIGHT) long (a block-diagonal matrix). Centred
+    together instead, the network's part would outweigh the edges, whose histograms lie closer to their mean: 10
+    light/dark twins of 16 first instead of 13 (bench/NOTES.md, twenty-second session). Mirror and stages: unset."""
+    from moco.edges import DIM, WEIGHT
+
+    v = np.asarray(v, np.float32)
+    d = v.shape[1] - DIM
+    net = fit_net(v[:, :d])  # the network's part: D'
+    mn = np.eye(d, dtype=np.float32) if net.matrix is None else net.matrix  # D' x D'
+    edge_mean = v[:, d:].mean(0) if len(v) else np.zeros(DIM, np.float32)  # E
+
+    def scale(c: np.ndarray, share: float) -> float:  # c: N x k centred rows
+        size = float(np.linalg.norm(c, axis=1).mean()) if len(c) else 0.0
+        return float(np.sqrt(share)) / size if size > 1e-6 else float(np.sqrt(share))
+
+    matrix = np.zeros((d + DIM, d + DIM), np.float32)  # (D' + E) x (D' + E)
+    matrix[:d, :d] = mn * scale((v[:, :d] - net.mean) @ mn, 1.0 - WEIGHT)
+    matrix[d:, d:] = np.eye(DIM, dtype=np.float32) * scale(v[:, d:] - edge_mean, WEIGHT)
+    return replace(net, mean=np.concatenate([net.mean, edge_mean]).astype(np.float32), matrix=matrix)
+
+
+def fit_features(v: np.ndarray, stages: Sequence[tuple[str, int]], fit_net: Callable[[np.ndarray], Whitening]
+                 ) -> Whitening:
+    """``fit_net(v)``, or where ``stages`` end with the edge layout :func:`with_edges` (the network's part by
+    ``fit_net``); mirror and stages as ``fit_net`` sets them."""
+    from moco.edges import EDGES
+
+    return with_edges(v, fit_net) if EDGES in (name for name, _ in stages) else fit_net(v)
+
+
 def fit_space(features: np.ndarray, how: str, base: Whitening | None = None, source: str = "collection",
               max_rows: int | None = 20_000) -> Whitening:
     """The embedding space of a collection's L2-normalized ``features`` (N x D'), centred on their mean and
@@ -273,6 +331,10 @@ def fit_space(features: np.ndarray, how: str, base: Whitening | None = None, sou
         raise ValueError(f"fit_space(how={how!r}): use 'whitened', 'training' or 'centred'")
     v = np.atleast_2d(np.asarray(features, np.float32))  # N x D'
     mirror, stages = (base.mirror, base.stages) if base is not None else (False, ())
+    if base is not None and EDGES in base.stage_names:  # the network's part by ``how``, the edges beside it
+        net = base.without_edges()
+        space = with_edges(v, lambda vn: fit_space(vn, how, net, source, max_rows))
+        return replace(space, count=len(v), mirror=mirror, stages=stages, source=space.source)
     mean = v.mean(0) if len(v) else np.zeros(v.shape[1], np.float32)  # D'
     spread = float(((v - mean) ** 2).sum(1).mean()) if len(v) else 0.0  # mean squared distance to the mean
     centred = Whitening(mean.astype(np.float32), None, 1.0, len(v), mirror, stages, source)

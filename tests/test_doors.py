@@ -1,6 +1,7 @@
 """One embedding space, the same through every door (issue 28): the Embedder, the index's search (library, CLI
 ``--json``, page handler), the pt2 and ONNX programs and the timm folder give the vectors of the index's own space,
-fitted on the photos it searches; every format declares what it outputs; other spaces are refused."""
+fitted on the photos it searches; every format declares what it outputs; other spaces are refused. The run pools
+every feature there is: layer1-3 and the photos' edge layout (moco.edges) beside the backbone's output."""
 
 from __future__ import annotations
 
@@ -19,16 +20,18 @@ from moco.whiten import SPACE_FILE, apply_space, fit_space, load_space
 
 SETUP = dict(image_size=32, batch_size=8, bn_splits=2, queue_size=16, workers=0, max_steps=3, precision="fp32",
              keep_checkpoints=1, save_every_minutes=1000.0)
-DIM = 512 + 64 + 128 + 256  # resnet10t's output and its pooled layer1-3
+DIM = 512 + 64 + 128 + 256 + 512  # resnet10t's output, its pooled layer1-3 and the edge layout
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory, sample_photos):
-    """A cpu-preset run (stages forced on), its export and an index of its photos."""
+    """A cpu-preset run (stages forced on; edges on, as the preset's auto has them for 48 photos from scratch),
+    its export and an index of its photos."""
     from index.building.runner import build_index
 
     tmp = tmp_path_factory.mktemp("doors")
-    cfg = resolve_config("cpu", data_dir=str(sample_photos), out=str(tmp / "run"), whiten_stages="on", **SETUP)
+    cfg = resolve_config("cpu", data_dir=str(sample_photos), out=str(tmp / "run"), whiten_stages="on",
+                         whiten_edges="on", **SETUP)
     train(cfg, progress=False)
     export_backbone(tmp / "run" / "checkpoint.pt", tmp / "b.safetensors")
     build_index(sample_photos, tmp / "b.safetensors", tmp / "idx", progress=False, device="cpu")
@@ -48,14 +51,47 @@ def test_the_index_fits_its_own_space_on_its_photos_and_declares_it(built):
     want = fit_space(feats, "centred", export)  # 48 photos: too few to whiten on their own (the rule): centred
     np.testing.assert_allclose(idx.mean, feats.mean(0), atol=1e-6)
     np.testing.assert_allclose(idx.to_space(feats), want(feats), atol=1e-5)
-    assert idx.space.matrix is None and not idx.whitened
+    d = DIM - 512  # the network's part is centred only: its matrix scales it, and the edges, and mixes nothing
+    m = idx.space.matrix
+    assert not idx.whitened and np.allclose(m[:d, :d], m[0, 0] * np.eye(d)) and not m[:d, d:].any()
+    assert np.allclose(m[d:, d:], m[d, d] * np.eye(512)) and not m[d:, :d].any()
     meta = idx.meta
     assert meta["dim"] == DIM and meta["backbone"]["backbone_dim"] == 512 and "embed_dim" not in meta["backbone"]
     assert meta["space"]["width"] == DIM and meta["space"]["rule"] == "centred" and not meta["space"]["whitened"]
-    assert meta["features"] == {"mirror": True, "stages": [["layer1", 64], ["layer2", 128], ["layer3", 256]]}
+    assert meta["features"] == {"mirror": True, "stages": [["layer1", 64], ["layer2", 128], ["layer3", 256],
+                                                           ["edges", 512]]}
     space, smeta = load_space(built / "idx" / SPACE_FILE)  # the copy for the other doors
     assert space.digest == idx.space.digest and smeta["backbone_sha256"] == meta["backbone_sha256"]
     assert idx.stats()["space"]["fitted_on"].startswith("this collection (48 photos)")
+    said = idx.stats()["space_description"]  # what the page's status says of its scores
+    assert "and the photos' edge layout, centred on this collection (48 photos); the edges 80% of each score" in said
+    from app.page.handlers import SearchApp
+
+    status = SearchApp(idx, idx.load_embedder(device="cpu")).collection()[0]  # and of its model, plainly
+    assert "**Model:** trained from scratch on few photos, too weak to trust alone: 80% of each score is the " \
+           "photos' edge layout" in status
+
+
+def test_a_dark_version_of_a_photo_finds_it_first(built, sample_photos, tmp_path):
+    """Issue 55: the light/dark twin of a photo comes first where the network trained on a few photos does not put
+    it there by itself."""
+    from PIL import Image
+
+    from index.search.image_index import ImageIndex
+
+    idx = ImageIndex.open(built / "idx")
+    files = _photos(sample_photos)
+    emb = idx.load_embedder(device="cpu")
+    network = Embedder.load(built / "b.safetensors", device="cpu", precision="fp32", whiten=False)
+    found = by_network = 0
+    for n in range(0, len(files), 6):
+        dark = tmp_path / f"dark{n}.png"
+        Image.fromarray(255 - np.asarray(Image.open(files[n]).convert("RGB"))).save(dark)
+        hits = idx.search_image(dark, emb, k=1)
+        found += hits.paths[0][0] == str(files[n].relative_to(sample_photos))
+        plain = network.embed([dark, *files])  # (1 + N) x 512: the network's output alone
+        by_network += int(np.argmax(plain[1:] @ plain[0])) == n
+    assert found >= 7 and by_network <= 1, (found, by_network)  # of 8 (the sample's families hold look-alikes)
 
 
 def test_every_door_gives_the_same_vector(built, sample_photos, capsys):

@@ -28,7 +28,8 @@ SETUP = dict(image_size=32, batch_size=8, bn_splits=2, queue_size=16, workers=0,
 def run(tmp_path_factory, sample_photos):
     out = tmp_path_factory.mktemp("white") / "run"
     cfg = resolve_config("cpu", data_dir=str(sample_photos), out=str(out), val_dir=str(sample_photos),
-                         whiten_stages="on", **SETUP)  # 48 photos: too few for the preset's auto (a test below)
+                         whiten_stages="on", whiten_edges="off", **SETUP)  # 48 photos: too few for the preset's
+    # auto stages (a test below); its edges (auto: on for 48 photos from scratch) go through tests/test_doors.py
     assert cfg.whiten  # the preset's
     train(cfg, progress=False)
     return out
@@ -195,11 +196,14 @@ def test_a_run_without_it_has_none_and_can_fit_it_when_resumed_to_its_end(sample
     assert summary.whitening.rows == 48 and summary.whitening.seconds >= 0
     from moco.training.command import summary_line
 
-    # the preset's --whiten-stages auto: 48 photos are too few to whiten 960-d features (2 x 960 needed)
-    assert "whitening fitted on 48 photos and their mirror images in " in summary_line(summary, tmp_path / "r")
+    # the preset's --whiten-stages auto: 48 photos are too few to whiten 960-d features (2 x 960 needed); its
+    # --whiten-edges auto: 48 photos from scratch take their edge layout
+    assert ("whitening fitted on 48 photos and their mirror images, 1024-d with the photos' edge layout in "
+            in summary_line(summary, tmp_path / "r"))
     white = Embedder.load(tmp_path / "r" / "checkpoint.pt", device="cpu").space
-    assert white.count == 48 and white.stages == () and white.dim == 512
+    assert white.count == 48 and white.stages == (("edges", 512),) and white.dim == 512 + 512
     assert resume_config(tmp_path / "r", {"whiten_stages": "off"}).whiten_stages == "off"  # an end-of-run choice too
+    assert resume_config(tmp_path / "r", {"whiten_edges": "off"}).whiten_edges == "off"
 
 
 def test_near_duplicates_of_a_whitened_index_use_its_threshold(run, sample_photos, tmp_path, capsys):

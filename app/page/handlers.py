@@ -554,6 +554,10 @@ class SearchApp(Library):
             f"**Collection:** `{display_path(st['root'])}` · updated {st['updated']}",
             f"**Near-duplicate threshold:** {st['dedup_threshold']} ({st['dedup_threshold_source']})",
         ]
+        if index.edges_share:  # say plainly what a search of such a model rests on
+            text.insert(3, f"**Model:** trained from scratch on few photos, too weak to trust alone: "
+                           f"{index.edges_share:.0%} of each score is the photos' edge layout (light and dark "
+                           "versions of one scene find each other), the rest the model's")
         groups: list[Group] = []
         if dup is None:
             text.append("_No search for duplicates yet: press Find duplicates below._")

@@ -44,6 +44,8 @@ from index.search.index_dir import (
 from index.search.query import BACKGROUND, RULE, check_query_size, combine, query_size
 from index.search.store import require_faiss
 from index.search.trailer import read_space_arrays
+from moco.edges import EDGES, features_text
+from moco.edges import WEIGHT as EDGE_WEIGHT
 from moco.errors import UserError
 from moco.whiten import Whitening
 
@@ -223,11 +225,18 @@ class ImageIndex:
         """One line: what the index's vectors are (for messages)."""
         feats = self.features
         what = "mirror-averaged " if feats["mirror"] else ""
-        stages = f" with the pooled {'/'.join(n for n, _ in feats['stages'])}" if feats["stages"] else ""
+        stages = features_text([n for n, _ in feats["stages"]])
         if self.space is None:
             return f"{what}backbone features{stages}, uncentred (an older index)"
         how = "whitened" if self.whitened else "centred"
-        return f"{what}backbone features{stages}, {how} on {self.space.source}"
+        edges = f"; the edges {self.edges_share:.0%} of each score" if self.edges_share else ""
+        return f"{what}backbone features{stages}, {how} on {self.space.source}{edges}"
+
+    @property
+    def edges_share(self) -> float | None:
+        """The share of each score that is the photos' edge layout (:mod:`moco.edges`): its features take it after
+        a run from scratch on few photos, a model too weak to trust alone; None where they do not."""
+        return EDGE_WEIGHT if any(name == EDGES for name, _ in self.features["stages"]) else None
 
     @property
     def dedup_threshold(self) -> float:

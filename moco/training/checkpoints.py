@@ -43,6 +43,7 @@ RESUMABLE_OVERRIDES = (
     "knn_t",
     "whiten",
     "whiten_stages",
+    "whiten_edges",
 )
 
 

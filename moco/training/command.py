@@ -67,9 +67,11 @@ def summary_line(summary: TrainingSummary, run_dir: Path) -> str:
         planned = summary.planned_steps
         how = (f" (stopped by its time budget at {summary.steps} of {planned} steps)" if planned
                else " (its time budget is spent)")
+    from moco.edges import features_text
+
     loss, white = summary.final_loss, summary.whitening
     mirror = " and their mirror images" if white and white.mirror else ""
-    stages = f", {white.dim}-d with the pooled {'/'.join(white.stages)}" if white and white.stages else ""
+    stages = f", {white.dim}-d{features_text(white.stages)}" if white and white.stages else ""
     fitted = (f"; whitening fitted on {white.rows} photos{mirror}{stages} in {white.seconds:.1f} s"
               if white else "")
     from moco.data.photos import skipped_notes

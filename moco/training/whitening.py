@@ -13,12 +13,14 @@ from torch import nn
 
 from moco.config import TrainConfig
 from moco.data.cache import ImageCache
+from moco.edges import DIM as EDGE_DIM
+from moco.edges import EDGES, features_text
 from moco.training.stop import Interrupted, StopFlag
 from moco.training.summary import WhiteningSummary
-from moco.whiten import STAGES, Whitening, feature_widths, fit_whitening, resnet_stages
+from moco.whiten import STAGES, Whitening, feature_widths, fit_features, fit_whitening, resnet_stages
 
-__all__ = ["WHITEN_ROWS", "STAGE_ROWS_PER_DIM", "whitening_stages", "fit_run_whitening", "end_of_run_fit",
-           "whitening_summary"]
+__all__ = ["WHITEN_ROWS", "STAGE_ROWS_PER_DIM", "EDGE_PHOTOS", "with_edges", "whitening_stages", "fit_run_whitening",
+           "end_of_run_fit", "whitening_summary"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +33,9 @@ WHITEN_ROWS = 5000
 # points of kNN with the stages on 240 Fashion-MNIST images (960-d), 0.5-0.7 on 500-1,000, broke even at 2,000
 # and gained 0.9 at 5,000 (BENCHMARKS.md, ninth round).
 STAGE_ROWS_PER_DIM = 2
+# --whiten-edges auto adds the photos' edge layout after a run from scratch on fewer photos than this: there, the
+# network learns to tell a small folder's photos apart, not which are one scene (bench/NOTES.md, twenty-second session).
+EDGE_PHOTOS = 1000
 
 
 def whitening_stages(backbone: nn.Module, choice: str, rows: int, image_size: int
@@ -50,6 +55,16 @@ def whitening_stages(backbone: nn.Module, choice: str, rows: int, image_size: in
     return stages, widths
 
 
+def with_edges(choice: str, init: str, photos: int) -> bool:
+    """Whether a run's whitening takes its photos' edge layout (:mod:`moco.edges`) for ``--whiten-edges choice``:
+    on, or auto for a run from scratch (no ``init``) on fewer than :data:`EDGE_PHOTOS` photos."""
+    if choice == "auto" and not init and photos < EDGE_PHOTOS:
+        logger.info("whitening: a run from scratch on %d photos (under %d): its embeddings take the photos' edge "
+                    "layout beside the network's features (--whiten-edges off: the network's alone)", photos,
+                    EDGE_PHOTOS)
+    return choice == "on" or (choice == "auto" and not init and photos < EDGE_PHOTOS)
+
+
 def fit_run_whitening(backbone: nn.Module, cache: ImageCache, cfg: TrainConfig, device: torch.device, precision: str,
                    channels_last: bool) -> Whitening:
     """The whitening (:mod:`moco.whiten`, Ledoit-Wolf) of the trained backbone's mirror-averaged features of up to
@@ -61,13 +76,16 @@ def fit_run_whitening(backbone: nn.Module, cache: ImageCache, cfg: TrainConfig, 
     n = len(cache)
     rows = np.sort(np.random.default_rng(cfg.seed).choice(n, min(n, WHITEN_ROWS), replace=False))  # R
     stages, widths = whitening_stages(backbone, cfg.whiten_stages, len(rows), cfg.image_size)
+    if with_edges(cfg.whiten_edges, cfg.init, n):
+        stages, widths = (*stages, EDGES), (*widths, EDGE_DIM)
     feats = extract_features(backbone, np.asarray(cache.array[rows]), cfg.image_size, cfg.mean, cfg.std, device,
                              precision=precision, channels_last=channels_last, mirror=True, stages=stages)  # R x D'
     # embeddings average each photo with its mirror image, and pool the same stages
-    whitening = replace(fit_whitening(feats.numpy()), mirror=True, stages=tuple(zip(stages, widths)))
+    whitening = replace(fit_features(feats.numpy(), tuple(zip(stages, widths)), fit_whitening), mirror=True,
+                        stages=tuple(zip(stages, widths)))
     logger.info("whitening: fitted on %d of %d photos and their mirror images, %d-d features%s (Ledoit-Wolf "
                 "shrinkage %.3f); the export carries it", len(rows), n, whitening.dim,
-                f" with the pooled {', '.join(stages)}" if stages else "", whitening.shrinkage)
+                features_text(stages), whitening.shrinkage)
     return whitening
 
 
