@@ -127,7 +127,7 @@ class TrainConfig:
                                 "least twice as many photos as those features have dimensions; the cpu preset)")
     whiten_edges: str = _field("off", "the whitened embedding also takes each photo's edge layout (orientations of "
                                "its grey's gradients, moco.edges) beside the network's features: on | off | auto "
-                               "(on for a run from scratch on fewer than 1,000 photos; the cpu preset)")
+                               "(on for a run from scratch on fewer than 100 photos; the cpu preset)")
     # ---- optimization
     batch_size: int = _field(256, "images per step on each device", Bounds(
         2, 65536, "use 2 or more: contrastive learning needs other images in the batch (at most 65536), e.g. 256"))

@@ -5,7 +5,7 @@ A network trained from scratch on a small folder learns to tell its photos apart
 same scene: on the 16 desktop backgrounds of GNOME (8 light/dark pairs of one design) a run of `moco run` put the
 twin first for 0 of 16, and ten minutes of training did not help (the twin is in every batch, as a negative). The
 orientations of a grey photo's edges do not change when its colours or brightness do, nor when light turns dark:
-alone they put the twin first for 14 of 16 (bench/NOTES.md, twenty-second session). A run from scratch on few photos
+alone they put the twin first for 13 of 16 (``bench/twins.py``; BENCHMARKS.md). A run from scratch on few photos
 (``--whiten-edges``, :mod:`moco.training.whitening`) adds them to the features its embeddings are made of
 (:func:`moco.whiten.embedding_features`), weighted against the network's by the space (:data:`WEIGHT`).
 

@@ -17,8 +17,8 @@ PACKAGES = {"moco": 0, "index": 1, "app": 2}  # a module imports only its own pa
 # floors of its package. A new room must be placed here.
 ROOMS = {
     "moco": {"moco._lazy": 0, "moco.errors": 0, "moco.extras": 0, "moco.files": 1, "moco.runtime": 1,
-             "moco.excludes": 1, "moco.edges": 1, "moco.config": 2, "moco.whiten": 2, "moco.data": 2, "moco.model": 3, "moco.weights": 4,
-             "moco.export": 5, "moco.training": 6, "moco.embed": 6},
+             "moco.excludes": 1, "moco.edges": 1, "moco.config": 2, "moco.whiten": 2, "moco.data": 2, "moco.model": 3,
+             "moco.weights": 4, "moco.export": 5, "moco.training": 6, "moco.embed": 6},
     "index": {"index.catalog": 0, "index.calibrate": 1, "index.search": 2, "index.overview": 3, "index.building": 3,
               "index.duplicates": 4},
     "app": {"app.run": 0, "app.search": 0, "app.collection": 1, "app.guard": 1, "app.page": 2, "app.api": 2,

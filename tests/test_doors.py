@@ -67,9 +67,13 @@ def test_the_index_fits_its_own_space_on_its_photos_and_declares_it(built):
     assert "and the photos' edge layout, centred on this collection (48 photos); the edges 80% of each score" in said
     from app.page.handlers import SearchApp
 
-    status = SearchApp(idx, idx.load_embedder(device="cpu")).collection()[0]  # and of its model, plainly
+    from app.page.views import READY_HINT, ready_hint
+
+    app = SearchApp(idx, idx.load_embedder(device="cpu"))
+    status = app.collection()[0]  # and of its model, plainly: on the Collection tab and the Search tab's hint
     assert "**Model:** trained from scratch on few photos, too weak to trust alone: 80% of each score is the " \
            "photos' edge layout" in status
+    assert ready_hint(app).startswith(READY_HINT) and "too weak to trust alone: 80% of each score" in ready_hint(app)
 
 
 def test_a_dark_version_of_a_photo_finds_it_first(built, sample_photos, tmp_path):

@@ -28,9 +28,9 @@ from app.page.uploads import QueryImage, size_check_js
 from app.page.views import (
     KIND_CHOICES,
     PENDING_HINT,
-    READY_HINT,
     negatives_outputs,
     outcome_text,
+    ready_hint,
     review_outputs,
     status_outputs,
 )
@@ -254,7 +254,7 @@ def search_tab(app: SearchApp, service: Any, page: SimpleNamespace) -> None:
                 go = gr.Button("Search", variant="primary", elem_id="search-btn", interactive=False)
             with gr.Column(scale=3, min_width=300):
                 error = gr.Markdown(elem_id="search-error")  # what went wrong, apart from the results
-                info = gr.Markdown(READY_HINT if ready else PENDING_HINT, elem_id="search-info")
+                info = gr.Markdown(ready_hint(app) if ready else PENDING_HINT, elem_id="search-info")
                 gallery = inputs.Gallery(label="Nearest neighbours (click one to search with it)", columns=6,
                                      height="auto", allow_preview=False, elem_id="results",
                                      elem_classes=["results"])

@@ -23,9 +23,20 @@ from index.search.image_index import ImageIndex
 from moco.errors import UserError, plural
 
 __all__ = ["negatives_outputs", "groups_html", "review_outputs", "outcome_text", "status_outputs",
-           "KIND_CHOICES", "READY_HINT", "PENDING_HINT"]
+           "KIND_CHOICES", "READY_HINT", "PENDING_HINT", "ready_hint"]
 
 READY_HINT = "Upload a photo and press Search."  # the Search tab before a first search, search on ...
+
+
+def ready_hint(app: SearchApp) -> str:
+    """:data:`READY_HINT`, and where the index's model is too weak to trust alone (a run from scratch on few
+    photos: :attr:`~index.search.image_index.ImageIndex.edges_share`), what its scores rest on."""
+    share = app.index.edges_share if app.index is not None else None
+    if not share:
+        return READY_HINT
+    return (f"{READY_HINT} The model was trained from scratch on few photos, too weak to trust alone: "
+            f"{share:.0%} of each score is the photos' edge layout (light and dark versions of one scene find each "
+            "other).")
 PENDING_HINT = "Search turns on by itself when the index is ready (see Status)."  # ... and off
 
 
@@ -241,7 +252,7 @@ def status_outputs(app: SearchApp, was_ready: bool) -> tuple:
         except UserError as e:  # a damaged dedup.json: said by the tab's own events
             first = html.escape(str(e))
         ready = (app.title(), on, on, gr.Dropdown(choices=app.folder_choices(), value=""), stats,
-                 first, gr.Slider(value=app.index.dedup_threshold), READY_HINT, True)
+                 first, gr.Slider(value=app.index.dedup_threshold), ready_hint(app), True)
     else:
         ready = (gr.skip(),) * 8 + (was_ready,)
     return (text, loss, knn, *ready)

@@ -33,9 +33,11 @@ WHITEN_ROWS = 5000
 # points of kNN with the stages on 240 Fashion-MNIST images (960-d), 0.5-0.7 on 500-1,000, broke even at 2,000
 # and gained 0.9 at 5,000 (BENCHMARKS.md, ninth round).
 STAGE_ROWS_PER_DIM = 2
-# --whiten-edges auto adds the photos' edge layout after a run from scratch on fewer photos than this: there, the
-# network learns to tell a small folder's photos apart, not which are one scene (bench/NOTES.md, twenty-second session).
-EDGE_PHOTOS = 1000
+# --whiten-edges auto adds the photos' edge layout after a run from scratch on fewer photos than this: on 16 and 19
+# photos the network learned to tell them apart, not which are one scene (no light/dark twin first; with the edges
+# 12 of 16 and 7 of 8); from 160 photos on it learned what the edges would drown (kNN by source picture 3.5-12 points
+# lower with them at 0.8 on crops of desktop pictures; bench/NOTES.md, twenty-second session).
+EDGE_PHOTOS = 100
 
 
 def whitening_stages(backbone: nn.Module, choice: str, rows: int, image_size: int
