@@ -66,7 +66,6 @@ def test_the_index_fits_its_own_space_on_its_photos_and_declares_it(built):
     said = idx.stats()["space_description"]  # what the page's status says of its scores
     assert "and the photos' edge layout, centred on this collection (48 photos); the edges 80% of each score" in said
     from app.page.handlers import SearchApp
-
     from app.page.views import READY_HINT, ready_hint
 
     app = SearchApp(idx, idx.load_embedder(device="cpu"))
