@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moco.edges import EDGES
+from moco.edges import DIM as EDGE_DIM
+from moco.edges import EDGES, WEIGHT, edge_layout
 
 if TYPE_CHECKING:  # torch is imported where features are made: an index's searches and duplicates need only numpy
     import torch
@@ -97,8 +98,6 @@ def embedding_features(backbone: torch.nn.Module, x: torch.Tensor, mirror: bool 
     (:func:`moco.edges.edge_layout`) each L2-normalized, the edges last."""
     import torch
 
-    from moco.edges import EDGES, edge_layout
-
     if mirror:
         x = torch.cat([x, x.flip(3)])  # 2N x 3 x s x s
     tapped = [name for name in stages if name != EDGES]
@@ -119,15 +118,13 @@ def feature_widths(backbone: torch.nn.Module, stages: Sequence[str], image_size:
     backbone's: one forward pass of a blank ``image_size`` view in eval mode."""
     import torch
 
-    from moco.edges import DIM, EDGES
-
     was_training = backbone.training
     p = next(backbone.parameters())
     tapped = [name for name in stages if name != EDGES]
     with torch.no_grad(), _tapped(backbone.eval(), tapped) as outs:
         f = backbone(torch.zeros(1, 3, image_size, image_size, device=p.device, dtype=p.dtype))  # 1 x D
     backbone.train(was_training)
-    return tuple(DIM if name == EDGES else int(outs[name].shape[1]) for name in stages), int(f.shape[1])
+    return tuple(EDGE_DIM if name == EDGES else int(outs[name].shape[1]) for name in stages), int(f.shape[1])
 
 
 @dataclass(frozen=True)
@@ -290,21 +287,19 @@ def with_edges(v: np.ndarray, fit_net: Callable[[np.ndarray], Whitening]) -> Whi
     rows are on average sqrt(1 - :data:`~moco.edges.WEIGHT`) and sqrt(WEIGHT) long (a block-diagonal matrix). Centred
     together instead, the network's part would outweigh the edges, whose histograms lie closer to their mean: 10
     light/dark twins of 16 first instead of 13 (bench/NOTES.md, twenty-second session). Mirror and stages: unset."""
-    from moco.edges import DIM, WEIGHT
-
     v = np.asarray(v, np.float32)
-    d = v.shape[1] - DIM
+    d = v.shape[1] - EDGE_DIM
     net = fit_net(v[:, :d])  # the network's part: D'
     mn = np.eye(d, dtype=np.float32) if net.matrix is None else net.matrix  # D' x D'
-    edge_mean = v[:, d:].mean(0) if len(v) else np.zeros(DIM, np.float32)  # E
+    edge_mean = v[:, d:].mean(0) if len(v) else np.zeros(EDGE_DIM, np.float32)  # E
 
     def scale(c: np.ndarray, share: float) -> float:  # c: N x k centred rows
         size = float(np.linalg.norm(c, axis=1).mean()) if len(c) else 0.0
         return float(np.sqrt(share)) / size if size > 1e-6 else float(np.sqrt(share))
 
-    matrix = np.zeros((d + DIM, d + DIM), np.float32)  # (D' + E) x (D' + E)
+    matrix = np.zeros((d + EDGE_DIM, d + EDGE_DIM), np.float32)  # (D' + E) x (D' + E)
     matrix[:d, :d] = mn * scale((v[:, :d] - net.mean) @ mn, 1.0 - WEIGHT)
-    matrix[d:, d:] = np.eye(DIM, dtype=np.float32) * scale(v[:, d:] - edge_mean, WEIGHT)
+    matrix[d:, d:] = np.eye(EDGE_DIM, dtype=np.float32) * scale(v[:, d:] - edge_mean, WEIGHT)
     return replace(net, mean=np.concatenate([net.mean, edge_mean]).astype(np.float32), matrix=matrix)
 
 
@@ -312,8 +307,6 @@ def fit_features(v: np.ndarray, stages: Sequence[tuple[str, int]], fit_net: Call
                  ) -> Whitening:
     """``fit_net(v)``, or where ``stages`` end with the edge layout :func:`with_edges` (the network's part by
     ``fit_net``); mirror and stages as ``fit_net`` sets them."""
-    from moco.edges import EDGES
-
     return with_edges(v, fit_net) if EDGES in (name for name, _ in stages) else fit_net(v)
 
 

@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from moco.edges import BINS, CELLS, DIM, LUMA, SIDE, WEIGHT, edge_layout, features_text
-from moco.training.whitening import EDGE_PHOTOS, with_edges
-from moco.whiten import Whitening, fit_space, fit_whitening
-from moco.whiten import with_edges as edge_space
+from moco.training.whitening import EDGE_PHOTOS, takes_edges
+from moco.whiten import Whitening, fit_space, fit_whitening, with_edges
 
 MEAN, STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
 
@@ -100,7 +99,7 @@ def _features(n: int, d: int, seed: int = 0) -> np.ndarray:
 def test_the_space_weighs_each_part_by_its_share_and_mixes_nothing(how):
     v, d = _features(60, 24), 24
     net_alone = fit_space(v[:, :d], how)
-    space = edge_space(v, lambda vn: fit_space(vn, how))
+    space = with_edges(v, lambda vn: fit_space(vn, how))
     c = (v - space.mean) @ space.matrix  # N x (d + DIM)
     assert np.linalg.norm(c[:, :d], axis=1).mean() == pytest.approx(np.sqrt(1 - WEIGHT), rel=1e-4)
     assert np.linalg.norm(c[:, d:], axis=1).mean() == pytest.approx(np.sqrt(WEIGHT), rel=1e-4)
@@ -122,7 +121,7 @@ def test_the_space_weighs_each_part_by_its_share_and_mixes_nothing(how):
 
 def test_a_whitening_fitted_with_the_edges_whitens_the_network_part_alone():
     v, d = _features(80, 16, seed=1), 16
-    w = edge_space(v, lambda vn: fit_whitening(vn))
+    w = with_edges(v, lambda vn: fit_whitening(vn))
     alone = fit_whitening(v[:, :d])
     scale = w.matrix[0, 0] / alone.matrix[0, 0]
     np.testing.assert_allclose(w.matrix[:d, :d], alone.matrix * scale, rtol=1e-4, atol=1e-6)
@@ -130,8 +129,8 @@ def test_a_whitening_fitted_with_the_edges_whitens_the_network_part_alone():
 
 
 def test_a_run_takes_the_edges_from_scratch_on_few_photos():
-    assert with_edges("auto", "", EDGE_PHOTOS - 1) and not with_edges("auto", "", EDGE_PHOTOS)
-    assert not with_edges("auto", "moco_v2_800ep", 16)  # continued from a trained model: it has learned
-    assert with_edges("on", "moco_v2_800ep", 10**6) and not with_edges("off", "", 16)
+    assert takes_edges("auto", "", EDGE_PHOTOS - 1) and not takes_edges("auto", "", EDGE_PHOTOS)
+    assert not takes_edges("auto", "moco_v2_800ep", 16)  # continued from a trained model: it has learned
+    assert takes_edges("on", "moco_v2_800ep", 10**6) and not takes_edges("off", "", 16)
     assert features_text(("layer1", "layer2", "edges")) == " with the pooled layer1/layer2 and the photos' edge layout"
     assert features_text(("edges",)) == " with the photos' edge layout" and features_text(()) == ""

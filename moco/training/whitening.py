@@ -19,7 +19,7 @@ from moco.training.stop import Interrupted, StopFlag
 from moco.training.summary import WhiteningSummary
 from moco.whiten import STAGES, Whitening, feature_widths, fit_features, fit_whitening, resnet_stages
 
-__all__ = ["WHITEN_ROWS", "STAGE_ROWS_PER_DIM", "EDGE_PHOTOS", "with_edges", "whitening_stages", "fit_run_whitening",
+__all__ = ["WHITEN_ROWS", "STAGE_ROWS_PER_DIM", "EDGE_PHOTOS", "takes_edges", "whitening_stages", "fit_run_whitening",
            "end_of_run_fit", "whitening_summary"]
 
 logger = logging.getLogger(__name__)
@@ -57,14 +57,15 @@ def whitening_stages(backbone: nn.Module, choice: str, rows: int, image_size: in
     return stages, widths
 
 
-def with_edges(choice: str, init: str, photos: int) -> bool:
+def takes_edges(choice: str, init: str, photos: int) -> bool:
     """Whether a run's whitening takes its photos' edge layout (:mod:`moco.edges`) for ``--whiten-edges choice``:
     on, or auto for a run from scratch (no ``init``) on fewer than :data:`EDGE_PHOTOS` photos."""
-    if choice == "auto" and not init and photos < EDGE_PHOTOS:
+    auto = choice == "auto" and not init and photos < EDGE_PHOTOS
+    if auto:
         logger.info("whitening: a run from scratch on %d photos (under %d): its embeddings take the photos' edge "
                     "layout beside the network's features (--whiten-edges off: the network's alone)", photos,
                     EDGE_PHOTOS)
-    return choice == "on" or (choice == "auto" and not init and photos < EDGE_PHOTOS)
+    return choice == "on" or auto
 
 
 def fit_run_whitening(backbone: nn.Module, cache: ImageCache, cfg: TrainConfig, device: torch.device, precision: str,
@@ -78,7 +79,7 @@ def fit_run_whitening(backbone: nn.Module, cache: ImageCache, cfg: TrainConfig, 
     n = len(cache)
     rows = np.sort(np.random.default_rng(cfg.seed).choice(n, min(n, WHITEN_ROWS), replace=False))  # R
     stages, widths = whitening_stages(backbone, cfg.whiten_stages, len(rows), cfg.image_size)
-    if with_edges(cfg.whiten_edges, cfg.init, n):
+    if takes_edges(cfg.whiten_edges, cfg.init, n):
         stages, widths = (*stages, EDGES), (*widths, EDGE_DIM)
     feats = extract_features(backbone, np.asarray(cache.array[rows]), cfg.image_size, cfg.mean, cfg.std, device,
                              precision=precision, channels_last=channels_last, mirror=True, stages=stages)  # R x D'
