@@ -5,7 +5,7 @@ A network trained from scratch on a small folder learns to tell its photos apart
 same scene: on the 16 desktop backgrounds of GNOME (8 light/dark pairs of one design) a run of `moco run` put the
 twin first for 0 of 16, and ten minutes of training did not help (the twin is in every batch, as a negative). The
 orientations of a grey photo's edges do not change when its colours or brightness do, nor when light turns dark:
-alone they put the twin first for 13 of 16 (``bench/twins.py``; BENCHMARKS.md). A run from scratch on few photos
+alone they put the twin first for 14 of 16 (``bench/twins.py``; BENCHMARKS.md). A run from scratch on few photos
 (``--whiten-edges``, :mod:`moco.training.whitening`) adds them to the features its embeddings are made of
 (:func:`moco.whiten.embedding_features`), weighted against the network's by the space (:data:`WEIGHT`).
 
@@ -16,7 +16,6 @@ Everything here is matrix products, differences of shifted slices, square roots 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,7 +23,7 @@ import numpy as np
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["features_text", "EDGES", "SIDE", "CELLS", "BINS", "DIM", "WEIGHT", "LUMA", "box_weights", "edge_layout"]
+__all__ = ["EDGES", "SIDE", "CELLS", "BINS", "DIM", "WEIGHT", "LUMA", "box_weights", "edge_layout"]
 
 EDGES = "edges"  # its name among a space's stages (:attr:`moco.whiten.Whitening.stages`), always the last
 SIDE = 64  # the grey view is shrunk to this many pixels a side (box filter) ...
@@ -33,14 +32,6 @@ BINS = 8  # ... each a histogram of BINS unsigned orientations (0..180 degrees)
 DIM = CELLS * CELLS * BINS  # its width: 512
 WEIGHT = 0.8  # its share of a vector's squared length in a space with it (the network's: 1 - WEIGHT)
 LUMA = (0.299, 0.587, 0.114)  # the grey of the view's (normalized) channels: ITU-R BT.601
-
-
-def features_text(stages: Sequence[str]) -> str:
-    """" with the pooled layer1/layer2/layer3 and the photos' edge layout": what a whitening's ``stages`` add to the
-    backbone's output, for messages ("" for none)."""
-    pooled = [name for name in stages if name != EDGES]
-    return (f" with the pooled {'/'.join(pooled)}" if pooled else "") + (
-        f"{' and' if pooled else ' with'} the photos' edge layout" if EDGES in stages else "")
 
 
 @functools.lru_cache(maxsize=16)
@@ -56,10 +47,15 @@ def box_weights(n: int, side: int = SIDE) -> np.ndarray:
 def edge_layout(x: torch.Tensor) -> torch.Tensor:
     """The edge layout of views ``x`` (N x 3 x s x s, normalized as the backbone's input): N x :data:`DIM`
     float32, each cell's histogram (orientations, each pixel's gradient length shared between its two nearest
-    bins) L2-normalized and square-rooted (Hellinger's kernel), cells row by row; all zeros for a flat view."""
+    bins) L2-normalized and square-rooted (Hellinger's kernel), cells row by row; all zeros for a flat view.
+    Always in float32: under an autocast (the Embedder's bf16 on a CPU) the grey's products would round it to 8
+    bits of mantissa, and the gradients of its flat parts with it (entries up to 0.12 off)."""
     import torch
     import torch.nn.functional as F
 
+    if torch.is_autocast_enabled(x.device.type):  # (never while a program is exported: no branch in it)
+        with torch.autocast(x.device.type, enabled=False):
+            return edge_layout(x)
     n, s = x.shape[0], x.shape[-1]
     luma = torch.tensor(LUMA, dtype=torch.float32, device=x.device)  # 3
     grey = torch.einsum("nchw,c->nhw", x.float(), luma)  # N x s x s

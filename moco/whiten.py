@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # torch is imported where features are made: an index's searc
 
 __all__ = ["STAGES", "Whitening", "embedding_features", "fit_whitening", "ledoit_wolf_shrinkage", "mirror_features",
            "resnet_stages", "feature_widths", "whiten_features", "fit_space", "MAX_MATRIX_ENTRY", "save_space",
-           "load_space", "SPACE_FILE", "apply_space", "with_edges", "fit_features"]
+           "load_space", "SPACE_FILE", "apply_space", "with_edges", "fit_features", "features_text"]
 
 STAGES = ("layer1", "layer2", "layer3")  # ResNet stages before the last, pooled beside the backbone's output
 SAME_AS_MEAN = 1e-6  # a feature this close to the space's mean has no direction of its own: it keeps its own
@@ -111,6 +111,14 @@ def embedding_features(backbone: torch.nn.Module, x: torch.Tensor, mirror: bool 
     if not mirror:
         return f
     return torch.nn.functional.normalize(f, dim=1).unflatten(0, (2, -1)).sum(0)  # N x D'
+
+
+def features_text(stages: Sequence[str]) -> str:
+    """" with the pooled layer1/layer2/layer3 and the photos' edge layout": what a whitening's ``stages`` add to the
+    backbone's output, for messages ("" for none)."""
+    pooled = [name for name in stages if name != EDGES]
+    return (f" with the pooled {'/'.join(pooled)}" if pooled else "") + (
+        f"{' and' if pooled else ' with'} the photos' edge layout" if EDGES in stages else "")
 
 
 def feature_widths(backbone: torch.nn.Module, stages: Sequence[str], image_size: int) -> tuple[tuple[int, ...], int]:

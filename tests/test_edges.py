@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from moco.edges import BINS, CELLS, DIM, LUMA, SIDE, WEIGHT, edge_layout, features_text
+from moco.edges import BINS, CELLS, DIM, LUMA, SIDE, WEIGHT, edge_layout
 from moco.training.whitening import EDGE_PHOTOS, takes_edges
-from moco.whiten import Whitening, fit_space, fit_whitening, with_edges
+from moco.whiten import Whitening, features_text, fit_space, fit_whitening, with_edges
 
 MEAN, STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
 
@@ -70,6 +70,8 @@ def test_the_layout_equals_a_pixel_by_pixel_reference(side):
     for n in range(2):
         np.testing.assert_allclose(got[n], _reference(views[n].numpy()), atol=2e-3)
     assert float(got[0] @ got[1]) / (np.linalg.norm(got[0]) * np.linalg.norm(got[1])) < 0.95  # two photos differ
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the Embedder's autocast on a CPU leaves it in float32
+        np.testing.assert_allclose(edge_layout(views).numpy(), got, atol=1e-6)
 
 
 def test_light_and_dark_versions_and_a_brighter_copy_share_one_layout():

@@ -44,10 +44,10 @@ from index.search.index_dir import (
 from index.search.query import BACKGROUND, RULE, check_query_size, combine, query_size
 from index.search.store import require_faiss
 from index.search.trailer import read_space_arrays
-from moco.edges import EDGES, features_text
+from moco.edges import EDGES
 from moco.edges import WEIGHT as EDGE_WEIGHT
 from moco.errors import UserError
-from moco.whiten import Whitening
+from moco.whiten import Whitening, features_text
 
 # with the names of index.search.index_dir, importable from here as well
 __all__ = ["ImageIndex", "SearchResult", "row_filter", "BROWSE_SORTS"]

@@ -67,7 +67,7 @@ def summary_line(summary: TrainingSummary, run_dir: Path) -> str:
         planned = summary.planned_steps
         how = (f" (stopped by its time budget at {summary.steps} of {planned} steps)" if planned
                else " (its time budget is spent)")
-    from moco.edges import features_text
+    from moco.whiten import features_text
 
     loss, white = summary.final_loss, summary.whitening
     mirror = " and their mirror images" if white and white.mirror else ""

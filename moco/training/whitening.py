@@ -14,10 +14,10 @@ from torch import nn
 from moco.config import TrainConfig
 from moco.data.cache import ImageCache
 from moco.edges import DIM as EDGE_DIM
-from moco.edges import EDGES, features_text
+from moco.edges import EDGES
 from moco.training.stop import Interrupted, StopFlag
 from moco.training.summary import WhiteningSummary
-from moco.whiten import STAGES, Whitening, feature_widths, fit_features, fit_whitening, resnet_stages
+from moco.whiten import STAGES, Whitening, feature_widths, features_text, fit_features, fit_whitening, resnet_stages
 
 __all__ = ["WHITEN_ROWS", "STAGE_ROWS_PER_DIM", "EDGE_PHOTOS", "takes_edges", "whitening_stages", "fit_run_whitening",
            "end_of_run_fit", "whitening_summary"]
@@ -60,12 +60,7 @@ def whitening_stages(backbone: nn.Module, choice: str, rows: int, image_size: in
 def takes_edges(choice: str, init: str, photos: int) -> bool:
     """Whether a run's whitening takes its photos' edge layout (:mod:`moco.edges`) for ``--whiten-edges choice``:
     on, or auto for a run from scratch (no ``init``) on fewer than :data:`EDGE_PHOTOS` photos."""
-    auto = choice == "auto" and not init and photos < EDGE_PHOTOS
-    if auto:
-        logger.info("whitening: a run from scratch on %d photos (under %d): its embeddings take the photos' edge "
-                    "layout beside the network's features (--whiten-edges off: the network's alone)", photos,
-                    EDGE_PHOTOS)
-    return choice == "on" or auto
+    return choice == "on" or (choice == "auto" and not init and photos < EDGE_PHOTOS)
 
 
 def fit_run_whitening(backbone: nn.Module, cache: ImageCache, cfg: TrainConfig, device: torch.device, precision: str,
@@ -81,6 +76,10 @@ def fit_run_whitening(backbone: nn.Module, cache: ImageCache, cfg: TrainConfig, 
     stages, widths = whitening_stages(backbone, cfg.whiten_stages, len(rows), cfg.image_size)
     if takes_edges(cfg.whiten_edges, cfg.init, n):
         stages, widths = (*stages, EDGES), (*widths, EDGE_DIM)
+        if cfg.whiten_edges == "auto":
+            logger.info("whitening: a run from scratch on %d photos (under %d): its embeddings take the photos' edge "
+                        "layout beside the network's features (--whiten-edges off: the network's alone)", n,
+                        EDGE_PHOTOS)
     feats = extract_features(backbone, np.asarray(cache.array[rows]), cfg.image_size, cfg.mean, cfg.std, device,
                              precision=precision, channels_last=channels_last, mirror=True, stages=stages)  # R x D'
     # embeddings average each photo with its mirror image, and pool the same stages
