@@ -491,6 +491,35 @@ def test_colour_agreement_is_the_cosine_of_the_aligned_chroma_by_hand():
     assert fr[3].colour is not None and colour_agreement(fr, 0, 3, (4, 4, 30, 30), True) == 1.0
 
 
+def test_colour_cells_are_what_pil_resizes_them_to_for_any_box():
+    """The aligned chroma by matrix products gives PIL's numbers: each photo's colours resized to COLOUR_GRID a side
+    by PIL's BOX filter from a float image, over the whole frame and over windows of every size and place (whole
+    and fractional pixels of 24-px and 48-px frames), mirrored or not, to the last bit."""
+    import index.duplicates.verify as verify
+
+    rng = np.random.default_rng(8)
+
+    def pil(colour: np.ndarray, where: tuple[float, ...] | None) -> np.ndarray:  # 2 x G x G
+        return np.stack([np.asarray(Image.fromarray(c.astype(np.float32), "F").resize(
+            (COLOUR_GRID, COLOUR_GRID), Image.Resampling.BOX, box=where), np.float64) for c in colour]) - 128.0
+
+    pics = [Image.fromarray(rng.integers(0, 256, (6, 6, 3), dtype=np.uint8)).resize((40, 30), Image.Resampling.BICUBIC)
+            for _ in range(2)]
+    fr = {0: frame_of(pics[0]), 1: frame_of(pics[1])}
+    for trial in range(300):
+        side = (SIDE, SCREEN_SIDE)[trial % 2]
+        w, h = (int(v) for v in rng.integers(2, side + 1, 2))
+        x, y = int(rng.integers(0, side - w + 1)), int(rng.integers(0, side - h + 1))
+        box = None if trial % 10 == 0 else (x, y, w, h)
+        mirrored = bool(trial % 3 == 0)
+        got = verify._colour_cells(fr, 0, 1, box, mirrored, side)
+        f = COLOUR_SIDE / side
+        region = None if box is None else (x * f, y * f, (x + w) * f, (y + h) * f)
+        want_small = pil(fr[1].colour, None)
+        assert np.array_equal(got[0], pil(fr[0].colour, region)), (trial, box)
+        assert np.array_equal(got[1], want_small[:, :, ::-1] if mirrored else want_small), trial
+
+
 def test_one_pattern_in_other_colours_is_no_copy_and_every_copy_of_a_colour_photo_still_is():
     """A picture with another's chroma keeps its grey exactly (the grey check alone calls it a copy, 1.0), and is
     turned down by its colours; copies brightened, given contrast or a gamma, re-encoded at JPEG quality 50, mirrored,

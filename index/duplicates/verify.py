@@ -811,11 +811,38 @@ def _colour_cells(frames_: Mapping[int, Frame], big: int, small: int, box: tuple
     region = None if box is None else (box[0] * f, box[1] * f, (box[0] + box[2]) * f, (box[1] + box[3]) * f)
 
     def cells(colour: np.ndarray, where: tuple[float, float, float, float] | None) -> np.ndarray:  # 2 x G x G
-        return np.stack([np.asarray(Image.fromarray(c.astype(np.float32), "F").resize(
-            (COLOUR_GRID, COLOUR_GRID), Image.Resampling.BOX, box=where), np.float64) for c in colour]) - 128.0
+        x0, y0, x1, y1 = where or (0.0, 0.0, float(COLOUR_SIDE), float(COLOUR_SIDE))
+        across, _, _ = _box_weights(x0, x1)  # G x S
+        down, first, last = _box_weights(y0, y1)  # G x S; the rows PIL reads
+        rows = (colour[:, first:last].astype(np.float64) @ across.T).astype(np.float32)  # 2 x (last - first) x G
+        return (down[:, first:last] @ rows).astype(np.float32).astype(np.float64) - 128.0  # as PIL's two passes
 
     y = cells(fs.colour, None)  # 2 x G x G
     return cells(fb.colour, region), y[:, :, ::-1] if mirrored else y
+
+
+@functools.lru_cache(maxsize=4096)  # the boxes of a search are whole pixels of a frame, scaled: a few hundred
+def _box_weights(start: float, end: float, n_in: int = COLOUR_SIDE, n_out: int = COLOUR_GRID
+                 ) -> tuple[np.ndarray, int, int]:
+    """How PIL's BOX filter resizes the pixels ``start`` to ``end`` of a row of ``n_in`` to ``n_out`` (its
+    ``precompute_coeffs``, the box's ends in float32 as PIL takes them): n_out x n_in float64 weights (each row
+    sums to 1) and the first and one past the last pixel it reads. A float image resized by PIL is these weights
+    applied across, kept in float32, then down (:func:`_colour_cells`: the same numbers as PIL's resize, without
+    four images a pair)."""
+    start32, end32 = np.float32(start), np.float32(end)
+    scale = float(np.float32(end32 - start32)) / n_out
+    wide = max(scale, 1.0)  # the filter stretched to a step when shrinking
+    support = 0.5 * wide
+    centre = float(start32) + (np.arange(n_out) + 0.5) * scale  # n_out
+    lo = np.maximum(np.trunc(centre - support + 0.5), 0).astype(np.int64)  # n_out: C's (int) casts
+    hi = np.minimum(np.trunc(centre + support + 0.5), n_in).astype(np.int64)  # n_out
+    p = np.arange(n_in)[None, :]  # 1 x n_in
+    at = (p - centre[:, None] + 0.5) * (1.0 / wide)  # n_out x n_in
+    w = ((at > -0.5) & (at <= 0.5) & (p >= lo[:, None]) & (p < hi[:, None])).astype(np.float64)  # n_out x n_in
+    total = w.sum(axis=1, keepdims=True)  # n_out x 1
+    w = np.divide(w, total, out=w, where=total != 0.0)
+    w.flags.writeable = False  # shared by every call (the cache)
+    return w, int(lo[0]), int(hi[-1])
 
 
 def _shrink_matrix(n_out: int, n_in: int) -> np.ndarray:
