@@ -276,11 +276,12 @@ class FrameFile(Mapping[int, Frame]):
         every = every if every is not None else {i: v for i, (v, _) in photos.items()}
         total = self._file.records()
         known: dict[int, int] = {}  # id -> record, of every photo's current version
-        for start in range(0, total, 4096):  # 47 MB read at a time
-            rec = self._file.read(start, 4096, ["id", "version"])
-            for n, (i, v) in enumerate(zip(rec["id"].tolist(), rec["version"].tolist())):
-                if every.get(i) == v:
-                    known[i] = start + n  # the last record of a photo wins
+        ids, versions = np.empty(total, "<i8"), np.empty(total, "<u8")
+        self._file.read_field(np.arange(total), "id", ids)  # (each record's alone: not 12 kB a photo)
+        self._file.read_field(np.arange(total), "version", versions)
+        for n, (i, v) in enumerate(zip(ids.tolist(), versions.tolist())):
+            if every.get(i) == v:
+                known[i] = n  # the last record of a photo wins
         stale = total - len(known)
         self._where = {i: known[i] for i in photos if i in known and photos[i][0] == every[i]}
         step(len(self._where))

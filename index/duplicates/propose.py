@@ -724,15 +724,17 @@ def _crops_among_few(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
             if away is not None:
                 reach &= ~away[:, cols]
             rows = np.flatnonzero(reach.any(axis=1))  # the photos that may have a new neighbour
-            scores = np.full((len(part), len(cols)), -np.inf, np.float32)  # B x C
+            found: dict[int, tuple[int, bool, list[int], list[float]]] = {}
             if len(rows):
                 w = windows[rows]  # B' x per x S^2
                 if flip:
                     w = w.reshape(-1, CROP_SIDE, CROP_SIDE)[:, :, ::-1].reshape(w.shape)
-                scores[rows] = (np.ascontiguousarray(w).reshape(-1, CROP_SIDE**2) @ few[cols].T).reshape(
+                scores = (np.ascontiguousarray(w).reshape(-1, CROP_SIDE**2) @ few[cols].T).reshape(
                     len(rows), per, -1).max(axis=1)  # B' x C
-            yield from _over_floor(part, flip, _spread(scores, cols, len(targets)), floor, targets, k,
-                                   crops=True, away=away)  # B x M
+                found = dict(zip(rows.tolist(), _over_floor(
+                    [part[n] for n in rows.tolist()], flip, _spread(scores, cols, len(targets)), floor, targets, k,
+                    crops=True, away=None if away is None else away[rows])))  # B' x M
+            yield from (found.get(n) or (me, flip, [], []) for n, me in enumerate(part))
 
 
 def _columns(part: Sequence[int], targets: Sequence[int], apart: Apart | None
