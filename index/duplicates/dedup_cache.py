@@ -74,6 +74,7 @@ _NEIGHBOURS = np.dtype([("id", "<i8"), ("version", "<u8"), ("framed", "u1"),
 _LINK = np.dtype([("a", "<i8"), ("b", "<i8"), ("version", "<u8"), ("cos", "<f4")])
 _PAIR = np.dtype([("a", "<i8"), ("b", "<i8"), ("va", "<u8"), ("vb", "<u8"), ("score", "<f8")])
 FRAMES_KEPT = 4096  # frames a FrameFile keeps decoded at once
+GREYS_SPAN = 512  # records a FrameFile reads at once for the grey frames of many photos (6 MB)
 _BLOCK = 1 << 16  # neighbour records read or written at a time (20 MB)
 
 
@@ -146,28 +147,6 @@ class _RecordFile:
             data = f.read(count * self.dtype.itemsize)
         rec = np.frombuffer(data[: len(data) // self.dtype.itemsize * self.dtype.itemsize], self.dtype)
         return rec if fields is None else rec[fields]
-
-    def read_field(self, at: np.ndarray, field: str, out: np.ndarray | Sequence[np.ndarray]) -> None:
-        """Field ``field`` of records ``at`` (K record numbers) into ``out``: an array of K rows of the field, or K
-        arrays, each filled from the field's first bytes (an image's own pixels, not its whole field). Each record's
-        field is read alone: no record is held whole, and a field a fifth of a record costs a fifth to read."""
-        offset = self.dtype.fields[field][1]
-        if not len(at):
-            return
-        if isinstance(out, np.ndarray):  # K equal rows: slices of one view of its bytes
-            if not out.flags.c_contiguous:
-                raise ValueError("read_field fills a C-contiguous array")
-            whole, size = memoryview(out.reshape(-1).view(np.uint8)), out.nbytes // len(at)
-            views = [whole[n * size : (n + 1) * size] for n in range(len(at))]
-        else:
-            views = [memoryview(a.reshape(-1).view(np.uint8)) for a in out]
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            for r, view in zip(at.tolist(), views):
-                if os.preadv(fd, [view], _HEADER + r * self.dtype.itemsize + offset) < len(view):
-                    raise EOFError(f"{self.path} ends inside record {r}: it was cut short while this search read it")
-        finally:
-            os.close(fd)
 
     def append(self, rec: np.ndarray) -> int | None:
         """Append whole records (under a lock: two searches at once append in turn); a record cut short at the
@@ -276,12 +255,11 @@ class FrameFile(Mapping[int, Frame]):
         every = every if every is not None else {i: v for i, (v, _) in photos.items()}
         total = self._file.records()
         known: dict[int, int] = {}  # id -> record, of every photo's current version
-        ids, versions = np.empty(total, "<i8"), np.empty(total, "<u8")
-        self._file.read_field(np.arange(total), "id", ids)  # (each record's alone: not 12 kB a photo)
-        self._file.read_field(np.arange(total), "version", versions)
-        for n, (i, v) in enumerate(zip(ids.tolist(), versions.tolist())):
-            if every.get(i) == v:
-                known[i] = n  # the last record of a photo wins
+        for start in range(0, total, 4096):  # 47 MB read at a time
+            rec = self._file.read(start, 4096, ["id", "version"])
+            for n, (i, v) in enumerate(zip(rec["id"].tolist(), rec["version"].tolist())):
+                if every.get(i) == v:
+                    known[i] = start + n  # the last record of a photo wins
         stale = total - len(known)
         self._where = {i: known[i] for i in photos if i in known and photos[i][0] == every[i]}
         step(len(self._where))
@@ -366,43 +344,44 @@ class FrameFile(Mapping[int, Frame]):
 
     def greys(self, ids: Sequence[int]) -> np.ndarray:
         """The grey frames of photos ``ids`` (N x SIDE x SIDE uint8; KeyError: one without a frame), read from the
-        file in its order, each photo's grey alone (:meth:`_RecordFile.read_field`: a fifth of its record)."""
+        file at once, in its order (one photo at a time, a frame costs more to read than to use)."""
         out = np.empty((len(ids), SIDE, SIDE), np.uint8)
-        held, rest, at = self._placed(ids)
-        if len(held):
-            out[held] = [self[ids[n]].grey for n in held.tolist()]
-        got = np.empty((len(rest), SIDE, SIDE), np.uint8)
-        self._file.read_field(at, "grey", got)
-        out[rest] = got
+        for at, rec in self._spans(ids, ["grey"]):
+            out[at] = [self[ids[n]].grey for n in at.tolist()] if rec is None else rec["grey"].reshape(-1, SIDE, SIDE)
         return out
 
     def images(self, ids: Sequence[int]) -> list[np.ndarray]:
         """The grey images of photos ``ids`` (:attr:`~index.duplicates.verify.Frame.image` as h x w uint8 arrays;
-        KeyError: one without a frame), read from the file as :meth:`greys` are: each image's own pixels alone."""
+        KeyError: one without a frame), read from the file at once as :meth:`greys` are."""
         out: list[np.ndarray] = [np.empty((0, 0), np.uint8)] * len(ids)
-        held, rest, at = self._placed(ids)
-        for n in held.tolist():
-            out[n] = np.asarray(self[ids[n]].image, np.uint8)
-        width, height = np.empty(len(rest), "<u2"), np.empty(len(rest), "<u2")
-        self._file.read_field(at, "width", width)
-        self._file.read_field(at, "height", height)
-        images = [np.empty((h, w), np.uint8) for w, h in zip(width.tolist(), height.tolist())]
-        self._file.read_field(at, "image", images)
-        for n, img in zip(rest.tolist(), images):
-            out[n] = img
+        for at, rec in self._spans(ids, ["width", "height", "image"]):
+            for k, n in enumerate(at.tolist()):
+                if rec is None:
+                    out[n] = np.asarray(self[ids[n]].image, np.uint8)
+                else:
+                    w, h = int(rec["width"][k]), int(rec["height"][k])
+                    out[n] = rec["image"][k, : w * h].reshape(h, w).copy()
         return out
 
-    def _placed(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Where the frames of photos ``ids`` are: the positions in ``ids`` of those held only in memory (H), of
-        the others in the file's order (K), and their record numbers (K; KeyError: a photo without a frame)."""
+    def _spans(self, ids: Sequence[int], fields: list[str]) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
+        """``(at, records)``: positions in ``ids`` (K) and their records' ``fields`` (K), read from the file from one to
+        :data:`GREYS_SPAN` further at once (no map of the file, which would count as this process's memory), in the
+        file's order; ``(at, None)`` for the frames held only in memory (KeyError: a photo without a frame)."""
         held = np.array([n for n, i in enumerate(ids) if i in self._memory or i not in self._where], np.int64)
-        for n in held.tolist():
-            if ids[n] not in self._memory:
-                raise KeyError(ids[n])
+        if len(held):
+            yield held, None
         rest = np.setdiff1d(np.arange(len(ids)), held)
+        if not len(rest):
+            return
         at = np.array([self._where[ids[n]] for n in rest.tolist()], np.int64)
-        order = np.argsort(at, kind="stable")
-        return held, rest[order], at[order]
+        order = np.argsort(at)
+        rest, at = rest[order], at[order]
+        start = 0
+        while start < len(at):
+            stop = int(np.searchsorted(at, at[start] + GREYS_SPAN))
+            rec = self._file.read(int(at[start]), int(at[stop - 1] - at[start]) + 1, fields)
+            yield rest[start:stop], rec[at[start:stop] - at[start]]
+            start = stop
 
     def __contains__(self, i: object) -> bool:
         return i in self._where or i in self._memory

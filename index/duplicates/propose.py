@@ -654,37 +654,6 @@ def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, ch
 
 
 WINDOW_SCORES_AT_ONCE = 1 << 22  # window-photo scores worked at once (16 MB)
-BOUND_DIMS = 24  # a crop window's lowest DCT frequencies that bound its scores with a few new photos (the rest: a norm)
-BOUND_PHOTOS = 16  # photos whose windows' bounds are worked at once (a fifth faster than 128 at once)
-BOUND_SLACK = 1e-3  # added to a bound: far above the float32 rounding of its products and of the scores'
-
-
-@functools.lru_cache(maxsize=1)
-def _dct_basis() -> tuple[np.ndarray, np.ndarray]:
-    """The orthonormal 2-D DCT-II basis of a :data:`CROP_SIDE` x :data:`CROP_SIDE` window (S^2 x S^2: a row a
-    coefficient, the lowest frequencies first, the constant one first of all) and each coefficient's sign in the
-    mirrored window (S^2: (-1)^v, v its frequency across: mirroring flips the odd ones)."""
-    s = CROP_SIDE
-    k = np.arange(s)
-    c = np.sqrt(2.0 / s) * np.cos(np.pi * (2 * k[None, :] + 1) * k[:, None] / (2 * s))  # S x S: frequency x pixel
-    c[0] /= np.sqrt(2.0)
-    basis = np.einsum("uy,vx->uvyx", c, c).reshape(s * s, s * s)  # (u, v) x (y, x)
-    order = sorted(range(s * s), key=lambda i: (i // s + i % s, i))
-    sign = np.array([(-1.0) ** (i % s) for i in order])
-    return basis[order].astype(np.float32), sign.astype(np.float32)
-
-
-def _bounding(x: np.ndarray) -> np.ndarray:
-    """Unit vectors (N x S^2: windows, or whole frames) as N x (BOUND_DIMS + 1): their DCT coefficients 1 to
-    BOUND_DIMS and the norm of the others (the constant one among them). Two such rows' product bounds the two
-    vectors' own (Cauchy-Schwarz on the coefficients left out): a window under a photo's floor by its bound is
-    under it by its score."""
-    coef = x @ _dct_basis()[0].T  # N x S^2
-    out = np.empty((len(x), BOUND_DIMS + 1), np.float32)  # N x (BOUND_DIMS + 1)
-    out[:, :BOUND_DIMS] = coef[:, 1 : BOUND_DIMS + 1]
-    coef[:, 1 : BOUND_DIMS + 1] = 0.0
-    out[:, BOUND_DIMS] = np.sqrt(np.einsum("ij,ij->i", coef, coef))  # the norm of the others
-    return out
 
 
 def _crops_among_few(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, chunk: int, targets: Sequence[int],
@@ -693,17 +662,10 @@ def _crops_among_few(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
     """:func:`crop_neighbours` among a few ``targets``, each photo's best window for each of them scored at once
     (matrix products: no k-nearest search of each window); those under ``floor(photo, mirrored)`` left out, and
     those ``apart`` says were taken apart from the photo (:func:`_columns`). The best ``k`` over all windows are the
-    same: a target a window ranks under ``k + 2`` others is under ``k`` others too.
-
-    Most photos have no new neighbour over their floor: each window's scores are bounded first from its
-    :data:`BOUND_DIMS` lowest DCT frequencies and the norm of the rest (:func:`_bounding`: products of BOUND_DIMS + 1
-    numbers, both mirrorings at once, since mirroring a window only flips the signs of its odd frequencies across),
-    and only the photos that some target's bound reaches are scored in full (the same scores: the bound is never
-    under them)."""
+    same: a target a window ranks under ``k + 2`` others is under ``k`` others too."""
     few = _flats(_greys(frames_, targets), CROP_SIDE)  # M x S^2
     per = CROP_WINDOWS
-    sign = np.append(_dct_basis()[1][1 : BOUND_DIMS + 1], 1.0).astype(np.float32)  # K: mirrored coefficients' signs
-    step = max(1, min(chunk, WINDOW_SCORES_AT_ONCE // (per * 2 * len(targets))))
+    step = max(1, min(chunk, WINDOW_SCORES_AT_ONCE // (per * len(targets))))
     for start in range(0, len(ids), step):
         part = ids[start : start + step]
         cols, away = _columns(part, targets, apart)  # C, B x M
@@ -711,30 +673,12 @@ def _crops_among_few(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
             for flip in (False, True):
                 yield from ((me, flip, [], []) for me in part)
             continue
-        windows = crop_windows_of(_images(frames_, part))  # B x per x S^2
-        bound_of = _bounding(few[cols])  # C x K
-        both = np.ascontiguousarray(np.concatenate([bound_of, bound_of * sign]).T)  # K x 2C: as is, then mirrored
-        bounds = np.empty((len(part), 2, len(cols)), np.float32)  # B x 2 x C: each photo's best window's bounds
-        for at in range(0, len(part), BOUND_PHOTOS):  # (their windows' bounds stay in the cache)
-            got = _bounding(windows[at : at + BOUND_PHOTOS].reshape(-1, CROP_SIDE**2)) @ both  # (B'' * per) x 2C
-            bounds[at : at + BOUND_PHOTOS] = got.reshape(-1, per, 2, len(cols)).max(axis=1)
-        for flip in (False, True):  # (a window's bound with a mirrored frame: its mirror's with the frame)
-            floors = np.array([floor(me, flip) for me in part], np.float32)  # B
-            reach = bounds[:, int(flip)] + BOUND_SLACK >= floors[:, None]  # B x C
-            if away is not None:
-                reach &= ~away[:, cols]
-            rows = np.flatnonzero(reach.any(axis=1))  # the photos that may have a new neighbour
-            found: dict[int, tuple[int, bool, list[int], list[float]]] = {}
-            if len(rows):
-                w = windows[rows]  # B' x per x S^2
-                if flip:
-                    w = w.reshape(-1, CROP_SIDE, CROP_SIDE)[:, :, ::-1].reshape(w.shape)
-                scores = (np.ascontiguousarray(w).reshape(-1, CROP_SIDE**2) @ few[cols].T).reshape(
-                    len(rows), per, -1).max(axis=1)  # B' x C
-                found = dict(zip(rows.tolist(), _over_floor(
-                    [part[n] for n in rows.tolist()], flip, _spread(scores, cols, len(targets)), floor, targets, k,
-                    crops=True, away=None if away is None else away[rows])))  # B' x M
-            yield from (found.get(n) or (me, flip, [], []) for n, me in enumerate(part))
+        windows = crop_windows_of(_images(frames_, part)).transpose(1, 0, 2)  # per x B x S^2: by window
+        flipped = windows.reshape(-1, CROP_SIDE, CROP_SIDE)[:, :, ::-1].reshape(windows.shape)
+        for flip, w in ((False, windows), (True, flipped)):
+            scores = (np.ascontiguousarray(w).reshape(-1, CROP_SIDE**2) @ few[cols].T).reshape(per, len(part), -1)
+            yield from _over_floor(part, flip, _spread(scores.max(axis=0), cols, len(targets)), floor, targets, k,
+                                   crops=True, away=away)  # B x M
 
 
 def _columns(part: Sequence[int], targets: Sequence[int], apart: Apart | None
