@@ -24,6 +24,7 @@ from index.duplicates.dedup_cache import (
     FRAMES_FILE,
     LINKS_FILE,
     NEIGHBOURS_FILE,
+    WINDOWS_FILE,
     CheckedPairs,
     FrameFile,
     LinkFile,
@@ -75,6 +76,42 @@ def test_frames_read_back_equal_frames_made_anew_and_only_changed_photos_are_mad
     assert _same(third[3], frame_of(Image.open(tmp_path / "3.png")))
     assert _same(third[20], frame_of(pics[20]))
     assert third[20].colour is not None and third[20].colour.std() > 0  # the colours are kept with the grey
+
+
+def test_crop_windows_are_kept_with_the_frames_and_made_once_for_each_version_of_a_photo(tmp_path):
+    """FrameFile.windows: a photo's crop windows as crop_windows_of makes them from its frame's image (the same
+    numbers), kept in WINDOWS_FILE so that the next search reads them: made again only for a photo replaced in place
+    (another version) or new, for a record cut short by a kill, and for all where the file is of other settings."""
+    from index.duplicates.propose import crop_windows_of
+
+    pics = _pictures(12, seed=3)
+    for i, img in pics.items():
+        img.save(tmp_path / f"{i}.png")
+    photos = {i: (100 + i, tmp_path / f"{i}.png") for i in pics}
+    ids = [5, 0, 11, 3, 7]
+
+    def want(frames_: FrameFile, which: list[int]) -> np.ndarray:
+        return crop_windows_of([np.asarray(frames_[i].image, np.uint8) for i in which])
+
+    first = FrameFile(tmp_path / FRAMES_FILE).update(photos, lambda i: None)
+    assert np.array_equal(first.windows(ids), want(first, ids)) and first.windows_made == len(ids)
+    assert np.array_equal(first.windows(ids + [1]), want(first, ids + [1])) and first.windows_made == len(ids) + 1
+    again = FrameFile(tmp_path / FRAMES_FILE).update(photos, lambda i: None)
+    assert np.array_equal(again.windows(ids + [1]), want(again, ids + [1])) and again.windows_made == 0
+    ImageEnhance.Brightness(pics[3]).enhance(0.5).save(tmp_path / "3.png")  # replaced in place: another version
+    changed = photos | {3: (999, tmp_path / "3.png")}
+    third = FrameFile(tmp_path / FRAMES_FILE).update(changed, lambda i: None)
+    got = third.windows(ids)
+    assert third.windows_made == 1 and np.array_equal(got, want(third, ids))
+    assert not np.array_equal(got[3], want(first, [3])[0])
+    path = tmp_path / WINDOWS_FILE
+    with open(path, "r+b") as f:  # a kill in the middle of the last record's write (photo 3's)
+        f.truncate(path.stat().st_size - 100)
+    cut = FrameFile(tmp_path / FRAMES_FILE).update(changed, lambda i: None)
+    assert np.array_equal(cut.windows(ids), want(cut, ids)) and cut.windows_made == 1
+    path.write_bytes(b"MOCOWIN1" + b"\0" * 40)  # another format's header: started anew
+    anew = FrameFile(tmp_path / FRAMES_FILE).update(changed, lambda i: None)
+    assert np.array_equal(anew.windows(ids), want(anew, ids)) and anew.windows_made == len(ids)
 
 
 def test_frames_made_in_worker_processes_are_this_process_s_in_the_same_file(tmp_path, monkeypatch):
@@ -186,11 +223,11 @@ def test_a_search_after_an_update_checks_only_the_pairs_of_the_new_photos(backbo
     idx = ImageIndex.open(tmp_path / "idx")
     first = search_duplicates(idx, save=False)
     d = first.decision
-    assert d["reused"] == 0 and d["checked"] == d["proposed"] > 0 and d["frames_made"] == len(idx)
+    assert d["reused"] == 0 and d["checked"] == d["proposed"] > 0 and d["frames_made"] == d["windows_made"] == len(idx)
     assert (tmp_path / "idx" / FRAMES_FILE).exists() and (tmp_path / "idx" / CHECKED_FILE).exists()
     kept_first = _neighbours(tmp_path / "idx")
     second = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
-    assert second.decision["checked"] == 0 and second.decision["frames_made"] == 0
+    assert second.decision["checked"] == second.decision["frames_made"] == second.decision["windows_made"] == 0
     assert [g.id for g in second.groups] == [g.id for g in first.groups]
     assert sum(g.kind == "near" for g in first.groups) >= 5  # the copies were found
 
@@ -211,12 +248,12 @@ def test_a_search_after_an_update_checks_only_the_pairs_of_the_new_photos(backbo
     d = third.decision
     assert (f"({len(idx) - len(before)} photos looked up among all, the others only among the photos new since "
             "the last search)") in capsys.readouterr().out
-    assert 0 < d["checked"] < d["proposed"] // 2 and d["frames_made"] == len(idx) - len(before)
+    assert 0 < d["checked"] < d["proposed"] // 2 and d["frames_made"] == d["windows_made"] == len(idx) - len(before)
     assert d["looked_up"] == len(idx) - len(before)  # the new photos; the others only among them
     assert d["linked"] == len(idx) - len(before)  # the new photos' links: the others' are kept
     incremental, links = _neighbours(tmp_path / "idx"), kept_links(tmp_path / "idx" / LINKS_FILE)
     assert set(links_first) < set(links)  # the new photos' links were added to the kept ones
-    for name in (FRAMES_FILE, CHECKED_FILE, NEIGHBOURS_FILE, LINKS_FILE):
+    for name in (FRAMES_FILE, WINDOWS_FILE, CHECKED_FILE, NEIGHBOURS_FILE, LINKS_FILE):
         (tmp_path / "idx" / name).unlink()
     fresh = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
     assert fresh.decision["reused"] == 0 and fresh.decision["looked_up"] == fresh.decision["linked"] == len(idx)

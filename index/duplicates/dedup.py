@@ -306,7 +306,8 @@ def verify_links(index: ImageIndex, ids: np.ndarray, vecs: np.ndarray, content: 
     a frame: no thumbnail and no decodable file), ``crowded``: photos that are copies by pixels of
     :data:`~index.calibrate.CROWD` or more other photos (a clear sky, a gradient, a blank page has too little of its
     own to tell a copy from another such photo), whose near links are all dropped; ``checked`` (pairs the pixel check
-    scored in this search), ``reused`` (pairs scored by an earlier one), ``frames_made`` and ``looked_up`` (photos
+    scored in this search), ``reused`` (pairs scored by an earlier one), ``frames_made``, ``windows_made`` (photos
+    whose crop windows this search made: the others' were kept) and ``looked_up`` (photos
     whose proposals were looked up among all photos; the others, as they were in the last search, only among the
     photos new since: :func:`index.duplicates.propose.proposals`).
 
@@ -429,7 +430,7 @@ def _verify_links(index: ImageIndex, where: Path, ids: np.ndarray, vecs: np.ndar
                         "turned_down": turned,
                         "unchecked": len(ids) - len(frames_), "crowded": len(crowded),
                         "checked": len(pairs) - reused, "reused": reused, "frames_made": frames_.made,
-                        "looked_up": proposed.searched}
+                        "windows_made": frames_.windows_made, "looked_up": proposed.searched}
 
 
 def _space_key(index: ImageIndex) -> str:

@@ -1,12 +1,16 @@
 """What a search for duplicates keeps between runs, in the index directory: each photo's grey frame
-(:data:`FRAMES_FILE`), each photo's proposed neighbours (:data:`NEIGHBOURS_FILE`), the model's links
-(:data:`LINKS_FILE`) and every pair the pixel check has scored (:data:`CHECKED_FILE`).
+(:data:`FRAMES_FILE`) and crop windows (:data:`WINDOWS_FILE`), each photo's proposed neighbours
+(:data:`NEIGHBOURS_FILE`), the model's links (:data:`LINKS_FILE`) and every pair the pixel check has scored
+(:data:`CHECKED_FILE`).
 
 The pixel check is most of a search's time, and a library changes little between two searches: after an
 ``index update`` that added a few photos, only the pairs that hold one of them are new. So every scored pair is
 kept with its score, and a later search checks only the pairs it has not scored before. A search killed midway
 keeps the pairs it scored (they are written a chunk at a time) and the next one goes on from there. The frames (about
-12 kB a photo) are kept the same way, so memory does not hold them all: a search reads the ones it needs. The
+12 kB a photo) are kept the same way, so memory does not hold them all: a search reads the ones it needs. So are
+the crop windows the proposals look up (:func:`~index.duplicates.propose.crop_windows`, 8 kB a photo, made from the
+frame's image by the first search that needs them): after an update, the crop search of every photo among the new
+ones reads them instead of making them again (about a quarter of that search at 100,000 photos). The
 proposals are kept too (each photo's closest photos by each search, :class:`~index.duplicates.propose.Neighbours`,
 about 300 bytes a photo, written anew by each search): after an update, only the new photos are looked up among all,
 and the others only among the new ones. So are the model's links (the pairs at a cosine of at least a floor a little
@@ -24,10 +28,12 @@ Deleting them loses nothing: the next search makes them again.
 
 File layout (little-endian)::
 
-    header   8 bytes kind (b"MOCOFRM1", b"MOCONBR1", b"MOCOLNK1" or b"MOCOCHK1"), 8 bytes settings digest, 8 bytes
-             record size
+    header   8 bytes kind (b"MOCOFRM1", b"MOCOWIN1", b"MOCONBR1", b"MOCOLNK1" or b"MOCOCHK1"), 8 bytes settings
+             digest, 8 bytes record size
     frames   id int64, version uint64, aspect float32, width uint16, height uint16,
-             grey SIDE x SIDE uint8, image (2 SIDE) x (2 SIDE) uint8 (its first width x height bytes)
+             grey SIDE x SIDE uint8, image (2 SIDE) x (2 SIDE) uint8 (its first width x height bytes), colour
+             2 x COLOUR_SIDE x COLOUR_SIDE uint8
+    windows  id int64, version uint64, windows float32 (CROP_WINDOWS x CROP_SIDE^2)
     neighbours  id int64, version uint64, framed uint8 (1: the photo had a frame), near int64 (5 x k: a photo id, -1
              for none), scores float32 (5 x k), k = PROPOSE_K
     links    a int64, b int64, version uint64, cosine float32: a photo searched (b = -1, its version, the floor
@@ -57,18 +63,21 @@ from moco.data.workers import ONE_THREAD, in_workers
 from moco.files import atomic_write
 
 __all__ = ["FrameFile", "CheckedPairs", "NeighbourFile", "NEIGHBOURS_FILE", "LinkFile", "KeptLinks", "LINKS_FILE",
-           "kept_links", "photo_version", "check_settings",
-           "neighbour_settings", "FRAMES_FILE", "CHECKED_FILE", "kept_frames", "kept_scores", "kept_neighbours"]
+           "kept_links", "photo_version", "check_settings", "neighbour_settings", "FRAMES_FILE", "WINDOWS_FILE",
+           "CHECKED_FILE", "kept_frames", "kept_scores", "kept_neighbours"]
 
 logger = logging.getLogger(__name__)
 
 FRAMES_FILE, CHECKED_FILE, NEIGHBOURS_FILE = "dedup-frames.bin", "dedup-checked.bin", "dedup-neighbours.bin"
 LINKS_FILE = "dedup-links.bin"
+WINDOWS_FILE = "dedup-windows.bin"
 FRAME_FORMAT = 2  # raised when verify.frame_of makes other frames (2: with their colours)
 _HEADER = 24
 _FRAME = np.dtype([("id", "<i8"), ("version", "<u8"), ("aspect", "<f4"), ("width", "<u2"), ("height", "<u2"),
                    ("grey", "u1", (SIDE * SIDE,)), ("image", "u1", (4 * SIDE * SIDE,)),
                    ("colour", "u1", (2 * COLOUR_SIDE * COLOUR_SIDE,))])
+_WINDOWS = np.dtype([("id", "<i8"), ("version", "<u8"),
+                     ("windows", "<f4", (propose.CROP_WINDOWS, propose.CROP_SIDE**2))])
 _NEIGHBOURS = np.dtype([("id", "<i8"), ("version", "<u8"), ("framed", "u1"),
                         ("near", "<i8", (len(SOURCES), PROPOSE_K)), ("scores", "<f4", (len(SOURCES), PROPOSE_K))])
 _LINK = np.dtype([("a", "<i8"), ("b", "<i8"), ("version", "<u8"), ("cos", "<f4")])
@@ -111,6 +120,10 @@ def _frame_settings() -> int:
     return _digest(repr((FRAME_FORMAT, SIDE)))
 
 
+def _window_settings() -> int:
+    return _digest(repr((FRAME_FORMAT, SIDE, propose.CROP_SIDE, propose.CROP_GRIDS, propose.CROP_SHARES)))
+
+
 class _RecordFile:
     """A header and fixed-size records, appended whole (see the module docstring)."""
 
@@ -148,6 +161,20 @@ class _RecordFile:
         rec = np.frombuffer(data[: len(data) // self.dtype.itemsize * self.dtype.itemsize], self.dtype)
         return rec if fields is None else rec[fields]
 
+    def heads(self) -> tuple[np.ndarray, np.ndarray]:
+        """The ids and versions (the first two fields: int64, uint64) of every whole record, read 16 bytes a record
+        (a file of large records is not read whole for them)."""
+        n = self.records()
+        if not n:
+            return np.zeros(0, np.int64), np.zeros(0, np.uint64)
+        buf = bytearray(16 * n)
+        with open(self.path, "rb") as f:
+            fd, size = f.fileno(), self.dtype.itemsize
+            for k in range(n):
+                buf[16 * k : 16 * k + 16] = os.pread(fd, 16, _HEADER + k * size)
+        rec = np.frombuffer(buf, [("id", "<i8"), ("version", "<u8")])
+        return rec["id"], rec["version"]
+
     def append(self, rec: np.ndarray) -> int | None:
         """Append whole records (under a lock: two searches at once append in turn); a record cut short at the
         file's end (a killed write) is dropped first. Returns the number of the first one (None: not written)."""
@@ -184,6 +211,21 @@ class _RecordFile:
             atomic_write(self.path, write)
         except OSError as e:
             logger.warning("cannot write %s anew (%s)", self.path, e)
+
+
+def _spans(file: _RecordFile, places: np.ndarray, fields: list[str] | None = None
+           ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """``(pos, records)``: positions in ``places`` (record numbers, K) and those records' ``fields`` (K; None: whole),
+    read from ``file`` from one to :data:`GREYS_SPAN` further at once (no map of the file, which would count as this
+    process's memory), in the file's order."""
+    order = np.argsort(places, kind="stable")
+    at = places[order]
+    start = 0
+    while start < len(at):
+        stop = int(np.searchsorted(at, at[start] + GREYS_SPAN))
+        rec = file.read(int(at[start]), int(at[stop - 1] - at[start]) + 1, fields)
+        yield order[start:stop], rec[at[start:stop] - at[start]]
+        start = stop
 
 
 FRAMES_IN_WORKERS = 4096  # photos to make frames of, at least, for worker processes to make them (a second to start)
@@ -233,11 +275,17 @@ class FrameFile(Mapping[int, Frame]):
     that have one, read from the file as needed (the last :data:`FRAMES_KEPT` kept decoded)."""
 
     def __init__(self, path: Path) -> None:
+        path = Path(path)
         self._file = _RecordFile(path, b"MOCOFRM1", _frame_settings(), _FRAME)
+        windows = path.with_name(WINDOWS_FILE if path.name == FRAMES_FILE else f"{path.stem}-windows{path.suffix}")
+        self._windows = _RecordFile(windows, b"MOCOWIN1", _window_settings(), _WINDOWS)
+        self._every: dict[int, int] = {}  # id -> version, of every photo of the index (after update)
+        self._windows_at: dict[int, int] | None = None  # id -> record of the windows file (read when first needed)
         self._where: dict[int, int] = {}  # id -> record number, of this search's photos with a valid frame
         self._kept: OrderedDict[int, Frame] = OrderedDict()
         self._memory: dict[int, Frame] = {}  # frames that could not be written (a read-only index)
         self.made = 0  # frames made by this search (the rest were read)
+        self.windows_made = 0  # photos whose crop windows this search made (the rest were read)
 
     def update(self, photos: Mapping[int, tuple[int, Path | None]], fallback: Callable[[int], Image.Image | None],
                step: Callable[[int], object] | None = None, every: Mapping[int, int] | None = None,
@@ -253,13 +301,13 @@ class FrameFile(Mapping[int, Frame]):
         photo is decoded from where its thumbnail cannot serve (what ``fallback`` decodes). Returns itself."""
         step = step or (lambda n: None)
         every = every if every is not None else {i: v for i, (v, _) in photos.items()}
-        total = self._file.records()
+        self._every = dict(every)
+        kept_ids, kept_versions = self._file.heads()
+        total = len(kept_ids)
         known: dict[int, int] = {}  # id -> record, of every photo's current version
-        for start in range(0, total, 4096):  # 47 MB read at a time
-            rec = self._file.read(start, 4096, ["id", "version"])
-            for n, (i, v) in enumerate(zip(rec["id"].tolist(), rec["version"].tolist())):
-                if every.get(i) == v:
-                    known[i] = start + n  # the last record of a photo wins
+        for n, (i, v) in enumerate(zip(kept_ids.tolist(), kept_versions.tolist())):
+            if every.get(i) == v:
+                known[i] = n  # the last record of a photo wins
         stale = total - len(known)
         self._where = {i: known[i] for i in photos if i in known and photos[i][0] == every[i]}
         step(len(self._where))
@@ -363,6 +411,51 @@ class FrameFile(Mapping[int, Frame]):
                     out[n] = rec["image"][k, : w * h].reshape(h, w).copy()
         return out
 
+    def windows(self, ids: Sequence[int]) -> np.ndarray:
+        """The crop windows of photos ``ids`` (:func:`~index.duplicates.propose.crop_windows`: N x W x S^2 float32),
+        read from :data:`WINDOWS_FILE` where it holds them for the photo's version; made from the frames' images for
+        the others (:meth:`images`; KeyError: a photo without a frame) and appended there, so the next search reads
+        them (after an update, the crop search of every photo among the new ones makes only theirs)."""
+        at = self._window_places()
+        out = np.empty((len(ids), propose.CROP_WINDOWS, propose.CROP_SIDE**2), np.float32)  # N x W x S^2
+        have = np.array([n for n, i in enumerate(ids) if i in at], np.int64)
+        for pos, rec in _spans(self._windows, np.array([at[ids[n]] for n in have.tolist()], np.int64), ["windows"]):
+            out[have[pos]] = rec["windows"]
+        missing = [n for n, i in enumerate(ids) if i not in at]
+        if missing:
+            made = propose.crop_windows_of(self.images([ids[n] for n in missing]))  # M x W x S^2
+            out[missing] = made
+            self.windows_made += len(missing)
+            self._keep_windows([ids[n] for n in missing], made)
+        return out
+
+    def _window_places(self) -> dict[int, int]:
+        """Where the windows file holds each photo's windows at its current version (``{id: record}``), read once;
+        the file written anew where it holds more stale records than live ones."""
+        if self._windows_at is None:
+            kept_ids, kept_versions = self._windows.heads()
+            self._windows_at = {i: n for n, (i, v) in enumerate(zip(kept_ids.tolist(), kept_versions.tolist()))
+                                if self._every.get(i) == v}  # the last record of a photo wins
+            if len(kept_ids) - len(self._windows_at) > len(self._windows_at) + 1024 and self._windows.writable:
+                order = sorted(self._windows_at.items(), key=lambda t: t[1])
+                places = np.array([n for _, n in order], np.int64)
+                self._windows.rewrite(lambda: (rec for _, rec in _spans(self._windows, places)))
+                self._windows_at = {i: n for n, (i, _) in enumerate(order)}
+        return self._windows_at
+
+    def _keep_windows(self, ids: list[int], made: np.ndarray) -> None:
+        """Append the windows ``made`` (M x W x S^2) of photos ``ids`` (whose versions are known) to the windows
+        file."""
+        known = [n for n, i in enumerate(ids) if i in self._every]
+        if not known or not self._windows.writable:
+            return
+        ids = [ids[n] for n in known]
+        rec = np.zeros(len(ids), _WINDOWS)
+        rec["id"], rec["version"], rec["windows"] = ids, [self._every[i] for i in ids], made[known]
+        first = self._windows.append(rec)
+        if first is not None and self._windows_at is not None:
+            self._windows_at.update({i: first + n for n, i in enumerate(ids)})
+
     def _spans(self, ids: Sequence[int], fields: list[str]) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         """``(at, records)``: positions in ``ids`` (K) and their records' ``fields`` (K), read from the file from one to
         :data:`GREYS_SPAN` further at once (no map of the file, which would count as this process's memory), in the
@@ -374,14 +467,8 @@ class FrameFile(Mapping[int, Frame]):
         if not len(rest):
             return
         at = np.array([self._where[ids[n]] for n in rest.tolist()], np.int64)
-        order = np.argsort(at)
-        rest, at = rest[order], at[order]
-        start = 0
-        while start < len(at):
-            stop = int(np.searchsorted(at, at[start] + GREYS_SPAN))
-            rec = self._file.read(int(at[start]), int(at[stop - 1] - at[start]) + 1, fields)
-            yield rest[start:stop], rec[at[start:stop] - at[start]]
-            start = stop
+        for pos, rec in _spans(self._file, at, fields):
+            yield rest[pos], rec
 
     def __contains__(self, i: object) -> bool:
         return i in self._where or i in self._memory

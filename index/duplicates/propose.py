@@ -466,6 +466,15 @@ def _images(frames_: Mapping[int, Frame], ids: Sequence[int]) -> list[np.ndarray
     return [np.asarray(frames_[i].image, np.uint8) for i in ids]
 
 
+def _windows(frames_: Mapping[int, Frame], ids: Sequence[int], grids: tuple[int, ...] = CROP_GRIDS) -> np.ndarray:
+    """:func:`crop_windows_of` photos ``ids`` (B x W x CROP_SIDE^2), as ``frames_`` keeps them where it does
+    (:meth:`~index.duplicates.dedup_cache.FrameFile.windows`: the same numbers, not made again for each search)."""
+    kept = getattr(frames_, "windows", None)
+    if kept is not None and grids == CROP_GRIDS:
+        return kept(ids)
+    return crop_windows_of(_images(frames_, ids), grids)
+
+
 def _flat(grey: np.ndarray, side: int, mirror: bool) -> np.ndarray:
     """A frame shrunk to ``side`` a side (box filter), mirrored or not, less its mean, over its norm: side^2."""
     g = np.asarray(Image.fromarray(grey).resize((side, side), Image.Resampling.BOX), np.float32)
@@ -622,7 +631,7 @@ def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, ch
     depth = min(len(targets), k + 2)  # frames a window looks up (the photo's own whole frame may be one)
     for start in range(0, len(ids), chunk):
         part = ids[start : start + chunk]
-        windows = crop_windows_of(_images(frames_, part), grids).reshape(-1, CROP_SIDE**2)  # (B * W) x CROP_SIDE^2
+        windows = _windows(frames_, part, grids).reshape(-1, CROP_SIDE**2)  # (B * W) x CROP_SIDE^2
         flipped = windows.reshape(-1, CROP_SIDE, CROP_SIDE)[:, :, ::-1].reshape(len(windows), -1)
         for flip, q in ((False, windows), (True, np.ascontiguousarray(flipped))):
             sims, found = store.search(q, depth)  # (B * W) x depth
@@ -673,7 +682,7 @@ def _crops_among_few(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
             for flip in (False, True):
                 yield from ((me, flip, [], []) for me in part)
             continue
-        windows = crop_windows_of(_images(frames_, part)).transpose(1, 0, 2)  # per x B x S^2: by window
+        windows = _windows(frames_, part).transpose(1, 0, 2)  # per x B x S^2: by window
         flipped = windows.reshape(-1, CROP_SIDE, CROP_SIDE)[:, :, ::-1].reshape(windows.shape)
         for flip, w in ((False, windows), (True, flipped)):
             scores = (np.ascontiguousarray(w).reshape(-1, CROP_SIDE**2) @ few[cols].T).reshape(per, len(part), -1)
