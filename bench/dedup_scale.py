@@ -52,7 +52,7 @@ LARGE_EDITS = ("crop70", "crop80", "jpeg50", "half", "heic")
 AIM = {"seconds": {100_000: 300, 1_000_000: 3600}, "beyond_index_gb": 2.0, "recall": 0.98, "pair_precision": 0.98,
        "largest_distinct": 10}
 SMALL, LARGE = 32, 1024
-CACHE_FILES = ("dedup-frames.bin", "dedup-windows.bin", "dedup-checked.bin", "dedup-neighbours.bin",
+CACHE_FILES = ("dedup-frames.bin", "dedup-windows.bin", "dedup-flats.bin", "dedup-checked.bin", "dedup-neighbours.bin",
                "dedup-links.bin")  # a search keeps
 FLAT_STD = 4.0  # grey levels: a wallpaper whose 48-px grey spreads less is a plain colour, left out
 

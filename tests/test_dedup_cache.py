@@ -21,6 +21,7 @@ from index.duplicates import check_workers, dedup, dedup_cache
 from index.duplicates.dedup import load_duplicates, search_duplicates
 from index.duplicates.dedup_cache import (
     CHECKED_FILE,
+    FLATS_FILE,
     FRAMES_FILE,
     LINKS_FILE,
     NEIGHBOURS_FILE,
@@ -81,8 +82,9 @@ def test_frames_read_back_equal_frames_made_anew_and_only_changed_photos_are_mad
 def test_crop_windows_are_kept_with_the_frames_and_made_once_for_each_version_of_a_photo(tmp_path):
     """FrameFile.windows: a photo's crop windows as crop_windows_of makes them from its frame's image (the same
     numbers), kept in WINDOWS_FILE so that the next search reads them: made again only for a photo replaced in place
-    (another version) or new, for a record cut short by a kill, and for all where the file is of other settings."""
-    from index.duplicates.propose import crop_windows_of
+    (another version) or new, for a record cut short by a kill, and for all where the file is of other settings.
+    FrameFile.flats: the shrunk grey frames of both pixel searches, kept in FLATS_FILE the same way."""
+    from index.duplicates.propose import CROP_SIDE, PIXEL_SIDE, crop_windows_of, flats_of
 
     pics = _pictures(12, seed=3)
     for i, img in pics.items():
@@ -93,16 +95,23 @@ def test_crop_windows_are_kept_with_the_frames_and_made_once_for_each_version_of
     def want(frames_: FrameFile, which: list[int]) -> np.ndarray:
         return crop_windows_of([np.asarray(frames_[i].image, np.uint8) for i in which])
 
+    def flats(frames_: FrameFile, which: list[int]) -> bool:  # read or made, as flats_of makes them
+        return all(np.array_equal(frames_.flats(which, side), flats_of(frames_.greys(which), side))
+                   for side in (PIXEL_SIDE, CROP_SIDE))
+
     first = FrameFile(tmp_path / FRAMES_FILE).update(photos, lambda i: None)
     assert np.array_equal(first.windows(ids), want(first, ids)) and first.windows_made == len(ids)
     assert np.array_equal(first.windows(ids + [1]), want(first, ids + [1])) and first.windows_made == len(ids) + 1
+    assert flats(first, ids) and first.flats_made == len(ids)  # both sides made at once
     again = FrameFile(tmp_path / FRAMES_FILE).update(photos, lambda i: None)
     assert np.array_equal(again.windows(ids + [1]), want(again, ids + [1])) and again.windows_made == 0
+    assert flats(again, ids + [1]) and again.flats_made == 1
     ImageEnhance.Brightness(pics[3]).enhance(0.5).save(tmp_path / "3.png")  # replaced in place: another version
     changed = photos | {3: (999, tmp_path / "3.png")}
     third = FrameFile(tmp_path / FRAMES_FILE).update(changed, lambda i: None)
     got = third.windows(ids)
     assert third.windows_made == 1 and np.array_equal(got, want(third, ids))
+    assert flats(third, ids) and third.flats_made == 1
     assert not np.array_equal(got[3], want(first, [3])[0])
     path = tmp_path / WINDOWS_FILE
     with open(path, "r+b") as f:  # a kill in the middle of the last record's write (photo 3's)
@@ -253,7 +262,7 @@ def test_a_search_after_an_update_checks_only_the_pairs_of_the_new_photos(backbo
     assert d["linked"] == len(idx) - len(before)  # the new photos' links: the others' are kept
     incremental, links = _neighbours(tmp_path / "idx"), kept_links(tmp_path / "idx" / LINKS_FILE)
     assert set(links_first) < set(links)  # the new photos' links were added to the kept ones
-    for name in (FRAMES_FILE, WINDOWS_FILE, CHECKED_FILE, NEIGHBOURS_FILE, LINKS_FILE):
+    for name in (FRAMES_FILE, WINDOWS_FILE, FLATS_FILE, CHECKED_FILE, NEIGHBOURS_FILE, LINKS_FILE):
         (tmp_path / "idx" / name).unlink()
     fresh = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
     assert fresh.decision["reused"] == 0 and fresh.decision["looked_up"] == fresh.decision["linked"] == len(idx)

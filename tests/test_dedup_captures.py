@@ -121,7 +121,7 @@ def test_after_an_update_new_photos_taken_apart_from_the_old_ones_change_no_grou
     found = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
     assert found.decision["looked_up"] < found.images  # the photos from before: only against the new ones
     for name in ("dedup-neighbours.bin", "dedup-checked.bin", "dedup-links.bin", "dedup-frames.bin",
-                 "dedup-windows.bin"):
+                 "dedup-windows.bin", "dedup-flats.bin"):
         (tmp_path / "idx" / name).unlink()
     cold = search_duplicates(ImageIndex.open(tmp_path / "idx"), save=False)
     groups = lambda f: sorted(sorted(m.path for m in g.members) for g in f.groups)  # noqa: E731

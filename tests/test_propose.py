@@ -190,9 +190,9 @@ def test_many_frames_shrunk_at_once_are_those_pil_shrinks_one_at_a_time(tmp_path
     greys[0] = 7  # a flat frame: all zero
     for side in (propose.PIXEL_SIDE, propose.CROP_SIDE):
         want = np.stack([propose._flat(g, side, False) for g in greys])
-        assert np.allclose(propose._flats(greys, side), want, atol=1e-6)
+        assert np.allclose(propose.flats_of(greys, side), want, atol=1e-6)
         monkeypatch.setattr(propose, "FLATS_AT_ONCE", 7)  # a few frames at a time: the same
-        assert np.allclose(propose._flats(greys, side), want, atol=1e-6)
+        assert np.allclose(propose.flats_of(greys, side), want, atol=1e-6)
         monkeypatch.undo()
     pictures = {i: _picture(rng, int(rng.integers(30, 90)), int(rng.integers(30, 90))) for i in range(40)}
     photos = {i: (i, None) for i in pictures}

@@ -1,5 +1,6 @@
 """What a search for duplicates keeps between runs, in the index directory: each photo's grey frame
-(:data:`FRAMES_FILE`) and crop windows (:data:`WINDOWS_FILE`), each photo's proposed neighbours
+(:data:`FRAMES_FILE`), crop windows (:data:`WINDOWS_FILE`) and shrunk frames (:data:`FLATS_FILE`), each photo's
+proposed neighbours
 (:data:`NEIGHBOURS_FILE`), the model's links (:data:`LINKS_FILE`) and every pair the pixel check has scored
 (:data:`CHECKED_FILE`).
 
@@ -10,7 +11,8 @@ keeps the pairs it scored (they are written a chunk at a time) and the next one 
 12 kB a photo) are kept the same way, so memory does not hold them all: a search reads the ones it needs. So are
 the crop windows the proposals look up (:func:`~index.duplicates.propose.crop_windows`, 8 kB a photo, made from the
 frame's image by the first search that needs them): after an update, the crop search of every photo among the new
-ones reads them instead of making them again (about a quarter of that search at 100,000 photos). The
+ones reads them instead of making them again (about a quarter of that search at 100,000 photos). So are the grey
+frames shrunk for both pixel searches (1.3 kB a photo, read instead of the frames' 12 kB). The
 proposals are kept too (each photo's closest photos by each search, :class:`~index.duplicates.propose.Neighbours`,
 about 300 bytes a photo, written anew by each search): after an update, only the new photos are looked up among all,
 and the others only among the new ones. So are the model's links (the pairs at a cosine of at least a floor a little
@@ -28,12 +30,13 @@ Deleting them loses nothing: the next search makes them again.
 
 File layout (little-endian)::
 
-    header   8 bytes kind (b"MOCOFRM1", b"MOCOWIN1", b"MOCONBR1", b"MOCOLNK1" or b"MOCOCHK1"), 8 bytes settings
-             digest, 8 bytes record size
+    header   8 bytes kind (b"MOCOFRM1", b"MOCOWIN1", b"MOCOFLT1", b"MOCONBR1", b"MOCOLNK1" or b"MOCOCHK1"), 8 bytes
+             settings digest, 8 bytes record size
     frames   id int64, version uint64, aspect float32, width uint16, height uint16,
              grey SIDE x SIDE uint8, image (2 SIDE) x (2 SIDE) uint8 (its first width x height bytes), colour
              2 x COLOUR_SIDE x COLOUR_SIDE uint8
     windows  id int64, version uint64, windows float32 (CROP_WINDOWS x CROP_SIDE^2)
+    flats    id int64, version uint64, pixel float32 (PIXEL_SIDE^2), crop float32 (CROP_SIDE^2)
     neighbours  id int64, version uint64, framed uint8 (1: the photo had a frame), near int64 (5 x k: a photo id, -1
              for none), scores float32 (5 x k), k = PROPOSE_K
     links    a int64, b int64, version uint64, cosine float32: a photo searched (b = -1, its version, the floor
@@ -64,20 +67,18 @@ from moco.files import atomic_write
 
 __all__ = ["FrameFile", "CheckedPairs", "NeighbourFile", "NEIGHBOURS_FILE", "LinkFile", "KeptLinks", "LINKS_FILE",
            "kept_links", "photo_version", "check_settings", "neighbour_settings", "FRAMES_FILE", "WINDOWS_FILE",
-           "CHECKED_FILE", "kept_frames", "kept_scores", "kept_neighbours"]
+           "FLATS_FILE", "CHECKED_FILE", "kept_frames", "kept_scores", "kept_neighbours"]
 
 logger = logging.getLogger(__name__)
 
 FRAMES_FILE, CHECKED_FILE, NEIGHBOURS_FILE = "dedup-frames.bin", "dedup-checked.bin", "dedup-neighbours.bin"
 LINKS_FILE = "dedup-links.bin"
-WINDOWS_FILE = "dedup-windows.bin"
+WINDOWS_FILE, FLATS_FILE = "dedup-windows.bin", "dedup-flats.bin"
 FRAME_FORMAT = 2  # raised when verify.frame_of makes other frames (2: with their colours)
 _HEADER = 24
 _FRAME = np.dtype([("id", "<i8"), ("version", "<u8"), ("aspect", "<f4"), ("width", "<u2"), ("height", "<u2"),
                    ("grey", "u1", (SIDE * SIDE,)), ("image", "u1", (4 * SIDE * SIDE,)),
                    ("colour", "u1", (2 * COLOUR_SIDE * COLOUR_SIDE,))])
-_WINDOWS = np.dtype([("id", "<i8"), ("version", "<u8"),
-                     ("windows", "<f4", (propose.CROP_WINDOWS, propose.CROP_SIDE**2))])
 _NEIGHBOURS = np.dtype([("id", "<i8"), ("version", "<u8"), ("framed", "u1"),
                         ("near", "<i8", (len(SOURCES), PROPOSE_K)), ("scores", "<f4", (len(SOURCES), PROPOSE_K))])
 _LINK = np.dtype([("a", "<i8"), ("b", "<i8"), ("version", "<u8"), ("cos", "<f4")])
@@ -122,6 +123,10 @@ def _frame_settings() -> int:
 
 def _window_settings() -> int:
     return _digest(repr((FRAME_FORMAT, SIDE, propose.CROP_SIDE, propose.CROP_GRIDS, propose.CROP_SHARES)))
+
+
+def _flat_settings() -> int:
+    return _digest(repr((FRAME_FORMAT, SIDE, propose.PIXEL_SIDE, propose.CROP_SIDE)))
 
 
 class _RecordFile:
@@ -270,6 +275,65 @@ def _made_records(part: list[tuple[int, int, Path | None, Path | None]]) -> np.n
     return _records(made, {i: v for i, v, _, _ in part})
 
 
+class _KeptVectors:
+    """Vectors made from each photo's frame, kept in a file of their own (a record a photo: id, version and the
+    ``fields``): :meth:`get` reads them where the file holds them for the photo's version, and ``make(ids)`` (``{field:
+    M x ...}``) makes the others, which are appended (records appended whole, the file written anew when it holds more
+    stale records than live ones, as the frames file is)."""
+
+    def __init__(self, path: Path, kind: bytes, settings: int, fields: list[tuple[str, str, tuple[int, ...]]],
+                 make: Callable[[list[int]], dict[str, np.ndarray]]) -> None:
+        self._file = _RecordFile(path, kind, settings, np.dtype([("id", "<i8"), ("version", "<u8"), *fields]))
+        self._make = make
+        self._at: dict[int, int] | None = None  # id -> record, of the photos' current versions (read when first needed)
+        self.made = 0  # photos whose vectors were made (the rest were read)
+
+    def get(self, ids: Sequence[int], every: Mapping[int, int], field: str) -> np.ndarray:
+        """``field`` of photos ``ids`` (N x ...), read or made (and kept, for the photos whose versions ``every``
+        gives)."""
+        at = self._places(every)
+        sub = self._file.dtype[field]
+        out = np.empty((len(ids), *sub.shape), sub.base)
+        have = np.array([n for n, i in enumerate(ids) if i in at], np.int64)
+        for pos, rec in _spans(self._file, np.array([at[ids[n]] for n in have.tolist()], np.int64), [field]):
+            out[have[pos]] = rec[field]
+        missing = [n for n, i in enumerate(ids) if i not in at]
+        if missing:
+            made = self._make([ids[n] for n in missing])  # {field: M x ...}
+            out[missing] = made[field]
+            self.made += len(missing)
+            self._keep([ids[n] for n in missing], made, every)
+        return out
+
+    def _places(self, every: Mapping[int, int]) -> dict[int, int]:
+        """Where the file holds each photo's vectors at its version of ``every`` (``{id: record}``), read once; the file
+        written anew where it holds more stale records than live ones."""
+        if self._at is None:
+            kept_ids, kept_versions = self._file.heads()
+            self._at = {i: n for n, (i, v) in enumerate(zip(kept_ids.tolist(), kept_versions.tolist()))
+                        if every.get(i) == v}  # the last record of a photo wins
+            if len(kept_ids) - len(self._at) > len(self._at) + 1024 and self._file.writable:
+                order = sorted(self._at.items(), key=lambda t: t[1])
+                places = np.array([n for _, n in order], np.int64)
+                self._file.rewrite(lambda: (rec for _, rec in _spans(self._file, places)))
+                self._at = {i: n for n, (i, _) in enumerate(order)}
+        return self._at
+
+    def _keep(self, ids: list[int], made: dict[str, np.ndarray], every: Mapping[int, int]) -> None:
+        """Append the vectors ``made`` of photos ``ids`` (those whose versions ``every`` gives) to the file."""
+        known = [n for n, i in enumerate(ids) if i in every]
+        if not known or not self._file.writable:
+            return
+        rec = np.zeros(len(known), self._file.dtype)
+        rec["id"] = [ids[n] for n in known]
+        rec["version"] = [every[ids[n]] for n in known]
+        for field, values in made.items():
+            rec[field] = values[known]
+        first = self._file.append(rec)
+        if first is not None and self._at is not None:
+            self._at.update({int(i): first + n for n, i in enumerate(rec["id"].tolist())})
+
+
 class FrameFile(Mapping[int, Frame]):
     """The frames of the photos of one search, kept in :data:`FRAMES_FILE`: a mapping ``{id: Frame}`` of the photos
     that have one, read from the file as needed (the last :data:`FRAMES_KEPT` kept decoded)."""
@@ -277,15 +341,20 @@ class FrameFile(Mapping[int, Frame]):
     def __init__(self, path: Path) -> None:
         path = Path(path)
         self._file = _RecordFile(path, b"MOCOFRM1", _frame_settings(), _FRAME)
-        windows = path.with_name(WINDOWS_FILE if path.name == FRAMES_FILE else f"{path.stem}-windows{path.suffix}")
-        self._windows = _RecordFile(windows, b"MOCOWIN1", _window_settings(), _WINDOWS)
+
+        def beside(name: str, kind: str) -> Path:  # the frames file's neighbour (named after it, but for the index's)
+            return path.with_name(name if path.name == FRAMES_FILE else f"{path.stem}-{kind}{path.suffix}")
+        s2, p2 = propose.CROP_SIDE**2, propose.PIXEL_SIDE**2
+        self._windows = _KeptVectors(beside(WINDOWS_FILE, "windows"), b"MOCOWIN1", _window_settings(),
+                                     [("windows", "<f4", (propose.CROP_WINDOWS, s2))],
+                                     lambda ids: {"windows": propose.crop_windows_of(self.images(ids))})
+        self._flats = _KeptVectors(beside(FLATS_FILE, "flats"), b"MOCOFLT1", _flat_settings(),
+                                   [("pixel", "<f4", (p2,)), ("crop", "<f4", (s2,))], self._made_flats)
         self._every: dict[int, int] = {}  # id -> version, of every photo of the index (after update)
-        self._windows_at: dict[int, int] | None = None  # id -> record of the windows file (read when first needed)
         self._where: dict[int, int] = {}  # id -> record number, of this search's photos with a valid frame
         self._kept: OrderedDict[int, Frame] = OrderedDict()
         self._memory: dict[int, Frame] = {}  # frames that could not be written (a read-only index)
         self.made = 0  # frames made by this search (the rest were read)
-        self.windows_made = 0  # photos whose crop windows this search made (the rest were read)
 
     def update(self, photos: Mapping[int, tuple[int, Path | None]], fallback: Callable[[int], Image.Image | None],
                step: Callable[[int], object] | None = None, every: Mapping[int, int] | None = None,
@@ -416,45 +485,29 @@ class FrameFile(Mapping[int, Frame]):
         read from :data:`WINDOWS_FILE` where it holds them for the photo's version; made from the frames' images for
         the others (:meth:`images`; KeyError: a photo without a frame) and appended there, so the next search reads
         them (after an update, the crop search of every photo among the new ones makes only theirs)."""
-        at = self._window_places()
-        out = np.empty((len(ids), propose.CROP_WINDOWS, propose.CROP_SIDE**2), np.float32)  # N x W x S^2
-        have = np.array([n for n, i in enumerate(ids) if i in at], np.int64)
-        for pos, rec in _spans(self._windows, np.array([at[ids[n]] for n in have.tolist()], np.int64), ["windows"]):
-            out[have[pos]] = rec["windows"]
-        missing = [n for n, i in enumerate(ids) if i not in at]
-        if missing:
-            made = propose.crop_windows_of(self.images([ids[n] for n in missing]))  # M x W x S^2
-            out[missing] = made
-            self.windows_made += len(missing)
-            self._keep_windows([ids[n] for n in missing], made)
-        return out
+        return self._windows.get(ids, self._every, "windows")
 
-    def _window_places(self) -> dict[int, int]:
-        """Where the windows file holds each photo's windows at its current version (``{id: record}``), read once;
-        the file written anew where it holds more stale records than live ones."""
-        if self._windows_at is None:
-            kept_ids, kept_versions = self._windows.heads()
-            self._windows_at = {i: n for n, (i, v) in enumerate(zip(kept_ids.tolist(), kept_versions.tolist()))
-                                if self._every.get(i) == v}  # the last record of a photo wins
-            if len(kept_ids) - len(self._windows_at) > len(self._windows_at) + 1024 and self._windows.writable:
-                order = sorted(self._windows_at.items(), key=lambda t: t[1])
-                places = np.array([n for _, n in order], np.int64)
-                self._windows.rewrite(lambda: (rec for _, rec in _spans(self._windows, places)))
-                self._windows_at = {i: n for n, (i, _) in enumerate(order)}
-        return self._windows_at
+    def flats(self, ids: Sequence[int], side: int) -> np.ndarray:
+        """The grey frames of photos ``ids`` shrunk to ``side`` a side, less their mean, over their norm
+        (:func:`~index.duplicates.propose.flats_of`: N x side^2 float32; ``side`` :data:`~.propose.PIXEL_SIDE` or
+        :data:`~.propose.CROP_SIDE`), kept in :data:`FLATS_FILE` as the windows are (1.3 kB a photo, read where
+        the frames' greys would be: 12 kB)."""
+        return self._flats.get(ids, self._every, {propose.PIXEL_SIDE: "pixel", propose.CROP_SIDE: "crop"}[side])
 
-    def _keep_windows(self, ids: list[int], made: np.ndarray) -> None:
-        """Append the windows ``made`` (M x W x S^2) of photos ``ids`` (whose versions are known) to the windows
-        file."""
-        known = [n for n, i in enumerate(ids) if i in self._every]
-        if not known or not self._windows.writable:
-            return
-        ids = [ids[n] for n in known]
-        rec = np.zeros(len(ids), _WINDOWS)
-        rec["id"], rec["version"], rec["windows"] = ids, [self._every[i] for i in ids], made[known]
-        first = self._windows.append(rec)
-        if first is not None and self._windows_at is not None:
-            self._windows_at.update({i: first + n for n, i in enumerate(ids)})
+    def _made_flats(self, ids: list[int]) -> dict[str, np.ndarray]:
+        greys = self.greys(ids)  # M x SIDE x SIDE
+        return {"pixel": propose.flats_of(greys, propose.PIXEL_SIDE),
+                "crop": propose.flats_of(greys, propose.CROP_SIDE)}
+
+    @property
+    def windows_made(self) -> int:
+        """Photos whose crop windows this search made (the rest were read)."""
+        return self._windows.made
+
+    @property
+    def flats_made(self) -> int:
+        """Photos whose shrunk frames (:meth:`flats`) this search made (the rest were read)."""
+        return self._flats.made
 
     def _spans(self, ids: Sequence[int], fields: list[str]) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         """``(at, records)``: positions in ``ids`` (K) and their records' ``fields`` (K), read from the file from one to

@@ -52,7 +52,8 @@ from index.search.store import VectorStore
 
 __all__ = ["proposals", "Proposed", "Neighbours", "ModelFound", "MODEL_DEPTH",
            "SOURCES", "LINKED", "MODEL", "pixel_neighbours", "crop_neighbours",
-           "crop_windows", "crop_windows_of", "model_search", "PROPOSE_K", "PIXEL_DEPTH", "PIXEL_ALIKE", "ALIKE_TIE",
+           "crop_windows", "crop_windows_of", "flats_of", "model_search", "PROPOSE_K", "PIXEL_DEPTH", "PIXEL_ALIKE",
+           "ALIKE_TIE",
            "SOURCE_DEPTH", "MODEL_FIRST", "PIXEL_SIDE", "CROP_SIDE", "CROP_GRIDS", "CROP_WINDOWS", "crop_places",
            "crop_families", "family_heads", "family_crops", "FAMILY_GRIDS",
            "PIXEL_EXACT_UP_TO", "MODEL_EXACT_UP_TO"]
@@ -426,7 +427,7 @@ def _inner_product_index(vectors: Callable[[int, int], np.ndarray], n: int, dim:
     return store
 
 
-def _flats(greys: np.ndarray, side: int) -> np.ndarray:
+def flats_of(greys: np.ndarray, side: int) -> np.ndarray:
     """:func:`_flat` of many grey frames at once (N x SIDE x SIDE uint8, SIDE a multiple of ``side``; not mirrored):
     N x side^2. PIL's box filter shrinks rows, then columns, each pass rounded to 8 bits (half up), and so does
     this, in integers (the same numbers as PIL's), :data:`FLATS_AT_ONCE` frames at a time (its temporaries stay
@@ -466,6 +467,15 @@ def _images(frames_: Mapping[int, Frame], ids: Sequence[int]) -> list[np.ndarray
     return [np.asarray(frames_[i].image, np.uint8) for i in ids]
 
 
+def _flat_frames(frames_: Mapping[int, Frame], ids: Sequence[int], side: int) -> np.ndarray:
+    """:func:`flats_of` the grey frames of photos ``ids`` (N x side^2), as ``frames_`` keeps them where it does
+    (:meth:`~index.duplicates.dedup_cache.FrameFile.flats`: the same numbers, not made again for each search)."""
+    kept = getattr(frames_, "flats", None)
+    if kept is not None and side in (PIXEL_SIDE, CROP_SIDE):
+        return kept(ids, side)
+    return flats_of(_greys(frames_, ids), side)
+
+
 def _windows(frames_: Mapping[int, Frame], ids: Sequence[int], grids: tuple[int, ...] = CROP_GRIDS) -> np.ndarray:
     """:func:`crop_windows_of` photos ``ids`` (B x W x CROP_SIDE^2), as ``frames_`` keeps them where it does
     (:meth:`~index.duplicates.dedup_cache.FrameFile.windows`: the same numbers, not made again for each search)."""
@@ -493,7 +503,7 @@ def pixel_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
     targets = ids if targets is None else targets
 
     def plain(among: Sequence[int], start: int, stop: int) -> np.ndarray:  # (stop - start) x P^2
-        return _flats(_greys(frames_, among[start:stop]), PIXEL_SIDE)
+        return _flat_frames(frames_, among[start:stop], PIXEL_SIDE)
 
     if not len(targets):
         return
@@ -625,7 +635,7 @@ def crop_neighbours(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, ch
     if floor is not None and len(targets) <= PIXEL_EXACT_UP_TO:  # a few new photos: every window's score, at once
         yield from _crops_among_few(ids, frames_, k, chunk, targets, floor, apart)
         return
-    store = _inner_product_index(lambda start, stop: _flats(_greys(frames_, targets[start:stop]), CROP_SIDE),
+    store = _inner_product_index(lambda start, stop: _flat_frames(frames_, targets[start:stop], CROP_SIDE),
                                  len(targets), CROP_SIDE**2, "crop",  # B x CROP_SIDE^2 a chunk
                                  2 * len(ids) * sum(g * g for g in grids), CROP_PROBE)
     depth = min(len(targets), k + 2)  # frames a window looks up (the photo's own whole frame may be one)
@@ -672,7 +682,7 @@ def _crops_among_few(ids: Sequence[int], frames_: Mapping[int, Frame], k: int, c
     (matrix products: no k-nearest search of each window); those under ``floor(photo, mirrored)`` left out, and
     those ``apart`` says were taken apart from the photo (:func:`_columns`). The best ``k`` over all windows are the
     same: a target a window ranks under ``k + 2`` others is under ``k`` others too."""
-    few = _flats(_greys(frames_, targets), CROP_SIDE)  # M x S^2
+    few = _flat_frames(frames_, targets, CROP_SIDE)  # M x S^2
     per = CROP_WINDOWS
     step = max(1, min(chunk, WINDOW_SCORES_AT_ONCE // (per * len(targets))))
     for start in range(0, len(ids), step):

@@ -12,9 +12,10 @@ An index directory holds::
     thumbs/          <id>.jpg, about 256 px, the only images the UI serves
     dedup.json       groups of duplicates (exact, near, similar) with their keepers, written by `moco index dedup` or
                      the page (the moves' journal, "not duplicates" marks and chosen keepers are in the catalog)
-    dedup-frames.bin, dedup-windows.bin, dedup-checked.bin, dedup-neighbours.bin, dedup-links.bin
-                     the pixel check's frames, their crop windows and scored pairs, the proposed neighbours and the
-                     model's links, kept so the next search looks up and checks only what is new
+    dedup-frames.bin, dedup-windows.bin, dedup-flats.bin, dedup-checked.bin, dedup-neighbours.bin, dedup-links.bin
+                     the pixel check's frames (with their crop windows and shrunk forms) and scored pairs, the proposed
+                     neighbours and the model's links (about 22 kB a photo), kept so the next search looks up and
+                     checks only what is new
                      (index.duplicates.dedup_cache; deleting them loses nothing but time)
     themes.npz, map-pca.npz, map-umap.npz, unusual.npz
                      views of the whole collection, each with the index version it was computed for
