@@ -123,6 +123,32 @@ def test_crop_windows_are_kept_with_the_frames_and_made_once_for_each_version_of
     assert np.array_equal(anew.windows(ids), want(anew, ids)) and anew.windows_made == len(ids)
 
 
+def test_a_file_of_kept_windows_with_more_stale_records_than_live_ones_is_written_anew(tmp_path, monkeypatch):
+    """Photos replaced in place leave their old windows behind: where the stale records outnumber the live ones (by
+    more than STALE_SLACK), the windows file is written anew with the live ones, which are still read (not made
+    again) and equal what crop_windows_of makes."""
+    from index.duplicates.propose import crop_windows_of
+
+    monkeypatch.setattr(dedup_cache, "STALE_SLACK", 0)
+    pics = _pictures(12, seed=5)
+    for i, img in pics.items():
+        img.save(tmp_path / f"{i}.png")
+    photos = {i: (100 + i, tmp_path / f"{i}.png") for i in pics}
+    ids = list(pics)
+    FrameFile(tmp_path / FRAMES_FILE).update(photos, lambda i: None).windows(ids)
+    path = tmp_path / WINDOWS_FILE
+    record = (path.stat().st_size - 24) // 12
+    for i in range(8):  # 8 photos replaced in place: 8 stale records against 4 live ones
+        ImageEnhance.Contrast(pics[i]).enhance(0.5).save(tmp_path / f"{i}.png")
+    changed = photos | {i: (900 + i, tmp_path / f"{i}.png") for i in range(8)}
+    later = FrameFile(tmp_path / FRAMES_FILE).update(changed, lambda i: None)
+    got = later.windows([11, 9, 10, 8])  # the live ones: read from the file written anew
+    assert later.windows_made == 0 and path.stat().st_size == 24 + 4 * record
+    assert np.array_equal(got, crop_windows_of([np.asarray(later[i].image, np.uint8) for i in [11, 9, 10, 8]]))
+    assert np.array_equal(later.windows(ids), crop_windows_of([np.asarray(later[i].image, np.uint8) for i in ids]))
+    assert later.windows_made == 8 and path.stat().st_size == 24 + 12 * record
+
+
 def test_frames_made_in_worker_processes_are_this_process_s_in_the_same_file(tmp_path, monkeypatch):
     """Frames made by two worker processes, a batch at a time, are the frames this process makes, appended in the
     same order: thumbnails where given, the photo's file where not (or where the thumbnail is unreadable), none for a

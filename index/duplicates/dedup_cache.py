@@ -84,6 +84,7 @@ _NEIGHBOURS = np.dtype([("id", "<i8"), ("version", "<u8"), ("framed", "u1"),
 _LINK = np.dtype([("a", "<i8"), ("b", "<i8"), ("version", "<u8"), ("cos", "<f4")])
 _PAIR = np.dtype([("a", "<i8"), ("b", "<i8"), ("va", "<u8"), ("vb", "<u8"), ("score", "<f8")])
 FRAMES_KEPT = 4096  # frames a FrameFile keeps decoded at once
+STALE_SLACK = 1024  # records: a file holding more stale records than live ones by more than this is written anew
 GREYS_SPAN = 512  # records a FrameFile reads at once for the grey frames of many photos (6 MB)
 _BLOCK = 1 << 16  # neighbour records read or written at a time (20 MB)
 
@@ -275,63 +276,102 @@ def _made_records(part: list[tuple[int, int, Path | None, Path | None]]) -> np.n
     return _records(made, {i: v for i, v, _, _ in part})
 
 
+class _Versions:
+    """Photos' versions as two sorted arrays (16 bytes a photo, where a dict takes about 100: 0.1 GB at 1,000,000
+    photos): :meth:`of` looks them up."""
+
+    def __init__(self, versions: Mapping[int, int]) -> None:
+        ids = np.fromiter(versions.keys(), np.int64, len(versions))  # N
+        order = np.argsort(ids, kind="stable")
+        self.ids = ids[order]
+        self.versions = np.fromiter(versions.values(), np.uint64, len(versions))[order]  # N
+
+    def of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For photos ``ids`` (N int64): which have a version here (N bools), and those versions (N uint64, 0 for
+        the others)."""
+        ids = np.asarray(ids, np.int64)
+        if not len(self.ids):
+            return np.zeros(len(ids), bool), np.zeros(len(ids), np.uint64)
+        at = np.minimum(np.searchsorted(self.ids, ids), len(self.ids) - 1)  # N
+        known = self.ids[at] == ids
+        return known, np.where(known, self.versions[at], np.uint64(0))
+
+
+def _last_of_each(ids: np.ndarray, records: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Photo ids and their records, sorted by id with one record each: the last one (a photo's later record wins)."""
+    order = np.lexsort((records, ids))
+    ids, records = ids[order], records[order]
+    last = np.r_[ids[1:] != ids[:-1], True] if len(ids) else np.zeros(0, bool)
+    return ids[last], records[last]
+
+
 class _KeptVectors:
     """Vectors made from each photo's frame, kept in a file of their own (a record a photo: id, version and the
     ``fields``): :meth:`get` reads them where the file holds them for the photo's version, and ``make(ids)`` (``{field:
     M x ...}``) makes the others, which are appended (records appended whole, the file written anew when it holds more
-    stale records than live ones, as the frames file is)."""
+    stale records than live ones, as the frames file is). Where the file holds what is kept in sorted arrays (16 bytes
+    a photo)."""
 
     def __init__(self, path: Path, kind: bytes, settings: int, fields: list[tuple[str, str, tuple[int, ...]]],
                  make: Callable[[list[int]], dict[str, np.ndarray]]) -> None:
         self._file = _RecordFile(path, kind, settings, np.dtype([("id", "<i8"), ("version", "<u8"), *fields]))
         self._make = make
-        self._at: dict[int, int] | None = None  # id -> record, of the photos' current versions (read when first needed)
+        self._ids = np.zeros(0, np.int64)  # the photos held at their current versions, sorted ...
+        self._records = np.zeros(0, np.int64)  # ... and their records
+        self._read = False  # (the file's records are read when first needed)
         self.made = 0  # photos whose vectors were made (the rest were read)
 
-    def get(self, ids: Sequence[int], every: Mapping[int, int], field: str) -> np.ndarray:
+    def get(self, ids: Sequence[int], every: _Versions, field: str) -> np.ndarray:
         """``field`` of photos ``ids`` (N x ...), read or made (and kept, for the photos whose versions ``every``
         gives)."""
-        at = self._places(every)
+        at = self._where(ids, every)  # N records, -1 where none
         sub = self._file.dtype[field]
         out = np.empty((len(ids), *sub.shape), sub.base)
-        have = np.array([n for n, i in enumerate(ids) if i in at], np.int64)
-        for pos, rec in _spans(self._file, np.array([at[ids[n]] for n in have.tolist()], np.int64), [field]):
+        have = np.flatnonzero(at >= 0)
+        for pos, rec in _spans(self._file, at[have], [field]):
             out[have[pos]] = rec[field]
-        missing = [n for n, i in enumerate(ids) if i not in at]
-        if missing:
-            made = self._make([ids[n] for n in missing])  # {field: M x ...}
+        missing = np.flatnonzero(at < 0)
+        if len(missing):
+            lacking = [ids[n] for n in missing.tolist()]
+            made = self._make(lacking)  # {field: M x ...}
             out[missing] = made[field]
             self.made += len(missing)
-            self._keep([ids[n] for n in missing], made, every)
+            self._keep(lacking, made, every)
         return out
 
-    def _places(self, every: Mapping[int, int]) -> dict[int, int]:
-        """Where the file holds each photo's vectors at its version of ``every`` (``{id: record}``), read once; the file
-        written anew where it holds more stale records than live ones."""
-        if self._at is None:
+    def _where(self, ids: Sequence[int], every: _Versions) -> np.ndarray:
+        """Each photo's record in the file at its version of ``every`` (N int64; -1: none). The file's records are
+        read the first time; the file is written anew where it holds more stale records than live ones."""
+        if not self._read:
+            self._read = True
             kept_ids, kept_versions = self._file.heads()
-            self._at = {i: n for n, (i, v) in enumerate(zip(kept_ids.tolist(), kept_versions.tolist()))
-                        if every.get(i) == v}  # the last record of a photo wins
-            if len(kept_ids) - len(self._at) > len(self._at) + 1024 and self._file.writable:
-                order = sorted(self._at.items(), key=lambda t: t[1])
-                places = np.array([n for _, n in order], np.int64)
+            known, current = every.of(kept_ids)
+            live = np.flatnonzero(known & (current == kept_versions))  # records of photos' current versions
+            self._ids, self._records = _last_of_each(kept_ids[live], live.astype(np.int64))
+            if len(kept_ids) - len(self._ids) > len(self._ids) + STALE_SLACK and self._file.writable:
+                places = np.sort(self._records)
                 self._file.rewrite(lambda: (rec for _, rec in _spans(self._file, places)))
-                self._at = {i: n for n, (i, _) in enumerate(order)}
-        return self._at
+                self._records = np.searchsorted(places, self._records).astype(np.int64)
+        q = np.asarray(ids, np.int64)
+        if not len(self._ids):
+            return np.full(len(q), -1, np.int64)
+        at = np.minimum(np.searchsorted(self._ids, q), len(self._ids) - 1)  # N
+        return np.where(self._ids[at] == q, self._records[at], -1)
 
-    def _keep(self, ids: list[int], made: dict[str, np.ndarray], every: Mapping[int, int]) -> None:
+    def _keep(self, ids: list[int], made: dict[str, np.ndarray], every: _Versions) -> None:
         """Append the vectors ``made`` of photos ``ids`` (those whose versions ``every`` gives) to the file."""
-        known = [n for n, i in enumerate(ids) if i in every]
-        if not known or not self._file.writable:
+        known, versions = every.of(np.asarray(ids, np.int64))
+        keep = np.flatnonzero(known)
+        if not len(keep) or not self._file.writable:
             return
-        rec = np.zeros(len(known), self._file.dtype)
-        rec["id"] = [ids[n] for n in known]
-        rec["version"] = [every[ids[n]] for n in known]
+        rec = np.zeros(len(keep), self._file.dtype)
+        rec["id"], rec["version"] = np.asarray(ids, np.int64)[keep], versions[keep]
         for field, values in made.items():
-            rec[field] = values[known]
+            rec[field] = values[keep]
         first = self._file.append(rec)
-        if first is not None and self._at is not None:
-            self._at.update({int(i): first + n for n, i in enumerate(rec["id"].tolist())})
+        if first is not None:
+            self._ids, self._records = _last_of_each(np.concatenate([self._ids, rec["id"]]), np.concatenate(
+                [self._records, first + np.arange(len(rec), dtype=np.int64)]))
 
 
 class FrameFile(Mapping[int, Frame]):
@@ -350,7 +390,7 @@ class FrameFile(Mapping[int, Frame]):
                                      lambda ids: {"windows": propose.crop_windows_of(self.images(ids))})
         self._flats = _KeptVectors(beside(FLATS_FILE, "flats"), b"MOCOFLT1", _flat_settings(),
                                    [("pixel", "<f4", (p2,)), ("crop", "<f4", (s2,))], self._made_flats)
-        self._every: dict[int, int] = {}  # id -> version, of every photo of the index (after update)
+        self._every = _Versions({})  # every photo of the index and its version (after update)
         self._where: dict[int, int] = {}  # id -> record number, of this search's photos with a valid frame
         self._kept: OrderedDict[int, Frame] = OrderedDict()
         self._memory: dict[int, Frame] = {}  # frames that could not be written (a read-only index)
@@ -370,7 +410,7 @@ class FrameFile(Mapping[int, Frame]):
         photo is decoded from where its thumbnail cannot serve (what ``fallback`` decodes). Returns itself."""
         step = step or (lambda n: None)
         every = every if every is not None else {i: v for i, (v, _) in photos.items()}
-        self._every = dict(every)
+        self._every = _Versions(every)
         kept_ids, kept_versions = self._file.heads()
         total = len(kept_ids)
         known: dict[int, int] = {}  # id -> record, of every photo's current version
@@ -411,7 +451,7 @@ class FrameFile(Mapping[int, Frame]):
 
     def _compacted(self, stale: int, known: Mapping[int, int]) -> FrameFile:
         """Itself, its file written anew where it holds more ``stale`` records than live ones (``known``)."""
-        if stale > len(known) + 1024 and self._file.writable:  # more stale records than live ones: write anew
+        if stale > len(known) + STALE_SLACK and self._file.writable:  # more stale records than live ones: anew
             self._compact(known | self._where)
         return self
 
