@@ -14,7 +14,9 @@ Checking every pair is quadratic, so each photo puts forward a few others, from 
   the same scene puts a crop of a shirt beside every shirt. The windows are made and looked up a chunk of photos at a
   time: memory holds one vector a photo, never the windows of every photo (at 50,000 photos their 45 a photo were 2.25
   million vectors, 7 GB with their graph). The vectors of both pixel searches are made from the frames a chunk at a
-  time too: only the indexes hold them (above :data:`PIXEL_EXACT_UP_TO` photos, one byte a dimension).
+  time too: only the indexes hold them (above :data:`PIXEL_EXACT_UP_TO` photos, one byte a dimension). Where the
+  frames are a :class:`~index.duplicates.dedup_cache.FrameFile`, the windows and those vectors are kept on disk beside
+  them, so a later search (after an update) reads them instead of making them again.
 
 A copy of a photo is the first of one of the searches: on both choose splits of bench/dedup_scale.py (10,000
 Fashion-MNIST photos, 30,000 smooth pictures), every planted copy of a small photo was the first of some search; what
