@@ -1,23 +1,21 @@
 """What a search for duplicates keeps between runs, in the index directory: each photo's grey frame
 (:data:`FRAMES_FILE`), crop windows (:data:`WINDOWS_FILE`) and shrunk frames (:data:`FLATS_FILE`), each photo's
-proposed neighbours
-(:data:`NEIGHBOURS_FILE`), the model's links (:data:`LINKS_FILE`) and every pair the pixel check has scored
-(:data:`CHECKED_FILE`).
+proposed neighbours (:data:`NEIGHBOURS_FILE`), the model's links (:data:`LINKS_FILE`) and every pair the pixel check
+has scored (:data:`CHECKED_FILE`).
 
-The pixel check is most of a search's time, and a library changes little between two searches: after an
-``index update`` that added a few photos, only the pairs that hold one of them are new. So every scored pair is
-kept with its score, and a later search checks only the pairs it has not scored before. A search killed midway
-keeps the pairs it scored (they are written a chunk at a time) and the next one goes on from there. The frames (about
-12 kB a photo) are kept the same way, so memory does not hold them all: a search reads the ones it needs. So are
-the crop windows the proposals look up (:func:`~index.duplicates.propose.crop_windows`, 8 kB a photo, made from the
-frame's image by the first search that needs them): after an update, the crop search of every photo among the new
-ones reads them instead of making them again (about a quarter of that search at 100,000 photos). So are the grey
-frames shrunk for both pixel searches (1.3 kB a photo, read instead of the frames' 12 kB). The
-proposals are kept too (each photo's closest photos by each search, :class:`~index.duplicates.propose.Neighbours`,
-about 300 bytes a photo, written anew by each search): after an update, only the new photos are looked up among all,
-and the others only among the new ones. So are the model's links (the pairs at a cosine of at least a floor a little
-under the near threshold: a range search of the index, whose cost grows faster than the photos; :class:`LinkFile`):
-after an update, only the new photos' links are searched.
+The pixel check is most of a search's time, and a library changes little between two searches: after an ``index update``
+that added a few photos, only the pairs that hold one of them are new. So every scored pair is kept with its score, and
+a later search checks only the pairs it has not scored before. A search killed midway keeps the pairs it scored (they
+are written a chunk at a time) and the next one goes on from there. The frames (about 12 kB a photo) are kept the same
+way, so memory does not hold them all: a search reads the ones it needs. So are the crop windows the proposals look up
+(:func:`~index.duplicates.propose.crop_windows`, 8 kB a photo, made from the frame's image by the first search that
+needs them): after an update, the crop search of every photo among the new ones reads them instead of making them again.
+So are the grey frames shrunk for both pixel searches (1.3 kB a photo, read instead of the frames' 12 kB). The proposals
+are kept too (each photo's closest photos by each search, :class:`~index.duplicates.propose.Neighbours`, about 300 bytes
+a photo, written anew by each search): after an update, only the new photos are looked up among all, and the others only
+among the new ones. So are the model's links (the pairs at a cosine of at least a floor a little under the near
+threshold: a range search of the index, whose cost grows faster than the photos; :class:`LinkFile`): after an update,
+only the new photos' links are searched.
 
 A record is valid for the photo it was made from: each carries a version of its photo (a digest of its content hash
 and thumbnail, :func:`photo_version`), and a pair scored for other versions of its photos (a file replaced in
