@@ -17,10 +17,12 @@ ResNet-18 (the weakest model: the pixel check does the work), then `moco index d
 own (cold: what an earlier search kept in the index folder deleted first), whose wall time and peak resident memory
 (VmHWM; and each stage's resident memory at its end, with the peak so far) are measured; "beyond the index" subtracts
 the index's own files (vectors and thumbnails' catalog, which a search holds). ``--add 0.01``: then 1% new photos
-(smooth pictures, with copies) are added, a copy of the index updated, and the search run again with what the full one
-kept (only the new pairs checked). Aims (issue 52, 2 cores): 100,000 photos in at most 5 minutes, 1,000,000 in at most
-an hour, at most 2 GB beyond the index, recall >= 0.98 for every edit, pair precision >= 0.98, no group of more than 10
-distinct photos; after adding 1%, at most a tenth of the full search's time.
+(smooth pictures, with copies) are added, with copies of photos from before made since (:data:`OLD_EDITS` of a few
+small ones, :data:`OLD_LARGE_EDITS` of each large one: their edits named ``old-...``), a copy of the index updated, and
+the search run again with what the full one kept (only the new pairs checked). Aims (issue 52, 2 cores): 100,000
+photos in at most 5 minutes, 1,000,000 in at most an hour, at most 2 GB beyond the index, recall >= 0.98 for every
+edit, pair precision >= 0.98, no group of more than 10 distinct photos; after adding 1%, at most a tenth of the full
+search's time.
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ sys.path.insert(0, str(ROOT))
 
 SMALL_EDITS = ("exact", "jpeg50", "webp", "shrunk26", "crop2px", "bright15", "contrast", "gamma", "mirrored", "heic")
 LARGE_EDITS = ("crop70", "crop80", "jpeg50", "half", "heic")
+OLD_EDITS = ("crop2px", "jpeg50", "bright15", "mirrored")  # --add: copies of photos from before, made since
+OLD_LARGE_EDITS = ("crop70", "crop80")  # (of each large photo: found only by the old photos' search among the new)
 AIM = {"seconds": {100_000: 300, 1_000_000: 3600}, "beyond_index_gb": 2.0, "recall": 0.98, "pair_precision": 0.98,
        "largest_distinct": 10}
 SMALL, LARGE = 32, 1024
@@ -296,17 +300,19 @@ def _added(n: int, args: argparse.Namespace, idx: Path, root: Path, copies: dict
 
     extra = max(1, round(args.add * n))
     added = args.work / f"{n}.added"
-    settings = (root / "done").read_text() + f" + {extra}"  # the collection's, and as many new photos
-    if not (added / "done").exists() or (added / "done").read_text() != settings:
+    settings = (root / "done").read_text() + f" + {extra}, {OLD_EDITS}, {OLD_LARGE_EDITS}"  # the collection's, and
+    if not (added / "done").exists() or (added / "done").read_text() != settings:        # as many new photos
         shutil.rmtree(added, ignore_errors=True)
         more = write_collection(added, extra, args.copies, 0, args.seed + 7, args.split, fashion_too=False,
                                 exif=args.exif)
+        more = {f"added/{c}": f"added/{p}" for c, p in more.items()}
+        more |= _copies_of_old(root, added, n, max(len(OLD_EDITS), round(args.copies * extra)), args.seed + 11)
         shutil.rmtree(root / "added", ignore_errors=True)
-        (added / "copies.json").write_text(json.dumps({f"added/{c}": f"added/{p}" for c, p in more.items()}))
+        (added / "copies.json").write_text(json.dumps(more))
         (added / "done").write_text(settings)
     if not (root / "added").is_dir():  # into the collection (again, where it was written anew since)
         (root / "added").mkdir()
-        for folder in ("photos", "copies"):
+        for folder in ("photos", "copies", "old"):
             shutil.copytree(added / folder, root / "added" / folder)
     grown = args.work / f"{n}.idx-added"
     shutil.rmtree(grown, ignore_errors=True)
@@ -316,6 +322,29 @@ def _added(n: int, args: argparse.Namespace, idx: Path, root: Path, copies: dict
     got = _search(ROOT, grown, args.work / f"{n}.added.json", every, index_bytes, cold=False)
     got["photos_added"] = extra + sum(1 for c in json.loads((added / "copies.json").read_text()))
     return got
+
+
+def _copies_of_old(root: Path, added: Path, n: int, count: int, seed: int) -> dict[str, str]:
+    """Copies of photos already in the collection, made since and added with the new ones (under ``added/old``: the
+    update's search of the photos from before among the new is what finds them): ``count`` small ones, each edit of
+    :data:`OLD_EDITS` in turn, and each large photo's :data:`OLD_LARGE_EDITS`. Copy -> photo paths (from ``root``);
+    an edit's name begins with ``old-``."""
+    rng = np.random.default_rng(seed)
+    (added / "old").mkdir(parents=True)
+    out = {}
+    for k, i in enumerate(sorted(rng.choice(n, min(n, count), replace=False).tolist())):
+        src = f"photos/{i // 1000:04d}/{i:07d}.png"
+        edit = OLD_EDITS[k % len(OLD_EDITS)]
+        data, suffix = _small_copy(Image.open(root / src).convert("RGB"), edit)
+        (added / "old" / f"{i:07d}_old-{edit}.{suffix}").write_bytes(data)
+        out[f"added/old/{i:07d}_old-{edit}.{suffix}"] = src
+    for src in sorted((root / "large").glob("L*.jpg")) if (root / "large").is_dir() else []:
+        with Image.open(src) as im:
+            img = im.convert("RGB")
+        for edit in OLD_LARGE_EDITS:
+            _large_copy(img, edit, rng).save(added / "old" / f"{src.stem}_old-{edit}.jpg", "JPEG", quality=92)
+            out[f"added/old/{src.stem}_old-{edit}.jpg"] = src.relative_to(root).as_posix()
+    return out
 
 
 def _search(code: Path, idx: Path, out: Path, copies: dict[str, str], index_bytes: int, cold: bool = True,

@@ -113,9 +113,9 @@ def test_the_scale_bench_writes_photos_as_cameras_do_with_exif(tmp_path):
 @pytest.mark.skipif(not FASHION_DIR.exists(), reason="apt-get install dataset-fashion-mnist")
 def test_the_scale_bench_runs_tiny_and_measures_a_search_after_adding_photos(tmp_path, capfd):
     """bench/dedup_scale.py end to end at 40 photos: the full search cold (nothing kept from an earlier one), its
-    stages shown as they go (``--progress``), then 10 photos added with their copies, the index updated and searched
-    again checking only the new pairs."""
-    from bench.dedup_scale import SMALL_EDITS
+    stages shown as they go (``--progress``), then 10 photos added with their copies (and copies of photos from
+    before), the index updated and searched again checking only the new pairs: every copy found."""
+    from bench.dedup_scale import OLD_EDITS, SMALL_EDITS
     from bench.dedup_scale import main as scale
 
     out = tmp_path / "scale.json"
@@ -124,7 +124,9 @@ def test_the_scale_bench_runs_tiny_and_measures_a_search_after_adding_photos(tmp
     r = json.loads(out.read_text())["sizes"][0]
     assert r["photos"] == 40 and r["reused"] == 0 and r["checked"] == r["proposed"] > 0
     a = r["added"]
-    assert a["photos_added"] == 10 + len(SMALL_EDITS)  # 10 photos, each edit planted once at least
+    assert a["photos_added"] == 10 + len(SMALL_EDITS) + len(OLD_EDITS)  # 10 photos, each edit planted once at least,
+    assert {f"old-{e}" for e in OLD_EDITS} <= set(a["recall"])  # and copies of photos from before, made since
+    assert all(a["recall"][f"old-{e}"] == 1.0 for e in OLD_EDITS), a["recall"]
     assert 0 < a["checked"] < a["proposed"] and a["reused"] > 0
     printed = capfd.readouterr()
     assert a["recall"]["exact"] == 1.0 and f"after adding {a['photos_added']} photos" in printed.out
