@@ -303,6 +303,16 @@ def _last_of_each(ids: np.ndarray, records: np.ndarray) -> tuple[np.ndarray, np.
     return ids[last], records[last]
 
 
+def _live(file: _RecordFile, every: _Versions) -> tuple[np.ndarray, np.ndarray, int]:
+    """The photos ``file`` holds at their versions of ``every`` (sorted ids) and their records (a photo's last), and
+    how many records the file holds in all."""
+    kept_ids, kept_versions = file.heads()
+    known, current = every.of(kept_ids)
+    live = np.flatnonzero(known & (current == kept_versions))  # records of photos' current versions
+    ids, records = _last_of_each(kept_ids[live], live.astype(np.int64))
+    return ids, records, len(kept_ids)
+
+
 class _KeptVectors:
     """Vectors made from each photo's frame, kept in a file of their own (a record a photo: id, version and the
     ``fields``): :meth:`get` reads them where the file holds them for the photo's version, and ``make(ids)`` (``{field:
@@ -342,11 +352,8 @@ class _KeptVectors:
         read the first time; the file is written anew where it holds more stale records than live ones."""
         if not self._read:
             self._read = True
-            kept_ids, kept_versions = self._file.heads()
-            known, current = every.of(kept_ids)
-            live = np.flatnonzero(known & (current == kept_versions))  # records of photos' current versions
-            self._ids, self._records = _last_of_each(kept_ids[live], live.astype(np.int64))
-            if len(kept_ids) - len(self._ids) > len(self._ids) + STALE_SLACK and self._file.writable:
+            self._ids, self._records, total = _live(self._file, every)
+            if total - len(self._ids) > len(self._ids) + STALE_SLACK and self._file.writable:
                 places = np.sort(self._records)
                 self._file.rewrite(lambda: (rec for _, rec in _spans(self._file, places)))
                 self._records = np.searchsorted(places, self._records).astype(np.int64)
@@ -409,12 +416,8 @@ class FrameFile(Mapping[int, Frame]):
         step = step or (lambda n: None)
         every = every if every is not None else {i: v for i, (v, _) in photos.items()}
         self._every = _Versions(every)
-        kept_ids, kept_versions = self._file.heads()
-        total = len(kept_ids)
-        known: dict[int, int] = {}  # id -> record, of every photo's current version
-        for n, (i, v) in enumerate(zip(kept_ids.tolist(), kept_versions.tolist())):
-            if every.get(i) == v:
-                known[i] = n  # the last record of a photo wins
+        live_ids, live_records, total = _live(self._file, self._every)
+        known = dict(zip(live_ids.tolist(), live_records.tolist()))  # id -> record, of every photo's current version
         stale = total - len(known)
         self._where = {i: known[i] for i in photos if i in known and photos[i][0] == every[i]}
         step(len(self._where))
