@@ -454,12 +454,26 @@ def dup_served(backbone, tmp_path_factory) -> Iterator[dict[str, Any]]:
     subprocess.run([sys.executable, "-m", "app.cli", "index", "dedup", str(tmp / "idx")], env=env, check=True,
                    capture_output=True)
     with moco_serve(tmp / "idx", tmp / "server.log") as url:
-        yield {"url": url, "photos": photos, "idx": tmp / "idx", "expected": expected, "before": _bytes(photos)}
+        yield {"url": url, "photos": photos, "idx": tmp / "idx", "expected": expected, "before": _bytes(photos),
+               "log": tmp / "server.log"}
 
 
-def _dup_message(page: Any, words: str) -> str:
-    page.wait_for_function(f"document.querySelector('#dup-message').innerText.includes({json.dumps(words)})",
-                           timeout=180_000)
+def _dup_message(page: Any, words: str, log: Path) -> str:
+    """The Collection tab's message once it says ``words``; else a failure that shows what the page and the server
+    said instead (the message, the buttons, the page's errors, the server log's end)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(f"document.querySelector('#dup-message').innerText.includes({json.dumps(words)})",
+                               timeout=180_000)
+    except PlaywrightTimeout:
+        buttons = {b: page.locator(b).is_enabled() for b in ("#dup-keep-btn", "#dup-move-btn", "#dup-undo-btn")}
+        toasts = page.evaluate("[...document.querySelectorAll('[class*=toast]')].map(t => t.innerText.trim())"
+                               ".filter(Boolean)")  # Gradio's: an error, or its connection given up for lost
+        tail = log.read_text(errors="replace").splitlines()[-40:]
+        said = page.locator("#dup-message").inner_text()
+        raise AssertionError(f"no {words!r} in the message: {said!r}; buttons enabled: {buttons}; toasts: {toasts}; "
+                             f"page errors: {page.errors}; the server's log ends:\n" + "\n".join(tail)) from None
     return page.locator("#dup-message").inner_text()
 
 
@@ -489,12 +503,12 @@ def test_review_a_page_of_groups_change_a_keeper_move_and_undo(browser, dup_serv
     page.locator("#dup-keeper label", has_text=near[1]).click()
     _turns_enabled(page.locator("#dup-keep-btn"))  # another photo than the keeper chosen
     page.locator("#dup-keep-btn").click()
-    _dup_message(page, f"keeping {near[1]}")  # the path as code
+    _dup_message(page, f"keeping {near[1]}", dup_served["log"])  # the path as code
     page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group')[1].innerText.includes('chosen by "
                            "you')", timeout=30_000)
     _turns_enabled(page.locator("#dup-move-btn"))
     page.locator("#dup-move-btn").click()
-    text = _dup_message(page, "photo moved")
+    text = _dup_message(page, "photo moved", dup_served["log"])
     assert "1 photo moved" in text and "index updated" in text
     where = _where(dup_served["before"], photos, dups)
     assert [p for p, w in where.items() if w == "dest"] == [near[0]]  # the original moved, the chosen copy kept
@@ -504,7 +518,7 @@ def test_review_a_page_of_groups_change_a_keeper_move_and_undo(browser, dup_serv
     page.locator("#dup-move-to textarea, #dup-move-to input").first.fill(str(elsewhere))
     page.locator("#dup-dry-run input").check()
     page.locator("#dup-bulk-btn").click()
-    text = _dup_message(page, "would move")
+    text = _dup_message(page, "would move", dup_served["log"])
     assert f"Dry run: 1 photo would move to {elsewhere}" in text and exact[1] in text
     assert not elsewhere.exists() and _where(dup_served["before"], photos, dups)[exact[1]] == "root"  # nothing moved
     page.locator("#dup-dry-run input").uncheck()
@@ -512,12 +526,12 @@ def test_review_a_page_of_groups_change_a_keeper_move_and_undo(browser, dup_serv
     # the message of the move before says "1 photo moved" too: the groups gone say this move is done
     page.wait_for_function("document.querySelector('#dup-where').innerText.includes('No exact or near groups')",
                            timeout=60_000)
-    assert f"1 photo moved to {elsewhere}" in _dup_message(page, "1 photo moved")
+    assert f"1 photo moved to {elsewhere}" in _dup_message(page, "1 photo moved", dup_served["log"])
     assert (elsewhere / exact[1]).is_file() and not (photos / exact[1]).exists()
     assert (dups / near[0]).is_file() and not (photos / near[0]).exists()  # the move before, where it went
     _turns_enabled(page.locator("#dup-undo-btn"))
     page.locator("#dup-undo-btn").click()
-    _dup_message(page, "2 photos put back")
+    _dup_message(page, "2 photos put back", dup_served["log"])
     assert set(_where(dup_served["before"], photos, dups).values()) == {"root"}
     assert [p.name for p in elsewhere.rglob("*")] == [".moco-destination.json"]  # emptied folders gone
     page.wait_for_function("document.querySelectorAll('#dup-groups .dup-group').length == 2", timeout=30_000)
