@@ -79,6 +79,8 @@ def _new_page(browser: Any, url: str, viewport: str, shown: str = "#query") -> A
     p.on("pageerror", lambda e: p.errors.append(f"page error: {e}"))
     p.on("console", lambda m: p.errors.append(f"console {m.text}") if m.type == "error" else None)
     p.viewport_name = viewport
+    p.loads = []  # the page's loads: more than one where Gradio reloaded it (it does, a connection given up for lost)
+    p.on("load", lambda page: p.loads.append(page.url))
     p.goto(url)
     p.wait_for_selector(shown)
     return p
@@ -473,7 +475,8 @@ def _dup_message(page: Any, words: str, log: Path) -> str:
         tail = log.read_text(errors="replace").splitlines()[-40:]
         said = page.locator("#dup-message").inner_text()
         raise AssertionError(f"no {words!r} in the message: {said!r}; buttons enabled: {buttons}; toasts: {toasts}; "
-                             f"page errors: {page.errors}; the server's log ends:\n" + "\n".join(tail)) from None
+                             f"page errors: {page.errors}; loads: {len(page.loads)}; the server's log ends:\n"
+                             + "\n".join(tail)) from None
     return page.locator("#dup-message").inner_text()
 
 
