@@ -156,6 +156,40 @@ def test_the_fine_check_keeps_its_photos_paths_packed_and_pickles_them(tmp_path)
     assert FineCheck(tmp_path, {}).path(1) is None
 
 
+def test_the_fine_check_of_many_pairs_together_scores_each_as_alone_and_decodes_each_photo_once(tmp_path,
+                                                                                                  monkeypatch):
+    """Pairs checked again together (a few at a time, their photos' spectra and crops shared) score exactly what
+    each pair's fine_scores alone gives from its photos' frames; a photo whose file cannot be decoded keeps its
+    pairs' scores; every photo is decoded once however many pairs hold it; pairs that do not apply are untouched."""
+    import moco.data.photos as photos_module
+
+    pictures = {1: _icons(1, side=400), 2: _tiles(2, side=400), 3: _smooth(3, side=400)}
+    cut = {11: _off_centre(pictures[1], 0.8, 0.3, 0.6), 12: _centre(pictures[2], 0.75), 13: _centre(pictures[3], 0.9)}
+    for i, img in {**pictures, **cut}.items():
+        img.save(tmp_path / f"{i}.jpg", "JPEG", quality=90)
+    (tmp_path / "9.jpg").write_bytes(b"not a photo")
+    large = {i: f"{i}.jpg" for i in (1, 2, 3, 9, 11, 12, 13)}
+    ids = sorted(large)
+    pairs = np.array([(a, b) for n, a in enumerate(ids) for b in ids[n + 1 :]], np.int64)  # 21 pairs
+    scores = np.where(np.arange(len(pairs)) % 5 == 4, 0.3, 0.9).astype(np.float32)  # every fifth: no fine check
+    decoded: list[object] = []
+    load = photos_module.load_rgb
+    monkeypatch.setattr(photos_module, "load_rgb", lambda path, **kw: (decoded.append(path), load(path, **kw))[1])
+    monkeypatch.setattr(verify, "FINE_AT_ONCE", 4)  # several batches
+    check = FineCheck(tmp_path, large)
+    got = check.rescore(pairs, scores)
+    assert sorted(decoded) == sorted(tmp_path / f for f in large.values())  # each once
+    alone = FineCheck(tmp_path, large)
+    for (a, b), s, g in zip(pairs.tolist(), scores.tolist(), got.tolist()):
+        fa, fb = alone._frames(a), alone._frames(b)
+        if s < 0.5 or fa is None or fb is None:
+            assert g == s, (a, b)
+        else:
+            one = fine_scores([(a, b)], {a: fa[0], b: fb[0]}, {a: fa[1], b: fb[1]}, {a: fa[2], b: fb[2]})[a, b]
+            assert g == np.float32(max(s, one)), (a, b, g, one)  # the scores as given: float32
+    assert got[pairs.tolist().index([1, 11])] >= COPY_SCORE > got[pairs.tolist().index([1, 2])]
+
+
 def test_a_fine_texture_is_told_from_a_scene_by_its_finest_detail():
     """Tiles two or three pixels wide in the frame's image hold a large share of its variance in what a one-pixel blur
     takes away (at least TEXTURE_SHARE); a smooth picture and the icons on a striped ground hold little; a flat

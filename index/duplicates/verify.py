@@ -608,6 +608,7 @@ def fine_texture(f: Frame) -> float:
 
 
 FINE_KEPT = 128  # photos whose frames for the fine check are kept at once (about 250 kB each)
+FINE_AT_ONCE = 64  # pairs checked again together (their photos' frames held at once: 32 MB at most)
 TEXTURES_KEPT = 1 << 16  # photos whose fine_texture is kept at once (about 100 bytes each)
 
 
@@ -693,12 +694,16 @@ class FineCheck:
         """The scores (P) of ``pairs`` (P x 2) with the fine check's where it :meth:`applies` (``scores``: the
         check's; ``frames_``: the check's frames, which tell the fine textures)."""
         out = scores.copy()
-        for n, ((a, b), s) in enumerate(zip(pairs.tolist(), scores.tolist())):
-            if self.applies(a, b, s, frames_):
-                fa, fb = self._frames(a), self._frames(b)
-                if fa is not None and fb is not None:
-                    out[n] = max(s, fine_scores([(a, b)], {a: fa[0], b: fb[0]}, {a: fa[1], b: fb[1]},
-                                                {a: fa[2], b: fb[2]})[a, b])
+        listed = pairs.tolist()
+        todo = [n for n, ((a, b), s) in enumerate(zip(listed, scores.tolist())) if self.applies(a, b, s, frames_)]
+        for start in range(0, len(todo), FINE_AT_ONCE):  # together: a photo's spectra and crops made once for all
+            own = {i: self._frames(i) for n in todo[start : start + FINE_AT_ONCE] for i in listed[n]}  # 2 x 64 at most
+            rows = [n for n in todo[start : start + FINE_AT_ONCE] if all(own[i] is not None for i in listed[n])]
+            if rows:
+                got = fine_scores([tuple(listed[n]) for n in rows],
+                                  *({i: f[k] for i, f in own.items() if f is not None} for k in range(3)))
+                for n in rows:
+                    out[n] = max(float(scores[n]), got[tuple(listed[n])])
         return out
 
 
