@@ -337,6 +337,31 @@ def test_every_event_answers_an_error_with_as_many_outputs_as_it_has(setup):
     assert [w for w in wrapped if w[1] != w[2]] == []
 
 
+def test_a_page_of_a_finished_index_served_alone_stops_refreshing_after_it_loads(setup):
+    """The page's load sets its refresh timer: off for a finished index served alone (nothing on the Status tab can
+    change), on with a watched folder, a run's status or an index still to come; its other outputs stay the Status
+    tab's."""
+    import gradio as gr
+
+    from app.page.blocks import ticking
+    from app.run.status import RunStatus
+
+    demo, app = make_demo(setup["idx"], setup["ckpt"], device="cpu")
+    load = next(fn for fn in demo.fns.values() if fn.api_name == "status")
+    assert isinstance(load.outputs[-1], gr.Timer)
+    out = load.fn(True)
+    assert len(out) == len(load.outputs) and out[-1].active is False and "Serving a finished index" in out[0]
+    from index.building.watch import Watcher
+
+    app.watcher = Watcher(app.index.root, lambda: None, poll_s=60)  # `moco serve --watch` (not started)
+    watched = load.fn(True)
+    assert watched[-1].active is True and "Serving the index" in watched[0]
+    app.watcher = None
+    assert ticking(app) is False
+    assert ticking(SearchApp()) is True  # no index yet: search turns on by a tick
+    assert ticking(SearchApp(status=RunStatus(setup["idx"].parent / "work"))) is True
+
+
 def test_a_tick_of_a_result_no_longer_shown_is_dropped_not_refused():
     """The page's tick lists: a value sent after a search changed the results (an event still on its way under load)
     names a result that is gone: it is dropped, and the ticks still shown are kept; nothing not shown is let in, and

@@ -41,7 +41,7 @@ from index.search.index_dir import THUMBS_DIR
 from moco.errors import UserError
 
 __all__ = ["build_ui", "search_tab", "map_tab", "themes_tab", "browse_tab", "unusual_tab", "negatives_tab",
-           "collection_tab", "status_tab", "CSS", "GRADIO_CACHE_S", "page_js"]
+           "collection_tab", "status_tab", "ticking", "CSS", "GRADIO_CACHE_S", "page_js"]
 
 logger = logging.getLogger(__name__)
 
@@ -794,9 +794,16 @@ def status_tab(page: SimpleNamespace) -> None:
     page.__dict__.update(status_md=status_md, loss_plot=loss_plot, knn_plot=knn_plot)
 
 
+def ticking(app: SearchApp) -> bool:
+    """Whether a page opened now refreshes every :data:`STATUS_EVERY_S`: while something it shows can change (a
+    ``moco run``'s status, a watched folder's, an index still to come). A finished index served alone shows the same
+    all along: its pages ask nothing more after they load (a tab left open costs the server nothing)."""
+    return app.status is not None or app.watcher is not None or not app.ready
+
+
 def _refresh(app: SearchApp, demo: Any, page: SimpleNamespace) -> None:
-    """The page's refresh, every STATUS_EVERY_S and at each load: the Status tab, and search turned on in every tab
-    once the index is ready."""
+    """The page's refresh, at each load and every STATUS_EVERY_S while it is :func:`ticking`: the Status tab, and
+    search turned on in every tab once the index is ready."""
     import gradio as gr
 
     ready, buttons, do_buttons = page.ready, page.buttons, page.do_buttons
@@ -820,7 +827,10 @@ def _refresh(app: SearchApp, demo: Any, page: SimpleNamespace) -> None:
                                                          show_progress="hidden")
 
     to_search = gr.Checkbox(False, visible=False)  # this page's load turned search on (TO_SEARCH reads it)
-    demo.load(lambda r: (*status_outputs(app, r), app.ready and not r), [was_ready], [*status_outs, to_search],
-              api_name="status", queue=False).then(
+
+    def at_load(ready_: bool) -> tuple:  # the Status tab, search on where it is ready, and this page's ticks
+        return (*status_outputs(app, ready_), app.ready and not ready_, gr.Timer(active=ticking(app)))
+
+    demo.load(at_load, [was_ready], [*status_outs, to_search, timer], api_name="status", queue=False).then(
         buttons_once, *once, api_name=False, queue=False, show_progress="hidden").then(
         None, [to_search], None, js=TO_SEARCH)  # a page opened once search is on shows the Search tab
