@@ -462,7 +462,7 @@ def dup_served(backbone, tmp_path_factory) -> Iterator[dict[str, Any]]:
 
 def _dup_message(page: Any, words: str, log: Path) -> str:
     """The Collection tab's message once it says ``words``; else a failure that shows what the page and the server
-    said instead (the message, the buttons, the page's errors, the server log's end)."""
+    said instead (the message, the buttons, Gradio's toasts, the page's errors and loads, the server log's end)."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
     try:

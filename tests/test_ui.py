@@ -345,14 +345,13 @@ def test_a_page_of_a_finished_index_served_alone_stops_refreshing_after_it_loads
 
     from app.page.blocks import ticking
     from app.run.status import RunStatus
+    from index.building.watch import Watcher
 
     demo, app = make_demo(setup["idx"], setup["ckpt"], device="cpu")
     load = next(fn for fn in demo.fns.values() if fn.api_name == "status")
     assert isinstance(load.outputs[-1], gr.Timer)
     out = load.fn(True)
     assert len(out) == len(load.outputs) and out[-1].active is False and "Serving a finished index" in out[0]
-    from index.building.watch import Watcher
-
     app.watcher = Watcher(app.index.root, lambda: None, poll_s=60)  # `moco serve --watch` (not started)
     watched = load.fn(True)
     assert watched[-1].active is True and "Serving the index" in watched[0]
