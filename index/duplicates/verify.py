@@ -695,10 +695,11 @@ class FineCheck:
         check's; ``frames_``: the check's frames, which tell the fine textures)."""
         out = scores.copy()
         listed = pairs.tolist()
-        todo = [n for n, ((a, b), s) in enumerate(zip(listed, scores.tolist())) if self.applies(a, b, s, frames_)]
-        for start in range(0, len(todo), FINE_AT_ONCE):  # together: a photo's spectra and crops made once for all
-            own = {i: self._frames(i) for n in todo[start : start + FINE_AT_ONCE] for i in listed[n]}  # 2 x 64 at most
-            rows = [n for n in todo[start : start + FINE_AT_ONCE] if all(own[i] is not None for i in listed[n])]
+        due = [n for n, ((a, b), s) in enumerate(zip(listed, scores.tolist())) if self.applies(a, b, s, frames_)]
+        for start in range(0, len(due), FINE_AT_ONCE):  # together: a photo's spectra and crops made once for all
+            batch = due[start : start + FINE_AT_ONCE]
+            own = {i: self._frames(i) for n in batch for i in listed[n]}  # 2 x FINE_AT_ONCE photos at most
+            rows = [n for n in batch if all(own[i] is not None for i in listed[n])]
             if rows:
                 got = fine_scores([tuple(listed[n]) for n in rows],
                                   *({i: f[k] for i, f in own.items() if f is not None} for k in range(3)))
